@@ -1,0 +1,89 @@
+"""`glassgpt generate`, `glassgpt info`, `glassgpt download`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..explain import memory_needs, parameter_table
+from ..generate import decode_stream, stream
+from ..weights import download
+from .common import add_model_args, encode_prompt, load, nonneg_float, nonneg_int, positive_int, probability
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="continue a prompt, streaming the new text")
+    p.add_argument("prompt")
+    add_model_args(p)
+    p.add_argument("--max-new-tokens", type=nonneg_int, default=50)
+    p.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--top-k", type=positive_int, default=None)
+    p.add_argument("--top-p", type=probability, default=None)
+    p.add_argument("--stop-at-eos", action="store_true", help="stop at <|endoftext|>")
+    p.add_argument("--json", action="store_true", help='print {"prompt_ids", "new_ids", "text"} instead of streaming')
+    p.set_defaults(run=run_generate)
+
+    p = sub.add_parser("info", help="the config, a parameter table, and the memory a model needs")
+    add_model_args(p)
+    p.add_argument("--batch-size", type=positive_int, default=1, help="batch for the activation estimate")
+    p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: context_length)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run_info)
+
+    p = sub.add_parser("download", help="fetch a Hugging Face GPT-2 checkpoint into the local cache")
+    p.add_argument("repo_id", help="e.g. openai-community/gpt2")
+    p.set_defaults(run=run_download)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    model, tok = load(args)
+    prompt_ids = encode_prompt(tok, args.prompt)
+    steps = stream(model, prompt_ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                   eos_id=tok.eot_id if args.stop_at_eos else None, seed=args.seed)
+    new_ids = []
+    if args.json:
+        new_ids = [int(i[0]) for i in steps]
+        print(json.dumps({"prompt_ids": prompt_ids, "new_ids": new_ids, "text": tok.decode(prompt_ids + new_ids)}))
+        return 0
+
+    def ids():
+        for i in steps:
+            new_ids.append(int(i[0]))
+            yield new_ids[-1]
+
+    sys.stdout.write(args.prompt)
+    sys.stdout.flush()
+    for text in decode_stream(tok, ids()):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    model, _ = load(args)
+    rows = parameter_table(model)
+    mem = memory_needs(model.cfg, model.tok_emb.weight.dtype, args.batch_size, args.seq_len)
+    if args.json:
+        print(json.dumps({"config": model.cfg.to_dict(), "parameters": rows, "memory": mem}, indent=2))
+        return 0
+    print("config")
+    for key, value in model.cfg.to_dict().items():
+        print(f"  {key:<16} {value}")
+    print("\nparameters")
+    for row in rows["modules"]:
+        print(f"  {row['name']:<30} {row['shape']:<22} {row['params']:>15,}  {row['note']}")
+    print(f"  {'total (as stored)':<53} {rows['total']:>15,}")
+    print(f"  {'total if out_head were untied':<53} {rows['total_untied']:>15,}")
+    print(f"  out_head.weight is tok_emb.weight: {rows['tied']}")
+    print(f"\nmemory ({mem['dtype']}, batch {mem['batch_size']} x {mem['seq_len']} tokens)")
+    for key in ("weights", "kv_cache", "inference", "gradients", "adamw_state", "activations", "training"):
+        print(f"  {key:<14} {mem[key] / 2**30:>9.2f} GiB   {mem['notes'][key]}")
+    return 0
+
+
+def run_download(args: argparse.Namespace) -> int:
+    path = download(args.repo_id, progress=True)
+    print(path)
+    return 0

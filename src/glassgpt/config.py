@@ -1,0 +1,116 @@
+"""GPTConfig and the GPT-2 presets.
+
+Field names follow the book ("Build a Large Language Model (From Scratch)"):
+`vocab_size`, `context_length`, `emb_dim`, `n_heads`, `n_layers`, `drop_rate`,
+`qkv_bias`. Two fields are glassgpt's own: `tie_embeddings` (GPT-2 uses one
+[vocab_size, emb_dim] matrix for both the token embedding and the output head)
+and `num_classes` (set by classification finetuning, which swaps the
+emb_dim -> vocab_size head for an emb_dim -> num_classes one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 50257      # V: rows of tok_emb, columns of the logits
+    context_length: int = 1024   # longest input; rows of pos_emb
+    emb_dim: int = 768           # d: the width every transformer block keeps
+    n_heads: int = 12            # h: attention heads; head size hd = d // h
+    n_layers: int = 12           # number of transformer blocks
+    drop_rate: float = 0.0       # dropout (GPT-2 trained with 0.1; 0 for inference)
+    qkv_bias: bool = True        # GPT-2 has biases on the query/key/value projections
+    tie_embeddings: bool = True  # out_head.weight is tok_emb.weight (one tensor)
+    num_classes: int | None = None  # None: language-model head; else a classifier head
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.emb_dim % self.n_heads:
+            raise ConfigError(
+                f"emb_dim ({self.emb_dim}) must be divisible by n_heads ({self.n_heads}): "
+                f"choose n_heads from {_divisors(self.emb_dim)}"
+            )
+        if not 0.0 <= self.drop_rate < 1.0:
+            raise ConfigError(f"drop_rate must be in [0, 1), got {self.drop_rate!r}")
+        if self.num_classes is not None:
+            if not isinstance(self.num_classes, int) or self.num_classes < 2:
+                raise ConfigError(f"num_classes must be an integer >= 2, got {self.num_classes!r}")
+            if self.tie_embeddings:
+                raise ConfigError("a classifier head cannot be tied to tok_emb: set tie_embeddings=False")
+
+    @property
+    def head_dim(self) -> int:
+        return self.emb_dim // self.n_heads
+
+    @property
+    def out_dim(self) -> int:
+        """Width of the model's output: vocab_size for a language model, else num_classes."""
+        return self.vocab_size if self.num_classes is None else self.num_classes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "GPTConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}: valid fields are {sorted(fields)}")
+        return cls(**values)
+
+
+# GPT-2's published sizes. drop_rate is 0 here: these presets are for inference
+# and finetuning; pass drop_rate=0.1 to train the way OpenAI did.
+PRESETS: dict[str, GPTConfig] = {
+    "gpt2": GPTConfig(emb_dim=768, n_layers=12, n_heads=12),          # 124M
+    "gpt2-medium": GPTConfig(emb_dim=1024, n_layers=24, n_heads=16),  # 355M
+    "gpt2-large": GPTConfig(emb_dim=1280, n_layers=36, n_heads=20),   # 774M
+    "gpt2-xl": GPTConfig(emb_dim=1600, n_layers=48, n_heads=25),      # 1558M
+}
+
+
+def get_config(name: str, **overrides: Any) -> GPTConfig:
+    """A preset by name, or a config from a JSON file, with field overrides applied."""
+    if name in PRESETS:
+        base = PRESETS[name]
+    elif name.endswith(".json") or Path(name).is_file():
+        base = load_config(name)
+    else:
+        raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)} or a config .json file")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if not overrides:
+        return base
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ConfigError(f"unknown config field(s) {unknown}: valid fields are {sorted(fields)}")
+    return dataclasses.replace(base, **overrides)
+
+
+def load_config(path: str | Path) -> GPTConfig:
+    path = Path(path)
+    try:
+        values = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} is not valid JSON ({e})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} must hold a JSON object")
+    values.pop("glassgpt_version", None)
+    return GPTConfig.from_dict(values)
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, min(n, 64) + 1) if n % k == 0]

@@ -1,0 +1,136 @@
+"""Generation: take the last position's logits, pick an id, append it, repeat.
+
+    ids [b, t] -> model -> logits [b, 1, V] (last position only) -> pick -> id [b] -> append
+
+Picking: temperature 0 is greedy (argmax); otherwise logits / temperature, optionally
+cut to the top-k ids and/or the smallest set whose probability reaches top-p, then
+sampled with a seeded generator. The KV cache means each step feeds the model one
+token; when the sequence outgrows `context_length`, the model sees the last
+`context_length` tokens (a sliding window, exactly as without a cache).
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Iterable, Iterator, Sequence
+
+import torch
+
+from .errors import GlassError, PromptError
+from .model import GPTModel, KVCache
+from .tokenizer import Tokenizer
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise GlassError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if temperature < 0:
+        raise GlassError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise GlassError(f"top_k must be a positive integer, got {top_k!r}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise GlassError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def as_batch(ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
+    ids = torch.as_tensor(ids, dtype=torch.long, device=device)
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise PromptError("the prompt is empty: give at least one token")
+    return ids
+
+
+def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+              top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Logits `[b, V]` -> next ids `[b]`."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # Drop an id when the ids ranked above it already reach top_p (the first one always stays).
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.inference_mode()
+def stream(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens: int,
+           temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+           eos_id: int | None = None, seed: int | None = None, use_cache: bool = True) -> Iterator[torch.Tensor]:
+    """Yield the next ids `[b]` one step at a time (see `generate`)."""
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    device = model.tok_emb.weight.device
+    prompt = as_batch(ids, device)
+    b, t = prompt.shape
+    ctx = model.cfg.context_length
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+
+    # One buffer for the whole sequence: appending writes in place, never concatenates.
+    seq = torch.empty(b, t + max_new_tokens, dtype=torch.long, device=device)
+    seq[:, :t] = prompt
+    cache = KVCache(model.cfg, b, device=device, dtype=model.tok_emb.weight.dtype) if use_cache else None
+    finished = torch.zeros(b, dtype=torch.bool, device=device)
+
+    length = t
+    logits = model(seq[:, max(0, length - ctx):length], cache, last_only=True)[:, -1]  # [b, V]
+    for step in range(max_new_tokens):
+        next_id = pick_next(logits, temperature, top_k, top_p, generator)  # [b]
+        if eos_id is not None:
+            next_id = next_id.masked_fill(finished, eos_id)  # rows that ended keep emitting eos
+            finished |= next_id == eos_id
+        seq[:, length] = next_id
+        length += 1
+        yield next_id
+        if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
+            return
+        if cache is None or cache.pos == ctx:
+            # No cache, or the window is full: run the last ctx tokens from scratch.
+            if cache is not None:
+                cache.reset()
+            logits = model(seq[:, max(0, length - ctx):length], cache, last_only=True)[:, -1]
+        else:
+            logits = model(seq[:, length - 1:length], cache, last_only=True)[:, -1]
+
+
+def generate(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens: int,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             eos_id: int | None = None, seed: int | None = None, use_cache: bool = True) -> torch.Tensor:
+    """Extend `ids` (`[t]` or `[b, t]`, int64) by up to `max_new_tokens`; return `[b, t + n]` int64.
+
+    temperature 0 is greedy; sampling with a `seed` is reproducible. Generation stops
+    early once every row has produced `eos_id` (which is included). A prompt longer
+    than `context_length` is kept whole in the output, but the model sees only its
+    last `context_length` tokens.
+    """
+    prompt = as_batch(ids, model.tok_emb.weight.device)
+    new = list(stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache))
+    if not new:
+        return prompt
+    return torch.cat([prompt, torch.stack(new, dim=1)], dim=1)
+
+
+def decode_stream(tokenizer: Tokenizer, ids: Iterable[int]) -> Iterator[str]:
+    """Text for a stream of ids, holding back bytes until they form whole characters.
+
+    A GPT-2 token can end halfway through a multi-byte UTF-8 character (an emoji is
+    often split over two or three tokens); printing each token on its own would show
+    U+FFFD. The incremental decoder keeps the partial bytes until the rest arrive.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for token_id in ids:
+        text = decoder.decode(tokenizer.token_bytes(int(token_id)))
+        if text:
+            yield text
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
