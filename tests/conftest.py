@@ -1,0 +1,103 @@
+"""Shared fixtures: tiny random Hugging Face GPT-2 checkpoints (no downloads) and data files.
+
+`hf_checkpoint(...)` builds a `GPT2LMHeadModel` from a `GPT2Config`, gives every
+parameter (biases and LayerNorm scales included) random values, so that a mix-up
+in the weight mapping cannot hide behind HF's zero/one initialisation, and saves
+it with `save_pretrained` to a temporary directory. `shared_data(name)` is the
+path of a text file under ../shared/data, or skips the test when it is absent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import glassgpt
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+# A small GPT-2 whose sizes are all different from each other, so a transposed
+# or swapped tensor changes a shape or at least every value.
+TINY_HF = dict(vocab_size=101, n_positions=96, n_embd=48, n_layer=3, n_head=4)
+
+
+def shared_data(name: str) -> Path:
+    """../shared/data/NAME, or skip: tests may read these files, never commit them."""
+    path = SHARED_DATA / name
+    if not path.is_file():
+        pytest.skip(f"{path} is not present")
+    return path
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0, std: float = 0.1) -> torch.nn.Module:
+    """Every parameter gets fresh random values (LayerNorm scales around 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * std
+            if name.endswith("weight") and ("ln_" in name or "norm" in name):
+                p.copy_(1.0 + noise)
+            else:
+                p.copy_(noise)
+    return model
+
+
+def make_hf_model(seed: int = 0, std: float = 0.1, **config):
+    """A random GPT2LMHeadModel (fp32, eval, no dropout) from GPT2Config(**config)."""
+    transformers = pytest.importorskip("transformers")
+    values = dict(TINY_HF, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    values.update(config)
+    cfg = transformers.GPT2Config(**values)
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(cfg)
+    if std:
+        randomize_(model, seed, std)
+    return model.float().eval()
+
+
+def save_hf_model(model, path: Path, safetensors: bool = True) -> Path:
+    """save_pretrained to PATH; with safetensors=False, as an old-style pytorch_model.bin."""
+    path.mkdir(parents=True, exist_ok=True)
+    if safetensors:
+        model.save_pretrained(path)
+        assert (path / "model.safetensors").is_file()
+    else:
+        model.config.save_pretrained(path)
+        torch.save(model.state_dict(), path / "pytorch_model.bin")
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(tmp_path_factory):
+    """(HF model, its save_pretrained directory) for the small tied config."""
+    model = make_hf_model(seed=0)
+    return model, save_hf_model(model, tmp_path_factory.mktemp("hf_tiny"))
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_untied(tmp_path_factory):
+    """(HF model, directory) for the small config with tie_word_embeddings=False."""
+    model = make_hf_model(seed=1, tie_word_embeddings=False)
+    assert model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr()
+    return model, save_hf_model(model, tmp_path_factory.mktemp("hf_tiny_untied"))
+
+
+@pytest.fixture
+def tiny_config() -> glassgpt.GPTConfig:
+    return glassgpt.GPTConfig(vocab_size=97, context_length=32, emb_dim=32, n_heads=4, n_layers=2)
+
+
+@pytest.fixture
+def tiny_model(tiny_config) -> glassgpt.GPTModel:
+    """A random glassgpt model built from `tiny_config` (fp32, eval), with every parameter
+    drawn at std 0.3 so that next-token distributions are peaked, not near-uniform."""
+    model = glassgpt.load_model("gpt2", device="cpu", dtype="float32", seed=0, config=tiny_config)
+    return randomize_(model, seed=0, std=0.3)
+
+
+@pytest.fixture(name="shared_data")
+def shared_data_fixture():
+    return shared_data
