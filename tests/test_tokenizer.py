@@ -1,0 +1,401 @@
+"""Tokenizers: GPT-2's BPE gives exactly tiktoken's `gpt2` ids, and OpenAI's original algorithm agrees.
+
+Two references, both offline:
+- tiktoken's own `gpt2` encoding, built by `tiktoken.get_encoding("gpt2")` from a
+  cache directory that holds glassgpt's shipped vocabulary files under the names
+  tiktoken would have downloaded them to (sha1 of the URL);
+- a pure-Python copy of OpenAI's `encoder.py` (gpt-2/src/encoder.py): bytes_to_unicode,
+  the merge loop by rank from vocab.bpe, and the original split pattern run by
+  the `regex` package. glassgpt runs on tiktoken's engine, so this second check is
+  what makes the parity non-tautological.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import string
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import regex
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import glassgpt
+from glassgpt import get_tokenizer
+from glassgpt.errors import GlassError
+from glassgpt.tokenizer import (
+    ENDOFTEXT, VOCAB_SHA256, CharTokenizer, TokenizerError, gpt2_byte_to_unicode, tokenizer_from_dict,
+)
+
+from conftest import shared_data
+
+DATA = resources.files("glassgpt").joinpath("data")
+GPT2_URLS = {  # the URLs in tiktoken_ext/openai_public.py gpt2()
+    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+}
+
+
+# --- the references -------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tiktoken_gpt2(tmp_path_factory):
+    """tiktoken's real `gpt2` encoding, built from the shipped files; no network possible."""
+    import tiktoken
+    import tiktoken.load
+
+    cache = tmp_path_factory.mktemp("tiktoken_cache")
+    for name, url in GPT2_URLS.items():
+        (cache / hashlib.sha1(url.encode()).hexdigest()).write_bytes(DATA.joinpath(name).read_bytes())
+
+    def no_network(blobpath):
+        raise AssertionError(f"the test tried to download {blobpath}")
+
+    saved_env, saved_read = os.environ.get("TIKTOKEN_CACHE_DIR"), tiktoken.load.read_file
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
+    tiktoken.load.read_file = no_network
+    try:
+        enc = tiktoken.get_encoding("gpt2")
+        enc.encode_ordinary("warm up")  # the ranks load lazily in some versions
+    finally:
+        tiktoken.load.read_file = saved_read
+        if saved_env is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = saved_env
+    return enc
+
+
+def openai_bytes_to_unicode() -> dict[int, str]:
+    """Verbatim from OpenAI's gpt-2/src/encoder.py."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(2**8):
+        if b not in bs:
+            bs.append(b)
+            cs.append(2**8 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs]))
+
+
+class OpenAIEncoder:
+    """OpenAI's original GPT-2 encoder (gpt-2/src/encoder.py), minus its decoder."""
+
+    PATTERN = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+
+    def __init__(self, encoder: dict[str, int], merges: list[tuple[str, str]]):
+        self.encoder = encoder
+        self.byte_encoder = openai_bytes_to_unicode()
+        self.bpe_ranks = dict(zip(merges, range(len(merges))))
+        self.cache: dict[str, str] = {}
+
+    def bpe(self, token: str) -> str:
+        if token in self.cache:
+            return self.cache[token]
+        word = tuple(token)
+        pairs = set(zip(word, word[1:]))
+        if not pairs:
+            return token
+        while True:
+            bigram = min(pairs, key=lambda pair: self.bpe_ranks.get(pair, float("inf")))
+            if bigram not in self.bpe_ranks:
+                break
+            first, second = bigram
+            new_word: list[str] = []
+            i = 0
+            while i < len(word):
+                try:
+                    j = word.index(first, i)
+                except ValueError:
+                    new_word.extend(word[i:])
+                    break
+                new_word.extend(word[i:j])
+                i = j
+                if word[i] == first and i < len(word) - 1 and word[i + 1] == second:
+                    new_word.append(first + second)
+                    i += 2
+                else:
+                    new_word.append(word[i])
+                    i += 1
+            word = tuple(new_word)
+            if len(word) == 1:
+                break
+            pairs = set(zip(word, word[1:]))
+        self.cache[token] = " ".join(word)
+        return self.cache[token]
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for piece in regex.findall(self.PATTERN, text):
+            piece = "".join(self.byte_encoder[b] for b in piece.encode("utf-8"))
+            ids.extend(self.encoder[t] for t in self.bpe(piece).split(" "))
+        return ids
+
+
+@lru_cache(maxsize=1)
+def openai_encoder() -> OpenAIEncoder:
+    encoder = json.loads(DATA.joinpath("encoder.json").read_text(encoding="utf-8"))
+    lines = DATA.joinpath("vocab.bpe").read_text(encoding="utf-8").split("\n")[1:-1]
+    return OpenAIEncoder(encoder, [tuple(line.split()) for line in lines])
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return get_tokenizer("gpt2")
+
+
+# --- the shipped files ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["encoder.json", "vocab.bpe"])
+def test_shipped_vocab_files_have_openais_sha256(name):
+    import tiktoken_ext.openai_public as openai_public
+    import inspect
+
+    digest = hashlib.sha256(DATA.joinpath(name).read_bytes()).hexdigest()
+    assert digest == VOCAB_SHA256[name]
+    # The same hashes tiktoken checks its downloads against.
+    assert digest in inspect.getsource(openai_public.gpt2)
+
+
+@pytest.mark.parametrize("name", ["encoder.json", "vocab.bpe"])
+def test_shipped_vocab_files_equal_the_shared_copies(name):
+    path = shared_data(f"gpt2/{name}")
+    assert path.read_bytes() == DATA.joinpath(name).read_bytes()
+
+
+def test_damaged_vocab_file_is_refused(monkeypatch):
+    from glassgpt import tokenizer as tokenizer_module
+
+    monkeypatch.setitem(tokenizer_module.VOCAB_SHA256, "vocab.bpe", "0" * 64)
+    with pytest.raises(TokenizerError, match="reinstall"):
+        tokenizer_module._read_vocab_file("vocab.bpe")
+
+
+def test_byte_to_unicode_map_is_openais():
+    assert gpt2_byte_to_unicode() == openai_bytes_to_unicode()
+
+
+# --- GPT-2 BPE: basic facts -----------------------------------------------------------
+
+def test_gpt2_tokenizer_has_50257_tokens_and_eot_50256(tok):
+    assert tok.n_vocab == 50257
+    assert tok.eot_id == 50256
+    assert tok.decode([50256]) == ENDOFTEXT
+    assert get_tokenizer("gpt2") is tok  # built once
+
+
+def test_every_token_id_decodes_to_its_bytes_in_encoder_json(tok):
+    encoder = json.loads(DATA.joinpath("encoder.json").read_text(encoding="utf-8"))
+    byte_decoder = {c: b for b, c in openai_bytes_to_unicode().items()}
+    for token, token_id in encoder.items():
+        if token != ENDOFTEXT:
+            assert tok.token_bytes(token_id) == bytes(byte_decoder[c] for c in token), token
+
+
+def test_known_ids_of_a_famous_prompt(tok):
+    # From the book (chapter 2/4): "Every effort moves you" -> [6109, 3626, 6100, 345].
+    assert tok.encode("Every effort moves you") == [6109, 3626, 6100, 345]
+    assert tok.encode("Hello, world!") == [15496, 11, 995, 0]
+
+
+def test_to_dict_round_trips_to_the_same_tokenizer(tok):
+    assert tokenizer_from_dict(tok.to_dict()) is tok
+
+
+# --- parity with tiktoken -------------------------------------------------------------
+
+EDGE_CASES = [
+    "",
+    "a",
+    "Hello world",
+    "  leading spaces",
+    "trailing spaces   ",
+    "many     spaces   between",
+    "\t\ttabs\tand\nnewlines\n\n\nand\r\nCRLF",
+    " \n \t \n",
+    "\n",
+    "   ",
+    "he's she'll we've they're I'm you'd don't",
+    "HE'S SHE'LL WE'VE THEY'RE I'M YOU'D DON'T",
+    "I'VE 'VE 'Ve 's 'll",
+    "rock 'n' roll '' ''' ' '",
+    "12345678901234567890 3.14159 1,000,000 -42 0x1F 2024-01-01",
+    "१२३ ٤٥٦ ⅫⅢ ½ ²³",
+    "😀 👍🏽 🇺🇳 🏳️‍🌈",
+    "👩‍👩‍👧‍👦 family, 👨‍💻 coder, 🧑🏿‍🚀 astronaut",
+    "你好，世界！这是一个测试。",
+    "日本語のテキストとカタカナ",
+    "한국어 텍스트",
+    "Привет, мир! Ελληνικά",
+    "مرحبا بالعالم",
+    "e\u0301 a\u0308 n\u0303 Z\u0324\u0354\u0367\u0311a\u0308",
+    "Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǧ̗͚̚o̙̔ͮ̇͐̇",
+    "\u00a0non-breaking\u00a0spaces\u2009thin\u3000ideographic",
+    "zero\u200bwidth\u200cjoiners\u200d\ufeffbom",
+    "\x00\x01\x7f control \x1b[31m",
+    "<|endoftext|>",
+    "text<|endoftext|>more text",
+    "<|endoftext|> <|endoftext|><|endoftext|>",
+    "!!!???...,,,;;;:::",
+    "def f(x):\n    return x ** 2  # comment\n",
+    "https://example.com/a_b-c?d=e&f=g#h",
+    "\U0010ffff \U0001f600\U0001f600\U0001f600",
+]
+
+
+@pytest.mark.parametrize("text", EDGE_CASES)
+def test_edge_cases_match_tiktoken_and_round_trip(tok, tiktoken_gpt2, text):
+    ids = tok.encode(text)
+    assert ids == tiktoken_gpt2.encode_ordinary(text)
+    assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("text", EDGE_CASES)
+def test_edge_cases_match_openais_original_encoder(tok, text):
+    assert tok.encode(text) == openai_encoder().encode(text)
+
+
+def test_endoftext_in_user_text_is_plain_text_unless_allowed(tok, tiktoken_gpt2):
+    text = "a<|endoftext|>b"
+    as_text = tok.encode(text)
+    assert 50256 not in as_text
+    assert as_text == tiktoken_gpt2.encode_ordinary(text)
+    allowed = tok.encode(text, allowed_special={ENDOFTEXT})
+    assert allowed == tiktoken_gpt2.encode(text, allowed_special={ENDOFTEXT})
+    assert allowed.count(50256) == 1
+    assert tok.decode(allowed) == text
+
+
+def test_the_verdict_matches_tiktoken(tok, tiktoken_gpt2):
+    text = shared_data("the-verdict.txt").read_text(encoding="utf-8")
+    ids = tok.encode(text)
+    assert len(ids) == 5145
+    assert ids == tiktoken_gpt2.encode_ordinary(text)
+    assert tok.decode(ids) == text
+
+
+def test_tinyshakespeare_matches_tiktoken(tok, tiktoken_gpt2):
+    text = shared_data("tinyshakespeare.txt").read_text(encoding="utf-8")
+    ids = tok.encode(text)
+    assert ids == tiktoken_gpt2.encode_ordinary(text)
+    assert tok.decode(ids) == text
+
+
+def words_for_the_independent_check() -> list[str]:
+    """A few thousand words: this file's own text, the-verdict when present, and made-up ones."""
+    text = Path(__file__).read_text(encoding="utf-8")
+    verdict = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "the-verdict.txt"
+    if verdict.is_file():
+        text += verdict.read_text(encoding="utf-8")
+    words = text.split()
+    words += [" " + w for w in words] + [w.upper() for w in words] + [w[::-1] for w in words]
+    return list(dict.fromkeys(words))
+
+
+def test_thousands_of_words_match_openais_original_encoder(tok):
+    words = words_for_the_independent_check()
+    assert len(words) > 2000
+    reference = openai_encoder()
+    for word in words:
+        assert tok.encode(word) == reference.encode(word), word
+
+
+# Text that mixes the classes the split pattern cares about, so that hypothesis
+# explores the boundaries: letters, digits, spaces of several kinds, apostrophes, emoji.
+pieces = st.sampled_from(list(string.ascii_letters + string.digits + string.punctuation) + [
+    " ", "  ", "\t", "\n", "\r\n", "\u00a0", "'s", "'ll", "'VE", "é", "e\u0301", "中", "😀", "👩‍💻",
+    "\u200d", ENDOFTEXT])
+mixed_text = st.lists(pieces, max_size=30).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(st.text(max_size=60), mixed_text))
+def test_random_strings_match_tiktoken_and_round_trip(tok, tiktoken_gpt2, text):
+    ids = tok.encode(text)
+    assert ids == tiktoken_gpt2.encode_ordinary(text)
+    assert tok.decode(ids) == text
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(st.text(max_size=40), mixed_text))
+def test_random_strings_match_openais_original_encoder(tok, text):
+    assert tok.encode(text) == openai_encoder().encode(text)
+
+
+# --- decoding errors ------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [50257, 10**9, -1])
+def test_out_of_range_ids_raise_tokenizer_error_naming_the_id(tok, bad):
+    with pytest.raises(TokenizerError) as err:
+        tok.decode([5, bad])
+    assert str(bad) in str(err.value) and "50256" in str(err.value)
+    with pytest.raises(TokenizerError):
+        tok.token_bytes(bad)
+    assert issubclass(TokenizerError, GlassError)
+
+
+def test_decode_of_a_split_character_shows_replacement_not_an_error(tok):
+    ids = tok.encode("😀")
+    assert len(ids) > 1  # an emoji is several byte-level tokens
+    assert "\ufffd" in tok.decode(ids[:1])
+    assert b"".join(tok.token_bytes(i) for i in ids) == "😀".encode("utf-8")
+
+
+def test_unknown_tokenizer_spec_lists_choices():
+    with pytest.raises(TokenizerError, match="gpt2, char"):
+        get_tokenizer("gpt5")
+
+
+# --- char tokenizer -------------------------------------------------------------------
+
+def test_char_tokenizer_round_trips_and_uses_sorted_ids():
+    text = "hello, world!\nÀ😀"
+    tok = get_tokenizer("char", text=text)
+    assert isinstance(tok, CharTokenizer)
+    assert tok.n_vocab == len(set(text))
+    assert tok.eot_id is None
+    assert tok.chars == sorted(set(text))
+    assert tok.encode("hello") == [tok.chars.index(c) for c in "hello"]
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.decode_bytes(tok.encode("😀")) == "😀".encode("utf-8")
+
+
+def test_char_tokenizer_save_and_load(tmp_path):
+    tok = get_tokenizer("char", text="To be, or not to be")
+    tok.save(tmp_path / "tok.json")
+    loaded = get_tokenizer(str(tmp_path / "tok.json"))
+    assert loaded.chars == tok.chars
+    assert loaded.encode("not to be") == tok.encode("not to be")
+
+
+def test_char_tokenizer_errors_name_the_problem():
+    tok = get_tokenizer("char", text="abc")
+    with pytest.raises(TokenizerError, match="'z'"):
+        tok.encode("abz")
+    with pytest.raises(TokenizerError, match="3"):
+        tok.decode([0, 3])
+    with pytest.raises(TokenizerError, match="text"):
+        get_tokenizer("char")
+    with pytest.raises(TokenizerError, match="non-empty"):
+        get_tokenizer("char", text="")
+
+
+def test_unreadable_tokenizer_file_is_a_tokenizer_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(TokenizerError, match="bad.json"):
+        get_tokenizer(str(bad))
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"type": "wordpiece"}))
+    with pytest.raises(TokenizerError, match="wordpiece"):
+        get_tokenizer(str(odd))
+
+
+def test_public_api_exports_the_tokenizer():
+    assert glassgpt.get_tokenizer is get_tokenizer
