@@ -1,0 +1,183 @@
+"""The terminal view of a Trace: a vertical flow from text to the next token.
+
+The two stages where the width changes (vocab->hidden at tok_emb, hidden->vocab at
+out_head) are framed and highlighted; the section at the end answers the four
+questions a reader of the book asks, with the numbers of the live model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .explain import Stage, Trace
+
+RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
+BLUE, ORANGE, GREEN, RED = "\033[38;5;33m", "\033[38;5;208m", "\033[38;5;35m", "\033[38;5;160m"
+
+
+def _shape(shape: list[int] | None) -> str:
+    return "[" + ", ".join(str(n) for n in shape) + "]" if shape is not None else ""
+
+
+def render_text(tr: "Trace", color: bool = False) -> str:
+    def c(code: str, text: str) -> str:
+        return f"{code}{text}{RESET}" if color else text
+
+    cfg = tr.model["config"]
+    lines: list[str] = []
+    out = lines.append
+    title = f"glassgpt explain · model {tr.model['name']} · {tr.model['dtype']} on {tr.model['device']}"
+    out(c(BOLD, title))
+    if tr.model["random_weights"]:
+        out(c(RED, "RANDOM WEIGHTS: the shapes below are real; the probabilities and tokens are not."))
+    out(c(DIM, f"vocab_size {cfg['vocab_size']:,} · emb_dim {cfg['emb_dim']:,} · context_length "
+               f"{cfg['context_length']:,} · n_heads {cfg['n_heads']} · n_layers {cfg['n_layers']}"
+               f" · tie_embeddings {cfg['tie_embeddings']}"))
+    out("")
+    out(f"text {tr.prompt!r}")
+    out("   │")
+    for stage in tr.stages:
+        if stage.parent is not None:
+            continue
+        if stage.transition:
+            _transition(stage, tr, lines, c)
+        elif stage.name == "tokens":
+            _row(stage, lines, c)
+            pieces = " · ".join(f"{tok['id']} {tok['text']!r}" for tok in tr.tokens)
+            out(f"   │   {c(DIM, pieces)}")
+        else:
+            _row(stage, lines, c)
+            if stage.name.startswith("trf_blocks.") and any(s.parent == stage.name for s in tr.stages):
+                _block(stage.name, tr, lines, c)
+            elif stage.name.startswith("trf_blocks."):
+                continue  # consecutive blocks read best as one column, without connectors
+        out("   │")
+    out("   ▼")
+    nt = tr.next_token
+    what = "class" if nt["kind"] == "class" else "next token"
+    out(c(BOLD, f"{what}: id {nt['id']} {nt['text']!r}  (p = {nt['prob']:.4f})"))
+    if nt["kind"] == "token":
+        out(f"text after one step: {nt['text_after']!r}")
+    out("")
+    out(c(BOLD, f"top {len(nt['top'])} {'classes' if nt['kind'] == 'class' else 'next tokens'}"
+                f" (softmax at temperature {nt['temperature']:g})"))
+    top_p = nt["top"][0]["prob"] or 1.0
+    for rank, cand in enumerate(nt["top"], 1):
+        bar = "█" * max(1, round(30 * cand["prob"] / top_p))
+        out(f"  {rank:>2}. {cand['text']!r:<18} {cand['id']:>6}  {cand['prob']:.4f}  {c(ORANGE, bar)}")
+    if tr.logit_lens:
+        _logit_lens(tr, lines, c)
+    if tr.embedding_check:
+        _embedding(tr, lines, c)
+    _params(tr, lines, c)
+    _answers(tr, lines, c)
+    return "\n".join(lines)
+
+
+def _row(stage: "Stage", lines: list[str], c) -> None:
+    shape = _shape(stage.shape)
+    if stage.input_shape and stage.name.startswith("trf_blocks."):
+        shape = f"{_shape(stage.input_shape)} -> {shape}"
+    weight = f"weight {_shape(stage.weight_shape)}" if stage.weight_shape else ""
+    params = f"{stage.params:,} params" if stage.params else ""
+    lines.append(f"{c(BOLD, f'{stage.name:<13}')} {shape:<27} {stage.module:<34} {weight:<20} {params}".rstrip())
+    if stage.note and not stage.name.startswith("trf_blocks."):
+        lines.append(f"   │   {c(DIM, stage.note)}")
+
+
+def _transition(stage: "Stage", tr: "Trace", lines: list[str], c) -> None:
+    tint = BLUE if stage.transition == "vocab->hidden" else ORANGE
+    width = 100
+    label = f"══ {stage.transition}: {_shape(stage.input_shape)} -> {_shape(stage.shape)} "
+    lines.append(c(tint, "╔" + label + "═" * (width - len(label))))
+    body = (f"{stage.name}  {stage.module}  weight {_shape(stage.weight_shape)} = "
+            f"{_numel(stage.weight_shape):,} numbers")
+    lines.append(c(tint, "║ ") + c(BOLD, body))
+    lines.append(c(tint, "║ ") + stage.note)
+    if stage.shared_with:
+        lines.append(c(tint, "║ ") + c(GREEN, f"tied: out_head.weight is {stage.shared_with} "
+                                                "(one tensor, counted once in the total)"))
+    elif stage.name == "out_head" and stage.transition == "hidden->vocab":
+        lines.append(c(tint, "║ ") + "untied: out_head.weight is its own tensor, separate from tok_emb.weight")
+    lines.append(c(tint, "╚" + "═" * (width + 1)))
+
+
+def _numel(shape: list[int] | None) -> int:
+    n = 1
+    for s in shape or []:
+        n *= s
+    return n
+
+
+def _block(name: str, tr: "Trace", lines: list[str], c) -> None:
+    inner = [s for s in tr.stages if s.parent == name]
+    for k, s in enumerate(inner):
+        branch = "└" if k == len(inner) - 1 else "├"
+        short = s.name[len(name) + 1:]
+        shape = _shape(s.shape)
+        if s.input_shape and s.name.endswith((".heads", ".context")):
+            shape = f"{_shape(s.input_shape)} -> {shape}"
+        params = f"{s.params:,}" if s.params else ""
+        lines.append(f"   {branch} {short:<18} {shape:<31} {s.module:<42} {params:>10}  {c(DIM, s.note)}".rstrip())
+
+
+def _logit_lens(tr: "Trace", lines: list[str], c) -> None:
+    lines.append("")
+    lines.append(c(BOLD, "logit lens: the top token at each position after each block "
+                         "(out_head(final_norm(residual)))"))
+    header = " ".join(f"{tok['text'][:10]!r:<13}" for tok in tr.tokens)
+    lines.append(f"  {'after':<14} {header}")
+    for layer in tr.logit_lens["layers"]:
+        cells = " ".join(f"{cell['text'][:10]!r:<13}" for cell in layer["top"])
+        lines.append(f"  trf_blocks.{layer['layer']:<3} {cells}")
+
+
+def _embedding(tr: "Trace", lines: list[str], c) -> None:
+    e = tr.embedding_check
+    V, d = e["weight_shape"]
+    ok = lambda flag: c(GREEN, "exactly equal") if flag else c(RED, "NOT equal")  # noqa: E731
+    lines.append("")
+    lines.append(c(BOLD, "nn.Embedding = nn.Linear on one-hot vectors (checked on this model and prompt)"))
+    lines.append(f"  tok_emb(ids) vs one_hot(ids, {V}) @ tok_emb.weight        : {ok(e['equal_one_hot_matmul'])}"
+                 f" (max |diff| {e['max_abs_diff']:g})")
+    lines.append(f"  tok_emb(ids) vs {e['linear']}: {ok(e['equal_linear'])}")
+    lines.append(f"  lookup : {e['lookup_ms']:.3f} ms, reads {e['lookup_bytes']:,} bytes (one row per token)")
+    lines.append(f"  matmul : {e['matmul_ms']:.3f} ms, builds a {e['one_hot_bytes']:,}-byte one-hot matrix and does "
+                 f"{e['matmul_flops']:,} FLOPs, all but 1 in {V:,} of them multiplying by zero")
+    lines.append(c(DIM, "  same numbers, so the lookup is used: it skips the zeros."))
+
+
+def _params(tr: "Trace", lines: list[str], c) -> None:
+    p = tr.params
+    lines.append("")
+    lines.append(c(BOLD, "parameters"))
+    lines.append(f"  total as stored      {p['total']:>15,}" + ("   (out_head.weight is tok_emb.weight)" if p["tied"] else ""))
+    lines.append(f"  total if untied      {p['total_untied']:>15,}")
+
+
+def _answers(tr: "Trace", lines: list[str], c) -> None:
+    emb, head = tr.stage("tok_emb"), tr.stage("out_head")
+    cfg = tr.model["config"]
+    V, d = cfg["vocab_size"], cfg["emb_dim"]
+    out_w = head.shape[-1]
+    lines.append("")
+    lines.append(c(BOLD, "the four questions"))
+    lines.append(f"  1. Where does {V:,} become {d}?  At tok_emb: ids {_shape(emb.input_shape)} -> "
+                 f"{_shape(emb.shape)}, a lookup in the {_shape(emb.weight_shape)} weight. Every block then stays {d} wide.")
+    lines.append(f"  2. Where does {d} become {out_w:,}?  At out_head: {_shape(head.input_shape)} -> "
+                 f"{_shape(head.shape)}, x @ W.T with W {_shape(head.weight_shape)}; the last position "
+                 f"{_shape(tr.stage('last_logits').shape)} gives the next token.")
+    e = tr.embedding_check
+    same = "yes: the numbers above are identical" if e and e["equal_one_hot_matmul"] and e["equal_linear"] else \
+        "yes, mathematically (run with the embedding check to see it on this model)"
+    lines.append(f"  3. Is nn.Embedding an nn.Linear on one-hot vectors?  {same}; the lookup just skips the zeros.")
+    if head.transition == "hidden->classes":
+        tied = f"no sharing: the classifier head has its own {_shape(head.weight_shape)} weight"
+    elif tr.params["tied"]:
+        tied = (f"yes, both are {_shape(emb.weight_shape)}, and here they are one tensor (tied): "
+                f"{tr.params['total']:,} parameters, {tr.params['total_untied']:,} if untied")
+    else:
+        tied = (f"yes, both are {_shape(emb.weight_shape)}, and here they are two separate tensors (untied): "
+                f"{tr.params['total']:,} parameters")
+    lines.append(f"  4. Are there weight matrices for both, and are they shared?  {tied}.")
