@@ -151,20 +151,29 @@ def _weight_stage(name: str, module: nn.Module, out: torch.Tensor, **kw: Any) ->
 
 
 @torch.inference_mode()
-def trace(model: GPTModel, tokenizer: Tokenizer, text: str, top_k: int = 10, temperature: float = 1.0,
-          block: int = 0, logit_lens: bool = False, attention: bool = False,
+def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, top_k: int = 10,
+          temperature: float = 1.0, block: int = 0, logit_lens: bool = False, attention: bool = False,
           embedding_check: bool = True, model_name: str | None = None,
-          random_weights: bool = False, labels: list[str] | None = None) -> Trace:
-    """Run `text` through `model` once and record every stage from the real tensors.
+          random_weights: bool = False, labels: list[str] | None = None, ids: list[int] | None = None) -> Trace:
+    """Run `text` (or token `ids`) through `model` once and record every stage from the real tensors.
 
     block: which of the trf_blocks to open up (its norms, heads, attention, feed-forward).
     temperature: divides the last logits before the softmax (the `probs` stage).
     labels: class names, for a model whose out_head is a classifier.
+    ids: token ids instead of text, e.g. a prompt extended one generated token at a time
+    (re-encoding the decoded text could merge pieces differently).
     """
     cfg = model.cfg
-    if not text:
+    if ids is not None:
+        ids_list = [int(i) for i in ids]
+        bad = [i for i in ids_list if not 0 <= i < min(tokenizer.n_vocab, cfg.vocab_size)]
+        if bad:
+            raise PromptError(f"token id {bad[0]} is out of range: valid ids are 0..{min(tokenizer.n_vocab, cfg.vocab_size) - 1}")
+        text = tokenizer.decode(ids_list)
+    elif not text:
         raise PromptError("the prompt is empty: give some text, e.g. \"Every effort moves you\"")
-    ids_list = tokenizer.encode(text)
+    else:
+        ids_list = tokenizer.encode(text)
     if not ids_list:
         raise PromptError("the prompt encodes to no tokens: give some text")
     if len(ids_list) > cfg.context_length:
