@@ -365,9 +365,10 @@ def test_unknown_spec_lists_the_choices_without_network(spec):
 
 
 def test_hub_id_offline_says_where_to_put_the_files(monkeypatch, tmp_path):
-    hub = pytest.importorskip("huggingface_hub")
+    pytest.importorskip("huggingface_hub")
+    from huggingface_hub import constants
     # huggingface_hub reads HF_HUB_OFFLINE when it is imported: set the constant too.
-    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
