@@ -352,6 +352,7 @@ def _logit_lens(model: GPTModel, tokenizer: Tokenizer, seen: dict, n_layers: int
     return {"layers": layers}
 
 
+@torch.inference_mode()
 def check_embedding_is_linear(model: GPTModel, ids: torch.Tensor, repeats: int = 5) -> dict[str, Any]:
     """Show on the live weights that an embedding lookup is a matmul with one-hot vectors.
 

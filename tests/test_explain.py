@@ -1,0 +1,249 @@
+"""explain: the traced shapes follow the config, the two transitions are marked, and the
+embedding is exactly a one-hot matmul -- all measured on live models."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import glassgpt
+from glassgpt.cli import main
+from glassgpt.config import GPTConfig
+from glassgpt.errors import GlassError, PromptError
+from glassgpt.explain import check_embedding_is_linear, trace
+from glassgpt.explain_diagram import save_attention_png, save_png, to_svg
+from glassgpt.weights import random_model
+
+PROMPT = "Every effort moves you"  # 4 GPT-2 tokens
+STABLE = ["tokens", "tok_emb", "pos_emb", "embeddings", "final_norm", "out_head", "last_logits", "probs", "next_token"]
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return glassgpt.load_model("gpt2"), glassgpt.get_tokenizer("gpt2")
+
+
+@pytest.fixture(scope="module")
+def gpt2_trace(gpt2):
+    model, tok = gpt2
+    return trace(model, tok, PROMPT, model_name="gpt2", random_weights=True, logit_lens=True, attention=True)
+
+
+@pytest.fixture(scope="module")
+def small():
+    text = "the quick brown fox jumps over the lazy dog"
+    tok = glassgpt.get_tokenizer("char", text=text)
+    cfg = GPTConfig(vocab_size=tok.n_vocab, context_length=16, emb_dim=24, n_heads=3, n_layers=2)
+    return random_model(cfg, torch.device("cpu"), torch.float32, seed=1), tok
+
+
+def shapes(tr) -> dict[str, list[int]]:
+    return {s.name: s.shape for s in tr.stages}
+
+
+def test_gpt2_trace_has_the_shapes_of_the_book(gpt2_trace):
+    s = shapes(gpt2_trace)
+    assert s["tokens"] == [1, 4]
+    assert s["tok_emb"] == [1, 4, 768]
+    assert s["pos_emb"] == [4, 768]
+    assert s["embeddings"] == [1, 4, 768]
+    for i in range(12):
+        assert s[f"trf_blocks.{i}"] == [1, 4, 768]
+    assert s["trf_blocks.0.att.heads"] == [1, 12, 4, 64]
+    assert s["trf_blocks.0.att.attn_weights"] == [1, 12, 4, 4]
+    assert s["trf_blocks.0.ff.layers.0"] == [1, 4, 3072]
+    assert s["final_norm"] == [1, 4, 768]
+    assert s["out_head"] == [1, 4, 50257]
+    assert s["last_logits"] == [1, 50257]
+    assert s["probs"] == [1, 50257]
+    assert [st.name for st in gpt2_trace.stages if st.parent is None] == (
+        STABLE[:4] + [f"trf_blocks.{i}" for i in range(12)] + STABLE[4:])
+
+
+def test_small_config_trace_follows_the_config_not_constants(small):
+    model, tok = small
+    tr = trace(model, tok, "the fox")  # 7 characters
+    s = shapes(tr)
+    V = tok.n_vocab
+    assert s["tokens"] == [1, 7]
+    assert s["tok_emb"] == [1, 7, 24]
+    assert s["trf_blocks.1"] == [1, 7, 24]
+    assert s["trf_blocks.0.att.heads"] == [1, 3, 7, 8]
+    assert s["trf_blocks.0.att.attn_weights"] == [1, 3, 7, 7]
+    assert s["trf_blocks.0.ff.layers.0"] == [1, 7, 96]
+    assert s["out_head"] == [1, 7, V]
+    assert tr.stage("tok_emb").weight_shape == [V, 24]
+
+
+def test_the_two_transitions_are_marked_with_their_weights(gpt2_trace):
+    emb, head = gpt2_trace.stage("tok_emb"), gpt2_trace.stage("out_head")
+    assert emb.transition == "vocab->hidden" and head.transition == "hidden->vocab"
+    assert emb.weight_shape == head.weight_shape == [50257, 768]
+    assert emb.params == 50257 * 768
+    assert head.shared_with == "tok_emb.weight"
+    others = [s.name for s in gpt2_trace.stages if s.transition and s.name not in ("tok_emb", "out_head")]
+    assert others == []
+
+
+def test_parameter_totals_tied_and_untied(gpt2_trace):
+    assert gpt2_trace.params == {"total": 124_439_808, "total_untied": 163_037_184, "tied": True}
+    cfg = dataclasses.replace(glassgpt.PRESETS["gpt2"], tie_embeddings=False, n_layers=1)
+    model = random_model(cfg, torch.device("cpu"), torch.float32)
+    tr = trace(model, glassgpt.get_tokenizer("gpt2"), PROMPT, embedding_check=False)
+    assert tr.params["tied"] is False and tr.stage("out_head").shared_with is None
+    assert tr.params["total"] == tr.params["total_untied"] == model.num_parameters()
+
+
+def test_embedding_equals_one_hot_matmul_exactly(gpt2):
+    model, tok = gpt2
+    ids = torch.tensor([tok.encode(PROMPT)])
+    W = model.tok_emb.weight
+    assert torch.equal(model.tok_emb(ids), F.one_hot(ids, 50257).float() @ W)
+    check = check_embedding_is_linear(model, ids, repeats=1)
+    assert check["equal_one_hot_matmul"] and check["equal_linear"] and check["max_abs_diff"] == 0.0
+    assert check["one_hot_bytes"] == 4 * 50257 * 4 and check["lookup_bytes"] == 4 * 768 * 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embedding_equals_one_hot_matmul_in_each_dtype(small, dtype):
+    model, tok = small
+    model = random_model(model.cfg, torch.device("cpu"), dtype, seed=3)
+    check = check_embedding_is_linear(model, torch.tensor([tok.encode("lazy dog")]), repeats=1)
+    assert check["equal_one_hot_matmul"] and check["equal_linear"]
+
+
+def test_attention_weights_match_transformers(hf_tiny):
+    """The recomputed attention weights equal HF's eager `output_attentions` (tolerance 1e-5)."""
+    from transformers import GPT2LMHeadModel
+
+    _, path = hf_tiny
+    hf = GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager").eval()
+    model = glassgpt.load_model(path)
+    tok = glassgpt.get_tokenizer("gpt2")
+    ids = [i % model.cfg.vocab_size for i in tok.encode("It had always been his fate")]
+    tr = trace(model, tok, ids=ids, attention=True, embedding_check=False)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids]), output_attentions=True).attentions
+    for layer, expected in enumerate(ref):
+        torch.testing.assert_close(torch.tensor(tr.attention["layers"][layer]), expected[0], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_rows_are_causal_and_sum_to_one(gpt2_trace):
+    weights = torch.tensor(gpt2_trace.attention["layers"][3])  # [h, t, t]
+    torch.testing.assert_close(weights.sum(-1), torch.ones(12, 4))
+    assert torch.all(weights.triu(diagonal=1) == 0)
+
+
+def test_logit_lens_last_layer_is_the_prediction(gpt2_trace):
+    lens = gpt2_trace.logit_lens["layers"]
+    assert len(lens) == 12 and all(len(layer["top"]) == 4 for layer in lens)
+    assert lens[-1]["top"][-1]["id"] == gpt2_trace.next_token["id"]
+
+
+def test_next_token_is_the_greedy_choice_of_the_model(gpt2, gpt2_trace):
+    model, tok = gpt2
+    ids = glassgpt.generate(model, tok.encode(PROMPT), max_new_tokens=1)
+    assert int(ids[0, -1]) == gpt2_trace.next_token["id"]
+    probs = [c["prob"] for c in gpt2_trace.next_token["top"]]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
+
+
+def test_trace_by_ids_equals_trace_by_text(small):
+    model, tok = small
+    a = trace(model, tok, "quick", embedding_check=False)
+    b = trace(model, tok, ids=tok.encode("quick"), embedding_check=False)
+    assert a.prompt == b.prompt and a.next_token == b.next_token
+
+
+def test_classifier_head_is_hidden_to_classes(small):
+    model, tok = small
+    cfg = dataclasses.replace(model.cfg, num_classes=3, tie_embeddings=False)
+    clf = random_model(cfg, torch.device("cpu"), torch.float32)
+    tr = trace(clf, tok, "lazy", labels=["neg", "neu", "pos"], embedding_check=False)
+    head = tr.stage("out_head")
+    assert head.transition == "hidden->classes" and head.weight_shape == [3, 24] and head.shape == [1, 4, 3]
+    assert tr.stage("label").shape == [1] and tr.next_token["text"] in ("neg", "neu", "pos")
+    assert "hidden->classes" in tr.to_text()
+
+
+def test_prompt_errors(small):
+    model, tok = small
+    with pytest.raises(PromptError, match="empty"):
+        trace(model, tok, "")
+    with pytest.raises(PromptError, match="context_length is 16"):
+        trace(model, tok, "the quick brown fox jumps")
+    with pytest.raises(PromptError, match="block 5"):
+        trace(model, tok, "fox", block=5)
+
+
+def test_json_has_the_documented_fields(gpt2_trace):
+    d = json.loads(json.dumps(gpt2_trace.to_dict()))
+    assert set(d) >= {"model", "tokens", "stages", "params", "next_token"}
+    assert d["tokens"][1] == {"id": 3626, "text": " effort"}
+    for stage in d["stages"]:
+        assert {"name", "module", "shape", "dtype"} <= set(stage)
+    tok_emb = next(s for s in d["stages"] if s["name"] == "tok_emb")
+    assert tok_emb["weight_shape"] == [50257, 768] and tok_emb["params"] == 38_597_376
+    assert {"id", "text", "prob"} == set(d["next_token"]["top"][0])
+
+
+def test_text_view_answers_the_four_questions(gpt2_trace):
+    text = gpt2_trace.to_text()
+    for needle in ("vocab->hidden", "hidden->vocab", "[1, 4] -> [1, 4, 768]", "[1, 4, 768] -> [1, 4, 50257]",
+                   "124,439,808", "163,037,184", "exactly equal", "RANDOM WEIGHTS", "the four questions"):
+        assert needle in text
+
+
+def test_svg_parses_and_shows_the_live_shapes(gpt2_trace):
+    svg = to_svg(gpt2_trace)
+    root = ET.fromstring(svg)
+    texts = " ".join(el.text or "" for el in root.iter("{http://www.w3.org/2000/svg}text"))
+    for needle in ("tok_emb.weight", "out_head.weight", "[50257, 768]", "[1, 4, 768]", "[1, 4, 50257]", "tied"):
+        assert needle in texts
+
+
+def test_png_opens_with_its_expected_size(gpt2_trace, tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "flow.png"
+    w, h = save_png(gpt2_trace, str(path), scale=1.0)
+    with Image.open(path) as img:
+        assert img.size == (w, h) and w == 1040
+    heat = tmp_path / "att.png"
+    w, h = save_attention_png(gpt2_trace, 2, str(heat))
+    with open(heat, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (w, h)
+    with pytest.raises(GlassError, match="layer 12"):
+        save_attention_png(gpt2_trace, 12, str(heat))
+
+
+def test_cli_explain_default_prompt_text(capsys):
+    assert main(["explain", "--model", "gpt2", "--color", "never"]) == 0
+    out, err = capsys.readouterr()
+    assert "vocab->hidden" in out and "hidden->vocab" in out and "random weights" in err
+
+
+def test_cli_explain_json_and_embedding_section(capsys, tmp_path):
+    assert main(["explain", "Hello world", "--format", "json", "--top-k", "3"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [t["text"] for t in d["tokens"]] == ["Hello", " world"] and len(d["next_token"]["top"]) == 3
+    assert main(["explain", "Hello world", "--embedding-vs-linear", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["equal_one_hot_matmul"] is True
+
+
+def test_cli_explain_bad_input_is_one_line(capsys):
+    assert main(["explain", "", "--model", "gpt2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "empty" in err[-1]
+    assert main(["explain", "hi", "--block", "12"]) == 2
+    assert "choose 0..11" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explain", "hi", "--format", "gif"])
+    assert exit_info.value.code == 2
