@@ -24,7 +24,7 @@ from .tokenizer import Tokenizer
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise GlassError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if temperature < 0:
+    if not temperature >= 0:  # also refuses nan, which would make every probability nan
         raise GlassError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise GlassError(f"top_k must be a positive integer, got {top_k!r}")
