@@ -73,9 +73,14 @@ def load(args: argparse.Namespace) -> tuple[GPTModel, Tokenizer]:
     return model, tokenizer
 
 
-def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
+def check_prompt(prompt: str) -> None:
+    """Refuse an empty prompt; call it before loading a model, so the error comes at once."""
     if not prompt:
         raise GlassError("the prompt is empty: give some text, e.g. \"Every effort moves you\"")
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    check_prompt(prompt)
     ids = tokenizer.encode(prompt)
     if not ids:
         raise GlassError("the prompt encodes to no tokens: give some text")

@@ -9,7 +9,7 @@ import sys
 from ..explain import memory_needs, parameter_table
 from ..generate import decode_stream, stream
 from ..weights import download
-from .common import add_model_args, encode_prompt, load, nonneg_float, nonneg_int, positive_int, probability
+from .common import add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int, probability
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    check_prompt(args.prompt)
     model, tok = load(args)
     prompt_ids = encode_prompt(tok, args.prompt)
     steps = stream(model, prompt_ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
