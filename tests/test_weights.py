@@ -382,3 +382,19 @@ def test_hf_state_dict_uses_conv1d_layout(glass_tiny):
     assert sd["transformer.h.0.attn.c_attn.weight"].shape == (48, 144)
     assert sd["transformer.h.0.mlp.c_fc.weight"].shape == (48, 192)
     assert torch.equal(sd["transformer.h.0.mlp.c_fc.weight"], glass_tiny.trf_blocks[0].ff.layers[0].weight.t())
+
+
+@pytest.mark.parametrize("field, value", [
+    ("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False),
+    ("layer_norm_epsilon", 1e-3), ("n_inner", 100), ("activation_function", "gelu"),
+])
+def test_hf_variant_either_matches_transformers_or_is_refused_by_name(tmp_path, field, value):
+    """GPT2Config has switches that change the maths; glassgpt must never load one silently wrong."""
+    hf = make_hf_model(seed=2, **{field: value})
+    path = save_hf_model(hf, tmp_path / "variant")
+    try:
+        model = load_model(path)
+    except CheckpointError as err:
+        assert field in str(err) or str(value) in str(err)
+        return
+    torch.testing.assert_close(logits(model), logits(hf), **TOL)

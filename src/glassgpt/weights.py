@@ -187,6 +187,12 @@ def config_from_hf(raw: dict, source: Path | str = "config.json") -> GPTConfig:
     act = raw.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
         raise CheckpointError(f"{source} uses activation {act!r}; glassgpt's GPT-2 uses the tanh GELU")
+    # Switches of GPT2Config that change the maths; loading them as plain GPT-2 would be silently wrong.
+    for field, gpt2_value in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                              ("layer_norm_epsilon", 1e-5)):
+        if raw.get(field, gpt2_value) != gpt2_value:
+            raise CheckpointError(f"{source} sets {field}={raw[field]!r}; glassgpt's GPT-2 needs "
+                                  f"{gpt2_value!r}: this checkpoint is a GPT-2 variant it cannot run")
     try:
         return GPTConfig(
             vocab_size=raw["vocab_size"], context_length=raw["n_positions"], emb_dim=raw["n_embd"],
