@@ -1,0 +1,102 @@
+"""How many bytes a GPT-2 needs, from its config alone: weights, KV cache, training state.
+
+    memory_needs(cfg, dtype, batch_size, seq_len) -> {"weights": bytes, "kv_cache": ..., ...}
+
+A back-of-the-envelope count, not a measurement: it follows what the forward pass
+keeps (model.py) and what AdamW stores, so it tells a reader whether gpt2-xl fits
+before they load it. `benchmarks/bench_memory.py` compares it with measured peaks.
+Training counts the activations that backward needs when attention runs through
+a fused kernel (SDPA keeps q, k, v and its output, never the [t, t] scores) and
+no activation checkpointing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .config import GPTConfig
+
+INT8 = "int8"  # weight-only int8 (quantize.py): Linear weights 1 byte, the rest bfloat16
+
+
+def parameter_counts(cfg: GPTConfig) -> dict[str, int]:
+    """Parameters by kind: `linear` (the matrices of the blocks and the head), `other` (the rest)."""
+    d, v = cfg.emb_dim, cfg.vocab_size
+    qkv_bias = 3 * d if cfg.qkv_bias else 0
+    block_linear = 4 * d * d + 2 * 4 * d * d                          # W_query, W_key, W_value, out_proj; ff
+    block_other = 2 * 2 * d + qkv_bias + d + 4 * d + d                 # norm1, norm2; biases
+    head = 0 if cfg.tie_embeddings else cfg.out_dim * d               # tied: the head *is* tok_emb
+    head_bias = cfg.out_dim if cfg.num_classes is not None else 0
+    return {
+        "linear": cfg.n_layers * block_linear + head,
+        "other": v * d + cfg.context_length * d + cfg.n_layers * block_other + 2 * d + head_bias,
+        "head_rows": cfg.out_dim,  # the int8 head needs its own copy when tied
+    }
+
+
+def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch_size: int = 1,
+                 seq_len: int | None = None) -> dict[str, Any]:
+    """Bytes for inference (weights + KV cache + working buffers) and for training
+    (weights + gradients + AdamW's two moments + saved activations), for `batch_size`
+    sequences of `seq_len` tokens (default: context_length). `dtype` is the weights'
+    dtype (a torch dtype, its name, or "int8" for weight-only int8 decoding)."""
+    seq_len = seq_len or cfg.context_length
+    b, t, d, n = batch_size, seq_len, cfg.emb_dim, cfg.n_layers
+    counts = parameter_counts(cfg)
+    n_params = counts["linear"] + counts["other"]
+    name, size = _dtype_size(dtype)
+    act = 2 if name == INT8 else size  # int8 runs its activations in bfloat16
+
+    if name == INT8:
+        d_head = cfg.out_dim * d if cfg.tie_embeddings else 0  # the tied head gets an int8 copy
+        scale_rows = n * (3 * d + d + 4 * d + d) + cfg.out_dim
+        weights = counts["linear"] + d_head + 2 * scale_rows + 2 * counts["other"]
+    else:
+        weights = n_params * size
+    kv_cache = 2 * n * b * t * d * act
+    # A forward's transient peak: the residual stream and a few [b, t, d] temporaries,
+    # the [b, t, 4d] feed-forward hidden, and the logits of the last position.
+    working = b * t * (4 * d + 4 * d) * act + b * cfg.out_dim * 4
+    inference = weights + kv_cache + working
+
+    gradients = n_params * size
+    adamw_state = 2 * n_params * size  # exp_avg and exp_avg_sq, in the parameters' dtype
+    # Saved for backward, per token and block: norm1 in/out, q, k, v, attention out,
+    # its [b, t, d] reshape, norm2 in/out (9d), ff hidden before and after GELU (8d),
+    # plus the dropout masks when drop_rate > 0 (1 byte each, 3 of width d).
+    per_token_block = 17 * d * act + (3 * d if cfg.drop_rate > 0 else 0)
+    # The head: final_norm's output, the logits, and cross-entropy's float32 log-softmax.
+    head_acts = b * t * (2 * d * act + cfg.out_dim * act + cfg.out_dim * 4)
+    activations = b * t * n * per_token_block + b * t * d * act + head_acts
+    training = weights + gradients + adamw_state + activations if name != INT8 else 0
+
+    notes = {
+        "weights": f"{n_params:,} parameters" + (" (int8 Linear weights + bfloat16 rest)" if name == INT8
+                                                  else f" x {size} bytes ({name})"),
+        "kv_cache": f"keys and values: 2 x {n} layers x {b} x {t} tokens x {d} x {act} bytes",
+        "inference": "weights + KV cache + one forward's temporaries (feed-forward hidden, last logits)",
+        "gradients": "one gradient per parameter, in the parameters' dtype",
+        "adamw_state": "AdamW's exp_avg and exp_avg_sq: two more copies of the parameters",
+        "activations": f"kept for backward: ~17 x d per token per block, plus the [b, t, V] logits "
+                       f"and float32 log-softmax ({b} x {t} tokens, SDPA, no checkpointing)",
+        "training": "weights + gradients + AdamW state + activations" if name != INT8
+                    else "int8 is for inference only",
+    }
+    return {"dtype": name, "batch_size": b, "seq_len": t, "parameters": n_params,
+            "weights": weights, "kv_cache": kv_cache, "inference": inference,
+            "gradients": gradients if name != INT8 else 0, "adamw_state": adamw_state if name != INT8 else 0,
+            "activations": activations if name != INT8 else 0, "training": training, "notes": notes}
+
+
+def _dtype_size(dtype: torch.dtype | str) -> tuple[str, int]:
+    if isinstance(dtype, str):
+        if dtype == INT8:
+            return INT8, 1
+        from .device import DTYPES
+        from .errors import GlassError
+        if dtype not in DTYPES:
+            raise GlassError(f"unknown dtype {dtype!r}: use float32, bfloat16, float16 or int8")
+        dtype = DTYPES[dtype]
+    return str(dtype).removeprefix("torch."), torch.empty((), dtype=dtype).element_size()
