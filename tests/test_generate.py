@@ -213,6 +213,15 @@ def test_stream_yields_the_same_ids_as_generate(tiny_model):
     assert torch.stack(steps, dim=1).tolist() == generate(tiny_model, prompt, 6)[:, 8:].tolist()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_models_generate_valid_ids(tiny_config, dtype):
+    model = glassgpt.load_model("gpt2", config=tiny_config, dtype=dtype, seed=0)
+    for kwargs in (dict(), dict(temperature=0.8, top_k=10, top_p=0.9, seed=0)):
+        out = generate(model, [1, 2, 3], max_new_tokens=40, **kwargs)  # past context_length: window slides
+        assert out.shape == (1, 43)
+        assert 0 <= out.min() and out.max() < tiny_config.vocab_size
+
+
 def test_generation_leaves_the_model_unchanged(tiny_model):
     before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
     generate(tiny_model, PROMPT % 97, max_new_tokens=5, temperature=1.0, seed=0)

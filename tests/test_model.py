@@ -236,6 +236,20 @@ def test_small_config_matches_transformers_block_by_block(hf_tiny):
     assert_matches_hf(hf, model, ids)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_small_config_matches_transformers_on_cuda(hf_tiny):
+    hf, path = hf_tiny
+    model = glassgpt.load_model(path, device="cuda", dtype="float32")
+    assert model.tok_emb.weight.device.type == "cuda"
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = hf(ids).logits
+        torch.testing.assert_close(model(ids.cuda()).cpu(), expected, **TOL)
+        cache = KVCache(model.cfg, batch_size=2, device="cuda")
+        chunked = torch.cat([model(ids[:, :25].cuda(), cache), model(ids[:, 25:].cuda(), cache)], dim=1)
+    torch.testing.assert_close(chunked.cpu(), expected, **TOL)
+
+
 def test_untied_small_config_matches_transformers(hf_tiny_untied):
     hf, path = hf_tiny_untied
     model = glassgpt.load_model(path, device="cpu", dtype="float32")

@@ -109,6 +109,17 @@ def test_export_hf_is_loaded_by_transformers_with_the_same_logits(tmp_path, tied
     assert_same_weights(load_model(tmp_path / "hf"), model)
 
 
+@pytest.mark.slow
+def test_gpt2_124m_export_hf_is_loaded_by_transformers_with_the_same_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = load_model("gpt2", seed=0)
+    export_hf(model, tmp_path / "hf")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.num_parameters() == 124_439_808
+    ids = torch.randint(0, 50257, (1, 32), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(logits(hf, ids), logits(model, ids), **TOL)
+
+
 def test_export_hf_of_qkv_bias_false_writes_zero_biases(tmp_path):
     transformers = pytest.importorskip("transformers")
     cfg = GPTConfig(vocab_size=101, context_length=40, emb_dim=48, n_heads=4, n_layers=2, qkv_bias=False)
