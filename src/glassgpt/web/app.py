@@ -1,0 +1,276 @@
+"""The web page's server: one static page and a small JSON API over `explain.trace`.
+
+    app = create_app(model, tokenizer, model_name="gpt2", random_weights=True)
+
+    GET  /                  the page (static/index.html; its script and style under /static/)
+    GET  /api/model         the loaded model: name, config, parameters, limits, random or not
+    POST /api/explain       {"prompt": "Every effort moves you", "top_k": 10} -> the trace JSON
+                            ({"ids": [...]} instead of "prompt" traces token ids as they are)
+    POST /api/append        {"ids": [...], "token": 2300} -> the trace of ids + [token]
+    POST /api/diagram.svg   same body as /api/explain -> the trace drawn as SVG
+
+Errors are JSON `{"error": "..."}`: 400 for a prompt the model cannot take (empty, over
+the token limit) and for a body that is not JSON, 413 for a body over the size limit, 422
+for a field out of range. The model is shared by all requests and only read, under
+`torch.inference_mode()` (inside `trace`). Traces run one at a time in a worker thread:
+`trace` puts forward hooks on the shared modules, so two at once would record each
+other's tensors; waiting requests hold no thread, and the page and its assets are
+answered from memory, so a slow trace never blocks them.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from importlib import resources
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+from starlette.middleware.gzip import GZipMiddleware
+
+from ..errors import GlassError
+from ..explain import trace
+from ..explain_diagram import to_svg
+from ..model import GPTModel
+from ..tokenizer import Tokenizer
+
+MAX_BODY_BYTES = 256 * 1024  # a full 1,024-token prompt is a few KiB of JSON
+MAX_TOP_K = 100
+# Attention weights are n_layers x n_heads x t x t numbers; past this many the page
+# would receive tens of MB per step, so the trace leaves them out and says why.
+MAX_ATTENTION_WEIGHTS = 1_000_000
+STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                ".css": "text/css; charset=utf-8"}
+# Everything the page needs comes from this server; the policy makes a stray CDN link fail loudly.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; "
+                               "script-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
+class ExplainRequest(BaseModel):
+    """What the page asks for. Give `prompt` (text) or `ids` (token ids), not both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | None = None
+    ids: list[int] | None = None
+    top_k: int = Field(10, ge=1, le=MAX_TOP_K)
+    temperature: float = Field(1.0, gt=0, le=100, allow_inf_nan=False)
+    block: int = Field(0, ge=0)
+    attention: bool = True
+    logit_lens: bool = True
+    embedding_check: bool = False
+
+
+class AppendRequest(ExplainRequest):
+    token: int = Field(ge=0)
+
+
+def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom", random_weights: bool = False,
+               labels: list[str] | None = None, max_prompt_tokens: int | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI app serving the page for `model` (read-only, shared by every request).
+
+    max_prompt_tokens: longest prompt accepted (default and upper bound: context_length).
+    max_body_bytes: larger request bodies are refused with 413 before they are parsed.
+    """
+    cfg = model.cfg
+    limit = cfg.context_length if max_prompt_tokens is None else max_prompt_tokens
+    if not 1 <= limit <= cfg.context_length:
+        raise GlassError(f"max_prompt_tokens must be in 1..{cfg.context_length:,} (the context_length), got {limit:,}")
+    if tokenizer.n_vocab > cfg.vocab_size:
+        raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
+                         f"{cfg.vocab_size:,}: they do not belong together")
+    is_classifier = cfg.num_classes is not None
+    static = _read_static()
+    one_at_a_time = anyio.CapacityLimiter(1)
+
+    app = FastAPI(title="glassgpt", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(GZipMiddleware, minimum_size=2048)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(GlassError)
+    async def glass_error(request: Request, exc: GlassError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> Response:
+        return Response(static["index.html"], media_type=STATIC_TYPES[".html"], headers=SECURITY_HEADERS)
+
+    @app.get("/static/{name}")
+    async def asset(name: str) -> Response:
+        if name not in static:
+            raise HTTPException(404, f"no asset {name!r}: the page uses {', '.join(sorted(static))}")
+        suffix = name[name.rfind("."):]
+        return Response(static[name], media_type=STATIC_TYPES[suffix], headers=SECURITY_HEADERS)
+
+    info = {
+        "name": model_name, "random_weights": random_weights, "config": cfg.to_dict(),
+        "tokenizer": tokenizer.name, "n_vocab": tokenizer.n_vocab, "labels": labels,
+        "kind": "classifier" if is_classifier else "language model",
+        "params": {"total": model.num_parameters(), "total_untied": model.num_parameters(count_tied_twice=True),
+                   "tied": model.tied},
+        "dtype": str(model.tok_emb.weight.dtype).removeprefix("torch."),
+        "device": str(model.tok_emb.weight.device),
+        "limits": {"max_prompt_tokens": limit, "max_top_k": MAX_TOP_K, "max_body_bytes": max_body_bytes,
+                   "max_attention_weights": MAX_ATTENTION_WEIGHTS},
+    }
+
+    @app.get("/api/model")
+    async def model_info() -> dict[str, Any]:
+        return info
+
+    def checked_ids(req: ExplainRequest, ids: list[int] | None) -> list[int]:
+        if ids is None:
+            ids = tokenizer.encode(req.prompt) if req.prompt else []
+        if not ids:
+            raise GlassError("the prompt is empty: type some text, e.g. \"Every effort moves you\"")
+        if len(ids) > limit:
+            raise GlassError(f"the prompt is {len(ids):,} tokens but this server takes at most {limit:,}"
+                             f"{' (the context_length)' if limit == cfg.context_length else ''}: shorten it")
+        if req.block >= cfg.n_layers:
+            raise GlassError(f"block {req.block} does not exist: choose 0..{cfg.n_layers - 1}")
+        return ids
+
+    def run_trace(req: ExplainRequest, ids: list[int] | None) -> dict[str, Any]:
+        ids = checked_ids(req, ids)
+        n_weights = cfg.n_layers * cfg.n_heads * len(ids) ** 2
+        with_attention = req.attention and n_weights <= MAX_ATTENTION_WEIGHTS
+        tr = trace(model, tokenizer, ids=ids, top_k=req.top_k, temperature=req.temperature, block=req.block,
+                   logit_lens=req.logit_lens, attention=with_attention, embedding_check=req.embedding_check,
+                   model_name=model_name, random_weights=random_weights, labels=labels)
+        out = tr.to_dict()
+        if with_attention:
+            out["attention"]["layers"] = _rounded(out["attention"]["layers"])
+        elif req.attention:
+            most = int((MAX_ATTENTION_WEIGHTS / (cfg.n_layers * cfg.n_heads)) ** 0.5)
+            out["attention"] = {"omitted": f"{len(ids):,} tokens give {n_weights:,} attention weights "
+                                           f"({cfg.n_layers} layers x {cfg.n_heads} heads x {len(ids)} x {len(ids)}); "
+                                           f"the page shows them for prompts of up to {most} tokens"}
+        return out
+
+    async def traced(req: ExplainRequest, ids: list[int] | None) -> dict[str, Any]:
+        return await anyio.to_thread.run_sync(partial(run_trace, req, ids), limiter=one_at_a_time)
+
+    def prompt_ids(req: ExplainRequest) -> list[int] | None:
+        if req.prompt is not None and req.ids is not None:
+            raise GlassError("give \"prompt\" (text) or \"ids\" (token ids), not both")
+        if req.ids is not None and len(req.ids) > limit:
+            raise GlassError(f"the prompt is {len(req.ids):,} tokens but this server takes at most {limit:,}: shorten it")
+        return req.ids
+
+    @app.post("/api/explain")
+    async def explain(req: ExplainRequest) -> dict[str, Any]:
+        return await traced(req, prompt_ids(req))
+
+    @app.post("/api/append")
+    async def append(req: AppendRequest) -> dict[str, Any]:
+        if is_classifier:
+            raise GlassError("this model is a classifier: its output is a class, not a token to append")
+        ids = prompt_ids(req)
+        if ids is None:
+            ids = tokenizer.encode(req.prompt) if req.prompt else []
+        if len(ids) >= limit:
+            raise GlassError(f"the prompt already has {len(ids):,} tokens, the most this server takes: "
+                             "start a shorter one")
+        return await traced(req, ids + [req.token])
+
+    @app.post("/api/diagram.svg")
+    async def diagram(req: ExplainRequest) -> Response:
+        ids = prompt_ids(req)
+
+        def draw() -> str:
+            tr = trace(model, tokenizer, ids=checked_ids(req, ids), top_k=req.top_k, temperature=req.temperature,
+                       block=req.block, embedding_check=False, model_name=model_name,
+                       random_weights=random_weights, labels=labels)
+            return to_svg(tr)
+
+        svg = await anyio.to_thread.run_sync(draw, limiter=one_at_a_time)
+        return Response(svg, media_type="image/svg+xml")
+
+    return app
+
+
+def _read_static() -> dict[str, bytes]:
+    folder = resources.files("glassgpt.web") / "static"
+    return {f.name: f.read_bytes() for f in folder.iterdir()
+            if f.is_file() and f.name[f.name.rfind("."):] in STATIC_TYPES}
+
+
+def _rounded(layers: list) -> list:
+    """Attention weights to 4 decimals: a heatmap cannot show more, and the JSON is a third the size."""
+    return [[[[round(w, 4) for w in row] for row in head] for head in layer] for layer in layers]
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _validation_error(exc: RequestValidationError) -> JSONResponse:
+    """One readable line per bad field; a body that is not JSON (or not an object) is a 400."""
+    errors = exc.errors()
+    for e in errors:
+        if e["type"] == "json_invalid":
+            return _error(400, f"the request body is not valid JSON ({e.get('ctx', {}).get('error', 'parse error')}): "
+                               "send an object such as {\"prompt\": \"Every effort moves you\"}")
+        if tuple(e["loc"]) == ("body",):
+            return _error(400, "the request body must be a JSON object such as {\"prompt\": \"Every effort moves you\"}, "
+                               "sent with Content-Type: application/json")
+    parts = []
+    for e in errors:
+        field = ".".join(str(x) for x in e["loc"] if x != "body")
+        if e["type"] == "extra_forbidden":
+            parts.append(f"unknown field {field!r}: the fields are {', '.join(ExplainRequest.model_fields)} "
+                         "(and token, for /api/append)")
+        else:
+            got = json.dumps(e["input"])[:80] if "input" in e and e["type"] != "missing" else None
+            parts.append(f"{field}: {e['msg']}" + (f", got {got}" if got is not None else ""))
+    return _error(422, "; ".join(parts))
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over `max_bytes` with 413, before the app parses them.
+
+    A declared Content-Length is checked up front; a chunked body is counted as it arrives.
+    """
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        message = f"the request body is over {self.max_bytes:,} bytes: send a shorter prompt"
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            return await _error(413, message)(scope, receive, send)
+        received = 0
+
+        async def counted_receive():
+            nonlocal received
+            msg = await receive()
+            if msg["type"] == "http.request":
+                received += len(msg.get("body", b""))
+                if received > self.max_bytes:
+                    # FastAPI passes an HTTPException raised while reading the body on to its handler.
+                    raise HTTPException(413, message)
+            return msg
+
+        await self.app(scope, counted_receive, send)

@@ -1,0 +1,524 @@
+// glassgpt's page: asks the server for the trace of a prompt and draws it.
+// No framework and no build step: plain DOM, one canvas for the attention heatmaps.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  model: null,     // GET /api/model
+  trace: null,     // the last POST /api/explain answer
+  ids: null,       // token ids of the trace on screen; the textarea is re-encoded only once edited
+  edited: false,
+  chosen: null,    // the next-token id that Append adds (the greedy one until a bar is clicked)
+  layer: 0,
+  head: 0,
+  inflight: null,  // AbortController of the request in flight
+};
+
+// --- formatting -----------------------------------------------------------------
+
+const fmt = (n) => Number(n).toLocaleString("en-US");
+const shapeText = (s) => "[" + s.join(", ") + "]";
+// 13.8%, 0.57%, 0.021%: two significant digits below 1%, so tiny probabilities stay readable.
+const pct = (p) => (p >= 0.01 ? (100 * p).toFixed(p >= 0.1 ? 1 : 2) : p >= 1e-6 ? (100 * p).toPrecision(2) : (100 * p).toExponential(1)) + "%";
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k === "style") for (const [prop, val] of Object.entries(v)) node.style.setProperty(prop, val);  // CSSOM: allowed by the CSP
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) if (c !== null && c !== undefined && c !== false) node.append(c);
+  return node;
+}
+
+// A token's text with its whitespace made visible: "·" for a space, "↵" for a newline.
+function tokenNode(text) {
+  const span = el("span", { class: "tok" });
+  if (text === "") { span.append(el("span", { class: "ws", text: "∅" })); return span; }
+  for (const part of text.split(/( |\n|\t)/)) {
+    if (part === " ") span.append(el("span", { class: "ws", text: "·" }));
+    else if (part === "\n") span.append(el("span", { class: "ws", text: "↵" }));
+    else if (part === "\t") span.append(el("span", { class: "ws", text: "→" }));
+    else if (part) span.append(part);
+  }
+  return span;
+}
+
+// --- talking to the server -------------------------------------------------------
+
+async function api(path, body) {
+  if (state.inflight) state.inflight.abort();
+  const ctrl = new AbortController();
+  state.inflight = ctrl;
+  setBusy(true);
+  const started = performance.now();
+  try {
+    const res = await fetch(path, {
+      method: body === undefined ? "GET" : "POST",
+      headers: body === undefined ? {} : { "Content-Type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+      signal: ctrl.signal,
+    });
+    const text = await res.text();
+    let data;
+    try { data = JSON.parse(text); } catch { data = { error: text || res.statusText }; }
+    if (!res.ok) throw new Error(`${res.status}: ${data.error || data.detail || res.statusText}`);
+    showError(null);
+    return { data, ms: performance.now() - started };
+  } catch (err) {
+    if (err.name === "AbortError") return null;
+    showError(err.message.startsWith("Failed to fetch") ? "the server does not answer: is glassgpt serve still running?" : err.message);
+    return null;
+  } finally {
+    if (state.inflight === ctrl) { state.inflight = null; setBusy(false); }
+  }
+}
+
+function requestBody(extra = {}) {
+  const body = {
+    top_k: Number($("top-k").value),
+    temperature: Number($("temperature").value),
+    block: Number($("block").value || 0),
+    attention: true,
+    logit_lens: true,
+    embedding_check: $("embedding-check").checked,
+    ...extra,
+  };
+  if (!("ids" in body) && !("prompt" in body)) {
+    if (state.ids && !state.edited) body.ids = state.ids;
+    else body.prompt = $("prompt").value;
+  }
+  return body;
+}
+
+async function explain(extra = {}, path = "/api/explain") {
+  const result = await api(path, requestBody(extra));
+  if (!result) return;
+  state.trace = result.data;
+  state.ids = result.data.tokens.map((t) => t.id);
+  state.edited = false;
+  state.chosen = result.data.next_token.id;
+  $("prompt").value = result.data.prompt;
+  $("status").textContent = `traced ${fmt(state.ids.length)} token${state.ids.length === 1 ? "" : "s"} in ${Math.round(result.ms)} ms`;
+  render();
+}
+
+function setBusy(busy) {
+  document.body.classList.toggle("busy", busy);
+  $("run").disabled = busy;
+  const lm = state.model && state.model.kind !== "classifier";
+  for (const id of ["append", "sample"]) $(id).disabled = busy || !state.trace || !lm;
+  $("undo").disabled = busy || !state.ids || state.ids.length < 2;
+}
+
+function showError(message) {
+  const box = $("error");
+  box.hidden = !message;
+  box.textContent = message ? "Error " + message : "";
+}
+
+// --- the model header -------------------------------------------------------------
+
+function renderModel(m) {
+  const c = m.config;
+  const out = c.num_classes ? `${fmt(c.num_classes)} classes` : fmt(c.vocab_size);
+  $("tagline").textContent = c.num_classes
+    ? `where ${fmt(c.vocab_size)} token ids become ${fmt(c.emb_dim)} numbers, and then ${out}`
+    : `where ${fmt(c.vocab_size)} becomes ${fmt(c.emb_dim)} and back`;
+  $("model-info").replaceChildren(
+    el("strong", { text: m.name }), ` · ${m.kind} · ${fmt(m.params.total)} parameters · `,
+    `${c.n_layers} blocks × ${c.n_heads} heads · d = ${fmt(c.emb_dim)} · V = ${fmt(c.vocab_size)} · `,
+    `context ${fmt(c.context_length)} · ${m.dtype} on ${m.device}`);
+  const banner = $("random-banner");
+  banner.hidden = !m.random_weights;
+  if (m.random_weights) {
+    banner.replaceChildren(
+      el("strong", { text: "Random weights. " }),
+      `${m.name} is a preset initialised at random, not trained: every shape below is real, but the `,
+      "probabilities and the generated text are noise. For GPT-2's trained weights run ",
+      el("code", { text: "glassgpt serve --model openai-community/gpt2" }), ".");
+  }
+  $("block").replaceChildren(...Array.from({ length: c.n_layers }, (_, i) => el("option", { value: i, text: `trf_blocks.${i}` })));
+  $("top-k").max = m.limits.max_top_k;
+  $("prompt").setAttribute("aria-describedby", "status");
+  $("append").title = m.kind === "classifier" ? "a classifier predicts a class, not a token to append" : "";
+}
+
+// --- tokens -----------------------------------------------------------------------
+
+function renderTokens(tr) {
+  $("token-count").textContent = `${tr.tokens.length} token${tr.tokens.length === 1 ? "" : "s"}`;
+  $("token-count").dataset.count = tr.tokens.length;
+  $("tokens").replaceChildren(...tr.tokens.map((t, i) =>
+    el("span", { class: "chip", title: `position ${i}, id ${t.id}` }, tokenNode(t.text), el("span", { class: "id", text: t.id }))));
+}
+
+// --- the flow ---------------------------------------------------------------------
+
+const TRANSITION_NAMES = { "vocab->hidden": "vocab → hidden", "hidden->vocab": "hidden → vocab", "hidden->classes": "hidden → classes" };
+
+function renderFlow(tr) {
+  const c = tr.model.config;
+  const stages = tr.stages;
+  const byName = Object.fromEntries(stages.map((s) => [s.name, s]));
+  const maxWidth = Math.max(...stages.map((s) => s.shape[s.shape.length - 1]));
+  const tokEmb = byName["tok_emb"], outHead = byName["out_head"];
+  const blocks = stages.filter((s) => /^trf_blocks\.\d+$/.test(s.name));
+
+  $("summary").replaceChildren(
+    summaryStep("ids", byName["tokens"].shape), arrow("tok_emb", "in"),
+    summaryStep("hidden", tokEmb.shape), arrow(`${blocks.length} × trf_blocks`, ""),
+    summaryStep("hidden", byName["final_norm"].shape), arrow("out_head", "out"),
+    summaryStep(c.num_classes ? "class scores" : "logits", outHead.shape));
+
+  const items = [];
+  let group = [];
+  const flush = () => {
+    if (!group.length) return;
+    items.push(blockGroup(group));
+    group = [];
+  };
+  for (const s of stages) {
+    if (s.parent) continue;  // drawn inside their block
+    if (/^trf_blocks\.\d+$/.test(s.name)) {
+      const inner = stages.filter((x) => x.parent === s.name);
+      if (inner.length) { flush(); items.push(openedBlock(s, inner, maxWidth)); }
+      else group.push(s);
+      continue;
+    }
+    flush();
+    items.push(s.transition ? transitionStage(s, tr, maxWidth) : stageRow(s, maxWidth));
+  }
+  flush();
+  $("flow").replaceChildren(...items);
+}
+
+function summaryStep(label, shape) {
+  return el("span", { class: "step" }, el("span", { class: "shape", text: shapeText(shape) }), el("span", { class: "step-label", text: label }));
+}
+
+function arrow(label, kind) {
+  return el("span", { class: `arrow ${kind}` }, el("span", { text: label }), el("span", { class: "arrow-head", text: "→" }));
+}
+
+function widthBar(s, maxWidth) {
+  const w = s.shape[s.shape.length - 1];
+  const frac = Math.log(Math.max(w, 2)) / Math.log(Math.max(maxWidth, 2));
+  return el("span", { class: "width", title: `last dimension ${fmt(w)} (bar length on a log scale)` },
+    el("span", { class: "width-fill", style: { width: `${(100 * frac).toFixed(1)}%` } }));
+}
+
+function shapes(s) {
+  return el("span", { class: "shapes" },
+    s.input_shape ? el("span", { class: "shape in", text: shapeText(s.input_shape) + " →" }) : null,
+    el("span", { class: "shape", text: shapeText(s.shape) }));
+}
+
+function stageRow(s, maxWidth) {
+  return el("li", { class: "stage", "data-stage": s.name },
+    el("div", { class: "stage-head" },
+      el("span", { class: "name", text: s.name }),
+      el("span", { class: "module", text: s.module }),
+      shapes(s),
+      widthBar(s, maxWidth)),
+    el("div", { class: "stage-meta" },
+      s.note ? el("span", { class: "note", text: s.note }) : null,
+      s.weight_shape ? el("span", { class: "weight-inline", text: `weight ${shapeText(s.weight_shape)} · ${fmt(s.params)} params` }) : null,
+      el("span", { class: "dtype", text: s.dtype })));
+}
+
+function transitionStage(s, tr, maxWidth) {
+  const into = s.transition === "vocab->hidden";
+  const from = into ? tr.model.config.vocab_size : s.input_shape[s.input_shape.length - 1];
+  const to = s.shape[s.shape.length - 1];
+  const weightName = `${s.name}.weight`;
+  const weight = el("div", { class: "weight" },
+    el("span", { class: "weight-name", text: weightName }),
+    el("span", { class: "shape", text: shapeText(s.weight_shape) }));
+  if (s.shared_with) {
+    weight.append(
+      el("span", { class: "tied", text: `= ${s.shared_with}` }),
+      el("span", { class: "weight-note", text: `tied: the very same tensor, so its ${fmt(s.params)} numbers are stored and counted once` }));
+  } else {
+    weight.append(el("span", { class: "weight-note", text: `${fmt(s.params)} parameters` + (into ? "" : tr.params.tied ? "" : " · its own tensor (not tied to tok_emb)") }));
+  }
+  const row = el("li", { class: `stage transition ${into ? "in" : "out"}`, "data-stage": s.name },
+    el("div", { class: "transition-title" },
+      el("span", { class: "badge", text: TRANSITION_NAMES[s.transition] }),
+      el("span", { class: "big", text: `${fmt(from)} → ${fmt(to)}` })),
+    el("div", { class: "stage-head" },
+      el("span", { class: "name", text: s.name }),
+      el("span", { class: "module", text: s.module }),
+      shapes(s),
+      widthBar(s, maxWidth)),
+    el("p", { class: "note", text: s.note }),
+    weight);
+  if (into && tr.embedding_check) row.append(embeddingCheck(tr.embedding_check));
+  return row;
+}
+
+function embeddingCheck(e) {
+  const ok = e.equal_one_hot_matmul && e.equal_linear;
+  return el("div", { class: `check ${ok ? "ok" : "bad"}` },
+    el("strong", { text: ok ? "✓ tok_emb(ids) == one_hot(ids) @ W, exactly" : "✗ the lookup and the matmul differ" }),
+    ` (max difference ${e.max_abs_diff}); so it is ${e.linear}. `,
+    `The lookup took ${e.lookup_ms.toFixed(3)} ms, the one-hot matmul ${e.matmul_ms.toFixed(1)} ms `,
+    `(${fmt(e.one_hot_bytes)} bytes of one-hot vs ${fmt(e.lookup_bytes)} bytes of rows).`);
+}
+
+function openedBlock(s, inner, maxWidth) {
+  return el("li", { class: "stage block opened", "data-stage": s.name },
+    el("div", { class: "stage-head" },
+      el("span", { class: "name", text: s.name }),
+      el("span", { class: "module", text: `${s.module} · ${fmt(s.params)} params` }),
+      shapes(s),
+      widthBar(s, maxWidth)),
+    el("p", { class: "note", text: s.note }),
+    el("ol", { class: "inner" }, inner.map((x) => stageRow({ ...x, name: x.name.slice(s.name.length + 1) }, maxWidth))));
+}
+
+function blockGroup(group) {
+  const first = group[0], last = group[group.length - 1];
+  const names = group.length === 1 ? first.name : `${first.name} … ${last.name.split(".").pop()}`;
+  const s = { ...first, name: names, module: `${group.length} × TransformerBlock · ${fmt(first.params)} params each` };
+  const row = stageRow(s, 1);
+  row.classList.add("block");
+  row.querySelector(".width").replaceChildren();
+  return row;
+}
+
+// --- next token ---------------------------------------------------------------------
+
+function renderNext(tr) {
+  const nt = tr.next_token;
+  const isClass = nt.kind === "class";
+  const top = nt.top;
+  const kept = top.reduce((a, t) => a + t.prob, 0);
+  $("next-caption").textContent = isClass
+    ? `softmax over ${fmt(tr.model.config.num_classes)} classes at temperature ${nt.temperature}`
+    : `softmax(logits / ${Number(nt.temperature).toFixed(2)}) over ${fmt(tr.model.config.vocab_size)} tokens; the top ${top.length} hold ${pct(kept)}. ` +
+      "Right column: the same k renormalised, as top-k sampling draws them.";
+  const maxP = Math.max(...top.map((t) => t.prob));
+  const header = el("div", { class: "bar-row bar-header", "aria-hidden": "true" },
+    el("span", { text: "" }), el("span", { text: isClass ? "class" : "token" }), el("span", { text: isClass ? "" : "id" }),
+    el("span", { text: "" }), el("span", { class: "bar-prob", text: "p" }), el("span", { class: "bar-renorm", text: isClass ? "" : "in top-k" }));
+  $("bars").replaceChildren(header, ...top.map((t, rank) => {
+    const row = el("button", {
+      type: "button", class: "bar-row" + (t.id === state.chosen ? " chosen" : ""), role: "option",
+      "aria-selected": String(t.id === state.chosen), "data-id": t.id, title: `id ${t.id}: click to choose it`,
+      onclick: () => { if (!isClass) { state.chosen = t.id; renderNext(tr); } },
+    },
+      el("span", { class: "rank", text: rank + 1 }),
+      el("span", { class: "bar-token" }, tokenNode(t.text)),
+      el("span", { class: "bar-id", text: isClass ? "" : t.id }),
+      el("span", { class: "bar-track" }, el("span", { class: "bar-fill", style: { width: `${(100 * t.prob / maxP).toFixed(1)}%` } })),
+      el("span", { class: "bar-prob", text: pct(t.prob) }),
+      el("span", { class: "bar-renorm", text: isClass ? "" : pct(t.prob / kept) }));
+    return row;
+  }));
+  const chosen = top.find((t) => t.id === state.chosen) || top[0];
+  const label = chosen.text.replace(/\n/g, "↵");
+  $("append").textContent = isClass ? "Append" : `Append “${label}”`;
+  $("text-after").replaceChildren(
+    isClass ? el("span", { text: `predicted class: ${nt.text} (${pct(nt.prob)})` })
+      : el("span", {}, el("span", { class: "muted", text: tr.prompt }), el("mark", { text: chosen.text })));
+}
+
+function sampleTopK(tr) {
+  const top = tr.next_token.top;
+  const total = top.reduce((a, t) => a + t.prob, 0);
+  let r = Math.random() * total;
+  for (const t of top) { r -= t.prob; if (r <= 0) return t.id; }
+  return top[top.length - 1].id;
+}
+
+// --- attention ----------------------------------------------------------------------
+
+function renderAttention(tr) {
+  const att = tr.attention;
+  const c = tr.model.config;
+  const canvas = $("heatmap");
+  if (!att || att.omitted) {
+    $("attention-caption").textContent = att ? att.omitted : "not traced";
+    canvas.hidden = true;
+    $("head-thumbs").replaceChildren();
+    return;
+  }
+  canvas.hidden = false;
+  state.layer = Math.min(state.layer, c.n_layers - 1);
+  state.head = Math.min(state.head, c.n_heads - 1);
+  $("att-layer").replaceChildren(...att.layers.map((_, i) => el("option", { value: i, text: `trf_blocks.${i}`, selected: i === state.layer })));
+  $("att-head").replaceChildren(...att.layers[0].map((_, i) => el("option", { value: i, text: `head ${i}`, selected: i === state.head })));
+  $("attention-caption").textContent = `trf_blocks.${state.layer}, head ${state.head}: row = the token attending (query), ` +
+    `column = the token attended to (key); each row sums to 1, the causal mask hides the future. ` +
+    `All weights: ${shapeText(att.shape)}.`;
+  drawHeatmap(canvas, att.layers[state.layer][state.head], att.tokens, true);
+  $("head-thumbs").replaceChildren(...att.layers[state.layer].map((w, h) => {
+    const thumb = el("canvas", { width: 56, height: 56, class: "thumb" + (h === state.head ? " active" : ""), title: `head ${h}` });
+    drawHeatmap(thumb, w, null, false);
+    const box = el("button", { type: "button", class: "thumb-box", onclick: () => { state.head = h; renderAttention(tr); } },
+      thumb, el("span", { text: `h${h}` }));
+    return box;
+  }));
+}
+
+function heatColor(v) {
+  // white -> blue, the colour of the vocab -> hidden side of the flow
+  const a = Math.sqrt(Math.max(0, Math.min(1, v)));
+  const r = Math.round(255 + (31 - 255) * a), g = Math.round(255 + (111 - 255) * a), b = Math.round(255 + (209 - 255) * a);
+  return `rgb(${r},${g},${b})`;
+}
+
+function drawHeatmap(canvas, weights, tokens, labelled) {
+  const t = weights.length;
+  const dpr = window.devicePixelRatio || 1;
+  const cssW = labelled ? canvas.parentElement.clientWidth - 4 : 56;
+  const ctx = canvas.getContext("2d");
+  ctx.font = "11px ui-monospace, Menlo, Consolas, monospace";
+  const clip = (s) => (s.length > 10 ? s.slice(0, 9) + "…" : s).replace(/ /g, "·").replace(/\n/g, "↵");
+  const pad = labelled ? Math.min(90, 12 + Math.max(...tokens.map((s) => ctx.measureText(clip(s)).width))) : 0;
+  const cell = Math.max(1, Math.floor((Math.min(cssW, 460) - pad) / t));
+  const size = pad + cell * t;
+  canvas.style.width = size + "px";
+  canvas.style.height = size + "px";
+  canvas.width = Math.round(size * dpr);
+  canvas.height = Math.round(size * dpr);
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, size, size);
+  for (let i = 0; i < t; i++) {
+    for (let j = 0; j < t; j++) {
+      ctx.fillStyle = j > i ? "#f1f1ef" : heatColor(weights[i][j]);
+      ctx.fillRect(pad + j * cell, pad + i * cell, cell, cell);
+    }
+  }
+  if (!labelled) return;
+  ctx.font = "11px ui-monospace, Menlo, Consolas, monospace";
+  ctx.fillStyle = "#374151";
+  const every = Math.ceil(12 / cell);  // skip labels when cells are narrower than the text
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "right";
+  for (let i = 0; i < t; i += every) ctx.fillText(clip(tokens[i]), pad - 6, pad + (i + 0.5) * cell);
+  ctx.save();
+  ctx.textAlign = "left";
+  for (let j = 0; j < t; j += every) {
+    ctx.save();
+    ctx.translate(pad + (j + 0.5) * cell, pad - 6);
+    ctx.rotate(-Math.PI / 2);
+    ctx.fillText(clip(tokens[j]), 0, 0);
+    ctx.restore();
+  }
+  ctx.restore();
+  if (cell >= 28) {
+    ctx.textAlign = "center";
+    for (let i = 0; i < t; i++) for (let j = 0; j <= i; j++) {
+      ctx.fillStyle = weights[i][j] > 0.45 ? "#ffffff" : "#1f2937";
+      ctx.fillText(weights[i][j].toFixed(2), pad + (j + 0.5) * cell, pad + (i + 0.5) * cell);
+    }
+  }
+  canvas.onmousemove = (ev) => {
+    const rect = canvas.getBoundingClientRect();
+    const j = Math.floor((ev.clientX - rect.left - pad) / cell), i = Math.floor((ev.clientY - rect.top - pad) / cell);
+    $("heat-hover").textContent = i >= 0 && j >= 0 && i < t && j < t
+      ? `“${tokens[i]}” attends to “${tokens[j]}”: ${j > i ? "masked (the future)" : weights[i][j].toFixed(4)}` : "\u00a0";
+  };
+}
+
+// --- logit lens ---------------------------------------------------------------------
+
+function renderLens(tr) {
+  const lens = tr.logit_lens;
+  if (!lens) { $("lens").replaceChildren(el("p", { class: "caption", text: "not traced" })); return; }
+  const head = el("tr", {}, el("th", { text: "after" }),
+    ...tr.tokens.map((t, i) => el("th", { class: i === tr.tokens.length - 1 ? "last" : "" }, tokenNode(t.text))));
+  const rows = lens.layers.map((layer) => el("tr", {},
+    el("th", { class: "layer", text: `trf_blocks.${layer.layer}` }),
+    ...layer.top.map((p, i) => {
+      const alpha = Math.min(1, 0.08 + 0.92 * Math.sqrt(p.prob));
+      return el("td", {
+        class: i === layer.top.length - 1 ? "last" : "", title: `id ${p.id}: ${pct(p.prob)}`,
+        style: { background: `rgba(217, 99, 30, ${alpha.toFixed(3)})`, color: alpha > 0.55 ? "#fff" : "#1f2937" },
+      }, tokenNode(p.text), el("span", { class: "lens-p", text: pct(p.prob) }));
+    })));
+  $("lens").replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, rows)));
+}
+
+// --- parameters -----------------------------------------------------------------------
+
+function renderParams(tr) {
+  const p = tr.params;
+  const rows = (tr.modules || []).map((m) => el("tr", {},
+    el("td", { class: "mono", text: m.name }), el("td", { class: "mono", text: m.shape }),
+    el("td", { class: "num", text: fmt(m.params) }), el("td", { text: m.note })));
+  $("params").replaceChildren(
+    el("p", {}, el("strong", { text: `${fmt(p.total)} parameters` }),
+      p.tied ? ` (${fmt(p.total_untied)} if out_head had its own copy of tok_emb.weight instead of sharing it)`
+        : " (out_head has its own weight: not tied)"),
+    el("table", { class: "params" },
+      el("thead", {}, el("tr", {}, el("th", { text: "module" }), el("th", { text: "weight" }), el("th", { text: "parameters" }), el("th", { text: "" }))),
+      el("tbody", {}, rows)));
+}
+
+// --- wiring ----------------------------------------------------------------------------
+
+function render() {
+  const tr = state.trace;
+  if (!tr) return;
+  renderTokens(tr);
+  renderFlow(tr);
+  renderNext(tr);
+  renderAttention(tr);
+  renderLens(tr);
+  renderParams(tr);
+  setBusy(false);
+}
+
+async function downloadSvg(ev) {
+  ev.preventDefault();
+  const body = requestBody();
+  const res = await fetch("/api/diagram.svg", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  if (!res.ok) { const d = await res.json().catch(() => ({})); showError(`${res.status}: ${d.error || res.statusText}`); return; }
+  const url = URL.createObjectURL(await res.blob());
+  const a = el("a", { href: url, download: "glassgpt-diagram.svg" });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+function debounce(fn, ms) {
+  let timer;
+  return (...args) => { clearTimeout(timer); timer = setTimeout(() => fn(...args), ms); };
+}
+
+async function start() {
+  $("prompt-form").addEventListener("submit", (ev) => { ev.preventDefault(); state.edited = true; explain(); });
+  $("prompt").addEventListener("input", () => { state.edited = true; });
+  $("prompt").addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); state.edited = true; explain(); }
+  });
+  const rerun = debounce(() => { if (state.trace) explain(); }, 250);
+  $("temperature").addEventListener("input", () => { $("temperature-value").textContent = Number($("temperature").value).toFixed(2); rerun(); });
+  $("top-k").addEventListener("change", rerun);
+  $("block").addEventListener("change", rerun);
+  $("embedding-check").addEventListener("change", rerun);
+  $("append").addEventListener("click", () => explain({ ids: state.ids, token: state.chosen }, "/api/append"));
+  $("sample").addEventListener("click", () => explain({ ids: state.ids, token: sampleTopK(state.trace) }, "/api/append"));
+  $("undo").addEventListener("click", () => explain({ ids: state.ids.slice(0, -1) }));
+  $("att-layer").addEventListener("change", (ev) => { state.layer = Number(ev.target.value); renderAttention(state.trace); });
+  $("att-head").addEventListener("change", (ev) => { state.head = Number(ev.target.value); renderAttention(state.trace); });
+  $("svg-link").addEventListener("click", downloadSvg);
+  window.addEventListener("resize", debounce(() => state.trace && renderAttention(state.trace), 150));
+
+  const info = await api("/api/model");
+  if (!info) return;
+  state.model = info.data;
+  renderModel(state.model);
+  await explain();
+}
+
+document.addEventListener("DOMContentLoaded", start);
