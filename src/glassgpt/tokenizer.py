@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import heapq
 import json
+from collections import Counter
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import tiktoken
 
@@ -247,3 +249,139 @@ def _bpe_from_dict(spec: dict) -> TiktokenTokenizer:
         special_tokens=specials,
     )
     return TiktokenTokenizer(enc, spec)
+
+
+# --- learning a byte-level BPE from a corpus -----------------------------------------
+
+def train_bpe(text_or_files: str | Path | Iterable[str | Path], vocab_size: int,
+              pattern: str = GPT2_PATTERN, name: str | None = None) -> TiktokenTokenizer:
+    """Learn a byte-level BPE of `vocab_size` tokens (`<|endoftext|>` included) from a corpus.
+
+    `text_or_files`: the text itself (a `str`), or a `Path` / list of paths of UTF-8 files.
+    As GPT-2 does: the text is first cut into pieces by `pattern` (words with their
+    leading space, numbers, punctuation runs, whitespace); the 256 single bytes are
+    tokens 0..255, so any text round-trips; then, repeatedly, the most frequent
+    adjacent pair of tokens inside a piece becomes a new token. Merges never cross
+    pieces. The result is run by tiktoken, like GPT-2's own tokenizer.
+
+    Speed: each distinct piece is counted once with its frequency, and pair counts are
+    updated only for the pieces that contain the merged pair (a heap finds the most
+    frequent pair). Ties go to the pair of smaller token ids, so training is
+    deterministic. Training stops early if no pair occurs twice.
+    """
+    if not isinstance(vocab_size, int) or vocab_size < 257:
+        raise TokenizerError(f"vocab_size must be at least 257 (256 bytes + <|endoftext|>), got {vocab_size!r}")
+    pieces = _count_pieces(text_or_files, pattern)
+    tokens = [bytes([b]) for b in range(256)]
+    words = [list(piece) for piece in pieces]  # each distinct piece as a list of token ids
+    freqs = list(pieces.values())
+    rank_of = {tok: i for i, tok in enumerate(tokens)}
+
+    pair_counts: dict[tuple[int, int], int] = {}
+    where: dict[tuple[int, int], set[int]] = {}  # pair -> pieces that (may) contain it
+    for w, (word, freq) in enumerate(zip(words, freqs)):
+        for pair in zip(word, word[1:]):
+            pair_counts[pair] = pair_counts.get(pair, 0) + freq
+            where.setdefault(pair, set()).add(w)
+    heap = [(-count, pair) for pair, count in pair_counts.items()]
+    heapq.heapify(heap)
+
+    while len(tokens) < vocab_size - 1 and heap:
+        neg_count, pair = heapq.heappop(heap)
+        if pair_counts.get(pair, 0) != -neg_count:
+            continue  # a stale entry: the count changed since it was pushed
+        if -neg_count < 2:
+            break
+        merged = tokens[pair[0]] + tokens[pair[1]]
+        # Two merge paths can spell the same bytes ("ab"+"c", "a"+"bc"); tiktoken keys
+        # tokens by bytes, so the second path reuses the first one's id.
+        new_id = rank_of.get(merged)
+        if new_id is None:
+            new_id = rank_of[merged] = len(tokens)
+            tokens.append(merged)
+        changed: set[tuple[int, int]] = set()
+        for w in where.pop(pair):
+            word, freq = words[w], freqs[w]
+            if len(word) < 2:
+                continue
+            for old in zip(word, word[1:]):
+                pair_counts[old] -= freq
+                changed.add(old)
+            words[w] = word = _merge_pair(word, pair, new_id)
+            for new in zip(word, word[1:]):
+                pair_counts[new] = pair_counts.get(new, 0) + freq
+                where.setdefault(new, set()).add(w)
+                changed.add(new)
+        pair_counts.pop(pair, None)
+        for p in changed:
+            count = pair_counts.get(p, 0)
+            if count > 0:
+                heapq.heappush(heap, (-count, p))
+            else:
+                pair_counts.pop(p, None)
+
+    spec = {"type": "bpe", "name": name or f"bpe-{len(tokens) + 1}", "pattern": pattern,
+            "tokens": [base64.b64encode(t).decode("ascii") for t in tokens]}
+    return _bpe_from_dict(spec)
+
+
+def _merge_pair(word: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    out, i, n = [], 0, len(word)
+    while i < n:
+        if i < n - 1 and word[i] == pair[0] and word[i + 1] == pair[1]:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
+
+
+def _count_pieces(text_or_files: str | Path | Iterable[str | Path], pattern: str) -> Counter[bytes]:
+    """How often each distinct pre-tokenized piece (as UTF-8 bytes) occurs in the corpus."""
+    try:
+        import regex  # the `re` module lacks \p{L}; GPT-2's own encoder uses `regex` too
+    except ImportError:
+        raise TokenizerError("training a BPE needs the regex package: pip install regex") from None
+    split = regex.compile(pattern).findall
+    counts: Counter[str] = Counter()
+    if isinstance(text_or_files, str):
+        counts.update(split(text_or_files))
+    else:
+        files = [text_or_files] if isinstance(text_or_files, Path) else list(text_or_files)
+        for path in files:
+            try:
+                with open(path, encoding="utf-8", newline="") as f:
+                    for block in iter_text_blocks(f):  # memory stays flat on a large corpus
+                        counts.update(split(block))
+            except UnicodeDecodeError as e:
+                raise TokenizerError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x}): "
+                                     "convert it to UTF-8") from None
+    if not counts:
+        raise TokenizerError("the corpus is empty: a BPE needs some text to learn from")
+    return Counter({piece.encode("utf-8"): n for piece, n in counts.items()})
+
+
+def iter_text_blocks(lines: Iterable[str], block_chars: int = 1 << 20) -> Iterator[str]:
+    """Join lines into blocks of about `block_chars` that encode exactly like the whole text.
+
+    A block is cut just before the newline that precedes a line starting with a
+    non-space character. Mid-text, GPT-2's pattern splits a whitespace run before a
+    word into "the run minus its last character" and "that last character", and the
+    cut falls exactly between the two; so no pre-tokenized piece spans a boundary and
+    encoding block by block gives the ids of encoding the whole text, while holding
+    one block in memory. Open files with `newline=""` so that line ends stay as they are.
+    """
+    block: list[str] = []
+    size = 0
+    for line in lines:
+        if (size >= block_chars and line[:1] and not line[0].isspace()
+                and block and block[-1].endswith("\n")):
+            text = "".join(block)
+            if len(text) > 1:
+                yield text[:-1]
+                block, size = ["\n"], 1
+        block.append(line)
+        size += len(line)
+    if block:
+        yield "".join(block)
