@@ -1,0 +1,383 @@
+"""`glassgpt train`, `glassgpt eval`, `glassgpt plot`, `glassgpt tokenizer train`.
+
+    glassgpt train --data PATH --out RUN_DIR [--tokenizer gpt2|char|FILE]
+                   [--model SPEC | --n-layers N --n-heads H --emb-dim D --context-length T]
+                   [--init SPEC] [--drop-rate P] [--batch-size B] [--grad-accum K] [--max-steps S]
+                   [--lr LR] [--warmup-steps W] [--weight-decay WD] [--eval-every E] [--seed SEED]
+                   [--dtype float32|bfloat16] [--compile] ...
+    glassgpt train --resume RUN_DIR [--max-steps S]
+
+`add_train_args` and `train_config_from_args` are shared with `glassgpt finetune`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import PRESETS, get_config
+from ..data import TextTask, build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
+from ..errors import GlassError
+from ..tokenizer import get_tokenizer, train_bpe
+from ..train import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run, recover_checkpoints
+from ..weights import _atomic_write, load_meta, load_model, load_tokenizer, random_model, resolve_checkpoint_dir
+from .common import nonneg_float, nonneg_int, positive_int
+
+DTYPE_CHOICES = ["float32", "bfloat16", "float16", "auto"]
+MODEL_FLAGS = ("data", "tokenizer", "model", "init", "n_layers", "n_heads", "emb_dim", "context_length",
+               "drop_rate", "val_fraction", "cache_dir", "sample_prompt")
+
+
+def dropout(text: str) -> float:
+    value = nonneg_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = nonneg_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = nonneg_float(text)
+    if value == 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def add_train_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """The TrainConfig flags. Defaults are None, so a resumed run knows which were given."""
+    d = TrainConfig(out="-")
+    flags = [
+        ("--out", dict(metavar="RUN_DIR", help="the run directory (checkpoints, metrics.jsonl, loss.png)")),
+        ("--resume", dict(metavar="RUN_DIR", help="continue RUN_DIR/latest exactly where it stopped")),
+        ("--batch-size", dict(type=positive_int, help=f"sequences per micro-batch and rank (default {d.batch_size})")),
+        ("--grad-accum", dict(type=positive_int, help=f"micro-batches per optimizer step (default {d.grad_accum})")),
+        ("--batch-tokens", dict(type=positive_int, help="target tokens per optimizer step over all ranks: "
+                                                        "sets --grad-accum")),
+        ("--max-steps", dict(type=positive_int, help=f"optimizer steps (default {d.max_steps})")),
+        ("--lr", dict(type=positive_float, help=f"peak learning rate (default {d.lr:g})")),
+        ("--min-lr", dict(type=nonneg_float, help="learning rate at the end of the cosine (default lr/10)")),
+        ("--warmup-steps", dict(type=nonneg_int, help=f"linear warm-up steps (default {d.warmup_steps})")),
+        ("--weight-decay", dict(type=nonneg_float, help=f"AdamW weight decay on matrices (default {d.weight_decay:g})")),
+        ("--grad-clip", dict(type=nonneg_float, help=f"clip the gradient norm at this (0: off; default {d.grad_clip:g})")),
+        ("--beta1", dict(type=fraction, help=f"AdamW beta1 (default {d.beta1})")),
+        ("--beta2", dict(type=fraction, help=f"AdamW beta2 (default {d.beta2})")),
+        ("--eval-every", dict(type=positive_int, help=f"steps between evaluations (default {d.eval_every})")),
+        ("--eval-batches", dict(type=positive_int, help=f"validation batches per evaluation (default {d.eval_batches})")),
+        ("--save-every", dict(type=positive_int, help="steps between saves of latest/ (default: at each evaluation)")),
+        ("--log-every", dict(type=positive_int, help=f"steps between metrics.jsonl lines (default {d.log_every})")),
+        ("--sample-tokens", dict(type=nonneg_int, help=f"tokens sampled at each evaluation (default {d.sample_tokens})")),
+        ("--seed", dict(type=nonneg_int, help=f"seed for initialisation, batches and dropout (default {d.seed})")),
+        ("--dtype", dict(choices=DTYPE_CHOICES, help="autocast precision; weights stay float32 (default float32)")),
+        ("--device", dict(help="cpu, cuda, cuda:N or auto (default auto; under torchrun cuda:LOCAL_RANK)")),
+    ]
+    for flag, kwargs in flags:
+        if flag.lstrip("-").replace("-", "_") not in exclude:
+            p.add_argument(flag, default=None, **kwargs)
+    if "compile" not in exclude:
+        p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    if "fsdp" not in exclude:
+        p.add_argument("--fsdp", action="store_true", default=None,
+                       help="under torchrun: shard the model over the ranks (FSDP2) instead of replicating it")
+    if "plot" not in exclude:
+        p.add_argument("--no-plot", dest="plot", action="store_false", default=None,
+                       help="do not draw RUN_DIR/loss.png at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def train_config_from_args(args: argparse.Namespace, base: TrainConfig | dict | None = None) -> TrainConfig:
+    """A TrainConfig from the flags given, over `base` (a saved config, or field defaults)."""
+    values = dataclasses.asdict(base) if isinstance(base, TrainConfig) else dict(base or {})
+    for field in dataclasses.fields(TrainConfig):
+        given = getattr(args, field.name, None)
+        if given is not None:
+            values[field.name] = given
+    return TrainConfig.from_dict(values)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="pretrain a GPT on your text (also under torchrun)",
+                       description="Train a GPT from scratch (or from --init weights) on text files.")
+    p.add_argument("--data", metavar="PATH", help="a UTF-8 text file, a folder of .txt files, or a quoted glob")
+    p.add_argument("--tokenizer", metavar="gpt2|char|FILE",
+                   help="gpt2 (default), char (the characters of the data), or a tokenizer .json "
+                        "(glassgpt tokenizer train); with --init: the checkpoint's")
+    p.add_argument("--model", metavar="SPEC",
+                   help=f"architecture to start from: a preset ({', '.join(PRESETS)}) or a config .json; "
+                        "random weights (default gpt2, with the flags below overriding)")
+    p.add_argument("--init", metavar="SPEC", help="start from these weights instead: checkpoint, run "
+                                                  "directory or hub id such as openai-community/gpt2")
+    p.add_argument("--n-layers", type=positive_int)
+    p.add_argument("--n-heads", type=positive_int)
+    p.add_argument("--emb-dim", type=positive_int)
+    p.add_argument("--context-length", type=positive_int, help="tokens per training window")
+    p.add_argument("--drop-rate", type=dropout)
+    p.add_argument("--val-fraction", type=fraction, help="share of the tokens held out (default 0.1, the end)")
+    p.add_argument("--cache-dir", metavar="DIR", help="where tokenized data is cached (default RUN_DIR/cache)")
+    p.add_argument("--sample-prompt", metavar="TEXT", help="prompt for the samples at each evaluation")
+    add_train_args(p)
+    p.set_defaults(run=run_train)
+
+    p = sub.add_parser("eval", help="loss and perplexity of a model on a text",
+                       description="Loss and perplexity on the validation windows that training uses.")
+    p.add_argument("--model", required=True, metavar="SPEC", help="run directory, checkpoint, preset or hub id")
+    p.add_argument("--data", required=True, metavar="PATH")
+    p.add_argument("--tokenizer", metavar="gpt2|char|FILE", help="default: the model's (gpt2 for presets)")
+    p.add_argument("--split", choices=["val", "train"], default="val", help="which part of the data (default val)")
+    p.add_argument("--val-fraction", type=fraction, help="default: the run's, else 0.1")
+    p.add_argument("--context-length", type=positive_int, help="window length (default: the run's or the model's)")
+    p.add_argument("--batch-size", type=positive_int, help="default: the run's, else 8")
+    p.add_argument("--eval-batches", type=positive_int, help="default: the run's, else 20")
+    p.add_argument("--cache-dir", metavar="DIR")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run_eval)
+
+    p = sub.add_parser("plot", help="draw train/val loss against tokens seen (RUN_DIR/loss.png)")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", metavar="PNG", help="default RUN_DIR/loss.png")
+    p.set_defaults(run=run_plot)
+
+    p = sub.add_parser("tokenizer", help="learn a byte-level BPE from your text")
+    tsub = p.add_subparsers(dest="tokenizer_command", metavar="COMMAND", parser_class=type(p))
+    tsub.required = True
+    t = tsub.add_parser("train", help="learn a BPE of --vocab-size tokens and save it as JSON")
+    t.add_argument("--data", required=True, metavar="PATH")
+    t.add_argument("--vocab-size", required=True, type=positive_int, help="tokens, <|endoftext|> included (>= 257)")
+    t.add_argument("--out", required=True, metavar="FILE", help="e.g. tokenizer.json (use with --tokenizer FILE)")
+    t.set_defaults(run=run_tokenizer_train)
+
+
+# --- train ------------------------------------------------------------------------------
+
+def _is_main() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _say(*parts, **kwargs) -> None:
+    if _is_main():
+        print(*parts, **kwargs)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    if args.resume:
+        model, tokenizer, task, cfg, meta = _resume_setup(args)
+    else:
+        model, tokenizer, task, cfg, meta = _new_setup(args)
+    n_params = sum(p.numel() for p in model.parameters())
+    c = model.cfg
+    _say(f"model: {c.n_layers} layers, {c.n_heads} heads, emb_dim {c.emb_dim}, context {c.context_length}, "
+         f"vocab {c.vocab_size:,}: {n_params / 1e6:.2f}M parameters")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    accum = "auto" if cfg.batch_tokens else cfg.grad_accum
+    _say(f"batch: {cfg.batch_size} x {task.context_length} tokens x {accum} accumulation x {world} rank(s); "
+         f"{cfg.max_steps:,} steps, lr {cfg.lr:g}, {cfg.dtype}")
+    result = fit(model, task, cfg, tokenizer, meta=meta, resume=bool(args.resume), progress=not args.no_progress)
+    run_dir = cfg.out
+    if result["interrupted"]:
+        _say(f"interrupted at step {result['step']:,}: saved {run_dir}/latest; continue with: "
+             f"glassgpt train --resume {run_dir}", file=sys.stderr)
+        return 130
+    val = result["val_loss"]
+    summary = f"done: step {result['step']:,}, {result['tokens']:,} tokens"
+    if val is not None:
+        summary += f", val loss {val:.4f} (perplexity {math.exp(val):.2f}), best {result['best_val_loss']:.4f}"
+    _say(summary + f", {result['elapsed_s']:.0f} s of training")
+    _say(f"model: {run_dir}   try: glassgpt generate \"...\" --model {run_dir}   |   "
+         f"glassgpt explain \"...\" --model {run_dir}")
+    if result["plot"]:
+        _say(f"plot: {result['plot']}")
+    return 0
+
+
+def _new_setup(args: argparse.Namespace):
+    if not args.data or not args.out:
+        raise GlassError("glassgpt train needs --data PATH and --out RUN_DIR (or --resume RUN_DIR)")
+    if _is_main():
+        check_out_dir(args.out, resume=False)
+    arch = [f for f in ("model", "n_layers", "n_heads", "emb_dim") if getattr(args, f) is not None]
+    if args.init and arch:
+        raise GlassError(f"--init loads a model with its own architecture; drop --{arch[0].replace('_', '-')}")
+    files = resolve_files(args.data)
+    if args.init:
+        model = load_model(args.init, device="cpu", dtype="float32")
+        tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else load_tokenizer(args.init)
+        if tokenizer.n_vocab > model.cfg.vocab_size:
+            raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but {args.init} has vocab_size "
+                             f"{model.cfg.vocab_size:,}: use the model's own tokenizer (drop --tokenizer)")
+        if args.drop_rate is not None:
+            model = _with_dropout(model, args.drop_rate)
+        context = args.context_length or model.cfg.context_length
+        if context > model.cfg.context_length:
+            raise GlassError(f"--context-length {context} is longer than {args.init}'s context_length "
+                             f"{model.cfg.context_length}: give at most {model.cfg.context_length}")
+    else:
+        tokenizer = build_tokenizer(args.tokenizer or "gpt2", files)
+        gcfg = get_config(args.model or "gpt2", vocab_size=tokenizer.n_vocab, n_layers=args.n_layers,
+                          n_heads=args.n_heads, emb_dim=args.emb_dim, context_length=args.context_length,
+                          drop_rate=args.drop_rate)
+        seed = args.seed if args.seed is not None else TrainConfig(out="-").seed
+        model = random_model(gcfg, torch.device("cpu"), torch.float32, seed)
+        context = gcfg.context_length
+    cfg = train_config_from_args(args, {"out": args.out})
+    data = {"path": str(args.data), "files": len(files),
+            "val_fraction": args.val_fraction if args.val_fraction is not None else 0.1,
+            "cache_dir": args.cache_dir or str(Path(args.out) / "cache"),
+            "context_length": context, "sample_prompt": args.sample_prompt}
+    task = _text_task(files, tokenizer, data, cfg)
+    meta = {"data": data, "tokenizer": args.tokenizer or ("checkpoint" if args.init else "gpt2"), "init": args.init}
+    return model, tokenizer, task, cfg, meta
+
+
+def _resume_setup(args: argparse.Namespace):
+    given = [f for f in MODEL_FLAGS if getattr(args, f, None) is not None]
+    if given:
+        raise GlassError(f"--resume continues a run with its own data and model: drop --{given[0].replace('_', '-')} "
+                         "(training flags such as --max-steps may change)")
+    if args.out and Path(args.out) != Path(args.resume):
+        raise GlassError("--resume RUN_DIR writes to RUN_DIR: drop --out")
+    run_dir = Path(args.resume)
+    check_out_dir(run_dir, resume=True)
+    if _is_main():
+        recover_checkpoints(run_dir)
+    saved = json.loads((run_dir / "train_config.json").read_text())
+    args.out = str(run_dir)
+    cfg = train_config_from_args(args, saved)
+    latest = run_dir / "latest"
+    if not (latest / "config.json").is_file():
+        raise GlassError(f"{run_dir} has no latest/ checkpoint to resume from (it stopped before its first save)")
+    meta = load_meta(latest)
+    meta.pop("train", None)
+    data = meta.get("data")
+    if not data:
+        raise GlassError(f"{latest}/meta.json does not say what data the run trained on: it was not "
+                         "made by glassgpt train")
+    model = load_model(latest, device="cpu", dtype="float32")
+    tokenizer = load_tokenizer(latest)
+    task = _text_task(resolve_files(data["path"]), tokenizer, data, cfg)
+    return model, tokenizer, task, cfg, meta
+
+
+def _text_task(files, tokenizer, data: dict, cfg: TrainConfig) -> TextTask:
+    t0 = time.perf_counter()
+    cache = tokenize_files(files, tokenizer, data["cache_dir"])
+    train, val = split_ids(cache.ids(), data["val_fraction"])
+    _say(f"data: {len(files)} file(s), {cache.n_tokens:,} tokens ({len(train):,} train, {len(val):,} val), "
+         f"tokenizer {tokenizer.name} ({tokenizer.n_vocab:,} tokens), cached in {cache.path} "
+         f"({time.perf_counter() - t0:.1f} s)")
+    return TextTask(train, val, data["context_length"], cfg.batch_size, tokenizer=tokenizer, seed=cfg.seed,
+                    eval_batches=cfg.eval_batches, sample_tokens=cfg.sample_tokens,
+                    sample_prompt=data.get("sample_prompt"))
+
+
+def _with_dropout(model, drop_rate: float):
+    from ..model import GPTModel
+    cfg = dataclasses.replace(model.cfg, drop_rate=drop_rate)
+    new = GPTModel(cfg)
+    new.load_state_dict(model.state_dict())
+    return new
+
+
+# --- eval, plot, tokenizer --------------------------------------------------------------
+
+def run_eval(args: argparse.Namespace) -> int:
+    run_cfg, run_data = _run_settings(args.model)
+    model = load_model(args.model, device=args.device, dtype="float32")
+    files = resolve_files(args.data)
+    if args.tokenizer:
+        tokenizer = build_tokenizer(args.tokenizer, files)
+    else:
+        tokenizer = load_tokenizer(args.model)
+    if tokenizer.n_vocab > model.cfg.vocab_size:
+        raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
+                         f"{model.cfg.vocab_size:,}: pass the model's own tokenizer")
+    context = args.context_length or run_data.get("context_length") or model.cfg.context_length
+    if context > model.cfg.context_length:
+        raise GlassError(f"--context-length {context} is longer than the model's {model.cfg.context_length}")
+    val_fraction = args.val_fraction if args.val_fraction is not None else run_data.get("val_fraction", 0.1)
+    batch_size = args.batch_size or run_cfg.get("batch_size", 8)
+    eval_batches = args.eval_batches or run_cfg.get("eval_batches", 20)
+    cache_dir = args.cache_dir or _default_cache_dir()
+    cache = tokenize_files(files, tokenizer, cache_dir)
+    train, val = split_ids(cache.ids(), val_fraction)
+    if args.split == "val" and not len(val):
+        raise GlassError("--val-fraction 0 leaves no validation split: pass --split train or a --val-fraction > 0")
+    held = val if args.split == "val" else train
+    task = TextTask(held, held, context, batch_size, seed=0, eval_batches=eval_batches)
+    loss = evaluate_loss(model, task, args.dtype)
+    windows = len(task.eval_offsets())
+    result = {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "split": args.split,
+              "windows": windows, "context_length": context, "tokens": windows * context}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.split} loss {loss:.4f}   perplexity {result['perplexity']:.2f}   "
+              f"({windows} windows of {context} tokens from {len(held):,} {args.split} tokens)")
+    return 0
+
+
+def _run_settings(spec: str) -> tuple[dict, dict]:
+    """(train_config, data settings) of the run a checkpoint came from, or ({}, {})."""
+    try:
+        ckpt = resolve_checkpoint_dir(spec) if spec not in PRESETS else None
+    except GlassError:
+        return {}, {}
+    if ckpt is None:
+        return {}, {}
+    run_cfg = {}
+    for candidate in (Path(spec) / "train_config.json", ckpt.parent / "train_config.json"):
+        if candidate.is_file():
+            run_cfg = json.loads(candidate.read_text())
+            break
+    return run_cfg, load_meta(ckpt).get("data") or {}
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "glassgpt" / "tokens"
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    path = plot_run(args.run_dir, args.out)
+    if path is None:
+        raise GlassError("glassgpt plot needs matplotlib: pip install 'glassgpt[plot]'")
+    print(path)
+    return 0
+
+
+def run_tokenizer_train(args: argparse.Namespace) -> int:
+    files = resolve_files(args.data)
+    n_bytes = 0
+    for path in files:
+        scan_file(path)  # refuses empty, binary and non-UTF-8 files, naming them
+        n_bytes += path.stat().st_size
+    if args.vocab_size < 257:
+        raise GlassError(f"--vocab-size must be at least 257 (256 bytes + <|endoftext|>), got {args.vocab_size}")
+    t0 = time.perf_counter()
+    tok = train_bpe(files, args.vocab_size)
+    seconds = time.perf_counter() - t0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(tok.to_dict(), ensure_ascii=False)
+    _atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    sample = files[0].read_text(encoding="utf-8")[:1_000_000]
+    ratio = len(sample.encode("utf-8")) / max(1, len(tok.encode(sample)))
+    gpt2 = len(sample.encode("utf-8")) / max(1, len(get_tokenizer("gpt2").encode(sample)))
+    print(f"learned {tok.n_vocab:,} tokens from {len(files)} file(s) ({n_bytes / 1e6:.1f} MB) in {seconds:.1f} s; "
+          f"{ratio:.2f} bytes per token on {files[0].name} (GPT-2's: {gpt2:.2f})")
+    print(f"saved {out}: use it with glassgpt train --tokenizer {out}")
+    return 0

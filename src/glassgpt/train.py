@@ -1,0 +1,861 @@
+"""The training loop: `fit(model, task, cfg, tokenizer)`, with evaluation, checkpoints and resume.
+
+What to train on is a `Task` (pretraining: `data.TextTask`; finetuning: finetune.py's
+tasks); how to train is a `TrainConfig`. `fit` knows nothing of text, labels or
+instructions. It is nanoGPT's loop with the engineering written out:
+
+- AdamW over the parameters with `requires_grad=True` only (freezing and LoRA work),
+  weight decay on matrices (>= 2-D) only, fused kernels where available;
+- learning rate: linear warm-up for `warmup_steps`, then cosine decay to `min_lr`
+  (lr / 10 by default) at `max_steps` (nanoGPT's schedule);
+- gradient accumulation (`grad_accum`, or `batch_tokens` to aim at a global batch
+  size in tokens), clipping at `grad_clip`, bf16 autocast on CPU and CUDA (fp16 with a
+  GradScaler on GPUs without bf16); master weights stay float32; `compile`;
+- under `torchrun`: DistributedDataParallel (gloo on CPU, NCCL on GPUs), or FSDP2's
+  `fully_shard` per transformer block with `fsdp=True`. Each rank asks the task for its
+  own batch (rank, world); losses are averaged over ranks for the log; rank 0 logs
+  and writes; evaluation runs on every rank in step, so FSDP's collectives line up;
+- a tqdm bar (step, loss, tokens/s, ETA), `metrics.jsonl`, validation loss and
+  perplexity every `eval_every` steps with a generated sample, `loss.png` at the end.
+
+The task's contract (`Task` below): `train_batch(step, micro, rank, world)` must be a
+function of its arguments only. With the per-step seeding of torch's RNG (dropout),
+that is what makes `resume` exact without a data cursor.
+
+Run directory (`cfg.out`):
+    train_config.json   the TrainConfig (the effective grad_accum included)
+    metrics.jsonl       one object per logged step: step, tokens, train_loss, lr,
+                        tokens_per_s, grad_norm, elapsed_s; val_loss, val_ppl, the task's
+                        metrics and `sample` on evaluation steps
+    latest/, best/      a glassgpt checkpoint (config.json, model.safetensors,
+                        tokenizer.json, meta.json: `glassgpt generate --model RUN_DIR`
+                        loads it) plus optimizer.safetensors and train_state.json (step,
+                        tokens, scheduler, RNG states, sha256 of every file; written last)
+    loss.png            train/val loss against tokens seen (needs matplotlib)
+
+A checkpoint directory is written whole under `.latest.tmp-XXXX/`, then the old one is
+renamed to `.latest.old` and the new one into place; loading undoes a crash between
+the two renames. A checkpoint whose files do not match their recorded sha256 is
+refused. Ctrl-C or SIGTERM finishes the current step, saves `latest/` and returns
+`{"interrupted": True, ...}` (a second Ctrl-C aborts at once).
+
+Optional Task method `checkpoint_model(model) -> nn.Module`: the model to write as the
+loadable checkpoint when it is not the training model itself (LoRA: the merged
+model). The training model's own state then goes to `train_model.safetensors` for
+resume. Nothing is pickled: tensors in safetensors, everything else in JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .device import resolve_device, resolve_dtype
+from .errors import CheckpointError, GlassError
+from .model import GPTModel
+from .tokenizer import Tokenizer
+from .weights import _atomic_write, save_model
+
+STATE_FORMAT = "glassgpt-train-state/1"
+RUN_MARKERS = ("train_config.json", "metrics.jsonl", "latest", "best")
+
+
+class TrainError(GlassError):
+    """Settings or a run directory that training cannot use."""
+
+
+@dataclass
+class TrainConfig:
+    """How to train. Every field has a `glassgpt train` flag; saved as RUN_DIR/train_config.json."""
+
+    out: str                       # the run directory
+    batch_size: int = 8            # windows per micro-batch, per rank
+    grad_accum: int = 1            # micro-batches per optimizer step
+    max_steps: int = 1000          # optimizer steps
+    lr: float = 6e-4               # peak learning rate
+    min_lr: float | None = None    # end of the cosine decay; None: lr / 10
+    warmup_steps: int = 100
+    weight_decay: float = 0.1      # on >= 2-D parameters only
+    grad_clip: float = 1.0         # max global grad norm; 0: no clipping
+    eval_every: int = 100          # steps between evaluations (and the last step)
+    eval_batches: int = 20         # validation batches per evaluation
+    save_every: int | None = None  # steps between `latest/` saves; None: at every evaluation
+    seed: int = 1337
+    dtype: str = "float32"         # float32 | bfloat16 | float16 | auto: the autocast precision
+    compile: bool = False          # torch.compile the model for training
+    device: str | None = None      # cpu | cuda | cuda:N | None (auto); torchrun: cuda:LOCAL_RANK
+    log_every: int = 1             # steps between metrics.jsonl lines
+    sample_tokens: int = 40        # tokens generated at each evaluation (0: none)
+    beta1: float = 0.9             # AdamW betas
+    beta2: float = 0.95
+    batch_tokens: int | None = None  # target global batch in tokens: sets grad_accum
+    fsdp: bool = False             # shard parameters, gradients and optimizer state (torchrun)
+    plot: bool = True              # draw loss.png when the run ends
+
+    def __post_init__(self) -> None:
+        positive = ("batch_size", "grad_accum", "max_steps", "eval_every", "eval_batches", "log_every")
+        for name in positive + ("save_every", "batch_tokens"):
+            value = getattr(self, name)
+            if value is None and name in ("save_every", "batch_tokens"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TrainError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("warmup_steps", "sample_tokens", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise TrainError(f"{name} must be a non-negative integer, got {value!r}")
+        for name in ("lr", "weight_decay", "grad_clip") + (("min_lr",) if self.min_lr is not None else ()):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise TrainError(f"{name} must be a number >= 0, got {value!r}")
+        if self.lr == 0:
+            raise TrainError("lr must be > 0, got 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise TrainError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16"):
+            raise TrainError(f"dtype must be float32, bfloat16, float16 or auto, got {self.dtype!r}")
+        if not self.out:
+            raise TrainError("out (the run directory) must be given")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise TrainError(f"unknown training setting(s) {unknown}: valid ones are {sorted(fields)}")
+        return cls(**values)
+
+
+class Task(Protocol):
+    """What to train on. `fit` knows nothing of text, labels or instructions."""
+
+    def train_batch(self, step: int, micro: int, rank: int, world: int) -> dict[str, torch.Tensor]:
+        """Micro-batch `micro` of step `step` for `rank` of `world`: a function of these alone."""
+
+    def eval_batches(self) -> Iterable[dict[str, torch.Tensor]]:
+        """A fixed set of validation batches (empty: no validation)."""
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A scalar loss; `batch` is already on the model's device."""
+
+    def tokens(self, batch: dict[str, torch.Tensor]) -> int:
+        """Tokens in a batch: for tokens/s and the x-axis of plots."""
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Extra metrics at evaluation time ({} if none), e.g. accuracy."""
+
+    def sample(self, model: nn.Module) -> str | None:
+        """A short generated sample at evaluation time, or None."""
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warm-up, then cosine to min_lr."""
+    min_lr = cfg.lr / 10 if cfg.min_lr is None else cfg.min_lr
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
+    if step >= cfg.max_steps:
+        return min_lr
+    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - min_lr)
+
+
+def grad_accum_for(batch_tokens: int, tokens_per_micro_batch: int, world: int = 1) -> int:
+    """Micro-steps per optimizer step so that a step sees about `batch_tokens` tokens in all."""
+    return max(1, round(batch_tokens / (tokens_per_micro_batch * world)))
+
+
+# --- devices, precision, ranks ---------------------------------------------------------
+
+@dataclass
+class Distributed:
+    device: torch.device
+    rank: int = 0
+    world: int = 1
+    owns_group: bool = False  # fit started the process group, so fit ends it
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device: str | None = None) -> Distributed:
+    """One process, or one rank of a `torchrun` job (read from its RANK/WORLD_SIZE/LOCAL_RANK).
+
+    GPUs: NCCL, rank r on cuda:LOCAL_RANK. CPUs: gloo.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dev = resolve_device(device)
+    if world == 1:
+        return Distributed(dev)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if dev.type == "cuda":
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    return Distributed(dev, dist.get_rank(), dist.get_world_size(), owns)
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The autocast precision for `dtype` on `device` (float32: autocast off)."""
+    dt = resolve_dtype(dtype, device)
+    if dt == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16  # older GPUs: fp16 with a GradScaler instead
+    if dt == torch.float16 and device.type != "cuda":
+        raise TrainError("float16 training needs a CUDA GPU (it needs a grad scaler); on CPU use --dtype bfloat16")
+    return dt
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over trainable parameters; weight decay on matrices only (not biases, norms)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise TrainError("the model has no parameter with requires_grad=True: nothing to train")
+    groups = [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0}]
+    kind = {"fused": True} if device.type in ("cuda", "cpu") else {"foreach": True}
+    try:
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **kind)
+    except (RuntimeError, TypeError):  # a dtype/device the fused kernel does not cover
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, task: Task, dtype: str = "float32") -> float | None:
+    """Mean task loss over `task.eval_batches()` (None if there are none), in eval mode."""
+    device = next(model.parameters()).device
+    amp = autocast_dtype(dtype, device)
+    was_training = model.training
+    model.eval()
+    total, n = 0.0, 0
+    for batch in task.eval_batches():
+        with autocast(device, amp):
+            total += float(task.loss(model, _to_device(batch, device)))
+        n += 1
+    model.train(was_training)
+    return total / n if n else None
+
+
+def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def _step_seed(seed: int, step: int, rank: int) -> int:
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+
+
+def check_out_dir(run_dir: str | os.PathLike, resume: bool) -> None:
+    """Refuse to start a new run over an old one, or to resume a run that is not there."""
+    run_dir = Path(run_dir)
+    if resume:
+        if not (run_dir / "train_config.json").is_file():
+            raise TrainError(f"{run_dir} is not a training run (no train_config.json): nothing to resume")
+        return
+    if run_dir.is_file():
+        raise TrainError(f"--out {run_dir} is a file: give a directory for the run")
+    found = [m for m in RUN_MARKERS if (run_dir / m).exists()]
+    if found:
+        raise TrainError(f"{run_dir} already holds a training run ({found[0]}): pass --resume {run_dir} "
+                         "to continue it, or another --out for a new run")
+
+
+# --- Ctrl-C and SIGTERM -------------------------------------------------------------------
+
+class _StopRequests:
+    """The first SIGINT/SIGTERM asks the loop to save and stop after this step; a second aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopRequests":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+# --- checkpoints ----------------------------------------------------------------------------
+
+def recover_checkpoints(run_dir: str | os.PathLike) -> None:
+    """Undo what a crash during a save left: put `.NAME.old` back if NAME is missing; drop temp dirs."""
+    run_dir = Path(run_dir)
+    for name in ("latest", "best"):
+        final, old = run_dir / name, run_dir / f".{name}.old"
+        if old.is_dir():
+            if final.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(old, final)
+        for tmp in run_dir.glob(f".{name}.tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """train_state.json of a complete checkpoint whose files match their sha256; else CheckpointError."""
+    path = Path(path)
+    state_file = path / "train_state.json"
+    if not state_file.is_file():
+        raise CheckpointError(f"{path} is not a complete training checkpoint (no train_state.json): "
+                              "it was not finished being written")
+    try:
+        state = json.loads(state_file.read_text())
+        files = state["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{state_file} is damaged ({e}): this checkpoint cannot be resumed") from None
+    if state.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{state_file} has format {state.get('format')!r}, expected {STATE_FORMAT!r}")
+    for name, digest in files.items():
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path}/{name} is missing: this checkpoint is incomplete")
+        if _sha256(path / name) != digest:
+            raise CheckpointError(f"{path}/{name} is corrupt (its sha256 differs from the one recorded when "
+                                  "it was saved): this checkpoint cannot be used")
+    return state
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _publish(run_dir: Path, name: str, fill) -> Path:
+    """Write checkpoint NAME whole into a temp dir with `fill(tmp)`, then swap it in by renames."""
+    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{name}.tmp-"))
+    try:
+        fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    final, old = run_dir / name, run_dir / f".{name}.old"
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)  # a crash between the two renames leaves .NAME.old: recover_checkpoints
+    _fsync_dir(run_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A plain CPU tensor (gathering an FSDP shard from every rank)."""
+    if hasattr(t, "full_tensor"):
+        t = t.full_tensor()
+    return t.detach().cpu()
+
+
+def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """safetensors refuses shared tensors: save each storage once; return {alias: saved name}."""
+    seen: dict[tuple, str] = {}
+    unique, aliases = {}, {}
+    for name, t in tensors.items():
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride())) if t.numel() else (name,)
+        if key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            unique[name] = t.contiguous()
+    save_file(unique, path, metadata={"format": "pt"})
+    return aliases
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise CheckpointError(f"{path} cannot be read ({e})") from None
+
+
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+             "numpy": {"keys": np_state[1].tolist(), "pos": int(np_state[2]),
+                       "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+             "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+                                      for s in state["cuda"]])
+
+
+# --- the loop ---------------------------------------------------------------------------------
+
+def fit(model: nn.Module, task: Task, cfg: TrainConfig, tokenizer: Tokenizer | None,
+        meta: dict[str, Any] | None = None, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Train `model` on `task` as `cfg` says; return the final metrics.
+
+    `meta` is saved with every checkpoint (meta.json) next to the training facts.
+    `resume=True` continues `cfg.out/latest` exactly (on CPU: the same losses, step for
+    step, as a run that was never stopped). Returns {"step", "tokens", "train_loss",
+    "val_loss", "val_ppl", "best_val_loss", "elapsed_s", "interrupted", "run_dir", "plot"}.
+    """
+    ranks = setup_distributed(cfg.device)
+    try:
+        check_out_dir(cfg.out, resume)
+        return _Run(model, task, cfg, tokenizer, meta or {}, ranks, progress).run(resume)
+    finally:
+        if ranks.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _Run:
+    def __init__(self, model: nn.Module, task: Task, cfg: TrainConfig, tokenizer: Tokenizer | None,
+                 meta: dict[str, Any], ranks: Distributed, progress: bool):
+        self.model, self.task, self.cfg, self.tokenizer, self.meta = model, task, cfg, tokenizer, meta
+        self.ranks, self.device, self.progress = ranks, ranks.device, progress
+        self.run_dir = Path(cfg.out)
+        self.amp = autocast_dtype(cfg.dtype, self.device)
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp == torch.float16 else None
+        self.step, self.tokens, self.elapsed = 0, 0, 0.0
+        self.best_val = math.inf
+        self.last_val: float | None = None
+        self.last_train: float | None = None
+
+    # -- setting up ------------------------------------------------------------------------
+    def _prepare(self, resume: bool) -> None:
+        cfg, model = self.cfg, self.model
+        if cfg.fsdp and self.ranks.world == 1:
+            raise TrainError("--fsdp shards the model over the ranks of a torchrun job: run it under "
+                             "torchrun --nproc_per_node N (N > 1)")
+        # Master weights in float32; cfg.dtype picks the autocast precision.
+        model.to(device=self.device, dtype=torch.float32)
+        model.train()
+        if cfg.fsdp:
+            from torch.distributed.fsdp import fully_shard
+            for block in getattr(model, "trf_blocks", []):
+                fully_shard(block)
+            fully_shard(model)
+        self.optimizer = make_optimizer(model, cfg, self.device)
+        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if resume:
+            self._load(self.run_dir / "latest")
+        if cfg.batch_tokens is not None:
+            probe = self.task.tokens(self.task.train_batch(self.step, 0, self.ranks.rank, self.ranks.world))
+            cfg.grad_accum = grad_accum_for(cfg.batch_tokens, probe, self.ranks.world)
+        forward = torch.compile(model) if cfg.compile else model
+        if self.ranks.world > 1 and not cfg.fsdp:
+            from torch.nn.parallel import DistributedDataParallel
+            forward = DistributedDataParallel(forward, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.forward = forward
+        if self.ranks.world > 1:
+            dist.barrier()  # every rank has checked the run directory before rank 0 writes to it
+        if self.ranks.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            text = json.dumps(cfg.to_dict(), indent=2)
+            _atomic_write(self.run_dir / "train_config.json", lambda tmp: Path(tmp).write_text(text))
+            self._truncate_metrics()
+
+    def _sync(self, last_micro: bool):
+        """Skip DDP's/FSDP's gradient all-reduce on all but the last micro-step."""
+        if self.ranks.world == 1 or last_micro:
+            if self.cfg.fsdp:
+                self.model.set_requires_gradient_sync(True)
+            return contextlib.nullcontext()
+        if self.cfg.fsdp:
+            self.model.set_requires_gradient_sync(False)
+            return contextlib.nullcontext()
+        return self.forward.no_sync()
+
+    # -- one optimizer step ------------------------------------------------------------------
+    def _train_step(self, step: int) -> tuple[torch.Tensor, float | None, int]:
+        cfg, rank, world = self.cfg, self.ranks.rank, self.ranks.world
+        lr = lr_at(step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        torch.manual_seed(_step_seed(cfg.seed, step, rank))  # dropout masks: a function of the step
+        loss_sum = torch.zeros((), device=self.device)
+        n_tokens = 0
+        for micro in range(cfg.grad_accum):
+            batch = _to_device(self.task.train_batch(step, micro, rank, world), self.device)
+            n_tokens += self.task.tokens(batch)
+            with self._sync(micro == cfg.grad_accum - 1):
+                with autocast(self.device, self.amp):
+                    loss = self.task.loss(self.forward, batch)
+                scaled = loss / cfg.grad_accum
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            loss_sum += loss.detach().float()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = None
+        if cfg.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+            grad_norm = _full_tensor(grad_norm) if hasattr(grad_norm, "full_tensor") else grad_norm
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum / cfg.grad_accum, grad_norm, n_tokens
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self, resume: bool) -> dict[str, Any]:
+        cfg, main = self.cfg, self.ranks.is_main
+        self._prepare(resume)
+        start, interrupted = self.step, False
+        from tqdm.auto import tqdm
+        bar = tqdm(total=cfg.max_steps, initial=start, disable=not (self.progress and main),
+                   unit="step", dynamic_ncols=True, desc="train")
+        self.bar = bar
+        if start >= cfg.max_steps and main and self.progress:
+            bar.write(f"{self.run_dir} is already at step {start:,} of max_steps {cfg.max_steps:,}: "
+                      "pass a larger --max-steps to train further")
+        window_tokens, window_time = 0, 0.0
+        try:
+            with _StopRequests() as stop:
+                for step in range(start, cfg.max_steps):
+                    t0 = time.perf_counter()
+                    loss, grad_norm, n_tokens = self._train_step(step)
+                    stats = torch.stack([loss, torch.tensor(float(n_tokens), device=self.device),
+                                         torch.tensor(float(stop.requested), device=self.device)])
+                    if self.ranks.world > 1:
+                        dist.all_reduce(stats)  # the mean loss, all tokens, and whether any rank was told to stop
+                    loss_mean, step_tokens, stop_votes = stats.tolist()
+                    loss_mean /= self.ranks.world
+                    dt = time.perf_counter() - t0
+                    self.step, self.tokens = step + 1, self.tokens + int(step_tokens)
+                    self.elapsed += dt
+                    window_tokens, window_time = window_tokens + int(step_tokens), window_time + dt
+                    self.last_train = loss_mean
+                    if not math.isfinite(loss_mean):
+                        raise TrainError(f"the training loss is {loss_mean} at step {self.step}: lower --lr "
+                                         f"(now {cfg.lr:g}) or raise --warmup-steps; {self.run_dir}/latest "
+                                         "holds the last good checkpoint")
+                    done = self.step == cfg.max_steps
+                    record = None
+                    if self.step % cfg.log_every == 0 or done or self.step % cfg.eval_every == 0:
+                        record = {"step": self.step, "tokens": self.tokens, "train_loss": loss_mean,
+                                  "lr": lr_at(step, cfg), "tokens_per_s": window_tokens / max(window_time, 1e-9),
+                                  "elapsed_s": round(self.elapsed, 3)}
+                        if grad_norm is not None:
+                            record["grad_norm"] = float(grad_norm)
+                        bar.set_postfix(loss=f"{loss_mean:.4f}", tok_s=f"{record['tokens_per_s']:,.0f}",
+                                        lr=f"{record['lr']:.2e}", refresh=False)
+                        window_tokens, window_time = 0, 0.0
+                    bar.update(1)
+                    evaluated = self.step % cfg.eval_every == 0 or done
+                    if evaluated:
+                        record.update(self._evaluate())
+                    if record is not None and main:
+                        self._append_metrics(record)
+                    save_now = done or stop_votes > 0 or (
+                        self.step % cfg.save_every == 0 if cfg.save_every else evaluated)
+                    best_now = evaluated and self.last_val is not None and self.last_val < self.best_val
+                    if best_now:
+                        self.best_val = self.last_val
+                    if save_now or best_now:
+                        self._save(["latest"] * save_now + ["best"] * best_now)
+                    if stop_votes > 0:
+                        interrupted = True
+                        break
+        finally:
+            bar.close()
+        plot = None
+        if main and cfg.plot and not interrupted and self.step > start:
+            plot = plot_run(self.run_dir)
+            if plot is None and self.progress:
+                print("note: matplotlib is not installed, so no loss.png (pip install 'glassgpt[plot]')")
+        val = self.last_val
+        return {"step": self.step, "tokens": self.tokens, "train_loss": self.last_train, "val_loss": val,
+                "val_ppl": math.exp(val) if val is not None and val < 700 else None,
+                "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
+                "elapsed_s": self.elapsed, "interrupted": interrupted, "run_dir": str(self.run_dir),
+                "plot": str(plot) if plot else None}
+
+    def _evaluate(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        val = evaluate_loss(self.model, self.task, self.cfg.dtype)
+        if val is not None:
+            self.last_val = val
+            out["val_loss"] = val
+            out["val_ppl"] = math.exp(val) if val < 700 else math.inf
+        was_training = self.model.training
+        self.model.eval()
+        with autocast(self.device, self.amp):
+            out.update(self.task.evaluate(self.model))
+            sample = self.task.sample(self.model) if self.cfg.sample_tokens else None
+        self.model.train(was_training)
+        if sample is not None:
+            out["sample"] = sample
+        if self.ranks.is_main and self.progress:
+            metrics = "  ".join(f"{k} {v:.4f}" for k, v in out.items() if k != "sample")
+            self.bar.write(f"step {self.step:,}: {metrics}")
+            if sample is not None:
+                self.bar.write("  sample: " + sample.replace("\n", "\n          "))
+        return out
+
+    # -- metrics.jsonl -----------------------------------------------------------------------------
+    def _append_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def _truncate_metrics(self) -> None:
+        """On resume, drop lines logged after the checkpoint (they will be logged again)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        kept = [json.dumps(r, ensure_ascii=False) + "\n" for r in read_metrics(self.run_dir) if r["step"] <= self.step]
+        _atomic_write(path, lambda tmp: Path(tmp).write_text("".join(kept), encoding="utf-8"))
+
+    # -- saving and loading --------------------------------------------------------------------------
+    def _save(self, names: list[str]) -> None:
+        """Write checkpoints `names` (latest and/or best). Every rank calls this (FSDP gathers)."""
+        export = getattr(self.task, "checkpoint_model", None)
+        live: dict[str, torch.Tensor] = {}
+        if self.cfg.fsdp or export is not None:  # gathered on every rank under FSDP
+            live = {k: _full_tensor(v) for k, v in self.model.state_dict().items()}
+        optim = self._optimizer_tensors()
+        if self.ranks.is_main:
+            if self.cfg.fsdp:
+                exported = _plain_model(self.model, live)
+            else:
+                exported = export(self.model) if export else self.model
+            written: Path | None = None
+            for name in names:
+                if written is None:
+                    written = _publish(self.run_dir, name, lambda tmp: self._write(tmp, exported, live, optim))
+                else:  # the same step's files again: copied, so each checkpoint stands alone
+                    src = written
+                    _publish(self.run_dir, name, lambda tmp: _copy_files(src, tmp))
+        if self.ranks.world > 1:
+            dist.barrier()
+
+    def _write(self, path: Path, exported: nn.Module, live: dict[str, torch.Tensor],
+               optim: tuple[dict[str, torch.Tensor], list[dict]]) -> None:
+        meta = {**self.meta, "train": {"step": self.step, "tokens": self.tokens, "val_loss": self.last_val,
+                                       "train_loss": self.last_train}}
+        save_model(exported, path, self.tokenizer, meta)
+        aliases: dict[str, str] = {}
+        if exported is not self.model:
+            aliases = _save_tensors(path / "train_model.safetensors", live)
+        tensors, groups = optim
+        _save_tensors(path / "optimizer.safetensors", tensors)
+        state = {
+            "format": STATE_FORMAT, "step": self.step, "tokens": self.tokens, "elapsed_s": self.elapsed,
+            "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
+            "last_val_loss": self.last_val, "world_size": self.ranks.world, "grad_accum": self.cfg.grad_accum,
+            "scheduler": {"kind": "warmup_cosine", "lr": self.cfg.lr, "min_lr": self.cfg.min_lr,
+                          "warmup_steps": self.cfg.warmup_steps, "max_steps": self.cfg.max_steps,
+                          "next_lr": lr_at(self.step, self.cfg)},
+            "optimizer": {"param_groups": groups},
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "rng": _rng_state(), "model_aliases": aliases, "train_config": self.cfg.to_dict(),
+            "files": {p.name: _sha256(p) for p in sorted(path.iterdir()) if p.is_file()},
+        }
+        (path / "train_state.json").write_text(json.dumps(state, indent=1))  # last: marks the checkpoint whole
+
+    def _optimizer_tensors(self) -> tuple[dict[str, torch.Tensor], list[dict]]:
+        """Optimizer state keyed by parameter name ("name/exp_avg"), and the groups as JSON."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        tensors: dict[str, torch.Tensor] = {}
+        groups = []
+        for group in self.optimizer.param_groups:
+            groups.append({**{k: v for k, v in group.items() if k != "params"},
+                           "params": [names[id(p)] for p in group["params"]]})
+            for p in group["params"]:
+                for key, value in self.optimizer.state.get(p, {}).items():
+                    if torch.is_tensor(value):
+                        tensors[f"{names[id(p)]}/{key}"] = _full_tensor(value)
+        return tensors, groups
+
+    def _load(self, path: Path) -> None:
+        recover_checkpoints(self.run_dir)
+        if not path.is_dir():
+            raise CheckpointError(f"{self.run_dir} has no latest/ checkpoint to resume from")
+        state = verify_checkpoint(path)
+        source = path / "train_model.safetensors"
+        tensors = _load_tensors(source if source.is_file() else path / "model.safetensors")
+        aliases = dict(state.get("model_aliases") or {})
+        own = self.model.state_dict()
+        if isinstance(self.model, GPTModel) and self.model.tied:
+            aliases.setdefault("out_head.weight", "tok_emb.weight")  # save_model stores a tied matrix once
+        for alias, name in aliases.items():
+            if alias in own and alias not in tensors:
+                tensors[alias] = tensors[name]
+        _load_into(self.model, tensors, str(path))
+        self._load_optimizer(path, state)
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        _set_rng_state(state["rng"])
+        self.step, self.tokens = state["step"], state["tokens"]
+        self.elapsed = state.get("elapsed_s", 0.0)
+        self.best_val = state["best_val_loss"] if state.get("best_val_loss") is not None else math.inf
+        self.last_val = state.get("last_val_loss")
+
+
+    def _load_optimizer(self, path: Path, state: dict[str, Any]) -> None:
+        """Optimizer state saved by parameter name, mapped back to this optimizer's parameters."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        params = dict(self.model.named_parameters())
+        saved = state["optimizer"]["param_groups"]
+        current = [[names[id(p)] for p in g["params"]] for g in self.optimizer.param_groups]
+        if [g["params"] for g in saved] != current:
+            raise CheckpointError(f"{path}: the optimizer was saved for other trainable parameters than "
+                                  "this model has: resume with the same model and freezing settings")
+        index = {name: i for i, name in enumerate(n for group in current for n in group)}
+        # Hyperparameters come from the checkpoint; kernel choices stay this machine's.
+        keep = ("fused", "foreach", "capturable", "differentiable")
+        groups = [{**g, "params": [index[n] for n in g["params"]], "betas": tuple(g["betas"]),
+                   **{k: now[k] for k in keep if k in now}} for g, now in zip(saved, self.optimizer.param_groups)]
+        per_param: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in _load_tensors(path / "optimizer.safetensors").items():
+            name, field = key.rsplit("/", 1)
+            if hasattr(params[name], "device_mesh") and value.dim() > 0:
+                value = _shard_like(value, params[name])
+            per_param.setdefault(index[name], {})[field] = value
+        self.optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+
+
+def _shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of `full`, placed like the FSDP parameter `like` (no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+    return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+
+
+def _load_into(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
+    own = model.state_dict()
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"{source} does not fit this model (missing {missing[:3]}, unexpected "
+                              f"{unexpected[:3]}): resume with the model the run was started with")
+    state = {}
+    for name, value in tensors.items():
+        target = own[name]
+        if tuple(value.shape) != tuple(target.shape):
+            raise CheckpointError(f"{source}: {name} has shape {list(value.shape)}, the model needs {list(target.shape)}")
+        value = value.to(dtype=target.dtype)
+        state[name] = _shard_like(value, target) if hasattr(target, "device_mesh") else value
+    model.load_state_dict(state)
+
+
+def _plain_model(model: nn.Module, state: dict[str, torch.Tensor]) -> GPTModel:
+    """A CPU GPTModel holding gathered (unsharded) weights, for writing an FSDP run's checkpoint."""
+    with torch.device("meta"):
+        plain = GPTModel(model.cfg)
+    if plain.tied:
+        state = {k: v for k, v in state.items() if k != "out_head.weight"}
+    plain.load_state_dict(state, assign=True, strict=not plain.tied)
+    plain.tie_weights()
+    return plain
+
+
+def _copy_files(src: Path, dest: Path) -> None:
+    for f in src.iterdir():
+        shutil.copy2(f, dest / f.name)
+
+
+# --- metrics and the loss plot ------------------------------------------------------------------
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of RUN_DIR/metrics.jsonl (a half-written last line is skipped)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise TrainError(f"{run_dir} has no metrics.jsonl: is it a training run directory?")
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict) and "step" in record:
+                records.append(record)
+    return records
+
+
+def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path | None:
+    """Draw train and validation loss against tokens seen into RUN_DIR/loss.png (or `out`).
+
+    Returns the path, or None when matplotlib is not installed.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    train = [(r["tokens"], r["train_loss"]) for r in records if r.get("train_loss") is not None]
+    val = [(r["tokens"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
+    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    if train:
+        x, y = zip(*train)
+        ax.plot(x, y, color="tab:blue", alpha=0.3, linewidth=0.8, label="train (each logged step)")
+        w = len(y) // 25
+        if w > 1:  # a centred running mean shows the trend through the noise, without lag
+            mean = np.convolve(y, np.ones(w) / w, mode="valid")
+            ax.plot(x[(w - 1) // 2:][:len(mean)], mean, color="tab:blue", linewidth=1.6,
+                    label=f"train (mean of {w} steps)")
+    if val:
+        x, y = zip(*val)
+        ax.plot(x, y, "o-", color="tab:orange", linewidth=1.6, markersize=4, label="validation")
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel("cross-entropy loss (nats per token)")
+    ax.set_title(run_dir.resolve().name)
+    ax.grid(alpha=0.3)
+    if train or val:
+        ax.legend()
+    out = Path(out) if out is not None else run_dir / "loss.png"
+    _atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    return out
