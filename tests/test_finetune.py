@@ -176,7 +176,7 @@ def test_loss_mask_covers_exactly_the_response_tokens_and_one_eot():
             {"instruction": "Translate to French.", "input": "good morning", "output": "Bonjour, tout le monde."}]
     examples = [ft.encode_instruction(GPT2_TOK, r, max_length=1024) for r in recs]
     batch = ft.collate_instructions(examples, GPT2_TOK.eot_id)
-    assert batch["inputs"].shape == batch["targets"].shape
+    assert batch["input_ids"].shape == batch["targets"].shape
     for row, (rec, (ids, prompt_len)) in enumerate(zip(recs, examples)):
         response = GPT2_TOK.encode(rec["output"]) + [GPT2_TOK.eot_id]
         targets = batch["targets"][row]
@@ -186,9 +186,9 @@ def test_loss_mask_covers_exactly_the_response_tokens_and_one_eot():
         # The kept targets sit where the model reads the prompt's last token and the response.
         assert (targets[:prompt_len - 1] == ft.IGNORE_INDEX).all()
         n = len(ids) - 1
-        assert torch.equal(batch["inputs"][row, :n], torch.tensor(ids[:-1]))
+        assert torch.equal(batch["input_ids"][row, :n], torch.tensor(ids[:-1]))
         assert torch.equal(targets[prompt_len - 1:n], torch.tensor(ids[1:])[prompt_len - 1:])
-        assert (batch["inputs"][row, n:] == GPT2_TOK.eot_id).all() and (targets[n:] == ft.IGNORE_INDEX).all()
+        assert (batch["input_ids"][row, n:] == GPT2_TOK.eot_id).all() and (targets[n:] == ft.IGNORE_INDEX).all()
     task = ft.InstructionTask(examples, examples, GPT2_TOK.eot_id, batch_size=2)
     assert task.tokens(batch) == sum(len(GPT2_TOK.encode(r["output"])) + 1 for r in recs)
 
@@ -272,3 +272,217 @@ def test_merged_checkpoint_loads_as_a_plain_model(tiny_model, tmp_path):
     glassgpt.save_model(ft.merged_model(tiny_model), tmp_path / "m")
     back = glassgpt.load_model(tmp_path / "m", device="cpu")
     torch.testing.assert_close(back(ids), tiny_model(ids), rtol=1e-4, atol=1e-5)
+
+
+# --- training through train.fit and the command line -------------------------------------------
+
+from glassgpt.cli import main as cli_main  # noqa: E402
+from glassgpt.tokenizer import CharTokenizer  # noqa: E402
+from glassgpt.train import TrainConfig, fit  # noqa: E402
+
+MARKERS = {"x": "ex", "y": "why", "q": "queue"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models train faster on one thread, and much faster on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def marker_texts(n, seed):
+    """Random letters with one marker letter at a random place; the marker is the class.
+
+    Separable, but only by attending back from the last token to the marker."""
+    import random
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        body = [rng.choice("abcdef") for _ in range(rng.randint(3, 12))]
+        marker = rng.choice(sorted(MARKERS))
+        body.insert(rng.randrange(len(body) + 1), marker)
+        rows.append(("".join(body), MARKERS[marker]))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def char_base(tmp_path_factory):
+    """A random 2-block model with a char tokenizer (no eot: pads with 0), saved as a checkpoint."""
+    tok = CharTokenizer("abcdefxyq")
+    cfg = glassgpt.GPTConfig(vocab_size=tok.n_vocab, context_length=16, emb_dim=32, n_heads=4, n_layers=2)
+    path = tmp_path_factory.mktemp("char_base") / "base"
+    glassgpt.save_model(glassgpt.load_model("gpt2", device="cpu", config=cfg, seed=0), path, tok)
+    return path
+
+
+@pytest.fixture(scope="module")
+def classify_run(char_base, tmp_path_factory):
+    """`glassgpt finetune classify` on 300 marker texts: a run directory."""
+    root = tmp_path_factory.mktemp("classify")
+    train = write_csv(root / "train.csv", marker_texts(300, seed=0))
+    val = write_csv(root / "val.csv", marker_texts(60, seed=1))
+    run = root / "run"
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # (module fixtures start before the autouse one_thread)
+    try:
+        rc = cli_main(["finetune", "classify", "--model", str(char_base), "--data", str(train), "--val", str(val),
+                       "--out", str(run), "--trainable", "all", "--max-steps", "100", "--lr", "3e-3",
+                       "--batch-size", "16", "--eval-every", "50", "--no-progress"])
+    finally:
+        torch.set_num_threads(before)
+    assert rc == 0
+    return run
+
+
+def test_classifier_reaches_high_accuracy_on_a_separable_task(classify_run):
+    report = json.loads((classify_run / "confusion.json").read_text())
+    assert report["labels"] == ["ex", "queue", "why"]
+    assert report["accuracy"] >= 0.9 and sum(map(sum, report["matrix"])) == 60
+    assert (classify_run / "best" / "config.json").is_file() and (classify_run / "latest" / "config.json").is_file()
+
+
+def test_classify_json_prints_the_label_and_its_probability(classify_run, capsys):
+    assert cli_main(["classify", "abcyfed", "--model", str(classify_run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"label", "prob"} and out["label"] == "why" and 0.5 < out["prob"] <= 1.0
+    assert cli_main(["classify", "qab", "--model", str(classify_run)]) == 0
+    assert capsys.readouterr().out.split("\t")[0] == "queue"
+
+
+def test_explain_shows_the_classifier_head(classify_run, capsys):
+    assert cli_main(["explain", "abxc", "--model", str(classify_run), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    head = [s for s in data["stages"] if s.get("transition") == "hidden->classes"]
+    assert len(head) == 1 and head[0]["name"] == "out_head"
+    assert head[0]["weight_shape"] == [3, 32] and head[0]["shape"][-1] == 3
+    assert data["next_token"]["kind"] == "class" and data["next_token"]["text"] in MARKERS.values()
+
+
+def test_classify_refuses_a_language_model(char_base, capsys):
+    assert cli_main(["classify", "abc", "--model", str(char_base)]) == 2
+    assert "is a language model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--text-column", "sms"], "column 'sms' is missing"),
+    (["--lora-alpha", "4"], "--lora-alpha needs --lora-rank"),
+    (["--lora-rank", "2", "--trainable", "all"], "drop --trainable"),
+    (["--epochs", "1", "--max-steps", "3"], "not both"),
+])
+def test_finetune_classify_errors_are_one_line(char_base, tmp_path, capsys, extra, message):
+    train = write_csv(tmp_path / "train.csv", marker_texts(20, seed=0))
+    rc = cli_main(["finetune", "classify", "--model", str(char_base), "--data", str(train),
+                   "--out", str(tmp_path / "run"), "--no-progress", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1
+
+
+def _lora_classifier(char_base, seed=0):
+    model = glassgpt.load_model(char_base, device="cpu")
+    return ft.apply_lora(ft.to_classifier(model, 3, seed=seed), rank=2, alpha=4, seed=seed)
+
+
+def _marker_task(tok, cfg):
+    data = marker_texts(64, seed=2)
+    ids = ft.encode_texts(tok, [t for t, _ in data], 16)
+    labels = [sorted(MARKERS.values()).index(label) for _, label in data]
+    return ft.ClassificationTask(ids[:48], labels[:48], ids[48:], labels[48:], sorted(MARKERS.values()),
+                                 pad_id=0, batch_size=8, grad_accum=cfg.grad_accum, seed=cfg.seed,
+                                 eval_batches=cfg.eval_batches)
+
+
+def test_lora_trains_only_the_adapters_and_saves_a_plain_merged_checkpoint(char_base, tmp_path):
+    tok = glassgpt.load_tokenizer(char_base)
+    model = _lora_classifier(char_base)
+    base = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k and "out_head" not in k}
+    adapters = {k: v.clone() for k, v in ft.lora_state_dict(model).items()}
+    cfg = TrainConfig(out=str(tmp_path / "run"), max_steps=6, lr=1e-2, warmup_steps=0, eval_every=6,
+                      eval_batches=2, sample_tokens=0)
+    fit(model, _marker_task(tok, cfg), cfg, tok, {"labels": sorted(MARKERS.values())}, progress=False)
+    after = model.state_dict()
+    for name, value in base.items():
+        assert torch.equal(after[name], value), f"{name} changed: LoRA must leave the base weights alone"
+    assert any(not torch.equal(after[k], v) for k, v in adapters.items() if k.endswith("lora_B"))
+    # latest/ is a plain classifier that load_model reads; its logits are base + adapters.
+    plain = glassgpt.load_model(tmp_path / "run" / "latest", device="cpu")
+    assert not ft.has_lora(plain) and plain.cfg.num_classes == 3
+    ids = torch.tensor([tok.encode("abxcdef"), tok.encode("qqabcde")])
+    model.eval()
+    torch.testing.assert_close(plain(ids), model(ids), rtol=1e-4, atol=1e-5)
+
+
+def test_lora_run_resumes_exactly(char_base, tmp_path):
+    tok = glassgpt.load_tokenizer(char_base)
+
+    def run(out, steps, resume=False):
+        model = _lora_classifier(char_base)
+        # A flat schedule (min_lr = lr), so that stopping at step 3 is the same as being stopped there.
+        cfg = TrainConfig(out=str(out), max_steps=steps, lr=1e-2, min_lr=1e-2, warmup_steps=0, eval_every=3,
+                          eval_batches=1, sample_tokens=0)
+        fit(model, _marker_task(tok, cfg), cfg, tok, resume=resume, progress=False)
+        return model
+
+    straight = run(tmp_path / "a", 6)
+    run(tmp_path / "b", 3)
+    resumed = run(tmp_path / "b", 6, resume=True)
+    for name, value in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], value), name
+
+
+def test_finetune_classify_with_lora_prints_both_parameter_counts_and_resumes(char_base, tmp_path, capsys):
+    train = write_csv(tmp_path / "train.csv", marker_texts(40, seed=0))
+    run = tmp_path / "run"
+    args = ["finetune", "classify", "--model", str(char_base), "--data", str(train), "--out", str(run),
+            "--lora-rank", "2", "--lora-alpha", "4", "--max-steps", "2", "--batch-size", "8", "--no-progress"]
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    import re
+    m = re.search(r"trainable parameters: ([\d,]+) of ([\d,]+) .*with LoRA rank 2, alpha 4; "
+                  r"without LoRA \(--trainable all\): ([\d,]+)", out)
+    reference = _lora_classifier(char_base)
+    assert m and int(m[1].replace(",", "")) == ft.count_parameters(reference, trainable_only=True)
+    assert m[2] == m[3] == f"{sum(p.numel() for n, p in reference.named_parameters() if 'lora_' not in n):,}"
+    assert cli_main(["finetune", "classify", "--resume", str(run), "--max-steps", "4", "--no-progress"]) == 0
+    assert "done: step 4" in capsys.readouterr().out
+    assert glassgpt.load_meta(run)["finetune"]["lora_rank"] == 2
+    assert glassgpt.load_model(run, device="cpu").cfg.num_classes == 3
+
+
+@pytest.fixture(scope="module")
+def gpt2_tok_base(tmp_path_factory):
+    """A random 1-block model with GPT-2's tokenizer (so it has <|endoftext|>), saved."""
+    cfg = glassgpt.GPTConfig(vocab_size=50257, context_length=96, emb_dim=16, n_heads=2, n_layers=1)
+    path = tmp_path_factory.mktemp("gpt2_base") / "base"
+    glassgpt.save_model(glassgpt.load_model("gpt2", device="cpu", config=cfg, seed=0), path, GPT2_TOK)
+    return path
+
+
+def test_finetune_instruct_skips_bad_records_and_chat_answers(gpt2_tok_base, tmp_path, capsys):
+    recs = [{"instruction": f"Repeat the word {w}.", "output": w} for w in ("red", "blue", "green", "cat", "dog")] * 4
+    recs[3] = {"instruction": "no output here"}
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(recs))
+    run = tmp_path / "run"
+    rc = cli_main(["finetune", "instruct", "--model", str(gpt2_tok_base), "--data", str(path), "--out", str(run),
+                   "--max-steps", "3", "--batch-size", "4", "--lr", "1e-3", "--sample-tokens", "4", "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "skipped 1 malformed record(s)" in captured.err and "3 (missing 'output')" in captured.err
+    assert glassgpt.load_meta(run)["finetune"]["kind"] == "instruct"
+    assert cli_main(["chat", "Repeat the word red.", "--model", str(run), "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+    rc = cli_main(["finetune", "instruct", "--model", str(gpt2_tok_base), "--data", str(path),
+                   "--out", str(tmp_path / "run2"), "--on-bad-record", "error", "--no-progress"])
+    assert rc == 2 and "record 3 is malformed (missing 'output')" in capsys.readouterr().err
+
+
+def test_respond_stops_at_eot_and_returns_only_the_answer(gpt2_tok_base):
+    model = glassgpt.load_model(gpt2_tok_base, device="cpu")
+    with torch.no_grad():  # every hidden state becomes all-ones, and only eot's row scores it
+        model.final_norm.weight.zero_()
+        model.final_norm.bias.fill_(1.0)
+        model.out_head.weight.zero_()  # (tied: tok_emb too, which does not matter here)
+        model.out_head.weight[GPT2_TOK.eot_id] = 1.0
+    assert ft.respond(model, GPT2_TOK, "Say nothing.", max_new_tokens=5) == ""

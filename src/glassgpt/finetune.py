@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .data import DataError  # a data file that cannot be used: one error type for all of glassgpt
 from .errors import GlassError
 from .model import GPTModel
 from .tokenizer import Tokenizer
@@ -56,10 +57,6 @@ IGNORE_INDEX = -100  # targets with this value add nothing to the loss (F.cross_
 
 ALPACA_PREAMBLE = ("Below is an instruction that describes a task. "
                    "Write a response that appropriately completes the request.")
-
-
-class DataError(GlassError, ValueError):
-    """A finetuning data file that cannot be used (missing column, empty, one class, bad record)."""
 
 
 # --- reading data files --------------------------------------------------------------
@@ -167,18 +164,23 @@ def _sorted_labels(labels: set[str]) -> list[str]:
     return sorted(labels)
 
 
-def split_validation(data: ClassificationData, fraction: float, seed: int = 0
-                     ) -> tuple[ClassificationData, ClassificationData]:
-    """(train, val): a seeded random `fraction` of the records (at least one) held out."""
-    n = len(data.texts)
+def holdout(n: int, fraction: float, seed: int = 0, min_train: int = 1) -> tuple[list[int], list[int]]:
+    """(train, val) record indices, in file order: a seeded random `fraction` (at least one) held out."""
     n_val = max(1, round(n * fraction))
-    if n - n_val < 2:
-        raise DataError(f"{n} record(s) are too few to hold out {fraction:.0%} for validation: "
+    if n - n_val < min_train:
+        raise DataError(f"{n} usable record(s) are too few to hold out {fraction:.0%} for validation: "
                         "add records or pass --val FILE")
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+def split_validation(data: ClassificationData, fraction: float, seed: int = 0
+                     ) -> tuple[ClassificationData, ClassificationData]:
+    """(train, val) ClassificationData: see `holdout`."""
     pick = lambda idx: ClassificationData([data.texts[i] for i in idx], [data.labels[i] for i in idx],
                                           data.label_names)
-    train, val = pick(sorted(order[n_val:])), pick(sorted(order[:n_val]))
+    train_idx, val_idx = holdout(len(data.texts), fraction, seed, min_train=2)
+    train, val = pick(train_idx), pick(val_idx)
     if len(set(train.labels)) < 2:
         raise DataError("after holding out validation records the training data has a single class: "
                         "add records or pass --val FILE")
@@ -318,23 +320,35 @@ def steps_per_epoch(n: int, batch_size: int, grad_accum: int = 1, world: int = 1
 
 
 class _Stream:
-    """The bookkeeping both tasks share: global micro-batch numbers and evaluation batches."""
+    """What both tasks share: global micro-batch numbers, evaluation batches, checkpoints."""
 
     n_train: int
     n_val: int
 
-    def __init__(self, batch_size: int, grad_accum: int, seed: int):
+    def __init__(self, batch_size: int, grad_accum: int, seed: int, eval_batches: int | None):
         if batch_size < 1 or grad_accum < 1:
             raise GlassError(f"batch_size and grad_accum must be positive, got {batch_size}, {grad_accum}")
         self.batch_size, self.grad_accum, self.seed = batch_size, grad_accum, seed
+        self.n_eval_batches = eval_batches
 
     def _train_indices(self, step: int, micro: int, rank: int, world: int) -> list[int]:
+        # grad_accum must be the loop's (TrainConfig.grad_accum): batch numbers then never repeat.
         number = (step * self.grad_accum + micro) * world + rank
         return sample_indices(self.n_train, self.batch_size, number, self.seed)
 
-    def _val_chunks(self) -> Iterator[list[int]]:
-        for start in range(0, self.n_val, self.batch_size):
+    def _val_chunks(self, limit: int | None) -> Iterator[list[int]]:
+        for k, start in enumerate(range(0, self.n_val, self.batch_size)):
+            if limit is not None and k >= limit:
+                return
             yield list(range(start, min(start + self.batch_size, self.n_val)))
+
+    def checkpoint_model(self, model: GPTModel) -> GPTModel:
+        """What train.fit writes as the loadable checkpoint: with LoRA, the merged model.
+
+        fit then keeps the training model's own tensors (base + adapters) in
+        train_model.safetensors beside it, and `--resume` reads those.
+        """
+        return merged_model(model)
 
 
 # --- classification: the task for train.fit -------------------------------------------
@@ -347,8 +361,8 @@ class ClassificationTask(_Stream):
 
     def __init__(self, train_ids: list[list[int]], train_labels: list[int], val_ids: list[list[int]],
                  val_labels: list[int], label_names: Sequence[str], pad_id: int, batch_size: int = 8,
-                 grad_accum: int = 1, seed: int = 0):
-        super().__init__(batch_size, grad_accum, seed)
+                 grad_accum: int = 1, seed: int = 0, eval_batches: int | None = None):
+        super().__init__(batch_size, grad_accum, seed, eval_batches)
         self.train_ids, self.train_labels = train_ids, train_labels
         self.val_ids, self.val_labels = val_ids, val_labels
         self.label_names, self.pad_id = list(label_names), pad_id
@@ -362,8 +376,9 @@ class ClassificationTask(_Stream):
     def train_batch(self, step: int, micro: int, rank: int, world: int) -> dict[str, torch.Tensor]:
         return self._batch(self.train_ids, self.train_labels, self._train_indices(step, micro, rank, world))
 
-    def eval_batches(self) -> Iterable[dict[str, torch.Tensor]]:
-        for idx in self._val_chunks():
+    def eval_batches(self, everything: bool = False) -> Iterable[dict[str, torch.Tensor]]:
+        """Validation batches in file order: the first `eval_batches` of them, or all."""
+        for idx in self._val_chunks(None if everything else self.n_eval_batches):
             yield self._batch(self.val_ids, self.val_labels, idx)
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -374,22 +389,25 @@ class ClassificationTask(_Stream):
         return int(batch["lengths"].sum())
 
     @torch.no_grad()
-    def predictions(self, model: nn.Module) -> list[int]:
+    def predictions(self, model: nn.Module, everything: bool = False) -> list[int]:
+        """Predicted class of each validation text in the evaluation batches (or all)."""
         device = next(model.parameters()).device
         out = []
-        for batch in self.eval_batches():
+        for batch in self.eval_batches(everything):
             logits = last_token_logits(model, batch["input_ids"].to(device), batch["lengths"])
             out += logits.argmax(-1).tolist()
         return out
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, everything: bool = False) -> dict[str, float]:
+        """{"val_accuracy": ...} over the evaluation batches, or the whole validation set."""
         was_training = model.training
         model.eval()
-        predicted = self.predictions(model)
+        predicted = self.predictions(model, everything)
         model.train(was_training)
-        self.last_confusion = confusion_matrix(predicted, self.val_labels, len(self.label_names))
-        right = sum(p == a for p, a in zip(predicted, self.val_labels))
-        return {"val_accuracy": right / max(1, self.n_val)}
+        actual = self.val_labels[:len(predicted)]
+        self.last_confusion = confusion_matrix(predicted, actual, len(self.label_names))
+        right = sum(p == a for p, a in zip(predicted, actual))
+        return {"val_accuracy": right / max(1, len(predicted))}
 
     def sample(self, model: nn.Module) -> str | None:
         return None
@@ -420,8 +438,11 @@ def check_instruction_record(rec: Any) -> str | None:
 
 
 def load_instruction_records(path: str | Path, on_bad: str = "skip"
-                             ) -> tuple[list[dict[str, str]], list[tuple[int, str]]]:
-    """(usable records, [(index, reason)] of malformed ones); on_bad="error" raises on the first."""
+                             ) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """(usable records, [(index, reason)] of malformed ones); on_bad="error" raises on the first.
+
+    Each usable record is {"index", "instruction", "input" ("" when absent), "output"}.
+    """
     if on_bad not in ("skip", "error"):
         raise GlassError(f"on_bad must be 'skip' or 'error', got {on_bad!r}")
     records, problems = read_records(path)
@@ -434,7 +455,7 @@ def load_instruction_records(path: str | Path, on_bad: str = "skip"
         i, reason = problems[0]
         raise DataError(f"{path}: record {i} is malformed ({reason}); {len(problems)} bad record(s) in all: "
                         "fix them or pass --on-bad-record skip")
-    good = [{"instruction": r["instruction"], "input": r.get("input") or "", "output": r["output"]}
+    good = [{"index": i, "instruction": r["instruction"], "input": r.get("input") or "", "output": r["output"]}
             for i, r in enumerate(records) if i not in bad]
     if not good:
         raise DataError(f"{path} has no usable record (need 'instruction' and 'output' text in each)")
@@ -458,9 +479,26 @@ def encode_instruction(tokenizer: Tokenizer, rec: dict[str, str], max_length: in
     return ids[:max_length + 1], len(prompt)
 
 
+def encode_instructions(tokenizer: Tokenizer, records: Sequence[dict[str, Any]], max_length: int,
+                        on_bad: str = "skip") -> tuple[list[tuple[list[int], int]], list[tuple[int, str]]]:
+    """Encode records (see `encode_instruction`); a prompt too long to fit is a bad record too."""
+    examples, problems = [], []
+    for k, rec in enumerate(records):
+        try:
+            examples.append(encode_instruction(tokenizer, rec, max_length))
+        except DataError as e:
+            if tokenizer.eot_id is None:
+                raise
+            index = rec.get("index", k)
+            if on_bad == "error":
+                raise DataError(f"record {index}: {e}; or pass --on-bad-record skip") from None
+            problems.append((index, str(e).split(":")[0]))
+    return examples, problems
+
+
 def collate_instructions(examples: Sequence[tuple[Sequence[int], int]], pad_id: int,
                          ignore_index: int = IGNORE_INDEX) -> dict[str, torch.Tensor]:
-    """Pad (ids, prompt_len) examples to the batch's longest: {"inputs", "targets"} [b, t] int64.
+    """Pad (ids, prompt_len) examples to the batch's longest: {"input_ids", "targets"} [b, t] int64.
 
     Position j predicts ids[j + 1]. Targets are kept only where ids[j + 1] is a response
     token or the closing eot (j >= prompt_len - 1); prompt and padding get ignore_index.
@@ -473,7 +511,7 @@ def collate_instructions(examples: Sequence[tuple[Sequence[int], int]], pad_id: 
         n = len(ids) - 1
         inputs[row, :n] = ids[:-1]
         targets[row, prompt_len - 1:n] = ids[prompt_len:]
-    return {"inputs": inputs, "targets": targets}
+    return {"input_ids": inputs, "targets": targets}
 
 
 class InstructionTask(_Stream):
@@ -481,9 +519,9 @@ class InstructionTask(_Stream):
 
     def __init__(self, train: list[tuple[list[int], int]], val: list[tuple[list[int], int]],
                  pad_id: int, batch_size: int = 8, grad_accum: int = 1, seed: int = 0,
-                 tokenizer: Tokenizer | None = None, sample_records: Sequence[dict[str, str]] = (),
-                 sample_tokens: int = 64):
-        super().__init__(batch_size, grad_accum, seed)
+                 eval_batches: int | None = None, tokenizer: Tokenizer | None = None,
+                 sample_records: Sequence[dict[str, str]] = (), sample_tokens: int = 64):
+        super().__init__(batch_size, grad_accum, seed, eval_batches)
         self.train, self.val, self.pad_id = train, val, pad_id
         self.n_train, self.n_val = len(train), len(val)
         self.tokenizer, self.sample_records, self.sample_tokens = tokenizer, list(sample_records), sample_tokens
@@ -493,11 +531,11 @@ class InstructionTask(_Stream):
         return collate_instructions([self.train[i] for i in idx], self.pad_id)
 
     def eval_batches(self) -> Iterable[dict[str, torch.Tensor]]:
-        for idx in self._val_chunks():
+        for idx in self._val_chunks(self.n_eval_batches):
             yield collate_instructions([self.val[i] for i in idx], self.pad_id)
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = model(batch["inputs"])  # [b, t, V]
+        logits = model(batch["input_ids"])  # [b, t, V]
         targets = batch["targets"].to(logits.device)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
 
