@@ -411,3 +411,13 @@ def test_torchrun_two_cpu_ranks_match_one_process_with_the_same_global_batch(tmp
     assert len(two) == len(one) == 6
     assert max(abs(a - b) for a, b in zip(two, one)) < 1e-4
     assert load_model(tmp_path / "two").cfg.vocab_size == load_model(tmp_path / "one").cfg.vocab_size
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(tmp_path, corpus):
+    """torch.compile (inductor, needs a C compiler on CPU) changes the kernels, not the maths."""
+    model, task, cfg, tok = tiny(tmp_path, corpus, out="eager", max_steps=4)
+    fit(model, task, cfg, tok, progress=False)
+    model, task, cfg2, tok = tiny(tmp_path, corpus, out="compiled", max_steps=4, compile=True)
+    fit(model, task, cfg2, tok, progress=False)
+    assert max(abs(a - b) for a, b in zip(losses(cfg.out), losses(cfg2.out))) < 1e-4

@@ -569,24 +569,18 @@ class _Run:
                 for step in range(start, cfg.max_steps):
                     t0 = time.perf_counter()
                     loss, grad_norm, n_tokens = self._train_step(step)
-                    stats = torch.stack([loss, torch.tensor(float(n_tokens), device=self.device),
-                                         torch.tensor(float(stop.requested), device=self.device)])
-                    if self.ranks.world > 1:
-                        dist.all_reduce(stats)  # the mean loss, all tokens, and whether any rank was told to stop
-                    loss_mean, step_tokens, stop_votes = stats.tolist()
-                    loss_mean /= self.ranks.world
+                    loss_mean, step_tokens, stopping = self._reduce(loss, n_tokens, stop.requested)
                     dt = time.perf_counter() - t0
-                    self.step, self.tokens = step + 1, self.tokens + int(step_tokens)
-                    self.elapsed += dt
-                    window_tokens, window_time = window_tokens + int(step_tokens), window_time + dt
+                    self.step, self.tokens, self.elapsed = step + 1, self.tokens + step_tokens, self.elapsed + dt
+                    window_tokens, window_time = window_tokens + step_tokens, window_time + dt
                     self.last_train = loss_mean
                     if not math.isfinite(loss_mean):
                         raise TrainError(f"the training loss is {loss_mean} at step {self.step}: lower --lr "
                                          f"(now {cfg.lr:g}) or raise --warmup-steps; {self.run_dir}/latest "
                                          "holds the last good checkpoint")
                     done = self.step == cfg.max_steps
-                    record = None
-                    if self.step % cfg.log_every == 0 or done or self.step % cfg.eval_every == 0:
+                    evaluated = self.step % cfg.eval_every == 0 or done
+                    if self.step % cfg.log_every == 0 or evaluated:
                         record = {"step": self.step, "tokens": self.tokens, "train_loss": loss_mean,
                                   "lr": lr_at(step, cfg), "tokens_per_s": window_tokens / max(window_time, 1e-9),
                                   "elapsed_s": round(self.elapsed, 3)}
@@ -595,20 +589,13 @@ class _Run:
                         bar.set_postfix(loss=f"{loss_mean:.4f}", tok_s=f"{record['tokens_per_s']:,.0f}",
                                         lr=f"{record['lr']:.2e}", refresh=False)
                         window_tokens, window_time = 0, 0.0
+                        if evaluated:
+                            record.update(self._evaluate())
+                        if main:
+                            self._append_metrics(record)
                     bar.update(1)
-                    evaluated = self.step % cfg.eval_every == 0 or done
-                    if evaluated:
-                        record.update(self._evaluate())
-                    if record is not None and main:
-                        self._append_metrics(record)
-                    save_now = done or stop_votes > 0 or (
-                        self.step % cfg.save_every == 0 if cfg.save_every else evaluated)
-                    best_now = evaluated and self.last_val is not None and self.last_val < self.best_val
-                    if best_now:
-                        self.best_val = self.last_val
-                    if save_now or best_now:
-                        self._save(["latest"] * save_now + ["best"] * best_now)
-                    if stop_votes > 0:
+                    self._checkpoint_after_step(evaluated, save=done or stopping)
+                    if stopping:
                         interrupted = True
                         break
         finally:
@@ -625,13 +612,35 @@ class _Run:
                 "elapsed_s": self.elapsed, "interrupted": interrupted, "run_dir": str(self.run_dir),
                 "plot": str(plot) if plot else None}
 
+    def _reduce(self, loss: torch.Tensor, n_tokens: int, stop: bool) -> tuple[float, int, bool]:
+        """(mean loss over ranks, tokens over ranks, whether any rank was asked to stop).
+
+        One all-reduce, every step: all ranks then agree on when to stop and save.
+        """
+        stats = torch.stack([loss.float(), torch.tensor(float(n_tokens), device=self.device),
+                             torch.tensor(float(stop), device=self.device)])
+        if self.ranks.world > 1:
+            dist.all_reduce(stats)
+        loss_sum, tokens, stops = stats.tolist()
+        return loss_sum / self.ranks.world, int(tokens), stops > 0
+
+    def _checkpoint_after_step(self, evaluated: bool, save: bool) -> None:
+        """latest/ every save_every steps (default: at each evaluation), best/ on a new best val loss."""
+        cfg = self.cfg
+        save = save or (self.step % cfg.save_every == 0 if cfg.save_every else evaluated)
+        best = evaluated and self.last_val is not None and self.last_val < self.best_val
+        if best:
+            self.best_val = self.last_val
+        if save or best:
+            self._save(["latest"] * save + ["best"] * best)
+
     def _evaluate(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         val = evaluate_loss(self.model, self.task, self.cfg.dtype)
         if val is not None:
             self.last_val = val
             out["val_loss"] = val
-            out["val_ppl"] = math.exp(val) if val < 700 else math.inf
+            out["val_ppl"] = math.exp(val) if val < 700 else None
         was_training = self.model.training
         self.model.eval()
         with autocast(self.device, self.amp):

@@ -226,6 +226,9 @@ def _new_setup(args: argparse.Namespace):
             raise GlassError(f"--context-length {context} is longer than {args.init}'s context_length "
                              f"{model.cfg.context_length}: give at most {model.cfg.context_length}")
     else:
+        if args.model and Path(args.model).is_dir():
+            raise GlassError(f"--model takes an architecture (a preset or a config .json); to start from the "
+                             f"weights in {args.model}, pass --init {args.model}")
         tokenizer = build_tokenizer(args.tokenizer or "gpt2", files)
         gcfg = get_config(args.model or "gpt2", vocab_size=tokenizer.n_vocab, n_layers=args.n_layers,
                           n_heads=args.n_heads, emb_dim=args.emb_dim, context_length=args.context_length,
