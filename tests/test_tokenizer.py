@@ -399,3 +399,12 @@ def test_unreadable_tokenizer_file_is_a_tokenizer_error(tmp_path):
 
 def test_public_api_exports_the_tokenizer():
     assert glassgpt.get_tokenizer is get_tokenizer
+
+
+def test_allowed_special_accepts_tiktokens_spellings():
+    tok = glassgpt.get_tokenizer("gpt2")
+    text = "a<|endoftext|>"
+    assert tok.encode(text, allowed_special="all") == [64, 50256]
+    assert tok.encode(text, allowed_special="<|endoftext|>") == [64, 50256]
+    assert tok.encode(text, allowed_special={"<|endoftext|>"}) == [64, 50256]
+    assert 50256 not in tok.encode(text)

@@ -95,6 +95,10 @@ class TiktokenTokenizer(Tokenizer):
         # `<|endoftext|>` typed by a user is plain text unless the caller allows it.
         if not allowed_special:
             return self._enc.encode_ordinary(text)
+        if allowed_special == "all":  # tiktoken's spelling for every special token
+            return self._enc.encode(text, allowed_special="all", disallowed_special=())
+        if isinstance(allowed_special, str):
+            allowed_special = {allowed_special}
         return self._enc.encode(text, allowed_special=set(allowed_special), disallowed_special=())
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
