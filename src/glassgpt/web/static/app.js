@@ -146,7 +146,8 @@ function renderModel(m) {
   $("block").replaceChildren(...Array.from({ length: c.n_layers }, (_, i) => el("option", { value: i, text: `trf_blocks.${i}` })));
   $("top-k").max = m.limits.max_top_k;
   $("prompt").setAttribute("aria-describedby", "status");
-  $("append").title = m.kind === "classifier" ? "a classifier predicts a class, not a token to append" : "";
+  // A classifier's output is a class, not a token: there is nothing to append.
+  $("append").hidden = $("sample").hidden = m.kind === "classifier";
 }
 
 // --- tokens -----------------------------------------------------------------------
@@ -432,6 +433,8 @@ function drawHeatmap(canvas, weights, tokens, labelled) {
 
 function renderLens(tr) {
   const lens = tr.logit_lens;
+  const labels = tr.next_token.kind === "class" ? tr.model.labels : null;
+  const label = (p) => (labels && p.id < labels.length ? labels[p.id] : p.text);
   if (!lens) { $("lens").replaceChildren(el("p", { class: "caption", text: "not traced" })); return; }
   const head = el("tr", {}, el("th", { text: "after" }),
     ...tr.tokens.map((t, i) => el("th", { class: i === tr.tokens.length - 1 ? "last" : "" }, tokenNode(t.text))));
@@ -442,7 +445,7 @@ function renderLens(tr) {
       return el("td", {
         class: i === layer.top.length - 1 ? "last" : "", title: `id ${p.id}: ${pct(p.prob)}`,
         style: { background: `rgba(217, 99, 30, ${alpha.toFixed(3)})`, color: alpha > 0.55 ? "#fff" : "#1f2937" },
-      }, tokenNode(p.text), el("span", { class: "lens-p", text: pct(p.prob) }));
+      }, tokenNode(label(p)), el("span", { class: "lens-p", text: pct(p.prob) }));
     })));
   $("lens").replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, rows)));
 }
