@@ -258,10 +258,29 @@ def test_a_body_that_is_not_an_object_is_400(client, raw):
     assert_error(r, 400, "JSON object")
 
 
+@pytest.mark.parametrize("prompt", ["hi <|endoftext|> there", "\ud800 lone surrogate", "\x00\n\t", "é中😀"])
+def test_awkward_text_is_traced_as_plain_text(client, prompt):
+    raw = json.dumps({"prompt": prompt})  # ASCII with \u escapes, so a lone surrogate can be sent
+    r = client.post("/api/explain", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["tokens"]
+
+
+def test_an_unexpected_failure_is_a_json_500_and_the_server_carries_on(model, tok, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    with TestClient(create_app(model, tok), raise_server_exceptions=False) as c:
+        monkeypatch.setattr(web_app, "trace", broken)
+        assert_error(explain(c, prompt=PROMPT), 500, "RuntimeError: boom")
+        monkeypatch.undo()
+        assert explain(c, prompt=PROMPT).status_code == 200
+
+
 def test_append_needs_a_valid_token(client):
     assert_error(client.post("/api/append", json={"prompt": PROMPT}), 422, "token")
     assert_error(client.post("/api/append", json={"prompt": PROMPT, "token": -1}), 422, "token")
     assert_error(client.post("/api/append", json={"prompt": PROMPT, "token": 50257}), 400, "out of range")
+    assert_error(client.post("/api/append", json={"prompt": "", "token": 1}), 400, "empty")
 
 
 def test_configurable_prompt_limit(model, tok):

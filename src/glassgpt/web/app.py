@@ -109,6 +109,11 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
     async def glass_error(request: Request, exc: GlassError) -> JSONResponse:
         return _error(400, str(exc))
 
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        # Still logged with its traceback by the server; the page gets a line it can show.
+        return _error(500, f"the server failed ({type(exc).__name__}: {exc}): this is a bug in glassgpt, please report it")
+
     @app.get("/", response_class=HTMLResponse)
     async def page() -> Response:
         return Response(static["index.html"], media_type=STATIC_TYPES[".html"], headers=SECURITY_HEADERS)
@@ -148,8 +153,13 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
             raise GlassError(f"block {req.block} does not exist: choose 0..{cfg.n_layers - 1}")
         return ids
 
-    def run_trace(req: ExplainRequest, ids: list[int] | None) -> dict[str, Any]:
+    def run_trace(req: ExplainRequest, ids: list[int] | None, append: int | None = None) -> dict[str, Any]:
         ids = checked_ids(req, ids)
+        if append is not None:
+            if len(ids) >= limit:
+                raise GlassError(f"the prompt already has {len(ids):,} tokens, the most this server takes: "
+                                 "start a shorter one")
+            ids = ids + [append]
         n_weights = cfg.n_layers * cfg.n_heads * len(ids) ** 2
         with_attention = req.attention and n_weights <= MAX_ATTENTION_WEIGHTS
         tr = trace(model, tokenizer, ids=ids, top_k=req.top_k, temperature=req.temperature, block=req.block,
@@ -165,8 +175,8 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
                                            f"the page shows them for prompts of up to {most} tokens"}
         return out
 
-    async def traced(req: ExplainRequest, ids: list[int] | None) -> dict[str, Any]:
-        return await anyio.to_thread.run_sync(partial(run_trace, req, ids), limiter=one_at_a_time)
+    async def traced(req: ExplainRequest, ids: list[int] | None, append: int | None = None) -> dict[str, Any]:
+        return await anyio.to_thread.run_sync(partial(run_trace, req, ids, append), limiter=one_at_a_time)
 
     def prompt_ids(req: ExplainRequest) -> list[int] | None:
         if req.prompt is not None and req.ids is not None:
@@ -183,13 +193,7 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
     async def append(req: AppendRequest) -> dict[str, Any]:
         if is_classifier:
             raise GlassError("this model is a classifier: its output is a class, not a token to append")
-        ids = prompt_ids(req)
-        if ids is None:
-            ids = tokenizer.encode(req.prompt) if req.prompt else []
-        if len(ids) >= limit:
-            raise GlassError(f"the prompt already has {len(ids):,} tokens, the most this server takes: "
-                             "start a shorter one")
-        return await traced(req, ids + [req.token])
+        return await traced(req, prompt_ids(req), append=req.token)
 
     @app.post("/api/diagram.svg")
     async def diagram(req: ExplainRequest) -> Response:
