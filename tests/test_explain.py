@@ -165,11 +165,12 @@ def test_classifier_head_is_hidden_to_classes(small):
     model, tok = small
     cfg = dataclasses.replace(model.cfg, num_classes=3, tie_embeddings=False)
     clf = random_model(cfg, torch.device("cpu"), torch.float32)
-    tr = trace(clf, tok, "lazy", labels=["neg", "neu", "pos"], embedding_check=False)
+    tr = trace(clf, tok, "lazy", labels=["neg", "neu", "pos"], embedding_check=False, logit_lens=True)
     head = tr.stage("out_head")
     assert head.transition == "hidden->classes" and head.weight_shape == [3, 24] and head.shape == [1, 4, 3]
     assert tr.stage("label").shape == [1] and tr.next_token["text"] in ("neg", "neu", "pos")
     assert "hidden->classes" in tr.to_text()
+    assert {cell["text"] for layer in tr.logit_lens["layers"] for cell in layer["top"]} <= {"neg", "neu", "pos"}
 
 
 def test_prompt_errors(small):

@@ -288,7 +288,7 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, top_k:
     if embedding_check:
         result.embedding_check = check_embedding_is_linear(model, ids)
     if logit_lens:
-        result.logit_lens = _logit_lens(model, tokenizer, seen, cfg.n_layers)
+        result.logit_lens = _logit_lens(model, seen, label)
     if attention:
         result.attention = {"shape": [cfg.n_layers, b, h, t, t], "tokens": [tk["text"] for tk in tokens],
                             "layers": [a[0].tolist() for a in attn_all]}
@@ -340,15 +340,15 @@ def _block_stages(blk: nn.Module, i: int, seen: dict, attn: torch.Tensor, cfg: G
     return stages
 
 
-def _logit_lens(model: GPTModel, tokenizer: Tokenizer, seen: dict, n_layers: int) -> dict[str, Any]:
-    """The top token at every position after every block: out_head(final_norm(residual stream))."""
+def _logit_lens(model: GPTModel, seen: dict, label) -> dict[str, Any]:
+    """The top token (or class) at every position after every block: out_head(final_norm(residual))."""
     layers = []
-    for i in range(n_layers):
+    for i in range(model.cfg.n_layers):
         resid = seen[f"trf_blocks.{i}"][1]  # [b, t, d]
         probs = model.out_head(model.final_norm(resid)).float().softmax(dim=-1)[0]  # [t, V]
         p, idx = probs.max(dim=-1)
-        layers.append({"layer": i, "top": [{"id": int(j), "text": tokenizer.decode([int(j)]) if model.cfg.num_classes is None
-                                            else f"class {int(j)}", "prob": float(q)} for q, j in zip(p, idx)]})
+        layers.append({"layer": i, "top": [{"id": int(j), "text": label(int(j)), "prob": float(q)}
+                                           for q, j in zip(p, idx)]})
     return {"layers": layers}
 
 
