@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 
 import pytest
 import torch
@@ -33,6 +35,12 @@ def test_csv_and_jsonl_give_the_same_data(tmp_path):
     b = ft.load_classification_data(write_jsonl(tmp_path / "d.jsonl", [{"text": t, "label": l} for t, l in rows]))
     assert a == b
     assert a.label_names == ["neg", "pos"] and a.labels == [1, 0, 1]
+
+
+def test_quoted_csv_fields_keep_their_commas_and_newlines(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text('text,label\n"first line,\nsecond line",a\nplain,b\n')
+    assert ft.load_classification_data(path).texts == ["first line,\nsecond line", "plain"]
 
 
 def test_numeric_labels_sort_numerically(tmp_path):
@@ -438,7 +446,6 @@ def test_finetune_classify_with_lora_prints_both_parameter_counts_and_resumes(ch
             "--lora-rank", "2", "--lora-alpha", "4", "--max-steps", "2", "--batch-size", "8", "--no-progress"]
     assert cli_main(args) == 0
     out = capsys.readouterr().out
-    import re
     m = re.search(r"trainable parameters: ([\d,]+) of ([\d,]+) .*with LoRA rank 2, alpha 4; "
                   r"without LoRA \(--trainable all\): ([\d,]+)", out)
     reference = _lora_classifier(char_base)
@@ -459,7 +466,7 @@ def gpt2_tok_base(tmp_path_factory):
     return path
 
 
-def test_finetune_instruct_skips_bad_records_and_chat_answers(gpt2_tok_base, tmp_path, capsys):
+def test_finetune_instruct_skips_bad_records_and_chat_answers(gpt2_tok_base, tmp_path, capsys, monkeypatch):
     recs = [{"instruction": f"Repeat the word {w}.", "output": w} for w in ("red", "blue", "green", "cat", "dog")] * 4
     recs[3] = {"instruction": "no output here"}
     path = tmp_path / "data.json"
@@ -473,6 +480,11 @@ def test_finetune_instruct_skips_bad_records_and_chat_answers(gpt2_tok_base, tmp
     assert glassgpt.load_meta(run)["finetune"]["kind"] == "instruct"
     assert cli_main(["chat", "Repeat the word red.", "--model", str(run), "--max-new-tokens", "3"]) == 0
     assert capsys.readouterr().out.endswith("\n")
+    # Without an argument: one instruction per line of stdin, blank lines skipped.
+    monkeypatch.setattr("sys.stdin", io.StringIO("Repeat the word red.\n\n  Repeat the word cat.\n"))
+    monkeypatch.setattr(ft, "respond", lambda model, tok, instruction, *rest: f"<{instruction}>")
+    assert cli_main(["chat", "--model", str(run)]) == 0
+    assert capsys.readouterr().out == "<Repeat the word red.>\n<Repeat the word cat.>\n"
     rc = cli_main(["finetune", "instruct", "--model", str(gpt2_tok_base), "--data", str(path),
                    "--out", str(tmp_path / "run2"), "--on-bad-record", "error", "--no-progress"])
     assert rc == 2 and "record 3 is malformed (missing 'output')" in capsys.readouterr().err

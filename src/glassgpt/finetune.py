@@ -19,15 +19,16 @@ head. `merge_lora` folds B A * scale into W and puts plain `nn.Linear`s back.
 (The book stores A as [in, r] and B as [r, out]; we keep the paper's orientation,
 in which B @ A already has nn.Linear's [out, in] weight shape.)
 
-Checkpoints during LoRA training: the training loop (train.py, reused as is) saves
-whatever `save_checkpoint_model(model)` returns through `weights.save_model`. For a
-model with adapters, that is `merged_model(model)`: a plain GPTModel sharing every
-untouched tensor with the training model and holding merged copies of the wrapped
-weights, so `latest/` and `best/` load with `load_model` like any other checkpoint.
-The adapters themselves (A and B) and the frozen base weights stay unmerged in the
-training model and in the loop's resume state (`lora.safetensors` next to the
-checkpoint, see `save_lora` / `load_lora`), so `--resume` continues training the
-adapters on exactly the base they started from.
+Checkpoints during LoRA training: the loop (train.fit, reused as is) writes as the
+loadable checkpoint whatever the task's `checkpoint_model(model)` returns. Both tasks
+return `merged_model(model)`: a plain GPTModel that shares every unwrapped tensor with
+the training model and holds merged copies of the wrapped weights, so `latest/` and
+`best/` have the plain state_dict keys and load with `load_model` like any checkpoint.
+fit then also writes the training model's own tensors (frozen base weights, unmerged,
+and the adapters A and B) to `train_model.safetensors` in the same directory; `--resume`
+rebuilds the LoRA model (from the merged checkpoint's config, same rank and alpha) and
+reads those back, so training continues on exactly the base it started from. Without
+adapters `merged_model` returns the model itself and nothing extra is written.
 
 Leaves out: multi-label classification, chat templates other than Alpaca, QLoRA.
 """
@@ -37,6 +38,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import io
 import json
 import math
 import re
@@ -77,7 +79,8 @@ def read_records(path: str | Path) -> tuple[list[Any], list[tuple[int, str]]]:
         raise DataError(f"{path} is empty: it needs at least one record")
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv") or (suffix not in (".json", ".jsonl") and text.lstrip()[0] not in "[{"):
-        rows = list(csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ","))
+        # StringIO, not splitlines(): a quoted field may hold newlines.
+        rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if suffix == ".tsv" else ","))
         if not rows:
             raise DataError(f"{path} has a header line but no rows")
         return rows, []

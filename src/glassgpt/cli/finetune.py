@@ -99,6 +99,8 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
 def run_finetune(args: argparse.Namespace) -> int:
     kind = args.finetune_command
     settings = _resume_settings(args, kind) if args.resume else _new_settings(args, kind)
+    if settings["lora_rank"] and args.fsdp:
+        raise GlassError("--fsdp shards plain weights; LoRA adapters are small enough to replicate: drop --fsdp")
     run_dir = args.resume or args.out
     model = load_model(Path(run_dir) / "latest" if args.resume else settings["model"], device="cpu", dtype="float32")
     tokenizer = load_tokenizer(Path(run_dir) / "latest" if args.resume else settings["model"])
