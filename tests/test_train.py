@@ -325,7 +325,7 @@ def test_cli_train_resume_eval_generate_plot(tmp_path, corpus, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--batch-size", "0"], "--batch-size: must be a positive integer"),
-    (["--lr", "-1"], "--lr: must be >= 0"),
+    (["--lr", "-1"], "--lr: must be a positive number"),
     (["--drop-rate", "1.5"], r"--drop-rate: must be in \[0, 1\)"),
     (["--dtype", "int8"], "--dtype: invalid choice"),
     (["--n-heads", "3"], "emb_dim \\(32\\) must be divisible by n_heads \\(3\\)"),

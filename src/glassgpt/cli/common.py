@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ..errors import GlassError
@@ -11,41 +12,40 @@ from ..tokenizer import Tokenizer
 from ..weights import is_random_init, load_model, load_tokenizer
 
 
-def positive_int(text: str) -> int:
-    value = nonneg_int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+def _number(text: str, kind: type, ok, requirement: str):
+    """Parse a flag's value as `kind` and check it; argparse turns the error into one line."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if not ok(value):  # written as `not ok` so that nan fails every check
+        raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
-    return value
+    return _number(text, int, lambda v: v >= 0, "a non-negative integer")
 
 
 def nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+    return _number(text, float, lambda v: 0 <= v < math.inf, ">= 0")
+
+
+def positive_float(text: str) -> float:
+    return _number(text, float, lambda v: 0 < v < math.inf, "a positive number")
 
 
 def probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
+    return _number(text, float, lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def fraction(text: str) -> float:
+    return _number(text, float, lambda v: 0 <= v < 1, "in [0, 1)")
 
 
 def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2") -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..explain import trace
 from ..explain_diagram import save_attention_png, save_png, to_svg
 from ..weights import is_random_init, load_meta
-from .common import add_model_args, load, nonneg_int, positive_int
+from .common import add_model_args, load, nonneg_int, positive_float, positive_int
 
 DEFAULT_PROMPT = "Every effort moves you"
 
@@ -25,7 +25,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("txt", "json", "svg", "png"), default="txt")
     p.add_argument("--out", metavar="FILE", help="write to FILE (png default: explain.png; others: stdout)")
     p.add_argument("--top-k", type=positive_int, default=10, help="next tokens to list (default 10)")
-    p.add_argument("--temperature", type=_positive_float, default=1.0, help="softmax temperature for probs (default 1)")
+    p.add_argument("--temperature", type=positive_float, default=1.0, help="softmax temperature for probs (default 1)")
     p.add_argument("--block", type=nonneg_int, default=0, help="which of the trf_blocks to open up (default 0)")
     p.add_argument("--embedding-vs-linear", action="store_true",
                    help="only the proof that tok_emb(ids) == one_hot(ids) @ tok_emb.weight, with timings")
@@ -35,16 +35,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attention-out", metavar="FILE", help="heatmap PNG path (default attention-L<layer>.png)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     p.set_defaults(run=run_explain)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def run_explain(args: argparse.Namespace) -> int:

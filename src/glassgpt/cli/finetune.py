@@ -28,8 +28,8 @@ from .. import finetune as ft
 from ..errors import GlassError
 from ..train import TrainConfig, check_out_dir, fit, recover_checkpoints
 from ..weights import load_meta, load_model, load_tokenizer
-from .common import add_model_args, load, nonneg_float, nonneg_int, positive_int, probability
-from .train import _say, add_train_args, fraction, positive_float, train_config_from_args
+from .common import add_model_args, fraction, load, nonneg_float, nonneg_int, positive_float, positive_int, probability
+from .train import _say, add_train_args, train_config_from_args
 
 # Flags that describe what a run is made of; --resume takes them from the run instead.
 SETTINGS = ("model", "data", "val", "val_fraction", "text_column", "label_column", "max_length", "trainable",

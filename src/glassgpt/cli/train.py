@@ -29,7 +29,7 @@ from ..errors import GlassError
 from ..tokenizer import get_tokenizer, train_bpe
 from ..train import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run, recover_checkpoints
 from ..weights import _atomic_write, load_meta, load_model, load_tokenizer, random_model, resolve_checkpoint_dir
-from .common import nonneg_float, nonneg_int, positive_int
+from .common import fraction, nonneg_float, nonneg_int, positive_float, positive_int
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16", "auto"]
 MODEL_FLAGS = ("data", "tokenizer", "model", "init", "n_layers", "n_heads", "emb_dim", "context_length",
@@ -40,20 +40,6 @@ def dropout(text: str) -> float:
     value = nonneg_float(text)
     if value >= 1:
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
-
-
-def fraction(text: str) -> float:
-    value = nonneg_float(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = nonneg_float(text)
-    if value == 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
 
 
