@@ -525,7 +525,12 @@ class _Run:
         lr = lr_at(step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        torch.manual_seed(_step_seed(cfg.seed, step, rank))  # dropout masks: a function of the step
+        # Dropout masks are a function of the step: seed this device's generator.
+        # (torch.manual_seed would also queue seeds for every absent accelerator, each step.)
+        seed = _step_seed(cfg.seed, step, rank)
+        torch.default_generator.manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(seed)
         loss_sum = torch.zeros((), device=self.device)
         n_tokens = 0
         for micro in range(cfg.grad_accum):
