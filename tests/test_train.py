@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -319,7 +322,7 @@ def test_cli_train_resume_eval_generate_plot(tmp_path, corpus, capsys):
 
     assert main(["generate", "the", "--model", str(run), "--max-new-tokens", "5", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["new_ids"]) == 5
-    if __import__("importlib").util.find_spec("matplotlib"):
+    if importlib.util.find_spec("matplotlib"):
         assert main(["plot", str(run)]) == 0 and (run / "loss.png").is_file()
 
 
@@ -338,7 +341,7 @@ def test_cli_bad_values_are_one_line_errors(tmp_path, corpus, capsys, argv, mess
     code = _exit_code(lambda: main(["train", "--data", str(corpus), "--out", str(tmp_path / "r"), *flags, *argv]))
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert __import__("re").search(message, err)
+    assert re.search(message, err)
 
 
 def test_cli_refuses_an_existing_run_and_resume_with_data_flags(tmp_path, corpus, capsys):
@@ -378,6 +381,28 @@ def test_cli_init_continues_from_a_checkpoint(tmp_path, corpus):
                  "--max-steps", "2", *flags]) == 0  # the checkpoint's architecture and char tokenizer
     assert load_tokenizer(tmp_path / "second").to_dict() == load_tokenizer(first).to_dict()
     assert read_metrics(tmp_path / "second")[0]["train_loss"] < read_metrics(first)[0]["train_loss"]
+
+
+def test_ctrl_c_saves_latest_and_exits_with_one_line(tmp_path, corpus):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "glassgpt", "train", "--data", str(corpus), "--out", str(run), *TINY_FLAGS,
+           "--max-steps", "100000", "--eval-every", "100000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.jsonl").is_file() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    step = verify_checkpoint(run / "latest")["step"]
+    assert err.strip().splitlines()[-1] == (f"interrupted at step {step:,}: saved {run}/latest; continue with: "
+                                            f"glassgpt train --resume {run}")
+    assert main(["train", "--resume", str(run), "--max-steps", str(step + 2), "--no-progress"]) == 0
 
 
 def _exit_code(fn) -> int:
