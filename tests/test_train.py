@@ -149,6 +149,13 @@ def test_bfloat16_autocast_trains_with_float32_master_weights(tmp_path, corpus):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+def test_batch_tokens_picks_the_accumulation_from_the_first_batch(tmp_path, corpus):
+    model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=2, batch_tokens=256)  # 4 x 16 per micro-batch
+    fit(model, task, cfg, tok, progress=False)
+    assert json.loads((Path(cfg.out) / "train_config.json").read_text())["grad_accum"] == 4
+    assert read_metrics(cfg.out)[-1]["tokens"] == 2 * 256
+
+
 def test_checkpoint_is_a_model_that_load_model_reads_with_its_tokenizer(tmp_path, corpus):
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=4)
     fit(model, task, cfg, tok, meta={"note": "kept"}, progress=False)
