@@ -43,6 +43,11 @@ Optional Task method `checkpoint_model(model) -> nn.Module`: the model to write 
 loadable checkpoint when it is not the training model itself (LoRA: the merged
 model). The training model's own state then goes to `train_model.safetensors` for
 resume. Nothing is pickled: tensors in safetensors, everything else in JSON.
+
+Under FSDP a save gathers the full weights and optimizer state to rank 0's CPU memory
+(they must fit there) and writes a plain GPTModel (`checkpoint_model` is not used);
+resume reads the files on every rank, so RUN_DIR must be on storage that all nodes
+see. Leaves out: tensor/pipeline parallelism, sharded (per-rank) checkpoint files.
 """
 
 from __future__ import annotations
