@@ -78,7 +78,9 @@ def stream(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens: i
     # One buffer for the whole sequence: appending writes in place, never concatenates.
     seq = torch.empty(b, t + max_new_tokens, dtype=torch.long, device=device)
     seq[:, :t] = prompt
-    cache = KVCache(model.cfg, b, device=device, dtype=model.tok_emb.weight.dtype) if use_cache else None
+    # The cache holds what this call can use, not a whole context: short replies stay cheap.
+    cache = KVCache(model.cfg, b, max_len=min(ctx, t + max_new_tokens), device=device,
+                    dtype=model.tok_emb.weight.dtype) if use_cache else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)
 
     length = t
@@ -93,7 +95,7 @@ def stream(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens: i
         yield next_id
         if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
             return
-        if cache is None or cache.pos == ctx:
+        if cache is None or cache.pos == cache.max_len:
             # No cache, or the window is full: run the last ctx tokens from scratch.
             if cache is not None:
                 cache.reset()
@@ -117,6 +119,19 @@ def generate(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens:
     if not new:
         return prompt
     return torch.cat([prompt, torch.stack(new, dim=1)], dim=1)
+
+
+def compile_for_generation(model: GPTModel) -> GPTModel:
+    """`model` wrapped by torch.compile for `generate`/`stream` (same calls, same results).
+
+    The first call compiles twice (the prompt, then the one-token step, whose cache
+    position stays symbolic), which takes tens of seconds on a CPU; later steps run
+    the fused code. Inductor's `freezing` treats the weights as constants, so it can
+    pre-pack them for the CPU's matmul library (it applies only under no_grad and
+    inference mode, as generation runs).
+    """
+    torch._inductor.config.freezing = True
+    return torch.compile(model)
 
 
 def decode_stream(tokenizer: Tokenizer, ids: Iterable[int]) -> Iterator[str]:

@@ -43,8 +43,10 @@ class KVCache:
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
         max_len = max_len or cfg.context_length
         shape = (cfg.n_layers, batch_size, cfg.n_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # Uninitialised on purpose: only positions [0, pos) are ever read, and zeroing a
+        # full-context cache (75 MB for gpt2 at batch 1 in float32) costs more than a short reply.
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.pos = 0
 
@@ -85,12 +87,14 @@ class MultiHeadAttention(nn.Module):
             start = cache.pos
             k, v = cache.update(layer, k, v)  # [b, h, start + t, hd]
         mask = None
-        if start > 0 and t > 1:
+        # `t > 1` first: in a one-token decode step the position never enters a branch,
+        # so torch.compile keeps the cache position symbolic instead of recompiling per step.
+        if t > 1 and start > 0:
             # New queries sit at positions start..start+t-1 and see keys up to their own position.
             mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
         # softmax(q @ k.T / sqrt(hd), causal) @ v, fused; a single new query sees every cached key.
         context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=(start == 0 and t > 1),
+            q, k, v, attn_mask=mask, is_causal=(t > 1 and start == 0),
             dropout_p=self.drop_rate if self.training else 0.0,
         )  # [b, h, t, hd]
         context = context.transpose(1, 2).reshape(b, t, d)  # [b, h, t, hd] -> [b, t, d]
@@ -195,6 +199,9 @@ class GPTModel(nn.Module):
                 f"input is {start + t:,} tokens but context_length is {self.cfg.context_length:,}: "
                 "shorten it (generation keeps only the last context_length tokens)"
             )
+        if cache is not None and start + t > cache.max_len:
+            raise PromptError(f"the KV cache holds {cache.max_len:,} positions but {start + t:,} are needed: "
+                              "make the KVCache with a larger max_len")
         x = self.tok_emb(in_idx)  # [b, t] -> [b, t, d]: row in_idx[i, j] of the [V, d] matrix
         positions = torch.arange(start, start + t, device=in_idx.device)
         x = self.drop_emb(x + self.pos_emb(positions))  # + [t, d], broadcast over the batch

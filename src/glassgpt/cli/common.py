@@ -48,13 +48,16 @@ def fraction(text: str) -> float:
     return _number(text, float, lambda v: 0 <= v < 1, "in [0, 1)")
 
 
-def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2") -> None:
+def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int8: bool = False) -> None:
     p.add_argument("--model", default=default, metavar="SPEC",
                    help="preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl: random weights), checkpoint or "
                         "run directory, Hugging Face-layout directory, or hub id such as openai-community/gpt2"
                         + (f" (default: {default})" if default else ""))
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default: auto)")
-    p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or auto (default: float32)")
+    p.add_argument("--dtype", default="float32",
+                   help="float32, bfloat16, float16, auto (bfloat16 where the hardware runs it natively)"
+                        + (", or int8 (weight-only: 4x fewer bytes per token, see benchmarks/RESULTS.md)" if int8 else "")
+                        + " (default: float32)")
     p.add_argument("--seed", type=int, default=None, help="random seed (initialisation of presets; sampling)")
 
 

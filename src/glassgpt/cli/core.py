@@ -7,7 +7,8 @@ import json
 import sys
 
 from ..explain import memory_needs, parameter_table
-from ..generate import decode_stream, stream
+from ..generate import compile_for_generation, decode_stream, stream
+from ..quantize import quantize_int8
 from ..weights import download
 from .common import add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int, probability
 
@@ -15,7 +16,8 @@ from .common import add_model_args, check_prompt, encode_prompt, load, nonneg_fl
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="continue a prompt, streaming the new text")
     p.add_argument("prompt")
-    add_model_args(p)
+    add_model_args(p, int8=True)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (slow first call, faster steps)")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=50)
     p.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--top-k", type=positive_int, default=None)
@@ -38,7 +40,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
+    int8 = args.dtype == "int8"
+    if int8:
+        args.dtype = "bfloat16"  # int8 weights, bfloat16 activations
     model, tok = load(args)
+    if int8:
+        model = quantize_int8(model)
+    if args.compile:
+        model = compile_for_generation(model)
     prompt_ids = encode_prompt(tok, args.prompt)
     steps = stream(model, prompt_ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                    eos_id=tok.eot_id if args.stop_at_eos else None, seed=args.seed)

@@ -1,0 +1,173 @@
+"""What every benchmark shares: the machine, timing, the same weights in both models, the table.
+
+Each benchmark builds glassgpt's model and Hugging Face's GPT2LMHeadModel in one
+process from the same random weights (ours exported through `weights.hf_state_dict`,
+the mapping users run), times both on the same inputs, and prints medians and the
+ratio to the reference. Nothing here is imported by the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from glassgpt.config import PRESETS, GPTConfig
+from glassgpt.weights import config_to_hf, hf_state_dict, random_model
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def common_args(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", default="gpt2", choices=list(PRESETS), help="preset shape (random weights)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per row (the median is reported)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face reference rows")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile'd glassgpt rows")
+    return p
+
+
+def setup(args: argparse.Namespace) -> torch.device:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    print(machine_info(device))
+    return device
+
+
+def machine_info(device: torch.device) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = _cpu_flags()
+    isa = ", ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni") if f in flags)
+    load = f"; load average {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else ""
+    lines = [f"machine: {cpu}, {os.cpu_count()} logical cores ({isa}); torch {torch.__version__} "
+             f"with {torch.get_num_threads()} threads; python {platform.python_version()}"]
+    try:
+        import transformers
+        lines[0] += f"; transformers {transformers.__version__}"
+    except ImportError:
+        pass
+    lines[0] += load
+    if device.type == "cuda":
+        lines.append(f"device: {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}")
+    return "\n".join(lines)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of `fn()` over `repeats` runs, after `warmup` untimed runs."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_rows(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int = 5,
+              warmup: int = 1) -> dict[str, float]:
+    """Median seconds of each configuration, timed round-robin (A, B, C, A, B, C, ...), so
+    that other work on a shared machine slows every row alike instead of one row."""
+    for name, fn in fns.items():
+        start = time.perf_counter()
+        for _ in range(warmup):
+            fn()
+        sync(device)
+        if warmup and time.perf_counter() - start > 20:
+            print(f"  (warm-up of {name!r} took {time.perf_counter() - start:.0f} s: compilation)")
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device, n: int = 2048, repeats: int = 5) -> float:
+    """Measured FLOP/s of an n x n @ n x n matmul: the peak that MFU is measured against."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    if device.type == "cuda":
+        n, a, b = 8192, torch.randn(8192, 8192, device=device, dtype=dtype), torch.randn(8192, 8192, device=device, dtype=dtype)
+    seconds = median_seconds(lambda: a @ b, device, repeats=repeats, warmup=2)
+    return 2 * n ** 3 / seconds
+
+
+# --- the same weights in both models -----------------------------------------------
+
+def glass_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype = torch.float32, seed: int = 0):
+    return random_model(cfg, device, dtype, seed)
+
+
+def hf_model(ours, dtype: torch.dtype = torch.float32):
+    """transformers' GPT2LMHeadModel holding exactly `ours`'s weights, in its best setup (SDPA, KV cache)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(**{k: v for k, v in config_to_hf(ours.cfg).items() if k not in ("architectures", "torch_dtype")})
+    with torch.device("meta"):
+        hf = GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa")
+    state = {k: v.to(dtype) for k, v in hf_state_dict(ours).items()}
+    hf.load_state_dict(state, strict=False, assign=True)
+    hf.tie_weights()
+    hf = hf.to(device=ours.tok_emb.weight.device, dtype=dtype).eval()
+    assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()
+    return hf
+
+
+# --- the table -----------------------------------------------------------------------
+
+def print_table(title: str, unit: str, rows: list[tuple[str, float]], reference: str | None) -> None:
+    """Rows of (name, value in `unit`, higher is better); ratios against the row named `reference`."""
+    ref = dict(rows).get(reference) if reference else None
+    width = max(len(name) for name, _ in rows) + 2
+    print(f"\n{title}")
+    print(f"| {'configuration':<{width}} | {unit:>14} | {'vs ' + (reference or '-'):>22} |")
+    print(f"|{'-' * (width + 2)}|{'-' * 16}:|{'-' * 24}:|")
+    for name, value in rows:
+        ratio = f"{value / ref:.2f}x" if ref else ""
+        print(f"| {name:<{width}} | {value:>14,.1f} | {ratio:>22} |")
+
+
+def best_reference(rows: list[tuple[str, float]], prefix: str = "HF ") -> str | None:
+    """The fastest reference row: 'Hugging Face in its best configuration'."""
+    refs = [(v, n) for n, v in rows if n.startswith(prefix)]
+    return max(refs)[1] if refs else None

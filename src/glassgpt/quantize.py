@@ -1,0 +1,81 @@
+"""Int8 weight-only quantization, for decoding on a CPU.
+
+Generating one token at a time reads every weight once per token and does little
+arithmetic with it, so its speed is set by the bytes of weights read: float32 reads
+4 bytes per parameter, bfloat16 2, int8 1. Here every `nn.Linear` of the blocks and
+the output head keeps its weight as int8 with one scale per output row
+(symmetric, per channel: `w ~ w_int8 * scale`), and multiplies with PyTorch's own
+int8 weight-only kernel (`torch._weight_int8pack_mm`, the one gpt-fast and torchao
+use). Activations stay bfloat16. Embeddings and LayerNorms are left as they are:
+a lookup reads one row per token, not the matrix.
+
+The module names (`att.W_query`, `ff.layers.0`, `out_head`, ...) do not change, so
+hooks and the explain view see the same model; the state_dict does change (int8
+`weight` plus `scales`), so a quantized model is for running, not for saving.
+Quality cost: see `benchmarks/RESULTS.md` (perplexity before and after) and
+`tests/test_speed_paths.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .model import GPTModel
+
+# Above this many rows the int8 kernel (a matrix-vector product at heart) loses to
+# dequantizing the weight once and running a bfloat16 matmul (measured on an
+# AVX-512 CPU: int8 wins at 1-16 rows, bfloat16 at 64 and more).
+INT8_KERNEL_MAX_ROWS = 16
+
+
+class Int8Linear(nn.Module):
+    """`y = x @ (w_int8 * scale).T + bias`, holding only the int8 weight and the scales."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        w = linear.weight.detach().float()
+        amax = w.abs().amax(dim=1).clamp(min=1e-12)  # one scale per output row
+        scales = (amax / 127.0).to(dtype)
+        # Quantize with the scale as stored (rounded to `dtype`), rounded up where needed so
+        # that the row's largest weight still fits in 127 steps: every weight is then within
+        # half a step of its int8 value.
+        scales = torch.where(scales.float() * 127.0 < amax, torch.nextafter(scales, scales.new_tensor(float("inf"))), scales)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scales)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)  # the kernel takes [rows, in] only
+        if x2.shape[0] <= INT8_KERNEL_MAX_ROWS and x2.dtype == self.scales.dtype:
+            y = torch._weight_int8pack_mm(x2.contiguous(), self.weight, self.scales)
+            if self.bias is not None:
+                y = y + self.bias
+        else:
+            w = self.weight.to(x.dtype) * self.scales.to(x.dtype)[:, None]
+            y = F.linear(x2, w, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
+
+
+def quantize_int8(model: GPTModel, dtype: torch.dtype = torch.bfloat16) -> GPTModel:
+    """Swap every Linear of the blocks and the output head for an `Int8Linear`, in place.
+
+    The rest of the model (embeddings, LayerNorms, the KV cache) runs in `dtype`.
+    Returns the same model, in eval mode. The tied output head gets its own int8
+    copy of `tok_emb.weight` (a quarter of its float32 size); `tok_emb` stays as is.
+    """
+    model.to(dtype)
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, child_name, Int8Linear(child, dtype))
+    return model.eval()
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, Int8Linear) for m in model.modules())
