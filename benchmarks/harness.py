@@ -158,13 +158,14 @@ def hf_model(ours, dtype: torch.dtype = torch.float32):
 def print_table(title: str, unit: str, rows: list[tuple[str, float]], reference: str | None) -> None:
     """Rows of (name, value in `unit`, higher is better); ratios against the row named `reference`."""
     ref = dict(rows).get(reference) if reference else None
-    width = max(len(name) for name, _ in rows) + 2
+    width = max(len(name) for name, _ in rows)
+    head = "vs " + (reference or "-")
     print(f"\n{title}")
-    print(f"| {'configuration':<{width}} | {unit:>14} | {'vs ' + (reference or '-'):>22} |")
-    print(f"|{'-' * (width + 2)}|{'-' * 16}:|{'-' * 24}:|")
+    print(f"| {'configuration':<{width}} | {unit:>14} | {head:>{len(head)}} |")
+    print(f"|{'-' * (width + 2)}|{'-' * 15}:|{'-' * (len(head) + 1)}:|")
     for name, value in rows:
         ratio = f"{value / ref:.2f}x" if ref else ""
-        print(f"| {name:<{width}} | {value:>14,.1f} | {ratio:>22} |")
+        print(f"| {name:<{width}} | {value:>14,.1f} | {ratio:>{len(head)}} |")
 
 
 def best_reference(rows: list[tuple[str, float]], prefix: str = "HF ") -> str | None:

@@ -26,7 +26,8 @@ from .model import GPTModel
 
 # Above this many rows the int8 kernel (a matrix-vector product at heart) loses to
 # dequantizing the weight once and running a bfloat16 matmul (measured on an
-# AVX-512 CPU: int8 wins at 1-16 rows, bfloat16 at 64 and more).
+# AVX-512 CPU: int8 wins at 1-16 rows, bfloat16 at 64 and more). Off the CPU the
+# weight is always dequantized: this mode is for CPU decoding.
 INT8_KERNEL_MAX_ROWS = 16
 
 
@@ -49,7 +50,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)  # the kernel takes [rows, in] only
-        if x2.shape[0] <= INT8_KERNEL_MAX_ROWS and x2.dtype == self.scales.dtype:
+        if x2.shape[0] <= INT8_KERNEL_MAX_ROWS and x2.dtype == self.scales.dtype and x2.device.type == "cpu":
             y = torch._weight_int8pack_mm(x2.contiguous(), self.weight, self.scales)
             if self.bias is not None:
                 y = y + self.bias

@@ -1,0 +1,114 @@
+"""What bfloat16 and int8 weight-only cost in quality: perplexity on "The Verdict", before and after.
+
+With `--model SPEC` (a checkpoint, a run directory, or a hub id already in the cache)
+it measures that model. Without, it first trains a small GPT-2-BPE model (the real
+50,257-token vocabulary and tied head, emb_dim 256, 4 blocks) on the first 90% of
+the text for `--steps` steps, so the numbers come from a model with real
+predictions; random weights would give perplexity ~ vocabulary size either way.
+Reported: perplexity on the held-out last 10% and on the whole text, and how
+often each variant's top-1 token equals float32's at every position.
+
+    flock /tmp/glassgpt-bench.lock python benchmarks/bench_int8_quality.py
+    flock /tmp/glassgpt-bench.lock python benchmarks/bench_int8_quality.py --model openai-community/gpt2
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import DATA, machine_info  # noqa: E402
+
+from glassgpt.config import GPTConfig  # noqa: E402
+from glassgpt.quantize import quantize_int8  # noqa: E402
+from glassgpt.tokenizer import get_tokenizer  # noqa: E402
+from glassgpt.weights import load_model, load_tokenizer, random_model  # noqa: E402
+
+
+def train_small(ids: list[int], steps: int, window: int = 128, seed: int = 0) -> torch.nn.Module:
+    cfg = GPTConfig(context_length=window, emb_dim=256, n_heads=4, n_layers=4)
+    model = random_model(cfg, torch.device("cpu"), torch.float32, seed=seed).train()
+    data = torch.tensor(ids)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=True)
+    start = time.perf_counter()
+    for step in range(steps):
+        starts = torch.randint(0, len(ids) - window - 1, (8,), generator=gen)
+        x = torch.stack([data[s:s + window] for s in starts])
+        y = torch.stack([data[s + 1:s + window + 1] for s in starts])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 100 == 0 or step == steps - 1:
+            print(f"  step {step:4d}  train loss {loss.item():.3f}  ({time.perf_counter() - start:.0f} s)")
+    return model.eval()
+
+
+@torch.inference_mode()
+def score(model: torch.nn.Module, ids: list[int], window: int) -> tuple[float, torch.Tensor]:
+    """Perplexity over non-overlapping windows, and the top-1 id at every scored position."""
+    n = (len(ids) - 1) // window * window
+    x = torch.tensor(ids[:n]).view(-1, window)
+    y = torch.tensor(ids[1:n + 1]).view(-1, window)
+    logits = torch.cat([model(rows) for rows in x.split(16)]).float()
+    nll = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    return math.exp(nll.item()), logits.argmax(-1).flatten()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="checkpoint / run dir / cached hub id (default: train a small one here)")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--text", default=str(DATA / "the-verdict.txt"))
+    p.add_argument("--max-tokens", type=int, default=60_000, help="score at most the last this many tokens")
+    args = p.parse_args()
+    print(machine_info(torch.device("cpu")))
+    text = Path(args.text).read_text(encoding="utf-8")
+    if args.model:
+        model = load_model(args.model, dtype="float32")
+        tok = load_tokenizer(args.model)
+    else:
+        tok = get_tokenizer("gpt2")
+    ids = tok.encode(text)[-args.max_tokens:]
+    split = int(0.9 * len(ids))
+    if not args.model:
+        print(f"training a small GPT-2-BPE model on the first 90% of {Path(args.text).name} ({split:,} tokens)")
+        model = train_small(ids[:split], args.steps)
+    window = min(model.cfg.context_length, 256)
+
+    def variant(kind: str) -> torch.nn.Module:
+        clone = random_model(model.cfg, torch.device("cpu"), torch.float32)
+        clone.load_state_dict(model.state_dict())
+        if kind == "bfloat16":
+            return clone.to(torch.bfloat16).eval()
+        if kind == "int8":
+            return quantize_int8(clone)
+        return clone.eval()
+
+    results = {}
+    for kind in ("float32", "bfloat16", "int8"):
+        m = variant(kind)
+        results[kind] = (score(m, ids[split:], window), score(m, ids, window))
+    (base_held, top_held), (base_all, top_all) = results["float32"]
+    print(f"\nperplexity, window {window} tokens: held-out last 10% ({len(ids) - split:,} tokens) "
+          f"and the whole text ({len(ids):,} tokens)")
+    print("| weights | held-out perplexity | change | whole-text perplexity | change | top-1 = float32's |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for kind, ((ppl_h, top_h), (ppl_a, top_a)) in results.items():
+        agree = (torch.cat([top_h, top_a]) == torch.cat([top_held, top_all])).float().mean().item()
+        print(f"| {kind} | {ppl_h:.3f} | {100 * (ppl_h / base_held - 1):+.2f}% | {ppl_a:.3f} | "
+              f"{100 * (ppl_a / base_all - 1):+.2f}% | {agree:.2%} |")
+
+
+if __name__ == "__main__":
+    main()
