@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import best_reference, common_args, glass_model, hf_model, print_table, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.generate import generate  # noqa: E402
+from glassgpt.generate import compile_for_generation, generate  # noqa: E402
 from glassgpt.quantize import quantize_int8  # noqa: E402
 
 
@@ -29,7 +29,6 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--compile-mode", default=None, help="torch.compile mode for the --compile rows")
     args = p.parse_args()
     device = setup(args)
     cfg = PRESETS[args.model]
@@ -44,10 +43,9 @@ def main() -> None:
     except RuntimeError as e:  # a device without the int8 kernel
         print(f"(int8 skipped: {e})")
     if args.compile:
-        torch._inductor.config.freezing = True  # constant weights: lets inductor prepack them
         for name in list(models):
             if name != "glassgpt float32":
-                models[name + " + compile"] = torch.compile(models[name], mode=args.compile_mode)
+                models[name + " + compile"] = compile_for_generation(models[name])
     hf = {}
     if not args.no_hf:
         hf = {"HF float32": hf_model(fp32, torch.float32), "HF bfloat16": hf_model(fp32, torch.bfloat16)}

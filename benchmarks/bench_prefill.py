@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import best_reference, common_args, glass_model, hf_model, print_table, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS  # noqa: E402
+from glassgpt.generate import compile_for_generation  # noqa: E402
 from glassgpt.model import KVCache  # noqa: E402
 from glassgpt.quantize import quantize_int8  # noqa: E402
 
@@ -38,8 +39,7 @@ def main() -> None:
     models = {"glassgpt float32": fp32, "glassgpt bfloat16": glass_model(cfg, device, torch.bfloat16),
               "glassgpt int8": quantize_int8(glass_model(cfg, device, torch.float32))}
     if args.compile:
-        torch._inductor.config.freezing = True
-        models["glassgpt bfloat16 + compile"] = torch.compile(models["glassgpt bfloat16"])
+        models["glassgpt bfloat16 + compile"] = compile_for_generation(models["glassgpt bfloat16"])
     ids = torch.randint(0, cfg.vocab_size, (b, t), generator=torch.Generator().manual_seed(0)).to(device)
 
     def ours(m):

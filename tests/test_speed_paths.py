@@ -166,6 +166,10 @@ def test_bfloat16_logits_are_within_the_stated_tolerance(trained):
 def test_compiled_greedy_tokens_equal_eager_tokens(trained):
     model, ids = trained
     prompt = prompts(ids, n=2)
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
     compiled = compile_for_generation(copy_of(model))
     try:
         # Twice: the second call runs the already-compiled prompt and step graphs.
@@ -173,6 +177,10 @@ def test_compiled_greedy_tokens_equal_eager_tokens(trained):
         assert torch.equal(generate(compiled, prompt, 12), generate(model, prompt, 12))
     finally:
         torch._inductor.config.freezing = False
+    # One graph for the prompt, one for every later step (the cache position stays
+    # symbolic): a graph break or a recompile per step would fall back to slow paths.
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 2
 
 
 # --- int8 weight-only -----------------------------------------------------------------------

@@ -128,9 +128,12 @@ def compile_for_generation(model: GPTModel) -> GPTModel:
     position stays symbolic), which takes tens of seconds on a CPU; later steps run
     the fused code. Inductor's `freezing` treats the weights as constants, so it can
     pre-pack them for the CPU's matmul library (it applies only under no_grad and
-    inference mode, as generation runs).
+    inference mode, as generation runs). Every compiled model and batch size adds
+    graphs for the same `forward` code, so the recompile limit is raised above
+    dynamo's default of 8, past which it would silently fall back to eager.
     """
     torch._inductor.config.freezing = True
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return torch.compile(model)
 
 
