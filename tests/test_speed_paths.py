@@ -171,16 +171,21 @@ def test_compiled_greedy_tokens_equal_eager_tokens(trained):
     torch._dynamo.reset()
     counters.clear()
     compiled = compile_for_generation(copy_of(model))
+    other = prompts(ids, n=3, length=7)
     try:
         # Twice: the second call runs the already-compiled prompt and step graphs.
         assert torch.equal(generate(compiled, prompt, 12), generate(model, prompt, 12))
         assert torch.equal(generate(compiled, prompt, 12), generate(model, prompt, 12))
+        # One graph for the prompt, one for every later step (the cache position stays
+        # symbolic): a graph break or a recompile per step would fall back to slow paths.
+        assert not counters["graph_break"]
+        assert counters["stats"]["unique_graphs"] == 2
+        # Another batch size and prompt length: two more graphs, with those sizes symbolic too.
+        assert torch.equal(generate(compiled, other, 5), generate(model, other, 5))
+        assert not counters["graph_break"]
+        assert counters["stats"]["unique_graphs"] == 4
     finally:
         torch._inductor.config.freezing = False
-    # One graph for the prompt, one for every later step (the cache position stays
-    # symbolic): a graph break or a recompile per step would fall back to slow paths.
-    assert not counters["graph_break"]
-    assert counters["stats"]["unique_graphs"] == 2
 
 
 # --- int8 weight-only -----------------------------------------------------------------------

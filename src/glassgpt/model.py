@@ -86,16 +86,18 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             start = cache.pos
             k, v = cache.update(layer, k, v)  # [b, h, start + t, hd]
-        mask = None
-        # `t > 1` first: in a one-token decode step the position never enters a branch,
-        # so torch.compile keeps the cache position symbolic instead of recompiling per step.
-        if t > 1 and start > 0:
-            # New queries sit at positions start..start+t-1 and see keys up to their own position.
-            mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
-        # softmax(q @ k.T / sqrt(hd), causal) @ v, fused; a single new query sees every cached key.
+        # A single new query sees every cached key: no mask. Several see up to their own
+        # position. (Plain `if`s, `t` tested first: a one-token step never looks at the
+        # cache position, so torch.compile keeps it symbolic instead of recompiling per step.)
+        mask, causal = None, False
+        if t > 1:
+            if start == 0:
+                causal = True
+            else:  # new queries sit at positions start..start+t-1
+                mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
+        # softmax(q @ k.T / sqrt(hd), causal) @ v, fused.
         context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=(t > 1 and start == 0),
-            dropout_p=self.drop_rate if self.training else 0.0,
+            q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.drop_rate if self.training else 0.0,
         )  # [b, h, t, hd]
         context = context.transpose(1, 2).reshape(b, t, d)  # [b, h, t, hd] -> [b, t, d]
         return self.out_proj(context)
