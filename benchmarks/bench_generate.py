@@ -42,10 +42,6 @@ def main() -> None:
         models["glassgpt int8"] = quantize_int8(glass_model(cfg, device, torch.float32))
     except RuntimeError as e:  # a device without the int8 kernel
         print(f"(int8 skipped: {e})")
-    if args.compile:
-        for name in list(models):
-            if name != "glassgpt float32":
-                models[name + " + compile"] = compile_for_generation(models[name])
     hf = {}
     if not args.no_hf:
         hf = {"HF float32": hf_model(fp32, torch.float32), "HF bfloat16": hf_model(fp32, torch.bfloat16)}
@@ -54,6 +50,13 @@ def main() -> None:
     for b in args.batch:
         ids = torch.randint(0, cfg.vocab_size, (b, args.prompt_len), generator=gen).to(device)
         fns = {name: (lambda m=m: generate(m, ids, n)) for name, m in models.items()}
+        if args.compile:
+            # Fresh graphs per batch size, as in a process that serves one batch size: a second
+            # size would get dynamic-shape graphs, which inductor runs slower on a CPU.
+            torch._dynamo.reset()
+            for name in ("glassgpt bfloat16", "glassgpt int8"):
+                if name in models:
+                    fns[name + " + compile"] = lambda m=compile_for_generation(models[name]): generate(m, ids, n)
         for name, m in hf.items():
             fns[name] = lambda m=m: m.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                                use_cache=True, pad_token_id=0)

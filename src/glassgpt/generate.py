@@ -126,7 +126,9 @@ def compile_for_generation(model: GPTModel) -> GPTModel:
 
     The first call compiles twice (the prompt, then the one-token step, whose cache
     position stays symbolic), which takes tens of seconds on a CPU; later steps run
-    the fused code. Inductor's `freezing` treats the weights as constants, so it can
+    the fused code. Graphs are made for the first batch size and prompt length; other
+    sizes get dynamic-shape graphs, which run slower on a CPU (one size per process is
+    the fast case). Inductor's `freezing` treats the weights as constants, so it can
     pre-pack them for the CPU's matmul library (it applies only under no_grad and
     inference mode, as generation runs). Every compiled model and batch size adds
     graphs for the same `forward` code, so the recompile limit is raised above
