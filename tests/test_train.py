@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from glassgpt import train as train_mod
+from glassgpt import checkpoint as checkpoint_mod
+from glassgpt.checkpoint import recover_checkpoints, verify_checkpoint
 from glassgpt.cli import main
 from glassgpt.config import GPTConfig
 from glassgpt.data import TextTask, load_corpus
 from glassgpt.errors import CheckpointError
-from glassgpt.train import (TrainConfig, TrainError, fit, grad_accum_for, lr_at, make_optimizer, read_metrics,
-                            recover_checkpoints, verify_checkpoint)
+from glassgpt.train import TrainConfig, TrainError, fit, grad_accum_for, lr_at, make_optimizer, read_metrics
 from glassgpt.weights import load_model, load_tokenizer, random_model
 
 WORDS = "the quick brown fox jumps over lazy dog and cat sat on mat".split()
@@ -251,21 +251,21 @@ def stopped_run(tmp_path, corpus):
 
 def test_a_crash_while_writing_keeps_the_previous_checkpoint(stopped_run, monkeypatch):
     tmp_path, corpus, cfg = stopped_run
-    real = train_mod._save_tensors
+    real = checkpoint_mod._save_tensors
 
     def disk_full(path, tensors):
         if path.name == "optimizer.safetensors":
             raise OSError(28, "No space left on device")
         return real(path, tensors)
 
-    monkeypatch.setattr(train_mod, "_save_tensors", disk_full)
+    monkeypatch.setattr(checkpoint_mod, "_save_tensors", disk_full)
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=8)
     with pytest.raises(OSError, match="No space"):
         fit(model, task, cfg, tok, resume=True, progress=False)
     run = Path(cfg.out)
     assert verify_checkpoint(run / "latest")["step"] == 4
     assert not list(run.glob(".latest*"))  # the half-written directory is gone
-    monkeypatch.setattr(train_mod, "_save_tensors", real)
+    monkeypatch.setattr(checkpoint_mod, "_save_tensors", real)
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=8)
     assert fit(model, task, cfg, tok, resume=True, progress=False)["step"] == 8
 

@@ -27,42 +27,30 @@ Run directory (`cfg.out`):
     metrics.jsonl       one object per logged step: step, tokens, train_loss, lr,
                         tokens_per_s, grad_norm, elapsed_s; val_loss, val_ppl, the task's
                         metrics and `sample` on evaluation steps
-    latest/, best/      a glassgpt checkpoint (config.json, model.safetensors,
-                        tokenizer.json, meta.json: `glassgpt generate --model RUN_DIR`
-                        loads it) plus optimizer.safetensors and train_state.json (step,
-                        tokens, scheduler, RNG states, sha256 of every file; written last)
+    latest/, best/      training checkpoints: a loadable glassgpt checkpoint (`glassgpt
+                        generate --model RUN_DIR`) plus optimizer, RNG and loop state;
+                        checkpoint.py writes them whole and reads them back for resume
     loss.png            train/val loss against tokens seen (needs matplotlib)
 
-A checkpoint directory is written whole under `.latest.tmp-XXXX/`, then the old one is
-renamed to `.latest.old` and the new one into place; loading undoes a crash between
-the two renames. A checkpoint whose files do not match their recorded sha256 is
-refused. Ctrl-C or SIGTERM finishes the current step, saves `latest/` and returns
-`{"interrupted": True, ...}` (a second Ctrl-C aborts at once).
+latest/ is saved every `save_every` steps (default: at each evaluation), best/ on a new
+best validation loss. Ctrl-C or SIGTERM finishes the current step, saves `latest/` and
+returns `{"interrupted": True, ...}` (a second Ctrl-C aborts at once).
 
 Optional Task method `checkpoint_model(model) -> nn.Module`: the model to write as the
 loadable checkpoint when it is not the training model itself (LoRA: the merged
-model). The training model's own state then goes to `train_model.safetensors` for
-resume. Nothing is pickled: tensors in safetensors, everything else in JSON.
-
-Under FSDP a save gathers the full weights and optimizer state to rank 0's CPU memory
-(they must fit there) and writes a plain GPTModel (`checkpoint_model` is not used);
-resume reads the files on every rank, so RUN_DIR must be on storage that all nodes
-see. Leaves out: tensor/pipeline parallelism, sharded (per-rank) checkpoint files.
+model); the training model's own state is then kept beside it for resume. Under FSDP
+a save writes a plain GPTModel of the gathered weights instead (checkpoint.py).
+Leaves out: tensor/pipeline parallelism.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
-import random
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -72,17 +60,14 @@ from typing import Any, Iterable, Protocol
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .checkpoint import full_tensor, load_checkpoint, save_checkpoints
 from .device import resolve_device, resolve_dtype
-from .errors import CheckpointError, GlassError
-from .model import GPTModel
+from .errors import GlassError
 from .tokenizer import Tokenizer
-from .weights import _atomic_write, save_model
+from .weights import _atomic_write
 
-STATE_FORMAT = "glassgpt-train-state/1"
 RUN_MARKERS = ("train_config.json", "metrics.jsonl", "latest", "best")
 
 
@@ -319,133 +304,6 @@ class _StopRequests:
             signal.signal(sig, handler)
 
 
-# --- checkpoints ----------------------------------------------------------------------------
-
-def recover_checkpoints(run_dir: str | os.PathLike) -> None:
-    """Undo what a crash during a save left: put `.NAME.old` back if NAME is missing; drop temp dirs."""
-    run_dir = Path(run_dir)
-    for name in ("latest", "best"):
-        final, old = run_dir / name, run_dir / f".{name}.old"
-        if old.is_dir():
-            if final.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(old, final)
-        for tmp in run_dir.glob(f".{name}.tmp-*"):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """train_state.json of a complete checkpoint whose files match their sha256; else CheckpointError."""
-    path = Path(path)
-    state_file = path / "train_state.json"
-    if not state_file.is_file():
-        raise CheckpointError(f"{path} is not a complete training checkpoint (no train_state.json): "
-                              "it was not finished being written")
-    try:
-        state = json.loads(state_file.read_text())
-        files = state["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{state_file} is damaged ({e}): this checkpoint cannot be resumed") from None
-    if state.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"{state_file} has format {state.get('format')!r}, expected {STATE_FORMAT!r}")
-    for name, digest in files.items():
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path}/{name} is missing: this checkpoint is incomplete")
-        if _sha256(path / name) != digest:
-            raise CheckpointError(f"{path}/{name} is corrupt (its sha256 differs from the one recorded when "
-                                  "it was saved): this checkpoint cannot be used")
-    return state
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _publish(run_dir: Path, name: str, fill) -> Path:
-    """Write checkpoint NAME whole into a temp dir with `fill(tmp)`, then swap it in by renames."""
-    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{name}.tmp-"))
-    try:
-        fill(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    final, old = run_dir / name, run_dir / f".{name}.old"
-    if old.exists():
-        shutil.rmtree(old)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)  # a crash between the two renames leaves .NAME.old: recover_checkpoints
-    _fsync_dir(run_dir)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A plain CPU tensor (gathering an FSDP shard from every rank)."""
-    if hasattr(t, "full_tensor"):
-        t = t.full_tensor()
-    return t.detach().cpu()
-
-
-def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
-    """safetensors refuses shared tensors: save each storage once; return {alias: saved name}."""
-    seen: dict[tuple, str] = {}
-    unique, aliases = {}, {}
-    for name, t in tensors.items():
-        key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride())) if t.numel() else (name,)
-        if key in seen:
-            aliases[name] = seen[key]
-        else:
-            seen[key] = name
-            unique[name] = t.contiguous()
-    save_file(unique, path, metadata={"format": "pt"})
-    return aliases
-
-
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(path)
-    except (SafetensorError, OSError, RuntimeError) as e:
-        raise CheckpointError(f"{path} cannot be read ({e})") from None
-
-
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
-             "numpy": {"keys": np_state[1].tolist(), "pos": int(np_state[2]),
-                       "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-             "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
-    n = state["numpy"]
-    np.random.set_state(("MT19937", np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
-    version, keys, gauss = state["python"]
-    random.setstate((version, tuple(keys), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
-                                      for s in state["cuda"]])
-
-
 # --- the loop ---------------------------------------------------------------------------------
 
 def fit(model: nn.Module, task: Task, cfg: TrainConfig, tokenizer: Tokenizer | None,
@@ -496,7 +354,7 @@ class _Run:
         self.optimizer = make_optimizer(model, cfg, self.device)
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         if resume:
-            self._load(self.run_dir / "latest")
+            self._load()
         if cfg.batch_tokens is not None:
             probe = self.task.tokens(self.task.train_batch(self.step, 0, self.ranks.rank, self.ranks.world))
             cfg.grad_accum = grad_accum_for(cfg.batch_tokens, probe, self.ranks.world)
@@ -552,7 +410,7 @@ class _Run:
         grad_norm = None
         if cfg.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
-            grad_norm = _full_tensor(grad_norm) if hasattr(grad_norm, "full_tensor") else grad_norm
+            grad_norm = full_tensor(grad_norm) if hasattr(grad_norm, "full_tensor") else grad_norm
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -679,152 +537,35 @@ class _Run:
         kept = [json.dumps(r, ensure_ascii=False) + "\n" for r in read_metrics(self.run_dir) if r["step"] <= self.step]
         _atomic_write(path, lambda tmp: Path(tmp).write_text("".join(kept), encoding="utf-8"))
 
-    # -- saving and loading --------------------------------------------------------------------------
+    # -- checkpoints (checkpoint.py writes and reads them) -------------------------------------------
     def _save(self, names: list[str]) -> None:
         """Write checkpoints `names` (latest and/or best). Every rank calls this (FSDP gathers)."""
-        export = getattr(self.task, "checkpoint_model", None)
-        live: dict[str, torch.Tensor] = {}
-        if self.cfg.fsdp or export is not None:  # gathered on every rank under FSDP
-            live = {k: _full_tensor(v) for k, v in self.model.state_dict().items()}
-        optim = self._optimizer_tensors()
-        if self.ranks.is_main:
-            if self.cfg.fsdp:
-                exported = _plain_model(self.model, live)
-            else:
-                exported = export(self.model) if export else self.model
-            written: Path | None = None
-            for name in names:
-                if written is None:
-                    written = _publish(self.run_dir, name, lambda tmp: self._write(tmp, exported, live, optim))
-                else:  # the same step's files again: copied, so each checkpoint stands alone
-                    src = written
-                    _publish(self.run_dir, name, lambda tmp: _copy_files(src, tmp))
+        cfg = self.cfg
+        meta = {**self.meta, "train": {"step": self.step, "tokens": self.tokens, "val_loss": self.last_val,
+                                       "train_loss": self.last_train}}
+        state = {
+            "step": self.step, "tokens": self.tokens, "elapsed_s": self.elapsed,
+            "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
+            "last_val_loss": self.last_val, "world_size": self.ranks.world, "grad_accum": cfg.grad_accum,
+            "scheduler": {"kind": "warmup_cosine", "lr": cfg.lr, "min_lr": cfg.min_lr,
+                          "warmup_steps": cfg.warmup_steps, "max_steps": cfg.max_steps,
+                          "next_lr": lr_at(self.step, cfg)},
+            "scaler": self.scaler.state_dict() if self.scaler else None, "train_config": cfg.to_dict(),
+        }
+        save_checkpoints(self.run_dir, names, self.model, self.optimizer, state, tokenizer=self.tokenizer,
+                         meta=meta, export=getattr(self.task, "checkpoint_model", None), fsdp=cfg.fsdp,
+                         is_main=self.ranks.is_main)
         if self.ranks.world > 1:
             dist.barrier()
 
-    def _write(self, path: Path, exported: nn.Module, live: dict[str, torch.Tensor],
-               optim: tuple[dict[str, torch.Tensor], list[dict]]) -> None:
-        meta = {**self.meta, "train": {"step": self.step, "tokens": self.tokens, "val_loss": self.last_val,
-                                       "train_loss": self.last_train}}
-        save_model(exported, path, self.tokenizer, meta)
-        aliases: dict[str, str] = {}
-        if exported is not self.model:
-            aliases = _save_tensors(path / "train_model.safetensors", live)
-        tensors, groups = optim
-        _save_tensors(path / "optimizer.safetensors", tensors)
-        state = {
-            "format": STATE_FORMAT, "step": self.step, "tokens": self.tokens, "elapsed_s": self.elapsed,
-            "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
-            "last_val_loss": self.last_val, "world_size": self.ranks.world, "grad_accum": self.cfg.grad_accum,
-            "scheduler": {"kind": "warmup_cosine", "lr": self.cfg.lr, "min_lr": self.cfg.min_lr,
-                          "warmup_steps": self.cfg.warmup_steps, "max_steps": self.cfg.max_steps,
-                          "next_lr": lr_at(self.step, self.cfg)},
-            "optimizer": {"param_groups": groups},
-            "scaler": self.scaler.state_dict() if self.scaler else None,
-            "rng": _rng_state(), "model_aliases": aliases, "train_config": self.cfg.to_dict(),
-            "files": {p.name: _sha256(p) for p in sorted(path.iterdir()) if p.is_file()},
-        }
-        (path / "train_state.json").write_text(json.dumps(state, indent=1))  # last: marks the checkpoint whole
-
-    def _optimizer_tensors(self) -> tuple[dict[str, torch.Tensor], list[dict]]:
-        """Optimizer state keyed by parameter name ("name/exp_avg"), and the groups as JSON."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        tensors: dict[str, torch.Tensor] = {}
-        groups = []
-        for group in self.optimizer.param_groups:
-            groups.append({**{k: v for k, v in group.items() if k != "params"},
-                           "params": [names[id(p)] for p in group["params"]]})
-            for p in group["params"]:
-                for key, value in self.optimizer.state.get(p, {}).items():
-                    if torch.is_tensor(value):
-                        tensors[f"{names[id(p)]}/{key}"] = _full_tensor(value)
-        return tensors, groups
-
-    def _load(self, path: Path) -> None:
-        recover_checkpoints(self.run_dir)
-        if not path.is_dir():
-            raise CheckpointError(f"{self.run_dir} has no latest/ checkpoint to resume from")
-        state = verify_checkpoint(path)
-        source = path / "train_model.safetensors"
-        tensors = _load_tensors(source if source.is_file() else path / "model.safetensors")
-        aliases = dict(state.get("model_aliases") or {})
-        own = self.model.state_dict()
-        if isinstance(self.model, GPTModel) and self.model.tied:
-            aliases.setdefault("out_head.weight", "tok_emb.weight")  # save_model stores a tied matrix once
-        for alias, name in aliases.items():
-            if alias in own and alias not in tensors:
-                tensors[alias] = tensors[name]
-        _load_into(self.model, tensors, str(path))
-        self._load_optimizer(path, state)
+    def _load(self) -> None:
+        state = load_checkpoint(self.run_dir, self.model, self.optimizer)
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        _set_rng_state(state["rng"])
         self.step, self.tokens = state["step"], state["tokens"]
         self.elapsed = state.get("elapsed_s", 0.0)
         self.best_val = state["best_val_loss"] if state.get("best_val_loss") is not None else math.inf
         self.last_val = state.get("last_val_loss")
-
-
-    def _load_optimizer(self, path: Path, state: dict[str, Any]) -> None:
-        """Optimizer state saved by parameter name, mapped back to this optimizer's parameters."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        params = dict(self.model.named_parameters())
-        saved = state["optimizer"]["param_groups"]
-        current = [[names[id(p)] for p in g["params"]] for g in self.optimizer.param_groups]
-        if [g["params"] for g in saved] != current:
-            raise CheckpointError(f"{path}: the optimizer was saved for other trainable parameters than "
-                                  "this model has: resume with the same model and freezing settings")
-        index = {name: i for i, name in enumerate(n for group in current for n in group)}
-        # Hyperparameters come from the checkpoint; kernel choices stay this machine's.
-        keep = ("fused", "foreach", "capturable", "differentiable")
-        groups = [{**g, "params": [index[n] for n in g["params"]], "betas": tuple(g["betas"]),
-                   **{k: now[k] for k in keep if k in now}} for g, now in zip(saved, self.optimizer.param_groups)]
-        per_param: dict[int, dict[str, torch.Tensor]] = {}
-        for key, value in _load_tensors(path / "optimizer.safetensors").items():
-            name, field = key.rsplit("/", 1)
-            if hasattr(params[name], "device_mesh") and value.dim() > 0:
-                value = _shard_like(value, params[name])
-            per_param.setdefault(index[name], {})[field] = value
-        self.optimizer.load_state_dict({"state": per_param, "param_groups": groups})
-
-
-def _shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of `full`, placed like the FSDP parameter `like` (no communication)."""
-    from torch.distributed.tensor import distribute_tensor
-    return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
-
-
-def _load_into(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
-    own = model.state_dict()
-    missing = sorted(set(own) - set(tensors))
-    unexpected = sorted(set(tensors) - set(own))
-    if missing or unexpected:
-        raise CheckpointError(f"{source} does not fit this model (missing {missing[:3]}, unexpected "
-                              f"{unexpected[:3]}): resume with the model the run was started with")
-    state = {}
-    for name, value in tensors.items():
-        target = own[name]
-        if tuple(value.shape) != tuple(target.shape):
-            raise CheckpointError(f"{source}: {name} has shape {list(value.shape)}, the model needs {list(target.shape)}")
-        value = value.to(dtype=target.dtype)
-        state[name] = _shard_like(value, target) if hasattr(target, "device_mesh") else value
-    model.load_state_dict(state)
-
-
-def _plain_model(model: nn.Module, state: dict[str, torch.Tensor]) -> GPTModel:
-    """A CPU GPTModel holding gathered (unsharded) weights, for writing an FSDP run's checkpoint."""
-    with torch.device("meta"):
-        plain = GPTModel(model.cfg)
-    if plain.tied:
-        state = {k: v for k, v in state.items() if k != "out_head.weight"}
-    plain.load_state_dict(state, assign=True, strict=not plain.tied)
-    plain.tie_weights()
-    return plain
-
-
-def _copy_files(src: Path, dest: Path) -> None:
-    for f in src.iterdir():
-        shutil.copy2(f, dest / f.name)
 
 
 # --- metrics and the loss plot ------------------------------------------------------------------

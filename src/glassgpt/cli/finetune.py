@@ -26,7 +26,8 @@ from typing import Any
 
 from .. import finetune as ft
 from ..errors import GlassError
-from ..train import TrainConfig, check_out_dir, fit, recover_checkpoints
+from ..checkpoint import recover_checkpoints
+from ..train import TrainConfig, check_out_dir, fit
 from ..weights import load_meta, load_model, load_tokenizer
 from .common import add_model_args, fraction, load, nonneg_float, nonneg_int, positive_float, positive_int, probability
 from .train import _say, add_train_args, train_config_from_args

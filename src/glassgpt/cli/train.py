@@ -27,7 +27,8 @@ from ..config import PRESETS, get_config
 from ..data import TextTask, build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
 from ..errors import GlassError
 from ..tokenizer import get_tokenizer, train_bpe
-from ..train import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run, recover_checkpoints
+from ..checkpoint import recover_checkpoints
+from ..train import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run
 from ..weights import _atomic_write, load_meta, load_model, load_tokenizer, random_model, resolve_checkpoint_dir
 from .common import fraction, nonneg_float, nonneg_int, positive_float, positive_int
 

@@ -1,0 +1,336 @@
+"""Training checkpoints: `latest/` and `best/` of a run directory, written whole and resumed exactly.
+
+A training checkpoint is a glassgpt checkpoint (config.json, model.safetensors,
+tokenizer.json, meta.json: `glassgpt generate --model RUN_DIR` loads it) plus what the
+loop needs to go on as if it had never stopped:
+    optimizer.safetensors   AdamW's moments, keyed by parameter name ("NAME/exp_avg")
+    train_model.safetensors the training model's own tensors, when the loadable model is
+                            another one (LoRA: base + adapters beside the merged model)
+    train_state.json        the loop's facts (step, tokens, schedule, best val loss, ...),
+                            the optimizer's param groups, torch/numpy/python/CUDA RNG
+                            states, and the sha256 of every other file; written last
+Nothing is pickled: tensors in safetensors, everything else in JSON.
+
+Writing: a checkpoint is filled in `.latest.tmp-XXXX/`, then the old one is renamed to
+`.latest.old` and the new one into place (`recover_checkpoints` undoes a crash between
+the two renames). Reading: a checkpoint without train_state.json, or whose files do not
+match their recorded sha256, is refused with a CheckpointError.
+
+`export(model)` (a task's `checkpoint_model`) picks the model written as the loadable
+checkpoint when it is not the training model itself. Under FSDP every rank calls
+`save_checkpoints`, which gathers the full weights and optimizer state to rank 0's CPU
+memory (they must fit there) and writes a plain GPTModel; `load_checkpoint` reads the
+files on every rank and keeps each rank's shard, so RUN_DIR must be on storage that all
+nodes see. Leaves out: sharded (per-rank) checkpoint files.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .errors import CheckpointError
+from .model import GPTModel
+from .tokenizer import Tokenizer
+from .weights import save_model
+
+STATE_FORMAT = "glassgpt-train-state/1"
+
+
+# --- saving ----------------------------------------------------------------------------------
+
+def save_checkpoints(run_dir: Path, names: Sequence[str], model: nn.Module, optimizer: torch.optim.Optimizer,
+                     state: dict[str, Any], *, tokenizer: Tokenizer | None, meta: dict[str, Any],
+                     export: Callable[[nn.Module], nn.Module] | None = None, fsdp: bool = False,
+                     is_main: bool = True) -> None:
+    """Write checkpoints `names` ("latest" and/or "best") of `run_dir`; only `is_main` writes.
+
+    `state` holds the loop's facts for train_state.json; the optimizer's param groups,
+    the RNG states, the tensor aliases and the files' sha256 are added here. Every rank
+    calls this, since under FSDP gathering the weights takes all of them.
+    """
+    live: dict[str, torch.Tensor] = {}
+    if fsdp or export is not None:  # gathered on every rank under FSDP
+        live = {k: full_tensor(v) for k, v in model.state_dict().items()}
+    optim = _optimizer_tensors(model, optimizer)
+    if not is_main:
+        return
+    if fsdp:
+        exported = _plain_model(model, live)
+    else:
+        exported = export(model) if export else model
+    written: Path | None = None
+    for name in names:
+        if written is None:
+            written = _publish(run_dir, name, lambda tmp: _write(tmp, model, exported, live, optim,
+                                                                 tokenizer, meta, state))
+        else:  # the same step's files again: copied, so each checkpoint stands alone
+            src = written
+            _publish(run_dir, name, lambda tmp: _copy_files(src, tmp))
+
+
+def _write(path: Path, model: nn.Module, exported: nn.Module, live: dict[str, torch.Tensor],
+           optim: tuple[dict[str, torch.Tensor], list[dict]], tokenizer: Tokenizer | None,
+           meta: dict[str, Any], state: dict[str, Any]) -> None:
+    save_model(exported, path, tokenizer, meta)
+    aliases: dict[str, str] = {}
+    if exported is not model:
+        aliases = _save_tensors(path / "train_model.safetensors", live)
+    tensors, groups = optim
+    _save_tensors(path / "optimizer.safetensors", tensors)
+    record = {
+        "format": STATE_FORMAT, **state, "optimizer": {"param_groups": groups},
+        "rng": _rng_state(), "model_aliases": aliases,
+        "files": {p.name: _sha256(p) for p in sorted(path.iterdir()) if p.is_file()},
+    }
+    (path / "train_state.json").write_text(json.dumps(record, indent=1))  # last: marks the checkpoint whole
+
+
+def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
+                       ) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """Optimizer state keyed by parameter name ("name/exp_avg"), and the groups as JSON."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors: dict[str, torch.Tensor] = {}
+    groups = []
+    for group in optimizer.param_groups:
+        groups.append({**{k: v for k, v in group.items() if k != "params"},
+                       "params": [names[id(p)] for p in group["params"]]})
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                if torch.is_tensor(value):
+                    tensors[f"{names[id(p)]}/{key}"] = full_tensor(value)
+    return tensors, groups
+
+
+def _plain_model(model: nn.Module, state: dict[str, torch.Tensor]) -> GPTModel:
+    """A CPU GPTModel holding gathered (unsharded) weights, for writing an FSDP run's checkpoint."""
+    with torch.device("meta"):
+        plain = GPTModel(model.cfg)
+    if plain.tied:
+        state = {k: v for k, v in state.items() if k != "out_head.weight"}
+    plain.load_state_dict(state, assign=True, strict=not plain.tied)
+    plain.tie_weights()
+    return plain
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A plain CPU tensor (gathering an FSDP shard from every rank)."""
+    if hasattr(t, "full_tensor"):
+        t = t.full_tensor()
+    return t.detach().cpu()
+
+
+def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """safetensors refuses shared tensors: save each storage once; return {alias: saved name}."""
+    seen: dict[tuple, str] = {}
+    unique, aliases = {}, {}
+    for name, t in tensors.items():
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride())) if t.numel() else (name,)
+        if key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            unique[name] = t.contiguous()
+    save_file(unique, path, metadata={"format": "pt"})
+    return aliases
+
+
+# --- writing a directory whole -----------------------------------------------------------------
+
+def _publish(run_dir: Path, name: str, fill) -> Path:
+    """Write checkpoint NAME whole into a temp dir with `fill(tmp)`, then swap it in by renames."""
+    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{name}.tmp-"))
+    try:
+        fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    final, old = run_dir / name, run_dir / f".{name}.old"
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)  # a crash between the two renames leaves .NAME.old: recover_checkpoints
+    _fsync_dir(run_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _copy_files(src: Path, dest: Path) -> None:
+    for f in src.iterdir():
+        shutil.copy2(f, dest / f.name)
+
+
+def recover_checkpoints(run_dir: str | os.PathLike) -> None:
+    """Undo what a crash during a save left: put `.NAME.old` back if NAME is missing; drop temp dirs."""
+    run_dir = Path(run_dir)
+    for name in ("latest", "best"):
+        final, old = run_dir / name, run_dir / f".{name}.old"
+        if old.is_dir():
+            if final.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(old, final)
+        for tmp in run_dir.glob(f".{name}.tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """train_state.json of a complete checkpoint whose files match their sha256; else CheckpointError."""
+    path = Path(path)
+    state_file = path / "train_state.json"
+    if not state_file.is_file():
+        raise CheckpointError(f"{path} is not a complete training checkpoint (no train_state.json): "
+                              "it was not finished being written")
+    try:
+        state = json.loads(state_file.read_text())
+        files = state["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{state_file} is damaged ({e}): this checkpoint cannot be resumed") from None
+    if state.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{state_file} has format {state.get('format')!r}, expected {STATE_FORMAT!r}")
+    for name, digest in files.items():
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path}/{name} is missing: this checkpoint is incomplete")
+        if _sha256(path / name) != digest:
+            raise CheckpointError(f"{path}/{name} is corrupt (its sha256 differs from the one recorded when "
+                                  "it was saved): this checkpoint cannot be used")
+    return state
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- resuming ----------------------------------------------------------------------------------
+
+def load_checkpoint(run_dir: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Put RUN_DIR/latest's weights, optimizer state and RNG states back; return its train_state.json.
+
+    The loop's own counters (step, tokens, best val loss, grad scaler) are in the
+    returned state for the caller to take back.
+    """
+    run_dir = Path(run_dir)
+    recover_checkpoints(run_dir)
+    path = run_dir / "latest"
+    if not path.is_dir():
+        raise CheckpointError(f"{run_dir} has no latest/ checkpoint to resume from")
+    state = verify_checkpoint(path)
+    source = path / "train_model.safetensors"
+    tensors = _load_tensors(source if source.is_file() else path / "model.safetensors")
+    aliases = dict(state.get("model_aliases") or {})
+    own = model.state_dict()
+    if isinstance(model, GPTModel) and model.tied:
+        aliases.setdefault("out_head.weight", "tok_emb.weight")  # save_model stores a tied matrix once
+    for alias, name in aliases.items():
+        if alias in own and alias not in tensors:
+            tensors[alias] = tensors[name]
+    _load_into(model, tensors, str(path))
+    _load_optimizer(path, state, model, optimizer)
+    _set_rng_state(state["rng"])
+    return state
+
+
+def _load_optimizer(path: Path, state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Optimizer state saved by parameter name, mapped back to this optimizer's parameters."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    params = dict(model.named_parameters())
+    saved = state["optimizer"]["param_groups"]
+    current = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+    if [g["params"] for g in saved] != current:
+        raise CheckpointError(f"{path}: the optimizer was saved for other trainable parameters than "
+                              "this model has: resume with the same model and freezing settings")
+    index = {name: i for i, name in enumerate(n for group in current for n in group)}
+    # Hyperparameters come from the checkpoint; kernel choices stay this machine's.
+    keep = ("fused", "foreach", "capturable", "differentiable")
+    groups = [{**g, "params": [index[n] for n in g["params"]], "betas": tuple(g["betas"]),
+               **{k: now[k] for k in keep if k in now}} for g, now in zip(saved, optimizer.param_groups)]
+    per_param: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in _load_tensors(path / "optimizer.safetensors").items():
+        name, field = key.rsplit("/", 1)
+        if hasattr(params[name], "device_mesh") and value.dim() > 0:
+            value = _shard_like(value, params[name])
+        per_param.setdefault(index[name], {})[field] = value
+    optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise CheckpointError(f"{path} cannot be read ({e})") from None
+
+
+def _load_into(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
+    own = model.state_dict()
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"{source} does not fit this model (missing {missing[:3]}, unexpected "
+                              f"{unexpected[:3]}): resume with the model the run was started with")
+    state = {}
+    for name, value in tensors.items():
+        target = own[name]
+        if tuple(value.shape) != tuple(target.shape):
+            raise CheckpointError(f"{source}: {name} has shape {list(value.shape)}, the model needs {list(target.shape)}")
+        value = value.to(dtype=target.dtype)
+        state[name] = _shard_like(value, target) if hasattr(target, "device_mesh") else value
+    model.load_state_dict(state)
+
+
+def _shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of `full`, placed like the FSDP parameter `like` (no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+    return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+
+
+# --- RNG states, as JSON ------------------------------------------------------------------------
+
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+             "numpy": {"keys": np_state[1].tolist(), "pos": int(np_state[2]),
+                       "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+             "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+                                      for s in state["cuda"]])
