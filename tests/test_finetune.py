@@ -1,4 +1,4 @@
-"""Finetuning: classifier head, instruction data and its loss mask, LoRA, and the CLI."""
+"""Finetuning: classifier head, instruction data and its loss mask, training (with LoRA) and the CLI."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 import glassgpt
 from glassgpt import finetune as ft
+from glassgpt import lora
 from glassgpt.finetune import DataError
 
 GPT2_TOK = glassgpt.get_tokenizer("gpt2")
@@ -228,60 +229,6 @@ def test_instruction_jsonl_with_a_broken_line_skips_it(tmp_path):
     assert len(good) == 2 and bad[0][0] == 1 and "not valid JSON" in bad[0][1]
 
 
-# --- LoRA --------------------------------------------------------------------------------
-
-def test_lora_wraps_attention_and_feed_forward_and_starts_at_the_base_model(tiny_model):
-    ids = torch.randint(0, 97, (2, 9))
-    before = tiny_model(ids)
-    ft.apply_lora(tiny_model, rank=4, alpha=8)
-    wrapped = [name for name, m in tiny_model.named_modules() if isinstance(m, ft.LoRALinear)]
-    assert len(wrapped) == 6 * tiny_model.cfg.n_layers
-    assert {p.requires_grad for n, p in tiny_model.named_parameters() if "lora_" in n} == {True}
-    assert not any(p.requires_grad for n, p in tiny_model.named_parameters() if "lora_" not in n)
-    torch.testing.assert_close(tiny_model(ids), before, rtol=0, atol=0)  # B = 0
-
-
-def test_lora_keeps_a_classifier_head_trainable(tiny_model):
-    clf = ft.apply_lora(ft.to_classifier(tiny_model, 2), rank=2, alpha=2)
-    trainable = {n for n, p in clf.named_parameters() if p.requires_grad}
-    assert {"out_head.weight", "out_head.bias"} <= trainable
-    d, L = clf.cfg.emb_dim, clf.cfg.n_layers
-    per_block = 4 * (2 * d + d * 2) + (2 * d + 4 * d * 2) + (2 * 4 * d + d * 2)
-    assert ft.count_parameters(clf, trainable_only=True) == L * per_block + 2 * d + 2
-
-
-def _perturb_adapters(model, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("lora_B"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-
-
-def test_merged_model_gives_the_logits_of_base_plus_adapters(tiny_model):
-    ft.apply_lora(tiny_model, rank=4, alpha=16)
-    _perturb_adapters(tiny_model)
-    ids = torch.randint(0, 97, (3, 12))
-    with_adapters = tiny_model(ids)
-    copy = ft.merged_model(tiny_model)
-    assert not ft.has_lora(copy) and ft.has_lora(tiny_model)
-    # Folding B A into W reorders float32 sums: equal up to rounding.
-    torch.testing.assert_close(copy(ids), with_adapters, rtol=1e-4, atol=1e-5)
-    ft.merge_lora(tiny_model)
-    assert not ft.has_lora(tiny_model)
-    assert set(tiny_model.state_dict()) == set(copy.state_dict())
-    torch.testing.assert_close(tiny_model(ids), with_adapters, rtol=1e-4, atol=1e-5)
-
-
-def test_merged_checkpoint_loads_as_a_plain_model(tiny_model, tmp_path):
-    ft.apply_lora(tiny_model, rank=2, alpha=4)
-    _perturb_adapters(tiny_model, seed=1)
-    ids = torch.randint(0, 97, (1, 6))
-    glassgpt.save_model(ft.merged_model(tiny_model), tmp_path / "m")
-    back = glassgpt.load_model(tmp_path / "m", device="cpu")
-    torch.testing.assert_close(back(ids), tiny_model(ids), rtol=1e-4, atol=1e-5)
-
-
 # --- training through train.fit and the command line -------------------------------------------
 
 from glassgpt.cli import main as cli_main  # noqa: E402
@@ -389,7 +336,7 @@ def test_finetune_classify_errors_are_one_line(char_base, tmp_path, capsys, extr
 
 def _lora_classifier(char_base, seed=0):
     model = glassgpt.load_model(char_base, device="cpu")
-    return ft.apply_lora(ft.to_classifier(model, 3, seed=seed), rank=2, alpha=4, seed=seed)
+    return lora.apply_lora(ft.to_classifier(model, 3, seed=seed), rank=2, alpha=4, seed=seed)
 
 
 def _marker_task(tok, cfg):
@@ -405,7 +352,7 @@ def test_lora_trains_only_the_adapters_and_saves_a_plain_merged_checkpoint(char_
     tok = glassgpt.load_tokenizer(char_base)
     model = _lora_classifier(char_base)
     base = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k and "out_head" not in k}
-    adapters = {k: v.clone() for k, v in ft.lora_state_dict(model).items()}
+    adapters = {k: v.clone() for k, v in lora.lora_state_dict(model).items()}
     cfg = TrainConfig(out=str(tmp_path / "run"), max_steps=6, lr=1e-2, warmup_steps=0, eval_every=6,
                       eval_batches=2, sample_tokens=0)
     fit(model, _marker_task(tok, cfg), cfg, tok, {"labels": sorted(MARKERS.values())}, progress=False)
@@ -415,7 +362,7 @@ def test_lora_trains_only_the_adapters_and_saves_a_plain_merged_checkpoint(char_
     assert any(not torch.equal(after[k], v) for k, v in adapters.items() if k.endswith("lora_B"))
     # latest/ is a plain classifier that load_model reads; its logits are base + adapters.
     plain = glassgpt.load_model(tmp_path / "run" / "latest", device="cpu")
-    assert not ft.has_lora(plain) and plain.cfg.num_classes == 3
+    assert not lora.has_lora(plain) and plain.cfg.num_classes == 3
     ids = torch.tensor([tok.encode("abxcdef"), tok.encode("qqabcde")])
     model.eval()
     torch.testing.assert_close(plain(ids), model(ids), rtol=1e-4, atol=1e-5)
@@ -449,7 +396,7 @@ def test_finetune_classify_with_lora_prints_both_parameter_counts_and_resumes(ch
     m = re.search(r"trainable parameters: ([\d,]+) of ([\d,]+) .*with LoRA rank 2, alpha 4; "
                   r"without LoRA \(--trainable all\): ([\d,]+)", out)
     reference = _lora_classifier(char_base)
-    assert m and int(m[1].replace(",", "")) == ft.count_parameters(reference, trainable_only=True)
+    assert m and int(m[1].replace(",", "")) == lora.count_parameters(reference, trainable_only=True)
     assert m[2] == m[3] == f"{sum(p.numel() for n, p in reference.named_parameters() if 'lora_' not in n):,}"
     assert cli_main(["finetune", "classify", "--resume", str(run), "--max-steps", "4", "--no-progress"]) == 0
     assert "done: step 4" in capsys.readouterr().out

@@ -12,25 +12,13 @@ Instruction finetuning formats Alpaca records (`instruction`, optional `input`,
 batch, and sets the targets of the prompt and the padding to -100 (cross-entropy's
 ignore_index), so the loss counts exactly the response tokens and that one eot.
 
-LoRA replaces the attention and feed-forward `nn.Linear`s by `LoRALinear`:
-W x + (B A x) * alpha / r, with A [r, in] (Kaiming-uniform), B [out, r] (zeros, so
-training starts at the base model), and freezes everything else except a classifier
-head. `merge_lora` folds B A * scale into W and puts plain `nn.Linear`s back.
-(The book stores A as [in, r] and B as [r, out]; we keep the paper's orientation,
-in which B @ A already has nn.Linear's [out, in] weight shape.)
+LoRA (appendix E) lives in lora.py; either task trains a LoRA-wrapped model as is.
+Both tasks' `checkpoint_model` returns `lora.merged_model(model)`, so `latest/` and
+`best/` load with `load_model` like any checkpoint, while train.fit keeps the frozen
+base and the adapters beside them for `--resume`, which rebuilds the LoRA model (same
+rank and alpha) and continues on exactly the base it started from.
 
-Checkpoints during LoRA training: the loop (train.fit, reused as is) writes as the
-loadable checkpoint whatever the task's `checkpoint_model(model)` returns. Both tasks
-return `merged_model(model)`: a plain GPTModel that shares every unwrapped tensor with
-the training model and holds merged copies of the wrapped weights, so `latest/` and
-`best/` have the plain state_dict keys and load with `load_model` like any checkpoint.
-fit then also writes the training model's own tensors (frozen base weights, unmerged,
-and the adapters A and B) to `train_model.safetensors` in the same directory; `--resume`
-rebuilds the LoRA model (from the merged checkpoint's config, same rank and alpha) and
-reads those back, so training continues on exactly the base it started from. Without
-adapters `merged_model` returns the model itself and nothing extra is written.
-
-Leaves out: multi-label classification, chat templates other than Alpaca, QLoRA.
+Leaves out: multi-label classification, chat templates other than Alpaca.
 """
 
 from __future__ import annotations
@@ -52,6 +40,9 @@ from torch import nn
 
 from .data import DataError  # a data file that cannot be used: one error type for all of glassgpt
 from .errors import GlassError
+# The LoRA names stay importable from here (glassgpt.finetune.apply_lora, ...), as before lora.py.
+from .lora import (LORA_TARGETS, LoRALinear, apply_lora, count_parameters, has_lora,  # noqa: F401
+                   lora_state_dict, merge_lora, merged_model)
 from .model import GPTModel
 from .tokenizer import Tokenizer
 
@@ -572,106 +563,3 @@ def respond(model: GPTModel, tokenizer: Tokenizer, instruction: str, input: str 
     if tokenizer.eot_id in out:
         out = out[:out.index(tokenizer.eot_id)]
     return tokenizer.decode(out).strip()
-
-
-# --- LoRA --------------------------------------------------------------------------------
-
-LORA_TARGETS = ("att.W_query", "att.W_key", "att.W_value", "att.out_proj", "ff.layers.0", "ff.layers.2")
-
-
-class LoRALinear(nn.Module):
-    """y = linear(x) + (x @ A.T @ B.T) * alpha / rank: a rank-r update of a frozen nn.Linear."""
-
-    def __init__(self, linear: nn.Linear, rank: int, alpha: float, generator: torch.Generator | None = None):
-        super().__init__()
-        self.linear = linear
-        self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
-        w = linear.weight
-        self.lora_A = nn.Parameter(torch.empty(rank, linear.in_features, device=w.device, dtype=w.dtype))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5), generator=generator)  # nn.Linear's own init
-        self.lora_B = nn.Parameter(torch.zeros(linear.out_features, rank, device=w.device, dtype=w.dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # [.., in] -> [.., r] -> [.., out]: never forms the [out, in] product B @ A.
-        return self.linear(x) + (x @ self.lora_A.T @ self.lora_B.T) * self.scale
-
-    def delta_weight(self) -> torch.Tensor:
-        return (self.lora_B @ self.lora_A) * self.scale  # [out, r] @ [r, in] -> [out, in]
-
-
-def _lora_modules(model: nn.Module) -> list[tuple[str, LoRALinear]]:
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, LoRALinear)]
-
-
-def has_lora(model: nn.Module) -> bool:
-    return bool(_lora_modules(model))
-
-
-def apply_lora(model: GPTModel, rank: int, alpha: float, seed: int = 0) -> GPTModel:
-    """Wrap the attention and feed-forward linears in LoRALinear (in place) and freeze the rest.
-
-    Only the adapters stay trainable, plus `out_head` when the model is a classifier
-    (its head is new and has to be learned).
-    """
-    if not isinstance(rank, int) or rank < 1:
-        raise GlassError(f"--lora-rank must be a positive integer, got {rank!r}")
-    if not alpha > 0:
-        raise GlassError(f"--lora-alpha must be > 0, got {alpha!r}")
-    if has_lora(model):
-        raise GlassError("the model already has LoRA adapters: merge them first (merge_lora)")
-    model.requires_grad_(False)
-    gen = torch.Generator(device=model.tok_emb.weight.device).manual_seed(seed)
-    for name, module in list(model.named_modules()):
-        if isinstance(module, nn.Linear) and name.endswith(LORA_TARGETS):
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, LoRALinear(module, rank, alpha, gen))
-    if model.cfg.num_classes is not None:
-        model.out_head.requires_grad_(True)
-    return model
-
-
-@torch.no_grad()
-def merge_lora(model: GPTModel) -> GPTModel:
-    """Fold each adapter into its weight (W += B A * scale) and restore plain nn.Linears, in place."""
-    for name, module in _lora_modules(model):
-        w = module.linear.weight
-        w.add_(module.delta_weight().to(w.dtype))
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, module.linear)
-    return model
-
-
-@torch.no_grad()
-def merged_model(model: GPTModel) -> GPTModel:
-    """A plain GPTModel with the adapters folded in, leaving `model` untouched.
-
-    It shares every tensor that LoRA does not wrap with `model`; only the wrapped
-    weights are new (merged) tensors. Without adapters, `model` itself is returned.
-    """
-    wrapped = _lora_modules(model)
-    if not wrapped:
-        return model
-    state = {}
-    for key, value in model.state_dict().items():
-        state[key.replace(".linear.", ".")] = value
-    for name, module in wrapped:
-        w = module.linear.weight
-        state[f"{name}.weight"] = w + module.delta_weight().to(w.dtype)
-    state = {k: v for k, v in state.items() if not k.rsplit(".", 1)[-1].startswith("lora_")}
-    with torch.device("meta"):
-        plain = GPTModel(model.cfg)
-    if plain.tied:
-        state.pop("out_head.weight", None)
-    plain.load_state_dict(state, assign=True, strict=not plain.tied)
-    plain.tie_weights()
-    return plain.train(model.training)
-
-
-def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters only: {"<module>.lora_A": [r, in], "<module>.lora_B": [out, r], ...}."""
-    return {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith("lora_")}
-
-
-def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
-    """Parameters (a tied tensor once), or only those with requires_grad."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import finetune as ft
+from .. import lora
 from ..errors import GlassError
 from ..checkpoint import recover_checkpoints
 from ..train import TrainConfig, check_out_dir, fit
@@ -292,14 +293,14 @@ def save_confusion_png(matrix: list[list[int]], labels: list[str], path: Path) -
 
 def _set_trainable(model, settings, seed) -> None:
     if settings["lora_rank"]:
-        ft.apply_lora(model, settings["lora_rank"], settings["lora_alpha"], seed)
+        lora.apply_lora(model, settings["lora_rank"], settings["lora_alpha"], seed)
     else:
         ft.freeze(model, settings["trainable"])
 
 
 def _parameter_summary(model, settings) -> str:
     total = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
-    trained = ft.count_parameters(model, trainable_only=True)
+    trained = lora.count_parameters(model, trainable_only=True)
     line = f"trainable parameters: {trained:,} of {total:,} ({trained / total:.2%})"
     if settings["lora_rank"]:
         line += (f" with LoRA rank {settings['lora_rank']}, alpha {settings['lora_alpha']:g}; "
