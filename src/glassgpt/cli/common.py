@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from ..weights import is_random_init, load_model, load_tokenizer
+
+
+def is_main_rank() -> bool:
+    """True in a plain process and on rank 0 of a torchrun job: the one that prints and writes."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def say(*parts, **kwargs) -> None:
+    """print(), on the main rank only: a torchrun job reports once, not once per rank."""
+    if is_main_rank():
+        print(*parts, **kwargs)
 
 
 def _number(text: str, kind: type, ok, requirement: str):

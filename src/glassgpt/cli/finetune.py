@@ -30,8 +30,9 @@ from ..errors import GlassError
 from ..checkpoint import recover_checkpoints
 from ..train import TrainConfig, check_out_dir, fit
 from ..weights import load_meta, load_model, load_tokenizer
-from .common import add_model_args, fraction, load, nonneg_float, nonneg_int, positive_float, positive_int, probability
-from .train import _say, add_train_args, train_config_from_args
+from .common import (add_model_args, fraction, is_main_rank, load, nonneg_float, nonneg_int, positive_float,
+                     positive_int, probability, say)
+from .train import add_train_args, train_config_from_args
 
 # Flags that describe what a run is made of; --resume takes them from the run instead.
 SETTINGS = ("model", "data", "val", "val_fraction", "text_column", "label_column", "max_length", "trainable",
@@ -115,9 +116,9 @@ def run_finetune(args: argparse.Namespace) -> int:
     model, data, make_task = setup(model, tokenizer, settings, max_length, seed)
     cfg = _train_config(args, kind, len(data["train"]), run_dir)
     task = make_task(cfg)
-    _say(_parameter_summary(model, settings))
+    say(_parameter_summary(model, settings))
     epochs = cfg.max_steps / ft.steps_per_epoch(task.n_train, cfg.batch_size, cfg.grad_accum, _world())
-    _say(f"training: {cfg.max_steps:,} steps ({epochs:.2f} epochs) of {cfg.batch_size} x {cfg.grad_accum} "
+    say(f"training: {cfg.max_steps:,} steps ({epochs:.2f} epochs) of {cfg.batch_size} x {cfg.grad_accum} "
          f"accumulation x {_world()} rank(s), lr {cfg.lr:g}, {cfg.dtype}")
     meta = {"finetune": settings}
     if kind == "classify":
@@ -125,10 +126,10 @@ def run_finetune(args: argparse.Namespace) -> int:
     result = fit(model, task, cfg, tokenizer, meta=meta, resume=bool(args.resume),
                  progress=not args.no_progress)
     if result["interrupted"]:
-        _say(f"interrupted at step {result['step']:,}: saved {run_dir}/latest; continue with: "
+        say(f"interrupted at step {result['step']:,}: saved {run_dir}/latest; continue with: "
              f"glassgpt finetune {kind} --resume {run_dir}", file=sys.stderr)
         return 130
-    if os.environ.get("RANK", "0") != "0":
+    if not is_main_rank():
         return 0
     print(f"done: step {result['step']:,}, val loss {result['val_loss']:.4f} "
           f"(best {result['best_val_loss']:.4f}), {result['elapsed_s']:.0f} s of training")
@@ -154,7 +155,7 @@ def _new_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     if missing:
         raise GlassError(f"glassgpt finetune {kind} needs --model SPEC, --data FILE and --out RUN_DIR "
                          f"(missing --{missing[0]}), or --resume RUN_DIR")
-    if os.environ.get("RANK", "0") == "0":
+    if is_main_rank():
         check_out_dir(args.out, resume=False)
     if args.lora_rank is None and args.lora_alpha is not None:
         raise GlassError("--lora-alpha needs --lora-rank R")
@@ -185,7 +186,7 @@ def _resume_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     if args.out and Path(args.out) != Path(args.resume):
         raise GlassError("--resume RUN_DIR writes to RUN_DIR: drop --out")
     check_out_dir(args.resume, resume=True)
-    if os.environ.get("RANK", "0") == "0":
+    if is_main_rank():
         recover_checkpoints(args.resume)
     latest = Path(args.resume) / "latest"
     if not (latest / "config.json").is_file():
@@ -234,7 +235,7 @@ def _classification_setup(model, tokenizer, settings, max_length, seed):
     _set_trainable(model, settings, seed)
     counts = [train.labels.count(k) for k in range(len(train.label_names))]
     longest = max(len(tokenizer.encode(t)) for t in train.texts + val.texts)
-    _say(f"data: {len(train.texts):,} train, {len(val.texts):,} val texts; {len(train.label_names)} labels "
+    say(f"data: {len(train.texts):,} train, {len(val.texts):,} val texts; {len(train.label_names)} labels "
          + ", ".join(f"{name} ({n:,})" for name, n in zip(train.label_names, counts))
          + f"; longest text {longest:,} tokens, max_length {max_length:,}")
 
@@ -355,7 +356,7 @@ def _instruction_setup(model, tokenizer, settings, max_length, seed):
     _set_trainable(model, settings, seed)
     response_tokens = sum(len(ids) - p for ids, p in train)
     cut = sum(ids[-1] != tokenizer.eot_id for ids, _ in train + val)
-    _say(f"data: {len(train):,} train, {len(val):,} val records; {response_tokens:,} response tokens "
+    say(f"data: {len(train):,} train, {len(val):,} val records; {response_tokens:,} response tokens "
          f"to learn; max_length {max_length:,}" + (f" ({cut:,} responses cut to fit)" if cut else ""))
 
     def make_task(cfg: TrainConfig) -> ft.InstructionTask:
@@ -369,7 +370,7 @@ def _report_bad(path, problems) -> None:
         return
     shown = "; ".join(f"{i} ({why})" for i, why in problems[:5])
     more = f"; and {len(problems) - 5:,} more" if len(problems) > 5 else ""
-    _say(f"skipped {len(problems):,} malformed record(s) of {path}: {shown}{more}", file=sys.stderr)
+    say(f"skipped {len(problems):,} malformed record(s) of {path}: {shown}{more}", file=sys.stderr)
 
 
 def run_chat(args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ from ..tokenizer import get_tokenizer, train_bpe
 from ..checkpoint import recover_checkpoints
 from ..train import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run
 from ..weights import _atomic_write, load_meta, load_model, load_tokenizer, random_model, resolve_checkpoint_dir
-from .common import fraction, nonneg_float, nonneg_int, positive_float, positive_int
+from .common import fraction, is_main_rank, nonneg_float, nonneg_int, positive_float, positive_int, say
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16", "auto"]
 MODEL_FLAGS = ("data", "tokenizer", "model", "init", "n_layers", "n_heads", "emb_dim", "context_length",
@@ -151,15 +151,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 # --- train ------------------------------------------------------------------------------
 
-def _is_main() -> bool:
-    return os.environ.get("RANK", "0") == "0"
-
-
-def _say(*parts, **kwargs) -> None:
-    if _is_main():
-        print(*parts, **kwargs)
-
-
 def run_train(args: argparse.Namespace) -> int:
     if args.resume:
         model, tokenizer, task, cfg, meta = _resume_setup(args)
@@ -167,34 +158,34 @@ def run_train(args: argparse.Namespace) -> int:
         model, tokenizer, task, cfg, meta = _new_setup(args)
     n_params = sum(p.numel() for p in model.parameters())
     c = model.cfg
-    _say(f"model: {c.n_layers} layers, {c.n_heads} heads, emb_dim {c.emb_dim}, context {c.context_length}, "
+    say(f"model: {c.n_layers} layers, {c.n_heads} heads, emb_dim {c.emb_dim}, context {c.context_length}, "
          f"vocab {c.vocab_size:,}: {n_params / 1e6:.2f}M parameters")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     accum = "auto" if cfg.batch_tokens else cfg.grad_accum
-    _say(f"batch: {cfg.batch_size} x {task.context_length} tokens x {accum} accumulation x {world} rank(s); "
+    say(f"batch: {cfg.batch_size} x {task.context_length} tokens x {accum} accumulation x {world} rank(s); "
          f"{cfg.max_steps:,} steps, lr {cfg.lr:g}, {cfg.dtype}")
     result = fit(model, task, cfg, tokenizer, meta=meta, resume=bool(args.resume), progress=not args.no_progress)
     run_dir = cfg.out
     if result["interrupted"]:
-        _say(f"interrupted at step {result['step']:,}: saved {run_dir}/latest; continue with: "
+        say(f"interrupted at step {result['step']:,}: saved {run_dir}/latest; continue with: "
              f"glassgpt train --resume {run_dir}", file=sys.stderr)
         return 130
     val = result["val_loss"]
     summary = f"done: step {result['step']:,}, {result['tokens']:,} tokens"
     if val is not None:
         summary += f", val loss {val:.4f} (perplexity {math.exp(val):.2f}), best {result['best_val_loss']:.4f}"
-    _say(summary + f", {result['elapsed_s']:.0f} s of training")
-    _say(f"model: {run_dir}   try: glassgpt generate \"...\" --model {run_dir}   |   "
+    say(summary + f", {result['elapsed_s']:.0f} s of training")
+    say(f"model: {run_dir}   try: glassgpt generate \"...\" --model {run_dir}   |   "
          f"glassgpt explain \"...\" --model {run_dir}")
     if result["plot"]:
-        _say(f"plot: {result['plot']}")
+        say(f"plot: {result['plot']}")
     return 0
 
 
 def _new_setup(args: argparse.Namespace):
     if not args.data or not args.out:
         raise GlassError("glassgpt train needs --data PATH and --out RUN_DIR (or --resume RUN_DIR)")
-    if _is_main():
+    if is_main_rank():
         check_out_dir(args.out, resume=False)
     arch = [f for f in ("model", "n_layers", "n_heads", "emb_dim") if getattr(args, f) is not None]
     if args.init and arch:
@@ -242,7 +233,7 @@ def _resume_setup(args: argparse.Namespace):
         raise GlassError("--resume RUN_DIR writes to RUN_DIR: drop --out")
     run_dir = Path(args.resume)
     check_out_dir(run_dir, resume=True)
-    if _is_main():
+    if is_main_rank():
         recover_checkpoints(run_dir)
     saved = json.loads((run_dir / "train_config.json").read_text())
     args.out = str(run_dir)
@@ -266,7 +257,7 @@ def _text_task(files, tokenizer, data: dict, cfg: TrainConfig) -> TextTask:
     t0 = time.perf_counter()
     cache = tokenize_files(files, tokenizer, data["cache_dir"])
     train, val = split_ids(cache.ids(), data["val_fraction"])
-    _say(f"data: {len(files)} file(s), {cache.n_tokens:,} tokens ({len(train):,} train, {len(val):,} val), "
+    say(f"data: {len(files)} file(s), {cache.n_tokens:,} tokens ({len(train):,} train, {len(val):,} val), "
          f"tokenizer {tokenizer.name} ({tokenizer.n_vocab:,} tokens), cached in {cache.path} "
          f"({time.perf_counter() - t0:.1f} s)")
     return TextTask(train, val, data["context_length"], cfg.batch_size, tokenizer=tokenizer, seed=cfg.seed,
