@@ -172,20 +172,34 @@ def test_compiled_greedy_tokens_equal_eager_tokens(trained):
     counters.clear()
     compiled = compile_for_generation(copy_of(model))
     other = prompts(ids, n=3, length=7)
-    try:
-        # Twice: the second call runs the already-compiled prompt and step graphs.
-        assert torch.equal(generate(compiled, prompt, 12), generate(model, prompt, 12))
-        assert torch.equal(generate(compiled, prompt, 12), generate(model, prompt, 12))
-        # One graph for the prompt, one for every later step (the cache position stays
-        # symbolic): a graph break or a recompile per step would fall back to slow paths.
-        assert not counters["graph_break"]
-        assert counters["stats"]["unique_graphs"] == 2
-        # Another batch size and prompt length: two more graphs, with those sizes symbolic too.
-        assert torch.equal(generate(compiled, other, 5), generate(model, other, 5))
-        assert not counters["graph_break"]
-        assert counters["stats"]["unique_graphs"] == 4
-    finally:
-        torch._inductor.config.freezing = False
+    # Twice: the second call runs the already-compiled prompt and step graphs.
+    assert torch.equal(generate(compiled, prompt, 12), generate(model, prompt, 12))
+    assert torch.equal(generate(compiled, prompt, 12), generate(model, prompt, 12))
+    # One graph for the prompt, one for every later step (the cache position stays
+    # symbolic): a graph break or a recompile per step would fall back to slow paths.
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 2
+    # Another batch size and prompt length: two more graphs, with those sizes symbolic too.
+    assert torch.equal(generate(compiled, other, 5), generate(model, other, 5))
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 4
+    # The options are the compiled model's own: nothing global is left changed.
+    assert not torch._inductor.config.freezing
+
+
+def test_compiled_int8_greedy_tokens_equal_float32_tokens(trained):
+    # Batch 1 is the case int8 is for, and the one where a compiled Int8Linear runs its own
+    # fused dot products (quantize.py) instead of the int8 kernel.
+    model, ids = trained
+    prompt = prompts(ids, n=1)
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = compile_for_generation(quantize_int8(copy_of(model)))
+    assert torch.equal(generate(compiled, prompt, 20), generate(model, prompt, 20))
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 2
 
 
 # --- int8 weight-only -----------------------------------------------------------------------
@@ -201,6 +215,16 @@ def test_int8_linear_equals_matmul_with_the_dequantized_weight(rows):
     torch.testing.assert_close(q(x).float(), expected, atol=0.05, rtol=0.02)
     # and the dequantized weight is the float weight to within half a step of each row's scale
     assert (dequantized - linear.weight).abs().max() <= q.scales.float().max() / 2 + 1e-6
+
+
+def test_compiled_int8_linear_of_one_row_equals_the_int8_kernel():
+    torch.manual_seed(0)
+    q = Int8Linear(torch.nn.Linear(256, 320))
+    x = torch.randn(1, 256, dtype=torch.bfloat16)
+    with torch.no_grad():
+        # the same int8 products summed in float32 by both, in a different order; each
+        # rounds its result to bfloat16 once (a relative step of 2^-8)
+        torch.testing.assert_close(torch.compile(q, fullgraph=True)(x), q(x), atol=0.02, rtol=2**-7)
 
 
 def test_int8_keeps_every_module_name_and_output_shape(trained):
