@@ -16,6 +16,7 @@ import torch
 import glassgpt
 from glassgpt import PRESETS, GPTConfig, GPTModel, KVCache
 from glassgpt.errors import PromptError
+from glassgpt.model import ATTENTION_BLOCK, causal_attention_in_blocks
 
 from conftest import make_hf_model, save_hf_model
 
@@ -189,6 +190,35 @@ def test_chunked_prefill_through_the_cache_matches_full_forward(tiny_model, spli
     first = tiny_model(ids[:, :split], cache)
     second = tiny_model(ids[:, split:], cache)
     torch.testing.assert_close(torch.cat([first, second], dim=1), full, atol=1e-5, rtol=0)
+
+
+# --- the CPU attention paths (model.py picks them; every other case runs SDPA) -----------
+
+@pytest.mark.parametrize("t", [256, 300, 600])
+@pytest.mark.parametrize("dtype, atol", [
+    (torch.float32, 1e-5),   # the same sums in another order
+    (torch.bfloat16, 0.03),  # bf16 inputs and scores, float32 softmax; outputs are O(1)
+])
+def test_causal_attention_in_blocks_equals_fused_attention(t, dtype, atol):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, t, 16) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # float32
+    got = causal_attention_in_blocks(q.to(dtype), k.to(dtype), v.to(dtype))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected, atol=atol, rtol=0)
+
+
+def test_bfloat16_long_prompt_in_blocks_matches_the_fused_path():
+    # Without gradients a bfloat16 prompt of >= ATTENTION_BLOCK tokens on a CPU attends in
+    # blocks; with gradients the same forward runs SDPA. Logits agree to the bf16 tolerance
+    # the speed tests use (tests/test_speed_paths.py: atol 0.1, rtol 0.02).
+    cfg = GPTConfig(vocab_size=97, context_length=2 * ATTENTION_BLOCK, emb_dim=32, n_heads=4, n_layers=2)
+    model = glassgpt.load_model("gpt2", seed=0, config=cfg).to(torch.bfloat16)
+    ids = torch.randint(0, 97, (2, ATTENTION_BLOCK + 44))
+    with torch.no_grad():
+        blocked = model(ids).float()
+    fused = model(ids).float()  # gradients on: SDPA
+    torch.testing.assert_close(blocked, fused, atol=0.1, rtol=0.02)
 
 
 def test_kv_cache_reset_starts_over(tiny_model):
