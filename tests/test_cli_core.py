@@ -153,7 +153,6 @@ def test_unknown_command_and_version(capsys):
 # --- info ----------------------------------------------------------------------------------
 
 def test_info_prints_gpt2_parameter_totals(capsys):
-    pytest.importorskip("glassgpt.memory", reason="info's memory estimate (glassgpt/memory.py) is not written yet")
     code, out, err = run(["info", "--model", "gpt2"], capsys)
     assert code == 0, err
     assert "124,439,808" in out and "163,037,184" in out
@@ -161,7 +160,6 @@ def test_info_prints_gpt2_parameter_totals(capsys):
 
 
 def test_info_json_holds_config_and_parameters(small, capsys):
-    pytest.importorskip("glassgpt.memory", reason="info's memory estimate (glassgpt/memory.py) is not written yet")
     code, out, err = run(["info", "--model", small, "--json"], capsys)
     assert code == 0, err
     info = json.loads(out)
@@ -172,6 +170,16 @@ def test_info_json_holds_config_and_parameters(small, capsys):
     assert info["parameters"]["tied"] is True
     rows = {row["name"]: row["params"] for row in info["parameters"]["modules"]}
     assert rows["tok_emb"] == 50257 * 16
+
+
+def test_info_with_int8_reports_the_int8_memory_estimate(small, capsys):
+    from glassgpt.memory import memory_needs
+
+    code, out, err = run(["info", "--model", small, "--dtype", "int8", "--json"], capsys)
+    assert code == 0, err
+    mem = json.loads(out)["memory"]
+    cfg = glassgpt.load_model(small).cfg
+    assert mem["dtype"] == "int8" and mem["weights"] == memory_needs(cfg, "int8")["weights"]
 
 
 def test_info_of_a_missing_model_is_a_one_line_error(capsys):

@@ -206,6 +206,12 @@ def test_generate_returns_prompt_plus_new_ids_as_int64(tiny_model):
     assert generate(tiny_model, [1, 2, 3], max_new_tokens=0).tolist() == [[1, 2, 3]]
 
 
+def test_zero_new_tokens_runs_no_forward(tiny_model, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tiny_model, "forward", lambda *a, **k: calls.append(1))
+    assert list(stream(tiny_model, [1, 2, 3], 0)) == [] and not calls
+
+
 def test_stream_yields_the_same_ids_as_generate(tiny_model):
     prompt = PROMPT % 97
     steps = list(stream(tiny_model, prompt, 6))

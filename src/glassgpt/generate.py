@@ -70,6 +70,8 @@ def stream(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens: i
     check_sampling(max_new_tokens, temperature, top_k, top_p)
     device = model.tok_emb.weight.device
     prompt = as_batch(ids, device)
+    if max_new_tokens == 0:
+        return  # nothing to generate: no forward pass at all
     b, t = prompt.shape
     ctx = model.cfg.context_length
     generator = None

@@ -27,7 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_generate)
 
     p = sub.add_parser("info", help="the config, a parameter table, and the memory a model needs")
-    add_model_args(p)
+    add_model_args(p, int8=True)
     p.add_argument("--batch-size", type=positive_int, default=1, help="batch for the activation estimate")
     p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: context_length)")
     p.add_argument("--json", action="store_true")
@@ -38,12 +38,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_download)
 
 
-def run_generate(args: argparse.Namespace) -> int:
-    check_prompt(args.prompt)
+def load_int8_or_float(args: argparse.Namespace):
+    """`load(args)`, where `--dtype int8` loads bfloat16 (int8 keeps its activations in
+    bfloat16). Returns (model, tokenizer, int8?): the caller quantizes if it runs the model."""
     int8 = args.dtype == "int8"
     if int8:
-        args.dtype = "bfloat16"  # int8 weights, bfloat16 activations
+        args.dtype = "bfloat16"
     model, tok = load(args)
+    return model, tok, int8
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    check_prompt(args.prompt)
+    model, tok, int8 = load_int8_or_float(args)
     if int8:
         model = quantize_int8(model)
     if args.compile:
@@ -72,9 +79,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    model, _ = load(args)
+    model, _, int8 = load_int8_or_float(args)
     rows = parameter_table(model)
-    mem = memory_needs(model.cfg, model.tok_emb.weight.dtype, args.batch_size, args.seq_len)
+    mem = memory_needs(model.cfg, "int8" if int8 else model.tok_emb.weight.dtype, args.batch_size, args.seq_len)
     if args.json:
         print(json.dumps({"config": model.cfg.to_dict(), "parameters": rows, "memory": mem}, indent=2))
         return 0
