@@ -29,6 +29,7 @@ from harness import (common_args, glass_model, hf_model, matmul_peak, print_tabl
 
 from glassgpt.config import PRESETS, GPTConfig  # noqa: E402
 from glassgpt.memory import parameter_counts  # noqa: E402
+from glassgpt.loss import cross_entropy  # noqa: E402
 from glassgpt.train import TrainConfig, autocast, make_optimizer  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def ours_step(model, opt, x, y, amp: torch.dtype):
     def step():
         with autocast(device, amp):
             logits = model(x)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        loss = cross_entropy(logits.flatten(0, 1), y.flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

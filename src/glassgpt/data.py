@@ -32,10 +32,10 @@ from typing import Iterable, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .errors import GlassError
 from .generate import generate
+from .loss import cross_entropy
 from .tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, get_tokenizer, iter_text_blocks
 
 CACHE_FORMAT = 1
@@ -323,7 +323,7 @@ class TextTask:
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         logits = model(batch["input_ids"])  # [b, t, V]
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["targets"].flatten())
+        return cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
 
     def tokens(self, batch: dict[str, torch.Tensor]) -> int:
         return batch["input_ids"].numel()

@@ -43,10 +43,10 @@ from .errors import GlassError
 # The LoRA names stay importable from here (glassgpt.finetune.apply_lora, ...), as before lora.py.
 from .lora import (LORA_TARGETS, LoRALinear, apply_lora, count_parameters, has_lora,  # noqa: F401
                    lora_state_dict, merge_lora, merged_model)
+from .loss import IGNORE_INDEX, cross_entropy
 from .model import GPTModel
 from .tokenizer import Tokenizer
 
-IGNORE_INDEX = -100  # targets with this value add nothing to the loss (F.cross_entropy's default)
 
 ALPACA_PREAMBLE = ("Below is an instruction that describes a task. "
                    "Write a response that appropriately completes the request.")
@@ -531,7 +531,7 @@ class InstructionTask(_Stream):
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         logits = model(batch["input_ids"])  # [b, t, V]
         targets = batch["targets"].to(logits.device)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
 
     def tokens(self, batch: dict[str, torch.Tensor]) -> int:
         return int((batch["targets"] != IGNORE_INDEX).sum())
