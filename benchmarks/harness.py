@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from glassgpt.config import PRESETS, GPTConfig
+from glassgpt.device import cpu_flags
 from glassgpt.weights import config_to_hf, hf_state_dict, random_model
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -56,7 +57,7 @@ def machine_info(device: torch.device) -> str:
                 break
     except OSError:
         pass
-    flags = _cpu_flags()
+    flags = cpu_flags()
     isa = ", ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni") if f in flags)
     load = f"; load average {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else ""
     lines = [f"machine: {cpu}, {os.cpu_count()} logical cores ({isa}); torch {torch.__version__} "
@@ -70,16 +71,6 @@ def machine_info(device: torch.device) -> str:
     if device.type == "cuda":
         lines.append(f"device: {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}")
     return "\n".join(lines)
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def sync(device: torch.device) -> None:

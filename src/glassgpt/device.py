@@ -44,11 +44,11 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 def bf16_is_fast(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 @functools.lru_cache(maxsize=1)
-def _cpu_flags() -> frozenset[str]:
+def cpu_flags() -> frozenset[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
