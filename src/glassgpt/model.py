@@ -16,7 +16,9 @@ With `tie_embeddings` (GPT-2's choice) `out_head.weight` *is* `tok_emb.weight`.
 Follows the book's chapter 4 and OpenAI's GPT-2 (pre-LayerNorm blocks, GELU with
 the tanh approximation, learned absolute positions). Attention runs through
 `scaled_dot_product_attention`, which picks a fused kernel (flash attention on
-GPUs). A `KVCache` lets generation process one new token per step.
+GPUs); on a CPU a one-token step and a long bfloat16 prompt attend with plain
+matmuls instead, which measured faster there. A `KVCache` lets generation process
+one new token per step.
 """
 
 from __future__ import annotations
@@ -83,8 +85,9 @@ def causal_attention_in_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
     Used for bfloat16 prompts of 128+ tokens on a CPU without gradients. There it measured
     1.5x faster than PyTorch's fused CPU attention kernel on its own, and a 512-token
-    prefill of gpt2 ~20% faster end to end (an AVX512-BF16 CPU without AMX; see
-    benchmarks/RESULTS.md, prefill). Everywhere else `scaled_dot_product_attention` runs.
+    prefill of gpt2 ~5% faster end to end (an AVX512-BF16 CPU without AMX; 256-query blocks
+    were slower than the fused kernel; see benchmarks/RESULTS.md, prefill). Everywhere else
+    `scaled_dot_product_attention` runs.
     """
     t, hd = q.shape[-2], q.shape[-1]
     context = torch.empty_like(q)
@@ -131,7 +134,8 @@ class MultiHeadAttention(nn.Module):
                 causal = True
             else:  # new queries sit at positions start..start+t-1
                 mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
-        # softmax(q @ k.T / sqrt(hd), causal) @ v, fused.
+        # softmax(q @ k.T / sqrt(hd), causal) @ v: fused by SDPA, except in the two CPU cases
+        # below, where plain matmuls measured faster (benchmarks/RESULTS.md).
         if t == 1 and not self.training and q.device.type == "cpu":
             # One new token (decoding): one row of scores per head, the book's way. On a CPU
             # this is ~3x quicker than the fused kernel's set-up, and torch.compile fuses it.
