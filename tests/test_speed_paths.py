@@ -32,11 +32,13 @@ from glassgpt.weights import random_model
 
 from conftest import SHARED_DATA
 
-FALLBACK_TEXT = ("I HAD always thought Jack Gisburn rather a cheap genius--though a good fellow enough--"
-                 "so it was no great surprise to me to hear that, in the height of his glory, he had dropped "
-                 "his painting, married a rich widow, and established himself in a villa on the Riviera. "
-                 "(Though I rather thought it would have been Rome or Florence.) The height of his glory--"
-                 "that was what the women called it. I can hear Mrs. Gideon Thwing--his last Chicago sitter--")
+FALLBACK_TEXT = (  # the first 400 characters of The Verdict, exactly: the same model either way
+    'I HAD always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so '
+    'it was no great surprise to me to hear that, in the height of his glory, he had dropped '
+    'his painting, married a rich widow, and established himself in a villa on the Riviera. '
+    '(Though I rather thought it would have been Rome or Florence.)\n\n"The height of his '
+    'glory"--that was what the women called it. I can hear'
+)
 
 
 def trained_model(chars: int = 400, steps: int = 200) -> tuple[glassgpt.GPTModel, list[int]]:
