@@ -16,7 +16,7 @@ import torch
 import glassgpt
 from glassgpt import PRESETS, GPTConfig, GPTModel, KVCache
 from glassgpt.errors import PromptError
-from glassgpt.model import ATTENTION_BLOCK, causal_attention_in_blocks
+from glassgpt.model import ATTENTION_BLOCK, attention_in_blocks
 
 from conftest import make_hf_model, save_hf_model
 
@@ -199,13 +199,25 @@ def test_chunked_prefill_through_the_cache_matches_full_forward(tiny_model, spli
     (torch.float32, 1e-5),   # the same sums in another order
     (torch.bfloat16, 0.03),  # bf16 inputs and scores, float32 softmax; outputs are O(1)
 ])
-def test_causal_attention_in_blocks_equals_fused_attention(t, dtype, atol):
+def test_attention_in_blocks_equals_fused_attention(t, dtype, atol):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, t, 16) for _ in range(3))
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # float32
-    got = causal_attention_in_blocks(q.to(dtype), k.to(dtype), v.to(dtype))
+    got = attention_in_blocks(q.to(dtype), k.to(dtype), v.to(dtype))
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expected, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("start, t", [(5, 1), (37, 1), (40, 300), (7, 128)])
+def test_attention_in_blocks_after_cached_keys_equals_fused_attention(start, t):
+    # Queries at positions start..start+t-1 over keys 0..start+t-1, as with a KV cache
+    # (t = 1 is a decoding step).
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, t, 16)
+    k, v = (torch.randn(2, 3, start + t, 16) for _ in range(2))
+    mask = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(attention_in_blocks(q, k, v), expected, atol=1e-5, rtol=0)
 
 
 def test_bfloat16_long_prompt_in_blocks_matches_the_fused_path():

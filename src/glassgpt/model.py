@@ -74,30 +74,36 @@ class KVCache:
 ATTENTION_BLOCK = 128
 
 
-def causal_attention_in_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               block: int = ATTENTION_BLOCK) -> torch.Tensor:
+def attention_in_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        block: int = ATTENTION_BLOCK) -> torch.Tensor:
     """Causal attention written out as the book's chapter 3 does it, a block of queries at a time.
 
-    `[b, h, t, hd]` each -> `[b, h, t, hd]`. Queries `s..e-1` see keys `0..e-1` only, so a
-    block multiplies against the keys it can see and skips the rest: with 128-query blocks,
-    a 512-token prompt computes 5/8 of the full `t x t` scores, and each block's scores
-    stay small enough to sit in the CPU's cache while they are softmaxed (in float32).
+    `q` `[b, h, t, hd]` holds the last t of the positions in `k`, `v` `[b, h, start + t, hd]`
+    (start > 0 when earlier keys come from a KV cache); returns `[b, h, t, hd]`. Queries
+    `s..e-1` see keys `0..start+e-1` only, so a block multiplies against the keys it can see
+    and skips the rest: with 128-query blocks a 512-token prompt computes 5/8 of the full
+    `t x t` scores, and each block's scores stay small enough to sit in the CPU's cache while
+    they are softmaxed (in float32). A one-token decoding step is one block of one query,
+    which sees every key: no mask at all.
 
-    Used for bfloat16 prompts of 128+ tokens on a CPU without gradients. There it measured
-    1.5x faster than PyTorch's fused CPU attention kernel on its own, and a 512-token
-    prefill of gpt2 ~5% faster end to end (an AVX512-BF16 CPU without AMX; 256-query blocks
-    were slower than the fused kernel; see benchmarks/RESULTS.md, prefill). Everywhere else
+    Used on a CPU outside training, where it measured faster than PyTorch's fused kernel
+    (an AVX512-BF16 CPU without AMX; benchmarks/RESULTS.md): for a one-token step, whose
+    fused set-up alone costs ~40 us per layer, and for bfloat16 prompts of 128+ tokens
+    without gradients (1.5x the fused kernel on its own, ~5% of a 512-token gpt2 prefill;
+    256-query blocks were slower than the fused kernel). Everywhere else
     `scaled_dot_product_attention` runs.
     """
     t, hd = q.shape[-2], q.shape[-1]
-    context = torch.empty_like(q)
+    start = k.shape[-2] - t
+    blocks = []
     for s in range(0, t, block):
         e = min(s + block, t)
-        scores = (q[..., s:e, :] @ k[..., :e, :].transpose(-1, -2)).float() * (1.0 / math.sqrt(hd))
-        future = torch.ones(e - s, e, dtype=torch.bool, device=q.device).triu(diagonal=s + 1)  # key > query
-        weights = scores.masked_fill_(future, float("-inf")).softmax(dim=-1)
-        context[..., s:e, :] = weights.to(v.dtype) @ v[..., :e, :]
-    return context
+        scores = (q[..., s:e, :] @ k[..., :start + e, :].transpose(-1, -2)).float() * (1.0 / math.sqrt(hd))
+        if e - s > 1:  # query start+i may not see keys after it; a lone query sees all it is given
+            future = torch.ones(e - s, start + e, dtype=torch.bool, device=q.device).triu(diagonal=start + s + 1)
+            scores.masked_fill_(future, float("-inf"))
+        blocks.append(scores.softmax(dim=-1).to(v.dtype) @ v[..., :start + e, :])
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
 
 
 class MultiHeadAttention(nn.Module):
@@ -125,26 +131,22 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             start = cache.pos
             k, v = cache.update(layer, k, v)  # [b, h, start + t, hd]
-        # A single new query sees every cached key: no mask. Several see up to their own
-        # position. (Plain `if`s, `t` tested first: a one-token step never looks at the
-        # cache position, so torch.compile keeps it symbolic instead of recompiling per step.)
-        mask, causal = None, False
-        if t > 1:
-            if start == 0:
-                causal = True
-            else:  # new queries sit at positions start..start+t-1
-                mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
-        # softmax(q @ k.T / sqrt(hd), causal) @ v: fused by SDPA, except in the two CPU cases
-        # below, where plain matmuls measured faster (benchmarks/RESULTS.md).
-        if t == 1 and not self.training and q.device.type == "cpu":
-            # One new token (decoding): one row of scores per head, the book's way. On a CPU
-            # this is ~3x quicker than the fused kernel's set-up, and torch.compile fuses it.
-            weights = (q @ k.transpose(-1, -2)).float().mul_(1.0 / math.sqrt(self.head_dim)).softmax(dim=-1)
-            context = weights.to(v.dtype) @ v
-        elif causal and t >= ATTENTION_BLOCK and q.dtype == torch.bfloat16 and q.device.type == "cpu" \
-                and not torch.is_grad_enabled():
-            context = causal_attention_in_blocks(q, k, v)  # a long bfloat16 prompt on a CPU
+        # softmax(q @ k.T / sqrt(hd), causal) @ v: fused by SDPA, except on a CPU outside
+        # training for a one-token step or a long bfloat16 prompt without gradients, where
+        # the same sums written out measured faster (see attention_in_blocks).
+        if q.device.type == "cpu" and not self.training and (
+                t == 1 or (t >= ATTENTION_BLOCK and q.dtype == torch.bfloat16 and not torch.is_grad_enabled())):
+            context = attention_in_blocks(q, k, v)
         else:
+            # A single new query sees every cached key: no mask. Several see up to their own
+            # position. (Plain `if`s, `t` tested first: a one-token step never looks at the
+            # cache position, so torch.compile keeps it symbolic instead of recompiling per step.)
+            mask, causal = None, False
+            if t > 1:
+                if start == 0:
+                    causal = True
+                else:  # new queries sit at positions start..start+t-1
+                    mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
             context = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.drop_rate if self.training else 0.0,
             )  # [b, h, t, hd]
