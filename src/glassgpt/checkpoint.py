@@ -46,7 +46,7 @@ from torch import nn
 from .errors import CheckpointError
 from .model import GPTModel
 from .tokenizer import Tokenizer
-from .weights import save_model
+from .weights import model_from_state, save_model
 
 STATE_FORMAT = "glassgpt-train-state/1"
 
@@ -70,7 +70,7 @@ def save_checkpoints(run_dir: Path, names: Sequence[str], model: nn.Module, opti
     if not is_main:
         return
     if fsdp:
-        exported = _plain_model(model, live)
+        exported = model_from_state(model.cfg, live)  # a plain CPU model of the gathered weights
     else:
         exported = export(model) if export else model
     written: Path | None = None
@@ -114,17 +114,6 @@ def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
                 if torch.is_tensor(value):
                     tensors[f"{names[id(p)]}/{key}"] = full_tensor(value)
     return tensors, groups
-
-
-def _plain_model(model: nn.Module, state: dict[str, torch.Tensor]) -> GPTModel:
-    """A CPU GPTModel holding gathered (unsharded) weights, for writing an FSDP run's checkpoint."""
-    with torch.device("meta"):
-        plain = GPTModel(model.cfg)
-    if plain.tied:
-        state = {k: v for k, v in state.items() if k != "out_head.weight"}
-    plain.load_state_dict(state, assign=True, strict=not plain.tied)
-    plain.tie_weights()
-    return plain
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

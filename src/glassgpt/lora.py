@@ -29,6 +29,7 @@ from torch import nn
 
 from .errors import GlassError
 from .model import GPTModel
+from .weights import model_from_state
 
 LORA_TARGETS = ("att.W_query", "att.W_key", "att.W_value", "att.out_proj", "ff.layers.0", "ff.layers.2")
 
@@ -112,13 +113,7 @@ def merged_model(model: GPTModel) -> GPTModel:
         w = module.linear.weight
         state[f"{name}.weight"] = w + module.delta_weight().to(w.dtype)
     state = {k: v for k, v in state.items() if not k.rsplit(".", 1)[-1].startswith("lora_")}
-    with torch.device("meta"):
-        plain = GPTModel(model.cfg)
-    if plain.tied:
-        state.pop("out_head.weight", None)
-    plain.load_state_dict(state, assign=True, strict=not plain.tied)
-    plain.tie_weights()
-    return plain.train(model.training)
+    return model_from_state(model.cfg, state).train(model.training)
 
 
 def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -6,7 +6,8 @@ arithmetic with it, so its speed is set by the bytes of weights read: float32 re
 the output head keeps its weight as int8 with one scale per output row
 (symmetric, per channel: `w ~ w_int8 * scale`), and multiplies with PyTorch's own
 int8 weight-only kernel (`torch._weight_int8pack_mm`, the one gpt-fast and torchao
-use). Activations stay bfloat16. Embeddings and LayerNorms are left as they are:
+use); compiled at batch 1, the same products are written out so that inductor fuses
+them (see `Int8Linear.forward`). Activations stay bfloat16. Embeddings and LayerNorms are left as they are:
 a lookup reads one row per token, not the matrix.
 
 The module names (`att.W_query`, `ff.layers.0`, `out_head`, ...) do not change, so

@@ -152,6 +152,19 @@ def _read_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         raise CheckpointError(f"{path} has config.json but no model.safetensors or pytorch_model.bin")
 
 
+def model_from_state(cfg: GPTConfig, state: dict[str, torch.Tensor]) -> GPTModel:
+    """A GPTModel holding `state`'s tensors themselves: built on the meta device and
+    assigned, so nothing is copied. A tied model's head is `tok_emb.weight`, so an
+    `out_head.weight` in `state` is ignored. The model is left in training mode."""
+    with torch.device("meta"):
+        model = GPTModel(cfg)
+    if model.tied:
+        state = {k: v for k, v in state.items() if k != "out_head.weight"}
+    model.load_state_dict(state, assign=True, strict=not model.tied)
+    model.tie_weights()
+    return model
+
+
 def _assign(cfg: GPTConfig, tensors: Iterator[tuple[str, torch.Tensor]], device: torch.device,
             dtype: torch.dtype, source: str) -> GPTModel:
     with torch.device("meta"):
