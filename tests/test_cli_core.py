@@ -190,7 +190,6 @@ def test_info_of_a_missing_model_is_a_one_line_error(capsys):
 # --- download --------------------------------------------------------------------------------
 
 def test_download_offline_is_a_one_line_error(monkeypatch, tmp_path, capsys):
-    pytest.importorskip("huggingface_hub")
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # read at import: the env alone is too late

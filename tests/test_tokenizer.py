@@ -163,12 +163,6 @@ def test_shipped_vocab_files_have_openais_sha256(name):
     assert digest in inspect.getsource(openai_public.gpt2)
 
 
-@pytest.mark.parametrize("name", ["encoder.json", "vocab.bpe"])
-def test_shipped_vocab_files_equal_the_shared_copies(name):
-    path = shared_data(f"gpt2/{name}")
-    assert path.read_bytes() == DATA.joinpath(name).read_bytes()
-
-
 def test_damaged_vocab_file_is_refused(monkeypatch):
     from glassgpt import tokenizer as tokenizer_module
 
@@ -275,7 +269,6 @@ def test_endoftext_in_user_text_is_plain_text_unless_allowed(tok, tiktoken_gpt2)
 def test_the_verdict_matches_tiktoken(tok, tiktoken_gpt2):
     text = shared_data("the-verdict.txt").read_text(encoding="utf-8")
     ids = tok.encode(text)
-    assert len(ids) == 5145
     assert ids == tiktoken_gpt2.encode_ordinary(text)
     assert tok.decode(ids) == text
 
@@ -288,11 +281,8 @@ def test_tinyshakespeare_matches_tiktoken(tok, tiktoken_gpt2):
 
 
 def words_for_the_independent_check() -> list[str]:
-    """A few thousand words: this file's own text, the-verdict when present, and made-up ones."""
-    text = Path(__file__).read_text(encoding="utf-8")
-    verdict = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "the-verdict.txt"
-    if verdict.is_file():
-        text += verdict.read_text(encoding="utf-8")
+    """A few thousand words: this file's own text, the-verdict (or its stand-in), and made-up ones."""
+    text = Path(__file__).read_text(encoding="utf-8") + shared_data("the-verdict.txt").read_text(encoding="utf-8")
     words = text.split()
     words += [" " + w for w in words] + [w.upper() for w in words] + [w[::-1] for w in words]
     return list(dict.fromkeys(words))

@@ -178,7 +178,6 @@ def test_starting_over_an_existing_run_is_refused(tmp_path, corpus):
 
 
 def test_the_run_draws_loss_png(tmp_path, corpus):
-    pytest.importorskip("matplotlib")
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=4, plot=True)
     result = fit(model, task, cfg, tok, progress=False)
     png = Path(cfg.out) / "loss.png"

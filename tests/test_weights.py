@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 
 import glassgpt
@@ -97,7 +98,6 @@ def test_non_gpt2_hf_config_is_refused(hf_tiny, tmp_path):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_export_hf_is_loaded_by_transformers_with_the_same_logits(tmp_path, tied):
-    transformers = pytest.importorskip("transformers")
     cfg = GPTConfig(vocab_size=101, context_length=40, emb_dim=48, n_heads=4, n_layers=2, tie_embeddings=tied)
     model = randomize_(load_model("gpt2", config=cfg), seed=5, std=0.1)
     export_hf(model, tmp_path / "hf")
@@ -111,7 +111,6 @@ def test_export_hf_is_loaded_by_transformers_with_the_same_logits(tmp_path, tied
 
 @pytest.mark.slow
 def test_gpt2_124m_export_hf_is_loaded_by_transformers_with_the_same_logits(tmp_path):
-    transformers = pytest.importorskip("transformers")
     model = load_model("gpt2", seed=0)
     export_hf(model, tmp_path / "hf")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
@@ -121,7 +120,6 @@ def test_gpt2_124m_export_hf_is_loaded_by_transformers_with_the_same_logits(tmp_
 
 
 def test_export_hf_of_qkv_bias_false_writes_zero_biases(tmp_path):
-    transformers = pytest.importorskip("transformers")
     cfg = GPTConfig(vocab_size=101, context_length=40, emb_dim=48, n_heads=4, n_layers=2, qkv_bias=False)
     model = randomize_(load_model("gpt2", config=cfg), seed=6, std=0.1)
     export_hf(model, tmp_path / "hf")
@@ -376,7 +374,6 @@ def test_unknown_spec_lists_the_choices_without_network(spec):
 
 
 def test_hub_id_offline_says_where_to_put_the_files(monkeypatch, tmp_path):
-    pytest.importorskip("huggingface_hub")
     from huggingface_hub import constants
     # huggingface_hub reads HF_HUB_OFFLINE when it is imported: set the constant too.
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
