@@ -1,13 +1,15 @@
 """How many bytes a GPT-2 needs, from its config alone: weights, KV cache, training state.
 
     memory_needs(cfg, dtype, batch_size, seq_len) -> {"weights": bytes, "kv_cache": ..., ...}
+    parameter_table(cfg) -> the parameters of every module, as `glassgpt info` prints them
 
-A back-of-the-envelope count, not a measurement: it follows what the forward pass
-keeps (model.py) and what AdamW stores, so it tells a reader whether gpt2-xl fits
-before they load it. `benchmarks/bench_memory.py` compares it with measured peaks.
-Training counts the activations that backward needs when attention runs through
-a fused kernel (SDPA keeps q, k, v and its output, never the [t, t] scores) and
-no activation checkpointing.
+A back-of-the-envelope count that follows what the forward pass keeps (model.py) and
+what AdamW stores, so it tells a reader whether gpt2-xl fits before they load it.
+tests/test_memory.py holds it to within 20% of the peak that PyTorch's allocator
+records for a real generation and real training steps on a CPU; the process needs some
+more for the allocator's own slack. Training counts the activations that backward
+needs when attention runs through a fused kernel (SDPA keeps q, k, v and its output,
+never the [t, t] scores) and no activation checkpointing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 
 from .config import GPTConfig
+from .model import ATTENTION_BLOCK
 
 INT8 = "int8"  # weight-only int8 (quantize.py): Linear weights 1 byte, the rest bfloat16
 
@@ -56,9 +59,14 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     else:
         weights = n_params * size
     kv_cache = 2 * n * b * t * d * act
-    # A forward's transient peak: the residual stream and a few [b, t, d] temporaries,
-    # the [b, t, 4d] feed-forward hidden, and the logits of the last position.
-    working = b * t * (4 * d + 4 * d) * act + b * cfg.out_dim * 4
+    # A forward's transient peak is in the feed-forward: the residual stream, norm2's output,
+    # the [b, t, 4d] hidden before and after GELU, and the block's output (11 x d per token),
+    # then the last position's float32 logits. A bfloat16 prompt of ATTENTION_BLOCK+ tokens
+    # on a CPU attends a block of queries at a time (model.attention_in_blocks): add one
+    # block's float32 scores and their float32 softmax.
+    working = b * t * 11 * d * act + b * cfg.out_dim * 4
+    if act == 2 and t >= ATTENTION_BLOCK:
+        working += b * cfg.n_heads * ATTENTION_BLOCK * t * (4 + 4)
     inference = weights + kv_cache + working
 
     gradients = n_params * size
@@ -67,8 +75,9 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     # its [b, t, d] reshape, norm2 in/out (9d), ff hidden before and after GELU (8d),
     # plus the dropout masks when drop_rate > 0 (1 byte each, 3 of width d).
     per_token_block = 17 * d * act + (3 * d if cfg.drop_rate > 0 else 0)
-    # The head: final_norm's output, the logits, and cross-entropy's float32 log-softmax.
-    head_acts = b * t * (2 * d * act + cfg.out_dim * act + cfg.out_dim * 4)
+    # The head: final_norm's output, the logits, and their gradient (loss.py never widens all
+    # of them to float32: it works a few rows at a time and writes the gradient in their dtype).
+    head_acts = b * t * (2 * d * act + 2 * cfg.out_dim * act)
     activations = b * t * n * per_token_block + b * t * d * act + head_acts
     training = weights + gradients + adamw_state + activations if name != INT8 else 0
 
@@ -76,11 +85,11 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
         "weights": f"{n_params:,} parameters" + (" (int8 Linear weights + bfloat16 rest)" if name == INT8
                                                   else f" x {size} bytes ({name})"),
         "kv_cache": f"keys and values: 2 x {n} layers x {b} x {t} tokens x {d} x {act} bytes",
-        "inference": "weights + KV cache + one forward's temporaries (feed-forward hidden, last logits)",
+        "inference": "weights + KV cache + one forward's temporaries (11 x d per token, last logits)",
         "gradients": "one gradient per parameter, in the parameters' dtype",
         "adamw_state": "AdamW's exp_avg and exp_avg_sq: two more copies of the parameters",
         "activations": f"kept for backward: ~17 x d per token per block, plus the [b, t, V] logits "
-                       f"and float32 log-softmax ({b} x {t} tokens, SDPA, no checkpointing)",
+                       f"and their gradient ({b} x {t} tokens, SDPA, no checkpointing)",
         "training": "weights + gradients + AdamW state + activations" if name != INT8
                     else "int8 is for inference only",
     }
