@@ -18,6 +18,7 @@ import torch
 
 import glassgpt
 from glassgpt.cli import main
+from glassgpt.quantize import quantize_int8
 
 SMALL = {"vocab_size": 50257, "context_length": 16, "emb_dim": 16, "n_heads": 2, "n_layers": 1}
 
@@ -172,14 +173,38 @@ def test_info_json_holds_config_and_parameters(small, capsys):
     assert rows["tok_emb"] == 50257 * 16
 
 
-def test_info_with_int8_reports_the_int8_memory_estimate(small, capsys):
-    from glassgpt.memory import memory_needs
+def stored_bytes(model: torch.nn.Module) -> int:
+    tensors = {t.data_ptr(): t for t in list(model.parameters()) + list(model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
-    code, out, err = run(["info", "--model", small, "--dtype", "int8", "--json"], capsys)
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_info_reports_the_bytes_a_real_model_of_that_dtype_stores(small, capsys, dtype):
+    code, out, err = run(["info", "--model", small, "--dtype", dtype, "--json"], capsys)
     assert code == 0, err
     mem = json.loads(out)["memory"]
-    cfg = glassgpt.load_model(small).cfg
-    assert mem["dtype"] == "int8" and mem["weights"] == memory_needs(cfg, "int8")["weights"]
+    model = glassgpt.load_model(small, dtype="bfloat16" if dtype == "int8" else dtype)
+    if dtype == "int8":
+        model = quantize_int8(model)
+    assert mem["dtype"] == dtype and mem["weights"] == stored_bytes(model)
+
+
+@pytest.mark.parametrize("spec", ["gpt2-xl", "checkpoint"])
+def test_info_reads_the_config_without_building_any_weights(tmp_path, capsys, monkeypatch, spec):
+    cfg, total = glassgpt.PRESETS["gpt2-xl"], 1_557_611_200  # GPT-2 XL's parameters, tok_emb counted once
+    if spec == "checkpoint":
+        cfg = glassgpt.GPTConfig(vocab_size=50257, context_length=8, emb_dim=8, n_heads=2, n_layers=3)
+        model = glassgpt.load_model("gpt2", config=cfg)
+        spec, total = str(glassgpt.save_model(model, tmp_path / "ckpt")), model.num_parameters()
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("info built a model")
+
+    monkeypatch.setattr(glassgpt.GPTModel, "__init__", no_weights)
+    code, out, err = run(["info", "--model", spec, "--json"], capsys)
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["config"] == cfg.to_dict() and info["parameters"]["total"] == total
 
 
 def test_info_of_a_missing_model_is_a_one_line_error(capsys):
@@ -223,3 +248,11 @@ def test_real_command_generates_offline_with_random_weights_and_says_so(tmp_path
     model = glassgpt.load_model("gpt2", seed=0)
     expected = glassgpt.generate(model, torch.tensor([out["prompt_ids"]]), max_new_tokens=10)[0, 4:].tolist()
     assert out["new_ids"] == expected
+
+
+def test_the_random_weights_note_is_one_line_not_a_python_warning_too(small, capsys):
+    code, out, err = run(["generate", "Hi", "--model", small, "--max-new-tokens", "1", "--json"], capsys)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "random weights" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"note: {small} has random weights")
+    assert "RandomWeightsWarning" not in err and "warnings.warn" not in err

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import glassgpt
-from glassgpt.memory import memory_needs, parameter_counts
+from glassgpt.memory import memory_needs, parameter_counts, parameter_table
 from glassgpt.loss import cross_entropy
 from glassgpt.model import GPTModel, KVCache
 from glassgpt.quantize import quantize_int8
@@ -138,3 +138,51 @@ def test_seq_len_defaults_to_the_context_and_every_count_has_a_note():
 def test_an_unknown_dtype_is_an_error_that_names_it():
     with pytest.raises(glassgpt.GlassError, match="int4"):
         memory_needs(SMALL, "int4")
+
+
+# --- the parameter table, from the config alone -----------------------------------------------
+
+def counted_table(model: GPTModel) -> dict:
+    """The table `parameter_table(cfg)` must equal, counted from a real model's modules."""
+    rows = []
+    for row in parameter_table(model.cfg)["modules"]:
+        name = row["name"]
+        if name.startswith("trf_blocks ("):
+            params = sum(p.numel() for p in model.trf_blocks.parameters())
+            rows.append({**row, "params": params, "shape": ""})
+            continue
+        module = model.get_submodule(name.replace(".N.", ".0."))
+        params = sum(p.numel() for p in module.parameters())
+        if name == "out_head" and model.tied:
+            params -= module.weight.numel()  # counted once, in tok_emb
+        rows.append({**row, "params": params, "shape": str(list(module.weight.shape))})
+    return {"modules": rows, "total": model.num_parameters(),
+            "total_untied": model.num_parameters(count_tied_twice=True), "tied": model.tied}
+
+
+def small_of(preset: str) -> glassgpt.GPTConfig:
+    """The preset's shape family (heads, biases, tying) at a size that builds in milliseconds."""
+    cfg = glassgpt.PRESETS[preset]
+    return dataclasses.replace(cfg, vocab_size=97, context_length=16, emb_dim=2 * cfg.n_heads, n_layers=2)
+
+
+TABLE_CONFIGS = {**{name: small_of(name) for name in glassgpt.PRESETS},
+                 "no-qkv-bias": VARIANTS[1], "untied": VARIANTS[2], "classifier": VARIANTS[3]}
+
+
+@pytest.mark.parametrize("name", list(TABLE_CONFIGS))
+def test_parameter_table_from_the_config_equals_the_one_counted_from_a_model(name):
+    cfg = TABLE_CONFIGS[name]
+    model = random_model(cfg, torch.device("cpu"), torch.float32)
+    table = parameter_table(cfg)
+    assert table == counted_table(model)
+    per_module = [r["params"] for r in table["modules"] if not r["name"].startswith("trf_blocks.N.")]
+    assert sum(per_module) == model.num_parameters()  # every parameter is in exactly one row
+
+
+@pytest.mark.slow
+def test_gpt2_124m_parameter_table_equals_the_one_counted_from_the_model():
+    model = random_model(glassgpt.PRESETS["gpt2"], torch.device("cpu"), torch.float32)
+    table = parameter_table(glassgpt.PRESETS["gpt2"])
+    assert table == counted_table(model)
+    assert table["total"] == 124_439_808 and table["total_untied"] == 163_037_184

@@ -406,3 +406,26 @@ def test_hf_variant_either_matches_transformers_or_is_refused_by_name(tmp_path, 
         assert field in str(err) or str(value) in str(err)
         return
     torch.testing.assert_close(logits(model), logits(hf), **TOL)
+
+
+# --- random weights say so ------------------------------------------------------------------
+
+def test_a_preset_warns_that_its_weights_are_random():
+    with pytest.warns(glassgpt.RandomWeightsWarning, match="gpt2 has random weights"):
+        load_model("gpt2")
+    assert issubclass(glassgpt.RandomWeightsWarning, UserWarning)
+
+
+def test_a_config_file_warns_and_a_checkpoint_does_not(tmp_path):
+    import warnings
+
+    cfg = GPTConfig(vocab_size=101, context_length=16, emb_dim=16, n_heads=2, n_layers=1)
+    config_file = tmp_path / "small.json"
+    config_file.write_text(json.dumps(cfg.to_dict()))
+    with pytest.warns(glassgpt.RandomWeightsWarning, match="small.json has random weights"):
+        model = load_model(str(config_file))
+    path = save_model(model, tmp_path / "ckpt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", glassgpt.RandomWeightsWarning)
+        load_model(path)
+        load_model("gpt2", config=cfg)  # an explicit config: the caller built it on purpose

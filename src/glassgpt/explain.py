@@ -28,6 +28,7 @@ from torch import nn
 
 from .config import GPTConfig
 from .errors import PromptError
+from .memory import parameter_table as config_parameter_table
 from .model import GPTModel
 from .tokenizer import Tokenizer
 
@@ -84,34 +85,9 @@ def _module_params(module: nn.Module) -> int:
 
 
 def parameter_table(model: GPTModel) -> dict[str, Any]:
-    """Per-module parameter counts, and the totals with and without weight tying."""
-    cfg = model.cfg
-    block = model.trf_blocks[0]
-    rows = [
-        _row("tok_emb", model.tok_emb, "vocab -> hidden"),
-        _row("pos_emb", model.pos_emb, "one row per position"),
-    ]
-    for name, sub in (("norm1", block.norm1), ("att.W_query", block.att.W_query), ("att.W_key", block.att.W_key),
-                      ("att.W_value", block.att.W_value), ("att.out_proj", block.att.out_proj),
-                      ("norm2", block.norm2), ("ff.layers.0", block.ff.layers[0]), ("ff.layers.2", block.ff.layers[2])):
-        rows.append(_row(f"trf_blocks.N.{name}", sub, "in each block"))
-    rows.append({"name": f"trf_blocks (x{cfg.n_layers})", "shape": "",
-                 "params": sum(_module_params(b) for b in model.trf_blocks),
-                 "note": f"{_module_params(block):,} per block"})
-    rows.append(_row("final_norm", model.final_norm, ""))
-    head = _row("out_head", model.out_head, "hidden -> classes" if cfg.num_classes else "hidden -> vocab")
-    if model.tied:
-        head["note"] += ": the same tensor as tok_emb.weight, counted once"
-        head["params"] = 0
-    rows.append(head)
-    return {"modules": rows, "total": model.num_parameters(),
-            "total_untied": model.num_parameters(count_tied_twice=True), "tied": model.tied}
-
-
-def _row(name: str, module: nn.Module, note: str) -> dict[str, Any]:
-    weight = getattr(module, "weight", None)
-    shape = str(list(weight.shape)) if weight is not None else ""
-    return {"name": name, "shape": shape, "params": _module_params(module), "note": note}
+    """Per-module parameter counts, and the totals with and without weight tying (memory.py
+    computes them from the config: `glassgpt info` prints the same table without weights)."""
+    return config_parameter_table(model.cfg)
 
 
 def memory_needs(cfg: GPTConfig, dtype: torch.dtype, batch_size: int = 1, seq_len: int | None = None) -> dict[str, Any]:

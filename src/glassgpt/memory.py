@@ -14,6 +14,8 @@ never the [t, t] scores) and no activation checkpointing.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,17 +26,85 @@ from .model import ATTENTION_BLOCK
 INT8 = "int8"  # weight-only int8 (quantize.py): Linear weights 1 byte, the rest bfloat16
 
 
+@dataclass(frozen=True)
+class ModuleShape:
+    """One module's parameters, from the config: its weight's shape and its bias's length."""
+    name: str
+    weight: tuple[int, ...]
+    bias: int
+    kind: str  # "embedding", "norm" (weight and bias) or "linear"
+    note: str = ""
+    tied: bool = False  # the weight is another module's tensor, counted there
+
+    @property
+    def weight_params(self) -> int:
+        return 0 if self.tied else math.prod(self.weight)
+
+    @property
+    def params(self) -> int:
+        return self.weight_params + self.bias
+
+
+def block_modules(cfg: GPTConfig) -> list[ModuleShape]:
+    """The modules of one TransformerBlock (model.py), in order."""
+    d = cfg.emb_dim
+    qkv_bias = d if cfg.qkv_bias else 0
+    return [ModuleShape("norm1", (d,), d, "norm"),
+            ModuleShape("att.W_query", (d, d), qkv_bias, "linear"),
+            ModuleShape("att.W_key", (d, d), qkv_bias, "linear"),
+            ModuleShape("att.W_value", (d, d), qkv_bias, "linear"),
+            ModuleShape("att.out_proj", (d, d), d, "linear"),
+            ModuleShape("norm2", (d,), d, "norm"),
+            ModuleShape("ff.layers.0", (4 * d, d), 4 * d, "linear"),   # d -> 4d
+            ModuleShape("ff.layers.2", (d, 4 * d), d, "linear")]       # 4d -> d
+
+
+def model_modules(cfg: GPTConfig) -> tuple[list[ModuleShape], list[ModuleShape], list[ModuleShape]]:
+    """(before the blocks, one block, after the blocks), as model.py builds them."""
+    d = cfg.emb_dim
+    if cfg.num_classes is not None:
+        head = ModuleShape("out_head", (cfg.out_dim, d), cfg.out_dim, "linear", "hidden -> classes")
+    elif cfg.tie_embeddings:  # GPT-2's choice: the head *is* tok_emb
+        head = ModuleShape("out_head", (cfg.out_dim, d), 0, "linear",
+                      "hidden -> vocab: the same tensor as tok_emb.weight, counted once", tied=True)
+    else:
+        head = ModuleShape("out_head", (cfg.out_dim, d), 0, "linear", "hidden -> vocab")
+    return ([ModuleShape("tok_emb", (cfg.vocab_size, d), 0, "embedding", "vocab -> hidden"),
+             ModuleShape("pos_emb", (cfg.context_length, d), 0, "embedding", "one row per position")],
+            block_modules(cfg),
+            [ModuleShape("final_norm", (d,), d, "norm"), head])
+
+
+def parameter_table(cfg: GPTConfig) -> dict[str, Any]:
+    """Per-module parameter counts and the totals with and without weight tying, from the
+    config alone (no weights are built): what `glassgpt info` and `explain` print."""
+    before, block, after = model_modules(cfg)
+    per_block = sum(m.params for m in block)
+    total = sum(m.params for m in before + after) + cfg.n_layers * per_block
+    tied = sum(math.prod(m.weight) for m in after if m.tied)
+    rows = [_row(m.name, m) for m in before] + [_row(f"trf_blocks.N.{m.name}", m, "in each block") for m in block]
+    rows.append({"name": f"trf_blocks (x{cfg.n_layers})", "shape": "", "params": cfg.n_layers * per_block,
+                 "note": f"{per_block:,} per block"})
+    rows += [_row(m.name, m) for m in after]
+    return {"modules": rows, "total": total, "total_untied": total + tied, "tied": tied > 0}
+
+
+def _row(name: str, module: ModuleShape, note: str | None = None) -> dict[str, Any]:
+    return {"name": name, "shape": str(list(module.weight)), "params": module.params,
+            "note": module.note if note is None else note}
+
+
 def parameter_counts(cfg: GPTConfig) -> dict[str, int]:
     """Parameters by kind: `linear` (the matrices of the blocks and the head), `other` (the rest)."""
-    d, v = cfg.emb_dim, cfg.vocab_size
-    qkv_bias = 3 * d if cfg.qkv_bias else 0
-    block_linear = 4 * d * d + 2 * 4 * d * d                          # W_query, W_key, W_value, out_proj; ff
-    block_other = 2 * 2 * d + qkv_bias + d + 4 * d + d                 # norm1, norm2; biases
-    head = 0 if cfg.tie_embeddings else cfg.out_dim * d               # tied: the head *is* tok_emb
-    head_bias = cfg.out_dim if cfg.num_classes is not None else 0
+    before, block, after = model_modules(cfg)
+    def linear(modules: list[ModuleShape]) -> int:
+        return sum(m.weight_params for m in modules if m.kind == "linear")
+    def total(modules: list[ModuleShape]) -> int:
+        return sum(m.params for m in modules)
+    n_linear = cfg.n_layers * linear(block) + linear(after)
     return {
-        "linear": cfg.n_layers * block_linear + head,
-        "other": v * d + cfg.context_length * d + cfg.n_layers * block_other + 2 * d + head_bias,
+        "linear": n_linear,
+        "other": total(before) + cfg.n_layers * total(block) + total(after) - n_linear,
         "head_rows": cfg.out_dim,  # the int8 head needs its own copy when tied
     }
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -55,6 +56,10 @@ def resolve_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
     return None
 
 
+class RandomWeightsWarning(UserWarning):
+    """`load_model` built a preset (or a config file) with random weights, not trained ones."""
+
+
 def is_random_init(spec: str) -> bool:
     return spec in PRESETS or (str(spec).endswith(".json") and Path(spec).is_file())
 
@@ -66,9 +71,26 @@ def load_model(spec: str | os.PathLike = "gpt2", device: str | torch.device | No
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     spec = str(spec)
-    if config is not None or is_random_init(spec):
-        cfg = config or (PRESETS[spec] if spec in PRESETS else load_config(spec))
-        return random_model(cfg, dev, dt, seed)
+    if config is not None:
+        return random_model(config, dev, dt, seed)
+    if is_random_init(spec):
+        warnings.warn(f"{spec} has random weights (a preset, not trained): the shapes are real, the "
+                      "probabilities and text are not. Load trained weights from a hub id such as "
+                      "openai-community/gpt2 or from a checkpoint directory.", RandomWeightsWarning, stacklevel=2)
+        return random_model(load_model_config(spec), dev, dt, seed)
+    return load_checkpoint(_checkpoint_dir(spec), dev, dt)
+
+
+def load_model_config(spec: str | os.PathLike = "gpt2") -> GPTConfig:
+    """The config of the model that `load_model(spec)` builds, read without building or
+    loading any weights (a hub id is still fetched into the cache)."""
+    spec = str(spec)
+    if is_random_init(spec):
+        return PRESETS[spec] if spec in PRESETS else load_config(spec)
+    return _checkpoint_config(_checkpoint_dir(spec))[0]
+
+
+def _checkpoint_dir(spec: str) -> Path:
     ckpt = resolve_checkpoint_dir(spec)
     if ckpt is None:
         if "/" not in spec or spec.startswith((".", "/")):
@@ -76,7 +98,7 @@ def load_model(spec: str | os.PathLike = "gpt2", device: str | torch.device | No
                 f"no model {spec!r}: use a preset ({', '.join(PRESETS)}), a checkpoint directory, "
                 "or a Hugging Face id such as openai-community/gpt2")
         ckpt = download(spec)
-    return load_checkpoint(ckpt, dev, dt)
+    return ckpt
 
 
 def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
@@ -107,17 +129,20 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
 # --- reading ----------------------------------------------------------------------
 
 def load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> GPTModel:
+    cfg, hf_layout = _checkpoint_config(path)
+    tensors = _hf_to_glassgpt(_read_tensors(path), cfg) if hf_layout else _read_tensors(path)
+    return _assign(cfg, tensors, device, dtype, source=str(path))
+
+
+def _checkpoint_config(path: Path) -> tuple[GPTConfig, bool]:
+    """(the config in path/config.json, whether the checkpoint is in Hugging Face's layout)."""
     raw = _read_json(path / "config.json")
     if "n_embd" in raw or raw.get("model_type") == "gpt2":
-        cfg = config_from_hf(raw, path)
-        tensors = _hf_to_glassgpt(_read_tensors(path), cfg)
-    else:
-        try:
-            cfg = load_config(path / "config.json")
-        except ConfigError as e:
-            raise CheckpointError(f"{path}/config.json is not a GPT-2 config: {e}") from None
-        tensors = _read_tensors(path)
-    return _assign(cfg, tensors, device, dtype, source=str(path))
+        return config_from_hf(raw, path), True
+    try:
+        return load_config(path / "config.json"), False
+    except ConfigError as e:
+        raise CheckpointError(f"{path}/config.json is not a GPT-2 config: {e}") from None
 
 
 def _read_json(path: Path) -> dict:

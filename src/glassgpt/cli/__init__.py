@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from ..errors import GlassError
+from .common import notes_for_warnings
 
 EXIT_USAGE = 2
 
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.run(args) or 0
+        with notes_for_warnings():
+            return args.run(args) or 0
     except GlassError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
+import warnings
 
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
-from ..weights import is_random_init, load_model, load_tokenizer
+from ..weights import RandomWeightsWarning, load_model, load_tokenizer
 
 
 def is_main_rank() -> bool:
@@ -22,6 +24,24 @@ def say(*parts, **kwargs) -> None:
     """print(), on the main rank only: a torchrun job reports once, not once per rank."""
     if is_main_rank():
         print(*parts, **kwargs)
+
+
+@contextlib.contextmanager
+def notes_for_warnings():
+    """Inside, a RandomWeightsWarning (load_model of a preset) prints as one `note: ...` line on
+    stderr, each time a model loads, and not as Python's warning with its file and line."""
+    with warnings.catch_warnings():  # restores showwarning and the filters on exit
+        warnings.simplefilter("always", RandomWeightsWarning)
+        show = warnings.showwarning
+
+        def note(message, category, *args, **kwargs):
+            if issubclass(category, RandomWeightsWarning):
+                say(f"note: {message}", file=sys.stderr)
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = note
+        yield
 
 
 def _number(text: str, kind: type, ok, requirement: str):
@@ -74,17 +94,13 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int
 
 
 def load(args: argparse.Namespace) -> tuple[GPTModel, Tokenizer]:
-    """The model and tokenizer that --model names, with a note on stderr when the weights are random."""
+    """The model and tokenizer that --model names (a preset's RandomWeightsWarning becomes a note: see notes_for_warnings)."""
     model = load_model(args.model, device=args.device, dtype=args.dtype,
                        seed=args.seed if args.seed is not None else 0)
     tokenizer = load_tokenizer(args.model)
     if tokenizer.n_vocab > model.cfg.vocab_size:
         raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
                          f"{model.cfg.vocab_size:,}: the checkpoint's tokenizer.json does not belong to it")
-    if is_random_init(args.model):
-        print(f"note: {args.model} has random weights (a preset, not trained): the shapes are real, the "
-              "probabilities and text are not. Load trained weights with --model openai-community/gpt2 "
-              "or a checkpoint directory.", file=sys.stderr)
     return model, tokenizer
 
 

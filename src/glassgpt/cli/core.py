@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 
-from ..explain import memory_needs, parameter_table
+from ..device import resolve_device, resolve_dtype
 from ..generate import compile_for_generation, decode_stream, stream
+from ..memory import memory_needs, parameter_table
 from ..quantize import quantize_int8
-from ..weights import download
+from ..weights import download, load_model_config
 from .common import add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int, probability
 
 
@@ -79,14 +80,16 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    model, _, int8 = load_int8_or_float(args)
-    rows = parameter_table(model)
-    mem = memory_needs(model.cfg, "int8" if int8 else model.tok_emb.weight.dtype, args.batch_size, args.seq_len)
+    # From the config alone: gpt2-xl's table needs no 6 GB of weights.
+    cfg = load_model_config(args.model)
+    dtype = "int8" if args.dtype == "int8" else resolve_dtype(args.dtype, resolve_device(args.device))
+    rows = parameter_table(cfg)
+    mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len)
     if args.json:
-        print(json.dumps({"config": model.cfg.to_dict(), "parameters": rows, "memory": mem}, indent=2))
+        print(json.dumps({"config": cfg.to_dict(), "parameters": rows, "memory": mem}, indent=2))
         return 0
     print("config")
-    for key, value in model.cfg.to_dict().items():
+    for key, value in cfg.to_dict().items():
         print(f"  {key:<16} {value}")
     print("\nparameters")
     for row in rows["modules"]:
