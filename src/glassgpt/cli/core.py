@@ -19,19 +19,23 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt")
     add_model_args(p, int8=True)
     p.add_argument("--compile", action="store_true", help="torch.compile the model (slow first call, faster steps)")
-    p.add_argument("--max-new-tokens", type=nonneg_int, default=50)
-    p.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 is greedy (default)")
-    p.add_argument("--top-k", type=positive_int, default=None)
-    p.add_argument("--top-p", type=probability, default=None)
+    p.add_argument("--max-new-tokens", type=nonneg_int, default=50, help="tokens to add to the prompt (default: 50)")
+    p.add_argument("--temperature", type=nonneg_float, default=0.0,
+                   help="divide the logits by this before sampling; 0 takes the most likely token, greedy (default: 0)")
+    p.add_argument("--top-k", type=positive_int, default=None,
+                   help="sample among the K most likely tokens only (default: all of them)")
+    p.add_argument("--top-p", type=probability, default=None,
+                   help="sample among the fewest tokens whose probabilities add up to P (default: 1, all of them)")
     p.add_argument("--stop-at-eos", action="store_true", help="stop at <|endoftext|>")
     p.add_argument("--json", action="store_true", help='print {"prompt_ids", "new_ids", "text"} instead of streaming')
     p.set_defaults(run=run_generate)
 
     p = sub.add_parser("info", help="the config, a parameter table, and the memory a model needs")
     add_model_args(p, int8=True)
-    p.add_argument("--batch-size", type=positive_int, default=1, help="batch for the activation estimate")
+    p.add_argument("--batch-size", type=positive_int, default=1,
+                   help="sequences at once, for the KV cache and activation estimates (default: 1)")
     p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: context_length)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the config, parameter table and memory as one JSON object")
     p.set_defaults(run=run_info)
 
     p = sub.add_parser("download", help="fetch a Hugging Face GPT-2 checkpoint into the local cache")

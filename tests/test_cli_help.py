@@ -1,0 +1,76 @@
+"""Every flag in every `--help` has a description, and states its default.
+
+Walks every subcommand of `glassgpt.cli.build_parser()` (nested ones too, e.g.
+`finetune classify`) and checks each option except -h/--help: its help text is not
+empty, and when its default is neither None nor False, the help says "default" and
+names the value (for a number, a number equal to it, however written: 6e-4 or 0.0006).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+import pytest
+
+from glassgpt.cli import build_parser
+
+# Flags of cli/explain.py, cli/train.py and cli/finetune.py that fail today: their owners fix
+# them in their own branches, and the list goes once those are merged (strict: a fixed flag
+# that is still listed fails, so the list cannot go stale).
+NOT_YET_FIXED = {
+    ("explain", "--format"), ("explain", "--color"),                                      # cli/explain.py
+    ("eval", "--data"), ("eval", "--cache-dir"), ("eval", "--device"), ("eval", "--dtype"),  # cli/train.py
+    ("eval", "--json"), ("tokenizer train", "--data"),
+    ("chat", "--input"), ("chat", "--max-new-tokens"), ("chat", "--top-k"), ("chat", "--top-p"),  # cli/finetune.py
+}
+
+
+def subparsers(parser: argparse.ArgumentParser, path: str = ""):
+    """(command path, parser) for every subcommand, depth first."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen = set()
+            for name, sub in action.choices.items():
+                if id(sub) not in seen:  # an alias is the same parser
+                    seen.add(id(sub))
+                    yield f"{path} {name}".strip(), sub
+                    yield from subparsers(sub, f"{path} {name}".strip())
+
+
+def options():
+    """(command, flag, action) for every option of every subcommand but -h/--help."""
+    for command, parser in subparsers(build_parser()):
+        for action in parser._actions:
+            if action.option_strings and not isinstance(action, argparse._HelpAction):
+                yield command, max(action.option_strings, key=len), action, parser
+
+
+def names_the_default(help_text: str, default) -> bool:
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        numbers = re.findall(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", help_text.replace(",", ""))
+        return any(math.isclose(float(n), default, rel_tol=1e-9) for n in numbers)
+    return str(default) in help_text
+
+
+CASES = [pytest.param(action, parser, id=f"{command} {flag}",
+                      marks=[pytest.mark.xfail(strict=True, reason="its module's owner fixes it")]
+                      if (command, flag) in NOT_YET_FIXED else [])
+         for command, flag, action, parser in options()]
+
+
+def test_every_subcommand_has_options_to_check():
+    commands = {command for command, *_ in options()}
+    assert {"generate", "info", "serve", "explain", "train"} <= commands
+
+
+@pytest.mark.parametrize("action, parser", CASES)
+def test_every_flag_has_help_that_states_its_default(action, parser):
+    help_text = parser._get_formatter()._expand_help(action) if action.help else ""
+    assert help_text.strip() and action.help is not argparse.SUPPRESS, "no help text"
+    default = action.default
+    if default is None or default is False or default is argparse.SUPPRESS:
+        return
+    assert "default" in help_text.lower(), f"help does not mention the default {default!r}: {help_text!r}"
+    assert names_the_default(help_text, default), f"help does not name the default {default!r}: {help_text!r}"
