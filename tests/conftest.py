@@ -42,6 +42,12 @@ def shared_data(name: str) -> Path:
     return Path(__file__).parent / "data" / STAND_INS[name]
 
 
+def stored_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's parameters and buffers, each tensor once (a tied one is one tensor)."""
+    tensors = {t.data_ptr(): t for t in list(model.parameters()) + list(model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def randomize_(model: torch.nn.Module, seed: int = 0, std: float = 0.1) -> torch.nn.Module:
     """Every parameter gets fresh random values (LayerNorm scales around 1)."""
     gen = torch.Generator().manual_seed(seed)

@@ -20,6 +20,8 @@ import glassgpt
 from glassgpt.cli import main
 from glassgpt.quantize import quantize_int8
 
+from conftest import stored_bytes
+
 SMALL = {"vocab_size": 50257, "context_length": 16, "emb_dim": 16, "n_heads": 2, "n_layers": 1}
 
 
@@ -171,11 +173,6 @@ def test_info_json_holds_config_and_parameters(small, capsys):
     assert info["parameters"]["tied"] is True
     rows = {row["name"]: row["params"] for row in info["parameters"]["modules"]}
     assert rows["tok_emb"] == 50257 * 16
-
-
-def stored_bytes(model: torch.nn.Module) -> int:
-    tensors = {t.data_ptr(): t for t in list(model.parameters()) + list(model.buffers())}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])

@@ -18,22 +18,19 @@ import pytest
 import torch
 
 import glassgpt
-from glassgpt.memory import memory_needs, parameter_counts, parameter_table
 from glassgpt.loss import cross_entropy
+from glassgpt.memory import memory_needs, parameter_counts, parameter_table
 from glassgpt.model import GPTModel, KVCache
 from glassgpt.quantize import quantize_int8
 from glassgpt.train import TrainConfig, make_optimizer
 from glassgpt.weights import random_model
 
+from conftest import stored_bytes
+
 SMALL = glassgpt.GPTConfig(vocab_size=300, context_length=32, emb_dim=48, n_heads=4, n_layers=3)
 VARIANTS = [SMALL, dataclasses.replace(SMALL, qkv_bias=False),
             dataclasses.replace(SMALL, tie_embeddings=False),
             dataclasses.replace(SMALL, tie_embeddings=False, num_classes=3)]
-
-
-def stored_bytes(model: torch.nn.Module) -> int:
-    tensors = {t.data_ptr(): t for t in list(model.parameters()) + list(model.buffers())}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 @pytest.mark.parametrize("name", list(glassgpt.PRESETS))
