@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import best_reference, common_args, glass_model, hf_model, print_table, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.generate import compile_for_generation, generate  # noqa: E402
-from glassgpt.quantize import quantize_int8  # noqa: E402
+from glassgpt.engine import compile_for_generation, quantize_int8  # noqa: E402
+from glassgpt.generate import generate  # noqa: E402
 
 
 def main() -> None:

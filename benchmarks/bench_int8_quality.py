@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import DATA, machine_info  # noqa: E402
 
 from glassgpt.config import GPTConfig  # noqa: E402
-from glassgpt.quantize import quantize_int8  # noqa: E402
+from glassgpt.engine import quantize_int8  # noqa: E402
 from glassgpt.tokenizer import get_tokenizer  # noqa: E402
 from glassgpt.weights import load_model, load_tokenizer, random_model  # noqa: E402
 

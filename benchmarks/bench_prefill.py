@@ -19,9 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import best_reference, common_args, glass_model, hf_model, print_table, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.generate import compile_for_generation  # noqa: E402
-from glassgpt.model import KVCache  # noqa: E402
-from glassgpt.quantize import quantize_int8  # noqa: E402
+from glassgpt.engine import KVCache, as_engine, compile_for_generation, quantize_int8  # noqa: E402
 
 
 def main() -> None:
@@ -43,8 +41,9 @@ def main() -> None:
     ids = torch.randint(0, cfg.vocab_size, (b, t), generator=torch.Generator().manual_seed(0)).to(device)
 
     def ours(m):
-        dtype = m.tok_emb.weight.dtype
-        return lambda: m(ids, KVCache(cfg, b, max_len=t, device=device, dtype=dtype), last_only=True)
+        engine = as_engine(m)
+        dtype = engine.model.tok_emb.weight.dtype
+        return lambda: engine(ids, KVCache(cfg, b, max_len=t, device=device, dtype=dtype), last_only=True)
 
     fns = {name: ours(m) for name, m in models.items()}
     if not args.no_hf:

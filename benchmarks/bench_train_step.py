@@ -29,7 +29,7 @@ from harness import (common_args, glass_model, hf_model, matmul_peak, print_tabl
 
 from glassgpt.config import PRESETS, GPTConfig  # noqa: E402
 from glassgpt.memory import parameter_counts  # noqa: E402
-from glassgpt.loss import cross_entropy  # noqa: E402
+from glassgpt.engine.loss import cross_entropy  # noqa: E402
 from glassgpt.train import TrainConfig, autocast, make_optimizer  # noqa: E402
 
 

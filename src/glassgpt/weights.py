@@ -116,8 +116,17 @@ def load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> GPT
             cfg = load_config(path / "config.json")
         except ConfigError as e:
             raise CheckpointError(f"{path}/config.json is not a GPT-2 config: {e}") from None
-        tensors = _read_tensors(path)
+        tensors = ((upgrade_name(name), t) for name, t in _read_tensors(path))
     return _assign(cfg, tensors, device, dtype, source=str(path))
+
+
+def upgrade_name(name: str) -> str:
+    """A tensor name of a checkpoint saved before glassgpt's LayerNorms took the book's names
+    (`norm1.weight`/`.bias` -> `norm1.scale`/`.shift`); other names unchanged."""
+    head, _, leaf = name.rpartition(".")
+    if head.endswith(("norm1", "norm2", "final_norm")) and leaf in ("weight", "bias"):
+        return f"{head}.{'scale' if leaf == 'weight' else 'shift'}"
+    return name
 
 
 def _read_json(path: Path) -> dict:
@@ -238,12 +247,12 @@ def _hf_names(cfg: GPTConfig) -> list[tuple[str, str, Callable, Callable]]:
     same = (lambda w: w, lambda w: w)
     transpose = (lambda w: w.t().contiguous(), lambda w: w.t().contiguous())
     table = [("wte.weight", "tok_emb.weight", *same), ("wpe.weight", "pos_emb.weight", *same),
-             ("ln_f.weight", "final_norm.weight", *same), ("ln_f.bias", "final_norm.bias", *same)]
+             ("ln_f.weight", "final_norm.scale", *same), ("ln_f.bias", "final_norm.shift", *same)]
     for i in range(cfg.n_layers):
         h, g = f"h.{i}.", f"trf_blocks.{i}."
         table += [
-            (h + "ln_1.weight", g + "norm1.weight", *same), (h + "ln_1.bias", g + "norm1.bias", *same),
-            (h + "ln_2.weight", g + "norm2.weight", *same), (h + "ln_2.bias", g + "norm2.bias", *same),
+            (h + "ln_1.weight", g + "norm1.scale", *same), (h + "ln_1.bias", g + "norm1.shift", *same),
+            (h + "ln_2.weight", g + "norm2.scale", *same), (h + "ln_2.bias", g + "norm2.shift", *same),
             (h + "attn.c_proj.weight", g + "att.out_proj.weight", *transpose),
             (h + "attn.c_proj.bias", g + "att.out_proj.bias", *same),
             (h + "mlp.c_fc.weight", g + "ff.layers.0.weight", *transpose),

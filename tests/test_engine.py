@@ -1,14 +1,16 @@
-"""Every fast path gives the answers of the plain float32 forward.
+"""The fast engine gives the glass model's answers.
 
-The fast paths: the KV cache (allocated once, sized to the request, written in place),
-bfloat16 weights, torch.compile, and int8 weight-only quantization (quantize.py).
-They are checked on a small model trained for a few seconds on "The Verdict" (or a
-built-in text when ../shared/data is absent), so that its next-token choices have
-real margins, as a trained GPT-2's do; random weights make near-ties that any
-rounding flips. Stated tolerances:
+`glassgpt.engine` runs the same weights faster: `Engine` (a KV cache, the fused or
+blocked attention, the head on the last position), bfloat16 weights, torch.compile and
+int8 weight-only layers. Each is checked against `GPTModel.forward`, mostly on a small
+model trained for a few seconds on a built-in text, so that its next-token choices have
+real margins, as a trained GPT-2's do (random weights make near-ties that any rounding
+flips). Stated tolerances:
 
-- bfloat16: the same greedy tokens; logits within 0.1 + 2% of their size (bf16 keeps
-  8 bits of mantissa, about 0.4% per rounding, over a few roundings per block).
+- float32: logits within 1e-5 of the glass model's (the same sums, another order);
+  greedy tokens identical.
+- bfloat16: the same greedy tokens; logits within 3% of their row's largest logit (bf16
+  keeps 8 bits of mantissa, about 0.4% per rounding, over a few roundings per block).
 - int8: the same greedy tokens; perplexity within 1% of float32's.
 
 Speed itself is never asserted here: benchmarks/ measures it.
@@ -17,6 +19,7 @@ Speed itself is never asserted here: benchmarks/ measures it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -24,28 +27,30 @@ import torch
 import torch.nn.functional as F
 
 import glassgpt
+from glassgpt import GPTConfig
 from glassgpt.cli import main
-from glassgpt.generate import compile_for_generation, generate, stream
-from glassgpt.model import KVCache
-from glassgpt.quantize import INT8_KERNEL_MAX_ROWS, Int8Linear, is_quantized, quantize_int8
+from glassgpt.engine import Engine, KVCache, compile_for_generation, quantize_int8
+from glassgpt.engine.attention import ATTENTION_BLOCK, attention_in_blocks
+from glassgpt.engine.int8 import INT8_KERNEL_MAX_ROWS, Int8Linear, is_quantized
+from glassgpt.errors import PromptError
+from glassgpt.generate import generate, stream
 from glassgpt.weights import random_model
 
-from conftest import SHARED_DATA
+from conftest import make_hf_model, save_hf_model
 
-FALLBACK_TEXT = (  # the first 400 characters of The Verdict, exactly: the same model either way
-    'I HAD always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so '
-    'it was no great surprise to me to hear that, in the height of his glory, he had dropped '
-    'his painting, married a rich widow, and established himself in a villa on the Riviera. '
-    '(Though I rather thought it would have been Rome or Florence.)\n\n"The height of his '
-    'glory"--that was what the women called it. I can hear'
+# Our own words, so the fixture model is the same on every machine (no ../shared needed).
+TEXT = (
+    "The model reads a row of numbers for every token, adds where the token stands, and "
+    "passes the sum through the same block again and again. Each block lets every token "
+    "look back at the ones before it, then widens each row four times and narrows it again. "
+    "At the end one matrix turns every row into a score for each word it knows, and the "
+    "last row's scores say which word comes next. Then it does it all once more."
 )
 
 
-def trained_model(chars: int = 400, steps: int = 200) -> tuple[glassgpt.GPTModel, list[int]]:
-    """A 2-block model that has learnt the first `chars` characters of The Verdict by heart."""
-    path = SHARED_DATA / "the-verdict.txt"
-    text = (path.read_text(encoding="utf-8") if path.is_file() else FALLBACK_TEXT)[:chars]
-    ids = glassgpt.get_tokenizer("char", text=text).encode(text)
+def trained_model(steps: int = 300) -> tuple[glassgpt.GPTModel, list[int]]:
+    """A 2-block character model that has learnt TEXT by heart."""
+    ids = glassgpt.get_tokenizer("char", text=TEXT).encode(TEXT)
     cfg = glassgpt.GPTConfig(vocab_size=max(ids) + 1, context_length=64, emb_dim=64, n_heads=4, n_layers=2)
     model = random_model(cfg, torch.device("cpu"), torch.float32, seed=0).train()
     data = torch.tensor(ids)
@@ -96,6 +101,140 @@ def prompts(ids: list[int], n: int = 4, length: int = 12) -> torch.Tensor:
     return torch.tensor([ids[i * step: i * step + length] for i in range(n)])
 
 
+# --- the engine's forward pass equals the glass model's --------------------------------------
+
+@pytest.mark.parametrize("batch, t", [(1, 1), (2, 9), (3, 32)])
+def test_engine_logits_equal_the_glass_models(tiny_model, batch, t):
+    ids = torch.randint(0, 97, (batch, t), generator=torch.Generator().manual_seed(t))
+    with torch.no_grad():
+        torch.testing.assert_close(Engine(tiny_model)(ids), tiny_model(ids), atol=1e-5, rtol=0)
+
+
+def test_engine_has_no_weights_of_its_own(tiny_model):
+    engine = Engine(tiny_model)
+    assert [n for n, _ in engine.named_parameters()] == ["model." + n for n, _ in tiny_model.named_parameters()]
+    assert engine.model is tiny_model
+
+
+def test_engine_trains_like_the_glass_model(tiny_config):
+    # Dropout 0: the engine's gradients are the glass model's (float32 round-off).
+    model = glassgpt.load_model("gpt2", config=tiny_config, seed=1).train()
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
+    Engine(model)(ids).square().mean().backward()
+    engine_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(ids).square().mean().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(engine_grads[n], p.grad, atol=1e-6, rtol=1e-4, msg=n)
+
+
+def test_cached_greedy_tokens_equal_the_books_loop(tiny_model):
+    # use_cache=False is the book's generate: the whole window through GPTModel at every step.
+    prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(generate(tiny_model, prompt, 40), generate(tiny_model, prompt, 40, use_cache=False))
+
+
+def test_last_only_equals_the_last_row_of_the_full_forward(tiny_model):
+    ids = torch.randint(0, 97, (2, 9))
+    last = Engine(tiny_model)(ids, last_only=True)
+    assert last.shape == (2, 1, 97)
+    # A [b, 1, d] and a [b, t, d] matmul may round differently in float32: 1e-5, not exact.
+    torch.testing.assert_close(last, tiny_model(ids)[:, -1:], atol=1e-5, rtol=0)
+
+
+def test_cache_overflow_is_a_prompt_error(tiny_model):
+    ctx = tiny_model.cfg.context_length
+    cache = KVCache(tiny_model.cfg, batch_size=1)
+    Engine(tiny_model)(torch.zeros(1, ctx - 2, dtype=torch.long), cache)
+    with pytest.raises(PromptError):
+        Engine(tiny_model)(torch.zeros(1, 3, dtype=torch.long), cache)
+
+
+# --- the KV cache -------------------------------------------------------------------------
+
+def test_kv_cache_one_token_at_a_time_matches_full_forward(tiny_model):
+    ids = torch.randint(0, 97, (2, 20))
+    full = tiny_model(ids)
+    cache = KVCache(tiny_model.cfg, batch_size=2)
+    steps = [Engine(tiny_model)(ids[:, i:i + 1], cache) for i in range(20)]
+    assert cache.pos == 20
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("split", [1, 7, 12, 19])
+def test_chunked_prefill_through_the_cache_matches_full_forward(tiny_model, split):
+    ids = torch.randint(0, 97, (2, 20))
+    full = tiny_model(ids)
+    cache = KVCache(tiny_model.cfg, batch_size=2)
+    first = Engine(tiny_model)(ids[:, :split], cache)
+    second = Engine(tiny_model)(ids[:, split:], cache)
+    torch.testing.assert_close(torch.cat([first, second], dim=1), full, atol=1e-5, rtol=0)
+
+
+# --- the CPU attention paths (attention.attend picks them; every other case runs SDPA) -----
+
+@pytest.mark.parametrize("t", [256, 300, 600])
+@pytest.mark.parametrize("dtype, atol", [
+    (torch.float32, 1e-5),   # the same sums in another order
+    (torch.bfloat16, 0.03),  # bf16 inputs and scores, float32 softmax; outputs are O(1)
+])
+def test_attention_in_blocks_equals_fused_attention(t, dtype, atol):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, t, 16) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # float32
+    got = attention_in_blocks(q.to(dtype), k.to(dtype), v.to(dtype))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("start, t", [(5, 1), (37, 1), (40, 300), (7, 128)])
+def test_attention_in_blocks_after_cached_keys_equals_fused_attention(start, t):
+    # Queries at positions start..start+t-1 over keys 0..start+t-1, as with a KV cache
+    # (t = 1 is a decoding step).
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, t, 16)
+    k, v = (torch.randn(2, 3, start + t, 16) for _ in range(2))
+    mask = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(attention_in_blocks(q, k, v), expected, atol=1e-5, rtol=0)
+
+
+def test_bfloat16_long_prompt_in_blocks_matches_the_fused_path():
+    # Without gradients a bfloat16 prompt of >= ATTENTION_BLOCK tokens on a CPU attends in
+    # blocks; the glass model runs SDPA. Logits agree to the bf16 tolerance
+    # the speed tests use (atol 0.1, rtol 0.02, as above).
+    cfg = GPTConfig(vocab_size=97, context_length=2 * ATTENTION_BLOCK, emb_dim=32, n_heads=4, n_layers=2)
+    model = glassgpt.load_model("gpt2", seed=0, config=cfg).to(torch.bfloat16)
+    ids = torch.randint(0, 97, (2, ATTENTION_BLOCK + 44))
+    with torch.no_grad():
+        blocked = Engine(model)(ids).float()
+    fused = model(ids).float()  # the glass model: SDPA
+    torch.testing.assert_close(blocked, fused, atol=0.1, rtol=0.02)
+
+
+def test_kv_cache_reset_starts_over(tiny_model):
+    ids = torch.randint(0, 97, (1, 6))
+    cache = KVCache(tiny_model.cfg, batch_size=1)
+    first = Engine(tiny_model)(ids, cache)
+    cache.reset()
+    torch.testing.assert_close(Engine(tiny_model)(ids, cache), first)
+
+
+
+
+@pytest.mark.slow
+def test_gpt2_124m_kv_cache_matches_full_forward(tmp_path):
+    hf = make_hf_model(seed=0, std=0.02, vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+    model = glassgpt.load_model(save_hf_model(hf, tmp_path / "hf"))
+    ids = torch.randint(0, 50257, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(ids)
+        cache = KVCache(model.cfg, batch_size=1)
+        engine = Engine(model)
+        chunks = [engine(ids[:, :10], cache)] + [engine(ids[:, i:i + 1], cache) for i in range(10, 24)]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, atol=1e-4, rtol=0)
+
+
 # --- the KV cache ---------------------------------------------------------------------------
 
 def test_cached_greedy_tokens_equal_full_forward_tokens_even_past_the_window(trained):
@@ -143,7 +282,7 @@ def test_a_full_kv_cache_is_a_prompt_error_not_a_crash(trained):
     model, ids = trained
     cache = KVCache(model.cfg, 1, max_len=8)
     with pytest.raises(glassgpt.GlassError, match="KV cache holds 8"):
-        model(prompts(ids, n=1, length=9), cache)
+        Engine(model)(prompts(ids, n=1, length=9), cache)
 
 
 # --- bfloat16 -------------------------------------------------------------------------------
@@ -160,7 +299,10 @@ def test_bfloat16_logits_are_within_the_stated_tolerance(trained):
     with torch.no_grad():
         ref = model(x)
         got = copy_of(model, torch.bfloat16)(x).float()
-    torch.testing.assert_close(got, ref, atol=0.1, rtol=0.02)
+    # Each logit within 3% of its row's largest |logit| (here ~12): bf16 rounds every stored
+    # activation to 8 bits of mantissa (~0.4%), a few times per block.
+    scale = ref.abs().amax(dim=-1, keepdim=True)
+    assert ((got - ref).abs() <= 0.03 * scale).all(), ((got - ref).abs() / scale).max()
 
 
 # --- torch.compile --------------------------------------------------------------------------
@@ -191,7 +333,7 @@ def test_compiled_greedy_tokens_equal_eager_tokens(trained):
 
 def test_compiled_int8_greedy_tokens_equal_float32_tokens(trained):
     # Batch 1 is the case int8 is for, and the one where a compiled Int8Linear runs its own
-    # fused dot products (quantize.py) instead of the int8 kernel.
+    # fused dot products (engine/int8.py) instead of the int8 kernel.
     model, ids = trained
     prompt = prompts(ids, n=1)
     from torch._dynamo.utils import counters
@@ -263,6 +405,5 @@ def test_cli_generates_with_int8_weights(tmp_path, capsys):
     path = glassgpt.save_model(glassgpt.load_model("gpt2", config=cfg), tmp_path / "ckpt")
     assert main(["generate", "Every effort moves you", "--model", str(path), "--dtype", "int8",
                  "--max-new-tokens", "3", "--json"]) == 0
-    import json
     out = json.loads(capsys.readouterr().out)
     assert len(out["new_ids"]) == 3
