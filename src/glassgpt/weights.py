@@ -106,16 +106,35 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
 
 # --- reading ----------------------------------------------------------------------
 
-def load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> GPTModel:
+def read_config(spec: str | os.PathLike) -> GPTConfig | None:
+    """The GPTConfig that `load_model(spec)` would build, read without loading any weights
+    (a preset, a config .json, or a local checkpoint); None for a hub id, whose config.json
+    may not be here yet. Lets the CLI check flags against the model before loading it."""
+    spec = str(spec)
+    if spec in PRESETS:
+        return PRESETS[spec]
+    if is_random_init(spec):
+        return load_config(spec)
+    ckpt = resolve_checkpoint_dir(spec)
+    return _checkpoint_config(ckpt)[0] if ckpt is not None else None
+
+
+def _checkpoint_config(path: Path) -> tuple[GPTConfig, bool]:
+    """(config, whether the tensors are in Hugging Face's layout) of a checkpoint directory."""
     raw = _read_json(path / "config.json")
     if "n_embd" in raw or raw.get("model_type") == "gpt2":
-        cfg = config_from_hf(raw, path)
+        return config_from_hf(raw, path), True
+    try:
+        return load_config(path / "config.json"), False
+    except ConfigError as e:
+        raise CheckpointError(f"{path}/config.json is not a GPT-2 config: {e}") from None
+
+
+def load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> GPTModel:
+    cfg, hf_layout = _checkpoint_config(path)
+    if hf_layout:
         tensors = _hf_to_glassgpt(_read_tensors(path), cfg)
     else:
-        try:
-            cfg = load_config(path / "config.json")
-        except ConfigError as e:
-            raise CheckpointError(f"{path}/config.json is not a GPT-2 config: {e}") from None
         tensors = ((upgrade_name(name), t) for name, t in _read_tensors(path))
     return _assign(cfg, tensors, device, dtype, source=str(path))
 
