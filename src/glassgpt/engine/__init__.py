@@ -10,8 +10,10 @@ the glass model (the same greedy tokens in float32; stated tolerances in bfloat1
                   of queries where that measured faster on a CPU
     int8.py       int8 weight-only Linear layers for CPU decoding
     loss.py       cross-entropy a few rows at a time (no float32 copy of the logits)
+    mixed.py      bfloat16 training with a float32 master copy (no casts per activation)
 
-generate.py runs every cached generation through `Engine`; training uses `loss.py`.
+generate.py runs every cached generation through `Engine`; training uses `loss.py` and
+`mixed.py`.
 model.py imports nothing from here: `GPTModel` alone is a complete, correct GPT-2 that
 trains, and `generate(..., use_cache=False)` runs the book's loop on it.
 """
@@ -19,6 +21,7 @@ trains, and `generate(..., use_cache=False)` runs the book's loop on it.
 from .decode import Engine, KVCache, as_engine, compile_for_generation
 from .int8 import Int8Linear, is_quantized, quantize_int8
 from .loss import cross_entropy
+from .mixed import LowPrecisionCopy
 
 __all__ = ["Engine", "KVCache", "as_engine", "compile_for_generation", "Int8Linear", "is_quantized",
-           "quantize_int8", "cross_entropy"]
+           "quantize_int8", "cross_entropy", "LowPrecisionCopy"]
