@@ -18,7 +18,7 @@ import torch
 
 import glassgpt
 from glassgpt.cli import main
-from glassgpt.quantize import quantize_int8
+from glassgpt.engine import quantize_int8
 
 from conftest import stored_bytes
 

@@ -18,10 +18,9 @@ import pytest
 import torch
 
 import glassgpt
-from glassgpt.loss import cross_entropy
+from glassgpt.engine import KVCache, cross_entropy, quantize_int8
 from glassgpt.memory import memory_needs, parameter_counts, parameter_table
-from glassgpt.model import GPTModel, KVCache
-from glassgpt.quantize import quantize_int8
+from glassgpt.model import GPTModel, LayerNorm
 from glassgpt.train import TrainConfig, make_optimizer
 from glassgpt.weights import random_model
 
@@ -152,7 +151,8 @@ def counted_table(model: GPTModel) -> dict:
         params = sum(p.numel() for p in module.parameters())
         if name == "out_head" and model.tied:
             params -= module.weight.numel()  # counted once, in tok_emb
-        rows.append({**row, "params": params, "shape": str(list(module.weight.shape))})
+        weight = module.scale if isinstance(module, LayerNorm) else module.weight
+        rows.append({**row, "params": params, "shape": str(list(weight.shape))})
     return {"modules": rows, "total": model.num_parameters(),
             "total_untied": model.num_parameters(count_tied_twice=True), "tied": model.tied}
 

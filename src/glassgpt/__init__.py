@@ -14,15 +14,16 @@ from .config import PRESETS, GPTConfig, get_config  # noqa: E402
 from .errors import GlassError  # noqa: E402
 from .explain import Trace, trace  # noqa: E402
 from .generate import generate, stream  # noqa: E402
-from .model import GPTModel, KVCache  # noqa: E402
+from .engine import KVCache  # noqa: E402
+from .model import GPTModel  # noqa: E402
 from .tokenizer import Tokenizer, get_tokenizer  # noqa: E402
 from .weights import (  # noqa: E402
-    RandomWeightsWarning, download, export_hf, load_meta, load_model, load_model_config, load_tokenizer, save_model,
+    RandomWeightsWarning, download, export_hf, load_meta, load_model, load_tokenizer, save_model,
 )
 from . import explain_diagram  # noqa: E402  (glassgpt.explain_diagram.to_svg(trace) with no import of its own)
 
 __all__ = [
     "GPTConfig", "PRESETS", "Trace", "trace", "get_config", "GlassError", "generate", "stream", "GPTModel", "KVCache",
-    "Tokenizer", "get_tokenizer", "download", "export_hf", "load_meta", "load_model", "load_model_config",
+    "Tokenizer", "get_tokenizer", "download", "export_hf", "load_meta", "load_model",
     "load_tokenizer", "save_model", "RandomWeightsWarning", "__version__",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .config import GPTConfig
-from .model import ATTENTION_BLOCK
+from .engine.attention import ATTENTION_BLOCK
 
 INT8 = "int8"  # weight-only int8 (quantize.py): Linear weights 1 byte, the rest bfloat16
 
@@ -132,7 +132,7 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     # A forward's transient peak is in the feed-forward: the residual stream, norm2's output,
     # the [b, t, 4d] hidden before and after GELU, and the block's output (11 x d per token),
     # then the last position's float32 logits. A bfloat16 prompt of ATTENTION_BLOCK+ tokens
-    # on a CPU attends a block of queries at a time (model.attention_in_blocks): add one
+    # on a CPU attends a block of queries at a time (engine/attention.py): add one
     # block's float32 scores and their float32 softmax.
     working = b * t * 11 * d * act + b * cfg.out_dim * 4
     if act == 2 and t >= ATTENTION_BLOCK:
@@ -145,7 +145,7 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     # its [b, t, d] reshape, norm2 in/out (9d), ff hidden before and after GELU (8d),
     # plus the dropout masks when drop_rate > 0 (1 byte each, 3 of width d).
     per_token_block = 17 * d * act + (3 * d if cfg.drop_rate > 0 else 0)
-    # The head: final_norm's output, the logits, and their gradient (loss.py never widens all
+    # The head: final_norm's output, the logits, and their gradient (engine/loss.py never widens all
     # of them to float32: it works a few rows at a time and writes the gradient in their dtype).
     head_acts = b * t * (2 * d * act + 2 * cfg.out_dim * act)
     activations = b * t * n * per_token_block + b * t * d * act + head_acts

@@ -7,10 +7,10 @@ import json
 import sys
 
 from ..device import resolve_device, resolve_dtype
-from ..generate import compile_for_generation, decode_stream, stream
+from ..engine import compile_for_generation, quantize_int8
+from ..generate import decode_stream, stream
 from ..memory import memory_needs, parameter_table
-from ..quantize import quantize_int8
-from ..weights import download, load_model_config
+from ..weights import checkpoint_dir, download, read_config
 from .common import add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int, probability
 
 
@@ -84,8 +84,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    # From the config alone: gpt2-xl's table needs no 6 GB of weights.
-    cfg = load_model_config(args.model)
+    # From the config alone: gpt2-xl's table needs no 6 GB of weights (a hub id is fetched, not loaded).
+    cfg = read_config(args.model) or read_config(checkpoint_dir(args.model))
     dtype = "int8" if args.dtype == "int8" else resolve_dtype(args.dtype, resolve_device(args.device))
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len)
