@@ -7,6 +7,9 @@ import math
 import os
 import sys
 
+import torch
+
+from ..device import pick_threads
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
@@ -71,6 +74,26 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int
                         + (", or int8 (weight-only: 4x fewer bytes per token, see benchmarks/RESULTS.md)" if int8 else "")
                         + " (default: float32)")
     p.add_argument("--seed", type=int, default=None, help="random seed (initialisation of presets; sampling)")
+    add_threads_arg(p)
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="CPU threads for the model's ops (default: 1 for models with emb_dim < 512, else all "
+                        "cores; OMP_NUM_THREADS=N also sets it)")
+
+
+def set_threads(requested: int | None, emb_dim: int, file=None) -> int:
+    """Set torch's intra-op threads: --threads, else OMP_NUM_THREADS, else device.pick_threads; say which."""
+    if requested is not None:
+        n, why = requested, "--threads"
+    elif os.environ.get("OMP_NUM_THREADS"):
+        n, why = torch.get_num_threads(), "OMP_NUM_THREADS"
+    else:
+        n, why = pick_threads(emb_dim, torch.get_num_threads())
+    torch.set_num_threads(n)
+    say(f"threads: {n} ({why}; --threads N to change)", file=file or sys.stderr)
+    return n
 
 
 def load(args: argparse.Namespace) -> tuple[GPTModel, Tokenizer]:
@@ -81,11 +104,19 @@ def load(args: argparse.Namespace) -> tuple[GPTModel, Tokenizer]:
     if tokenizer.n_vocab > model.cfg.vocab_size:
         raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
                          f"{model.cfg.vocab_size:,}: the checkpoint's tokenizer.json does not belong to it")
+    set_threads(getattr(args, "threads", None), model.cfg.emb_dim)
     if is_random_init(args.model):
         print(f"note: {args.model} has random weights (a preset, not trained): the shapes are real, the "
               "probabilities and text are not. Load trained weights with --model openai-community/gpt2 "
               "or a checkpoint directory.", file=sys.stderr)
     return model, tokenizer
+
+
+def require_language_model(model: GPTModel, spec: str) -> None:
+    """Refuse a classifier where next-token scores are needed (generate, eval, chat)."""
+    if model.cfg.num_classes is not None:
+        raise GlassError(f"{spec} is a classifier ({model.cfg.num_classes} classes, no next-token head): use "
+                         "glassgpt classify with it, or a language model here")
 
 
 def check_prompt(prompt: str) -> None:
