@@ -34,7 +34,9 @@ from .errors import CheckpointError, ConfigError
 from .model import GPTModel
 from .tokenizer import Tokenizer, get_tokenizer, tokenizer_from_file
 
-CHECKPOINT_SUBDIRS = ("best", "latest")  # a run directory's checkpoints, in order of preference
+# A run directory's checkpoints, in order of preference; `.NAME.old` is a complete checkpoint
+# that a crash between the two renames of a save left (checkpoint.py), read without moving it.
+CHECKPOINT_SUBDIRS = ("best", ".best.old", "latest", ".latest.old")
 
 
 # --- resolving a spec -------------------------------------------------------------
@@ -107,6 +109,9 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
 # --- reading ----------------------------------------------------------------------
 
 def load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> GPTModel:
+    if (path / "train_state.json").is_file():  # a training checkpoint: its files' sha256, finite weights
+        from .checkpoint import verify_checkpoint  # (checkpoint.py builds on this module)
+        verify_checkpoint(path)
     raw = _read_json(path / "config.json")
     if "n_embd" in raw or raw.get("model_type") == "gpt2":
         cfg = config_from_hf(raw, path)

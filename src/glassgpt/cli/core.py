@@ -10,7 +10,8 @@ from ..explain import memory_needs, parameter_table
 from ..generate import compile_for_generation, decode_stream, stream
 from ..quantize import quantize_int8
 from ..weights import download
-from .common import add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int, probability
+from .common import (add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int,
+                     probability, require_language_model)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -51,6 +52,7 @@ def load_int8_or_float(args: argparse.Namespace):
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
     model, tok, int8 = load_int8_or_float(args)
+    require_language_model(model, args.model)
     if int8:
         model = quantize_int8(model)
     if args.compile:
