@@ -1,11 +1,20 @@
 """Greedy generation speed: glassgpt vs Hugging Face transformers, same random weights, same process.
 
 New tokens per second for a 16-token prompt + 64 new tokens (greedy, KV cache), at
-batch 1 and batch 8. Hugging Face runs `generate(use_cache=True, do_sample=False)` with
-SDPA attention in float32 and bfloat16; glassgpt runs `glassgpt.generate` in float32,
-bfloat16, int8 weight-only (quantize.py) and, with --compile, torch.compile'd.
+batch 1 and batch 8, printed in two views (harness.print_views): like for like (each
+glassgpt row against transformers' row of the same precision and compile setting) and
+best against best (each side's fastest row, overall and per precision).
 
-    flock /tmp/glassgpt-bench.lock python benchmarks/bench_generate.py
+Rows. glassgpt: `glassgpt.generate` in float32, bfloat16 and int8 weight-only
+(engine/int8.py), and with --compile the same through `compile_for_generation`.
+transformers: `generate(do_sample=False)` with SDPA attention and its dynamic KV cache in
+float32 and bfloat16; with --compile, bfloat16 with its static cache and a torch.compile'd
+forward (transformers' documented fast path); and, when torchao is installed, its int8
+weight-only route (`torchao.quantization.quantize_(model, Int8WeightOnlyConfig())`, what
+transformers' TorchAoConfig applies), eager and (with --compile) compiled.
+Each row also reports how many of its greedy tokens equal glassgpt float32's.
+
+    flock /tmp/glassgpt-bench.lock python benchmarks/bench_generate.py --compile
     flock /tmp/glassgpt-bench.lock python benchmarks/bench_generate.py --model gpt2-xl --batch 1 --compile
 """
 
@@ -17,11 +26,24 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import best_reference, common_args, glass_model, hf_model, print_table, setup, time_rows  # noqa: E402
+from harness import Row, common_args, glass_model, hf_int8, hf_model, print_views, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.generate import compile_for_generation, generate  # noqa: E402
-from glassgpt.quantize import quantize_int8  # noqa: E402
+from glassgpt.engine import compile_for_generation, quantize_int8  # noqa: E402
+from glassgpt.generate import generate  # noqa: E402
+
+
+def hf_generate(model, ids, n: int, static: bool = False):
+    extra = {"cache_implementation": "static"} if static else {}
+    return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True,
+                          pad_token_id=0, **extra)
+
+
+def agreement(tokens: torch.Tensor, reference: torch.Tensor, prompt_len: int) -> str:
+    """'k/n': new greedy tokens equal to the reference's before the first difference, per row (min)."""
+    new, ref = tokens[:, prompt_len:], reference[:, prompt_len:]
+    same = (new == ref).int().cumprod(dim=1).sum(dim=1)
+    return f"{int(same.min())}/{new.shape[1]} tokens = glassgpt float32's"
 
 
 def main() -> None:
@@ -37,38 +59,52 @@ def main() -> None:
           f"median of {args.repeats}; device {device}")
 
     fp32 = glass_model(cfg, device, torch.float32)
-    models = {"glassgpt float32": fp32, "glassgpt bfloat16": glass_model(cfg, device, torch.bfloat16)}
-    try:
-        models["glassgpt int8"] = quantize_int8(glass_model(cfg, device, torch.float32))
-    except RuntimeError as e:  # a device without the int8 kernel
-        print(f"(int8 skipped: {e})")
-    hf = {}
+    ours = {("glassgpt float32", "float32"): fp32,
+            ("glassgpt bfloat16", "bfloat16"): glass_model(cfg, device, torch.bfloat16)}
+    if device.type == "cpu":
+        ours[("glassgpt int8", "int8")] = quantize_int8(glass_model(cfg, device, torch.float32))
+    theirs = {}
     if not args.no_hf:
-        hf = {"HF float32": hf_model(fp32, torch.float32), "HF bfloat16": hf_model(fp32, torch.bfloat16)}
+        theirs = {("HF float32", "float32"): hf_model(fp32, torch.float32),
+                  ("HF bfloat16", "bfloat16"): hf_model(fp32, torch.bfloat16)}
+        int8 = hf_int8(fp32) if device.type == "cpu" else None
+        if int8 is None:
+            print("(no transformers int8 row: pip install torchao for its int8 weight-only route)")
+        else:
+            theirs[("HF int8 (torchao)", "int8")] = int8
 
     gen = torch.Generator().manual_seed(0)
     for b in args.batch:
         ids = torch.randint(0, cfg.vocab_size, (b, args.prompt_len), generator=gen).to(device)
-        fns = {name: (lambda m=m: generate(m, ids, n)) for name, m in models.items()}
+        fns, meta = {}, {}
+        for (name, precision), m in ours.items():
+            fns[name] = lambda m=m: generate(m, ids, n)
+            meta[name] = (precision, False, False)
+        for (name, precision), m in theirs.items():
+            fns[name] = lambda m=m: hf_generate(m, ids, n)
+            meta[name] = (precision, False, True)
         if args.compile:
             # Fresh graphs per batch size, as in a process that serves one batch size: a second
             # size would get dynamic-shape graphs, which inductor runs slower on a CPU.
             torch._dynamo.reset()
-            for name in ("glassgpt bfloat16", "glassgpt int8"):
-                if name in models:
-                    fns[name + " + compile"] = lambda m=compile_for_generation(models[name]): generate(m, ids, n)
-        for name, m in hf.items():
-            fns[name] = lambda m=m: m.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                               use_cache=True, pad_token_id=0)
+            for (name, precision), m in ours.items():
+                if precision != "float32":
+                    fns[name + " + compile"] = lambda c=compile_for_generation(m): generate(c, ids, n)
+                    meta[name + " + compile"] = (precision, True, False)
+            for (name, precision), m in theirs.items():
+                if precision != "float32":
+                    m.forward = torch.compile(m.forward)  # the static cache keeps every step's shapes fixed
+                    label = f"{name} + static cache + compile"
+                    fns[label] = lambda m=m: hf_generate(m, ids, n, static=True)
+                    meta[label] = (precision, True, True)
         with torch.inference_mode():
             seconds = time_rows(fns, device, args.repeats)
-        rows = [(name, b * n / s) for name, s in seconds.items()]
-        print_table(f"generation, batch {b} ({args.prompt_len} + {n} tokens)", "new tokens/s", rows,
-                    best_reference(rows))
-        if "HF float32" in hf:
-            with torch.inference_mode():
-                same = torch.equal(generate(fp32, ids, n), fns["HF float32"]())
-            print(f"glassgpt float32 greedy tokens identical to HF float32: {'yes' if same else 'NO'}")
+            reference = generate(fp32, ids, n)
+            notes = {name: agreement(fn(), reference, args.prompt_len) for name, fn in fns.items()}
+        rows = [Row(name, b * n / s, *meta[name], note=notes[name]) for name, s in seconds.items()]
+        print_views(f"generation, batch {b} ({args.prompt_len} + {n} tokens)", "new tokens/s", rows)
+        for m in theirs.values():  # back to the eager forward for the next batch size
+            m.__dict__.pop("forward", None)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def child(spec: dict) -> dict:
 
     from glassgpt.config import PRESETS
     from glassgpt.generate import generate
-    from glassgpt.quantize import quantize_int8
+    from glassgpt.engine import quantize_int8
     from glassgpt.train import TrainConfig, autocast, make_optimizer
     from glassgpt.weights import load_model, random_model
 

@@ -1,27 +1,28 @@
 """Prefill speed: one forward over a 1 x 512 prompt that fills the KV cache, glassgpt vs transformers.
 
 Both sides do what generation's first step does: run every prompt token, keep the
-keys/values, and apply the LM head to the last position only (Hugging Face:
-`logits_to_keep=1`; glassgpt: `last_only=True`). Same random weights, same process.
+keys/values, and apply the LM head to the last position only (transformers:
+`logits_to_keep=1`; glassgpt: `Engine(model)(ids, cache, last_only=True)`). Same random
+weights, same process. Rows: float32, bfloat16 and int8 weight-only on both sides
+(transformers' int8 through torchao when installed); with --compile, the bfloat16 and
+int8 rows again through torch.compile (glassgpt: `compile_for_generation`; transformers:
+a torch.compile'd forward). Printed in two views, like for like and best against best.
 
     flock /tmp/glassgpt-bench.lock python benchmarks/bench_prefill.py [--compile]
 """
 
 from __future__ import annotations
 
-import inspect
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import best_reference, common_args, glass_model, hf_model, print_table, setup, time_rows  # noqa: E402
+from harness import Row, common_args, glass_model, hf_int8, hf_model, print_views, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.generate import compile_for_generation  # noqa: E402
-from glassgpt.model import KVCache  # noqa: E402
-from glassgpt.quantize import quantize_int8  # noqa: E402
+from glassgpt.engine import KVCache, as_engine, compile_for_generation, quantize_int8  # noqa: E402
 
 
 def main() -> None:
@@ -36,26 +37,43 @@ def main() -> None:
           f"median of {args.repeats}; device {device}")
 
     fp32 = glass_model(cfg, device, torch.float32)
-    models = {"glassgpt float32": fp32, "glassgpt bfloat16": glass_model(cfg, device, torch.bfloat16),
-              "glassgpt int8": quantize_int8(glass_model(cfg, device, torch.float32))}
-    if args.compile:
-        models["glassgpt bfloat16 + compile"] = compile_for_generation(models["glassgpt bfloat16"])
+    ours = {("glassgpt float32", "float32"): fp32,
+            ("glassgpt bfloat16", "bfloat16"): glass_model(cfg, device, torch.bfloat16)}
+    if device.type == "cpu":
+        ours[("glassgpt int8", "int8")] = quantize_int8(glass_model(cfg, device, torch.float32))
+    theirs = {}
+    if not args.no_hf:
+        theirs = {("HF float32", "float32"): hf_model(fp32, torch.float32),
+                  ("HF bfloat16", "bfloat16"): hf_model(fp32, torch.bfloat16)}
+        int8 = hf_int8(fp32) if device.type == "cpu" else None
+        if int8 is not None:
+            theirs[("HF int8 (torchao)", "int8")] = int8
     ids = torch.randint(0, cfg.vocab_size, (b, t), generator=torch.Generator().manual_seed(0)).to(device)
 
-    def ours(m):
-        dtype = m.tok_emb.weight.dtype
-        return lambda: m(ids, KVCache(cfg, b, max_len=t, device=device, dtype=dtype), last_only=True)
+    def ours_fn(model):
+        engine = as_engine(model)
+        dtype = engine.model.tok_emb.weight.dtype
+        return lambda: engine(ids, KVCache(cfg, b, max_len=t, device=device, dtype=dtype), last_only=True)
 
-    fns = {name: ours(m) for name, m in models.items()}
-    if not args.no_hf:
-        for dtype, name in ((torch.float32, "HF float32"), (torch.bfloat16, "HF bfloat16")):
-            hf = hf_model(fp32, dtype)
-            keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(hf.forward).parameters else {}
-            fns[name] = lambda hf=hf, keep=keep: hf(ids, use_cache=True, **keep)
+    def theirs_fn(model, forward=None):
+        forward = forward or model.forward
+        return lambda: forward(ids, use_cache=True, logits_to_keep=1)
+
+    fns, meta = {}, {}
+    for (name, precision), m in ours.items():
+        fns[name], meta[name] = ours_fn(m), (precision, False, False)
+        if args.compile and precision != "float32":
+            fns[name + " + compile"] = ours_fn(compile_for_generation(m))
+            meta[name + " + compile"] = (precision, True, False)
+    for (name, precision), m in theirs.items():
+        fns[name], meta[name] = theirs_fn(m), (precision, False, True)
+        if args.compile and precision != "float32":
+            fns[name + " + compile"] = theirs_fn(m, torch.compile(m.forward))
+            meta[name + " + compile"] = (precision, True, True)
     with torch.inference_mode():
         seconds = time_rows(fns, device, args.repeats)
-    rows = [(name, b * t / s) for name, s in seconds.items()]
-    print_table(f"prefill {b} x {t}", "tokens/s", rows, best_reference(rows))
+    rows = [Row(name, b * t / s, *meta[name]) for name, s in seconds.items()]
+    print_views(f"prefill {b} x {t}", "tokens/s", rows)
 
 
 if __name__ == "__main__":

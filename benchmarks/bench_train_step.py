@@ -1,11 +1,15 @@
 """Training step speed: tokens/s and MFU, glassgpt vs transformers, same weights and batch.
 
 One step = forward, cross-entropy over every position, backward, AdamW step, zero_grad
-(batch 4 x 256, dropout 0, lr 3e-4, weight decay 0.1, no gradient clipping, no
-`.item()` inside the step). glassgpt's rows use what `glassgpt train` uses:
-`train.make_optimizer` (fused AdamW) and `train.autocast` (bf16 autocast, float32
-master weights). Hugging Face's rows use `torch.optim.AdamW` with its defaults
-(foreach) and the same autocast for its bf16 row.
+(batch 4 x 256, dropout 0, lr 3e-4, weight decay 0.1 on matrices, no gradient clipping,
+no `.item()` inside the step). Two views (harness.print_views):
+
+- like for like: the same optimizer (`train.make_optimizer`: fused AdamW, decay on matrices
+  only) and the same loss (`F.cross_entropy` on float32 logits) on both sides, float32 or
+  bfloat16 autocast, eager or compiled: only the models differ.
+- best against best: glassgpt as `glassgpt train --dtype bfloat16` runs it (the engine:
+  bf16 weights with a float32 master copy, engine/mixed.py, and the chunked loss,
+  engine/loss.py), against transformers' fastest row.
 
 MFU = achieved FLOP/s / measured matmul peak (an n x n matmul on the same device, in
 the row's compute dtype, printed alongside). FLOPs per token = 6 N + 12 L t d
@@ -24,12 +28,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (common_args, glass_model, hf_model, matmul_peak, print_table, setup,  # noqa: E402
-                     time_rows)
+from harness import Row, common_args, glass_model, hf_model, matmul_peak, print_views, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS, GPTConfig  # noqa: E402
+from glassgpt.engine import LowPrecisionCopy, cross_entropy  # noqa: E402
 from glassgpt.memory import parameter_counts  # noqa: E402
-from glassgpt.loss import cross_entropy  # noqa: E402
 from glassgpt.train import TrainConfig, autocast, make_optimizer  # noqa: E402
 
 
@@ -38,29 +41,29 @@ def flops_per_token(cfg: GPTConfig, t: int) -> float:
     return 6 * n_matmul + 12 * cfg.n_layers * t * cfg.emb_dim
 
 
-def ours_step(model, opt, x, y, amp: torch.dtype):
+def plain_step(forward, opt, x, y, amp: torch.dtype):
+    """Autocast forward, F.cross_entropy on float32 logits, backward, optimizer step."""
     device = x.device
 
     def step():
         with autocast(device, amp):
-            logits = model(x)
-        loss = cross_entropy(logits.flatten(0, 1), y.flatten())
+            logits = forward(x)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
 
 
-def hf_step(model, opt, x, y, amp: torch.dtype):
-    device = x.device
-
+def engine_step(copy: LowPrecisionCopy, forward, opt, x, y):
+    """glassgpt train's bfloat16 step: bf16 forward/backward, float32 master update, chunked loss."""
     def step():
-        with autocast(device, amp):
-            logits = model(x, use_cache=False).logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        loss = cross_entropy(forward(x).flatten(0, 1), y.flatten())
         loss.backward()
+        copy.grads_to_master()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        copy.refresh()
     return step
 
 
@@ -72,9 +75,9 @@ def main() -> None:
     device = setup(args)
     cfg = PRESETS[args.model]
     b, t = args.batch, args.seq_len
-    peaks = {dt: matmul_peak(dt, device) for dt in (torch.float32, torch.bfloat16)}
-    print(f"measured matmul peak: float32 {peaks[torch.float32] / 1e9:,.0f} GFLOP/s, "
-          f"bfloat16 {peaks[torch.bfloat16] / 1e9:,.0f} GFLOP/s")
+    peaks = {"float32": matmul_peak(torch.float32, device), "bfloat16": matmul_peak(torch.bfloat16, device)}
+    print(f"measured matmul peak: float32 {peaks['float32'] / 1e9:,.0f} GFLOP/s, "
+          f"bfloat16 {peaks['bfloat16'] / 1e9:,.0f} GFLOP/s")
     fpt = flops_per_token(cfg, t)
     print(f"{args.model}: batch {b} x {t}, AdamW, dropout 0; {fpt / 1e9:.3f} GFLOP per token; "
           f"median of {args.repeats} steps after 2 warm-up steps; device {device}")
@@ -83,31 +86,39 @@ def main() -> None:
     x = torch.randint(0, cfg.vocab_size, (b, t), generator=gen).to(device)
     y = torch.randint(0, cfg.vocab_size, (b, t), generator=gen).to(device)
     tcfg = TrainConfig(out="unused", lr=3e-4, weight_decay=0.1)
-    fns, amps = {}, {}
-    rows_spec = [("glassgpt float32", torch.float32, False), ("glassgpt bfloat16 autocast", torch.bfloat16, False)]
-    if args.compile:
-        rows_spec.append(("glassgpt bfloat16 autocast + compile", torch.bfloat16, True))
-    for name, amp, compiled in rows_spec:
-        model = glass_model(cfg, device, torch.float32).train()
-        opt = make_optimizer(model, tcfg, device)
-        fns[name] = ours_step(torch.compile(model) if compiled else model, opt, x, y, amp)
-        amps[name] = amp
-    if not args.no_hf:
-        base = glass_model(cfg, device, torch.float32)
-        for name, amp in (("HF float32", torch.float32), ("HF bfloat16 autocast", torch.bfloat16)):
-            model = hf_model(base, torch.float32).train()
-            opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-            fns[name] = hf_step(model, opt, x, y, amp)
-            amps[name] = amp
-        del base
+    base = glass_model(cfg, device, torch.float32)
+    compiles = (False, True) if args.compile else (False,)
+    fns, meta = {}, {}
+
+    def add(name, fn, precision, compiled, reference):
+        fns[name], meta[name] = fn, (precision, compiled, reference)
+
+    for compiled in compiles:
+        suffix = " + compile" if compiled else ""
+        for precision, amp in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+            if compiled and precision == "float32":
+                continue
+            model = glass_model(cfg, device, torch.float32).train()
+            add(f"glassgpt {precision}{' autocast' if amp != torch.float32 else ''}{suffix}",
+                plain_step(torch.compile(model) if compiled else model, make_optimizer(model, tcfg, device), x, y, amp),
+                precision, compiled, False)
+            if not args.no_hf:
+                hf = hf_model(base, torch.float32).train()
+                forward = lambda ids, hf=hf: hf(ids, use_cache=False).logits  # noqa: E731
+                add(f"HF {precision}{' autocast' if amp != torch.float32 else ''}{suffix}",
+                    plain_step(torch.compile(forward) if compiled else forward, make_optimizer(hf, tcfg, device),
+                               x, y, amp), precision, compiled, True)
+        master = glass_model(cfg, device, torch.float32).train()
+        copy = LowPrecisionCopy(master, torch.bfloat16)
+        add(f"glassgpt bfloat16 engine (bf16 copy + fp32 master, chunked loss){suffix}",
+            engine_step(copy, torch.compile(copy.module) if compiled else copy.module,
+                        make_optimizer(master, tcfg, device), x, y), "bfloat16", compiled, False)
+    del base
     seconds = time_rows(fns, device, args.repeats, warmup=2)
-    rows = [(name, b * t / s) for name, s in seconds.items()]
-    print_table(f"training step, batch {b} x {t}", "tokens/s", rows, "HF float32" if not args.no_hf else None)
-    print("\nMFU (achieved FLOP/s / measured matmul peak of the row's compute dtype; and vs the bf16 peak)")
-    for name, tps in rows:
-        achieved = tps * fpt
-        print(f"  {name:<40} {achieved / 1e9:8,.1f} GFLOP/s   MFU {achieved / peaks[amps[name]]:6.1%}"
-              f"   vs bf16 peak {achieved / peaks[torch.bfloat16]:6.1%}")
+    rows = [Row(name, b * t / s, *meta[name],
+                note=f"MFU {b * t / s * fpt / peaks[meta[name][0]]:.1%}") for name, s in seconds.items()]
+    print_views(f"training step, batch {b} x {t} (MFU: achieved FLOP/s / the row's dtype matmul peak)",
+                "tokens/s", rows)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -144,22 +145,67 @@ def hf_model(ours, dtype: torch.dtype = torch.float32):
     return hf
 
 
-# --- the table -----------------------------------------------------------------------
+def hf_int8(fp32_model):
+    """transformers' int8 weight-only route on a CPU (torchao), or None when torchao is absent."""
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except ImportError:
+        return None
+    model = hf_model(fp32_model, torch.bfloat16)
+    quantize_(model, Int8WeightOnlyConfig())
+    return model
 
-def print_table(title: str, unit: str, rows: list[tuple[str, float]], reference: str | None) -> None:
-    """Rows of (name, value in `unit`, higher is better); ratios against the row named `reference`."""
-    ref = dict(rows).get(reference) if reference else None
-    width = max(len(name) for name, _ in rows)
-    head = "vs " + (reference or "-")
+
+# --- the table: two views of the same measurements -------------------------------------
+
+@dataclass
+class Row:
+    """One measured configuration. `value` is a rate: higher is better."""
+    name: str
+    value: float
+    precision: str            # float32, bfloat16, int8, ...: what the weights and matmuls run in
+    compiled: bool = False    # torch.compile
+    reference: bool = False   # transformers' (or another reference's) row, not glassgpt's
+    note: str = ""
+
+
+def partner(row: Row, rows: list[Row]) -> Row | None:
+    """The like-for-like reference row: same precision, same compile setting."""
+    for other in rows:
+        if other.reference and other.precision == row.precision and other.compiled == row.compiled:
+            return other
+    return None
+
+
+def print_views(title: str, unit: str, rows: list[Row]) -> dict[str, float]:
+    """The table with both views, then the summary ratios; returns the summary as numbers.
+
+    Like for like: each glassgpt row against the reference row of the same precision and
+    compile setting. Best against best: each side's fastest row, overall and per precision.
+    """
+    width = max(len(r.name) for r in rows)
+    refs = [r for r in rows if r.reference]
+    ours = [r for r in rows if not r.reference]
+    best_ref = max(refs, key=lambda r: r.value) if refs else None
     print(f"\n{title}")
-    print(f"| {'configuration':<{width}} | {unit:>14} | {head:>{len(head)}} |")
-    print(f"|{'-' * (width + 2)}|{'-' * 15}:|{'-' * (len(head) + 1)}:|")
-    for name, value in rows:
-        ratio = f"{value / ref:.2f}x" if ref else ""
-        print(f"| {name:<{width}} | {value:>14,.1f} | {ratio:>{len(head)}} |")
-
-
-def best_reference(rows: list[tuple[str, float]], prefix: str = "HF ") -> str | None:
-    """The fastest reference row: 'Hugging Face in its best configuration'."""
-    refs = [(v, n) for n, v in rows if n.startswith(prefix)]
-    return max(refs)[1] if refs else None
+    print(f"| {'configuration':<{width}} | {unit:>14} | like for like (same precision, same compile) | vs reference's best |")
+    print(f"|{'-' * (width + 2)}|{'-' * 15}:|{'-' * 46}|{'-' * 20}:|")
+    for r in rows:
+        mate = None if r.reference else partner(r, rows)
+        same = f"{r.value / mate.value:.2f}x {mate.name}" if mate else ("" if r.reference else "no such reference row")
+        vs_best = f"{r.value / best_ref.value:.2f}x" if best_ref else ""
+        note = f"  {r.note}" if r.note else ""
+        print(f"| {r.name:<{width}} | {r.value:>14,.1f} | {same:<44} | {vs_best:>18} |{note}")
+    summary: dict[str, float] = {}
+    if best_ref and ours:
+        best = max(ours, key=lambda r: r.value)
+        summary["best_vs_best"] = best.value / best_ref.value
+        print(f"best against best: {best.name} / {best_ref.name} = {summary['best_vs_best']:.2f}x")
+        for precision in dict.fromkeys(r.precision for r in ours):
+            mine = [r for r in ours if r.precision == precision]
+            theirs = [r for r in refs if r.precision == precision]
+            if theirs:
+                a, b = max(mine, key=lambda r: r.value), max(theirs, key=lambda r: r.value)
+                summary[f"{precision}_best_vs_best"] = a.value / b.value
+                print(f"  {precision}, each side's best: {a.name} / {b.name} = {a.value / b.value:.2f}x")
+    return summary

@@ -37,7 +37,7 @@ def randomize_(model: torch.nn.Module, seed: int = 0, std: float = 0.1) -> torch
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen) * std
-            if name.endswith("weight") and ("ln_" in name or "norm" in name):
+            if name.endswith(("weight", "scale")) and ("ln_" in name or "norm" in name):
                 p.copy_(1.0 + noise)
             else:
                 p.copy_(noise)

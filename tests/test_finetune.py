@@ -441,8 +441,8 @@ def test_finetune_instruct_skips_bad_records_and_chat_answers(gpt2_tok_base, tmp
 def test_respond_stops_at_eot_and_returns_only_the_answer(gpt2_tok_base):
     model = glassgpt.load_model(gpt2_tok_base, device="cpu")
     with torch.no_grad():  # every hidden state becomes all-ones, and only eot's row scores it
-        model.final_norm.weight.zero_()
-        model.final_norm.bias.fill_(1.0)
+        model.final_norm.scale.zero_()
+        model.final_norm.shift.fill_(1.0)
         model.out_head.weight.zero_()  # (tied: tok_emb too, which does not matter here)
         model.out_head.weight[GPT2_TOK.eot_id] = 1.0
     assert ft.respond(model, GPT2_TOK, "Say nothing.", max_new_tokens=5) == ""

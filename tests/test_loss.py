@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from glassgpt.loss import CHUNK_ROWS, IGNORE_INDEX, cross_entropy
+from glassgpt.engine.loss import CHUNK_ROWS, IGNORE_INDEX, cross_entropy
 
 
 def loss_and_grad(fn, logits, targets):

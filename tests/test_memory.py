@@ -9,8 +9,8 @@ import torch
 
 import glassgpt
 from glassgpt.memory import memory_needs, parameter_counts
-from glassgpt.model import GPTModel, KVCache
-from glassgpt.quantize import quantize_int8
+from glassgpt.engine import KVCache, quantize_int8
+from glassgpt.model import GPTModel
 from glassgpt.weights import random_model
 
 SMALL = glassgpt.GPTConfig(vocab_size=300, context_length=32, emb_dim=48, n_heads=4, n_layers=3)

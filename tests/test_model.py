@@ -1,4 +1,4 @@
-"""GPTModel: GPT-2's parameter counts, parity with transformers' GPT2LMHeadModel, the KV cache.
+"""GPTModel, the glass model: GPT-2's parameter counts, the book's pieces, parity with transformers.
 
 Parity: a random `GPT2LMHeadModel` (every parameter random, see conftest) is saved with
 `save_pretrained` and loaded through glassgpt's own `load_model`; in fp32 the logits
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import glassgpt
-from glassgpt import PRESETS, GPTConfig, GPTModel, KVCache
+from glassgpt import PRESETS, GPTConfig, GPTModel
 from glassgpt.errors import PromptError
-from glassgpt.model import ATTENTION_BLOCK, attention_in_blocks
+from glassgpt.model import LayerNorm, MultiHeadAttention, attention_weights
 
 from conftest import make_hf_model, save_hf_model
 
@@ -97,7 +97,7 @@ def test_reset_parameters_is_seeded_and_follows_gpt2_init(tiny_config):
         if pa.dim() >= 2:
             assert not torch.equal(pa, pc), name
     block = a.trf_blocks[0]
-    assert torch.all(block.norm1.weight == 1) and torch.all(block.norm1.bias == 0)
+    assert torch.all(block.norm1.scale == 1) and torch.all(block.norm1.shift == 0)
     assert torch.all(block.att.W_query.bias == 0)
     assert a.tied
     # Residual projections are scaled down by 1/sqrt(2 * n_layers); others use std 0.02.
@@ -113,6 +113,59 @@ def test_forward_maps_ids_to_logits_of_shape_b_t_V(tiny_model):
     logits = tiny_model(ids)
     assert logits.shape == (3, 7, 97)
     assert logits.dtype == torch.float32
+
+
+def test_layer_norm_is_the_books_formula():
+    # scale * (x - mean) / sqrt(var + eps) + shift, biased variance: F.layer_norm computes the
+    # same numbers in one kernel (float32 round-off: 1e-5 on outputs of size ~3).
+    torch.manual_seed(0)
+    norm = LayerNorm(48)
+    with torch.no_grad():
+        norm.scale.normal_(1.0, 0.3)
+        norm.shift.normal_(0.0, 0.3)
+    x = torch.randn(2, 5, 48) * 3 + 1
+    mean = x.mean(dim=-1, keepdim=True)
+    var = x.var(dim=-1, keepdim=True, unbiased=False)
+    expected = norm.scale * (x - mean) / torch.sqrt(var + 1e-5) + norm.shift
+    torch.testing.assert_close(norm(x), expected, atol=1e-5, rtol=0)
+    assert [n for n, _ in norm.named_parameters()] == ["scale", "shift"]
+
+
+def test_attention_weights_are_causal_rows_that_sum_to_one():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    w = attention_weights(q, k)
+    assert w.shape == (2, 3, 6, 6)
+    assert torch.all(w.triu(diagonal=1) == 0)  # no token looks ahead
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 6))
+    # Row 0 can only attend to token 0.
+    assert torch.all(w[..., 0, 0] == 1)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_written_out_attention_equals_the_fused_kernel(tiny_config, training):
+    # The book's steps (scores, mask, softmax, context) and F.scaled_dot_product_attention are
+    # the same sums in another order: outputs within float32 round-off (1e-5). Dropout 0, so
+    # training mode (gradients on) compares the same maths.
+    att = MultiHeadAttention(tiny_config).train(training)
+    x = torch.randn(2, 9, tiny_config.emb_dim)
+    assert att.fused
+    fused = att(x)
+    att.fused = False
+    written = att(x)
+    torch.testing.assert_close(written, fused, atol=1e-5, rtol=0)
+
+
+def test_the_glass_model_imports_nothing_from_the_engine():
+    # model.py must stand alone: the KV cache, fast attention and int8 live in glassgpt.engine.
+    import ast
+    import inspect
+
+    import glassgpt.model as model_module
+    tree = ast.parse(inspect.getsource(model_module))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"__future__", "config", "errors", "torch", "torch.nn.functional"}, imported
+    assert not any("cache" in p for p in inspect.signature(GPTModel.forward).parameters)
 
 
 def test_embedding_equals_one_hot_matmul(tiny_model):
@@ -137,14 +190,6 @@ def test_rows_of_a_batch_are_independent(tiny_model):
         torch.testing.assert_close(batched[i:i + 1], tiny_model(ids[i:i + 1]), atol=1e-5, rtol=0)
 
 
-def test_last_only_equals_the_last_row_of_the_full_forward(tiny_model):
-    ids = torch.randint(0, 97, (2, 9))
-    last = tiny_model(ids, last_only=True)
-    assert last.shape == (2, 1, 97)
-    # A [b, 1, d] and a [b, t, d] matmul may round differently in float32: 1e-5, not exact.
-    torch.testing.assert_close(last, tiny_model(ids)[:, -1:], atol=1e-5, rtol=0)
-
-
 def test_dropout_acts_only_in_training_mode(tiny_config):
     model = glassgpt.load_model("gpt2", config=dataclasses.replace(tiny_config, drop_rate=0.5), seed=0)
     ids = torch.randint(0, 97, (2, 10))
@@ -161,84 +206,6 @@ def test_input_longer_than_context_is_a_prompt_error(tiny_model):
     with pytest.raises(PromptError) as err:
         tiny_model(torch.zeros(1, ctx + 1, dtype=torch.long))
     assert f"{ctx + 1}" in str(err.value) and f"{ctx}" in str(err.value)
-
-
-def test_cache_overflow_is_a_prompt_error(tiny_model):
-    ctx = tiny_model.cfg.context_length
-    cache = KVCache(tiny_model.cfg, batch_size=1)
-    tiny_model(torch.zeros(1, ctx - 2, dtype=torch.long), cache)
-    with pytest.raises(PromptError):
-        tiny_model(torch.zeros(1, 3, dtype=torch.long), cache)
-
-
-# --- the KV cache -------------------------------------------------------------------------
-
-def test_kv_cache_one_token_at_a_time_matches_full_forward(tiny_model):
-    ids = torch.randint(0, 97, (2, 20))
-    full = tiny_model(ids)
-    cache = KVCache(tiny_model.cfg, batch_size=2)
-    steps = [tiny_model(ids[:, i:i + 1], cache) for i in range(20)]
-    assert cache.pos == 20
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("split", [1, 7, 12, 19])
-def test_chunked_prefill_through_the_cache_matches_full_forward(tiny_model, split):
-    ids = torch.randint(0, 97, (2, 20))
-    full = tiny_model(ids)
-    cache = KVCache(tiny_model.cfg, batch_size=2)
-    first = tiny_model(ids[:, :split], cache)
-    second = tiny_model(ids[:, split:], cache)
-    torch.testing.assert_close(torch.cat([first, second], dim=1), full, atol=1e-5, rtol=0)
-
-
-# --- the CPU attention paths (model.py picks them; every other case runs SDPA) -----------
-
-@pytest.mark.parametrize("t", [256, 300, 600])
-@pytest.mark.parametrize("dtype, atol", [
-    (torch.float32, 1e-5),   # the same sums in another order
-    (torch.bfloat16, 0.03),  # bf16 inputs and scores, float32 softmax; outputs are O(1)
-])
-def test_attention_in_blocks_equals_fused_attention(t, dtype, atol):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, t, 16) for _ in range(3))
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # float32
-    got = attention_in_blocks(q.to(dtype), k.to(dtype), v.to(dtype))
-    assert got.dtype == dtype
-    torch.testing.assert_close(got.float(), expected, atol=atol, rtol=0)
-
-
-@pytest.mark.parametrize("start, t", [(5, 1), (37, 1), (40, 300), (7, 128)])
-def test_attention_in_blocks_after_cached_keys_equals_fused_attention(start, t):
-    # Queries at positions start..start+t-1 over keys 0..start+t-1, as with a KV cache
-    # (t = 1 is a decoding step).
-    torch.manual_seed(0)
-    q = torch.randn(2, 3, t, 16)
-    k, v = (torch.randn(2, 3, start + t, 16) for _ in range(2))
-    mask = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    torch.testing.assert_close(attention_in_blocks(q, k, v), expected, atol=1e-5, rtol=0)
-
-
-def test_bfloat16_long_prompt_in_blocks_matches_the_fused_path():
-    # Without gradients a bfloat16 prompt of >= ATTENTION_BLOCK tokens on a CPU attends in
-    # blocks; with gradients the same forward runs SDPA. Logits agree to the bf16 tolerance
-    # the speed tests use (tests/test_speed_paths.py: atol 0.1, rtol 0.02).
-    cfg = GPTConfig(vocab_size=97, context_length=2 * ATTENTION_BLOCK, emb_dim=32, n_heads=4, n_layers=2)
-    model = glassgpt.load_model("gpt2", seed=0, config=cfg).to(torch.bfloat16)
-    ids = torch.randint(0, 97, (2, ATTENTION_BLOCK + 44))
-    with torch.no_grad():
-        blocked = model(ids).float()
-    fused = model(ids).float()  # gradients on: SDPA
-    torch.testing.assert_close(blocked, fused, atol=0.1, rtol=0.02)
-
-
-def test_kv_cache_reset_starts_over(tiny_model):
-    ids = torch.randint(0, 97, (1, 6))
-    cache = KVCache(tiny_model.cfg, batch_size=1)
-    first = tiny_model(ids, cache)
-    cache.reset()
-    torch.testing.assert_close(tiny_model(ids, cache), first)
 
 
 # --- parity with transformers ---------------------------------------------------------------
@@ -287,11 +254,7 @@ def test_small_config_matches_transformers_on_cuda(hf_tiny):
     assert model.tok_emb.weight.device.type == "cuda"
     ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        expected = hf(ids).logits
-        torch.testing.assert_close(model(ids.cuda()).cpu(), expected, **TOL)
-        cache = KVCache(model.cfg, batch_size=2, device="cuda")
-        chunked = torch.cat([model(ids[:, :25].cuda(), cache), model(ids[:, 25:].cuda(), cache)], dim=1)
-    torch.testing.assert_close(chunked.cpu(), expected, **TOL)
+        torch.testing.assert_close(model(ids.cuda()).cpu(), hf(ids).logits, **TOL)
 
 
 def test_untied_small_config_matches_transformers(hf_tiny_untied):
@@ -326,14 +289,3 @@ def test_gpt2_124m_matches_transformers_block_by_block(hf_124m):
     assert model.num_parameters() == 124_439_808
     ids = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(0))
     assert_matches_hf(hf, model, ids)
-
-
-@pytest.mark.slow
-def test_gpt2_124m_kv_cache_matches_full_forward(hf_124m):
-    model = glassgpt.load_model(hf_124m[1])
-    ids = torch.randint(0, 50257, (1, 24), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(ids)
-        cache = KVCache(model.cfg, batch_size=1)
-        chunks = [model(ids[:, :10], cache)] + [model(ids[:, i:i + 1], cache) for i in range(10, 24)]
-    torch.testing.assert_close(torch.cat(chunks, dim=1), full, **TOL)

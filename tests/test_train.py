@@ -140,7 +140,7 @@ def test_only_parameters_that_require_grad_change(tmp_path, corpus):
     fit(model, task, cfg, tok, progress=False)
     after = model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
-    assert changed == {"final_norm.weight", "final_norm.bias"}
+    assert changed == {"final_norm.scale", "final_norm.shift"}
 
 
 def test_bfloat16_autocast_trains_with_float32_master_weights(tmp_path, corpus):

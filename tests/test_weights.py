@@ -409,3 +409,27 @@ def test_hf_variant_either_matches_transformers_or_is_refused_by_name(tmp_path, 
         assert field in str(err) or str(value) in str(err)
         return
     torch.testing.assert_close(logits(model), logits(hf), **TOL)
+
+
+def test_a_checkpoint_saved_before_the_books_layernorm_names_still_loads(tmp_path, tiny_model):
+    # Older glassgpt checkpoints call the LayerNorm parameters weight/bias; the book's (and
+    # today's) names are scale/shift.
+    from safetensors.torch import load_file, save_file
+    path = glassgpt.save_model(tiny_model, tmp_path / "ckpt")
+    state = load_file(path / "model.safetensors")
+    old = {k.replace(".scale", ".weight").replace(".shift", ".bias"): v for k, v in state.items()}
+    assert "trf_blocks.0.norm1.weight" in old and "final_norm.bias" in old
+    save_file(old, path / "model.safetensors")
+    loaded = glassgpt.load_model(path)
+    ids = torch.randint(0, 97, (1, 8))
+    torch.testing.assert_close(loaded(ids), tiny_model(ids), atol=0, rtol=0)
+
+
+def test_read_config_reads_no_weights(tmp_path, tiny_model, hf_tiny):
+    from glassgpt.weights import read_config
+    assert read_config("gpt2-xl") == glassgpt.PRESETS["gpt2-xl"]
+    path = glassgpt.save_model(tiny_model, tmp_path / "ckpt")
+    (path / "model.safetensors").write_bytes(b"not read")
+    assert read_config(path) == tiny_model.cfg
+    assert read_config(hf_tiny[1]).emb_dim == 48
+    assert read_config("openai-community/gpt2") is None

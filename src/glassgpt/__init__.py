@@ -14,7 +14,8 @@ from .config import PRESETS, GPTConfig, get_config  # noqa: E402
 from .errors import GlassError  # noqa: E402
 from .explain import Trace, trace  # noqa: E402
 from .generate import generate, stream  # noqa: E402
-from .model import GPTModel, KVCache  # noqa: E402
+from .engine import KVCache  # noqa: E402
+from .model import GPTModel  # noqa: E402
 from .tokenizer import Tokenizer, get_tokenizer  # noqa: E402
 from .weights import download, export_hf, load_meta, load_model, load_tokenizer, save_model  # noqa: E402
 

@@ -50,7 +50,7 @@ from torch import nn
 from .errors import CheckpointError
 from .model import GPTModel
 from .tokenizer import Tokenizer
-from .weights import model_from_state, save_model
+from .weights import model_from_state, save_model, upgrade_name
 
 STATE_FORMAT = "glassgpt-train-state/1"
 
@@ -296,8 +296,8 @@ def load_checkpoint(run_dir: str | os.PathLike, model: nn.Module, optimizer: tor
     path, _ = resume_checkpoint(run_dir)
     state = verify_checkpoint(path)
     source = path / "train_model.safetensors"
-    tensors = _load_tensors(source if source.is_file() else path / "model.safetensors")
-    aliases = dict(state.get("model_aliases") or {})
+    tensors = {upgrade_name(k): v for k, v in _load_tensors(source if source.is_file() else path / "model.safetensors").items()}
+    aliases = {upgrade_name(a): upgrade_name(n) for a, n in (state.get("model_aliases") or {}).items()}
     own = model.state_dict()
     if isinstance(model, GPTModel) and model.tied:
         aliases.setdefault("out_head.weight", "tok_emb.weight")  # save_model stores a tied matrix once
@@ -314,7 +314,7 @@ def _load_optimizer(path: Path, state: dict[str, Any], model: nn.Module, optimiz
     """Optimizer state saved by parameter name, mapped back to this optimizer's parameters."""
     names = {id(p): n for n, p in model.named_parameters()}
     params = dict(model.named_parameters())
-    saved = state["optimizer"]["param_groups"]
+    saved = [{**g, "params": [upgrade_name(n) for n in g["params"]]} for g in state["optimizer"]["param_groups"]]
     current = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     if [g["params"] for g in saved] != current:
         raise CheckpointError(f"{path}: the optimizer was saved for other trainable parameters than "
@@ -327,6 +327,7 @@ def _load_optimizer(path: Path, state: dict[str, Any], model: nn.Module, optimiz
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in _load_tensors(path / "optimizer.safetensors").items():
         name, field = key.rsplit("/", 1)
+        name = upgrade_name(name)
         if hasattr(params[name], "device_mesh") and value.dim() > 0:
             value = _shard_like(value, params[name])
         per_param.setdefault(index[name], {})[field] = value

@@ -35,7 +35,7 @@ import torch
 
 from .errors import GlassError
 from .generate import generate
-from .loss import cross_entropy
+from .engine.loss import cross_entropy
 from .tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, get_tokenizer, iter_text_blocks
 
 CACHE_FORMAT = 1

@@ -16,7 +16,6 @@ it as SVG/PNG. Same shape letters as model.py: b, t, d, h, hd, V.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,7 +27,7 @@ from torch import nn
 
 from .config import GPTConfig
 from .errors import PromptError
-from .model import GPTModel
+from .model import GPTModel, LayerNorm, attention_weights
 from .tokenizer import Tokenizer
 
 VOCAB_TO_HIDDEN = "vocab->hidden"
@@ -128,8 +127,8 @@ def _module_name(module: nn.Module) -> str:
     if isinstance(module, nn.Linear):
         bias = "" if module.bias is not None else ", bias=False"
         return f"nn.Linear({module.in_features}, {module.out_features}{bias})"
-    if isinstance(module, nn.LayerNorm):
-        return f"nn.LayerNorm({module.normalized_shape[0]})"
+    if isinstance(module, LayerNorm):
+        return f"LayerNorm({module.scale.shape[0]})"
     if isinstance(module, nn.GELU):
         return f"nn.GELU(approximate={module.approximate!r})"
     return type(module).__name__
@@ -296,13 +295,11 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, top_k:
 
 
 def _attention_weights(q: torch.Tensor, k: torch.Tensor, h: int, hd: int) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hd)) with the causal mask, from the hooked projections: [b, h, t, t]."""
+    """The model's own `attention_weights` on the hooked projections, in float32: [b, h, t, t]."""
     b, t, _ = q.shape
     q = q.float().view(b, t, h, hd).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
     k = k.float().view(b, t, h, hd).transpose(1, 2)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(hd)  # [b, h, t, t]
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    return attention_weights(q, k)
 
 
 def _block_stages(blk: nn.Module, i: int, seen: dict, attn: torch.Tensor, cfg: GPTConfig) -> list[Stage]:

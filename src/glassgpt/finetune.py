@@ -43,7 +43,7 @@ from .errors import GlassError
 # The LoRA names stay importable from here (glassgpt.finetune.apply_lora, ...), as before lora.py.
 from .lora import (LORA_TARGETS, LoRALinear, apply_lora, count_parameters, has_lora,  # noqa: F401
                    lora_state_dict, merge_lora, merged_model)
-from .loss import IGNORE_INDEX, cross_entropy
+from .engine.loss import IGNORE_INDEX, cross_entropy
 from .model import GPTModel
 from .tokenizer import Tokenizer
 

@@ -4,9 +4,11 @@
 
 Picking: temperature 0 is greedy (argmax); otherwise logits / temperature, optionally
 cut to the top-k ids and/or the smallest set whose probability reaches top-p, then
-sampled with a seeded generator. The KV cache means each step feeds the model one
-token; when the sequence outgrows `context_length`, the model sees the last
-`context_length` tokens (a sliding window, exactly as without a cache).
+sampled with a seeded generator. By default the engine (`glassgpt.engine`) runs the
+model with a KV cache, so each step feeds it one token; `use_cache=False` is the book's
+loop instead, the whole sequence through the glass model at every step. Either way,
+when the sequence outgrows `context_length` the model sees its last `context_length`
+tokens (a sliding window).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from torch import nn
+
+from .engine import KVCache, as_engine
 from .errors import GlassError, PromptError
-from .model import GPTModel, KVCache
-from .quantize import is_quantized
 from .tokenizer import Tokenizer
 
 
@@ -65,17 +68,21 @@ def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None 
 
 
 @torch.inference_mode()
-def stream(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens: int,
+def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: int,
            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
            eos_id: int | None = None, seed: int | None = None, use_cache: bool = True) -> Iterator[torch.Tensor]:
     """Yield the next ids `[b]` one step at a time (see `generate`)."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
-    device = model.tok_emb.weight.device
+    engine = as_engine(model)
+    glass = engine.model  # the GPTModel itself (an Engine, compiled or not, holds it as .model)
+    if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
+        use_cache = False
+    device = glass.tok_emb.weight.device
     prompt = as_batch(ids, device)
     if max_new_tokens == 0:
         return  # nothing to generate: no forward pass at all
     b, t = prompt.shape
-    ctx = model.cfg.context_length
+    ctx = glass.cfg.context_length
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
@@ -84,12 +91,21 @@ def stream(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens: i
     seq = torch.empty(b, t + max_new_tokens, dtype=torch.long, device=device)
     seq[:, :t] = prompt
     # The cache holds what this call can use, not a whole context: short replies stay cheap.
-    cache = KVCache(model.cfg, b, max_len=min(ctx, t + max_new_tokens), device=device,
-                    dtype=model.tok_emb.weight.dtype) if use_cache else None
+    cache = KVCache(glass.cfg, b, max_len=min(ctx, t + max_new_tokens), device=device,
+                    dtype=glass.tok_emb.weight.dtype) if use_cache else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)
 
+    def last_logits(length: int) -> torch.Tensor:
+        """Logits `[b, V]` after seq[:, :length]: one new token through the cache, else the window."""
+        if cache is None:  # the book's loop: the last ctx tokens through the glass model
+            return glass(seq[:, max(0, length - ctx):length])[:, -1]
+        if cache.pos == 0 or cache.pos == cache.max_len:  # first call, or the window is full: refill
+            cache.reset()
+            return engine(seq[:, max(0, length - ctx):length], cache, last_only=True)[:, -1]
+        return engine(seq[:, length - 1:length], cache, last_only=True)[:, -1]
+
     length = t
-    logits = model(seq[:, max(0, length - ctx):length], cache, last_only=True)[:, -1]  # [b, V]
+    logits = last_logits(length)
     for step in range(max_new_tokens):
         next_id = pick_next(logits, temperature, top_k, top_p, generator)  # [b]
         if eos_id is not None:
@@ -100,16 +116,10 @@ def stream(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens: i
         yield next_id
         if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
             return
-        if cache is None or cache.pos == cache.max_len:
-            # No cache, or the window is full: run the last ctx tokens from scratch.
-            if cache is not None:
-                cache.reset()
-            logits = model(seq[:, max(0, length - ctx):length], cache, last_only=True)[:, -1]
-        else:
-            logits = model(seq[:, length - 1:length], cache, last_only=True)[:, -1]
+        logits = last_logits(length)
 
 
-def generate(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens: int,
+def generate(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: int,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              eos_id: int | None = None, seed: int | None = None, use_cache: bool = True) -> torch.Tensor:
     """Extend `ids` (`[t]` or `[b, t]`, int64) by up to `max_new_tokens`; return `[b, t + n]` int64.
@@ -119,44 +129,11 @@ def generate(model: GPTModel, ids: torch.Tensor | Sequence[int], max_new_tokens:
     than `context_length` is kept whole in the output, but the model sees only its
     last `context_length` tokens.
     """
-    prompt = as_batch(ids, model.tok_emb.weight.device)
+    prompt = as_batch(ids, as_engine(model).model.tok_emb.weight.device)
     new = list(stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache))
     if not new:
         return prompt
     return torch.cat([prompt, torch.stack(new, dim=1)], dim=1)
-
-
-def compile_for_generation(model: GPTModel) -> GPTModel:
-    """`model` wrapped by torch.compile for `generate`/`stream` (same calls, same results).
-
-    The first call compiles twice (the prompt, then the one-token step, whose cache
-    position stays symbolic), which takes tens of seconds on a CPU; later steps run
-    the fused code. Graphs are made for the first batch size and prompt length; other
-    sizes get dynamic-shape graphs, which run slower on a CPU (one size per process is
-    the fast case). Every compiled model and batch size adds graphs for the same
-    `forward` code, so the recompile limit is raised above dynamo's default of 8, past
-    which it would silently fall back to eager.
-
-    The options, per kind of model:
-    - float weights: inductor's `freezing` treats the weights as constants, so it can
-      pre-pack them for the CPU's matmul library (it applies only under no_grad and
-      inference mode, as generation runs).
-    - int8 weights (quantize.py): no freezing, which would constant-fold `weight.float()`
-      into a float32 copy and read 4 bytes per weight instead of 1; and a low
-      `realize_opcount_threshold`, so that a LayerNorm's output is computed once and
-      stored, not recomputed inside every dot product of the matmul that reads it.
-    - both: no guards on the model's modules. Each step would otherwise check every
-      parameter and buffer before running (~0.5 ms of a ~8 ms int8 step). The price is
-      that changing the model's modules after compiling is not noticed; generation
-      changes nothing, and a changed model should be compiled again.
-    """
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    options: dict = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-    if is_quantized(model):
-        options.update(freezing=False, realize_opcount_threshold=4)
-    else:
-        options.update(freezing=True)
-    return torch.compile(model, options=options)
 
 
 def decode_stream(tokenizer: Tokenizer, ids: Iterable[int]) -> Iterator[str]:

@@ -1,4 +1,4 @@
-"""GPT-2, written the way the book draws it, and the forward pass and nothing else.
+"""GPT-2 as the book draws it: the forward pass and nothing else.
 
 Shape legend (used in every comment and in explain.py):
     b  batch size            t  tokens in the input       d  emb_dim (768 for gpt2)
@@ -13,12 +13,15 @@ The whole model in one line per stage:
 
 With `tie_embeddings` (GPT-2's choice) `out_head.weight` *is* `tok_emb.weight`.
 
-Follows the book's chapter 4 and OpenAI's GPT-2 (pre-LayerNorm blocks, GELU with
-the tanh approximation, learned absolute positions). Attention runs through
-`scaled_dot_product_attention`, which picks a fused kernel (flash attention on
-GPUs); on a CPU a one-token step and a long bfloat16 prompt attend with plain
-matmuls instead, which measured faster there. A `KVCache` lets generation process
-one new token per step.
+Follows the book's chapters 3 and 4, with its names (`LayerNorm.scale`/`shift`,
+`W_query`, `ff.layers`, ...), so a state dict saved by the book's `GPTModel` fits
+this one (weights.py), and OpenAI's GPT-2 (pre-LayerNorm blocks, GELU with the tanh
+approximation, learned absolute positions). Each piece is written the way the book
+writes it, next to the fused PyTorch call that computes the same numbers faster.
+
+Leaves out everything that only makes it faster: the KV cache, one-token decoding
+steps, blocked CPU attention, int8 weights, torch.compile and the chunked loss live
+in `glassgpt.engine`, which runs these same modules and is tested equal to them.
 """
 
 from __future__ import annotations
@@ -33,81 +36,45 @@ from .config import GPTConfig
 from .errors import PromptError
 
 
-class KVCache:
-    """Keys and values of every layer, allocated once and written in place.
+class LayerNorm(nn.Module):
+    """scale * (x - mean) / sqrt(var + eps) + shift over the last dimension (the book's LayerNorm).
 
-    `k[layer]` and `v[layer]` are `[b, h, max_len, hd]`; positions `[0, pos)` are filled.
-    Appending never reallocates or concatenates, so a decode step costs the same at
-    token 10 as at token 1,000 (apart from attention itself).
-
-    One tensor per layer, not one `[n_layers, ...]` tensor: torch.compile turns a write
-    into a slice of a graph input into a copy of that whole input, so with one shared
-    tensor every layer's write copied all layers' caches (n_layers^2 copies per step).
+    `F.layer_norm` computes exactly this (biased variance, eps inside the root) in one kernel.
     """
 
-    def __init__(self, cfg: GPTConfig, batch_size: int, max_len: int | None = None,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
-        max_len = max_len or cfg.context_length
-        shape = (batch_size, cfg.n_heads, max_len, cfg.head_dim)
-        # Uninitialised on purpose: only positions [0, pos) are ever read, and zeroing a
-        # full-context cache (75 MB for gpt2 at batch 1 in float32) costs more than a short reply.
-        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.max_len = max_len
-        self.pos = 0
+    def __init__(self, emb_dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.scale = nn.Parameter(torch.ones(emb_dim))
+        self.shift = nn.Parameter(torch.zeros(emb_dim))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.k + self.v)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.scale.shape, self.scale, self.shift, self.eps)
 
-    def reset(self) -> None:
-        self.pos = 0
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `k`, `v` ([b, h, t, hd]) at the current position; return all keys/values so far."""
-        end = self.pos + k.shape[2]
-        self.k[layer][:, :, self.pos:end] = k
-        self.v[layer][:, :, self.pos:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+    def extra_repr(self) -> str:
+        return f"{self.scale.shape[0]}, eps={self.eps}"
 
 
-ATTENTION_BLOCK = 128
+def attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """softmax(q @ k.T / sqrt(hd)), each query seeing only itself and earlier tokens: `[b, h, t, t]`.
 
-
-def attention_in_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        block: int = ATTENTION_BLOCK) -> torch.Tensor:
-    """Causal attention written out as the book's chapter 3 does it, a block of queries at a time.
-
-    `q` `[b, h, t, hd]` holds the last t of the positions in `k`, `v` `[b, h, start + t, hd]`
-    (start > 0 when earlier keys come from a KV cache); returns `[b, h, t, hd]`. Queries
-    `s..e-1` see keys `0..start+e-1` only, so a block multiplies against the keys it can see
-    and skips the rest: with 128-query blocks a 512-token prompt computes 5/8 of the full
-    `t x t` scores, and each block's scores stay small enough to sit in the CPU's cache while
-    they are softmaxed (in float32). A one-token decoding step is one block of one query,
-    which sees every key: no mask at all.
-
-    Used on a CPU outside training, where it measured faster than PyTorch's fused kernel
-    (an AVX512-BF16 CPU without AMX; benchmarks/RESULTS.md): for a one-token step, whose
-    fused set-up alone costs ~40 us per layer, and for bfloat16 prompts of 128+ tokens
-    without gradients (1.5x the fused kernel on its own, ~5% of a 512-token gpt2 prefill;
-    256-query blocks were slower than the fused kernel). Everywhere else
-    `scaled_dot_product_attention` runs.
+    The book's chapter 3, step by step. `q`, `k` are `[b, h, t, hd]`; row j of the result
+    says how much token j draws from tokens 0..j (the row sums to 1).
     """
     t, hd = q.shape[-2], q.shape[-1]
-    start = k.shape[-2] - t
-    blocks = []
-    for s in range(0, t, block):
-        e = min(s + block, t)
-        scores = (q[..., s:e, :] @ k[..., :start + e, :].transpose(-1, -2)).float() * (1.0 / math.sqrt(hd))
-        if e - s > 1:  # query start+i may not see keys after it; a lone query sees all it is given
-            future = torch.ones(e - s, start + e, dtype=torch.bool, device=q.device).triu(diagonal=start + s + 1)
-            scores.masked_fill_(future, float("-inf"))
-        blocks.append(scores.softmax(dim=-1).to(v.dtype) @ v[..., :start + e, :])
-    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
+    attn_scores = q @ k.transpose(-2, -1)  # [b, h, t, hd] @ [b, h, hd, t] -> [b, h, t, t]
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(diagonal=1)
+    attn_scores = attn_scores.masked_fill(future, float("-inf"))  # token j may not look at j+1..
+    return torch.softmax(attn_scores / math.sqrt(hd), dim=-1)
 
 
 class MultiHeadAttention(nn.Module):
-    """Causal self-attention with `n_heads` heads of size `head_dim`, as in the book's chapter 3."""
+    """Causal self-attention with `n_heads` heads of size `head_dim` (the book's chapter 3).
+
+    `fused` picks how the heads attend: `F.scaled_dot_product_attention` (True, the default:
+    one kernel, flash attention on GPUs) or the book's written-out steps (False); both give
+    the same numbers, apart from float rounding and the random pattern of attention dropout.
+    """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -118,39 +85,25 @@ class MultiHeadAttention(nn.Module):
         self.W_key = nn.Linear(d, d, bias=cfg.qkv_bias)
         self.W_value = nn.Linear(d, d, bias=cfg.qkv_bias)
         self.out_proj = nn.Linear(d, d)
-        self.drop_rate = cfg.drop_rate
+        self.dropout = nn.Dropout(cfg.drop_rate)
+        self.fused = True
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        # [b, t, d] -> [b, h, t, hd]: each head attends in its own hd-wide slice.
-        q = self.W_query(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.W_key(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        v = self.W_value(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-
-        start = 0
-        if cache is not None:
-            start = cache.pos
-            k, v = cache.update(layer, k, v)  # [b, h, start + t, hd]
-        # softmax(q @ k.T / sqrt(hd), causal) @ v: fused by SDPA, except on a CPU outside
-        # training for a one-token step or a long bfloat16 prompt without gradients, where
-        # the same sums written out measured faster (see attention_in_blocks).
-        if q.device.type == "cpu" and not self.training and (
-                t == 1 or (t >= ATTENTION_BLOCK and q.dtype == torch.bfloat16 and not torch.is_grad_enabled())):
-            context = attention_in_blocks(q, k, v)
-        else:
-            # A single new query sees every cached key: no mask. Several see up to their own
-            # position. (Plain `if`s, `t` tested first: a one-token step never looks at the
-            # cache position, so torch.compile keeps it symbolic instead of recompiling per step.)
-            mask, causal = None, False
-            if t > 1:
-                if start == 0:
-                    causal = True
-                else:  # new queries sit at positions start..start+t-1
-                    mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
+        q = self.split_heads(self.W_query(x))  # each head attends in its own hd-wide slice
+        k = self.split_heads(self.W_key(x))
+        v = self.split_heads(self.W_value(x))
+        if self.fused:
             context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=causal, dropout_p=self.drop_rate if self.training else 0.0,
-            )  # [b, h, t, hd]
-        context = context.transpose(1, 2).reshape(b, t, d)  # [b, h, t, hd] -> [b, t, d]
+                q, k, v, is_causal=True, dropout_p=self.dropout.p if self.training else 0.0)
+        else:
+            attn_weights = self.dropout(attention_weights(q, k))  # [b, h, t, t]
+            context = attn_weights @ v  # [b, h, t, t] @ [b, h, t, hd] -> [b, h, t, hd]
+        context = context.transpose(1, 2).reshape(b, t, d)  # [b, h, t, hd] -> [b, t, d]: heads side by side
         return self.out_proj(context)
 
 
@@ -161,7 +114,8 @@ class FeedForward(nn.Module):
         super().__init__()
         self.layers = nn.Sequential(
             nn.Linear(cfg.emb_dim, 4 * cfg.emb_dim),  # [b, t, d] -> [b, t, 4d]
-            nn.GELU(approximate="tanh"),               # GPT-2's "gelu_new"
+            # The book's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's "gelu_new".
+            nn.GELU(approximate="tanh"),
             nn.Linear(4 * cfg.emb_dim, cfg.emb_dim),  # [b, t, 4d] -> [b, t, d]
         )
 
@@ -170,18 +124,18 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-LayerNorm block: x + attn(norm1(x)), then x + ff(norm2(x)). Width stays d."""
+    """Pre-LayerNorm block: x + att(norm1(x)), then x + ff(norm2(x)). Width stays d."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.emb_dim, eps=1e-5)
+        self.norm1 = LayerNorm(cfg.emb_dim)
         self.att = MultiHeadAttention(cfg)
-        self.norm2 = nn.LayerNorm(cfg.emb_dim, eps=1e-5)
+        self.norm2 = LayerNorm(cfg.emb_dim)
         self.ff = FeedForward(cfg)
         self.drop_shortcut = nn.Dropout(cfg.drop_rate)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.drop_shortcut(self.att(self.norm1(x), cache, layer))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_shortcut(self.att(self.norm1(x)))
         x = x + self.drop_shortcut(self.ff(self.norm2(x)))
         return x
 
@@ -194,7 +148,7 @@ class GPTModel(nn.Module):
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.emb_dim)  # [context_length, d]
         self.drop_emb = nn.Dropout(cfg.drop_rate)
         self.trf_blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = nn.LayerNorm(cfg.emb_dim, eps=1e-5)
+        self.final_norm = LayerNorm(cfg.emb_dim)
         if cfg.num_classes is None:
             self.out_head = nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False)  # hidden -> vocab
         else:
@@ -211,9 +165,9 @@ class GPTModel(nn.Module):
         return self.out_head.weight is self.tok_emb.weight
 
     def reset_parameters(self, seed: int | None = None) -> None:
-        """GPT-2's initialisation: N(0, 0.02) weights, zero biases, and residual
-        projections scaled by 1/sqrt(2 * n_layers) so the residual stream's variance
-        does not grow with depth."""
+        """GPT-2's initialisation: N(0, 0.02) weights, zero biases, LayerNorm scale 1 and shift 0,
+        and residual projections scaled by 1/sqrt(2 * n_layers) so the residual stream's
+        variance does not grow with depth."""
         gen = None
         if seed is not None:
             device = self.tok_emb.weight.device
@@ -224,7 +178,7 @@ class GPTModel(nn.Module):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layers), generator=gen)
             elif p.dim() >= 2:
                 nn.init.normal_(p, 0.0, std, generator=gen)
-            elif "norm" in name and name.endswith("weight"):
+            elif name.endswith(".scale"):
                 nn.init.ones_(p)
             else:
                 nn.init.zeros_(p)
@@ -236,33 +190,17 @@ class GPTModel(nn.Module):
             n += self.out_head.weight.numel()
         return n
 
-    def forward(self, in_idx: torch.Tensor, cache: KVCache | None = None,
-                last_only: bool = False) -> torch.Tensor:
-        """Token ids `[b, t]` (int64) -> logits `[b, t, V]` in the weights' dtype.
-
-        `cache`: keys/values of earlier tokens; `in_idx` then holds only the new ones,
-        placed at positions `cache.pos ...`, and the cache advances by t.
-        `last_only`: apply `out_head` to the last position only (`[b, 1, V]`), as
-        generation needs; it saves a [t, d] x [d, V] matmul.
-        """
+    def forward(self, in_idx: torch.Tensor) -> torch.Tensor:
+        """Token ids `[b, t]` (int64) -> logits `[b, t, V]` in the weights' dtype."""
         b, t = in_idx.shape
-        start = cache.pos if cache is not None else 0
-        if start + t > self.cfg.context_length:
+        if t > self.cfg.context_length:
             raise PromptError(
-                f"input is {start + t:,} tokens but context_length is {self.cfg.context_length:,}: "
+                f"input is {t:,} tokens but context_length is {self.cfg.context_length:,}: "
                 "shorten it (generation keeps only the last context_length tokens)"
             )
-        if cache is not None and start + t > cache.max_len:
-            raise PromptError(f"the KV cache holds {cache.max_len:,} positions but {start + t:,} are needed: "
-                              "make the KVCache with a larger max_len")
         x = self.tok_emb(in_idx)  # [b, t] -> [b, t, d]: row in_idx[i, j] of the [V, d] matrix
-        positions = torch.arange(start, start + t, device=in_idx.device)
-        x = self.drop_emb(x + self.pos_emb(positions))  # + [t, d], broadcast over the batch
-        for layer, block in enumerate(self.trf_blocks):
-            x = block(x, cache, layer)
-        if cache is not None:
-            cache.pos += t
+        x = self.drop_emb(x + self.pos_emb(torch.arange(t, device=in_idx.device)))  # + [t, d], for every row
+        for block in self.trf_blocks:
+            x = block(x)
         x = self.final_norm(x)
-        if last_only:
-            x = x[:, -1:]
         return self.out_head(x)  # [b, t, d] -> [b, t, V]: x @ out_head.weight.T

@@ -108,21 +108,49 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
 
 # --- reading ----------------------------------------------------------------------
 
+def read_config(spec: str | os.PathLike) -> GPTConfig | None:
+    """The GPTConfig that `load_model(spec)` would build, read without loading any weights
+    (a preset, a config .json, or a local checkpoint); None for a hub id, whose config.json
+    may not be here yet. Lets the CLI check flags against the model before loading it."""
+    spec = str(spec)
+    if spec in PRESETS:
+        return PRESETS[spec]
+    if is_random_init(spec):
+        return load_config(spec)
+    ckpt = resolve_checkpoint_dir(spec)
+    return _checkpoint_config(ckpt)[0] if ckpt is not None else None
+
+
+def _checkpoint_config(path: Path) -> tuple[GPTConfig, bool]:
+    """(config, whether the tensors are in Hugging Face's layout) of a checkpoint directory."""
+    raw = _read_json(path / "config.json")
+    if "n_embd" in raw or raw.get("model_type") == "gpt2":
+        return config_from_hf(raw, path), True
+    try:
+        return load_config(path / "config.json"), False
+    except ConfigError as e:
+        raise CheckpointError(f"{path}/config.json is not a GPT-2 config: {e}") from None
+
+
 def load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> GPTModel:
     if (path / "train_state.json").is_file():  # a training checkpoint: its files' sha256, finite weights
         from .checkpoint import verify_checkpoint  # (checkpoint.py builds on this module)
         verify_checkpoint(path)
-    raw = _read_json(path / "config.json")
-    if "n_embd" in raw or raw.get("model_type") == "gpt2":
-        cfg = config_from_hf(raw, path)
+    cfg, hf_layout = _checkpoint_config(path)
+    if hf_layout:
         tensors = _hf_to_glassgpt(_read_tensors(path), cfg)
     else:
-        try:
-            cfg = load_config(path / "config.json")
-        except ConfigError as e:
-            raise CheckpointError(f"{path}/config.json is not a GPT-2 config: {e}") from None
-        tensors = _read_tensors(path)
+        tensors = ((upgrade_name(name), t) for name, t in _read_tensors(path))
     return _assign(cfg, tensors, device, dtype, source=str(path))
+
+
+def upgrade_name(name: str) -> str:
+    """A tensor name of a checkpoint saved before glassgpt's LayerNorms took the book's names
+    (`norm1.weight`/`.bias` -> `norm1.scale`/`.shift`); other names unchanged."""
+    head, _, leaf = name.rpartition(".")
+    if head.endswith(("norm1", "norm2", "final_norm")) and leaf in ("weight", "bias"):
+        return f"{head}.{'scale' if leaf == 'weight' else 'shift'}"
+    return name
 
 
 def _read_json(path: Path) -> dict:
@@ -243,12 +271,12 @@ def _hf_names(cfg: GPTConfig) -> list[tuple[str, str, Callable, Callable]]:
     same = (lambda w: w, lambda w: w)
     transpose = (lambda w: w.t().contiguous(), lambda w: w.t().contiguous())
     table = [("wte.weight", "tok_emb.weight", *same), ("wpe.weight", "pos_emb.weight", *same),
-             ("ln_f.weight", "final_norm.weight", *same), ("ln_f.bias", "final_norm.bias", *same)]
+             ("ln_f.weight", "final_norm.scale", *same), ("ln_f.bias", "final_norm.shift", *same)]
     for i in range(cfg.n_layers):
         h, g = f"h.{i}.", f"trf_blocks.{i}."
         table += [
-            (h + "ln_1.weight", g + "norm1.weight", *same), (h + "ln_1.bias", g + "norm1.bias", *same),
-            (h + "ln_2.weight", g + "norm2.weight", *same), (h + "ln_2.bias", g + "norm2.bias", *same),
+            (h + "ln_1.weight", g + "norm1.scale", *same), (h + "ln_1.bias", g + "norm1.shift", *same),
+            (h + "ln_2.weight", g + "norm2.scale", *same), (h + "ln_2.bias", g + "norm2.shift", *same),
             (h + "attn.c_proj.weight", g + "att.out_proj.weight", *transpose),
             (h + "attn.c_proj.bias", g + "att.out_proj.bias", *same),
             (h + "mlp.c_fc.weight", g + "ff.layers.0.weight", *transpose),

@@ -7,8 +7,8 @@ import json
 import sys
 
 from ..explain import memory_needs, parameter_table
-from ..generate import compile_for_generation, decode_stream, stream
-from ..quantize import quantize_int8
+from ..engine import compile_for_generation, quantize_int8
+from ..generate import decode_stream, stream
 from ..weights import download
 from .common import (add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int,
                      probability, require_language_model)

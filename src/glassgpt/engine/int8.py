@@ -14,7 +14,7 @@ The module names (`att.W_query`, `ff.layers.0`, `out_head`, ...) do not change, 
 hooks and the explain view see the same model; the state_dict does change (int8
 `weight` plus `scales`), so a quantized model is for running, not for saving.
 Quality cost: see `benchmarks/RESULTS.md` (perplexity before and after) and
-`tests/test_speed_paths.py`.
+`tests/test_engine.py`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import GPTModel
+from ..model import GPTModel
 
 # Above this many rows the int8 kernel (a matrix-vector product at heart) loses to
 # dequantizing the weight once and running a bfloat16 matmul (measured on an

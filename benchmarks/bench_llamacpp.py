@@ -1,0 +1,197 @@
+"""glassgpt vs llama.cpp at each precision: batch-1 generation and a 512-token prefill, same weights.
+
+Optional: it runs when `llama-cpp-python` (built from source with native flags, e.g.
+`CMAKE_ARGS="-DGGML_NATIVE=ON" pip install --no-binary llama-cpp-python llama-cpp-python`)
+and `gguf` (llama.cpp's own Python package for the file format) are installed, and says
+so and exits otherwise.
+
+The same random GPT-2 is written to GGUF files here, one per precision (f32, bf16, q8_0,
+q4_0), in llama.cpp's GPT-2 layout: `token_embd`, `position_embd`, `blk.N.attn_norm`,
+`blk.N.attn_qkv` (W_query, W_key, W_value stacked), `attn_output`, `ffn_norm`, `ffn_up`,
+`ffn_down`, `output_norm`, with GPT-2's vocabulary and merges. Both sides then decode the
+same 16-token prompt greedily for 64 tokens (new tokens/s) and prefill 512 tokens
+(tokens/s), with the same number of threads; llama.cpp with and without flash attention.
+Pairs: float32 / f32, bfloat16 / bf16, int8 / q8_0 (glassgpt's int8 is per-row int8, q8_0
+per-32-weight blocks), and q4_0 alone (glassgpt has no 4-bit path). The greedy tokens of
+each llama.cpp file are compared with glassgpt float32's.
+
+    flock /tmp/glassgpt-bench.lock python benchmarks/bench_llamacpp.py [--compile]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Row, common_args, glass_model, print_views, setup, time_rows  # noqa: E402
+
+from glassgpt.config import PRESETS  # noqa: E402
+from glassgpt.engine import KVCache, as_engine, compile_for_generation, quantize_int8  # noqa: E402
+from glassgpt.generate import generate  # noqa: E402
+from glassgpt.tokenizer import _read_vocab_file  # noqa: E402
+
+GGUF_TYPES = {"f32": "F32", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
+PRECISION = {"f32": "float32", "bf16": "bfloat16", "q8_0": "int8", "q4_0": "4-bit"}
+
+
+def write_gguf(model, path: Path, kind: str) -> Path:
+    """`model`'s weights as a llama.cpp GPT-2 GGUF file, the matrices stored as `kind`."""
+    import gguf
+
+    cfg = model.cfg
+    qtype = getattr(gguf.GGMLQuantizationType, GGUF_TYPES[kind])
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[kind]
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_name(f"glassgpt-random-{kind}")
+    w.add_context_length(cfg.context_length)
+    w.add_embedding_length(cfg.emb_dim)
+    w.add_feed_forward_length(4 * cfg.emb_dim)
+    w.add_block_count(cfg.n_layers)
+    w.add_head_count(cfg.n_heads)
+    w.add_layer_norm_eps(1e-5)
+    w.add_file_type(file_type)
+    encoder = json.loads(_read_vocab_file("encoder.json"))
+    tokens = sorted(encoder, key=encoder.get)
+    merges = [line for line in _read_vocab_file("vocab.bpe").decode("utf-8").splitlines()[1:] if line]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t == "<|endoftext|>" else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(encoder["<|endoftext|>"])
+    w.add_eos_token_id(encoder["<|endoftext|>"])
+
+    def tensor(name: str, t: torch.Tensor, matrix: bool = False) -> None:
+        data = t.detach().float().contiguous().numpy()
+        if matrix and kind != "f32":
+            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, data.astype(np.float32))
+
+    sd = model.state_dict()
+    tensor("token_embd.weight", sd["tok_emb.weight"], matrix=True)
+    tensor("position_embd.weight", sd["pos_emb.weight"])
+    for i in range(cfg.n_layers):
+        g = f"trf_blocks.{i}."
+        tensor(f"blk.{i}.attn_norm.weight", sd[g + "norm1.scale"])
+        tensor(f"blk.{i}.attn_norm.bias", sd[g + "norm1.shift"])
+        qkv = [sd[g + f"att.{p}.weight"] for p in ("W_query", "W_key", "W_value")]
+        tensor(f"blk.{i}.attn_qkv.weight", torch.cat(qkv), matrix=True)  # [3d, d]
+        tensor(f"blk.{i}.attn_qkv.bias", torch.cat([sd[g + f"att.{p}.bias"] for p in ("W_query", "W_key", "W_value")]))
+        tensor(f"blk.{i}.attn_output.weight", sd[g + "att.out_proj.weight"], matrix=True)
+        tensor(f"blk.{i}.attn_output.bias", sd[g + "att.out_proj.bias"])
+        tensor(f"blk.{i}.ffn_norm.weight", sd[g + "norm2.scale"])
+        tensor(f"blk.{i}.ffn_norm.bias", sd[g + "norm2.shift"])
+        tensor(f"blk.{i}.ffn_up.weight", sd[g + "ff.layers.0.weight"], matrix=True)
+        tensor(f"blk.{i}.ffn_up.bias", sd[g + "ff.layers.0.bias"])
+        tensor(f"blk.{i}.ffn_down.weight", sd[g + "ff.layers.2.weight"], matrix=True)
+        tensor(f"blk.{i}.ffn_down.bias", sd[g + "ff.layers.2.bias"])
+    tensor("output_norm.weight", sd["final_norm.scale"])
+    tensor("output_norm.bias", sd["final_norm.shift"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+class LlamaRunner:
+    """One llama.cpp context: greedy decoding and prefill through llama-cpp-python's low-level eval."""
+
+    def __init__(self, path: Path, threads: int, flash_attn: bool, n_ctx: int):
+        from llama_cpp import Llama
+        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                         n_threads_batch=threads, flash_attn=flash_attn, verbose=False)
+
+    def greedy(self, prompt: list[int], n: int) -> list[int]:
+        llm = self.llm
+        llm.reset()
+        llm.eval(prompt)
+        out = []
+        for _ in range(n):
+            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            out.append(nxt)
+            llm.eval([nxt])
+        return out
+
+    def prefill(self, ids: list[int]) -> None:
+        self.llm.reset()
+        self.llm.eval(ids)
+
+
+def main() -> None:
+    try:
+        import gguf  # noqa: F401
+        import llama_cpp  # noqa: F401
+    except ImportError as e:
+        print(f"skipped: {e.name} is not installed (see this script's docstring)")
+        return
+    p = common_args(__doc__.splitlines()[0])
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prefill", type=int, default=512)
+    args = p.parse_args()
+    device = setup(args)
+    if device.type != "cpu":
+        print("llama.cpp is compared on the CPU: pass --device cpu")
+        return
+    threads = torch.get_num_threads()
+    cfg = PRESETS[args.model]
+    n = args.new_tokens
+    fp32 = glass_model(cfg, device, torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_len), generator=gen)
+    long = torch.randint(0, cfg.vocab_size, (1, args.prefill), generator=gen)
+    ours = {"glassgpt float32": ("float32", fp32),
+            "glassgpt bfloat16": ("bfloat16", glass_model(cfg, device, torch.bfloat16)),
+            "glassgpt int8": ("int8", quantize_int8(glass_model(cfg, device, torch.float32)))}
+    reference = generate(fp32, prompt, n)[0, args.prompt_len:].tolist()
+    with tempfile.TemporaryDirectory() as tmp:
+        runners = {}
+        for kind in GGUF_TYPES:
+            path = write_gguf(fp32, Path(tmp) / f"gpt2-{kind}.gguf", kind)
+            for fa in (False, True):
+                runners[f"llama.cpp {kind}{' + flash attention' if fa else ''}"] = (
+                    PRECISION[kind], LlamaRunner(path, threads, fa, n_ctx=max(args.prefill, args.prompt_len + n)))
+        decode, prefill, meta, notes = {}, {}, {}, {}
+        for name, (precision, m) in ours.items():
+            decode[name] = lambda m=m: generate(m, prompt, n)
+            engine = as_engine(m)
+            prefill[name] = lambda e=engine, m=m: e(long, KVCache(cfg, 1, args.prefill, dtype=m.tok_emb.weight.dtype),
+                                                   last_only=True)
+            meta[name] = (precision, False, False)
+            if args.compile and precision != "float32":
+                compiled = compile_for_generation(m)
+                decode[name + " + compile"] = lambda c=compiled: generate(c, prompt, n)
+                prefill[name + " + compile"] = lambda c=compiled, m=m: c(
+                    long, KVCache(cfg, 1, args.prefill, dtype=m.tok_emb.weight.dtype), last_only=True)
+                meta[name + " + compile"] = (precision, True, False)
+        for name, (precision, runner) in runners.items():
+            ids = prompt[0].tolist()
+            decode[name] = lambda r=runner, ids=ids: r.greedy(ids, n)
+            prefill[name] = lambda r=runner: r.prefill(long[0].tolist())
+            meta[name] = (precision, False, True)
+            same = next((i for i, (a, b) in enumerate(zip(runner.greedy(ids, n), reference)) if a != b), n)
+            notes[name] = f"{same}/{n} tokens = glassgpt float32's"
+        with torch.inference_mode():
+            decode_s = time_rows(decode, device, args.repeats)
+            prefill_s = time_rows(prefill, device, args.repeats)
+    print(f"\n{args.model}, {threads} threads; llama.cpp rows are compared like for like with the glassgpt row "
+          "of the same precision (compile ignored: llama.cpp compiles ahead of time)")
+    for title, unit, seconds, tokens in (
+            (f"batch-1 generation ({args.prompt_len} + {n} tokens, greedy)", "new tokens/s", decode_s, n),
+            (f"prefill 1 x {args.prefill}", "tokens/s", prefill_s, args.prefill)):
+        rows = [Row(name, tokens / s, meta[name][0], False, meta[name][2], notes.get(name, ""))
+                for name, s in seconds.items()]
+        print_views(title, unit, rows)
+
+
+if __name__ == "__main__":
+    main()

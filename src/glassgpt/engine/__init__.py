@@ -1,0 +1,27 @@
+"""The fast engine: the glass model's own weights, run the quick way.
+
+`glassgpt.model` is GPT-2 as the book writes it and nothing else. Everything here only
+makes the same computation faster, and tests/test_engine.py proves each piece equal to
+the glass model (the same greedy tokens in float32; stated tolerances in bfloat16/int8):
+
+    decode.py     Engine(model): the forward pass with a KV cache, fast attention and the
+                  head on the last position; compile_for_generation (torch.compile)
+    attention.py  the causal attention over cached keys: SDPA, or written out in blocks
+                  of queries where that measured faster on a CPU
+    int8.py       int8 weight-only Linear layers for CPU decoding
+    loss.py       cross-entropy a few rows at a time (no float32 copy of the logits)
+    mixed.py      bfloat16 training with a float32 master copy (no casts per activation)
+
+generate.py runs every cached generation through `Engine`; training uses `loss.py` and
+`mixed.py`.
+model.py imports nothing from here: `GPTModel` alone is a complete, correct GPT-2 that
+trains, and `generate(..., use_cache=False)` runs the book's loop on it.
+"""
+
+from .decode import Engine, KVCache, as_engine, compile_for_generation
+from .int8 import Int8Linear, is_quantized, quantize_int8
+from .loss import cross_entropy
+from .mixed import LowPrecisionCopy
+
+__all__ = ["Engine", "KVCache", "as_engine", "compile_for_generation", "Int8Linear", "is_quantized",
+           "quantize_int8", "cross_entropy", "LowPrecisionCopy"]

@@ -1,0 +1,60 @@
+"""bfloat16 training with a float32 master copy: the model trains in bf16, AdamW updates in fp32.
+
+Autocast (`torch.autocast(dtype=bfloat16)`) keeps the weights in float32 and casts at
+every use: each Linear casts its weight and its input to bf16, while embeddings,
+LayerNorm and the residual additions stay float32, so the activations cross between
+the two precisions several times per block, at every step. Here instead:
+
+    master  the float32 model: what the optimizer updates, what checkpoints save
+    compute a bf16 copy of it that runs forward and backward, activations bf16 throughout
+
+and once per optimizer step the bf16 gradients are widened into the master's `.grad`
+(`grads_to_master`) and, after the optimizer step, the new float32 weights are rounded
+into the copy (`refresh`). Two casts of the weights per step, none per activation.
+The precision is the usual mixed-precision recipe: updates are accumulated in float32,
+so small steps are not lost to bf16 rounding of the weights.
+
+Leaves out: FSDP (which has its own mixed-precision policy) and float16, which needs
+loss scaling; train.py uses autocast for those.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+class LowPrecisionCopy:
+    """A `dtype` copy of `master` for forward and backward; `master` keeps the float32 weights."""
+
+    def __init__(self, master: nn.Module, dtype: torch.dtype = torch.bfloat16):
+        self.master = master
+        self.module = copy.deepcopy(master).to(dtype)  # deepcopy keeps tied weights tied
+        self.pairs = [(m, c) for m, c in zip(master.parameters(), self.module.parameters()) if m.requires_grad]
+        for _, c in self.pairs:
+            c.requires_grad_(True)
+
+    @torch.no_grad()
+    def grads_to_master(self) -> None:
+        """Add the copy's gradients, widened to float32, into the master's `.grad`; clear the copy's.
+
+        Call it after every micro-step's backward, so that accumulation happens in float32;
+        under DistributedDataParallel, whose all-reduce must see the whole accumulated
+        gradient, once after the last micro-step.
+        """
+        for m, c in self.pairs:
+            if c.grad is None:
+                continue
+            if m.grad is None:
+                m.grad = c.grad.float()
+            else:
+                m.grad.add_(c.grad)
+            c.grad = None
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Round the master's (updated) weights into the copy."""
+        for m, c in self.pairs:
+            c.copy_(m)

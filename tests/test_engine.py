@@ -1,0 +1,468 @@
+"""The fast engine gives the glass model's answers.
+
+`glassgpt.engine` runs the same weights faster: `Engine` (a KV cache, the fused or
+blocked attention, the head on the last position), bfloat16 weights, torch.compile and
+int8 weight-only layers. Each is checked against `GPTModel.forward`, mostly on a small
+model trained for a few seconds on a built-in text, so that its next-token choices have
+real margins, as a trained GPT-2's do (random weights make near-ties that any rounding
+flips). Stated tolerances:
+
+- float32: logits within 1e-5 of the glass model's (the same sums, another order);
+  greedy tokens identical.
+- bfloat16: the same greedy tokens; logits within 3% of their row's largest logit (bf16
+  keeps 8 bits of mantissa, about 0.4% per rounding, over a few roundings per block).
+- int8: the same greedy tokens; perplexity within 1% of float32's.
+
+Speed itself is never asserted here: benchmarks/ measures it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import glassgpt
+from glassgpt import GPTConfig
+from glassgpt.cli import main
+from glassgpt.engine import Engine, KVCache, compile_for_generation, quantize_int8
+from glassgpt.engine.attention import ATTENTION_BLOCK, attention_in_blocks
+from glassgpt.engine.int8 import INT8_KERNEL_MAX_ROWS, Int8Linear, is_quantized
+from glassgpt.errors import PromptError
+from glassgpt.generate import generate, stream
+from glassgpt.weights import random_model
+
+from conftest import make_hf_model, save_hf_model
+
+# Our own words, so the fixture model is the same on every machine (no ../shared needed).
+TEXT = (
+    "The model reads a row of numbers for every token, adds where the token stands, and "
+    "passes the sum through the same block again and again. Each block lets every token "
+    "look back at the ones before it, then widens each row four times and narrows it again. "
+    "At the end one matrix turns every row into a score for each word it knows, and the "
+    "last row's scores say which word comes next. Then it does it all once more."
+)
+
+
+def trained_model(steps: int = 300) -> tuple[glassgpt.GPTModel, list[int]]:
+    """A 2-block character model that has learnt TEXT by heart."""
+    ids = glassgpt.get_tokenizer("char", text=TEXT).encode(TEXT)
+    cfg = glassgpt.GPTConfig(vocab_size=max(ids) + 1, context_length=64, emb_dim=64, n_heads=4, n_layers=2)
+    model = random_model(cfg, torch.device("cpu"), torch.float32, seed=0).train()
+    data = torch.tensor(ids)
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - 65, (16,), generator=gen)
+        x = torch.stack([data[s:s + 64] for s in starts])
+        y = torch.stack([data[s + 1:s + 65] for s in starts])
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), ids
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny: a second thread only waits for the first on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained(one_thread):
+    return trained_model()
+
+
+def copy_of(model: glassgpt.GPTModel, dtype: torch.dtype = torch.float32) -> glassgpt.GPTModel:
+    clone = random_model(model.cfg, torch.device("cpu"), torch.float32)
+    clone.load_state_dict(model.state_dict())
+    return clone.to(dtype).eval()
+
+
+@torch.no_grad()
+def perplexity(model: glassgpt.GPTModel, ids: list[int], window: int = 64) -> float:
+    data = torch.tensor(ids[: (len(ids) - 1) // window * window + 1])
+    x = data[:-1].view(-1, window)
+    y = data[1:].view(-1, window)
+    logits = model(x).float()
+    return math.exp(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item())
+
+
+def prompts(ids: list[int], n: int = 4, length: int = 12) -> torch.Tensor:
+    step = len(ids) // n
+    return torch.tensor([ids[i * step: i * step + length] for i in range(n)])
+
+
+# --- the engine's forward pass equals the glass model's --------------------------------------
+
+@pytest.mark.parametrize("batch, t", [(1, 1), (2, 9), (3, 32)])
+def test_engine_logits_equal_the_glass_models(tiny_model, batch, t):
+    ids = torch.randint(0, 97, (batch, t), generator=torch.Generator().manual_seed(t))
+    with torch.no_grad():
+        torch.testing.assert_close(Engine(tiny_model)(ids), tiny_model(ids), atol=1e-5, rtol=0)
+
+
+def test_engine_has_no_weights_of_its_own(tiny_model):
+    engine = Engine(tiny_model)
+    assert [n for n, _ in engine.named_parameters()] == ["model." + n for n, _ in tiny_model.named_parameters()]
+    assert engine.model is tiny_model
+
+
+def test_engine_trains_like_the_glass_model(tiny_config):
+    # Dropout 0: the engine's gradients are the glass model's (float32 round-off).
+    model = glassgpt.load_model("gpt2", config=tiny_config, seed=1).train()
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
+    Engine(model)(ids).square().mean().backward()
+    engine_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(ids).square().mean().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(engine_grads[n], p.grad, atol=1e-6, rtol=1e-4, msg=n)
+
+
+def test_cached_greedy_tokens_equal_the_books_loop(tiny_model):
+    # use_cache=False is the book's generate: the whole window through GPTModel at every step.
+    prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(generate(tiny_model, prompt, 40), generate(tiny_model, prompt, 40, use_cache=False))
+
+
+def test_last_only_equals_the_last_row_of_the_full_forward(tiny_model):
+    ids = torch.randint(0, 97, (2, 9))
+    last = Engine(tiny_model)(ids, last_only=True)
+    assert last.shape == (2, 1, 97)
+    # A [b, 1, d] and a [b, t, d] matmul may round differently in float32: 1e-5, not exact.
+    torch.testing.assert_close(last, tiny_model(ids)[:, -1:], atol=1e-5, rtol=0)
+
+
+def test_cache_overflow_is_a_prompt_error(tiny_model):
+    ctx = tiny_model.cfg.context_length
+    cache = KVCache(tiny_model.cfg, batch_size=1)
+    Engine(tiny_model)(torch.zeros(1, ctx - 2, dtype=torch.long), cache)
+    with pytest.raises(PromptError):
+        Engine(tiny_model)(torch.zeros(1, 3, dtype=torch.long), cache)
+
+
+# --- the KV cache -------------------------------------------------------------------------
+
+def test_kv_cache_one_token_at_a_time_matches_full_forward(tiny_model):
+    ids = torch.randint(0, 97, (2, 20))
+    full = tiny_model(ids)
+    cache = KVCache(tiny_model.cfg, batch_size=2)
+    steps = [Engine(tiny_model)(ids[:, i:i + 1], cache) for i in range(20)]
+    assert cache.pos == 20
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("split", [1, 7, 12, 19])
+def test_chunked_prefill_through_the_cache_matches_full_forward(tiny_model, split):
+    ids = torch.randint(0, 97, (2, 20))
+    full = tiny_model(ids)
+    cache = KVCache(tiny_model.cfg, batch_size=2)
+    first = Engine(tiny_model)(ids[:, :split], cache)
+    second = Engine(tiny_model)(ids[:, split:], cache)
+    torch.testing.assert_close(torch.cat([first, second], dim=1), full, atol=1e-5, rtol=0)
+
+
+# --- the CPU attention paths (attention.attend picks them; every other case runs SDPA) -----
+
+@pytest.mark.parametrize("t", [256, 300, 600])
+@pytest.mark.parametrize("dtype, atol", [
+    (torch.float32, 1e-5),   # the same sums in another order
+    (torch.bfloat16, 0.03),  # bf16 inputs and scores, float32 softmax; outputs are O(1)
+])
+def test_attention_in_blocks_equals_fused_attention(t, dtype, atol):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, t, 16) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # float32
+    got = attention_in_blocks(q.to(dtype), k.to(dtype), v.to(dtype))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("start, t", [(5, 1), (37, 1), (40, 300), (7, 128)])
+def test_attention_in_blocks_after_cached_keys_equals_fused_attention(start, t):
+    # Queries at positions start..start+t-1 over keys 0..start+t-1, as with a KV cache
+    # (t = 1 is a decoding step).
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, t, 16)
+    k, v = (torch.randn(2, 3, start + t, 16) for _ in range(2))
+    mask = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(attention_in_blocks(q, k, v), expected, atol=1e-5, rtol=0)
+
+
+def test_bfloat16_long_prompt_in_blocks_matches_the_fused_path():
+    # Without gradients a bfloat16 prompt of >= ATTENTION_BLOCK tokens on a CPU attends in
+    # blocks; the glass model runs SDPA. Logits agree to the bf16 tolerance
+    # the speed tests use (atol 0.1, rtol 0.02, as above).
+    cfg = GPTConfig(vocab_size=97, context_length=2 * ATTENTION_BLOCK, emb_dim=32, n_heads=4, n_layers=2)
+    model = glassgpt.load_model("gpt2", seed=0, config=cfg).to(torch.bfloat16)
+    ids = torch.randint(0, 97, (2, ATTENTION_BLOCK + 44))
+    with torch.no_grad():
+        blocked = Engine(model)(ids).float()
+    fused = model(ids).float()  # the glass model: SDPA
+    torch.testing.assert_close(blocked, fused, atol=0.1, rtol=0.02)
+
+
+def test_kv_cache_reset_starts_over(tiny_model):
+    ids = torch.randint(0, 97, (1, 6))
+    cache = KVCache(tiny_model.cfg, batch_size=1)
+    first = Engine(tiny_model)(ids, cache)
+    cache.reset()
+    torch.testing.assert_close(Engine(tiny_model)(ids, cache), first)
+
+
+
+
+@pytest.mark.slow
+def test_gpt2_124m_kv_cache_matches_full_forward(tmp_path):
+    hf = make_hf_model(seed=0, std=0.02, vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+    model = glassgpt.load_model(save_hf_model(hf, tmp_path / "hf"))
+    ids = torch.randint(0, 50257, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(ids)
+        cache = KVCache(model.cfg, batch_size=1)
+        engine = Engine(model)
+        chunks = [engine(ids[:, :10], cache)] + [engine(ids[:, i:i + 1], cache) for i in range(10, 24)]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, atol=1e-4, rtol=0)
+
+
+# --- the KV cache ---------------------------------------------------------------------------
+
+def test_cached_greedy_tokens_equal_full_forward_tokens_even_past_the_window(trained):
+    model, ids = trained
+    prompt = prompts(ids, n=2, length=40)
+    # 40 + 50 > context_length 64: the cache fills, resets and re-reads the last 64 tokens.
+    assert torch.equal(generate(model, prompt, 50, use_cache=True), generate(model, prompt, 50, use_cache=False))
+
+
+def test_kv_cache_is_allocated_once_and_written_in_place(trained, monkeypatch):
+    model, ids = trained
+    made, pointers = [], set()
+    original_init, original_update = KVCache.__init__, KVCache.update
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        made.append(self)
+
+    def update(self, layer, k, v):
+        pointers.add(tuple(t.data_ptr() for t in self.k + self.v))
+        return original_update(self, layer, k, v)
+
+    monkeypatch.setattr(KVCache, "__init__", init)
+    monkeypatch.setattr(KVCache, "update", update)
+    generate(model, prompts(ids, n=1), 20)
+    assert len(made) == 1 and len(pointers) == 1
+
+
+def test_kv_cache_holds_only_the_positions_a_request_can_use(trained, monkeypatch):
+    model, ids = trained
+    sizes = []
+    original = KVCache.__init__
+
+    def init(self, cfg, batch_size, max_len=None, **kwargs):
+        original(self, cfg, batch_size, max_len, **kwargs)
+        sizes.append(self.max_len)
+
+    monkeypatch.setattr(KVCache, "__init__", init)
+    generate(model, prompts(ids, n=1, length=12), 8)
+    generate(model, prompts(ids, n=1, length=40), 100)
+    assert sizes == [12 + 8, model.cfg.context_length]
+
+
+def test_a_full_kv_cache_is_a_prompt_error_not_a_crash(trained):
+    model, ids = trained
+    cache = KVCache(model.cfg, 1, max_len=8)
+    with pytest.raises(glassgpt.GlassError, match="KV cache holds 8"):
+        Engine(model)(prompts(ids, n=1, length=9), cache)
+
+
+# --- bfloat16 -------------------------------------------------------------------------------
+
+def test_bfloat16_greedy_tokens_equal_float32_tokens(trained):
+    model, ids = trained
+    prompt = prompts(ids)
+    assert torch.equal(generate(copy_of(model, torch.bfloat16), prompt, 30), generate(model, prompt, 30))
+
+
+def test_bfloat16_logits_are_within_the_stated_tolerance(trained):
+    model, ids = trained
+    x = prompts(ids, length=64)
+    with torch.no_grad():
+        ref = model(x)
+        got = copy_of(model, torch.bfloat16)(x).float()
+    # Each logit within 3% of its row's largest |logit| (here ~12): bf16 rounds every stored
+    # activation to 8 bits of mantissa (~0.4%), a few times per block.
+    scale = ref.abs().amax(dim=-1, keepdim=True)
+    assert ((got - ref).abs() <= 0.03 * scale).all(), ((got - ref).abs() / scale).max()
+
+
+# --- torch.compile --------------------------------------------------------------------------
+
+def test_compiled_greedy_tokens_equal_eager_tokens(trained):
+    model, ids = trained
+    prompt = prompts(ids, n=2)
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = compile_for_generation(copy_of(model))
+    other = prompts(ids, n=3, length=7)
+    # Twice: the second call runs the already-compiled prompt and step graphs.
+    assert torch.equal(generate(compiled, prompt, 12), generate(model, prompt, 12))
+    assert torch.equal(generate(compiled, prompt, 12), generate(model, prompt, 12))
+    # One graph for the prompt, one for every later step (the cache position stays
+    # symbolic): a graph break or a recompile per step would fall back to slow paths.
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 2
+    # Another batch size and prompt length: two more graphs, with those sizes symbolic too.
+    assert torch.equal(generate(compiled, other, 5), generate(model, other, 5))
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 4
+    # The options are the compiled model's own: nothing global is left changed.
+    assert not torch._inductor.config.freezing
+
+
+def test_compiled_int8_greedy_tokens_equal_float32_tokens(trained):
+    # Batch 1 is the case int8 is for, and the one where a compiled Int8Linear runs its own
+    # fused dot products (engine/int8.py) instead of the int8 kernel.
+    model, ids = trained
+    prompt = prompts(ids, n=1)
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = compile_for_generation(quantize_int8(copy_of(model)))
+    assert torch.equal(generate(compiled, prompt, 20), generate(model, prompt, 20))
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+# --- int8 weight-only -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows", [1, INT8_KERNEL_MAX_ROWS + 1])
+def test_int8_linear_equals_matmul_with_the_dequantized_weight(rows):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96)
+    q = Int8Linear(linear)
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    dequantized = q.weight.float() * q.scales.float()[:, None]
+    expected = x.float() @ dequantized.T + q.bias.float()
+    torch.testing.assert_close(q(x).float(), expected, atol=0.05, rtol=0.02)
+    # and the dequantized weight is the float weight to within half a step of each row's scale
+    assert (dequantized - linear.weight).abs().max() <= q.scales.float().max() / 2 + 1e-6
+
+
+def test_compiled_int8_linear_of_one_row_equals_the_int8_kernel():
+    torch.manual_seed(0)
+    q = Int8Linear(torch.nn.Linear(256, 320))
+    x = torch.randn(1, 256, dtype=torch.bfloat16)
+    with torch.no_grad():
+        # the same int8 products summed in float32 by both, in a different order; each
+        # rounds its result to bfloat16 once (a relative step of 2^-8)
+        torch.testing.assert_close(torch.compile(q, fullgraph=True)(x), q(x), atol=0.02, rtol=2**-7)
+
+
+def test_int8_keeps_every_module_name_and_output_shape(trained):
+    model, ids = trained
+    quantized = quantize_int8(copy_of(model))
+    assert is_quantized(quantized) and not is_quantized(model)
+    assert [n for n, _ in quantized.named_modules()] == [n for n, _ in model.named_modules()]
+    x = prompts(ids)
+    assert quantized(x).shape == model(x).shape
+
+
+def test_int8_greedy_tokens_equal_float32_tokens(trained):
+    model, ids = trained
+    prompt = prompts(ids)
+    assert torch.equal(generate(quantize_int8(copy_of(model)), prompt, 30), generate(model, prompt, 30))
+
+
+def test_int8_perplexity_is_within_one_percent_of_float32(trained):
+    model, ids = trained
+    base = perplexity(model, ids)
+    int8 = perplexity(quantize_int8(copy_of(model)), ids)
+    assert base < 5, "the fixture model did not learn its text"
+    assert abs(int8 / base - 1) < 0.01, (base, int8)
+
+
+def test_int8_streams_one_id_per_row_and_step(trained):
+    model, ids = trained
+    steps = list(stream(quantize_int8(copy_of(model)), prompts(ids, n=3), 5))
+    assert len(steps) == 5 and all(s.shape == (3,) for s in steps)
+
+
+def test_cli_generates_with_int8_weights(tmp_path, capsys):
+    cfg = dataclasses.replace(glassgpt.PRESETS["gpt2"], emb_dim=32, n_heads=2, n_layers=2, context_length=32)
+    path = glassgpt.save_model(glassgpt.load_model("gpt2", config=cfg), tmp_path / "ckpt")
+    assert main(["generate", "Every effort moves you", "--model", str(path), "--dtype", "int8",
+                 "--max-new-tokens", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["new_ids"]) == 3
+
+
+# --- bfloat16 training with a float32 master copy ------------------------------------------
+
+def test_low_precision_copy_is_bf16_tied_and_leaves_the_master_float32(tiny_model):
+    from glassgpt.engine import LowPrecisionCopy
+    lp = LowPrecisionCopy(tiny_model)
+    assert all(p.dtype == torch.bfloat16 for p in lp.module.parameters())
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())
+    assert lp.module.out_head.weight is lp.module.tok_emb.weight
+
+
+def test_low_precision_gradients_reach_the_master_in_float32(tiny_config):
+    # The bf16 copy's gradients, widened, are the float32 model's to bf16 accuracy: within
+    # 3% of the largest gradient of each tensor (8-bit mantissa, a few roundings per block).
+    from glassgpt.engine import LowPrecisionCopy
+    master = glassgpt.load_model("gpt2", config=tiny_config, seed=2).train()
+    ids = torch.randint(0, 97, (4, 16), generator=torch.Generator().manual_seed(0))
+    lp = LowPrecisionCopy(master)
+    F.cross_entropy(lp.module(ids[:, :-1]).float().flatten(0, 1), ids[:, 1:].flatten()).backward()
+    lp.grads_to_master()
+    got = {n: p.grad.clone() for n, p in master.named_parameters()}
+    assert all(g.dtype == torch.float32 for g in got.values())
+    assert all(p.grad is None for p in lp.module.parameters())
+    master.zero_grad(set_to_none=True)
+    F.cross_entropy(master(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+    for n, p in master.named_parameters():
+        assert (got[n] - p.grad).abs().max() <= 0.03 * p.grad.abs().max() + 1e-6, n
+
+
+def test_low_precision_training_follows_float32_training(tiny_config):
+    # Ten AdamW steps memorising one batch: the losses stay within 2% of float32 training's,
+    # and refresh() puts the updated float32 weights into the copy.
+    from glassgpt.engine import LowPrecisionCopy
+    data = torch.randint(0, 97, (1, 4, 17), generator=torch.Generator().manual_seed(1)).expand(10, 4, 17)
+
+    def train(low_precision: bool) -> list[float]:
+        master = glassgpt.load_model("gpt2", config=tiny_config, seed=3).train()
+        opt = torch.optim.AdamW(master.parameters(), lr=3e-3)
+        lp = LowPrecisionCopy(master) if low_precision else None
+        losses = []
+        for batch in data:
+            logits = (lp.module if lp else master)(batch[:, :-1]).float()
+            loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+            loss.backward()
+            if lp:
+                lp.grads_to_master()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if lp:
+                lp.refresh()
+                torch.testing.assert_close(lp.module.tok_emb.weight, master.tok_emb.weight.bfloat16(), atol=0, rtol=0)
+            losses.append(loss.item())
+        return losses
+
+    full, low = train(False), train(True)
+    assert low[-1] < low[0] - 0.5  # it learns
+    for a, b in zip(full, low):
+        assert abs(a - b) <= 0.02 * a, (full, low)
