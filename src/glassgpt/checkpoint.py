@@ -252,12 +252,13 @@ def checkpoint_step(path: Path) -> int | None:
 
 
 def saved_checkpoints(run_dir: str | os.PathLike) -> str:
-    """'the last good checkpoints are RUN/latest (step 8) and RUN/best (step 4)', or that there is none."""
+    """'the last good checkpoints are RUN/latest (step 8) and RUN/best (step 4)', or 'there is no saved
+    checkpoint': what survives, for a message about a run that stopped."""
     run_dir = Path(run_dir)
     found = [f"{run_dir / name} (step {step:,})" for name in ("latest", "best")
              if (step := checkpoint_step(run_dir / name)) is not None]
     if not found:
-        return "no checkpoint was saved"
+        return "there is no saved checkpoint"
     return f"the last good checkpoint{'s are' if len(found) > 1 else ' is'} {' and '.join(found)}"
 
 

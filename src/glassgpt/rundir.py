@@ -2,7 +2,7 @@
 
 A `with lock_run_dir(run_dir):` block holds an exclusive `flock` on RUN_DIR/.lock and
 writes who holds it (pid, host, start time, command) into that file. A second
-process that asks for the same run directory is refused with a `RunLockedError`
+process that asks for the same run directory is refused with a `RunDirError`
 naming the holder. The operating system drops the lock when the holding process
 ends, however it ends (SIGKILL, a crash, a reboot), so there is no stale lock to
 clean up: the file may stay behind, the lock does not.

@@ -421,8 +421,10 @@ def fit(model: nn.Module, task: Task, cfg: TrainConfig, tokenizer: Tokenizer | N
     """
     ranks = setup_distributed(cfg.device)
     try:
+        if resume:
+            check_out_dir(cfg.out, resume)  # before the lock creates the directory
         with lock_run_dir(cfg.out) if ranks.is_main else contextlib.nullcontext():
-            check_out_dir(cfg.out, resume)
+            check_out_dir(cfg.out, resume)  # (again: another process may have started a run there)
             return _Run(model, task, cfg, tokenizer, meta or {}, ranks, progress).run(resume)
     finally:
         if ranks.owns_group and dist.is_initialized():

@@ -34,7 +34,7 @@ from ..train import TrainConfig, check_out_dir, fit
 from ..weights import load_meta, load_model, load_tokenizer
 from .common import (add_model_args, fraction, is_main_rank, load, nonneg_float, nonneg_int, positive_float,
                      positive_int, probability, require_language_model, say, set_threads)
-from .train import _saved_settings, add_train_args, interrupted_exit, locked, stoppable, train_config_from_args
+from .train import add_train_args, interrupted_exit, locked, resumed_train_config, stoppable, train_config_from_args
 
 # Flags that describe what a run is made of; --resume takes them from the run instead.
 SETTINGS = ("model", "data", "val", "val_fraction", "text_column", "label_column", "max_length", "trainable",
@@ -223,7 +223,7 @@ def _resume_settings(args: argparse.Namespace, kind: str) -> tuple[dict[str, Any
     if is_main_rank():
         recover_checkpoints(run_dir)
     ckpt, note = resume_checkpoint(run_dir)
-    saved = _saved_settings(args, run_dir, ckpt, note)
+    saved = resumed_train_config(args, run_dir, ckpt, note)
     settings = load_meta(ckpt).get("finetune")
     if not settings or settings.get("kind") != kind:
         made = f"glassgpt finetune {settings['kind']}" if settings else "glassgpt train"

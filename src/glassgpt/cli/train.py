@@ -321,7 +321,7 @@ def _resume_setup(args: argparse.Namespace):
     if is_main_rank():
         recover_checkpoints(run_dir)
     ckpt, note = resume_checkpoint(run_dir)
-    saved = _saved_settings(args, run_dir, ckpt, note)
+    saved = resumed_train_config(args, run_dir, ckpt, note)
     args.out = str(run_dir)
     cfg = train_config_from_args(args, saved)
     meta = load_meta(ckpt)
@@ -336,7 +336,7 @@ def _resume_setup(args: argparse.Namespace):
     return model, tokenizer, task, cfg, meta
 
 
-def _saved_settings(args: argparse.Namespace, run_dir: Path, ckpt: Path, note: str | None) -> dict:
+def resumed_train_config(args: argparse.Namespace, run_dir: Path, ckpt: Path, note: str | None) -> dict:
     """The run's saved TrainConfig values, after saying where they and the weights come from;
     a --seed other than the run's is refused (another seed draws other batches)."""
     saved, damaged = saved_train_config(run_dir, ckpt)
