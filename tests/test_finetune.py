@@ -501,6 +501,7 @@ def test_the_default_settings_learn_a_small_separable_task(question_base, questi
                      "--out", str(run), "--trainable", "last-block", "--epochs", "5", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "training: 15 steps (5.00 epochs of 3 steps)" in out and "lr 0.0012" in out  # 5e-5 x 768 / 32
+    assert "step 3: val_loss" in out and "step 15: val_loss" in out  # --no-progress hides only the bar
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     assert vals[-1] < 0.5 * vals[0]  # measured 0.55 -> 0.29
