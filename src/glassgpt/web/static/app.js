@@ -144,6 +144,7 @@ async function explain(extra = {}, path = "/api/explain") {
   const focus = focusKey(document.activeElement);
   $("status").textContent = "tracing…";  // the last result's line would read as this one's
   const result = await api(path, requestBody(extra), showProgress);
+  if (!result && state.inflight) return;  // a newer request replaced this one: it will finish the job
   $("progress").hidden = true;
   if (result) {
     state.trace = result.data;
@@ -153,8 +154,8 @@ async function explain(extra = {}, path = "/api/explain") {
     $("prompt").value = result.data.prompt;
     $("status").textContent = `traced ${fmt(state.ids.length)} token${state.ids.length === 1 ? "" : "s"} in ${Math.round(result.ms)} ms`;
     render();
-  } else if (!state.inflight) {
-    $("status").textContent = "";
+  } else {
+    $("status").textContent = "";  // the error box says what went wrong
   }
   restoreFocus(focus);
 }
