@@ -120,6 +120,17 @@ def test_a_json_beside_the_weights_that_contradicts_them_is_refused(tmp_path):
         glassgpt.load_model(path)
 
 
+def test_a_preset_name_stays_a_preset_whatever_lies_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpt2").write_bytes(b"not a model")
+    (tmp_path / "gpt2-book").mkdir()
+    (tmp_path / "gpt2-book" / "hparams.json").write_text(json.dumps(HPARAMS))
+    for name in ("gpt2", "gpt2-book"):
+        assert read_config(name) == glassgpt.PRESETS[name]
+        assert glassgpt.load_tokenizer(name).n_vocab == 50257 and glassgpt.load_meta(name) == {}
+    assert model_notes("gpt2", glassgpt.PRESETS["gpt2"]) == []
+
+
 def test_info_and_explain_say_which_head_count_rule_was_used(tmp_path, capsys):
     path = save_book(book_model(BOOK_CFG_GPT2_VOCAB), tmp_path / "model.pth")
     code, out, _ = run(["info", "--model", str(path)], capsys)
@@ -297,7 +308,7 @@ def test_commands_open_a_book_state_dict(book_pth, capsys, argv):
     assert out
 
 
-def test_eval_and_train_init_open_a_book_state_dict(book_pth, tmp_path, capsys):
+def test_eval_train_init_and_finetune_open_a_book_state_dict(book_pth, tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("Every effort moves you forward, one step at a time. " * 40)
     code, out, err = run(["eval", "--model", str(book_pth), "--data", str(text), "--context-length", "16",
@@ -309,6 +320,13 @@ def test_eval_and_train_init_open_a_book_state_dict(book_pth, tmp_path, capsys):
                         "--eval-batches", "1", "--sample-tokens", "1", "--no-plot"], capsys)
     assert code == 0, err
     assert glassgpt.load_model(tmp_path / "run").cfg.emb_dim == BOOK_CFG_GPT2_VOCAB["emb_dim"]
+    labelled = tmp_path / "train.csv"
+    labelled.write_text("text,label\n" + "You won a free cruise!,spam\nSee you at lunch,ham\n" * 8)
+    code, _, err = run(["finetune", "classify", "--model", str(book_pth), "--data", str(labelled),
+                        "--out", str(tmp_path / "ft"), "--max-steps", "2", "--batch-size", "2", "--no-progress",
+                        "--eval-batches", "1", "--no-plot"], capsys)
+    assert code == 0, err
+    assert glassgpt.load_model(tmp_path / "ft").cfg.num_classes == 2
 
 
 # --- the OpenAI folder (gpt_download.py's gpt2/124M), written by real TensorFlow --------------------

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .config import GPTConfig
+from .config import PRESETS, GPTConfig
 from .errors import CheckpointError, ConfigError
 from .memory import parameter_counts
 from .model import GPTModel
@@ -42,15 +42,16 @@ OPENAI_FILES = ("hparams.json", "checkpoint")
 # --- which spec is the book's ---------------------------------------------------------------
 
 def is_state_dict_file(spec: str | Path) -> bool:
-    """A file that is not a config .json: a state dict saved with torch.save."""
+    """A file that is not a config .json: a state dict saved with torch.save. (A preset's
+    name stays a preset, whatever lies in the working directory.)"""
     path = Path(spec)
-    return path.is_file() and path.suffix != ".json"
+    return str(spec) not in PRESETS and path.is_file() and path.suffix != ".json"
 
 
 def is_openai_dir(spec: str | Path) -> bool:
     """A folder as gpt_download.py writes it: a TensorFlow checkpoint and hparams.json, no config.json."""
     path = Path(spec)
-    if not path.is_dir() or (path / "config.json").exists():
+    if str(spec) in PRESETS or not path.is_dir() or (path / "config.json").exists():
         return False
     return any((path / name).exists() for name in OPENAI_FILES) or any(path.glob("*.index"))
 

@@ -72,12 +72,12 @@ def load_model(spec: str | os.PathLike = "gpt2", device: str | torch.device | No
     dt = resolve_dtype(dtype, dev)
     spec = str(spec)
     _check_n_heads(spec, n_heads)
-    if book.is_book_spec(spec) and config is None:
-        cfg, tensors = _book_source(spec, n_heads)
-        return _assign(cfg, tensors, dev, dt, source=spec)
     if config is not None or is_random_init(spec):
         cfg = config or (PRESETS[spec] if spec in PRESETS else load_config(spec))
         return random_model(cfg, dev, dt, seed)
+    if book.is_book_spec(spec):
+        cfg, tensors = _book_source(spec, n_heads)
+        return _assign(cfg, tensors, dev, dt, source=spec)
     ckpt = resolve_checkpoint_dir(spec)
     if ckpt is None:
         if "/" not in spec or spec.startswith((".", "/")):
@@ -132,14 +132,14 @@ def read_config(spec: str | os.PathLike, n_heads: int | None = None) -> GPTConfi
     may not be here yet. Lets the CLI check flags against the model before loading it."""
     spec = str(spec)
     _check_n_heads(spec, n_heads)
-    if book.is_openai_dir(spec):
-        return book.openai_config(spec)
-    if book.is_state_dict_file(spec):
-        return book.config_from_state(book.read_state_dict(spec), spec, n_heads)
     if spec in PRESETS:
         return PRESETS[spec]
     if is_random_init(spec):
         return load_config(spec)
+    if book.is_openai_dir(spec):
+        return book.openai_config(spec)
+    if book.is_state_dict_file(spec):
+        return book.config_from_state(book.read_state_dict(spec), spec, n_heads)
     ckpt = resolve_checkpoint_dir(spec)
     return _checkpoint_config(ckpt)[0] if ckpt is not None else None
 
