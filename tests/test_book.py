@@ -34,6 +34,7 @@ from glassgpt.weights import read_config
 
 from conftest import randomize_
 from test_cli_core import assert_one_line_error, run
+from test_weights import Trap
 
 TOL = dict(atol=1e-5, rtol=0.0)  # fp32 logits vs the book's GPTModel: max |diff| <= 1e-5
 
@@ -428,16 +429,6 @@ def export_fails(capsys, tmp_path, model, *words, extra=()):
     code, _, err = run(["export", str(model), "--format", "book", "--out", str(out), *extra], capsys)
     assert_one_line_error(code, err, *words)
     assert not out.parent.exists()
-
-
-class Trap:
-    """Unpickling this would create a file: proof that the code ran."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
 
 
 def test_a_pth_with_pickled_code_is_refused_by_name_and_never_run(tmp_path, capsys):
