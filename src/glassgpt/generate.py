@@ -7,11 +7,12 @@ top-k ids, divided by the temperature, optionally cut to the smallest set whose
 probability reaches top-p, then sampled with a seeded generator. With the same weights,
 prompt, temperature, top-k and seed, that draws the very tokens the book's `generate`
 draws after `torch.manual_seed(seed)` (tests/test_book.py), up to one difference: the
-book stops *before* an `eos_id` and drops it, glassgpt keeps it as the last token. By default the engine (`glassgpt.engine`) runs the
-model with a KV cache, so each step feeds it one token; `use_cache=False` is the book's
-loop instead, the whole sequence through the glass model at every step. Either way,
-when the sequence outgrows `context_length` the model sees its last `context_length`
-tokens (a sliding window).
+book stops *before* an `eos_id` and drops it, glassgpt keeps it as the last token.
+
+By default the engine (`glassgpt.engine`) runs the model with a KV cache, so each step
+feeds it one token; `use_cache=False` is the book's loop instead, the whole sequence
+through the glass model at every step. Either way, when the sequence outgrows
+`context_length` the model sees its last `context_length` tokens (a sliding window).
 """
 
 from __future__ import annotations
