@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .book import model_notes
+
 if TYPE_CHECKING:
     from .explain import Stage, Trace
 
@@ -36,6 +38,8 @@ def render_text(tr: "Trace", color: bool = False, attention_layer: int | None = 
     out(c(DIM, f"vocab_size {cfg['vocab_size']:,} · emb_dim {cfg['emb_dim']:,} · context_length "
                f"{cfg['context_length']:,} · n_heads {cfg['n_heads']} · n_layers {cfg['n_layers']}"
                f" · tie_embeddings {cfg['tie_embeddings']}"))
+    for note in model_notes(tr.model["name"], cfg):  # head-count rule; how it differs from GPT-2
+        out(c(DIM, note))
     out("")
     out(f"text {tr.prompt!r}")
     out("   │")

@@ -65,9 +65,13 @@ def fraction(text: str) -> float:
 
 def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int8: bool = False) -> None:
     p.add_argument("--model", default=default, metavar="SPEC",
-                   help="preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl: random weights), checkpoint or "
-                        "run directory, Hugging Face-layout directory, or hub id such as openai-community/gpt2"
+                   help="preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-book, ...: random weights), "
+                        "checkpoint or run directory, Hugging Face-layout directory, hub id such as "
+                        "openai-community/gpt2, the book's model.pth, or its gpt2/124M folder"
                         + (f" (default: {default})" if default else ""))
+    p.add_argument("--n-heads", type=positive_int, default=None, metavar="H",
+                   help="attention heads of a .pth state dict, whose shapes cannot tell (default: n_heads "
+                        "in the .json beside it, else GPT-2's rule of 64 per head)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--dtype", default="float32",
                    help="float32, bfloat16, float16, auto (bfloat16 where the hardware runs it natively)"
@@ -99,7 +103,7 @@ def set_threads(requested: int | None, emb_dim: int, file=None) -> int:
 def load(args: argparse.Namespace) -> tuple[GPTModel, Tokenizer]:
     """The model and tokenizer that --model names, with a note on stderr when the weights are random."""
     model = load_model(args.model, device=args.device, dtype=args.dtype,
-                       seed=args.seed if args.seed is not None else 0)
+                       seed=args.seed if args.seed is not None else 0, n_heads=args.n_heads)
     tokenizer = load_tokenizer(args.model)
     if tokenizer.n_vocab > model.cfg.vocab_size:
         raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "

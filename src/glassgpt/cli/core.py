@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..book import model_notes
 from ..explain import memory_needs, parameter_table
 from ..engine import compile_for_generation, quantize_int8
 from ..generate import decode_stream, stream
@@ -84,12 +85,15 @@ def run_info(args: argparse.Namespace) -> int:
     model, _, int8 = load_int8_or_float(args)
     rows = parameter_table(model)
     mem = memory_needs(model.cfg, "int8" if int8 else model.tok_emb.weight.dtype, args.batch_size, args.seq_len)
+    notes = model_notes(args.model, model.cfg)
     if args.json:
-        print(json.dumps({"config": model.cfg.to_dict(), "parameters": rows, "memory": mem}, indent=2))
+        print(json.dumps({"config": model.cfg.to_dict(), "notes": notes, "parameters": rows, "memory": mem}, indent=2))
         return 0
     print("config")
     for key, value in model.cfg.to_dict().items():
         print(f"  {key:<16} {value}")
+    for note in notes:
+        print(f"  {note}")
     print("\nparameters")
     for row in rows["modules"]:
         print(f"  {row['name']:<30} {row['shape']:<22} {row['params']:>15,}  {row['note']}")
