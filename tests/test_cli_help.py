@@ -16,16 +16,6 @@ import pytest
 
 from glassgpt.cli import build_parser
 
-# Flags of cli/explain.py, cli/train.py and cli/finetune.py that fail today: their owners fix
-# them in their own branches, and the list goes once those are merged (strict: a fixed flag
-# that is still listed fails, so the list cannot go stale).
-NOT_YET_FIXED = {
-    ("explain", "--format"), ("explain", "--color"),                                      # cli/explain.py
-    ("eval", "--data"), ("eval", "--cache-dir"), ("eval", "--device"), ("eval", "--dtype"),  # cli/train.py
-    ("eval", "--json"), ("tokenizer train", "--data"),
-    ("chat", "--input"), ("chat", "--max-new-tokens"), ("chat", "--top-k"), ("chat", "--top-p"),  # cli/finetune.py
-}
-
 
 def subparsers(parser: argparse.ArgumentParser, path: str = ""):
     """(command path, parser) for every subcommand, depth first."""
@@ -54,10 +44,7 @@ def names_the_default(help_text: str, default) -> bool:
     return str(default) in help_text
 
 
-CASES = [pytest.param(action, parser, id=f"{command} {flag}",
-                      marks=[pytest.mark.xfail(strict=True, reason="its module's owner fixes it")]
-                      if (command, flag) in NOT_YET_FIXED else [])
-         for command, flag, action, parser in options()]
+CASES = [pytest.param(action, parser, id=f"{command} {flag}") for command, flag, action, parser in options()]
 
 
 def test_every_subcommand_has_options_to_check():

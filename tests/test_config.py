@@ -32,8 +32,16 @@ def test_presets_have_gpt2_published_sizes(name):
     assert cfg.head_dim == 64
 
 
-def test_presets_are_exactly_the_four_gpt2_sizes():
-    assert set(PRESETS) == set(GPT2_SIZES)
+def test_presets_are_the_four_gpt2_sizes_and_the_books_variant_of_each():
+    assert set(PRESETS) == set(GPT2_SIZES) | {f"{name}-book" for name in GPT2_SIZES}
+
+
+@pytest.mark.parametrize("name", sorted(GPT2_SIZES))
+def test_book_presets_are_gpt2_sizes_without_qkv_bias_untied_with_dropout(name):
+    """The book's GPT_CONFIG_124M and its siblings (tests/test_book.py checks them against its code)."""
+    book = PRESETS[f"{name}-book"]
+    assert dataclasses.replace(book, drop_rate=0.0, qkv_bias=True, tie_embeddings=True) == PRESETS[name]
+    assert (book.drop_rate, book.qkv_bias, book.tie_embeddings) == (0.1, False, False)
 
 
 def test_config_is_frozen():

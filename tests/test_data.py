@@ -118,6 +118,33 @@ def test_cache_is_reused_when_nothing_changed(tmp_path, text_file, monkeypatch):
     assert again.path == first.path and again.n_tokens == first.n_tokens
 
 
+def test_temporary_files_of_a_killed_tokenizer_are_removed(tmp_path, text_file):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    orphans = [cache / ".tokens-0123456789abcdef.bin.4242.tmp", cache / ".tokens-0123456789abcdef.json.4242.tmp"]
+    for orphan in orphans:
+        orphan.write_bytes(b"half")  # what SIGKILL during tokenizing leaves
+    tokenize_files([text_file], get_tokenizer("gpt2"), cache)
+    assert not any(o.exists() for o in orphans) and not list(cache.glob(".tokens-*"))
+
+
+def test_an_expected_fingerprint_refuses_changed_files_before_tokenizing(tmp_path, text_file, monkeypatch):
+    tok = get_tokenizer("gpt2")
+    key = tokenize_files([text_file], tok, tmp_path / "cache").key
+    assert tokenize_files([text_file], tok, tmp_path / "cache", expect_key=key).key == key
+    text_file.write_text(TEXT + "one more line\n")
+    monkeypatch.setattr(data, "_encode_file", lambda *a: pytest.fail("tokenized data that was refused"))
+    with pytest.raises(DataError, match="the data changed since the run started"):
+        tokenize_files([text_file], tok, tmp_path / "cache", expect_key=key)
+
+
+def test_a_cache_that_cannot_be_written_is_one_error_naming_it(tmp_path, text_file):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache directory should be")
+    with pytest.raises(DataError, match=r"could not write the token cache in .*blocked/cache \(.*\): free some space"):
+        tokenize_files([text_file], get_tokenizer("gpt2"), blocked / "cache")
+
+
 def test_changing_the_data_or_the_tokenizer_invalidates_the_cache(tmp_path, text_file):
     gpt2 = get_tokenizer("gpt2")
     first = tokenize_files([text_file], gpt2, tmp_path / "cache")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+import threading
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -16,8 +18,8 @@ import glassgpt
 from glassgpt.cli import main
 from glassgpt.config import GPTConfig
 from glassgpt.errors import GlassError, PromptError
-from glassgpt.explain import check_embedding_is_linear, trace
-from glassgpt.explain_diagram import save_attention_png, save_png, to_svg
+from glassgpt.explain import TraceCancelled, check_embedding_is_linear, trace
+from glassgpt.explain_diagram import Rect, Text, attention_figure, layout, save_attention_png, save_png, to_svg
 from glassgpt.weights import random_model
 
 PROMPT = "Every effort moves you"  # 4 GPT-2 tokens
@@ -248,3 +250,240 @@ def test_cli_explain_bad_input_is_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["explain", "hi", "--format", "gif"])
     assert exit_info.value.code == 2
+
+
+# --- traces side by side, cancelled, with progress ------------------------------------------
+
+def test_two_traces_of_one_model_run_side_by_side_and_record_their_own_tensors(small):
+    model, tok = small
+    prompts = ["the quick brown", "lazy dog"]
+    want = [trace(model, tok, p, attention=True, logit_lens=True, embedding_check=False).to_dict() for p in prompts]
+    barrier = threading.Barrier(2, timeout=30)
+
+    def meet(*args) -> None:  # block 0 lets a forward pass on only when the other one is inside it too
+        barrier.wait()
+
+    hook = model.trf_blocks[0].register_forward_hook(meet)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda p: trace(model, tok, p, attention=True, logit_lens=True,
+                                                embedding_check=False).to_dict(), prompts))
+    finally:
+        hook.remove()
+    assert got == want
+
+
+def test_the_model_is_tapped_once_however_many_traces(small):
+    from glassgpt.explain import _Tap
+
+    model, tok = small
+    for _ in range(3):
+        trace(model, tok, "fox", embedding_check=False)
+    for module in model.modules():
+        assert sum(isinstance(h, _Tap) for h in module._forward_hooks.values()) <= 1
+    with torch.inference_mode():  # outside a trace the taps record nothing and change nothing
+        ids = torch.tensor([tok.encode("lazy dog")])
+        torch.testing.assert_close(model(ids), model(ids), rtol=0, atol=0)
+
+
+def test_progress_counts_every_block_lens_layer_and_check(small):
+    model, tok = small
+    reports = []
+    trace(model, tok, "fox", logit_lens=True, progress=lambda *report: reports.append(report))
+    n = model.cfg.n_layers
+    names = [f"trf_blocks.{i}" for i in range(n)] + [f"logit_lens.{i}" for i in range(n)] + ["embedding_check"]
+    assert reports == [(name, k + 1, 2 * n + 1) for k, name in enumerate(names)]
+
+
+def test_a_cancelled_trace_stops_at_the_next_module(small):
+    model, tok = small
+    cancel = threading.Event()
+    reached = []
+
+    def progress(step: str, done: int, total: int) -> None:
+        reached.append(step)
+        cancel.set()  # as the web server does when the client leaves
+
+    with pytest.raises(TraceCancelled):
+        trace(model, tok, "fox", logit_lens=True, cancel=cancel, progress=progress)
+    assert reached == ["trf_blocks.0"]  # trf_blocks.1 never ran to its end
+    assert trace(model, tok, "fox", embedding_check=False).stage("tokens").shape == [1, 3]  # the model carries on
+
+
+def test_logit_lens_probability_is_the_softmax_of_the_top_token(gpt2, gpt2_trace):
+    model, tok = gpt2
+    ids = torch.tensor([tok.encode(PROMPT)])
+    with torch.inference_mode():
+        x = model.drop_emb(model.tok_emb(ids) + model.pos_emb(torch.arange(ids.shape[1])))
+        for layer, block in zip(gpt2_trace.logit_lens["layers"], model.trf_blocks):
+            x = block(x)
+            probs = model.out_head(model.final_norm(x))[0].softmax(-1)  # [t, V]
+            assert [cell["id"] for cell in layer["top"]] == probs.argmax(-1).tolist()
+            torch.testing.assert_close(torch.tensor([cell["prob"] for cell in layer["top"]]), probs.max(-1).values,
+                                       rtol=1e-5, atol=0)
+
+
+# --- temperatures and broken weights ----------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300, 5e-324])
+def test_a_temperature_whose_division_overflows_is_refused(small, temperature):
+    model, tok = small
+    with pytest.raises(PromptError, match="temperature .* too small"):
+        trace(model, tok, "fox", temperature=temperature)
+
+
+def test_a_tiny_temperature_that_fits_is_greedy(small):
+    model, tok = small
+    tr = trace(model, tok, "fox", temperature=1e-20, embedding_check=False)
+    assert tr.next_token["prob"] == 1.0  # float32 softmax of scores 1e20 apart
+
+
+def test_non_finite_weights_are_one_clear_error(small):
+    model, tok = small
+    broken = random_model(model.cfg, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        broken.final_norm.scale.fill_(float("nan"))  # as a diverged training run would save it
+    with pytest.raises(PromptError, match="not finite"):
+        trace(broken, tok, "fox")
+
+
+def test_cli_explain_refuses_an_overflowing_temperature_in_one_line(capsys, tmp_path):
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(GPTConfig(vocab_size=50257, context_length=16, emb_dim=8, n_heads=2,
+                                           n_layers=1).to_dict()))
+    assert main(["explain", "hi", "--model", str(config), "--temperature", "1e-40"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: temperature 1e-40 is too small") and "Traceback" not in "".join(err)
+
+
+# --- the embedding check's cost ---------------------------------------------------------------
+
+def test_embedding_check_without_timing_builds_one_one_hot(small, monkeypatch):
+    model, tok = small
+    calls = []
+    real = F.one_hot
+    monkeypatch.setattr(F, "one_hot", lambda *a, **k: calls.append(1) or real(*a, **k))
+    check = check_embedding_is_linear(model, torch.tensor([tok.encode("lazy dog")]), timing=False)
+    assert calls == [1] and check["equal_one_hot_matmul"] and check["equal_linear"]
+    assert "matmul_ms" not in check and "lookup_ms" not in check
+
+
+def test_a_slow_one_hot_matmul_is_timed_once(small, monkeypatch):
+    model, tok = small
+    calls = []
+    real = F.one_hot
+    monkeypatch.setattr(F, "one_hot", lambda *a, **k: calls.append(1) or real(*a, **k))
+    check = check_embedding_is_linear(model, torch.tensor([tok.encode("lazy dog")]), repeats=5, budget_ms=0.0)
+    assert len(calls) == 2 and check["matmul_ms"] >= 0  # the check itself, then one timed run
+
+
+# --- a classifier speaks of its class ---------------------------------------------------------
+
+def test_a_classifier_trace_speaks_of_the_class_not_the_next_token(small):
+    model, tok = small
+    cfg = dataclasses.replace(model.cfg, num_classes=2, tie_embeddings=False)
+    clf = random_model(cfg, torch.device("cpu"), torch.float32)
+    tr = trace(clf, tok, "lazy", labels=["ham", "spam"])
+    text = tr.to_text()
+    notes = " ".join(s.note for s in tr.stages)
+    svg_text = " ".join(t.text for t in layout(tr)[0] if isinstance(t, Text))
+    for words in (text, notes, svg_text):
+        assert "next token" not in words and "what comes next" not in words
+    assert "class" in tr.stage("last_logits").note
+    assert "give the class" in text.split("the four questions")[1]
+    assert "argmax(probs)" in svg_text
+
+
+# --- --attention, --layer, --block ------------------------------------------------------------
+
+def test_cli_attention_text_shows_each_heads_strongest_link(gpt2, capsys, tmp_path):
+    heat = tmp_path / "att.png"
+    assert main(["explain", PROMPT, "--model", "gpt2", "--attention", "--layer", "3", "--block", "1",
+                 "--attention-out", str(heat), "--color", "never"]) == 0
+    out = capsys.readouterr().out
+    assert heat.stat().st_size > 1000 and str(heat) in out
+    assert "--layer 3" in out and "--block 1" in out  # says which is which
+    model, tok = gpt2  # the same seeded preset the CLI loaded
+    tr = trace(model, tok, PROMPT, attention=True, embedding_check=False)
+    weights = torch.tensor(tr.attention["layers"][3])  # [h, t, t]
+    tokens = [repr(t["text"]) for t in tr.tokens]
+    rows = [line for line in out.splitlines() if line.strip().startswith("head ")]
+    assert len(rows) == 12
+    for h, line in enumerate(rows):
+        best = weights[h].max(-1)  # per query token: the weight and the key it goes to
+        cells = [f"{tokens[k]} {w:.2f}" for w, k in zip(best.values.tolist(), best.indices.tolist())]
+        assert line.split()[:2] == ["head", str(h)] and all(cell in line for cell in cells), (line, cells)
+
+
+@pytest.mark.parametrize("flags, words", [(["--block", "12"], "--block 12"),
+                                          (["--attention", "--layer", "12"], "--layer 12")])
+def test_bad_layer_or_block_is_refused_before_the_model_loads(capsys, monkeypatch, flags, words):
+    import glassgpt.cli.explain as cli_explain
+
+    def no_load(args):
+        raise AssertionError("the model was loaded before the flags were checked")
+
+    monkeypatch.setattr(cli_explain, "load", no_load)
+    assert main(["explain", "hi", "--model", "gpt2", *flags]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "choose 0..11" in err
+
+
+def test_heatmap_has_a_colour_bar_and_the_random_weights_note(gpt2_trace):
+    fig = attention_figure(gpt2_trace, 2)
+    assert len(fig.axes) == 12 + 1  # a heatmap per head, and the colour bar
+    assert "random weights" in fig._suptitle.get_text()
+
+
+# --- the picture answers the four questions on its own ----------------------------------------
+
+def texts_of(tr) -> str:
+    return " ".join(item.text for item in layout(tr)[0] if isinstance(item, Text))
+
+
+def test_picture_shows_the_one_hot_view_tying_and_how_the_id_is_picked(gpt2_trace):
+    words = texts_of(gpt2_trace)
+    assert "one_hot [1, 4, 50257] @ W [50257, 768] = [1, 4, 768]" in words
+    assert "the same numbers as the lookup" in words  # from the trace's own embedding check
+    assert "tok_emb.weight" in words and "out_head.weight" in words and "the same tensor (tied)" in words
+    assert "argmax(probs)" in words and "sampling" in words
+    assert "random weights: these probabilities are noise" in words
+
+
+def test_picture_bars_are_scaled_to_probability_one(gpt2_trace, small):
+    def bars(tr) -> list[float]:
+        return [item.w for item in layout(tr)[0] if isinstance(item, Rect) and item.fill == "#d9631e" and item.h == 14]
+
+    scale = next(item for item in layout(gpt2_trace)[0] if isinstance(item, Text) and item.text == "p = 1").x
+    bar_x = next(item for item in layout(gpt2_trace)[0]
+                 if isinstance(item, Rect) and item.fill == "#d9631e" and item.h == 14).x
+    # Random GPT-2: every top probability is about 2e-4, so no bar grows past its 2-pixel minimum.
+    assert all(w == 2.0 for w in bars(gpt2_trace))
+    model, tok = small
+    clf = random_model(dataclasses.replace(model.cfg, num_classes=2, tie_embeddings=False), torch.device("cpu"),
+                       torch.float32)
+    tr = trace(clf, tok, "lazy", embedding_check=False)
+    for width, cand in zip(bars(tr), tr.next_token["top"]):
+        assert width == pytest.approx((scale - bar_x) * cand["prob"], rel=1e-6)
+
+
+def test_svg_of_every_control_character_parses(small):
+    model, tok = small
+    text = "".join(chr(c) for c in range(32))
+    tok = glassgpt.get_tokenizer("char", text=text + "abc")
+    cfg = GPTConfig(vocab_size=tok.n_vocab, context_length=64, emb_dim=8, n_heads=2, n_layers=1)
+    tr = trace(random_model(cfg, torch.device("cpu"), torch.float32), tok, "a" + text + "b",
+               model_name="name\x01with\x02controls")
+    root = ET.fromstring(to_svg(tr))  # raises ParseError on a character that XML forbids
+    shown = " ".join(el.text or "" for el in root.iter("{http://www.w3.org/2000/svg}text"))
+    assert "\\x00" in shown and "\\x1f" in shown
+
+
+def test_png_takes_dollar_signs_as_text(small, tmp_path):
+    model, tok = small
+    prompt = "a $\\frac{}$ b"  # two $ signs: matplotlib would parse a formula, and fail on this one
+    tok = glassgpt.get_tokenizer("char", text=prompt)
+    cfg = GPTConfig(vocab_size=tok.n_vocab, context_length=32, emb_dim=8, n_heads=2, n_layers=1)
+    tr = trace(random_model(cfg, torch.device("cpu"), torch.float32), tok, prompt, attention=True)
+    save_png(tr, str(tmp_path / "flow.png"), scale=0.5)
+    save_attention_png(tr, 0, str(tmp_path / "att.png"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,7 +63,7 @@ def test_custom_columns_are_read(tmp_path):
     ("text,label\n", "no rows"),
     ("words,label\n\"a\",x\n\"b\",y\n", "column 'text' is missing"),
     ("text,label\n\"a\",x\n\"b\",x\n", "at least two classes"),
-    ("text,label\n\"\",x\n\"b\",y\n", "record 0 has an empty"),
+    ("text,label\n\"\",x\n\"b\",y\n", r"d.csv:2 \(record 0\) has an empty"),
 ])
 def test_bad_classification_files_fail_with_one_clear_error(tmp_path, content, message):
     path = tmp_path / "d.csv"
@@ -73,14 +74,14 @@ def test_bad_classification_files_fail_with_one_clear_error(tmp_path, content, m
 
 def test_unknown_label_in_validation_data_is_refused(tmp_path):
     path = write_csv(tmp_path / "val.csv", [("a", "pos"), ("b", "maybe")])
-    with pytest.raises(DataError, match=r"record 1 has the label 'maybe'.*\['neg', 'pos'\]"):
+    with pytest.raises(DataError, match=r"val.csv:3 \(record 1\) has the label 'maybe'.*\['neg', 'pos'\]"):
         ft.load_classification_data(path, label_names=["neg", "pos"])
 
 
 def test_invalid_jsonl_line_is_named(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"text": "a", "label": 1}\n{oops\n')
-    with pytest.raises(DataError, match="record 1 is not valid JSON"):
+    with pytest.raises(DataError, match=r"d.jsonl:2 \(record 1\) is not valid JSON"):
         ft.load_classification_data(path)
 
 
@@ -445,3 +446,112 @@ def test_respond_stops_at_eot_and_returns_only_the_answer(gpt2_tok_base):
         model.out_head.weight.zero_()  # (tied: tok_emb too, which does not matter here)
         model.out_head.weight[GPT2_TOK.eot_id] = 1.0
     assert ft.respond(model, GPT2_TOK, "Say nothing.", max_new_tokens=5) == ""
+
+
+# --- faults and defaults --------------------------------------------------------------------
+
+@pytest.mark.parametrize("content, message", [
+    ('text,label\n"a fine day",pos\n"a bad day",neg,really\n', r"d.csv:3: the row has 3 fields but the header has 2"),
+    ('text,label\n"a fine day",pos\n"no label here"\n', r"d.csv:3: the row has 1 fields but the header has 2"),
+    ('text,label\n"a fine day",pos\n"what",NaN\n"b",neg\n', r"d.csv:3 \(record 1\) has no usable label in 'label' \('NaN'\)"),
+    ('{"text": "a", "label": 1}\n\n{"text": "b", "label": NaN}\n', r"d.jsonl:3 \(record 1\) has no usable label .*\(nan\)"),
+    ('[{"text": "a", "label": "x"}, {"text": "b", "label": null}]', r"d.json record 1 has no usable label"),
+])
+def test_a_ragged_row_or_a_missing_label_is_an_error_naming_file_and_line(tmp_path, content, message):
+    path = tmp_path / ("d.csv" if content.startswith("text") else "d.jsonl" if content.startswith("{") else "d.json")
+    path.write_text(content)
+    with pytest.raises(DataError, match=message):
+        ft.load_classification_data(path)
+
+
+QUESTIONS = ["is it going to rain today?", "where did you put the keys?", "can you help me with this?",
+             "what time does the shop open?", "why is the sky blue?", "who wrote this letter?",
+             "how far is the station?", "do you like green tea?", "will you come to the party?",
+             "have you seen my brother?", "when does the train leave?", "which road goes to the town?"]
+STATEMENTS = ["it is going to rain today.", "i put the keys on the table.", "you can help me with this.",
+              "the shop opens at nine.", "the sky is blue in summer.", "my sister wrote this letter.",
+              "the station is not far.", "i like green tea.", "we will come to the party.",
+              "i have seen your brother.", "the train leaves at noon.", "this road goes to the town."]
+
+
+@pytest.fixture(scope="module")
+def question_csv(tmp_path_factory):
+    """24 rows, two classes, separable by the last character: questions and statements."""
+    import random
+    rows = [(t, "question") for t in QUESTIONS] + [(t, "statement") for t in STATEMENTS]
+    random.Random(0).shuffle(rows)
+    return write_csv(tmp_path_factory.mktemp("qs") / "qs.csv", rows)
+
+
+@pytest.fixture(scope="module")
+def question_base(tmp_path_factory):
+    """A random-init 2-block, 32-wide model with a char tokenizer over the question/statement texts."""
+    tok = CharTokenizer(set("".join(QUESTIONS + STATEMENTS)))
+    cfg = glassgpt.GPTConfig(vocab_size=tok.n_vocab, context_length=64, emb_dim=32, n_heads=4, n_layers=2)
+    path = tmp_path_factory.mktemp("qs_base") / "base"
+    glassgpt.save_model(glassgpt.load_model("gpt2", device="cpu", config=cfg, seed=0), path, tok)
+    return path
+
+
+def test_the_default_settings_learn_a_small_separable_task(question_base, question_csv, tmp_path, capsys):
+    # The issue's case: 24 rows, two classes, --trainable last-block --epochs 5, every other setting
+    # the default. Before the fix (lr 5e-5 on a 32-wide model) the validation loss stayed at 0.63.
+    run = tmp_path / "run"
+    assert cli_main(["finetune", "classify", "--model", str(question_base), "--data", str(question_csv),
+                     "--out", str(run), "--trainable", "last-block", "--epochs", "5", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "training: 15 steps (5.00 epochs of 3 steps)" in out and "lr 0.0012" in out  # 5e-5 x 768 / 32
+    assert "step 3: val_loss" in out and "step 15: val_loss" in out  # --no-progress hides only the bar
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    vals = [r["val_loss"] for r in records if "val_loss" in r]
+    assert vals[-1] < 0.5 * vals[0]  # measured 0.55 -> 0.29
+    assert not any("val_ppl" in r for r in records) and "val_ppl" not in out  # a classifier has no perplexity
+    data = ft.load_classification_data(question_csv)
+    train, _ = ft.split_validation(data, 0.1, seed=1337)
+    model, tok = glassgpt.load_model(run, device="cpu"), glassgpt.load_tokenizer(run)
+    assert ft.predict(model, tok, train.texts).argmax(-1).tolist() == train.labels  # every training row
+
+
+def test_help_shows_the_defaults_a_run_uses(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["finetune", "classify", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "peak learning rate (default 5e-05 x max(1, 768 / emb_dim)" in text and "6e-4" not in text
+    assert "passes over the training data (default 5); give this or --max-steps, not both" in text
+    assert ft.DATA_FORMATS in text
+
+
+def test_the_readme_lists_the_data_formats_that_help_shows():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert ft.DATA_FORMATS in " ".join(readme.split())
+
+
+def test_finetune_resume_with_a_seed_continues_the_same_run(question_base, question_csv, tmp_path):
+    # A flat schedule, so that stopping at step 3 is the same as being stopped there.
+    flags = ["--model", str(question_base), "--data", str(question_csv), "--seed", "7", "--lr", "1e-3",
+             "--min-lr", "1e-3", "--warmup-steps", "0", "--eval-every", "3", "--batch-size", "4", "--no-progress"]
+    assert cli_main(["finetune", "classify", *flags, "--out", str(tmp_path / "a"), "--max-steps", "6"]) == 0
+    assert cli_main(["finetune", "classify", *flags, "--out", str(tmp_path / "b"), "--max-steps", "3"]) == 0
+    assert cli_main(["finetune", "classify", "--resume", str(tmp_path / "b"), "--max-steps", "6", "--no-progress"]) == 0
+    losses = lambda run: [json.loads(line)["train_loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert losses(tmp_path / "b") == losses(tmp_path / "a")  # the same split, the same batches
+
+
+def test_finetune_resume_refuses_data_that_changed(question_base, question_csv, tmp_path, capsys):
+    data = tmp_path / "qs.csv"
+    data.write_text(question_csv.read_text())
+    run = tmp_path / "run"
+    assert cli_main(["finetune", "classify", "--model", str(question_base), "--data", str(data), "--out", str(run),
+                     "--max-steps", "2", "--no-progress"]) == 0
+    data.write_text(data.read_text() + '"is this new?",question\n')
+    capsys.readouterr()
+    assert cli_main(["finetune", "classify", "--resume", str(run), "--max-steps", "4", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "qs.csv changed since the run started" in err and err.count("\n") == 1
+
+
+def test_eval_and_generate_refuse_a_classifier_run(classify_run, capsys):
+    assert cli_main(["eval", "--model", str(classify_run), "--data", str(classify_run.parent / "train.csv")]) == 2
+    assert cli_main(["generate", "abc", "--model", str(classify_run)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("is a classifier (3 classes") == 2 and "Traceback" not in err

@@ -8,10 +8,10 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -260,7 +260,8 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(stopped_run, monkey
 
     monkeypatch.setattr(checkpoint_mod, "_save_tensors", disk_full)
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=8)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(CheckpointError, match=r"could not write the checkpoint .*latest \(No space left on device\): "
+                                              r"the previous latest/ \(step 4\) is unchanged"):
         fit(model, task, cfg, tok, resume=True, progress=False)
     run = Path(cfg.out)
     assert verify_checkpoint(run / "latest")["step"] == 4
@@ -390,28 +391,6 @@ def test_cli_init_continues_from_a_checkpoint(tmp_path, corpus):
     assert read_metrics(tmp_path / "second")[0]["train_loss"] < read_metrics(first)[0]["train_loss"]
 
 
-def test_ctrl_c_saves_latest_and_exits_with_one_line(tmp_path, corpus):
-    run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "glassgpt", "train", "--data", str(corpus), "--out", str(run), *TINY_FLAGS,
-           "--max-steps", "100000", "--eval-every", "100000"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        deadline = time.monotonic() + 120
-        while not ((run / "metrics.jsonl").is_file() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err
-    step = verify_checkpoint(run / "latest")["step"]
-    assert err.strip().splitlines()[-1] == (f"interrupted at step {step:,}: saved {run}/latest; continue with: "
-                                            f"glassgpt train --resume {run}")
-    assert main(["train", "--resume", str(run), "--max-steps", str(step + 2), "--no-progress"]) == 0
-
-
 def _exit_code(fn) -> int:
     try:
         return fn()
@@ -453,3 +432,241 @@ def test_compiled_training_matches_eager(tmp_path, corpus):
     model, task, cfg2, tok = tiny(tmp_path, corpus, out="compiled", max_steps=4, compile=True)
     fit(model, task, cfg2, tok, progress=False)
     assert max(abs(a - b) for a, b in zip(losses(cfg.out), losses(cfg2.out))) < 1e-4
+
+
+# --- faults: a diverging run, damaged files, a checkpoint that moved --------------------------------
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if not line.startswith(("note:", "threads:"))]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def _train(corpus, run, *flags):
+    return main(["train", "--data", str(corpus), "--out", str(run), *TINY_FLAGS, *flags])
+
+
+def test_a_diverging_run_stops_before_anything_non_finite_is_saved(tmp_path, corpus, capsys):
+    run = tmp_path / "run"
+    # lr 1e4 with an evaluation (and a sample) at every step: before the fix, NaN weights in latest/
+    # and a traceback from the sampler.
+    assert _train(corpus, run, "--lr", "1e4", "--warmup-steps", "0", "--eval-every", "1", "--max-steps", "30") == 2
+    line = _one_line_error(capsys)
+    step = verify_checkpoint(run / "latest")["step"]
+    assert re.search(rf"training diverged at step {step + 1}: the (training|validation) loss is nan|"
+                     rf"training diverged at step {step + 1}: the weights hold NaN", line), line
+    assert f"the last good checkpoints are {run}/latest (step {step}) and {run}/best" in line
+    assert "Lower --lr (now 10000)" in line
+    for name in ("latest", "best"):  # both finite, both load
+        assert checkpoint_mod.nonfinite_tensor(load_model(run / name).named_parameters()) is None
+    assert main(["generate", "the", "--model", str(run), "--max-new-tokens", "3", "--json"]) == 0
+
+
+def test_a_run_that_diverges_before_its_first_save_says_there_is_no_checkpoint(tmp_path, corpus):
+    model, task, cfg, tok = tiny(tmp_path, corpus, lr=1e30, warmup_steps=0, max_steps=20, eval_every=10)
+    with pytest.raises(TrainError, match=r"training diverged at step \d+: .*; nothing non-finite was saved and there "
+                                         r"is no saved checkpoint\. Lower --lr \(now 1e\+30\)"):
+        fit(model, task, cfg, tok, progress=False)
+    assert not (Path(cfg.out) / "latest").exists() and not (Path(cfg.out) / "best").exists()
+
+
+def _rewrite_tensor(ckpt: Path, name: str, value: float) -> None:
+    """Put `value` into one tensor of a checkpoint and record the new sha256, as an older
+    glassgpt that saved a diverged run did."""
+    from safetensors.torch import load_file, save_file
+    path = ckpt / "model.safetensors"
+    tensors = load_file(path)
+    tensors[name][0] = value
+    save_file(tensors, path, metadata={"format": "pt"})
+    state = json.loads((ckpt / "train_state.json").read_text())
+    state["files"]["model.safetensors"] = checkpoint_mod._sha256(path)
+    (ckpt / "train_state.json").write_text(json.dumps(state))
+
+
+@pytest.fixture
+def finished_run(tmp_path, corpus):
+    run = tmp_path / "run"
+    assert _train(corpus, run, "--max-steps", "3") == 0
+    return run
+
+
+@pytest.mark.parametrize("command", [
+    ["generate", "the", "--max-new-tokens", "2"],
+    ["explain", "the"],
+    ["eval", "--data", "CORPUS"],
+])
+def test_loading_a_checkpoint_with_non_finite_weights_names_the_tensor(finished_run, corpus, capsys, command):
+    for ckpt in ("latest", "best"):
+        _rewrite_tensor(finished_run / ckpt, "trf_blocks.1.att.W_key.weight", float("nan"))
+    capsys.readouterr()
+    argv = [str(corpus) if a == "CORPUS" else a for a in command] + ["--model", str(finished_run)]
+    assert main(argv) == 2
+    line = _one_line_error(capsys)
+    assert "tensor 'trf_blocks.1.att.W_key.weight' holds NaN or infinite values" in line
+
+
+@pytest.mark.parametrize("command", [
+    ["generate", "the", "--max-new-tokens", "2"],
+    ["explain", "the"],
+    ["eval", "--data", "CORPUS"],
+])
+def test_a_flipped_bit_in_best_is_a_one_line_error_for_readers(finished_run, corpus, capsys, command):
+    weights = finished_run / "best" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    argv = [str(corpus) if a == "CORPUS" else a for a in command] + ["--model", str(finished_run)]
+    assert main(argv) == 2
+    assert "best/model.safetensors is corrupt (its sha256 differs" in _one_line_error(capsys)
+
+
+def test_readers_find_the_checkpoint_a_crash_between_renames_left_without_writing(finished_run, corpus, capsys):
+    os.replace(finished_run / "best", finished_run / ".best.old")
+    os.replace(finished_run / "latest", finished_run / ".latest.old")
+    before = sorted(p.name for p in finished_run.iterdir())
+    assert main(["generate", "the", "--model", str(finished_run), "--max-new-tokens", "2", "--json"]) == 0
+    assert main(["explain", "the", "--model", str(finished_run), "--format", "json"]) == 0
+    assert main(["eval", "--model", str(finished_run), "--data", str(corpus), "--cache-dir", str(finished_run.parent / "c")]) == 0
+    assert sorted(p.name for p in finished_run.iterdir()) == before  # nothing renamed, nothing written
+
+
+def test_resume_falls_back_to_best_when_latest_is_gone_and_says_so(finished_run, capsys):
+    best_step = verify_checkpoint(finished_run / "best")["step"]
+    shutil.rmtree(finished_run / "latest")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(finished_run), "--max-steps", "5", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {finished_run}/latest is missing: resuming from {finished_run}/best (step {best_step})" in err
+    assert [r["step"] for r in read_metrics(finished_run)] == list(range(1, 6))
+
+
+def test_garbage_in_metrics_jsonl_does_not_stop_resume_eval_or_plot(finished_run, corpus, capsys):
+    with open(finished_run / "metrics.jsonl", "ab") as f:
+        f.write(b"\xff\xfe\x00garbage\n{\"step\": \"x\"}\n[1, 2]\n")
+    assert main(["train", "--resume", str(finished_run), "--max-steps", "4", "--no-progress"]) == 0
+    assert [r["step"] for r in read_metrics(finished_run)] == [1, 2, 3, 4]
+    assert main(["eval", "--model", str(finished_run), "--data", str(corpus), "--cache-dir",
+                 str(finished_run.parent / "c")]) == 0
+    assert main(["plot", str(finished_run)]) == 0
+
+
+def test_a_damaged_train_config_falls_back_to_the_checkpoints_copy(finished_run, corpus, capsys):
+    (finished_run / "train_config.json").write_bytes(b"{\"batch_size\": 4, \xff")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(finished_run), "--max-steps", "4", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {finished_run}/train_config.json is damaged" in err and "using the copy saved in" in err
+    assert json.loads((finished_run / "train_config.json").read_text())["max_steps"] == 4  # written whole again
+    (finished_run / "train_config.json").write_text("[]")
+    assert main(["eval", "--model", str(finished_run), "--data", str(corpus), "--cache-dir",
+                 str(finished_run.parent / "c")]) == 0
+    assert "train_config.json is damaged" in capsys.readouterr().err
+
+
+def test_a_run_with_relative_paths_resumes_from_another_directory(tmp_path, corpus, monkeypatch):
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    shutil.copy(corpus, work / "data" / "words.txt")
+    monkeypatch.chdir(work)
+    assert main(["train", "--data", "data/words.txt", "--out", "runs/r", *TINY_FLAGS, "--max-steps", "2"]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["train", "--resume", str(work / "runs" / "r"), "--max-steps", "4", "--no-progress"]) == 0
+    assert not (elsewhere / "runs").exists()  # the cache stayed in the run directory
+    assert [r["step"] for r in read_metrics(work / "runs" / "r")] == [1, 2, 3, 4]
+
+
+def test_resume_refuses_data_that_changed(finished_run, corpus, capsys):
+    original = corpus.read_text()
+    try:
+        corpus.write_text(original.replace("fox", "cat", 1))
+        capsys.readouterr()
+        assert main(["train", "--resume", str(finished_run), "--max-steps", "4", "--no-progress"]) == 2
+        assert "the data changed since the run started" in _one_line_error(capsys)
+    finally:
+        corpus.write_text(original)
+
+
+def test_resume_refuses_another_seed(finished_run, capsys):
+    capsys.readouterr()
+    assert main(["train", "--resume", str(finished_run), "--seed", "5", "--no-progress"]) == 2
+    assert "with its seed 1337" in _one_line_error(capsys)
+
+
+def test_eval_and_generate_refuse_a_classifier_with_one_line(tmp_path, corpus, capsys):
+    from glassgpt import finetune as ft
+    base = load_model(_finished(tmp_path, corpus))
+    clf_dir = tmp_path / "clf"
+    from glassgpt.weights import save_model
+    save_model(ft.to_classifier(base, 2), clf_dir, load_tokenizer(tmp_path / "base"))
+    capsys.readouterr()
+    assert main(["eval", "--model", str(clf_dir), "--data", str(corpus), "--cache-dir", str(tmp_path / "c")]) == 2
+    assert "is a classifier (2 classes" in _one_line_error(capsys)
+    assert main(["generate", "the", "--model", str(clf_dir)]) == 2
+    assert "is a classifier (2 classes" in _one_line_error(capsys)
+    assert capsys.readouterr().out == ""
+
+
+def _finished(tmp_path, corpus) -> Path:
+    run = tmp_path / "base"
+    assert _train(corpus, run, "--max-steps", "1") == 0
+    return run
+
+
+# --- what a run prints ------------------------------------------------------------------------------
+
+def test_no_progress_hides_only_the_bar(tmp_path, corpus, capsys):
+    assert _train(corpus, tmp_path / "run", "--max-steps", "6") == 0  # TINY_FLAGS has --no-progress
+    out, err = capsys.readouterr()
+    assert "step 3: val_loss" in out and "step 6: val_loss" in out and out.count("  sample: ") == 2
+    assert "train: step" not in err
+
+
+def test_progress_written_to_a_file_is_a_few_plain_lines(tmp_path, corpus, capfd):
+    flags = [f for f in TINY_FLAGS if f != "--no-progress"]
+    assert main(["train", "--data", str(corpus), "--out", str(tmp_path / "run"), *flags, "--max-steps", "40",
+                 "--eval-every", "10"]) == 0
+    out, err = capfd.readouterr()
+    progress = [line for line in err.splitlines() if line.startswith("train: step")]
+    assert "\r" not in err and len(progress) == len(set(progress))  # tqdm on a file: a line per refresh
+    assert 2 <= len(progress) <= 11 and progress[-1].startswith("train: step 40/40")
+    assert out.count("val_loss") == 4
+
+
+def test_eval_says_how_its_windows_are_drawn(finished_run, corpus, capsys):
+    assert main(["eval", "--model", str(finished_run), "--data", str(corpus), "--cache-dir",
+                 str(finished_run.parent / "c")]) == 0
+    out = capsys.readouterr().out
+    # 2 batches of 4 windows of 16 tokens over a val split of ~1,700 tokens: no overlap
+    assert re.search(r"\(8 windows of 16 tokens, evenly spaced over the [\d,]+ val tokens \(128 of them scored\)\)", out)
+    assert main(["eval", "--model", str(finished_run), "--data", str(corpus), "--cache-dir",
+                 str(finished_run.parent / "c"), "--eval-batches", "100", "--batch-size", "100"]) == 0
+    assert re.search(r"10,000 windows of 16 tokens, evenly spaced over the [\d,]+ val tokens "
+                     r"\(so they overlap: 160,000 predictions scored\)", capsys.readouterr().out)
+
+
+# --- threads ------------------------------------------------------------------------------------------
+
+def test_thread_rule_gives_small_models_one_thread_and_wide_ones_every_core():
+    from glassgpt.device import pick_threads
+    assert pick_threads(128, 8) == (1, "small model, emb_dim 128 < 512")
+    assert pick_threads(511, 8)[0] == 1
+    assert pick_threads(512, 8)[0] == 8 and pick_threads(768, 2)[0] == 2
+
+
+@pytest.mark.parametrize("flags, threads, why", [([], 1, "small model"), (["--threads", "3"], 3, "--threads")])
+def test_train_sets_and_prints_its_threads(tmp_path, corpus, capsys, monkeypatch, flags, threads, why):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    assert _train(corpus, tmp_path / "run", "--max-steps", "1", *flags) == 0
+    assert f"threads: {threads} ({why}" in capsys.readouterr().out
+    assert torch.get_num_threads() == threads
+
+
+def test_generate_takes_threads_too(finished_run, capsys, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert main(["generate", "the", "--model", str(finished_run), "--max-new-tokens", "1", "--threads", "2"]) == 0
+    assert "threads: 2 (--threads" in capsys.readouterr().err and torch.get_num_threads() == 2

@@ -13,8 +13,12 @@ Nothing is pickled: tensors in safetensors, everything else in JSON.
 
 Writing: a checkpoint is filled in `.latest.tmp-XXXX/`, then the old one is renamed to
 `.latest.old` and the new one into place (`recover_checkpoints` undoes a crash between
-the two renames). Reading: a checkpoint without train_state.json, or whose files do not
-match their recorded sha256, is refused with a CheckpointError.
+the two renames; readers that must not write look for `.latest.old` themselves). A
+write that fails (a full disk, a file-size limit, a read-only disk) removes its
+temporary directory and raises a CheckpointError that says which checkpoint is still
+there. Reading: a checkpoint without train_state.json, whose files do not match their
+recorded sha256, or whose weights hold NaN or infinity, is refused with a
+CheckpointError. `--resume` continues `latest/`, or `best/` when `latest/` is gone.
 
 `export(model)` (a task's `checkpoint_model`) picks the model written as the loadable
 checkpoint when it is not the training model itself. Under FSDP every rank calls
@@ -39,7 +43,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -142,11 +146,15 @@ def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, str
 
 def _publish(run_dir: Path, name: str, fill) -> Path:
     """Write checkpoint NAME whole into a temp dir with `fill(tmp)`, then swap it in by renames."""
-    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{name}.tmp-"))
+    tmp = None
     try:
+        tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{name}.tmp-"))
         fill(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (OSError, SafetensorError)):  # a full disk, a file-size limit, a read-only disk
+            raise _write_error(run_dir / name, e) from None
         raise
     final, old = run_dir / name, run_dir / f".{name}.old"
     if old.exists():
@@ -157,6 +165,15 @@ def _publish(run_dir: Path, name: str, fill) -> Path:
     _fsync_dir(run_dir)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _write_error(path: Path, e: Exception) -> CheckpointError:
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    step = checkpoint_step(path)
+    kept = (f"the previous {path.name}/ (step {step:,}) is unchanged" if step is not None
+            else f"there was no earlier {path.name}/ checkpoint")
+    return CheckpointError(f"could not write the checkpoint {path} ({reason}): {kept}; free some space "
+                           "or give a writable run directory")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -207,7 +224,55 @@ def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         if _sha256(path / name) != digest:
             raise CheckpointError(f"{path}/{name} is corrupt (its sha256 differs from the one recorded when "
                                   "it was saved): this checkpoint cannot be used")
+    for name in ("model.safetensors", "train_model.safetensors"):
+        if name in files:  # written by a version that saved a diverged run: refuse it by name
+            bad = nonfinite_tensor(_iter_tensors(path / name))
+            if bad is not None:
+                raise CheckpointError(f"{path}/{name}: tensor {bad!r} holds NaN or infinite values (training "
+                                      "had diverged when it was saved): use an earlier checkpoint")
     return state
+
+
+def nonfinite_tensor(tensors) -> str | None:
+    """The name of the first floating-point tensor in (name, tensor) pairs that holds NaN or inf."""
+    for name, t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard: this rank's part
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step a complete checkpoint was saved at (from its train_state.json), or None."""
+    try:
+        step = json.loads((path / "train_state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def saved_checkpoints(run_dir: str | os.PathLike) -> str:
+    """'the last good checkpoints are RUN/latest (step 8) and RUN/best (step 4)', or 'there is no saved
+    checkpoint': what survives, for a message about a run that stopped."""
+    run_dir = Path(run_dir)
+    found = [f"{run_dir / name} (step {step:,})" for name in ("latest", "best")
+             if (step := checkpoint_step(run_dir / name)) is not None]
+    if not found:
+        return "there is no saved checkpoint"
+    return f"the last good checkpoint{'s are' if len(found) > 1 else ' is'} {' and '.join(found)}"
+
+
+def resume_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, str | None]:
+    """(the checkpoint `--resume` continues, a note when it is not latest/): best/ if latest/ is gone."""
+    run_dir = Path(run_dir)
+    latest, best = run_dir / "latest", run_dir / "best"
+    if latest.is_dir():
+        return latest, None
+    step = checkpoint_step(best)
+    if step is None:
+        raise CheckpointError(f"{run_dir} has no latest/ or best/ checkpoint to resume from (it stopped "
+                              "before its first save): start the run again")
+    return best, f"{latest} is missing: resuming from {best} (step {step:,})"
 
 
 def _sha256(path: Path) -> str:
@@ -221,16 +286,15 @@ def _sha256(path: Path) -> str:
 # --- resuming ----------------------------------------------------------------------------------
 
 def load_checkpoint(run_dir: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Put RUN_DIR/latest's weights, optimizer state and RNG states back; return its train_state.json.
+    """Put RUN_DIR/latest's (else best's) weights, optimizer state and RNG states back; return its
+    train_state.json.
 
     The loop's own counters (step, tokens, best val loss, grad scaler) are in the
     returned state for the caller to take back.
     """
     run_dir = Path(run_dir)
     recover_checkpoints(run_dir)
-    path = run_dir / "latest"
-    if not path.is_dir():
-        raise CheckpointError(f"{run_dir} has no latest/ checkpoint to resume from")
+    path, _ = resume_checkpoint(run_dir)
     state = verify_checkpoint(path)
     source = path / "train_model.safetensors"
     tensors = {upgrade_name(k): v for k, v in _load_tensors(source if source.is_file() else path / "model.safetensors").items()}
@@ -269,6 +333,16 @@ def _load_optimizer(path: Path, state: dict[str, Any], model: nn.Module, optimiz
             value = _shard_like(value, params[name])
         per_param.setdefault(index[name], {})[field] = value
     optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+
+
+def _iter_tensors(path: Path):
+    """(name, tensor) pairs read one at a time, so a check holds one tensor in memory, not the file."""
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise CheckpointError(f"{path} cannot be read ({e})") from None
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -79,6 +79,13 @@ PRESETS: dict[str, GPTConfig] = {
     "gpt2-xl": GPTConfig(emb_dim=1600, n_layers=48, n_heads=25),      # 1558M
 }
 
+# The book's GPT_CONFIG_124M (chapter 4) and its bigger siblings (chapter 5's model_configs):
+# GPT-2's sizes, but no query/key/value biases, dropout 0.1, and an out_head of its own
+# (163,009,536 parameters for gpt2-book, where gpt2 has 124,439,808).
+BOOK_PRESETS = {f"{name}-book": dataclasses.replace(cfg, drop_rate=0.1, qkv_bias=False, tie_embeddings=False)
+                for name, cfg in PRESETS.items()}
+PRESETS.update(BOOK_PRESETS)
+
 
 def get_config(name: str, **overrides: Any) -> GPTConfig:
     """A preset by name, or a config from a JSON file, with field overrides applied."""

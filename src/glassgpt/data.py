@@ -145,48 +145,64 @@ def cache_key(file_hashes: list[str], tokenizer: Tokenizer) -> str:
 
 
 def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: str | os.PathLike,
-                   progress=None) -> TokenCache:
+                   progress=None, expect_key: str | None = None) -> TokenCache:
     """Token ids of `files` (joined by `<|endoftext|>` if the tokenizer has one), cached in `cache_dir`.
 
     A cache hit costs one read of the files (to hash them). Writing is atomic: the
     .bin is written under a temporary name, then its .json record; a cache without
-    its record is never used. `progress(n_files_done)` is called after each file.
+    its record is never used, and temporary files that a killed process left are
+    removed by the next one. `progress(n_files_done)` is called after each file.
+    `expect_key`: the cache key (the data's fingerprint) that a resumed run recorded;
+    other files are refused before anything is tokenized.
     """
     cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
     hashes = [scan_file(p) for p in files]
     key = cache_key(hashes, tokenizer)
-    with _lock(cache_dir / ".lock"):  # ranks of a torchrun job on one machine tokenize once
-        cached = _read_cache(cache_dir, key)
-        if cached is not None:
-            return cached
-        dtype = token_dtype(tokenizer.n_vocab)
-        bin_path = cache_dir / f"tokens-{key[:16]}.bin"
-        tmp = bin_path.with_name(f".{bin_path.name}.{os.getpid()}.tmp")
-        n_tokens = 0
-        try:
-            with open(tmp, "wb") as out:
-                for i, path in enumerate(files):
-                    if i and tokenizer.eot_id is not None:
-                        out.write(np.array([tokenizer.eot_id], dtype=dtype).tobytes())
-                        n_tokens += 1
-                    for ids in _encode_file(path, tokenizer):
-                        out.write(ids.astype(dtype, copy=False).tobytes())
-                        n_tokens += len(ids)
-                    if progress is not None:
-                        progress(i + 1)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, bin_path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        record = {"format": CACHE_FORMAT, "key": key, "n_tokens": n_tokens, "dtype": dtype,
-                  "files": [str(p) for p in files], "tokenizer": tokenizer.to_dict().get("type")}
-        tmp_json = bin_path.with_suffix(f".json.{os.getpid()}.tmp")
+    if expect_key is not None and key != expect_key:
+        raise DataError(f"the data changed since the run started ({len(files)} file(s) now, whose sha256 "
+                        "differ from the run's record), so --resume could not continue it exactly: restore "
+                        "the files, or start a new run from its weights with --init RUN_DIR")
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with _lock(cache_dir / ".lock"):  # ranks of a torchrun job on one machine tokenize once
+            for orphan in cache_dir.glob(".tokens-*.tmp"):  # a killed process's (we hold the lock)
+                orphan.unlink(missing_ok=True)
+            return _read_cache(cache_dir, key) or _write_cache(files, tokenizer, cache_dir, key, progress)
+    except OSError as e:  # a full disk, a file-size limit, a read-only disk
+        raise DataError(f"could not write the token cache in {cache_dir} ({e.strerror or e}): free some space "
+                        "or pass --cache-dir on a writable disk") from None
+
+
+def _write_cache(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, key: str, progress) -> TokenCache:
+    dtype = token_dtype(tokenizer.n_vocab)
+    bin_path = cache_dir / f"tokens-{key[:16]}.bin"
+    tmp = bin_path.with_name(f".{bin_path.name}.{os.getpid()}.tmp")
+    n_tokens = 0
+    try:
+        with open(tmp, "wb") as out:
+            for i, path in enumerate(files):
+                if i and tokenizer.eot_id is not None:
+                    out.write(np.array([tokenizer.eot_id], dtype=dtype).tobytes())
+                    n_tokens += 1
+                for ids in _encode_file(path, tokenizer):
+                    out.write(ids.astype(dtype, copy=False).tobytes())
+                    n_tokens += len(ids)
+                if progress is not None:
+                    progress(i + 1)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, bin_path)
+    finally:  # also on Ctrl-C or SIGTERM (the command line turns SIGTERM into an exception)
+        tmp.unlink(missing_ok=True)
+    record = {"format": CACHE_FORMAT, "key": key, "n_tokens": n_tokens, "dtype": dtype,
+              "files": [str(p) for p in files], "tokenizer": tokenizer.to_dict().get("type")}
+    tmp_json = bin_path.with_name(f".{bin_path.stem}.json.{os.getpid()}.tmp")
+    try:
         tmp_json.write_text(json.dumps(record, indent=1))
         os.replace(tmp_json, bin_path.with_suffix(".json"))
-        return TokenCache(bin_path, key, n_tokens, dtype)
+    finally:
+        tmp_json.unlink(missing_ok=True)
+    return TokenCache(bin_path, key, n_tokens, dtype)
 
 
 def _read_cache(cache_dir: Path, key: str) -> TokenCache | None:

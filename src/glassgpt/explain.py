@@ -10,16 +10,27 @@ weights [b, h, t, t], feed-forward [b, t, 4d]) -> final_norm -> out_head logits
 width changes are marked `vocab->hidden` (tok_emb) and `hidden->vocab` (out_head;
 `hidden->classes` for a classifier), with the weight matrix behind each.
 
-A Trace renders itself as text (`to_text`) and JSON (`to_dict`); `diagram.py` draws
-it as SVG/PNG. Same shape letters as model.py: b, t, d, h, hd, V.
+A Trace renders itself as text (`to_text`) and JSON (`to_dict`); `explain_diagram.py`
+draws it as SVG/PNG. Same shape letters as model.py: b, t, d, h, hd, V.
+
+Recording: the first trace of a model puts small forward hooks ("taps") on its modules,
+once and for good. A tap does nothing unless the current thread (strictly: the current
+`contextvars` context) has a recorder, which only `trace` sets, around its one forward
+pass. So traces of one shared model can run side by side in threads, each recording its
+own tensors, and every other use of the model (generation, training, torch.compile) passes
+through taps that return at once. A recorder can be cancelled from another thread: the
+next tap raises `TraceCancelled`, which ends the forward pass early.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+import threading
 import time
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -72,9 +83,11 @@ class Trace:
         out["stages"] = [{k: v for k, v in asdict(s).items() if v is not None} for s in self.stages]
         return {k: v for k, v in out.items() if v is not None}
 
-    def to_text(self, color: bool = False) -> str:
+    def to_text(self, color: bool = False, attention_layer: int | None = None, heatmap: str | None = None) -> str:
+        """The terminal view; with `attention_layer`, also that layer's attention per head (and where
+        its `heatmap` PNG went)."""
         from .explain_text import render_text
-        return render_text(self, color=color)
+        return render_text(self, color=color, attention_layer=attention_layer, heatmap=heatmap)
 
 
 # --- parameters and memory ------------------------------------------------------
@@ -125,11 +138,101 @@ def _weight_stage(name: str, module: nn.Module, out: torch.Tensor, **kw: Any) ->
                  params=_module_params(module), **kw)
 
 
+# --- recording: taps on the model, one recorder per trace ---------------------------
+
+Progress = Callable[[str, int, int], None]  # (the step just done, steps done, steps in all)
+
+
+class TraceCancelled(Exception):
+    """The trace stopped early because its `cancel` event was set (e.g. the web page's client left)."""
+
+
+@dataclass
+class _Recorder:
+    """One trace's state: the tensors it keeps (named in `keep`), its progress, its cancel flag."""
+
+    keep: frozenset[str]
+    total_steps: int
+    cancel: threading.Event | None = None
+    progress: Progress | None = None
+    done_steps: int = 0
+    seen: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise TraceCancelled("the trace was cancelled")
+
+    def step(self, name: str) -> None:
+        """A step of the trace is done: report it, and stop here if the trace was cancelled."""
+        self.check()
+        self.done_steps += 1
+        if self.progress is not None:
+            self.progress(name, self.done_steps, self.total_steps)
+
+
+_RECORDER: ContextVar[_Recorder | None] = ContextVar("glassgpt_explain_recorder", default=None)
+_TAPS_LOCK = threading.Lock()
+
+
+class _Tap:
+    """A forward hook that hands a module's output (and input) to the current trace's recorder."""
+
+    def __init__(self, name: str, inputs: bool = False, step: bool = False) -> None:
+        self.name, self.inputs, self.step = name, inputs, step
+
+    def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        if torch.compiler.is_compiling():
+            return  # compiled code never records; reading a ContextVar there would break the graph
+        rec = _RECORDER.get()
+        if rec is None:
+            return
+        if self.name in rec.keep:
+            rec.seen[self.name] = (args[0], output) if self.inputs else output
+        if self.step:
+            rec.step(self.name)
+        else:
+            rec.check()
+
+
+def _tap_points(model: GPTModel) -> list[tuple[nn.Module, _Tap]]:
+    points = [(model.tok_emb, _Tap("tok_emb")), (model.pos_emb, _Tap("pos_emb")), (model.drop_emb, _Tap("embeddings"))]
+    for i, blk in enumerate(model.trf_blocks):
+        points += [(blk, _Tap(f"trf_blocks.{i}", inputs=True, step=True)), (blk.att.W_query, _Tap(f"{i}.q")),
+                   (blk.att.W_key, _Tap(f"{i}.k")), (blk.att.W_value, _Tap(f"{i}.v")),
+                   (blk.att.out_proj, _Tap(f"{i}.out_proj", inputs=True))]
+        for name, module in (("norm1", blk.norm1), ("norm2", blk.norm2), ("ff.layers.0", blk.ff.layers[0]),
+                             ("ff.layers.1", blk.ff.layers[1]), ("ff.layers.2", blk.ff.layers[2])):
+            points.append((module, _Tap(f"{i}.{name}", inputs=True)))
+    return points + [(model.final_norm, _Tap("final_norm")), (model.out_head, _Tap("out_head"))]
+
+
+def _install_taps(model: GPTModel) -> None:
+    """Tap every module that has no tap yet: once per model, and again for a module swapped in later."""
+    with _TAPS_LOCK:
+        for module, tap in _tap_points(model):
+            if not any(isinstance(hook, _Tap) for hook in module._forward_hooks.values()):
+                module.register_forward_hook(tap)
+
+
+def _record(model: GPTModel, ids: torch.Tensor, rec: _Recorder) -> torch.Tensor:
+    """model(ids) with `rec` as this context's recorder: logits [b, t, V]."""
+    _install_taps(model)
+    rec.check()
+    token = _RECORDER.set(rec)
+    try:
+        return model(ids)  # [b, t] -> [b, t, V]
+    finally:
+        _RECORDER.reset(token)
+
+
+# --- the trace --------------------------------------------------------------------
+
 @torch.inference_mode()
 def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, top_k: int = 10,
           temperature: float = 1.0, block: int = 0, logit_lens: bool = False, attention: bool = False,
           embedding_check: bool = True, model_name: str | None = None,
-          random_weights: bool = False, labels: list[str] | None = None, ids: list[int] | None = None) -> Trace:
+          random_weights: bool = False, labels: list[str] | None = None, ids: list[int] | None = None,
+          timing: bool = True, cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace:
     """Run `text` (or token `ids`) through `model` once and record every stage from the real tensors.
 
     block: which of the trf_blocks to open up (its norms, heads, attention, feed-forward).
@@ -137,6 +240,11 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, top_k:
     labels: class names, for a model whose out_head is a classifier.
     ids: token ids instead of text, e.g. a prompt extended one generated token at a time
     (re-encoding the decoded text could merge pieces differently).
+    timing: time the embedding check's lookup and matmul (off: only check that they are equal).
+    cancel: set it from another thread to stop the trace at its next module (raises TraceCancelled).
+    progress: called as progress(step, done, total) after each block, lens layer and check.
+
+    Traces of one model may run at the same time in different threads; the model is only read.
     """
     cfg = model.cfg
     if ids is not None:
@@ -155,47 +263,30 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, top_k:
         raise PromptError(f"the prompt is {len(ids_list):,} tokens but context_length is {cfg.context_length:,}: shorten it")
     if not 0 <= block < cfg.n_layers:
         raise PromptError(f"block {block} does not exist: choose 0..{cfg.n_layers - 1}")
-    if temperature <= 0:
-        raise PromptError(f"temperature must be > 0 for the probabilities, got {temperature}")
+    if not 0 < temperature < math.inf:
+        raise PromptError(f"temperature must be a positive number for the probabilities, got {temperature}")
     device = model.tok_emb.weight.device
     ids = torch.tensor([ids_list], device=device)  # [b=1, t]
     b, t = ids.shape
-    was_training = model.training
-    model.eval()
 
-    seen: dict[str, Any] = {}
-    hooks = []
-
-    def keep(name: str, inputs: bool = False):
-        def hook(module, args, output):
-            seen[name] = (args[0], output) if inputs else output
-        return hook
-
-    def watch(module: nn.Module, name: str, inputs: bool = False) -> None:
-        hooks.append(module.register_forward_hook(keep(name, inputs)))
-
-    watch(model.tok_emb, "tok_emb")
-    watch(model.pos_emb, "pos_emb")
-    watch(model.drop_emb, "embeddings")
-    for i, blk in enumerate(model.trf_blocks):
-        watch(blk, f"trf_blocks.{i}", inputs=True)
+    opened = (f"{block}.norm1", f"{block}.norm2", f"{block}.ff.layers.0", f"{block}.ff.layers.1", f"{block}.ff.layers.2")
+    keep = {"tok_emb", "pos_emb", "embeddings", "final_norm", *opened}
+    for i in range(cfg.n_layers):
+        keep.add(f"trf_blocks.{i}")
         if attention or i == block:
-            watch(blk.att.W_query, f"{i}.q")
-            watch(blk.att.W_key, f"{i}.k")
-            watch(blk.att.W_value, f"{i}.v")
-            watch(blk.att.out_proj, f"{i}.out_proj", inputs=True)
-    opened = model.trf_blocks[block]
-    for name, module in (("norm1", opened.norm1), ("norm2", opened.norm2), ("ff.layers.0", opened.ff.layers[0]),
-                         ("ff.layers.1", opened.ff.layers[1]), ("ff.layers.2", opened.ff.layers[2])):
-        watch(module, f"{block}.{name}", inputs=True)
-    watch(model.final_norm, "final_norm")
-    watch(model.out_head, "out_head")
+            keep.update((f"{i}.q", f"{i}.k", f"{i}.v", f"{i}.out_proj"))
+    rec = _Recorder(frozenset(keep), cfg.n_layers * (2 if logit_lens else 1) + embedding_check, cancel, progress)
+    was_training = model.training
+    if was_training:  # a model being served is already in eval mode, so concurrent traces never flip it
+        model.eval()
     try:
-        logits = model(ids)  # [b, t, V]
+        logits = _record(model, ids, rec)  # [b, t, V]
     finally:
-        for h in hooks:
-            h.remove()
-        model.train(was_training)
+        if was_training:
+            model.train()
+    seen = rec.seen
+    last = logits[:, -1, :]  # [b, t, V] -> [b, V]
+    probs = _probs(last, temperature)  # [b, V]
 
     V = cfg.out_dim
     is_classifier = cfg.num_classes is not None
@@ -224,18 +315,16 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, top_k:
 
     final = seen["final_norm"]
     stages.append(_weight_stage("final_norm", model.final_norm, final))
-    head_out = seen["out_head"]
     transition = HIDDEN_TO_CLASSES if is_classifier else HIDDEN_TO_VOCAB
     tied = model.tied
     stages.append(_weight_stage(
-        "out_head", model.out_head, head_out, transition=transition, input_shape=_shape(final),
+        "out_head", model.out_head, logits, transition=transition, input_shape=_shape(final),
         shared_with="tok_emb.weight" if tied else None,
         note=("x @ W.T: one score per " + ("class" if is_classifier else "vocabulary entry") + " at every position"
               + ("; W is the same tensor as tok_emb.weight (weight tying)" if tied else ""))))
-    last = logits[:, -1, :]  # [b, t, V] -> [b, V]
     stages.append(Stage("last_logits", "logits[:, -1, :]", _shape(last), _dtype(last),
-                        note="only the last position's scores predict what comes next"))
-    probs = (last.float() / temperature).softmax(dim=-1)
+                        note="the class is read from the last position, the only one that has seen the whole text"
+                        if is_classifier else "only the last position's scores predict what comes next"))
     stages.append(Stage("probs", f"softmax(last_logits / {temperature:g})", _shape(probs), _dtype(probs),
                         note=f"{V:,} probabilities that sum to 1"))
     top = probs[0].topk(min(top_k, V))
@@ -260,14 +349,30 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, top_k:
         prompt=text, tokens=tokens, stages=stages,
         params={"total": table["total"], "total_untied": table["total_untied"], "tied": table["tied"]},
         next_token=next_token, modules=table["modules"])
-    if embedding_check:
-        result.embedding_check = check_embedding_is_linear(model, ids)
-    if logit_lens:
-        result.logit_lens = _logit_lens(model, seen, label)
     if attention:
         result.attention = {"shape": [cfg.n_layers, b, h, t, t], "tokens": [tk["text"] for tk in tokens],
                             "layers": [a[0].tolist() for a in attn_all]}
+    if logit_lens:
+        result.logit_lens = _logit_lens(model, seen, logits, label, rec)
+    if embedding_check:
+        rec.check()
+        result.embedding_check = check_embedding_is_linear(model, ids, timing=timing)
+        rec.step("embedding_check")
     return result
+
+
+def _probs(last: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(last / temperature) in float32 `[b, V]`; refuses scores that would make it NaN."""
+    if not torch.isfinite(last).all():
+        raise PromptError("the model's scores (logits) are not finite (NaN or inf): its weights are broken, "
+                          "e.g. saved by a training run that diverged; load an earlier checkpoint")
+    scaled = last.float() / temperature
+    if not torch.isfinite(scaled).all():
+        largest = float(last.float().abs().max())
+        raise PromptError(f"temperature {temperature:g} is too small: last_logits / {temperature:g} overflows float32 "
+                          f"(the largest |logit| is {largest:.3g}); use {max(largest, 1.0) / 1e37:.0e} or more "
+                          "(a temperature this small already puts all the probability on the top token)")
+    return scaled.softmax(dim=-1)
 
 
 def _attention_weights(q: torch.Tensor, k: torch.Tensor, h: int, hd: int) -> torch.Tensor:
@@ -313,24 +418,36 @@ def _block_stages(blk: nn.Module, i: int, seen: dict, attn: torch.Tensor, cfg: G
     return stages
 
 
-def _logit_lens(model: GPTModel, seen: dict, label) -> dict[str, Any]:
-    """The top token (or class) at every position after every block: out_head(final_norm(residual))."""
+def _logit_lens(model: GPTModel, seen: dict, logits: torch.Tensor, label, rec: _Recorder) -> dict[str, Any]:
+    """The top token (or class) at every position after every block: out_head(final_norm(residual)).
+
+    Only each row's top is needed: its id is the max of the logits, its probability
+    exp(max - logsumexp(logits)), so no softmax over [t, V] is kept. After the last block
+    the lens is the model's own output, so those logits are reused.
+    """
     layers = []
-    for i in range(model.cfg.n_layers):
+    n = model.cfg.n_layers
+    for i in range(n):
         resid = seen[f"trf_blocks.{i}"][1]  # [b, t, d]
-        probs = model.out_head(model.final_norm(resid)).float().softmax(dim=-1)[0]  # [t, V]
-        p, idx = probs.max(dim=-1)
+        lens = logits[0] if i == n - 1 else model.out_head(model.final_norm(resid))[0]  # [t, V]
+        lens = lens.float()
+        top, idx = lens.max(dim=-1)  # [t, V] -> [t]
+        prob = (top - lens.logsumexp(dim=-1)).exp()
         layers.append({"layer": i, "top": [{"id": int(j), "text": label(int(j)), "prob": float(q)}
-                                           for q, j in zip(p, idx)]})
+                                           for q, j in zip(prob, idx)]})
+        rec.step(f"logit_lens.{i}")
     return {"layers": layers}
 
 
 @torch.inference_mode()
-def check_embedding_is_linear(model: GPTModel, ids: torch.Tensor, repeats: int = 5) -> dict[str, Any]:
+def check_embedding_is_linear(model: GPTModel, ids: torch.Tensor, repeats: int = 5, timing: bool = True,
+                              budget_ms: float = 250.0) -> dict[str, Any]:
     """Show on the live weights that an embedding lookup is a matmul with one-hot vectors.
 
     tok_emb(ids) == one_hot(ids, V) @ W == nn.Linear(V, d, bias=False) with weight W.T,
     exactly (each output sums one weight and V - 1 zeros). The lookup skips the zeros.
+    timing: also time both ways, up to `repeats` runs each (fewer when they would take
+    over `budget_ms`: a long prompt's one-hot matmul is timed once).
     """
     W = model.tok_emb.weight  # [V, d]
     V, d = W.shape
@@ -340,27 +457,31 @@ def check_embedding_is_linear(model: GPTModel, ids: torch.Tensor, repeats: int =
     linear = nn.Linear(V, d, bias=False, device=W.device, dtype=W.dtype)
     linear.weight = nn.Parameter(W.t(), requires_grad=False)  # a view of the same numbers, [d, V]
     via_linear = linear(one_hot)
-
-    def median_ms(fn) -> float:
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
+    del one_hot, linear
 
     n = ids.numel()
-    return {
+    check = {
         "equal_one_hot_matmul": bool(torch.equal(lookup, via_matmul)),
         "equal_linear": bool(torch.equal(lookup, via_linear)),
         "max_abs_diff": float((lookup - via_matmul).abs().max()),
         "weight_shape": [V, d],
         "linear": f"nn.Linear({V}, {d}, bias=False), weight = tok_emb.weight.T [{d}, {V}]",
-        "lookup_ms": median_ms(lambda: model.tok_emb(ids)),
-        "matmul_ms": median_ms(lambda: F.one_hot(ids, V).to(W.dtype) @ W),
         "lookup_bytes": n * d * W.element_size(),
         "one_hot_bytes": n * V * W.element_size(),
         "matmul_flops": 2 * n * V * d,
         "useful_fraction": 1 / V,
     }
+    if timing:  # the check above warmed both paths up
+        check["lookup_ms"] = _median_ms(lambda: model.tok_emb(ids), repeats, budget_ms)
+        check["matmul_ms"] = _median_ms(lambda: F.one_hot(ids, V).to(W.dtype) @ W, repeats, budget_ms)
+    return check
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int, budget_ms: float) -> float:
+    """Median milliseconds of fn() over `repeats` runs, stopping early once they add up to `budget_ms`."""
+    times: list[float] = []
+    while not times or (len(times) < repeats and sum(times) < budget_ms):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)

@@ -2,9 +2,11 @@
 
 One layout (boxes, text, arrows in pixel coordinates) is computed from the live
 trace, then drawn by two small backends: plain SVG text, and matplotlib for PNG
-(an optional dependency). The input box shows ids -> tok_emb -> d; the output box
-shows d -> out_head -> V logits -> probabilities -> next id; a line on the right
-joins the two [V, d] weights and says whether they are one tensor (tied).
+(an optional dependency). The picture answers the reader's four questions on its own:
+the input box shows ids -> tok_emb -> d and the same numbers as a one-hot matmul; the
+output box shows d -> out_head -> V logits -> probabilities (bars on a 0..1 scale, so
+random weights look as flat as they are) -> how the next id is picked; a line on the
+right joins the two [V, d] weights and says whether they are one tensor (tied).
 """
 
 from __future__ import annotations
@@ -110,7 +112,8 @@ def layout(tr: "Trace") -> tuple[list, int, int]:
     step("", y, y + 26)
     y += 26
     top_in = y
-    add(Rect(box_x - 20, y, box_w + 40, 178, BLUE_BG, BLUE, width=2))
+    h_in = 226
+    add(Rect(box_x - 20, y, box_w + 40, h_in, BLUE_BG, BLUE, width=2))
     add(Text(box_x - 10, y + 18, f"INPUT · {emb.transition}: {_shape(emb.input_shape)} → {_shape(emb.shape)}", 12, True, BLUE))
     y += 28
     add(Rect(box_x, y, box_w, 44, "white", BLUE, width=2))
@@ -118,15 +121,17 @@ def layout(tr: "Trace") -> tuple[list, int, int]:
     add(Text(cx, y + 36, f"row i of W for token id i → {_shape(emb.shape)}", 12, color=MUTED, anchor="middle", mono=True))
     emb_y = y + 22
     _weight_box(items, right, y - 4, emb.weight_shape, "tok_emb.weight", BLUE)
-    step("", y + 44, y + 58)
-    y += 58
+    y += 50
+    _one_hot_view(items, tr, box_x, y, box_w)
+    step("", y + 42, y + 56)
+    y += 56
     add(Rect(box_x, y, box_w, 30, "white"))
     add(Text(cx, y + 20, f"+ positional embedding pos_emb {_shape(pos.shape)} · weight {_shape(pos.weight_shape)}", 12, anchor="middle"))
     step("", y + 30, y + 44)
     y += 44
     add(Rect(box_x, y, box_w, 30, "white"))
     add(Text(cx, y + 20, f"dropout drop_emb → embeddings {_shape(embs.shape)}", 12, anchor="middle"))
-    y = top_in + 178
+    y = top_in + h_in
 
     # The transformer blocks, one drawn open.
     blk = tr.stage("trf_blocks.0")
@@ -170,15 +175,16 @@ def layout(tr: "Trace") -> tuple[list, int, int]:
     add(Text(cx, y + 20, f"Final LayerNorm · final_norm → {_shape(fin.shape)}", 12, anchor="middle"))
     y += 30
 
-    # Output box: hidden -> vocab (or classes).
+    # Output box: hidden -> vocab (or classes), then how the id is picked.
     head, last, probs = tr.stage("out_head"), tr.stage("last_logits"), tr.stage("probs")
     nt = tr.next_token
+    is_class = nt["kind"] == "class"
     top = nt["top"][:5]
     step("", y, y + 26)
     y += 26
     top_out = y
-    h_out = 214 + 22 * len(top)
-    add(Rect(box_x - 20, y, box_w + 40, h_out, ORANGE_BG, ORANGE, width=2))
+    out_box = Rect(box_x - 20, y, box_w + 40, 0, ORANGE_BG, ORANGE, width=2)  # its height is known at the end
+    add(out_box)
     add(Text(box_x - 10, y + 18, f"OUTPUT · {head.transition}: {_shape(head.input_shape)} → {_shape(head.shape)}", 12, True, ORANGE))
     y += 28
     add(Rect(box_x, y, box_w, 44, "white", ORANGE, width=2))
@@ -186,49 +192,106 @@ def layout(tr: "Trace") -> tuple[list, int, int]:
     add(Text(cx, y + 36, f"x @ W.T → logits {_shape(head.shape)}", 12, color=MUTED, anchor="middle", mono=True))
     head_y = y + 22
     _weight_box(items, right, y - 4, head.weight_shape, "out_head.weight", ORANGE)
-    for label in (f"last position: logits[:, -1, :] → {_shape(last.shape)}",
-                  f"softmax → probabilities {_shape(probs.shape)}"):
-        step("", y + 44 if label.startswith("last") else y + 30, y + 58 if label.startswith("last") else y + 44)
-        y += 58 if label.startswith("last") else 44
-        add(Rect(box_x, y, box_w, 30, "white"))
-        add(Text(cx, y + 20, label, 12, anchor="middle", mono=True))
-    y += 42
+    step("", y + 44, y + 58)
+    y += 58
+    add(Rect(box_x, y, box_w, 30, "white"))
+    add(Text(cx, y + 20, f"last position: logits[:, -1, :] → {_shape(last.shape)}", 12, anchor="middle", mono=True))
+    step("", y + 30, y + 44)
+    y += 44
+    add(Rect(box_x, y, box_w, 30, "white"))
+    add(Text(cx, y + 20, f"{probs.module} → probabilities {_shape(probs.shape)}", 12, anchor="middle", mono=True))
+    y += 50
+    V = probs.shape[-1]
+    add(Text(box_x, y, f"top {len(top)} of {V:,}: bars from probability 0 to 1; all {V:,} equally likely would be "
+                       f"{1 / V:.2g} each", 11, color=MUTED))
+    y += 10
+    if tr.model["random_weights"]:
+        add(Text(box_x, y + 8, "random weights: these probabilities are noise, not predictions", 11, True, RED))
+        y += 16
+    y += 6
     bar_x, bar_w = box_x + 200, box_w - 290
-    p_max = top[0]["prob"] or 1.0
+    add(Line([(bar_x + bar_w, y - 2), (bar_x + bar_w, y + 22 * len(top) - 4)], MUTED, dash=True, arrow=False, width=1))
     for cand in top:
         add(Text(bar_x - 10, y + 12, _clip(repr(cand["text"]), 22), 12, anchor="end", mono=True))
-        add(Rect(bar_x, y + 1, max(2.0, bar_w * cand["prob"] / p_max), 14, ORANGE, ORANGE, width=0))
+        add(Rect(bar_x, y + 1, max(2.0, bar_w * cand["prob"]), 14, ORANGE, ORANGE, width=0))
         add(Text(bar_x + bar_w + 8, y + 12, f"{cand['prob']:.4f}", 11, color=MUTED, mono=True))
         y += 22
-    y += 6
+    add(Text(bar_x + bar_w, y + 8, "p = 1", 10, color=MUTED, anchor="middle", mono=True))
+    y += 16
+    for line in _how_picked(tr):
+        add(Text(box_x, y + 12, line, 11, color=INK))
+        y += 17
+    y += 8
     add(Rect(box_x, y, box_w, 32, "white", ORANGE, width=2))
-    what = "class" if nt["kind"] == "class" else "next id"
+    what = "class" if is_class else "next id"
     add(Text(cx, y + 21, f"{what} {nt['id']} → {_clip(repr(nt['text']), 30)}", 13, True, anchor="middle"))
-    y = top_out + h_out
+    y += 44
+    out_box.h = y - top_out
 
     # The two [V, d] matrices: one tensor or two?
-    tie_x = right + 200
+    tie_x = right + 215
     if head.transition == "hidden->classes":
-        note, color = "separate: a classifier head", GRAY
+        note, color = "separate tensors", GRAY
     elif tr.params["tied"]:
         note, color = "the same tensor (tied)", GREEN
     else:
         note, color = "two separate tensors (untied)", GRAY
-    add(Line([(right + 170, emb_y), (tie_x, emb_y), (tie_x, head_y), (right + 170, head_y)], color, dash=True, arrow=False, width=2))
+    add(Line([(right + 190, emb_y), (tie_x, emb_y), (tie_x, head_y), (right + 190, head_y)], color, dash=True, arrow=False, width=2))
     add(Text(tie_x + 8, (emb_y + head_y) / 2, note, 12, True, color))
-    add(Text(tie_x + 8, (emb_y + head_y) / 2 + 16, f"both {_shape(emb.weight_shape)}", 11, color=MUTED, mono=True))
+    shapes = (f"both {_shape(emb.weight_shape)}" if emb.weight_shape == head.weight_shape
+              else f"{_shape(emb.weight_shape)} and {_shape(head.weight_shape)}")
+    add(Text(tie_x + 8, (emb_y + head_y) / 2 + 16, shapes, 11, color=MUTED, mono=True))
     return items, WIDTH, int(y + 30)
+
+
+def _one_hot_view(items: list, tr: "Trace", x: float, y: float, w: float) -> None:
+    """tok_emb as a matmul with one-hot rows, and whether the trace found the same numbers."""
+    emb = tr.stage("tok_emb")
+    b, t = emb.input_shape
+    V, d = emb.weight_shape
+    items.append(Rect(x, y, w, 40, "white", BLUE, dash=True))
+    items.append(Text(x + w / 2, y + 16, f"the same as a matmul: one_hot {_shape([b, t, V])} @ W {_shape([V, d])} = "
+                                         f"{_shape([b, t, d])}", 12, anchor="middle", mono=True))
+    check = tr.embedding_check
+    if check is None:
+        note, color = "(trace with the embedding check to compare it with the lookup)", MUTED
+    elif check["equal_one_hot_matmul"]:
+        note, color = f"the same numbers as the lookup, checked on this prompt (max |diff| {check['max_abs_diff']:g})", GREEN
+    else:
+        note, color = f"checked on this prompt: NOT the same (max |diff| {check['max_abs_diff']:g})", RED
+    items.append(Text(x + w / 2, y + 33, note, 11, color=color, anchor="middle"))
+
+
+def _how_picked(tr: "Trace") -> list[str]:
+    """How the id is chosen from the probabilities, in the words of the book's chapter 5."""
+    nt = tr.next_token
+    if nt["kind"] == "class":
+        return ["the class is the most probable one: argmax(probs); the classifier reads the last position only"]
+    return [f"greedy decoding (as here): next id = argmax(probs) → {nt['id']}",
+            "sampling instead draws an id at random with these probabilities",
+            f"(temperature {nt['temperature']:g} is already applied; top-k would keep only the k largest)"]
 
 
 def _weight_box(items: list, x: float, y: float, shape: list[int] | None, name: str, color: str) -> None:
     rows, cols = shape or (0, 0)
-    items.append(Rect(x, y, 170, 52, "white", color, width=2))
-    items.append(Text(x + 85, y + 20, name, 12, True, color, anchor="middle", mono=True))
-    items.append(Text(x + 85, y + 38, f"{_shape(shape)} = {rows * cols:,}", 11, color=MUTED, anchor="middle", mono=True))
+    items.append(Rect(x, y, 190, 52, "white", color, width=2))
+    items.append(Text(x + 95, y + 20, name, 12, True, color, anchor="middle", mono=True))
+    items.append(Text(x + 95, y + 38, f"{_shape(shape)} = {rows * cols:,}", 11, color=MUTED, anchor="middle", mono=True))
 
 
 def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# XML 1.0 forbids the C0 controls other than tab, newline and return, lone surrogates and
+# U+FFFE/U+FFFF; a prompt may hold any of them. They are drawn as Python writes them (\x00,
+# \ud800), and so are tab, newline, return and DEL, which would break a line or draw nothing.
+_DRAWABLE = {c: repr(chr(c))[1:-1] for c in (*range(0x20), 0x7F, *range(0xD800, 0xE000), 0xFFFE, 0xFFFF)}
+
+
+def _drawable(text: str) -> str:
+    """`text` with every control character, and every character XML forbids, written as its escape."""
+    return text.translate(_DRAWABLE)
 
 
 def to_svg(tr: "Trace") -> str:
@@ -247,7 +310,7 @@ def to_svg(tr: "Trace") -> str:
             font = ' font-family="Menlo, Consolas, monospace"' if it.mono else ""
             weight = ' font-weight="bold"' if it.bold else ""
             out.append(f'<text x="{it.x:.1f}" y="{it.y:.1f}" font-size="{it.size}" fill="{it.color}" '
-                       f'text-anchor="{it.anchor}"{font}{weight}>{escape(it.text)}</text>')
+                       f'text-anchor="{it.anchor}"{font}{weight}>{escape(_drawable(it.text))}</text>')
         else:
             pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in it.points)
             dash = ' stroke-dasharray="6 4"' if it.dash else ""
@@ -279,9 +342,10 @@ def save_png(tr: "Trace", path: str, scale: float = 2.0) -> tuple[int, int]:
                                         facecolor=it.fill, edgecolor=it.stroke, linewidth=it.width * px_to_pt,
                                         linestyle="--" if it.dash else "-"))
         elif isinstance(it, Text):
-            ax.text(it.x, it.y, it.text, fontsize=it.size * px_to_pt, color=it.color, ha={"start": "left", "middle": "center", "end": "right"}[it.anchor],
-                    va="baseline", fontweight="bold" if it.bold else "normal",
-                    family="monospace" if it.mono else "sans-serif")
+            ax.text(it.x, it.y, _drawable(it.text), fontsize=it.size * px_to_pt, color=it.color,
+                    ha={"start": "left", "middle": "center", "end": "right"}[it.anchor], va="baseline",
+                    fontweight="bold" if it.bold else "normal", family="monospace" if it.mono else "sans-serif",
+                    parse_math=False)  # a prompt with two $ signs is text, not a formula
         else:
             xs, ys = zip(*it.points)
             style = "--" if it.dash else "-"
@@ -295,7 +359,15 @@ def save_png(tr: "Trace", path: str, scale: float = 2.0) -> tuple[int, int]:
 
 
 def save_attention_png(tr: "Trace", layer: int, path: str) -> tuple[int, int]:
-    """A grid of heatmaps, one per head, of layer `layer`'s attention weights."""
+    """A grid of heatmaps, one per head, of layer `layer`'s attention weights, saved as PNG: (width, height)."""
+    fig = attention_figure(tr, layer)
+    fig.savefig(path)
+    width, height = fig.canvas.get_width_height()
+    return width, height
+
+
+def attention_figure(tr: "Trace", layer: int):
+    """The matplotlib Figure of `save_attention_png`: one heatmap per head, one colour bar for all."""
     if tr.attention is None:
         raise GlassError("this trace has no attention weights: trace it with attention=True (--attention)")
     n_layers = len(tr.attention["layers"])
@@ -307,19 +379,24 @@ def save_attention_png(tr: "Trace", layer: int, path: str) -> tuple[int, int]:
     except ImportError:
         raise GlassError("attention heatmaps need matplotlib: pip install 'glassgpt[plot]'") from None
     heads = tr.attention["layers"][layer]
-    labels = [_clip(repr(t)[1:-1], 10) for t in tr.attention["tokens"]]
+    # Tick labels are parsed as mathtext, so a token's $ is escaped to stay a $.
+    labels = [_clip(repr(_drawable(t))[1:-1], 10).replace("$", r"\$") for t in tr.attention["tokens"]]
     cols = min(4, len(heads))
     rows = -(-len(heads) // cols)
-    fig = Figure(figsize=(3.2 * cols, 3.0 * rows + 0.6), dpi=100)
+    random_note = tr.model["random_weights"]
+    fig = Figure(figsize=(3.2 * cols + 1.0, 3.0 * rows + (0.9 if random_note else 0.6)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    fig.suptitle(f"trf_blocks.{layer} attention weights [heads, t, t]: row = query token, column = key token")
+    title = f"trf_blocks.{layer} attention weights [heads, t, t]: row = query token, column = key token"
+    if random_note:
+        title += "\nrandom weights: the shapes are real, the pattern is noise"
+    fig.suptitle(title)
+    axes = []
     for k, weights in enumerate(heads):
         ax = fig.add_subplot(rows, cols, k + 1)
-        ax.imshow(weights, cmap="Oranges", vmin=0.0, vmax=1.0)
+        image = ax.imshow(weights, cmap="Oranges", vmin=0.0, vmax=1.0)
         ax.set_title(f"head {k}", fontsize=9)
         ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    width, height = fig.canvas.get_width_height()
-    return width, height
+        axes.append(ax)
+    fig.colorbar(image, ax=axes, label="attention weight (each row sums to 1)", shrink=0.8)
+    return fig

@@ -2,12 +2,15 @@
 
 The two stages where the width changes (vocab->hidden at tok_emb, hidden->vocab at
 out_head) are framed and highlighted; the section at the end answers the four
-questions a reader of the book asks, with the numbers of the live model.
+questions a reader of the book asks, with the numbers of the live model. With an
+attention layer chosen, a table shows, per head, where each token looks most.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from .book import model_notes
 
 if TYPE_CHECKING:
     from .explain import Stage, Trace
@@ -20,7 +23,8 @@ def _shape(shape: list[int] | None) -> str:
     return "[" + ", ".join(str(n) for n in shape) + "]" if shape is not None else ""
 
 
-def render_text(tr: "Trace", color: bool = False) -> str:
+def render_text(tr: "Trace", color: bool = False, attention_layer: int | None = None,
+                heatmap: str | None = None) -> str:
     def c(code: str, text: str) -> str:
         return f"{code}{text}{RESET}" if color else text
 
@@ -34,6 +38,8 @@ def render_text(tr: "Trace", color: bool = False) -> str:
     out(c(DIM, f"vocab_size {cfg['vocab_size']:,} · emb_dim {cfg['emb_dim']:,} · context_length "
                f"{cfg['context_length']:,} · n_heads {cfg['n_heads']} · n_layers {cfg['n_layers']}"
                f" · tie_embeddings {cfg['tie_embeddings']}"))
+    for note in model_notes(tr.model["name"], cfg):  # head-count rule; how it differs from GPT-2
+        out(c(DIM, note))
     out("")
     out(f"text {tr.prompt!r}")
     out("   │")
@@ -62,10 +68,13 @@ def render_text(tr: "Trace", color: bool = False) -> str:
     out("")
     out(c(BOLD, f"top {len(nt['top'])} {'classes' if nt['kind'] == 'class' else 'next tokens'}"
                 f" (softmax at temperature {nt['temperature']:g})"))
-    top_p = nt["top"][0]["prob"] or 1.0
     for rank, cand in enumerate(nt["top"], 1):
-        bar = "█" * max(1, round(30 * cand["prob"] / top_p))
+        bar = "█" * round(30 * cand["prob"]) or "▏"  # 30 characters is probability 1, so noise stays small
         out(f"  {rank:>2}. {cand['text']!r:<18} {cand['id']:>6}  {cand['prob']:.4f}  {c(ORANGE, bar)}")
+    out(c(DIM, f"  (a bar of 30 is probability 1; all {tr.stage('probs').shape[-1]:,} equally likely would be "
+               f"{1 / tr.stage('probs').shape[-1]:.2g} each)"))
+    if attention_layer is not None and tr.attention:
+        _attention(tr, attention_layer, heatmap, lines, c)
     if tr.logit_lens:
         _logit_lens(tr, lines, c)
     if tr.embedding_check:
@@ -133,6 +142,34 @@ def _logit_lens(tr: "Trace", lines: list[str], c) -> None:
         lines.append(f"  trf_blocks.{layer['layer']:<3} {cells}")
 
 
+def _attention(tr: "Trace", layer: int, heatmap: str | None, lines: list[str], c, max_tokens: int = 12) -> None:
+    """Per head of one layer: the earlier token that each token attends to most, and its weight."""
+    heads, tokens = tr.attention["layers"][layer], tr.attention["tokens"]
+    shown = range(min(len(tokens), max_tokens))
+    opened = next((s.parent for s in tr.stages if s.parent), "trf_blocks.0")
+    cell = lambda text: f"{text:<15}"  # noqa: E731
+    lines.append("")
+    lines.append(c(BOLD, f"attention in trf_blocks.{layer}: for each head, the token that each token attends to most"))
+    lines.append(c(DIM, f"  --layer {layer} chose this block's attention; --block {opened.split('.')[-1]} chose which "
+                        f"block the flow above opens up ({opened}). The two are independent."))
+    lines.append(("  " + cell("query token") + "".join(cell(_clip(repr(tokens[j]), 14)) for j in shown)).rstrip())
+    for h, weights in enumerate(heads):
+        cells = []
+        for j in shown:
+            row = weights[j][: j + 1]  # token j sees tokens 0..j
+            k = max(range(j + 1), key=row.__getitem__)
+            cells.append(cell(f"{_clip(repr(tokens[k]), 9)} {row[k]:.2f}"))
+        lines.append(("  " + cell(f"head {h}") + "".join(cells)).rstrip())
+    if len(tokens) > max_tokens:
+        lines.append(c(DIM, f"  (the first {max_tokens} of {len(tokens)} tokens; the heatmap has them all)"))
+    if heatmap:
+        lines.append(f"  heatmap of every head, with a colour bar: {heatmap}")
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def _embedding(tr: "Trace", lines: list[str], c) -> None:
     e = tr.embedding_check
     V, d = e["weight_shape"]
@@ -142,8 +179,11 @@ def _embedding(tr: "Trace", lines: list[str], c) -> None:
     lines.append(f"  tok_emb(ids) vs one_hot(ids, {V}) @ tok_emb.weight        : {ok(e['equal_one_hot_matmul'])}"
                  f" (max |diff| {e['max_abs_diff']:g})")
     lines.append(f"  tok_emb(ids) vs {e['linear']}: {ok(e['equal_linear'])}")
-    lines.append(f"  lookup : {e['lookup_ms']:.3f} ms, reads {e['lookup_bytes']:,} bytes (one row per token)")
-    lines.append(f"  matmul : {e['matmul_ms']:.3f} ms, builds a {e['one_hot_bytes']:,}-byte one-hot matrix and does "
+    timed = "lookup_ms" in e
+    lines.append(f"  lookup : " + (f"{e['lookup_ms']:.3f} ms, " if timed else "")
+                 + f"reads {e['lookup_bytes']:,} bytes (one row per token)")
+    lines.append(f"  matmul : " + (f"{e['matmul_ms']:.3f} ms, " if timed else "")
+                 + f"builds a {e['one_hot_bytes']:,}-byte one-hot matrix and does "
                  f"{e['matmul_flops']:,} FLOPs, all but 1 in {V:,} of them multiplying by zero")
     lines.append(c(DIM, "  same numbers, so the lookup is used: it skips the zeros."))
 
@@ -165,9 +205,11 @@ def _answers(tr: "Trace", lines: list[str], c) -> None:
     lines.append(c(BOLD, "the four questions"))
     lines.append(f"  1. Where does {V:,} become {d}?  At tok_emb: ids {_shape(emb.input_shape)} -> "
                  f"{_shape(emb.shape)}, a lookup in the {_shape(emb.weight_shape)} weight. Every block then stays {d} wide.")
+    last = _shape(tr.stage("last_logits").shape)
+    gives = (f"the last position's scores {last} give the class (argmax)" if head.transition == "hidden->classes"
+             else f"the last position {last} gives the next token")
     lines.append(f"  2. Where does {d} become {out_w:,}?  At out_head: {_shape(head.input_shape)} -> "
-                 f"{_shape(head.shape)}, x @ W.T with W {_shape(head.weight_shape)}; the last position "
-                 f"{_shape(tr.stage('last_logits').shape)} gives the next token.")
+                 f"{_shape(head.shape)}, x @ W.T with W {_shape(head.weight_shape)}; {gives}.")
     e = tr.embedding_check
     same = "yes: the numbers above are identical" if e and e["equal_one_hot_matmul"] and e["equal_linear"] else \
         "yes, mathematically (run with the embedding check to see it on this model)"

@@ -2,13 +2,17 @@
 
     ids [b, t] -> model -> logits [b, 1, V] (last position only) -> pick -> id [b] -> append
 
-Picking: temperature 0 is greedy (argmax); otherwise logits / temperature, optionally
-cut to the top-k ids and/or the smallest set whose probability reaches top-p, then
-sampled with a seeded generator. By default the engine (`glassgpt.engine`) runs the
-model with a KV cache, so each step feeds it one token; `use_cache=False` is the book's
-loop instead, the whole sequence through the glass model at every step. Either way,
-when the sequence outgrows `context_length` the model sees its last `context_length`
-tokens (a sliding window).
+Picking: temperature 0 is greedy (argmax); otherwise the logits, optionally cut to the
+top-k ids, divided by the temperature, optionally cut to the smallest set whose
+probability reaches top-p, then sampled with a seeded generator. With the same weights,
+prompt, temperature, top-k and seed, that draws the very tokens the book's `generate`
+draws after `torch.manual_seed(seed)` (tests/test_book.py), up to one difference: the
+book stops *before* an `eos_id` and drops it, glassgpt keeps it as the last token.
+
+By default the engine (`glassgpt.engine`) runs the model with a KV cache, so each step
+feeds it one token; `use_cache=False` is the book's loop instead, the whole sequence
+through the glass model at every step. Either way, when the sequence outgrows
+`context_length` the model sees its last `context_length` tokens (a sliding window).
 """
 
 from __future__ import annotations
@@ -52,10 +56,13 @@ def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None 
         # The first largest logit, as argmax gives it; `max` finds it 4x quicker in bfloat16 on
         # a CPU (argmax has no vectorized bfloat16 kernel there: ~180 us per step for gpt2).
         return logits.max(dim=-1).indices
-    logits = logits.float() / temperature
+    logits = logits.float()
     if top_k is not None and top_k < logits.shape[-1]:
+        # Cut before dividing by the temperature, as the book's generate does: the same ids
+        # survive either way, except where the division rounds two logits to one value.
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    logits = logits / temperature
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)

@@ -15,8 +15,12 @@ instructions. It is nanoGPT's loop with the engineering written out:
   `fully_shard` per transformer block with `fsdp=True`. Each rank asks the task for its
   own batch (rank, world); losses are averaged over ranks for the log; rank 0 logs
   and writes; evaluation runs on every rank in step, so FSDP's collectives line up;
-- a tqdm bar (step, loss, tokens/s, ETA), `metrics.jsonl`, validation loss and
-  perplexity every `eval_every` steps with a generated sample, `loss.png` at the end.
+- a tqdm bar (step, loss, tokens/s, ETA) on a terminal, a plain line every tenth of
+  the run otherwise; `metrics.jsonl`; validation loss (and perplexity, for tasks that
+  predict tokens) every `eval_every` steps with a generated sample; `loss.png` at the end;
+- a run that diverges stops before anything non-finite is saved: the loss is checked
+  every step, and the weights (and validation loss) before every evaluation and save;
+- one process per run directory (rundir.lock_run_dir), held for the whole run.
 
 The task's contract (`Task` below): `train_batch(step, micro, rank, world)` must be a
 function of its arguments only. With the per-step seeding of torch's RNG (dropout),
@@ -34,7 +38,11 @@ Run directory (`cfg.out`):
 
 latest/ is saved every `save_every` steps (default: at each evaluation), best/ on a new
 best validation loss. Ctrl-C or SIGTERM finishes the current step, saves `latest/` and
-returns `{"interrupted": True, ...}` (a second Ctrl-C aborts at once).
+returns `{"interrupted": True, "signal": SIGINT or SIGTERM, ...}` (a second one aborts
+at once).
+
+Optional Task attribute `perplexity = False`: the task's loss is not per-token
+cross-entropy over a vocabulary (classification), so no `val_ppl` is reported.
 
 Optional Task method `checkpoint_model(model) -> nn.Module`: the model to write as the
 loadable checkpoint when it is not the training model itself (LoRA: the merged
@@ -51,6 +59,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -62,9 +71,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import full_tensor, load_checkpoint, save_checkpoints
+from .checkpoint import full_tensor, load_checkpoint, nonfinite_tensor, saved_checkpoints, save_checkpoints
 from .device import resolve_device, resolve_dtype
 from .errors import GlassError
+from .rundir import lock_run_dir
 from .tokenizer import Tokenizer
 from .weights import _atomic_write
 
@@ -268,8 +278,9 @@ def check_out_dir(run_dir: str | os.PathLike, resume: bool) -> None:
     """Refuse to start a new run over an old one, or to resume a run that is not there."""
     run_dir = Path(run_dir)
     if resume:
-        if not (run_dir / "train_config.json").is_file():
-            raise TrainError(f"{run_dir} is not a training run (no train_config.json): nothing to resume")
+        if not any((run_dir / m).exists() for m in ("train_config.json", "latest", "best")):
+            raise TrainError(f"{run_dir} is not a training run (no train_config.json, latest/ or best/): "
+                             "nothing to resume")
         return
     if run_dir.is_file():
         raise TrainError(f"--out {run_dir} is a file: give a directory for the run")
@@ -279,6 +290,34 @@ def check_out_dir(run_dir: str | os.PathLike, resume: bool) -> None:
                          "to continue it, or another --out for a new run")
 
 
+def saved_train_config(run_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None
+                       ) -> tuple[dict[str, Any], str | None]:
+    """(a run's TrainConfig values, None), from RUN_DIR/train_config.json; when that file is
+    damaged or gone, (the copy in the checkpoint's train_state.json, a note that says so)."""
+    path = Path(run_dir) / "train_config.json"
+    problem = _valid_train_config(lambda: json.loads(path.read_text(encoding="utf-8")))
+    if not isinstance(problem, str):
+        return problem, None
+    ckpt = Path(checkpoint) if checkpoint is not None else Path(run_dir) / "latest"
+    copy = _valid_train_config(lambda: json.loads((ckpt / "train_state.json").read_text())["train_config"])
+    if isinstance(copy, str):
+        raise TrainError(f"{path} is {problem}, and {ckpt} holds no copy of the run's settings: they are lost; "
+                         "start a new run (--init RUN_DIR keeps the weights)")
+    return copy, f"{path} is {problem}: using the copy saved in {ckpt}"
+
+
+def _valid_train_config(read) -> dict[str, Any] | str:
+    """The values `read()` returns if TrainConfig takes them, else what was wrong (a str)."""
+    try:
+        values = read()
+        TrainConfig.from_dict(values)
+        return values
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, GlassError) as e:
+        return f"damaged ({type(e).__name__}: {str(e)[:80]})"
+
+
 # --- Ctrl-C and SIGTERM -------------------------------------------------------------------
 
 class _StopRequests:
@@ -286,6 +325,7 @@ class _StopRequests:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signal: int | None = None  # the first signal received
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> "_StopRequests":
@@ -297,11 +337,73 @@ class _StopRequests:
     def _handle(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signal = True, signum
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
+
+
+# --- progress: a bar on a terminal, plain lines in a log ---------------------------------------
+
+class _Progress:
+    """A tqdm bar when stderr is a terminal. Written to a file or a pipe, tqdm leaves a line
+    per refresh (and its last state again after each line written above it), so there a
+    plain line goes to stderr every tenth of the run (or minute, if sooner) and at the end.
+    `write` prints evaluation lines to stdout in both cases, above the bar."""
+
+    def __init__(self, start: int, total: int, enabled: bool):
+        self.enabled, self.total = enabled, total
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, desc="train")
+        self.every = max(1, (total - start) // 10)
+        self.last_step, self.last_time = start, time.monotonic()
+        self.record: dict[str, Any] = {}
+
+    def set_postfix(self, record: dict[str, Any]) -> None:
+        self.record = record
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                 tok_s=f"{record['tokens_per_s']:,.0f}", refresh=False)
+
+    def update(self, step: int) -> None:
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            return
+        now = time.monotonic()
+        if not self.enabled or not (step - self.last_step >= self.every or now - self.last_time >= 60
+                                    or step == self.total):
+            return
+        rate = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        line = f"train: step {step:,}/{self.total:,}  {rate:.1f} step/s"
+        if self.record:
+            r = self.record
+            line += f"  loss {r['train_loss']:.4f}  lr {r['lr']:.2e}  {r['tokens_per_s']:,.0f} tok/s"
+        if step < self.total:
+            line += f"  eta {_duration((self.total - step) / max(rate, 1e-9))}"
+        print(line, file=sys.stderr, flush=True)
+        self.last_step, self.last_time = step, now
+
+    def write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 # --- the loop ---------------------------------------------------------------------------------
@@ -313,12 +415,17 @@ def fit(model: nn.Module, task: Task, cfg: TrainConfig, tokenizer: Tokenizer | N
     `meta` is saved with every checkpoint (meta.json) next to the training facts.
     `resume=True` continues `cfg.out/latest` exactly (on CPU: the same losses, step for
     step, as a run that was never stopped). Returns {"step", "tokens", "train_loss",
-    "val_loss", "val_ppl", "best_val_loss", "elapsed_s", "interrupted", "run_dir", "plot"}.
+    "val_loss", "val_ppl", "best_val_loss", "elapsed_s", "interrupted", "signal", "run_dir",
+    "plot"}. `progress`: a bar on a terminal, periodic lines otherwise (False: neither;
+    the evaluation lines and samples are printed either way).
     """
     ranks = setup_distributed(cfg.device)
     try:
-        check_out_dir(cfg.out, resume)
-        return _Run(model, task, cfg, tokenizer, meta or {}, ranks, progress).run(resume)
+        if resume:
+            check_out_dir(cfg.out, resume)  # before the lock creates the directory
+        with lock_run_dir(cfg.out) if ranks.is_main else contextlib.nullcontext():
+            check_out_dir(cfg.out, resume)  # (again: another process may have started a run there)
+            return _Run(model, task, cfg, tokenizer, meta or {}, ranks, progress).run(resume)
     finally:
         if ranks.owns_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -336,6 +443,8 @@ class _Run:
         self.best_val = math.inf
         self.last_val: float | None = None
         self.last_train: float | None = None
+        self.finite_at = -1  # the step at which the weights were last checked finite
+        self.perplexity = getattr(task, "perplexity", True)
 
     # -- setting up ------------------------------------------------------------------------
     def _prepare(self, resume: bool) -> None:
@@ -366,10 +475,11 @@ class _Run:
         if self.ranks.world > 1:
             dist.barrier()  # every rank has checked the run directory before rank 0 writes to it
         if self.ranks.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
             text = json.dumps(cfg.to_dict(), indent=2)
-            _atomic_write(self.run_dir / "train_config.json", lambda tmp: Path(tmp).write_text(text))
-            self._truncate_metrics()
+            with self._writing("train_config.json"):
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                _atomic_write(self.run_dir / "train_config.json", lambda tmp: Path(tmp).write_text(text))
+                self._truncate_metrics()
 
     def _sync(self, last_micro: bool):
         """Skip DDP's/FSDP's gradient all-reduce on all but the last micro-step."""
@@ -423,12 +533,9 @@ class _Run:
     def run(self, resume: bool) -> dict[str, Any]:
         cfg, main = self.cfg, self.ranks.is_main
         self._prepare(resume)
-        start, interrupted = self.step, False
-        from tqdm.auto import tqdm
-        bar = tqdm(total=cfg.max_steps, initial=start, disable=not (self.progress and main),
-                   unit="step", dynamic_ncols=True, desc="train")
-        self.bar = bar
-        if start >= cfg.max_steps and main and self.progress:
+        start, interrupted = self.step, None
+        self.progress_view = bar = _Progress(start, cfg.max_steps, self.progress and main)
+        if start >= cfg.max_steps and main:
             bar.write(f"{self.run_dir} is already at step {start:,} of max_steps {cfg.max_steps:,}: "
                       "pass a larger --max-steps to train further")
         window_tokens, window_time = 0, 0.0
@@ -443,9 +550,7 @@ class _Run:
                     window_tokens, window_time = window_tokens + step_tokens, window_time + dt
                     self.last_train = loss_mean
                     if not math.isfinite(loss_mean):
-                        raise TrainError(f"the training loss is {loss_mean} at step {self.step}: lower --lr "
-                                         f"(now {cfg.lr:g}) or raise --warmup-steps; {self.run_dir}/latest "
-                                         "holds the last good checkpoint")
+                        raise self._diverged(f"the training loss is {loss_mean}")
                     done = self.step == cfg.max_steps
                     evaluated = self.step % cfg.eval_every == 0 or done
                     if self.step % cfg.log_every == 0 or evaluated:
@@ -454,31 +559,64 @@ class _Run:
                                   "elapsed_s": round(self.elapsed, 3)}
                         if grad_norm is not None:
                             record["grad_norm"] = float(grad_norm)
-                        bar.set_postfix(loss=f"{loss_mean:.4f}", tok_s=f"{record['tokens_per_s']:,.0f}",
-                                        lr=f"{record['lr']:.2e}", refresh=False)
+                        bar.set_postfix(record)
                         window_tokens, window_time = 0, 0.0
                         if evaluated:
                             record.update(self._evaluate())
                         if main:
                             self._append_metrics(record)
-                    bar.update(1)
+                    bar.update(self.step)
                     self._checkpoint_after_step(evaluated, save=done or stopping)
                     if stopping:
-                        interrupted = True
+                        interrupted = stop.signal or signal.SIGINT  # (or another rank was signalled)
                         break
         finally:
             bar.close()
         plot = None
         if main and cfg.plot and not interrupted and self.step > start:
-            plot = plot_run(self.run_dir)
+            with self._writing("loss.png"):
+                plot = plot_run(self.run_dir)
             if plot is None and self.progress:
                 print("note: matplotlib is not installed, so no loss.png (pip install 'glassgpt[plot]')")
         val = self.last_val
         return {"step": self.step, "tokens": self.tokens, "train_loss": self.last_train, "val_loss": val,
-                "val_ppl": math.exp(val) if val is not None and val < 700 else None,
-                "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
-                "elapsed_s": self.elapsed, "interrupted": interrupted, "run_dir": str(self.run_dir),
-                "plot": str(plot) if plot else None}
+                "val_ppl": self._ppl(val), "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
+                "elapsed_s": self.elapsed, "interrupted": interrupted is not None, "signal": interrupted,
+                "run_dir": str(self.run_dir), "plot": str(plot) if plot else None}
+
+    def _ppl(self, loss: float | None) -> float | None:
+        """exp(loss) for tasks whose loss is per-token cross-entropy (None if it would overflow)."""
+        if not self.perplexity or loss is None or not loss < 700:
+            return None
+        return math.exp(loss)
+
+    # -- a run that diverges, a disk that fails ---------------------------------------------------
+    def _diverged(self, what: str) -> TrainError:
+        return TrainError(f"training diverged at step {self.step:,}: {what}; nothing non-finite was saved and "
+                          f"{saved_checkpoints(self.run_dir)}. Lower --lr (now {self.cfg.lr:g}) or raise "
+                          f"--warmup-steps (now {self.cfg.warmup_steps:,})")
+
+    def _check_weights_finite(self) -> None:
+        """Before an evaluation or a save: every rank checks its weights, and all agree."""
+        if self.finite_at == self.step:
+            return
+        bad = nonfinite_tensor(self.model.named_parameters())
+        flag = torch.tensor(float(bad is not None), device=self.device)
+        if self.ranks.world > 1:
+            dist.all_reduce(flag)
+        if flag.item() > 0:
+            raise self._diverged(f"the weights hold NaN or infinite values ({bad or 'on another rank'})")
+        self.finite_at = self.step
+
+    @contextlib.contextmanager
+    def _writing(self, what: str):
+        """A full disk, a file-size limit or a read-only disk while writing `what`: one line, not a traceback."""
+        try:
+            yield
+        except OSError as e:
+            raise TrainError(f"could not write {self.run_dir / what} ({e.strerror or e}): "
+                             f"{saved_checkpoints(self.run_dir)}; free some space or give a writable "
+                             "run directory") from None
 
     def _reduce(self, loss: torch.Tensor, n_tokens: int, stop: bool) -> tuple[float, int, bool]:
         """(mean loss over ranks, tokens over ranks, whether any rank was asked to stop).
@@ -503,12 +641,16 @@ class _Run:
             self._save(["latest"] * save + ["best"] * best)
 
     def _evaluate(self) -> dict[str, Any]:
+        self._check_weights_finite()
         out: dict[str, Any] = {}
         val = evaluate_loss(self.model, self.task, self.cfg.dtype)
         if val is not None:
+            if not math.isfinite(val):
+                raise self._diverged(f"the validation loss is {val}")
             self.last_val = val
             out["val_loss"] = val
-            out["val_ppl"] = math.exp(val) if val < 700 else None
+            if self.perplexity:
+                out["val_ppl"] = self._ppl(val)
         was_training = self.model.training
         self.model.eval()
         with autocast(self.device, self.amp):
@@ -517,16 +659,16 @@ class _Run:
         self.model.train(was_training)
         if sample is not None:
             out["sample"] = sample
-        if self.ranks.is_main and self.progress:
-            metrics = "  ".join(f"{k} {v:.4f}" for k, v in out.items() if k != "sample")
-            self.bar.write(f"step {self.step:,}: {metrics}")
+        if self.ranks.is_main:
+            metrics = "  ".join(f"{k} {v:.4f}" if v is not None else f"{k} -" for k, v in out.items() if k != "sample")
+            self.progress_view.write(f"step {self.step:,}: {metrics}")
             if sample is not None:
-                self.bar.write("  sample: " + sample.replace("\n", "\n          "))
+                self.progress_view.write("  sample: " + sample.replace("\n", "\n          "))
         return out
 
     # -- metrics.jsonl -----------------------------------------------------------------------------
     def _append_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+        with self._writing("metrics.jsonl"), open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def _truncate_metrics(self) -> None:
@@ -540,6 +682,7 @@ class _Run:
     # -- checkpoints (checkpoint.py writes and reads them) -------------------------------------------
     def _save(self, names: list[str]) -> None:
         """Write checkpoints `names` (latest and/or best). Every rank calls this (FSDP gathers)."""
+        self._check_weights_finite()
         cfg = self.cfg
         meta = {**self.meta, "train": {"step": self.step, "tokens": self.tokens, "val_loss": self.last_val,
                                        "train_loss": self.last_train}}
@@ -571,15 +714,16 @@ class _Run:
 # --- metrics and the loss plot ------------------------------------------------------------------
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of RUN_DIR/metrics.jsonl (a half-written last line is skipped)."""
+    """The records of RUN_DIR/metrics.jsonl. Lines that are not a record (a half-written
+    last line, bytes a disk or an editor damaged) are skipped."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise TrainError(f"{run_dir} has no metrics.jsonl: is it a training run directory?")
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            if isinstance(record, dict) and "step" in record:
+    for line in path.read_bytes().splitlines():
+        with contextlib.suppress(ValueError):  # UnicodeDecodeError is a ValueError too
+            record = json.loads(line.decode("utf-8"))
+            if isinstance(record, dict) and all(type(record.get(k)) is int for k in ("step", "tokens")):
                 records.append(record)
     return records
 
@@ -595,8 +739,8 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
         return None
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
-    train = [(r["tokens"], r["train_loss"]) for r in records if r.get("train_loss") is not None]
-    val = [(r["tokens"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
+    train = [(r["tokens"], r["train_loss"]) for r in records if isinstance(r.get("train_loss"), (int, float))]
+    val = [(r["tokens"], r["val_loss"]) for r in records if isinstance(r.get("val_loss"), (int, float))]
     fig = Figure(figsize=(7.5, 4.5), layout="constrained")
     ax = fig.add_subplot()
     if train:

@@ -7,7 +7,9 @@
     run directory holding `best/` or `latest/` checkpoints;
   - a directory in Hugging Face GPT-2 layout (`config.json` + `model.safetensors`, or
     `pytorch_model.bin`, read with `weights_only=True`: nothing is unpickled);
-  - a hub id such as `openai-community/gpt2`, fetched with huggingface_hub and cached.
+  - a hub id such as `openai-community/gpt2`, fetched with huggingface_hub and cached;
+  - the book's files (book.py): a state dict saved by its GPTModel (`model.pth`), or the
+    OpenAI folder its gpt_download.py writes (`gpt2/124M/`, a TensorFlow checkpoint).
 
 Hugging Face's names and its Conv1D layout (weights stored [in, out], the transpose
 of nn.Linear's [out, in]; query/key/value fused in one `c_attn`) appear only in the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -28,14 +31,16 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from . import __version__
+from . import __version__, book
 from .config import PRESETS, GPTConfig, load_config
 from .device import resolve_device, resolve_dtype
 from .errors import CheckpointError, ConfigError
 from .model import GPTModel
 from .tokenizer import Tokenizer, get_tokenizer, tokenizer_from_file
 
-CHECKPOINT_SUBDIRS = ("best", "latest")  # a run directory's checkpoints, in order of preference
+# A run directory's checkpoints, in order of preference; `.NAME.old` is a complete checkpoint
+# that a crash between the two renames of a save left (checkpoint.py), read without moving it.
+CHECKPOINT_SUBDIRS = ("best", ".best.old", "latest", ".latest.old")
 
 
 # --- resolving a spec -------------------------------------------------------------
@@ -66,11 +71,14 @@ def is_random_init(spec: str) -> bool:
 
 def load_model(spec: str | os.PathLike = "gpt2", device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, seed: int = 0,
-               config: GPTConfig | None = None) -> GPTModel:
-    """A GPTModel in eval mode from a preset, a local checkpoint, an HF directory or a hub id."""
+               config: GPTConfig | None = None, n_heads: int | None = None) -> GPTModel:
+    """A GPTModel in eval mode from a preset, a local checkpoint, an HF directory, a hub id,
+    or the book's files. `n_heads` sets the head count of a book state dict (.pth), whose
+    shapes cannot tell it (default: the JSON beside it, else GPT-2's 64 per head)."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     spec = str(spec)
+    _check_n_heads(spec, n_heads)
     if config is not None:
         return random_model(config, dev, dt, seed)
     if is_random_init(spec):
@@ -78,6 +86,9 @@ def load_model(spec: str | os.PathLike = "gpt2", device: str | torch.device | No
                       "probabilities and text are not. Load trained weights from a hub id such as "
                       "openai-community/gpt2 or from a checkpoint directory.", RandomWeightsWarning, stacklevel=2)
         return random_model(read_config(spec), dev, dt, seed)
+    if book.is_book_spec(spec):
+        cfg, tensors = _book_source(spec, n_heads)
+        return _assign(cfg, tensors, dev, dt, source=spec)
     return load_checkpoint(checkpoint_dir(spec), dev, dt)
 
 
@@ -95,8 +106,11 @@ def checkpoint_dir(spec: str | os.PathLike) -> Path:
 
 
 def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
-    """The tokenizer saved with a checkpoint (tokenizer.json), else GPT-2's."""
-    ckpt = resolve_checkpoint_dir(spec) if not is_random_init(str(spec)) else None
+    """The tokenizer saved with a checkpoint (tokenizer.json), the OpenAI folder's own
+    (checked to be GPT-2's), else GPT-2's."""
+    if book.is_openai_dir(spec):
+        return book.openai_tokenizer(spec)
+    ckpt = _checkpoint_dir(spec)
     if ckpt is not None and (ckpt / "tokenizer.json").is_file():
         return tokenizer_from_file(ckpt / "tokenizer.json")
     return get_tokenizer("gpt2")
@@ -104,10 +118,17 @@ def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
 
 def load_meta(spec: str | os.PathLike) -> dict[str, Any]:
     """Extra facts saved with a checkpoint (label names, training step, ...), or {}."""
-    ckpt = resolve_checkpoint_dir(spec) if not is_random_init(str(spec)) else None
+    ckpt = _checkpoint_dir(spec)
     if ckpt is None or not (ckpt / "meta.json").is_file():
         return {}
     return _read_json(ckpt / "meta.json")
+
+
+def _checkpoint_dir(spec: str | os.PathLike) -> Path | None:
+    """The checkpoint directory of a spec that has one (not a preset, config file or book file)."""
+    if is_random_init(str(spec)) or book.is_book_spec(spec):
+        return None
+    return resolve_checkpoint_dir(spec)
 
 
 def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> GPTModel:
@@ -121,15 +142,21 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
 
 # --- reading ----------------------------------------------------------------------
 
-def read_config(spec: str | os.PathLike) -> GPTConfig | None:
-    """The GPTConfig that `load_model(spec)` would build, read without loading any weights
-    (a preset, a config .json, or a local checkpoint); None for a hub id, whose config.json
+def read_config(spec: str | os.PathLike, n_heads: int | None = None) -> GPTConfig | None:
+    """The GPTConfig that `load_model(spec, n_heads=n_heads)` would build, read without loading
+    any weights (a preset, a config .json, a local checkpoint, or the book's files, whose
+    tensors are only memory-mapped for their shapes); None for a hub id, whose config.json
     may not be here yet. Lets the CLI check flags against the model before loading it."""
     spec = str(spec)
+    _check_n_heads(spec, n_heads)
     if spec in PRESETS:
         return PRESETS[spec]
     if is_random_init(spec):
         return load_config(spec)
+    if book.is_openai_dir(spec):
+        return book.openai_config(spec)
+    if book.is_state_dict_file(spec):
+        return book.config_from_state(book.read_state_dict(spec), spec, n_heads)
     ckpt = resolve_checkpoint_dir(spec)
     return _checkpoint_config(ckpt)[0] if ckpt is not None else None
 
@@ -146,12 +173,31 @@ def _checkpoint_config(path: Path) -> tuple[GPTConfig, bool]:
 
 
 def load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> GPTModel:
+    if (path / "train_state.json").is_file():  # a training checkpoint: its files' sha256, finite weights
+        from .checkpoint import verify_checkpoint  # (checkpoint.py builds on this module)
+        verify_checkpoint(path)
     cfg, hf_layout = _checkpoint_config(path)
     if hf_layout:
         tensors = _hf_to_glassgpt(_read_tensors(path), cfg)
     else:
         tensors = ((upgrade_name(name), t) for name, t in _read_tensors(path))
     return _assign(cfg, tensors, device, dtype, source=str(path))
+
+
+def _check_n_heads(spec: str, n_heads: int | None) -> None:
+    if n_heads is not None and not book.is_state_dict_file(spec):
+        raise ConfigError(f"n_heads (--n-heads) is for a state dict file such as model.pth, whose shapes "
+                          f"cannot tell the head count; {spec!r} sets its own: drop it")
+
+
+def _book_source(spec: str, n_heads: int | None) -> tuple[GPTConfig, Iterator[tuple[str, torch.Tensor]]]:
+    """(config, glassgpt-named tensors) of the book's files: a state dict or the OpenAI folder."""
+    if book.is_openai_dir(spec):
+        cfg = book.openai_config(spec)
+        return cfg, _hf_to_glassgpt((_openai_to_hf(name, w) for name, w in book.openai_tensors(spec)), cfg)
+    state = book.read_state_dict(spec)
+    cfg = book.config_from_state(state, spec, n_heads)
+    return cfg, book.glassgpt_tensors(state, cfg)
 
 
 def upgrade_name(name: str) -> str:
@@ -297,6 +343,22 @@ def _hf_names(cfg: GPTConfig) -> list[tuple[str, str, Callable, Callable]]:
     return table
 
 
+def _openai_to_hf(name: str, w: torch.Tensor) -> tuple[str, torch.Tensor]:
+    """OpenAI's TensorFlow names are Hugging Face's, spelled differently, and its convolution
+    weights carry a leading 1: model/h0/attn/c_attn/w [1, d, 3d] -> h.0.attn.c_attn.weight [d, 3d];
+    model/wte -> wte.weight; g/b (LayerNorm gain/bias) -> weight/bias."""
+    parts = name.removeprefix("model/").split("/")
+    if re.fullmatch(r"h\d+", parts[0]):
+        parts[0] = f"h.{parts[0][1:]}"
+    if parts[-1] in ("wte", "wpe"):
+        parts.append("weight")
+    else:
+        parts[-1] = {"w": "weight", "g": "weight", "b": "bias"}.get(parts[-1], parts[-1])
+    if parts[-1] == "weight" and w.dim() == 3 and w.shape[0] == 1:
+        w = w[0]  # [1, in, out] -> Conv1D's [in, out]
+    return ".".join(parts), w
+
+
 def _hf_to_glassgpt(tensors: Iterator[tuple[str, torch.Tensor]], cfg: GPTConfig) -> Iterator[tuple[str, torch.Tensor]]:
     table = {hf: (ours, to_ours) for hf, ours, to_ours, _ in _hf_names(cfg)}
     for name, w in tensors:
@@ -344,8 +406,8 @@ def hf_state_dict(model: GPTModel) -> dict[str, torch.Tensor]:
 def export_hf(model: GPTModel, path: str | os.PathLike) -> Path:
     """Write `path/config.json` + `path/model.safetensors` that transformers' GPT2LMHeadModel loads."""
     path = Path(path)
+    cfg = config_to_hf(model.cfg)  # refuses a classifier before anything is written
     path.mkdir(parents=True, exist_ok=True)
-    cfg = config_to_hf(model.cfg)
     _atomic_write(path / "model.safetensors", lambda tmp: save_file(hf_state_dict(model), tmp, metadata={"format": "pt"}))
     _atomic_write(path / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(cfg, indent=2)))
     return path

@@ -9,6 +9,9 @@ import os
 import sys
 import warnings
 
+import torch
+
+from ..device import pick_threads
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
@@ -82,26 +85,58 @@ def fraction(text: str) -> float:
 
 def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int8: bool = False) -> None:
     p.add_argument("--model", default=default, metavar="SPEC",
-                   help="preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl: random weights), checkpoint or "
-                        "run directory, Hugging Face-layout directory, or hub id such as openai-community/gpt2"
+                   help="preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-book, ...: random weights), "
+                        "checkpoint or run directory, Hugging Face-layout directory, hub id such as "
+                        "openai-community/gpt2, the book's model.pth, or its gpt2/124M folder"
                         + (f" (default: {default})" if default else ""))
+    p.add_argument("--n-heads", type=positive_int, default=None, metavar="H",
+                   help="attention heads of a .pth state dict, whose shapes cannot tell (default: n_heads "
+                        "in the .json beside it, else GPT-2's rule of 64 per head)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--dtype", default="float32",
                    help="float32, bfloat16, float16, auto (bfloat16 where the hardware runs it natively)"
                         + (", or int8 (weight-only: 4x fewer bytes per token, see benchmarks/RESULTS.md)" if int8 else "")
                         + " (default: float32)")
     p.add_argument("--seed", type=int, default=None, help="random seed (initialisation of presets; sampling)")
+    add_threads_arg(p)
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="CPU threads for the model's ops (default: 1 for models with emb_dim < 512, else all "
+                        "cores; OMP_NUM_THREADS=N also sets it)")
+
+
+def set_threads(requested: int | None, emb_dim: int, file=None) -> int:
+    """Set torch's intra-op threads: --threads, else OMP_NUM_THREADS, else device.pick_threads; say which."""
+    if requested is not None:
+        n, why = requested, "--threads"
+    elif os.environ.get("OMP_NUM_THREADS"):
+        n, why = torch.get_num_threads(), "OMP_NUM_THREADS"
+    else:
+        n, why = pick_threads(emb_dim, torch.get_num_threads())
+    torch.set_num_threads(n)
+    say(f"threads: {n} ({why}; --threads N to change)", file=file or sys.stderr)
+    return n
 
 
 def load(args: argparse.Namespace) -> tuple[GPTModel, Tokenizer]:
     """The model and tokenizer that --model names (a preset's RandomWeightsWarning becomes a note: see notes_for_warnings)."""
     model = load_model(args.model, device=args.device, dtype=args.dtype,
-                       seed=args.seed if args.seed is not None else 0)
+                       seed=args.seed if args.seed is not None else 0, n_heads=args.n_heads)
     tokenizer = load_tokenizer(args.model)
     if tokenizer.n_vocab > model.cfg.vocab_size:
         raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
                          f"{model.cfg.vocab_size:,}: the checkpoint's tokenizer.json does not belong to it")
+    set_threads(getattr(args, "threads", None), model.cfg.emb_dim)
     return model, tokenizer
+
+
+def require_language_model(model: GPTModel, spec: str) -> None:
+    """Refuse a classifier where next-token scores are needed (generate, eval, chat)."""
+    if model.cfg.num_classes is not None:
+        raise GlassError(f"{spec} is a classifier ({model.cfg.num_classes} classes, no next-token head): use "
+                         "glassgpt classify with it, or a language model here")
 
 
 def check_prompt(prompt: str) -> None:

@@ -6,12 +6,14 @@ import argparse
 import json
 import sys
 
+from ..book import model_notes
 from ..device import resolve_device, resolve_dtype
 from ..engine import compile_for_generation, quantize_int8
 from ..generate import decode_stream, stream
 from ..memory import memory_needs, parameter_table
 from ..weights import checkpoint_dir, download, read_config
-from .common import add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int, probability
+from .common import (add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int,
+                     probability, require_language_model)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +58,7 @@ def load_int8_or_float(args: argparse.Namespace):
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
     model, tok, int8 = load_int8_or_float(args)
+    require_language_model(model, args.model)
     if int8:
         model = quantize_int8(model)
     if args.compile:
@@ -85,16 +88,19 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def run_info(args: argparse.Namespace) -> int:
     # From the config alone: gpt2-xl's table needs no 6 GB of weights (a hub id is fetched, not loaded).
-    cfg = read_config(args.model) or read_config(checkpoint_dir(args.model))
+    cfg = read_config(args.model, args.n_heads) or read_config(checkpoint_dir(args.model))
     dtype = "int8" if args.dtype == "int8" else resolve_dtype(args.dtype, resolve_device(args.device))
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len)
+    notes = model_notes(args.model, cfg)
     if args.json:
-        print(json.dumps({"config": cfg.to_dict(), "parameters": rows, "memory": mem}, indent=2))
+        print(json.dumps({"config": cfg.to_dict(), "notes": notes, "parameters": rows, "memory": mem}, indent=2))
         return 0
     print("config")
     for key, value in cfg.to_dict().items():
         print(f"  {key:<16} {value}")
+    for note in notes:
+        print(f"  {note}")
     print("\nparameters")
     for row in rows["modules"]:
         print(f"  {row['name']:<30} {row['shape']:<22} {row['params']:>15,}  {row['note']}")

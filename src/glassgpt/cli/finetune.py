@@ -10,8 +10,9 @@
     glassgpt chat ["INSTRUCTION"] --model RUN_DIR        (no instruction: one per line of stdin)
 
 The training flags and the loop are `glassgpt train`'s (`add_train_args`, `fit`). What
-the run was made from (model, data, columns, labels, LoRA) is saved in each
-checkpoint's meta.json under "finetune", so `--resume` needs nothing else.
+the run was made from (model, data as absolute paths with their sha256, columns,
+labels, LoRA) is saved in each checkpoint's meta.json under "finetune", so `--resume`
+needs nothing else, works from any directory, and refuses data that changed.
 """
 
 from __future__ import annotations
@@ -26,19 +27,23 @@ from typing import Any
 
 from .. import finetune as ft
 from .. import lora
+from ..checkpoint import recover_checkpoints, resume_checkpoint
+from ..data import scan_file
 from ..errors import GlassError
-from ..checkpoint import recover_checkpoints
 from ..train import TrainConfig, check_out_dir, fit
 from ..weights import load_meta, load_model, load_tokenizer
 from .common import (add_model_args, fraction, is_main_rank, load, nonneg_float, nonneg_int, positive_float,
-                     positive_int, probability, say)
-from .train import add_train_args, train_config_from_args
+                     positive_int, probability, require_language_model, say, set_threads)
+from .train import add_train_args, interrupted_exit, locked, resumed_train_config, stoppable, train_config_from_args
 
 # Flags that describe what a run is made of; --resume takes them from the run instead.
 SETTINGS = ("model", "data", "val", "val_fraction", "text_column", "label_column", "max_length", "trainable",
             "lora_rank", "lora_alpha", "on_bad_record")
-BOOK_LR = 5e-5             # the book's finetuning learning rate (chapters 6 and 7)
-BOOK_EPOCHS = {"classify": 5, "instruct": 2}
+# Each kind's defaults (the book's), what --help shows and a run uses; the lr is finetune.default_lr.
+DEFAULTS = {
+    "classify": {"epochs": 5, "trainable": "last-block"},
+    "instruct": {"epochs": 2, "trainable": "all"},
+}
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +53,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     c = fsub.add_parser("classify", help="swap the vocab head for a classifier head and train on labelled texts",
                         description="Replace out_head (emb_dim -> vocab_size) by emb_dim -> classes and train on "
-                                    "the last token's output. Data: CSV or JSONL with a text and a label column.")
+                                    f"the last token's output. Data: {ft.DATA_FORMATS}, with a text and a label "
+                                    "column.")
     _add_common(c, "classify")
     c.add_argument("--text-column", metavar="NAME", help="column with the text (default text)")
     c.add_argument("--label-column", metavar="NAME", help="column with the label (default label)")
@@ -59,80 +65,105 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                     "Alpaca prompt; the loss counts only the response tokens.")
     _add_common(i, "instruct")
     i.add_argument("--on-bad-record", choices=("skip", "error"),
-                   help="malformed records: skip them (listed on stderr; default) or stop at the first")
+                   help="malformed records: skip them (listed on stderr; default skip) or stop at the first")
     i.set_defaults(run=run_finetune)
 
     k = sub.add_parser("classify", help="label a text with a finetuned classifier")
-    k.add_argument("text")
+    k.add_argument("text", help="the text to label")
     add_model_args(k, default=None)
-    k.add_argument("--json", action="store_true", help='print {"label": ..., "prob": ...}')
+    k.add_argument("--json", action="store_true", help='print {"label": ..., "prob": ...} (default: label<TAB>prob)')
     k.set_defaults(run=run_classify)
 
     h = sub.add_parser("chat", help="answer an instruction with an instruction-finetuned model")
     h.add_argument("instruction", nargs="?", help="the instruction (default: one per line of stdin)")
-    h.add_argument("--input", default="", help="the optional ### Input: part of the prompt")
+    h.add_argument("--input", default="", help="the optional ### Input: part of the prompt (default: none)")
     add_model_args(h, default=None)
-    h.add_argument("--max-new-tokens", type=nonneg_int, default=256)
-    h.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 is greedy (default)")
-    h.add_argument("--top-k", type=positive_int, default=None)
-    h.add_argument("--top-p", type=probability, default=None)
+    h.add_argument("--max-new-tokens", type=nonneg_int, default=256, help="longest answer in tokens (default 256)")
+    h.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 is greedy (default 0)")
+    h.add_argument("--top-k", type=positive_int, default=None, help="sample from the k likeliest tokens (default: all)")
+    h.add_argument("--top-p", type=probability, default=None,
+                   help="sample from the smallest set of tokens with this much probability (default: all)")
     h.set_defaults(run=run_chat)
 
 
 def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
+    d = DEFAULTS[kind]
     p.add_argument("--model", metavar="SPEC", help="the model to start from: checkpoint or run directory, "
-                                                   "hub id (openai-community/gpt2), or a preset (random weights)")
-    p.add_argument("--data", metavar="FILE", help="training data: " + (
-        "CSV, TSV or JSONL" if kind == "classify" else "a JSON list or JSONL of Alpaca records"))
+                                                   "hub id (openai-community/gpt2), or a preset (random weights); "
+                                                   "required for a new run")
+    p.add_argument("--data", metavar="FILE", help="training data, required for a new run: " + (
+        f"{ft.DATA_FORMATS} with a text and a label column" if kind == "classify"
+        else f"{ft.DATA_FORMATS} of Alpaca records (instruction, optional input, output)"))
     p.add_argument("--val", metavar="FILE", help="validation data in the same form (default: hold out --val-fraction)")
     p.add_argument("--val-fraction", type=fraction, help="share of --data held out when there is no --val (default 0.1)")
     p.add_argument("--max-length", type=positive_int, help="cut inputs to this many tokens (default: context_length)")
     p.add_argument("--trainable", metavar="WHICH",
                    help="all, head, last-block or last-N-blocks; final_norm and out_head always train "
-                        f"(default {'last-block' if kind == 'classify' else 'all'})")
-    p.add_argument("--lora-rank", type=positive_int, metavar="R", help="train rank-R LoRA adapters instead of the weights")
+                        f"(default {d['trainable']})")
+    p.add_argument("--lora-rank", type=positive_int, metavar="R",
+                   help="train rank-R LoRA adapters instead of the weights (default: no LoRA)")
     p.add_argument("--lora-alpha", type=positive_float, metavar="A", help="LoRA scale is A / R (default: A = R)")
-    p.add_argument("--epochs", type=positive_float, help=f"passes over the training data, instead of --max-steps "
-                                                         f"(default {BOOK_EPOCHS[kind]}, the book's)")
-    add_train_args(p, exclude=("batch_tokens",))
+    p.add_argument("--epochs", type=positive_float,
+                   help=f"passes over the training data (default {d['epochs']}); give this or --max-steps, not both")
+    add_train_args(p, exclude=("batch_tokens",), defaults={
+        "lr": f"{ft.BOOK_LR:g} x max(1, 768 / emb_dim): the book's at GPT-2's widths, more for narrower models",
+        "max_steps": "from --epochs; not with --epochs",
+        "warmup_steps": "a tenth of the steps, at most 100", "eval_every": "once per epoch, at most 100 steps",
+        "sample_tokens": "0" if kind == "classify" else "64"})
 
 
 # --- finetune ------------------------------------------------------------------------------
 
+@stoppable
 def run_finetune(args: argparse.Namespace) -> int:
     kind = args.finetune_command
-    settings = _resume_settings(args, kind) if args.resume else _new_settings(args, kind)
+    if args.resume:
+        check_out_dir(args.resume, resume=True)  # before the lock creates the directory
+    else:
+        missing = [f for f in ("model", "data", "out") if getattr(args, f) is None]
+        if missing:
+            raise GlassError(f"glassgpt finetune {kind} needs --model SPEC, --data FILE and --out RUN_DIR "
+                             f"(missing --{missing[0]}), or --resume RUN_DIR")
+    with locked(args.resume or args.out):
+        return _finetune(args, kind, args.resume or args.out)
+
+
+def _finetune(args: argparse.Namespace, kind: str, run_dir: str) -> int:
+    if args.resume:
+        settings, source, saved = _resume_settings(args, kind)
+        seed = saved["seed"]  # the split and the initialisation are the run's
+    else:
+        settings, source, saved = _new_settings(args, kind), None, None
+        seed = args.seed if args.seed is not None else TrainConfig(out="-").seed
     if settings["lora_rank"] and args.fsdp:
         raise GlassError("--fsdp shards plain weights; LoRA adapters are small enough to replicate: drop --fsdp")
-    run_dir = args.resume or args.out
-    model = load_model(Path(run_dir) / "latest" if args.resume else settings["model"], device="cpu", dtype="float32")
-    tokenizer = load_tokenizer(Path(run_dir) / "latest" if args.resume else settings["model"])
+    model = load_model(source or settings["model"], device="cpu", dtype="float32")
+    tokenizer = load_tokenizer(source or settings["model"])
     if tokenizer.n_vocab > model.cfg.vocab_size:
         raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
                          f"{model.cfg.vocab_size:,}: the checkpoint's tokenizer.json does not belong to it")
     max_length = min(settings["max_length"] or model.cfg.context_length, model.cfg.context_length)
-    seed = args.seed if args.seed is not None else TrainConfig(out="-").seed
     setup = _classification_setup if kind == "classify" else _instruction_setup
     model, data, make_task = setup(model, tokenizer, settings, max_length, seed)
-    cfg = _train_config(args, kind, len(data["train"]), run_dir)
+    cfg = _train_config(args, kind, len(data["train"]), model.cfg.emb_dim, saved)
     task = make_task(cfg)
     say(_parameter_summary(model, settings))
-    epochs = cfg.max_steps / ft.steps_per_epoch(task.n_train, cfg.batch_size, cfg.grad_accum, _world())
-    say(f"training: {cfg.max_steps:,} steps ({epochs:.2f} epochs) of {cfg.batch_size} x {cfg.grad_accum} "
-         f"accumulation x {_world()} rank(s), lr {cfg.lr:g}, {cfg.dtype}")
+    per_epoch = ft.steps_per_epoch(task.n_train, cfg.batch_size, cfg.grad_accum, _world())
+    say(f"training: {cfg.max_steps:,} steps ({cfg.max_steps / per_epoch:.2f} epochs of {per_epoch:,} steps) of "
+        f"{cfg.batch_size} x {cfg.grad_accum} accumulation x {_world()} rank(s), lr {cfg.lr:g}, {cfg.dtype}")
+    set_threads(args.threads, model.cfg.emb_dim, file=sys.stdout)
     meta = {"finetune": settings}
     if kind == "classify":
         meta["labels"] = settings["labels"]
     result = fit(model, task, cfg, tokenizer, meta=meta, resume=bool(args.resume),
                  progress=not args.no_progress)
     if result["interrupted"]:
-        say(f"interrupted at step {result['step']:,}: saved {run_dir}/latest; continue with: "
-             f"glassgpt finetune {kind} --resume {run_dir}", file=sys.stderr)
-        return 130
+        return interrupted_exit(result, run_dir, f"glassgpt finetune {kind}")
     if not is_main_rank():
         return 0
-    print(f"done: step {result['step']:,}, val loss {result['val_loss']:.4f} "
-          f"(best {result['best_val_loss']:.4f}), {result['elapsed_s']:.0f} s of training")
+    if result["val_loss"] is not None:
+        print(f"done: step {result['step']:,}, val loss {result['val_loss']:.4f} "
+              f"(best {result['best_val_loss']:.4f}), {result['elapsed_s']:.0f} s of training")
     best = load_model(run_dir, device=cfg.device, dtype="float32")  # best/ if any: what users will load
     if kind == "classify":
         _report_classification(best, task, Path(run_dir))
@@ -151,24 +182,26 @@ def _world() -> int:
 
 
 def _new_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
-    missing = [f for f in ("model", "data", "out") if getattr(args, f) is None]
-    if missing:
-        raise GlassError(f"glassgpt finetune {kind} needs --model SPEC, --data FILE and --out RUN_DIR "
-                         f"(missing --{missing[0]}), or --resume RUN_DIR")
     if is_main_rank():
         check_out_dir(args.out, resume=False)
     if args.lora_rank is None and args.lora_alpha is not None:
         raise GlassError("--lora-alpha needs --lora-rank R")
     if args.lora_rank is not None and args.trainable is not None:
         raise GlassError("with --lora-rank only the adapters (and a classifier head) train: drop --trainable")
+    if args.epochs is not None and args.max_steps is not None:
+        raise GlassError("give --epochs or --max-steps, not both")
     for path in (args.data, args.val):
         if path is not None and not Path(path).is_file():
             raise GlassError(f"{path}: no such file")
     absolute = lambda p: str(Path(p).resolve()) if p else None
-    settings = {"kind": kind, "model": args.model, "data": absolute(args.data), "val": absolute(args.val),
+    local_model = Path(args.model).exists()
+    settings = {"kind": kind, "model": absolute(args.model) if local_model else args.model,
+                "data": absolute(args.data), "val": absolute(args.val),
+                # The files' sha256: --resume refuses data that changed (it could not continue exactly).
+                "data_sha256": scan_file(Path(args.data)), "val_sha256": scan_file(Path(args.val)) if args.val else None,
                 "val_fraction": 0.1 if args.val_fraction is None else args.val_fraction,
                 "max_length": args.max_length,
-                "trainable": None if args.lora_rank else (args.trainable or ("last-block" if kind == "classify" else "all")),
+                "trainable": None if args.lora_rank else (args.trainable or DEFAULTS[kind]["trainable"]),
                 "lora_rank": args.lora_rank,
                 "lora_alpha": (args.lora_alpha or float(args.lora_rank)) if args.lora_rank else None}
     if kind == "classify":
@@ -178,38 +211,47 @@ def _new_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     return settings
 
 
-def _resume_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+def _resume_settings(args: argparse.Namespace, kind: str) -> tuple[dict[str, Any], Path, dict]:
+    """(the run's settings, the checkpoint to continue, its saved TrainConfig values)."""
     given = [f for f in SETTINGS + ("epochs",) if getattr(args, f, None) is not None]
     if given:
         raise GlassError(f"--resume continues a run with its own model and data: drop --{given[0].replace('_', '-')} "
                          "(training flags such as --max-steps may change)")
     if args.out and Path(args.out) != Path(args.resume):
         raise GlassError("--resume RUN_DIR writes to RUN_DIR: drop --out")
-    check_out_dir(args.resume, resume=True)
+    run_dir = Path(args.resume)
     if is_main_rank():
-        recover_checkpoints(args.resume)
-    latest = Path(args.resume) / "latest"
-    if not (latest / "config.json").is_file():
-        raise GlassError(f"{args.resume} has no latest/ checkpoint to resume from (it stopped before its first save)")
-    settings = load_meta(latest).get("finetune")
+        recover_checkpoints(run_dir)
+    ckpt, note = resume_checkpoint(run_dir)
+    saved = resumed_train_config(args, run_dir, ckpt, note)
+    settings = load_meta(ckpt).get("finetune")
     if not settings or settings.get("kind") != kind:
         made = f"glassgpt finetune {settings['kind']}" if settings else "glassgpt train"
-        raise GlassError(f"{args.resume} was made by {made}, not glassgpt finetune {kind}: resume it with that")
-    return settings
+        raise GlassError(f"{run_dir} was made by {made}, not glassgpt finetune {kind}: resume it with that")
+    for name in ("data", "val"):
+        recorded = settings.get(f"{name}_sha256")
+        if recorded and scan_file(Path(settings[name])) != recorded:
+            raise GlassError(f"{settings[name]} changed since the run started (its sha256 differs from the run's "
+                             "record), so --resume could not continue it exactly: restore it, or start a new "
+                             f"finetuning run from this one's weights with --model {run_dir}")
+    return settings, ckpt, saved
 
 
-def _train_config(args: argparse.Namespace, kind: str, n_train: int, run_dir: str) -> TrainConfig:
-    if args.resume:
-        saved = json.loads((Path(run_dir) / "train_config.json").read_text())
-        args.out = run_dir
+def _train_config(args: argparse.Namespace, kind: str, n_train: int, emb_dim: int, saved: dict | None
+                  ) -> TrainConfig:
+    """The run's TrainConfig: a resumed run's own, or the flags over this kind's DEFAULTS.
+
+    --epochs sets max_steps (at least one); --max-steps sets it directly; giving both is
+    refused. Warm-up is a tenth of the steps (at most 100); one evaluation per epoch.
+    """
+    if saved is not None:
+        args.out = args.resume
         return train_config_from_args(args, saved)
-    if args.epochs is not None and args.max_steps is not None:
-        raise GlassError("give --epochs or --max-steps, not both")
+    d = DEFAULTS[kind]
     batch_size = args.batch_size or TrainConfig(out="-").batch_size
-    grad_accum = args.grad_accum or 1
-    per_epoch = ft.steps_per_epoch(n_train, batch_size, grad_accum, _world())
-    max_steps = args.max_steps or max(1, math.ceil((args.epochs or BOOK_EPOCHS[kind]) * per_epoch))
-    base = {"out": args.out, "lr": BOOK_LR, "max_steps": max_steps, "warmup_steps": min(100, max_steps // 10),
+    per_epoch = ft.steps_per_epoch(n_train, batch_size, args.grad_accum or 1, _world())
+    max_steps = args.max_steps or max(1, math.ceil((args.epochs or d["epochs"]) * per_epoch))
+    base = {"out": args.out, "lr": ft.default_lr(emb_dim), "max_steps": max_steps, "warmup_steps": min(100, max_steps // 10),
             "eval_every": min(100, per_epoch), "sample_tokens": 0 if kind == "classify" else 64}
     return train_config_from_args(args, base)
 
@@ -379,8 +421,7 @@ def run_chat(args: argparse.Namespace) -> int:
     if args.instruction is not None and not args.instruction.strip():
         raise GlassError("the instruction is empty: say what the model should do")
     model, tokenizer = load(args)
-    if model.cfg.num_classes is not None:
-        raise GlassError(f"{args.model} is a classifier: use glassgpt classify with it")
+    require_language_model(model, args.model)
     if tokenizer.eot_id is None:
         raise GlassError(f"{args.model}'s tokenizer has no <|endoftext|>, so an answer could not end: "
                          "use a model finetuned with glassgpt finetune instruct")

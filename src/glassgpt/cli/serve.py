@@ -12,6 +12,7 @@ from ..weights import is_random_init, load_meta
 from .common import add_model_args, load, nonneg_int, positive_int
 
 WEB_EXTRA = "the web page needs FastAPI and uvicorn: pip install 'glassgpt[web]'"
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -21,8 +22,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "attention heatmaps and the logit lens, and steps through generation.")
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens it to the network)")
-    p.add_argument("--port", type=nonneg_int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+                   help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 opens it to the network)")
+    p.add_argument("--port", type=nonneg_int, default=8000, help="TCP port (default: 8000; 0 picks a free one)")
+    p.add_argument("--allowed-hosts", metavar="NAMES", type=_names, default=None,
+                   help="comma-separated names that requests may address the server by (their Host header), "
+                        "besides localhost, 127.0.0.1 and [::1]; '*' allows any (default: none besides those and "
+                        "the --host address; any name when --host is 0.0.0.0 or ::). Other names get 400, which "
+                        "keeps other web sites from reaching the page through DNS rebinding")
     p.add_argument("--max-prompt-tokens", type=positive_int, default=None,
                    help="longest prompt the page accepts (default: the model's context_length)")
     p.set_defaults(run=run_serve)
@@ -30,25 +36,45 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (checked here, before the slow model load)
 
         from ..web import create_app
+        from ..web.app import LOOPBACK_HOSTS
+        from ..web.server import make_server
     except ImportError as e:
         raise GlassError(f"{WEB_EXTRA} ({e})") from None
     model, tok = load(args)
+    hosts = allowed_hosts(args.host, args.allowed_hosts, LOOPBACK_HOSTS)
     app = create_app(model, tok, model_name=args.model, random_weights=is_random_init(args.model),
-                     labels=load_meta(args.model).get("labels"), max_prompt_tokens=args.max_prompt_tokens)
+                     labels=load_meta(args.model).get("labels"), max_prompt_tokens=args.max_prompt_tokens,
+                     allowed_hosts=hosts)
     # Bind the socket ourselves so that --port 0 can print the port it got.
     sock = _bind(args.host, args.port)
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"glassgpt: serving {args.model} at http://{host}:{port}/  (Ctrl+C to stop)", flush=True)
     if not _is_loopback(args.host):
-        print(f"warning: listening on {args.host}: anyone who can reach this machine can use the page",
-              file=sys.stderr)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    server.run(sockets=[sock])
+        print(f"warning: listening on {args.host}: anyone who can reach this machine can use the page"
+              + ("" if "*" not in hosts else ", under any name (narrow it with --allowed-hosts)"), file=sys.stderr)
+    make_server(app).run(sockets=[sock])
     return 0
+
+
+def allowed_hosts(host: str, extra: list[str] | None, loopback: tuple[str, ...]) -> list[str]:
+    """The Host names to answer: loopback, plus --allowed-hosts, else the --host address, else any
+    (a wildcard --host listens on every address, so there is no one name to allow)."""
+    if extra:
+        return [*loopback, *extra]
+    if host in WILDCARD_HOSTS:
+        return ["*"]
+    return [*loopback, host]
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"must name at least one host, e.g. example.lan or '*', got {text!r}")
+    return names
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -13,6 +13,7 @@ const state = {
   layer: 0,
   head: 0,
   inflight: null,  // AbortController of the request in flight
+  busy: false,
 };
 
 // --- formatting -----------------------------------------------------------------
@@ -51,23 +52,35 @@ function tokenNode(text) {
 
 // --- talking to the server -------------------------------------------------------
 
-async function api(path, body) {
+// One request at a time: a new one aborts the one in flight, and the server then drops its work.
+// With `onProgress`, the answer is streamed (NDJSON): progress lines, then {"trace"} or {"error"}.
+async function api(path, body, onProgress) {
   if (state.inflight) state.inflight.abort();
   const ctrl = new AbortController();
   state.inflight = ctrl;
   setBusy(true);
   const started = performance.now();
   try {
+    const headers = body === undefined ? {} : { "Content-Type": "application/json" };
+    if (onProgress) headers.Accept = "application/x-ndjson";
     const res = await fetch(path, {
       method: body === undefined ? "GET" : "POST",
-      headers: body === undefined ? {} : { "Content-Type": "application/json" },
+      headers,
       body: body === undefined ? undefined : JSON.stringify(body),
       signal: ctrl.signal,
     });
-    const text = await res.text();
     let data;
-    try { data = JSON.parse(text); } catch { data = { error: text || res.statusText }; }
-    if (!res.ok) throw new Error(`${res.status}: ${data.error || data.detail || res.statusText}`);
+    if (res.ok && onProgress) {
+      let last = null;
+      await readLines(res, (line) => { if (line.progress) onProgress(line.progress); else last = line; });
+      if (!last) throw new Error("the server's answer ended early: is glassgpt serve still running?");
+      if (last.error) throw new Error(`${last.status}: ${last.error}`);
+      data = last.trace;
+    } else {
+      const text = await res.text();
+      try { data = JSON.parse(text); } catch { data = { error: text || res.statusText }; }
+      if (!res.ok) throw new Error(`${res.status}: ${data.error || data.detail || res.statusText}`);
+    }
     showError(null);
     return { data, ms: performance.now() - started };
   } catch (err) {
@@ -77,6 +90,28 @@ async function api(path, body) {
   } finally {
     if (state.inflight === ctrl) { state.inflight = null; setBusy(false); }
   }
+}
+
+async function readLines(res, onLine) {
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n")) >= 0) {
+      const line = buffer.slice(0, end);
+      buffer = buffer.slice(end + 1);
+      if (line.trim()) onLine(JSON.parse(line));
+    }
+  }
+  if (buffer.trim()) onLine(JSON.parse(buffer));
+}
+
+// The text to trace: the token ids on screen, or the prompt as edited since.
+function promptPart() {
+  return state.ids && !state.edited ? { ids: state.ids } : { prompt: $("prompt").value };
 }
 
 function requestBody(extra = {}) {
@@ -89,31 +124,77 @@ function requestBody(extra = {}) {
     embedding_check: $("embedding-check").checked,
     ...extra,
   };
-  if (!("ids" in body) && !("prompt" in body)) {
-    if (state.ids && !state.edited) body.ids = state.ids;
-    else body.prompt = $("prompt").value;
-  }
+  if (!("ids" in body) && !("prompt" in body)) Object.assign(body, promptPart());
   return body;
 }
 
+const STEP_NAMES = { trf_blocks: "block", logit_lens: "logit lens after block" };
+
+function showProgress(p) {
+  const [kind, n] = p.step.split(".");
+  $("status").textContent = `tracing: ${STEP_NAMES[kind] ? `${STEP_NAMES[kind]} ${n}` : p.step.replace("_", " ")} ` +
+    `(step ${p.done} of ${p.total})`;
+  const bar = $("progress");
+  bar.hidden = false;
+  bar.max = p.total;
+  bar.value = p.done;
+}
+
 async function explain(extra = {}, path = "/api/explain") {
-  const result = await api(path, requestBody(extra));
-  if (!result) return;
-  state.trace = result.data;
-  state.ids = result.data.tokens.map((t) => t.id);
-  state.edited = false;
-  state.chosen = result.data.next_token.id;
-  $("prompt").value = result.data.prompt;
-  $("status").textContent = `traced ${fmt(state.ids.length)} token${state.ids.length === 1 ? "" : "s"} in ${Math.round(result.ms)} ms`;
-  render();
+  const focus = focusKey(document.activeElement);
+  $("status").textContent = "tracing…";  // the last result's line would read as this one's
+  const result = await api(path, requestBody(extra), showProgress);
+  if (!result && state.inflight) return;  // a newer request replaced this one: it will finish the job
+  $("progress").hidden = true;
+  if (result) {
+    state.trace = result.data;
+    state.ids = result.data.tokens.map((t) => t.id);
+    state.edited = false;
+    state.chosen = result.data.next_token.id;
+    $("prompt").value = result.data.prompt;
+    $("status").textContent = `traced ${fmt(state.ids.length)} token${state.ids.length === 1 ? "" : "s"} in ${Math.round(result.ms)} ms`;
+    render();
+  } else {
+    $("status").textContent = "";  // the error box says what went wrong
+  }
+  restoreFocus(focus);
 }
 
 function setBusy(busy) {
+  state.busy = busy;
   document.body.classList.toggle("busy", busy);
+  updateButtons();
+}
+
+function updateButtons() {
+  const busy = state.busy;
   $("run").disabled = busy;
   const lm = state.model && state.model.kind !== "classifier";
   for (const id of ["append", "sample"]) $(id).disabled = busy || !state.trace || !lm;
-  $("undo").disabled = busy || !state.ids || state.ids.length < 2;
+  // Undo removes the last token of the trace on screen; after an edit, trace the edit first.
+  $("undo").disabled = busy || state.edited || !state.ids || state.ids.length < 2;
+}
+
+// --- keyboard focus ------------------------------------------------------------------
+// Controls are disabled while a trace runs and redrawn after it, which drops the focus on
+// <body>. Each action gives it back to the control that was used (or to its redrawn twin).
+
+function focusKey(node) {
+  if (!node || node === document.body) return null;
+  return node.dataset.focus ? `[data-focus="${node.dataset.focus}"]` : node.id ? `#${node.id}` : null;
+}
+
+function restoreFocus(key) {
+  const node = key && document.querySelector(key);
+  if (node && !node.disabled && document.activeElement !== node) node.focus({ preventScroll: true });
+}
+
+function keepingFocus(action) {
+  return (...args) => {
+    const key = focusKey(document.activeElement);
+    action(...args);
+    restoreFocus(key);
+  };
 }
 
 function showError(message) {
@@ -268,8 +349,9 @@ function embeddingCheck(e) {
   return el("div", { class: `check ${ok ? "ok" : "bad"}` },
     el("strong", { text: ok ? "✓ tok_emb(ids) == one_hot(ids) @ W, exactly" : "✗ the lookup and the matmul differ" }),
     ` (max difference ${e.max_abs_diff}); so it is ${e.linear}. `,
-    `The lookup took ${e.lookup_ms.toFixed(3)} ms, the one-hot matmul ${e.matmul_ms.toFixed(1)} ms `,
-    `(${fmt(e.one_hot_bytes)} bytes of one-hot vs ${fmt(e.lookup_bytes)} bytes of rows).`);
+    e.lookup_ms === undefined ? "" : `The lookup took ${e.lookup_ms.toFixed(3)} ms, the one-hot matmul ${e.matmul_ms.toFixed(1)} ms. `,
+    `The matmul builds ${fmt(e.one_hot_bytes)} bytes of one-hot rows and does ${fmt(e.matmul_flops)} FLOPs; `,
+    `the lookup reads ${fmt(e.lookup_bytes)} bytes of rows.`);
 }
 
 function openedBlock(s, inner, maxWidth) {
@@ -304,20 +386,23 @@ function renderNext(tr) {
     ? `softmax over ${fmt(tr.model.config.num_classes)} classes at temperature ${nt.temperature}`
     : `softmax(logits / ${Number(nt.temperature).toFixed(2)}) over ${fmt(tr.model.config.vocab_size)} tokens; the top ${top.length} hold ${pct(kept)}. ` +
       "Right column: the same k renormalised, as top-k sampling draws them.";
-  const maxP = Math.max(...top.map((t) => t.prob));
   const header = el("div", { class: "bar-row bar-header", "aria-hidden": "true" },
-    el("span", { text: "" }), el("span", { text: isClass ? "class" : "token" }), el("span", { text: isClass ? "" : "id" }),
-    el("span", { text: "" }), el("span", { class: "bar-prob", text: "p" }), el("span", { class: "bar-renorm", text: isClass ? "" : "in top-k" }));
+    el("span", { class: "rank", text: "" }), el("span", { class: "bar-token", text: isClass ? "class" : "token" }),
+    el("span", { class: "bar-id", text: isClass ? "" : "id" }), el("span", { class: "bar-track-label", text: "" }),
+    el("span", { class: "bar-prob", text: "p" }), el("span", { class: "bar-renorm", text: isClass ? "" : "in top-k" }));
   $("bars").replaceChildren(header, ...top.map((t, rank) => {
     const row = el("button", {
       type: "button", class: "bar-row" + (t.id === state.chosen ? " chosen" : ""), role: "option",
-      "aria-selected": String(t.id === state.chosen), "data-id": t.id, title: `id ${t.id}: click to choose it`,
-      onclick: () => { if (!isClass) { state.chosen = t.id; renderNext(tr); } },
+      "aria-selected": String(t.id === state.chosen), "data-id": t.id, "data-focus": `bar-${t.id}`,
+      title: `id ${t.id}: click to choose it`,
+      onclick: keepingFocus(() => { if (!isClass) { state.chosen = t.id; renderNext(tr); } }),
     },
       el("span", { class: "rank", text: rank + 1 }),
       el("span", { class: "bar-token" }, tokenNode(t.text)),
       el("span", { class: "bar-id", text: isClass ? "" : t.id }),
-      el("span", { class: "bar-track" }, el("span", { class: "bar-fill", style: { width: `${(100 * t.prob / maxP).toFixed(1)}%` } })),
+      // The track is probability 0..1, as in the SVG: random weights' 0.0002 stay a sliver.
+      el("span", { class: "bar-track", title: "the whole track is probability 1" },
+        el("span", { class: "bar-fill", style: { width: `${(100 * t.prob).toFixed(2)}%` } })),
       el("span", { class: "bar-prob", text: pct(t.prob) }),
       el("span", { class: "bar-renorm", text: isClass ? "" : pct(t.prob / kept) }));
     return row;
@@ -344,13 +429,14 @@ function renderAttention(tr) {
   const att = tr.attention;
   const c = tr.model.config;
   const canvas = $("heatmap");
-  if (!att || att.omitted) {
+  const shown = Boolean(att && !att.omitted);
+  canvas.hidden = $("heat-hover").hidden = !shown;
+  $("att-layer").disabled = $("att-head").disabled = !shown;
+  if (!shown) {
     $("attention-caption").textContent = att ? att.omitted : "not traced";
-    canvas.hidden = true;
     $("head-thumbs").replaceChildren();
     return;
   }
-  canvas.hidden = false;
   state.layer = Math.min(state.layer, c.n_layers - 1);
   state.head = Math.min(state.head, c.n_heads - 1);
   $("att-layer").replaceChildren(...att.layers.map((_, i) => el("option", { value: i, text: `trf_blocks.${i}`, selected: i === state.layer })));
@@ -362,7 +448,8 @@ function renderAttention(tr) {
   $("head-thumbs").replaceChildren(...att.layers[state.layer].map((w, h) => {
     const thumb = el("canvas", { width: 56, height: 56, class: "thumb" + (h === state.head ? " active" : ""), title: `head ${h}` });
     drawHeatmap(thumb, w, null, false);
-    const box = el("button", { type: "button", class: "thumb-box", onclick: () => { state.head = h; renderAttention(tr); } },
+    const box = el("button", { type: "button", class: "thumb-box", "data-focus": `thumb-${h}`,
+      onclick: keepingFocus(() => { state.head = h; renderAttention(tr); }) },
       thumb, el("span", { text: `h${h}` }));
     return box;
   }));
@@ -477,7 +564,7 @@ function render() {
   renderAttention(tr);
   renderLens(tr);
   renderParams(tr);
-  setBusy(false);
+  updateButtons();
 }
 
 async function downloadSvg(ev) {
@@ -500,7 +587,7 @@ function debounce(fn, ms) {
 
 async function start() {
   $("prompt-form").addEventListener("submit", (ev) => { ev.preventDefault(); state.edited = true; explain(); });
-  $("prompt").addEventListener("input", () => { state.edited = true; });
+  $("prompt").addEventListener("input", () => { state.edited = true; updateButtons(); });
   $("prompt").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); state.edited = true; explain(); }
   });
@@ -509,11 +596,12 @@ async function start() {
   $("top-k").addEventListener("change", rerun);
   $("block").addEventListener("change", rerun);
   $("embedding-check").addEventListener("change", rerun);
-  $("append").addEventListener("click", () => explain({ ids: state.ids, token: state.chosen }, "/api/append"));
-  $("sample").addEventListener("click", () => explain({ ids: state.ids, token: sampleTopK(state.trace) }, "/api/append"));
+  // After an edit, the chosen token is appended to the edited text, not to the trace on screen.
+  $("append").addEventListener("click", () => explain({ ...promptPart(), token: state.chosen }, "/api/append"));
+  $("sample").addEventListener("click", () => explain({ ...promptPart(), token: sampleTopK(state.trace) }, "/api/append"));
   $("undo").addEventListener("click", () => explain({ ids: state.ids.slice(0, -1) }));
-  $("att-layer").addEventListener("change", (ev) => { state.layer = Number(ev.target.value); renderAttention(state.trace); });
-  $("att-head").addEventListener("change", (ev) => { state.head = Number(ev.target.value); renderAttention(state.trace); });
+  $("att-layer").addEventListener("change", keepingFocus((ev) => { state.layer = Number(ev.target.value); renderAttention(state.trace); }));
+  $("att-head").addEventListener("change", keepingFocus((ev) => { state.head = Number(ev.target.value); renderAttention(state.trace); }));
   $("svg-link").addEventListener("click", downloadSvg);
   window.addEventListener("resize", debounce(() => state.trace && renderAttention(state.trace), 150));
 

@@ -1,0 +1,296 @@
+"""The book's own files, both ways: what its `GPTModel` saves, the OpenAI folder its
+`gpt_download.py` writes, and the `cfg` dict its code builds a model from.
+
+- A state dict file (`model.pth` from chapter 5, `model_and_optimizer.pth` with its
+  `{"model_state_dict": ...}`, chapter 6's `review_classifier.pth`, chapter 7's
+  `gpt2-medium355M-sft.pth`, the converted `gpt2-small-124M.pth`, ...). Its tensor names are
+  glassgpt's, since model.py took the book's, except the causal-mask buffers
+  `trf_blocks.N.att.mask`, which glassgpt builds on the fly. The config comes from the
+  shapes; the head count, which no shape shows, follows GPT-2's rule (64 per head) unless
+  `n_heads` is given or a JSON file beside the weights (`model.json` beside `model.pth`,
+  or `config.json`) holds `n_heads`. Read with `torch.load(weights_only=True)` only.
+- The OpenAI folder (`gpt2/124M/`: `checkpoint`, `hparams.json`, `model.ckpt.index`,
+  `model.ckpt.data-00000-of-00001`, `encoder.json`, `vocab.bpe`), read by tf_checkpoint.py
+  without TensorFlow; weights.py maps OpenAI's variable names.
+- Back to the book: `book_state_dict(model)` and `book_cfg(cfg)`, for `glassgpt export --format book`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pickle
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from .config import PRESETS, GPTConfig
+from .errors import CheckpointError, ConfigError
+from .memory import parameter_counts
+from .model import GPTModel
+from .tf_checkpoint import read_tensors
+from .tokenizer import VOCAB_SHA256, Tokenizer, get_tokenizer
+
+GPT2_HEAD_DIM = 64  # every GPT-2 size has heads of 64: the rule for a head count that shapes cannot tell
+BOOK_CFG_KEYS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
+OPENAI_FILES = ("hparams.json", "checkpoint")
+
+
+# --- which spec is the book's ---------------------------------------------------------------
+
+def is_state_dict_file(spec: str | Path) -> bool:
+    """A file that is not a config .json: a state dict saved with torch.save. (A preset's
+    name stays a preset, whatever lies in the working directory.)"""
+    path = Path(spec)
+    return str(spec) not in PRESETS and path.is_file() and path.suffix != ".json"
+
+
+def is_openai_dir(spec: str | Path) -> bool:
+    """A folder as gpt_download.py writes it: a TensorFlow checkpoint and hparams.json, no config.json."""
+    path = Path(spec)
+    if str(spec) in PRESETS or not path.is_dir() or (path / "config.json").exists():
+        return False
+    return any((path / name).exists() for name in OPENAI_FILES) or any(path.glob("*.index"))
+
+
+def is_book_spec(spec: str | Path) -> bool:
+    return is_state_dict_file(spec) or is_openai_dir(spec)
+
+
+# --- state dicts ----------------------------------------------------------------------------
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a .pth file (or of its "model_state_dict" entry), memory-mapped.
+    Nothing but tensors is ever unpickled, and every name must be one of the book's GPTModel."""
+    path = Path(path)
+    obj = _torch_load(path)
+    if isinstance(obj, dict) and isinstance(obj.get("model_state_dict"), dict):
+        obj = obj["model_state_dict"]  # model_and_optimizer.pth: the optimizer's state is not needed
+    if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        keys = list(obj)[:5] if isinstance(obj, dict) else type(obj).__name__
+        raise CheckpointError(f"{path} holds no state dict (found {keys}): save one with "
+                              "torch.save(model.state_dict(), path)")
+    expected = _book_names()
+    for name in obj:
+        if re.sub(r"^trf_blocks\.\d+\.", "trf_blocks.N.", name) not in expected:
+            raise CheckpointError(f"{path}: unexpected key {name!r} for the book's GPTModel, which has "
+                                  "tok_emb.weight, pos_emb.weight, trf_blocks.N.att.W_query.weight, ..., "
+                                  "final_norm.scale, out_head.weight: this state dict is another architecture's")
+    return obj
+
+
+def _torch_load(path: Path) -> Any:
+    last: Exception | None = None
+    for mmap in (True, False):  # mmap needs torch.save's zip format; a legacy file loads whole
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except pickle.UnpicklingError as e:
+            found = re.search(r"global:? GLOBAL ([\w.]+)", str(e))
+            what = f" (it refers to {found.group(1)})" if found else ""
+            raise CheckpointError(f"{path} holds pickled code or objects other than tensors{what}, which "
+                                  "glassgpt never unpickles: save the model's state_dict() instead") from None
+        except Exception as e:  # a truncated zip, not a torch file at all: all end in one line
+            last = e
+    reason = str(last).splitlines()[0] if str(last) else type(last).__name__
+    raise CheckpointError(f"{path} is truncated, corrupt or not a PyTorch file ({reason}): pass a state dict "
+                          "saved with torch.save(model.state_dict(), path), or a checkpoint directory")
+
+
+def _book_names() -> set[str]:
+    """Every tensor name the book's GPTModel can have, blocks spelled trf_blocks.N."""
+    with torch.device("meta"):
+        names = set(GPTModel(GPTConfig(vocab_size=2, context_length=2, emb_dim=2, n_heads=1, n_layers=1,
+                                       tie_embeddings=False, num_classes=2)).state_dict())
+    names.add("trf_blocks.0.att.mask")
+    return {re.sub(r"^trf_blocks\.0\.", "trf_blocks.N.", n) for n in names}
+
+
+def config_from_state(state: dict[str, torch.Tensor], source: str | Path,
+                      n_heads: int | None = None) -> GPTConfig:
+    """The GPTConfig whose model has exactly these tensors: sizes from the shapes, the head count
+    from `n_heads`, else the JSON beside `source`, else GPT-2's rule."""
+    for name in ("tok_emb.weight", "pos_emb.weight"):
+        if name not in state:
+            raise CheckpointError(f"{source} has no {name!r}: it is not a state dict of the book's GPTModel")
+    vocab_size, emb_dim = state["tok_emb.weight"].shape
+    blocks = {int(m.group(1)) for k in state if (m := re.match(r"trf_blocks\.(\d+)\.", k))}
+    head = state.get("out_head.weight")
+    num_classes = None
+    if head is not None and (head.shape[0] != vocab_size or "out_head.bias" in state):
+        if "out_head.bias" not in state:
+            raise CheckpointError(f"{source}: out_head.weight is {list(head.shape)} but there is no "
+                                  "out_head.bias: a classifier head (the book's chapter 6) has one")
+        num_classes = head.shape[0]
+    side, side_path = side_config(source)
+    heads = n_heads or side.get("n_heads") or gpt2_head_count(emb_dim, source)
+    cfg = GPTConfig(
+        vocab_size=vocab_size, context_length=state["pos_emb.weight"].shape[0], emb_dim=emb_dim,
+        n_heads=heads, n_layers=max(blocks, default=-1) + 1, drop_rate=side.get("drop_rate", 0.0),
+        qkv_bias="trf_blocks.0.att.W_query.bias" in state,
+        # Tied only if saved so: the book's own models keep out_head apart from tok_emb.
+        tie_embeddings=num_classes is None and (head is None or _same_tensor(head, state["tok_emb.weight"])),
+        num_classes=num_classes,
+    )
+    for key in set(side) & {"vocab_size", "context_length", "emb_dim", "n_layers", "qkv_bias"}:
+        if side[key] != getattr(cfg, key):
+            raise CheckpointError(f"{side_path} says {key} {side[key]!r} but the weights in {source} have "
+                                  f"{getattr(cfg, key)!r}: it belongs to another model; move it away")
+    return cfg
+
+
+def gpt2_head_count(emb_dim: int, source: str | Path) -> int:
+    if emb_dim % GPT2_HEAD_DIM:
+        raise ConfigError(f"{source}: emb_dim {emb_dim} is not a multiple of {GPT2_HEAD_DIM}, so GPT-2's rule "
+                          "(64 per head) cannot give the head count: pass --n-heads H (a divisor of "
+                          f"{emb_dim}) or put {{\"n_heads\": H}} in {Path(source).with_suffix('.json').name} beside it")
+    return emb_dim // GPT2_HEAD_DIM
+
+
+def side_config(source: str | Path) -> tuple[dict[str, Any], Path | None]:
+    """The book's cfg beside a .pth (`model.json` for `model.pth`, else `config.json`), if one
+    holds n_heads; ({}, None) otherwise."""
+    path = Path(source)
+    for candidate in (path.with_suffix(".json"), path.parent / "config.json"):
+        if not candidate.is_file():
+            continue
+        try:
+            values = json.loads(candidate.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"cannot read {candidate} beside {path.name}: {e}") from None
+        if isinstance(values, dict) and "n_heads" in values:
+            return values, candidate
+    return {}, None
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when torch.save kept one tensor under two names (a tied model's state dict)."""
+    return (a.shape == b.shape and a.storage_offset() == b.storage_offset()
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+
+def glassgpt_tensors(state: dict[str, torch.Tensor], cfg: GPTConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """The state dict's tensors under glassgpt's names: the same, less the mask buffers
+    (and the head of a tied model, which is tok_emb.weight)."""
+    for name, tensor in state.items():
+        if name.endswith(".att.mask") or (cfg.tie_embeddings and name == "out_head.weight"):
+            continue
+        yield name, tensor
+
+
+# --- the OpenAI folder ----------------------------------------------------------------------
+
+def openai_config(path: str | Path) -> GPTConfig:
+    """GPT-2's config from the folder's hparams.json (n_vocab, n_ctx, n_embd, n_head, n_layer)."""
+    hparams = Path(path) / "hparams.json"
+    if not hparams.is_file():
+        raise CheckpointError(f"{path} has no hparams.json: the OpenAI folder needs it for the model's sizes "
+                              "(download it again with the book's gpt_download.py)")
+    try:
+        h = json.loads(hparams.read_text(encoding="utf-8"))
+        return GPTConfig(vocab_size=h["n_vocab"], context_length=h["n_ctx"], emb_dim=h["n_embd"],
+                         n_heads=h["n_head"], n_layers=h["n_layer"])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
+        raise CheckpointError(f"cannot read {hparams}: {e}") from None
+    except KeyError as e:
+        raise CheckpointError(f"{hparams} lacks {e.args[0]!r} (GPT-2's hparams are n_vocab, n_ctx, "
+                              "n_embd, n_head, n_layer)") from None
+
+
+def openai_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(OpenAI's name, tensor) pairs, e.g. ("model/h0/attn/c_attn/w", [1, d, 3d])."""
+    yield from read_tensors(_checkpoint_prefix(Path(path)))
+
+
+def _checkpoint_prefix(path: Path) -> Path:
+    """The checkpoint the folder's `checkpoint` file names (model_checkpoint_path: "model.ckpt"),
+    else its one *.index file."""
+    pointer = path / "checkpoint"
+    if pointer.is_file():
+        found = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', pointer.read_text(encoding="utf-8"), re.M)
+        if found:
+            prefix = Path(found.group(1))
+            return prefix if prefix.is_absolute() else path / prefix
+    indexes = sorted(path.glob("*.index"))
+    if len(indexes) != 1:
+        raise CheckpointError(f"{path} has {len(indexes)} *.index files and no `checkpoint` file naming one: "
+                              "keep the model.ckpt.index and model.ckpt.data-* files that belong together")
+    return indexes[0].with_suffix("")
+
+
+def openai_tokenizer(path: str | Path) -> Tokenizer:
+    """GPT-2's BPE, after checking that the folder's encoder.json and vocab.bpe are GPT-2's."""
+    for name, digest in VOCAB_SHA256.items():
+        file = Path(path) / name
+        if file.is_file() and hashlib.sha256(file.read_bytes()).hexdigest() != digest:
+            raise CheckpointError(f"{file} is not GPT-2's {name} (its sha256 differs): glassgpt runs GPT-2's "
+                                  "BPE; download the folder again or remove the file to use GPT-2's")
+    return get_tokenizer("gpt2")
+
+
+# --- back to the book -------------------------------------------------------------------------
+
+def book_cfg(cfg: GPTConfig) -> dict[str, Any]:
+    """The dict the book's GPTModel(cfg) takes."""
+    return {key: getattr(cfg, key) for key in BOOK_CFG_KEYS}
+
+
+def book_state_dict(model: GPTModel) -> dict[str, torch.Tensor]:
+    """The weights as the book's GPTModel names them, with its causal-mask buffers: one
+    [context_length, context_length] tensor shared by every block (torch.save writes it
+    once), and out_head.weight even when it is tok_emb.weight (written once too)."""
+    state = {name: t.detach().cpu() for name, t in model.state_dict(keep_vars=False).items()}
+    ctx = model.cfg.context_length
+    mask = torch.triu(torch.ones(ctx, ctx), diagonal=1)  # 1 above the diagonal: the future
+    for i in range(model.cfg.n_layers):
+        state[f"trf_blocks.{i}.att.mask"] = mask
+    return state
+
+
+# --- what info and explain say -------------------------------------------------------------------
+
+def model_notes(spec: str | Path, cfg: GPTConfig | dict[str, Any]) -> list[str]:
+    """One line on where n_heads came from (for the book's files) and one on how the layout
+    differs from OpenAI's GPT-2 (no qkv biases, an untied head): what `info` and `explain` print."""
+    cfg = GPTConfig.from_dict(cfg) if isinstance(cfg, dict) else cfg
+    return [note for note in (_head_count_note(spec, cfg), layout_note(cfg)) if note]
+
+
+def _head_count_note(spec: str | Path, cfg: GPTConfig) -> str | None:
+    if is_openai_dir(spec):
+        return f"n_heads {cfg.n_heads} from hparams.json"
+    if not is_state_dict_file(spec):
+        return None  # presets and checkpoints carry their config
+    side, side_path = side_config(spec)
+    unseen = "a state dict's shapes cannot tell the head count"
+    if side.get("n_heads") == cfg.n_heads:
+        return f"n_heads {cfg.n_heads} from {side_path.name} beside the weights ({unseen})"
+    rule = cfg.emb_dim // GPT2_HEAD_DIM if cfg.emb_dim % GPT2_HEAD_DIM == 0 else None
+    if rule == cfg.n_heads:
+        return (f"n_heads {cfg.n_heads} by GPT-2's rule, {GPT2_HEAD_DIM} per head ({unseen}; "
+                "pass --n-heads if the model was built with another)")
+    return f"n_heads {cfg.n_heads} as given with --n-heads ({unseen})"
+
+
+def layout_note(cfg: GPTConfig) -> str | None:
+    """How this language model's parameters differ from OpenAI's GPT-2 of the same sizes,
+    e.g. for the book's GPT_CONFIG_124M (gpt2-book): no qkv biases, its own out_head."""
+    if cfg.num_classes is not None or (cfg.qkv_bias and cfg.tie_embeddings):
+        return None
+    d, V = cfg.emb_dim, cfg.vocab_size
+    ways = []
+    if not cfg.qkv_bias:
+        ways.append(f"no qkv biases ({3 * d * cfg.n_layers:,} fewer)")
+    if not cfg.tie_embeddings:
+        ways.append(f"its own out_head [{V}, {d}] instead of tok_emb.weight ({V * d:,} more)")
+    gpt2 = dataclasses.replace(cfg, qkv_bias=True, tie_embeddings=True)
+    whose = "the book's GPT_CONFIG_124M layout, " if len(ways) == 2 else ""
+    return (f"{whose}unlike OpenAI's GPT-2: {' and '.join(ways)}: "
+            f"{_count(cfg):,} parameters, {_count(gpt2):,} in GPT-2's layout")
+
+
+def _count(cfg: GPTConfig) -> int:
+    counts = parameter_counts(cfg)
+    return counts["linear"] + counts["other"]

@@ -1,0 +1,56 @@
+"""`glassgpt export`: hand a model to the book's code (`--format book`) or to transformers (`--format hf`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from ..book import book_cfg, book_state_dict
+from ..errors import GlassError
+from ..weights import _atomic_write, export_hf, load_model
+from .common import positive_int
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a model for the book's GPTModel or for Hugging Face transformers",
+                       description="Load MODEL (any --model spec) and write it in another layout: 'book' is a "
+                                   "state dict that the book's GPTModel(cfg).load_state_dict(torch.load(PATH, "
+                                   "weights_only=True)) accepts, with its cfg in a .json beside it; 'hf' is a "
+                                   "directory that transformers' GPT2LMHeadModel.from_pretrained loads.")
+    p.add_argument("model", metavar="MODEL", help="preset, checkpoint or run directory, Hugging Face-layout "
+                                                  "directory, hub id, .pth state dict, or OpenAI gpt2/124M folder")
+    p.add_argument("--format", choices=("book", "hf"), required=True,
+                   help="book: one .pth file (+ its cfg .json); hf: a directory with config.json + model.safetensors")
+    p.add_argument("--out", required=True, metavar="PATH", help="the .pth file (book) or directory (hf) to write")
+    p.add_argument("--n-heads", type=positive_int, default=None, metavar="H",
+                   help="attention heads, if MODEL is a .pth state dict (default: n_heads in the .json beside "
+                        "it, else GPT-2's rule of 64 per head)")
+    p.set_defaults(run=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.format == "book" and (out.is_dir() or out.suffix == ".json"):
+        raise GlassError(f"--out {out} must be a file name such as model.pth (its cfg goes beside it, as .json)")
+    model = load_model(args.model, device="cpu", dtype="float32", n_heads=args.n_heads)
+    if args.format == "hf":
+        export_hf(model, out)
+        print(f"wrote {out}/config.json and model.safetensors: "
+              f"transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}) loads it")
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cfg = book_cfg(model.cfg)
+    cfg_path = out.with_suffix(".json")
+    _atomic_write(out, lambda tmp: torch.save(book_state_dict(model), tmp))
+    _atomic_write(cfg_path, lambda tmp: Path(tmp).write_text(json.dumps(cfg, indent=2) + "\n"))
+    print(f"wrote {out} ({model.num_parameters():,} parameters, float32) and its cfg {cfg_path}")
+    print("load it with the book's code (llms_from_scratch.ch04.GPTModel, or your own from chapter 4):")
+    print(f"    cfg = {cfg!r}")
+    print("    model = GPTModel(cfg)")
+    if model.cfg.num_classes is not None:  # chapter 6 swaps the head before loading
+        print(f"    model.out_head = torch.nn.Linear({model.cfg.emb_dim}, {model.cfg.num_classes})")
+    print(f"    model.load_state_dict(torch.load({str(out)!r}, weights_only=True))")
+    return 0
