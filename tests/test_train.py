@@ -143,11 +143,22 @@ def test_only_parameters_that_require_grad_change(tmp_path, corpus):
     assert changed == {"final_norm.scale", "final_norm.shift"}
 
 
-def test_bfloat16_autocast_trains_with_float32_master_weights(tmp_path, corpus):
+def test_bfloat16_trains_a_bf16_copy_and_updates_float32_master_weights(tmp_path, corpus, monkeypatch):
+    from glassgpt.engine import LowPrecisionCopy
+    copies = []
+    init = LowPrecisionCopy.__init__
+    monkeypatch.setattr(LowPrecisionCopy, "__init__", lambda self, *a, **k: (init(self, *a, **k), copies.append(self))[0])
     model, task, cfg, tok = tiny(tmp_path, corpus, dtype="bfloat16", max_steps=4)
     result = fit(model, task, cfg, tok, progress=False)
     assert math.isfinite(result["train_loss"]) and math.isfinite(result["val_loss"])
+    assert len(copies) == 1 and copies[0].master is model
+    assert all(p.dtype == torch.bfloat16 for p in copies[0].module.parameters())
+    # The master keeps float32 precision: AdamW's small updates are not rounded away to bf16.
     assert all(p.dtype == torch.float32 for p in model.parameters())
+    w = model.trf_blocks[0].att.W_query.weight
+    assert not torch.equal(w, w.bfloat16().float())
+    # and the copy holds the master's final weights, rounded
+    assert torch.equal(copies[0].module.trf_blocks[0].att.W_query.weight, w.bfloat16())
 
 
 def test_batch_tokens_picks_the_accumulation_from_the_first_batch(tmp_path, corpus):
@@ -201,9 +212,11 @@ class InterruptAt:
         return getattr(self.task, name)
 
 
-def test_resume_after_an_interrupt_reproduces_the_uninterrupted_losses(tmp_path, corpus):
-    # Dropout and gradient accumulation on, so RNG and micro-steps must both resume exactly.
-    common = dict(drop_rate=0.1, grad_accum=2, max_steps=8, eval_every=4)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_resume_after_an_interrupt_reproduces_the_uninterrupted_losses(tmp_path, corpus, dtype):
+    # Dropout and gradient accumulation on, so RNG and micro-steps must both resume exactly;
+    # in bfloat16 the bf16 copy is rebuilt from the saved float32 master weights.
+    common = dict(drop_rate=0.1, grad_accum=2, max_steps=8, eval_every=4, dtype=dtype)
     model, task, cfg, tok = tiny(tmp_path, corpus, out="straight", **common)
     fit(model, task, cfg, tok, progress=False)
 

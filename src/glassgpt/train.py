@@ -9,8 +9,9 @@ instructions. It is nanoGPT's loop with the engineering written out:
 - learning rate: linear warm-up for `warmup_steps`, then cosine decay to `min_lr`
   (lr / 10 by default) at `max_steps` (nanoGPT's schedule);
 - gradient accumulation (`grad_accum`, or `batch_tokens` to aim at a global batch
-  size in tokens), clipping at `grad_clip`, bf16 autocast on CPU and CUDA (fp16 with a
-  GradScaler on GPUs without bf16); master weights stay float32; `compile`;
+  size in tokens), clipping at `grad_clip`; master weights stay float32: bfloat16 runs
+  forward and backward on a bf16 copy of them (engine/mixed.py; autocast under FSDP),
+  float16 autocast with a GradScaler on GPUs without bf16; `compile`;
 - under `torchrun`: DistributedDataParallel (gloo on CPU, NCCL on GPUs), or FSDP2's
   `fully_shard` per transformer block with `fsdp=True`. Each rank asks the task for its
   own batch (rank, world); losses are averaged over ranks for the log; rank 0 logs
@@ -72,6 +73,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .checkpoint import full_tensor, load_checkpoint, nonfinite_tensor, saved_checkpoints, save_checkpoints
+from .engine.mixed import LowPrecisionCopy
 from .device import resolve_device, resolve_dtype
 from .errors import GlassError
 from .rundir import lock_run_dir
@@ -467,7 +469,14 @@ class _Run:
         if cfg.batch_tokens is not None:
             probe = self.task.tokens(self.task.train_batch(self.step, 0, self.ranks.rank, self.ranks.world))
             cfg.grad_accum = grad_accum_for(cfg.batch_tokens, probe, self.ranks.world)
-        forward = torch.compile(model) if cfg.compile else model
+        # bfloat16 without FSDP: forward and backward run on a bf16 copy of the float32 model,
+        # which stays the master that AdamW updates and checkpoints save (engine/mixed.py).
+        self.low_precision = None
+        compute = model
+        if self.amp == torch.bfloat16 and not cfg.fsdp:
+            self.low_precision = LowPrecisionCopy(model, torch.bfloat16)
+            compute = self.low_precision.module
+        forward = torch.compile(compute) if cfg.compile else compute
         if self.ranks.world > 1 and not cfg.fsdp:
             from torch.nn.parallel import DistributedDataParallel
             forward = DistributedDataParallel(forward, device_ids=[self.device.index] if self.device.type == "cuda" else None)
@@ -509,11 +518,14 @@ class _Run:
         for micro in range(cfg.grad_accum):
             batch = _to_device(self.task.train_batch(step, micro, rank, world), self.device)
             n_tokens += self.task.tokens(batch)
-            with self._sync(micro == cfg.grad_accum - 1):
-                with autocast(self.device, self.amp):
+            last = micro == cfg.grad_accum - 1
+            with self._sync(last):
+                with autocast(self.device, self.amp if self.low_precision is None else torch.float32):
                     loss = self.task.loss(self.forward, batch)
                 scaled = loss / cfg.grad_accum
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            if self.low_precision is not None and (last or world == 1):
+                self.low_precision.grads_to_master()  # DDP's all-reduce sums the bf16 gradients at the last micro-step
             loss_sum += loss.detach().float()
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -527,6 +539,8 @@ class _Run:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.low_precision is not None:
+            self.low_precision.refresh()
         return loss_sum / cfg.grad_accum, grad_norm, n_tokens
 
     # -- the loop --------------------------------------------------------------------------------
