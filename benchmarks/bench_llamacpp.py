@@ -116,7 +116,10 @@ class LlamaRunner:
         llm.eval(prompt)
         out = []
         for _ in range(n):
-            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            # The last position's logits, read from the context (llama-cpp-python keeps its
+            # `scores` only with logits_all, which would copy every position's logits).
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))
+            nxt = int(np.argmax(logits))
             out.append(nxt)
             llm.eval([nxt])
         return out

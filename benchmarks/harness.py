@@ -146,12 +146,26 @@ def hf_model(ours, dtype: torch.dtype = torch.float32):
 
 
 def hf_int8(fp32_model):
-    """transformers' int8 weight-only route on a CPU (torchao), or None when torchao is absent."""
+    """transformers' int8 weight-only route on a CPU (torchao), or None when torchao is absent.
+
+    torchao's `quantize_` (what transformers' TorchAoConfig applies) converts nn.Linear layers
+    only, and GPT-2's blocks are transformers' Conv1D (the transposed layout), so as a user
+    would run it only the head becomes int8. To give the reference its best, each Conv1D is
+    first swapped for the nn.Linear it equals, so that every block matrix is int8 too.
+    """
     try:
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
+        from transformers.pytorch_utils import Conv1D
     except ImportError:
         return None
     model = hf_model(fp32_model, torch.bfloat16)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Conv1D):  # y = x @ W + b with W [in, out]: nn.Linear holds W.T
+                linear = torch.nn.Linear(child.weight.shape[0], child.nf, dtype=child.weight.dtype)
+                linear.weight = torch.nn.Parameter(child.weight.detach().t().contiguous(), requires_grad=False)
+                linear.bias = torch.nn.Parameter(child.bias.detach(), requires_grad=False)
+                setattr(module, name, linear)
     quantize_(model, Int8WeightOnlyConfig())
     return model
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import glassgpt
-from glassgpt.engine import KVCache, cross_entropy, quantize_int8
+from glassgpt.engine import KVCache, LowPrecisionCopy, cross_entropy, quantize_int8
 from glassgpt.memory import memory_needs, parameter_counts, parameter_table
 from glassgpt.model import GPTModel, LayerNorm
 from glassgpt.train import TrainConfig, make_optimizer
@@ -96,18 +96,24 @@ def generate_once(model: GPTModel, b: int, t: int) -> None:
     glassgpt.generate(model, prompt, max_new_tokens=1)
 
 
-def train_twice(model: GPTModel, b: int, t: int) -> None:
-    """Two steps as train.fit takes them for the LM task (data.TextTask.loss): the loss,
-    backward, clipping, AdamW (the optimizer train.py makes)."""
+def train_twice(model: GPTModel, b: int, t: int, dtype: torch.dtype = torch.float32) -> None:
+    """Two steps as train.fit takes them for the LM task (data.TextTask.loss) on float32 master
+    weights: the loss, backward (on the engine's bf16 copy below float32), clipping, AdamW
+    (the optimizer train.py makes)."""
     model.train()
     optimizer = make_optimizer(model, TrainConfig(out="unused"), torch.device("cpu"))
+    copy = LowPrecisionCopy(model, dtype) if dtype != torch.float32 else None
     ids = torch.randint(0, model.cfg.vocab_size, (b, t + 1), generator=torch.Generator().manual_seed(0))
     for _ in range(2):
-        loss = cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        loss = cross_entropy((copy.module if copy else model)(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
         loss.backward()
+        if copy:
+            copy.grads_to_master()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if copy:
+            copy.refresh()
 
 
 @pytest.mark.parametrize("name", list(MEASURED_CASES))
@@ -115,9 +121,15 @@ def test_inference_and_training_are_within_20_percent_of_a_measured_peak(name):
     case = MEASURED_CASES[name]
     cfg, b, t = glassgpt.GPTConfig(**case["cfg"]), case["b"], case["t"]
     # Built outside the measurement: a bfloat16 model passes through float32 while it is built.
-    model = random_model(cfg, torch.device("cpu"), getattr(torch, case["dtype"]), seed=0)
-    step = generate_once if case["kind"] == "inference" else train_twice
-    measured = stored_bytes(model) + peak_allocated(lambda: step(model, b, t))
+    # Training keeps float32 master weights whatever the compute dtype, as train.py does.
+    dtype = getattr(torch, case["dtype"])
+    if case["kind"] == "inference":
+        model = random_model(cfg, torch.device("cpu"), dtype, seed=0)
+        step = lambda: generate_once(model, b, t)  # noqa: E731
+    else:
+        model = random_model(cfg, torch.device("cpu"), torch.float32, seed=0)
+        step = lambda: train_twice(model, b, t, dtype)  # noqa: E731
+    measured = stored_bytes(model) + peak_allocated(step)
     estimate = memory_needs(cfg, case["dtype"], b, t)[case["kind"]]
     assert abs(estimate / measured - 1) <= MEASURED_TOL, (
         f"{name}: estimate {estimate / 2**20:.1f} MiB, measured peak {measured / 2**20:.1f} MiB")

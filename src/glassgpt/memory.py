@@ -111,10 +111,12 @@ def parameter_counts(cfg: GPTConfig) -> dict[str, int]:
 
 def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch_size: int = 1,
                  seq_len: int | None = None) -> dict[str, Any]:
-    """Bytes for inference (weights + KV cache + working buffers) and for training
-    (weights + gradients + AdamW's two moments + saved activations), for `batch_size`
-    sequences of `seq_len` tokens (default: context_length). `dtype` is the weights'
-    dtype (a torch dtype, its name, or "int8" for weight-only int8 decoding)."""
+    """Bytes for inference (weights + KV cache + working buffers) and for training as
+    `glassgpt train --dtype DTYPE` runs it (float32 master weights, their gradients and
+    AdamW's two moments, plus, below float32, the engine's low-precision copy of the weights
+    and its gradients; saved activations), for `batch_size` sequences of `seq_len` tokens
+    (default: context_length). `dtype` is the weights' dtype for inference and the compute
+    dtype for training (a torch dtype, its name, or "int8" for weight-only int8 decoding)."""
     seq_len = seq_len or cfg.context_length
     b, t, d, n = batch_size, seq_len, cfg.emb_dim, cfg.n_layers
     counts = parameter_counts(cfg)
@@ -139,8 +141,13 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
         working += b * cfg.n_heads * ATTENTION_BLOCK * t * (4 + 4)
     inference = weights + kv_cache + working
 
-    gradients = n_params * size
-    adamw_state = 2 * n_params * size  # exp_avg and exp_avg_sq, in the parameters' dtype
+    # train.py keeps the weights, their gradients and AdamW's state in float32; below float32
+    # forward and backward run on a copy of the weights in `dtype` (engine/mixed.py), whose
+    # gradients exist beside the master's while they are widened into them.
+    copy = n_params * size if size < 4 else 0
+    master = n_params * 4 + copy
+    gradients = n_params * 4 + copy
+    adamw_state = 2 * n_params * 4  # exp_avg and exp_avg_sq, float32
     # Saved for backward, per token and block: norm1 in/out, q, k, v, attention out,
     # its [b, t, d] reshape, norm2 in/out (9d), ff hidden before and after GELU (8d),
     # plus the dropout masks when drop_rate > 0 (1 byte each, 3 of width d).
@@ -149,18 +156,20 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     # of them to float32: it works a few rows at a time and writes the gradient in their dtype).
     head_acts = b * t * (2 * d * act + 2 * cfg.out_dim * act)
     activations = b * t * n * per_token_block + b * t * d * act + head_acts
-    training = weights + gradients + adamw_state + activations if name != INT8 else 0
+    training = master + gradients + adamw_state + activations if name != INT8 else 0
 
     notes = {
         "weights": f"{n_params:,} parameters" + (" (int8 Linear weights + bfloat16 rest)" if name == INT8
                                                   else f" x {size} bytes ({name})"),
         "kv_cache": f"keys and values: 2 x {n} layers x {b} x {t} tokens x {d} x {act} bytes",
         "inference": "weights + KV cache + one forward's temporaries (11 x d per token, last logits)",
-        "gradients": "one gradient per parameter, in the parameters' dtype",
-        "adamw_state": "AdamW's exp_avg and exp_avg_sq: two more copies of the parameters",
+        "gradients": "one float32 gradient per parameter" + (f", and the {name} copy's while it is widened"
+                                                            if copy else ""),
+        "adamw_state": "AdamW's exp_avg and exp_avg_sq: two float32 copies of the parameters",
         "activations": f"kept for backward: ~17 x d per token per block, plus the [b, t, V] logits "
                        f"and their gradient ({b} x {t} tokens, SDPA, no checkpointing)",
-        "training": "weights + gradients + AdamW state + activations" if name != INT8
+        "training": ("float32 weights" + (f" and their {name} copy" if copy else "")
+                     + " + gradients + AdamW state + activations") if name != INT8
                     else "int8 is for inference only",
     }
     return {"dtype": name, "batch_size": b, "seq_len": t, "parameters": n_params,

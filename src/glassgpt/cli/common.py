@@ -94,8 +94,11 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int
                         "in the .json beside it, else GPT-2's rule of 64 per head)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--dtype", default="float32",
-                   help="float32, bfloat16, float16, auto (bfloat16 where the hardware runs it natively)"
-                        + (", or int8 (weight-only: 4x fewer bytes per token, see benchmarks/RESULTS.md)" if int8 else "")
+                   help="float32: exact, the reference's logits and greedy tokens; bfloat16 / float16: half "
+                        "the bytes, logits within ~3%% of their largest, so near-ties can pick another token; "
+                        "auto: bfloat16 where the hardware runs it natively"
+                        + ("; int8: weight-only, a quarter of float32's bytes per token, perplexity within 1%% "
+                           "of float32's, near-ties pick other tokens more often (benchmarks/RESULTS.md)" if int8 else "")
                         + " (default: float32)")
     p.add_argument("--seed", type=int, default=None, help="random seed (initialisation of presets; sampling)")
     add_threads_arg(p)

@@ -20,7 +20,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="continue a prompt, streaming the new text")
     p.add_argument("prompt")
     add_model_args(p, int8=True)
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (slow first call, faster steps)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model: the first run on a machine compiles for tens of seconds; later "
+                        "processes reuse inductor's cache (TORCHINDUCTOR_CACHE_DIR) and start in seconds; pays off "
+                        "for long outputs, mostly with --dtype int8 (default: off)")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=50, help="tokens to add to the prompt (default: 50)")
     p.add_argument("--temperature", type=nonneg_float, default=0.0,
                    help="divide the logits by this before sampling; 0 takes the most likely token, greedy (default: 0)")
