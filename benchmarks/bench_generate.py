@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Row, common_args, glass_model, hf_int8, hf_model, print_views, setup, time_rows  # noqa: E402
+from harness import Row, common_args, models_at_each_precision, print_views, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.engine import compile_for_generation, quantize_int8  # noqa: E402
+from glassgpt.engine import compile_for_generation  # noqa: E402
 from glassgpt.generate import generate  # noqa: E402
 
 
@@ -58,20 +58,8 @@ def main() -> None:
     print(f"{args.model}: {args.prompt_len}-token prompt + {n} new tokens, greedy; "
           f"median of {args.repeats}; device {device}")
 
-    fp32 = glass_model(cfg, device, torch.float32)
-    ours = {("glassgpt float32", "float32"): fp32,
-            ("glassgpt bfloat16", "bfloat16"): glass_model(cfg, device, torch.bfloat16)}
-    if device.type == "cpu":
-        ours[("glassgpt int8", "int8")] = quantize_int8(glass_model(cfg, device, torch.float32))
-    theirs = {}
-    if not args.no_hf:
-        theirs = {("HF float32", "float32"): hf_model(fp32, torch.float32),
-                  ("HF bfloat16", "bfloat16"): hf_model(fp32, torch.bfloat16)}
-        int8 = hf_int8(fp32) if device.type == "cpu" else None
-        if int8 is None:
-            print("(no transformers int8 row: pip install torchao for its int8 weight-only route)")
-        else:
-            theirs[("HF int8 (torchao)", "int8")] = int8
+    ours, theirs = models_at_each_precision(cfg, device, reference=not args.no_hf)
+    fp32 = ours[("glassgpt float32", "float32")]
 
     gen = torch.Generator().manual_seed(0)
     for b in args.batch:

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Row, common_args, glass_model, print_views, setup, time_rows  # noqa: E402
+from harness import Row, common_args, models_at_each_precision, print_views, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.engine import KVCache, as_engine, compile_for_generation, quantize_int8  # noqa: E402
+from glassgpt.engine import KVCache, as_engine, compile_for_generation  # noqa: E402
 from glassgpt.generate import generate  # noqa: E402
 from glassgpt.tokenizer import _read_vocab_file  # noqa: E402
 
@@ -148,13 +148,12 @@ def main() -> None:
     threads = torch.get_num_threads()
     cfg = PRESETS[args.model]
     n = args.new_tokens
-    fp32 = glass_model(cfg, device, torch.float32)
+    models, _ = models_at_each_precision(cfg, device, reference=False)
+    ours = {name: (precision, m) for (name, precision), m in models.items()}
+    fp32 = ours["glassgpt float32"][1]
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_len), generator=gen)
     long = torch.randint(0, cfg.vocab_size, (1, args.prefill), generator=gen)
-    ours = {"glassgpt float32": ("float32", fp32),
-            "glassgpt bfloat16": ("bfloat16", glass_model(cfg, device, torch.bfloat16)),
-            "glassgpt int8": ("int8", quantize_int8(glass_model(cfg, device, torch.float32)))}
     reference = generate(fp32, prompt, n)[0, args.prompt_len:].tolist()
     with tempfile.TemporaryDirectory() as tmp:
         runners = {}
@@ -191,8 +190,8 @@ def main() -> None:
     for title, unit, seconds, tokens in (
             (f"batch-1 generation ({args.prompt_len} + {n} tokens, greedy)", "new tokens/s", decode_s, n),
             (f"prefill 1 x {args.prefill}", "tokens/s", prefill_s, args.prefill)):
-        rows = [Row(name, tokens / s, meta[name][0], False, meta[name][2], notes.get(name, ""))
-                for name, s in seconds.items()]
+        rows = [Row(name, tokens / s, meta[name][0], False, meta[name][2],
+                    notes.get(name, "") if seconds is decode_s else "") for name, s in seconds.items()]
         print_views(title, unit, rows)
 
 

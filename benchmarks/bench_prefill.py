@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Row, common_args, glass_model, hf_int8, hf_model, print_views, setup, time_rows  # noqa: E402
+from harness import Row, common_args, models_at_each_precision, print_views, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.engine import KVCache, as_engine, compile_for_generation, quantize_int8  # noqa: E402
+from glassgpt.engine import KVCache, as_engine, compile_for_generation  # noqa: E402
 
 
 def main() -> None:
@@ -36,18 +36,7 @@ def main() -> None:
     print(f"{args.model}: prefill {b} x {t} tokens (KV cache kept, head on the last position); "
           f"median of {args.repeats}; device {device}")
 
-    fp32 = glass_model(cfg, device, torch.float32)
-    ours = {("glassgpt float32", "float32"): fp32,
-            ("glassgpt bfloat16", "bfloat16"): glass_model(cfg, device, torch.bfloat16)}
-    if device.type == "cpu":
-        ours[("glassgpt int8", "int8")] = quantize_int8(glass_model(cfg, device, torch.float32))
-    theirs = {}
-    if not args.no_hf:
-        theirs = {("HF float32", "float32"): hf_model(fp32, torch.float32),
-                  ("HF bfloat16", "bfloat16"): hf_model(fp32, torch.bfloat16)}
-        int8 = hf_int8(fp32) if device.type == "cpu" else None
-        if int8 is not None:
-            theirs[("HF int8 (torchao)", "int8")] = int8
+    ours, theirs = models_at_each_precision(cfg, device, reference=not args.no_hf)
     ids = torch.randint(0, cfg.vocab_size, (b, t), generator=torch.Generator().manual_seed(0)).to(device)
 
     def ours_fn(model):

@@ -170,6 +170,28 @@ def hf_int8(fp32_model):
     return model
 
 
+
+def models_at_each_precision(cfg: GPTConfig, device: torch.device, reference: bool = True):
+    """({(name, precision): model} for glassgpt, the same for transformers), from one set of
+    random weights: float32, bfloat16 and (on a CPU) int8 weight-only on each side; the
+    transformers side is empty without `reference`. The first glassgpt model is float32."""
+    fp32 = glass_model(cfg, device, torch.float32)
+    ours = {("glassgpt float32", "float32"): fp32,
+            ("glassgpt bfloat16", "bfloat16"): glass_model(cfg, device, torch.bfloat16)}
+    if device.type == "cpu":
+        from glassgpt.engine import quantize_int8
+        ours[("glassgpt int8", "int8")] = quantize_int8(glass_model(cfg, device, torch.float32))
+    theirs = {}
+    if reference:
+        theirs = {("HF float32", "float32"): hf_model(fp32, torch.float32),
+                  ("HF bfloat16", "bfloat16"): hf_model(fp32, torch.bfloat16)}
+        int8 = hf_int8(fp32) if device.type == "cpu" else None
+        if int8 is None:
+            print("(no transformers int8 row: pip install torchao for its int8 weight-only route)")
+        else:
+            theirs[("HF int8 (torchao)", "int8")] = int8
+    return ours, theirs
+
 # --- the table: two views of the same measurements -------------------------------------
 
 @dataclass

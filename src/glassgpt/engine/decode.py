@@ -122,23 +122,23 @@ def compile_for_generation(model: GPTModel) -> nn.Module:
     `forward` code, so the recompile limit is raised above dynamo's default of 8, past
     which it would silently fall back to eager.
 
-    The options, per kind of model:
-    - float weights: inductor's `freezing` treats the weights as constants, so it can
-      pre-pack them for the CPU's matmul library (it applies only under no_grad and
-      inference mode, as generation runs).
-    - int8 weights (int8.py): no freezing, which would constant-fold `weight.float()`
-      into a float32 copy and read 4 bytes per weight instead of 1; and a low
-      `realize_opcount_threshold`, so that a LayerNorm's output is computed once and
-      stored, not recomputed inside every dot product of the matmul that reads it.
-    - both: no guards on the model's modules. Each step would otherwise check every
-      parameter and buffer before running (~0.5 ms of a ~8 ms int8 step). The price is
-      that changing the model's modules after compiling is not noticed; generation
-      changes nothing, and a changed model should be compiled again.
+    The options (measured on the benchmark CPUs, benchmarks/RESULTS.md):
+    - no `freezing`: inductor's freezing treats the weights as constants and pre-packs them
+      for the CPU's matmul library, which gained nothing measurable in decoding (48.0 against
+      48.9 tokens/s for gpt2 in float32), while a later process then redoes most of what
+      inductor's on-disk cache otherwise serves: a second `glassgpt generate --compile` took
+      16 s to its first token with freezing and 6 s without. For int8 weights (int8.py) it would also constant-fold `weight.float()` into a
+      float32 copy, read as 4 bytes per weight instead of 1.
+    - int8 weights: a low `realize_opcount_threshold`, so that a LayerNorm's output is
+      computed once and stored, not recomputed inside every dot product of the matmul that
+      reads it.
+    - no guards on the model's modules. Each step would otherwise check every parameter and
+      buffer before running (~0.5 ms of an ~8 ms int8 step). The price is that changing the
+      model's modules after compiling is not noticed; generation changes nothing, and a
+      changed model should be compiled again.
     """
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    options: dict = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    options: dict = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe, "freezing": False}
     if is_quantized(model):
-        options.update(freezing=False, realize_opcount_threshold=4)
-    else:
-        options.update(freezing=True)
+        options.update(realize_opcount_threshold=4)
     return torch.compile(Engine(model), options=options)
