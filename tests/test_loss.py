@@ -1,4 +1,4 @@
-"""glassgpt.loss.cross_entropy: the same loss and gradient as F.cross_entropy, chunk by chunk.
+"""glassgpt.engine.loss.cross_entropy: the same loss and gradient as F.cross_entropy, chunk by chunk.
 
 Tolerances: losses agree to 1e-6 (the same float32 sums in another order), float32 gradients
 to 1e-7 + 1e-5 relative; bfloat16 logits are compared with F.cross_entropy on their float32

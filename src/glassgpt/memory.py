@@ -23,7 +23,7 @@ import torch
 from .config import GPTConfig
 from .engine.attention import ATTENTION_BLOCK
 
-INT8 = "int8"  # weight-only int8 (quantize.py): Linear weights 1 byte, the rest bfloat16
+INT8 = "int8"  # weight-only int8 (engine/int8.py): Linear weights 1 byte, the rest bfloat16
 
 
 @dataclass(frozen=True)
