@@ -17,9 +17,9 @@ from .common import positive_int
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a model for the book's GPTModel or for Hugging Face transformers",
                        description="Load MODEL (any --model spec) and write it in another layout: 'book' is a "
-                                   "state dict that the book's GPTModel(cfg).load_state_dict(torch.load(PATH, "
-                                   "weights_only=True)) accepts, with its cfg in a .json beside it; 'hf' is a "
-                                   "directory that transformers' GPT2LMHeadModel.from_pretrained loads.")
+                                   "state dict that the book's GPTModel(cfg).load_state_dict("
+                                   "torch.load(PATH, weights_only=True)) accepts, with its cfg in a .json beside "
+                                   "it; 'hf' is a directory that transformers' GPT2LMHeadModel.from_pretrained loads.")
     p.add_argument("model", metavar="MODEL", help="preset, checkpoint or run directory, Hugging Face-layout "
                                                   "directory, hub id, .pth state dict, or OpenAI gpt2/124M folder")
     p.add_argument("--format", choices=("book", "hf"), required=True,

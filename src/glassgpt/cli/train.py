@@ -89,7 +89,10 @@ def add_train_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
         ("--sample-tokens", dict(type=nonneg_int, help="tokens sampled at each evaluation (default {sample_tokens})")),
         ("--seed", dict(type=nonneg_int, help="seed for initialisation, batches and dropout (default {seed}; "
                                               "a resumed run keeps its own)")),
-        ("--dtype", dict(choices=DTYPE_CHOICES, help="autocast precision; weights stay float32 (default float32)")),
+        ("--dtype", dict(choices=DTYPE_CHOICES, help="compute precision; the weights and AdamW stay float32: "
+                                                     "bfloat16 trains a bf16 copy of them (autocast under --fsdp), "
+                                                     "float16 autocasts with a grad scaler (CUDA), auto picks "
+                                                     "bfloat16 where it measured faster (default float32)")),
         ("--device", dict(help="cpu, cuda, cuda:N or auto (default auto; under torchrun cuda:LOCAL_RANK)")),
     ]
     for flag, kwargs in flags:
