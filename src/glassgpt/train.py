@@ -476,6 +476,8 @@ class _Run:
         if self.amp == torch.bfloat16 and not cfg.fsdp:
             self.low_precision = LowPrecisionCopy(model, torch.bfloat16)
             compute = self.low_precision.module
+        # The training step autocasts only when its model is float32 (a bf16 copy needs no casts).
+        self.step_amp = self.amp if self.low_precision is None else torch.float32
         forward = torch.compile(compute) if cfg.compile else compute
         if self.ranks.world > 1 and not cfg.fsdp:
             from torch.nn.parallel import DistributedDataParallel
@@ -520,7 +522,7 @@ class _Run:
             n_tokens += self.task.tokens(batch)
             last = micro == cfg.grad_accum - 1
             with self._sync(last):
-                with autocast(self.device, self.amp if self.low_precision is None else torch.float32):
+                with autocast(self.device, self.step_amp):
                     loss = self.task.loss(self.forward, batch)
                 scaled = loss / cfg.grad_accum
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()

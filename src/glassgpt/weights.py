@@ -110,7 +110,7 @@ def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
     (checked to be GPT-2's), else GPT-2's."""
     if book.is_openai_dir(spec):
         return book.openai_tokenizer(spec)
-    ckpt = _checkpoint_dir(spec)
+    ckpt = local_checkpoint_dir(spec)
     if ckpt is not None and (ckpt / "tokenizer.json").is_file():
         return tokenizer_from_file(ckpt / "tokenizer.json")
     return get_tokenizer("gpt2")
@@ -118,14 +118,14 @@ def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
 
 def load_meta(spec: str | os.PathLike) -> dict[str, Any]:
     """Extra facts saved with a checkpoint (label names, training step, ...), or {}."""
-    ckpt = _checkpoint_dir(spec)
+    ckpt = local_checkpoint_dir(spec)
     if ckpt is None or not (ckpt / "meta.json").is_file():
         return {}
     return _read_json(ckpt / "meta.json")
 
 
-def _checkpoint_dir(spec: str | os.PathLike) -> Path | None:
-    """The checkpoint directory of a spec that has one (not a preset, config file or book file)."""
+def local_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
+    """The local checkpoint directory a spec names, or None (a preset, config file, book file or hub id)."""
     if is_random_init(str(spec)) or book.is_book_spec(spec):
         return None
     return resolve_checkpoint_dir(spec)

@@ -96,7 +96,7 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int
     p.add_argument("--dtype", default="float32",
                    help="float32: exact, the reference's logits and greedy tokens; bfloat16 / float16: half "
                         "the bytes, logits within ~3%% of their largest, so near-ties can pick another token; "
-                        "auto: bfloat16 where the hardware runs it natively"
+                        "auto: bfloat16 where a bf16 matmul measures faster than float32 here"
                         + ("; int8: weight-only, a quarter of float32's bytes per token, perplexity within 1%% "
                            "of float32's, near-ties pick other tokens more often (benchmarks/RESULTS.md)" if int8 else "")
                         + " (default: float32)")

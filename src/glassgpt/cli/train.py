@@ -37,7 +37,7 @@ from ..errors import GlassError
 from ..rundir import lock_run_dir
 from ..tokenizer import get_tokenizer, train_bpe
 from ..train import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run, saved_train_config
-from ..weights import _atomic_write, load_meta, load_model, load_tokenizer, random_model, resolve_checkpoint_dir
+from ..weights import _atomic_write, load_meta, load_model, load_tokenizer, local_checkpoint_dir, random_model
 from .common import (add_threads_arg, fraction, is_main_rank, nonneg_float, nonneg_int, positive_float, positive_int,
                      require_language_model, say, set_threads)
 
@@ -430,8 +430,8 @@ def describe_windows(windows: int, context: int, split_tokens: int, split: str) 
 def _run_settings(spec: str) -> tuple[dict, dict]:
     """(train_config, data settings) of the run a checkpoint came from, or ({}, {})."""
     try:
-        ckpt = resolve_checkpoint_dir(spec) if spec not in PRESETS else None
-    except GlassError:
+        ckpt = local_checkpoint_dir(spec)
+    except GlassError:  # a path with no checkpoint in it: load_model says so, with the fix
         return {}, {}
     if ckpt is None:
         return {}, {}
