@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import glass_model, machine_info  # noqa: E402
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.weights import export_hf  # noqa: E402
+from glassgpt.formats import export_hf  # noqa: E402
 
 PROMPT = "Every effort moves you"
 PIPELINE = ("from transformers import pipeline; import sys; "

@@ -29,7 +29,7 @@ from harness import DATA, machine_info  # noqa: E402
 from glassgpt.config import GPTConfig  # noqa: E402
 from glassgpt.engine import quantize_int8  # noqa: E402
 from glassgpt.tokenizer import get_tokenizer  # noqa: E402
-from glassgpt.weights import load_model, load_tokenizer, random_model  # noqa: E402
+from glassgpt.formats import load_model, load_tokenizer, random_model  # noqa: E402
 
 
 def train_small(ids: list[int], steps: int, window: int = 128, seed: int = 0) -> torch.nn.Module:

@@ -89,8 +89,8 @@ def child(spec: dict) -> dict:
     from glassgpt.config import PRESETS
     from glassgpt.generate import generate
     from glassgpt.engine import quantize_int8
-    from glassgpt.train import TrainConfig, autocast, make_optimizer
-    from glassgpt.weights import load_model, random_model
+    from glassgpt.training.loop import TrainConfig, autocast, make_optimizer
+    from glassgpt.formats import load_model, random_model
 
     device = torch.device(spec["device"])
     base_rss, base_anon = current(device)
@@ -113,7 +113,7 @@ def child(spec: dict) -> dict:
     if spec["impl"] == "hf":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        from glassgpt.weights import config_to_hf
+        from glassgpt.formats.hf import config_to_hf
         hf_cfg = GPT2Config(**{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "torch_dtype")})
         model = GPT2LMHeadModel._from_config(hf_cfg, attn_implementation="sdpa")
         model = model.to(device=device, dtype=dtype if spec["kind"] == "generate" else torch.float32)
@@ -230,7 +230,7 @@ def main() -> None:
     if "load" in args.parts:
         path = Path(args.workdir) / args.load_model
         if not (path / "model.safetensors").is_file():
-            from glassgpt.weights import random_model, save_model
+            from glassgpt.formats import random_model, save_model
             from glassgpt.config import PRESETS
             start = time.perf_counter()
             save_model(random_model(PRESETS[args.load_model], torch.device("cpu"), torch.float32), path)

@@ -25,7 +25,7 @@ from harness import DATA, machine_info, print_table, time_rows  # noqa: E402
 
 from glassgpt.tokenizer import get_tokenizer  # noqa: E402
 
-VOCAB_DIRS = [DATA / "gpt2", Path(__file__).resolve().parents[1] / "src" / "glassgpt" / "data"]
+VOCAB_DIRS = [DATA / "gpt2", Path(__file__).resolve().parents[1] / "src" / "glassgpt" / "vocab"]
 
 
 def reference_tiktoken() -> tiktoken.Encoding:

@@ -33,7 +33,7 @@ from harness import Row, common_args, glass_model, hf_model, matmul_peak, print_
 from glassgpt.config import PRESETS, GPTConfig  # noqa: E402
 from glassgpt.engine import LowPrecisionCopy, cross_entropy  # noqa: E402
 from glassgpt.memory import parameter_counts  # noqa: E402
-from glassgpt.train import TrainConfig, autocast, make_optimizer  # noqa: E402
+from glassgpt.training.loop import TrainConfig, autocast, make_optimizer  # noqa: E402
 
 
 def flops_per_token(cfg: GPTConfig, t: int) -> float:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import glassgpt
-from glassgpt import finetune as ft
+from glassgpt.training import finetune as ft
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import DATA, machine_info  # noqa: E402

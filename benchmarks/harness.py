@@ -21,7 +21,8 @@ import torch
 
 from glassgpt.config import PRESETS, GPTConfig
 from glassgpt.device import cpu_flags
-from glassgpt.weights import config_to_hf, hf_state_dict, random_model
+from glassgpt.formats import random_model
+from glassgpt.formats.hf import config_to_hf, hf_state_dict
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

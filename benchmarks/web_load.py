@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 import glassgpt
-from glassgpt.weights import load_model, load_tokenizer
+from glassgpt.formats import load_model, load_tokenizer
 
 # Small, but every part of GPT-2 is there: GPT-2's tokenizer and vocabulary, 4 blocks.
 SMALL = glassgpt.GPTConfig(vocab_size=50257, context_length=128, emb_dim=128, n_heads=4, n_layers=4)

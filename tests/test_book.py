@@ -26,11 +26,11 @@ from llms_from_scratch.ch05 import generate as book_generate
 from llms_from_scratch.ch05 import load_gpt2_params_from_tf_ckpt, load_weights_into_gpt
 
 import glassgpt
-from glassgpt.book import book_cfg, model_notes
+from glassgpt.formats.book import book_cfg, model_notes
 from glassgpt.errors import CheckpointError, ConfigError
 from glassgpt.generate import pick_next
-from glassgpt.tf_checkpoint import crc32c
-from glassgpt.weights import read_config
+from glassgpt.formats.tensorflow import crc32c
+from glassgpt.formats import read_config
 
 from conftest import randomize_
 from test_cli_core import assert_one_line_error, run
@@ -371,7 +371,7 @@ def write_openai_folder(path: Path, h: dict = HPARAMS) -> Path:
     (path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt"\n'
                                      'all_model_checkpoint_paths: "model.ckpt"\n')
     for name in ("encoder.json", "vocab.bpe"):
-        (path / name).write_bytes(resources.files("glassgpt").joinpath("data", name).read_bytes())
+        (path / name).write_bytes(resources.files("glassgpt").joinpath("vocab", name).read_bytes())
     return path
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from glassgpt import data
-from glassgpt.data import (DataError, TextTask, build_tokenizer, load_corpus, resolve_files, split_ids,
+from glassgpt.training import data
+from glassgpt.training.data import (DataError, TextTask, build_tokenizer, load_corpus, resolve_files, split_ids,
                            token_dtype, tokenize_files)
 from glassgpt.tokenizer import CharTokenizer, get_tokenizer, train_bpe
 
@@ -237,7 +237,7 @@ def test_text_too_short_for_one_window_is_refused():
 
 
 def test_sample_starts_from_held_out_text_and_decodes(tmp_path, text_file):
-    from glassgpt.weights import random_model
+    from glassgpt.formats import random_model
     from glassgpt.config import GPTConfig
 
     tok, train, val = load_corpus(text_file, "char", tmp_path / "cache")

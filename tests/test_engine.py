@@ -34,7 +34,7 @@ from glassgpt.engine.attention import ATTENTION_BLOCK, attention_in_blocks
 from glassgpt.engine.int8 import INT8_KERNEL_MAX_ROWS, Int8Linear, is_quantized
 from glassgpt.errors import PromptError
 from glassgpt.generate import generate, stream
-from glassgpt.weights import random_model
+from glassgpt.formats import random_model
 
 from conftest import make_hf_model, save_hf_model
 

@@ -18,9 +18,10 @@ import glassgpt
 from glassgpt.cli import main
 from glassgpt.config import GPTConfig
 from glassgpt.errors import GlassError, PromptError
-from glassgpt.explain import TraceCancelled, check_embedding_is_linear, trace
-from glassgpt.explain_diagram import Rect, Text, attention_figure, layout, save_attention_png, save_png, to_svg
-from glassgpt.weights import random_model
+from glassgpt.errors import TraceCancelled
+from glassgpt.explain import check_embedding_is_linear, trace
+from glassgpt.explain.diagram import Rect, Text, attention_figure, layout, save_attention_png, save_png, to_svg
+from glassgpt.formats import random_model
 
 PROMPT = "Every effort moves you"  # 4 GPT-2 tokens
 STABLE = ["tokens", "tok_emb", "pos_emb", "embeddings", "final_norm", "out_head", "last_logits", "probs", "next_token"]
@@ -274,7 +275,7 @@ def test_two_traces_of_one_model_run_side_by_side_and_record_their_own_tensors(s
 
 
 def test_the_model_is_tapped_once_however_many_traces(small):
-    from glassgpt.explain import _Tap
+    from glassgpt.explain.record import _Tap
 
     model, tok = small
     for _ in range(3):

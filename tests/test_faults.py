@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from glassgpt.checkpoint import verify_checkpoint
+from glassgpt.formats.glassgpt import verify_checkpoint
 from glassgpt.cli import main
 
 WORDS = "the quick brown fox jumps over lazy dog and cat sat on mat".split()

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import glassgpt
-from glassgpt import finetune as ft
-from glassgpt import lora
-from glassgpt.finetune import DataError
+from glassgpt.training import finetune as ft
+from glassgpt.training import lora
+from glassgpt.training.finetune import DataError
 
 GPT2_TOK = glassgpt.get_tokenizer("gpt2")
 
@@ -234,7 +234,7 @@ def test_instruction_jsonl_with_a_broken_line_skips_it(tmp_path):
 
 from glassgpt.cli import main as cli_main  # noqa: E402
 from glassgpt.tokenizer import CharTokenizer  # noqa: E402
-from glassgpt.train import TrainConfig, fit  # noqa: E402
+from glassgpt.training.loop import TrainConfig, fit  # noqa: E402
 
 MARKERS = {"x": "ex", "y": "why", "q": "queue"}
 

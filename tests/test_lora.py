@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 import glassgpt
-from glassgpt import lora
-from glassgpt.finetune import to_classifier
+from glassgpt.training import lora
+from glassgpt.training.finetune import to_classifier
 
 
 def test_lora_wraps_attention_and_feed_forward_and_starts_at_the_base_model(tiny_model):
@@ -62,7 +62,7 @@ def test_merged_checkpoint_loads_as_a_plain_model(tiny_model, tmp_path):
 
 
 def test_lora_names_stay_importable_from_finetune():
-    from glassgpt import finetune
+    from glassgpt.training import finetune
     for name in ("LORA_TARGETS", "LoRALinear", "apply_lora", "count_parameters", "has_lora", "lora_state_dict",
                  "merge_lora", "merged_model"):
         assert getattr(finetune, name) is getattr(lora, name)

@@ -21,8 +21,8 @@ import glassgpt
 from glassgpt.engine import KVCache, LowPrecisionCopy, cross_entropy, quantize_int8
 from glassgpt.memory import memory_needs, parameter_counts, parameter_table
 from glassgpt.model import GPTModel, LayerNorm
-from glassgpt.train import TrainConfig, make_optimizer
-from glassgpt.weights import random_model
+from glassgpt.training.loop import TrainConfig, make_optimizer
+from glassgpt.formats import random_model
 
 from conftest import stored_bytes
 

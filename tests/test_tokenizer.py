@@ -34,7 +34,7 @@ from glassgpt.tokenizer import (
 
 from conftest import shared_data
 
-DATA = resources.files("glassgpt").joinpath("data")
+DATA = resources.files("glassgpt").joinpath("vocab")
 GPT2_URLS = {  # the URLs in tiktoken_ext/openai_public.py gpt2()
     "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
     "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",

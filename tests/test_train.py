@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from glassgpt import checkpoint as checkpoint_mod
-from glassgpt.checkpoint import recover_checkpoints, verify_checkpoint
+from glassgpt.training import checkpoint as checkpoint_mod
+from glassgpt.formats.glassgpt import nonfinite_tensor, sha256, verify_checkpoint
+from glassgpt.training.checkpoint import recover_checkpoints
 from glassgpt.cli import main
 from glassgpt.config import GPTConfig
-from glassgpt.data import TextTask, load_corpus
+from glassgpt.training.data import TextTask, load_corpus
 from glassgpt.errors import CheckpointError
-from glassgpt.train import TrainConfig, TrainError, fit, grad_accum_for, lr_at, make_optimizer, read_metrics
-from glassgpt.weights import load_model, load_tokenizer, random_model
+from glassgpt.training.loop import TrainConfig, TrainError, fit, grad_accum_for, lr_at, make_optimizer, read_metrics
+from glassgpt.formats import load_model, load_tokenizer, random_model
 
 WORDS = "the quick brown fox jumps over lazy dog and cat sat on mat".split()
 
@@ -472,7 +473,7 @@ def test_a_diverging_run_stops_before_anything_non_finite_is_saved(tmp_path, cor
     assert f"the last good checkpoints are {run}/latest (step {step}) and {run}/best" in line
     assert "Lower --lr (now 10000)" in line
     for name in ("latest", "best"):  # both finite, both load
-        assert checkpoint_mod.nonfinite_tensor(load_model(run / name).named_parameters()) is None
+        assert nonfinite_tensor(load_model(run / name).named_parameters()) is None
     assert main(["generate", "the", "--model", str(run), "--max-new-tokens", "3", "--json"]) == 0
 
 
@@ -493,7 +494,7 @@ def _rewrite_tensor(ckpt: Path, name: str, value: float) -> None:
     tensors[name][0] = value
     save_file(tensors, path, metadata={"format": "pt"})
     state = json.loads((ckpt / "train_state.json").read_text())
-    state["files"]["model.safetensors"] = checkpoint_mod._sha256(path)
+    state["files"]["model.safetensors"] = sha256(path)
     (ckpt / "train_state.json").write_text(json.dumps(state))
 
 
@@ -610,10 +611,10 @@ def test_resume_refuses_another_seed(finished_run, capsys):
 
 
 def test_eval_and_generate_refuse_a_classifier_with_one_line(tmp_path, corpus, capsys):
-    from glassgpt import finetune as ft
+    from glassgpt.training import finetune as ft
     base = load_model(_finished(tmp_path, corpus))
     clf_dir = tmp_path / "clf"
-    from glassgpt.weights import save_model
+    from glassgpt.formats import save_model
     save_model(ft.to_classifier(base, 2), clf_dir, load_tokenizer(tmp_path / "base"))
     capsys.readouterr()
     assert main(["eval", "--model", str(clf_dir), "--data", str(corpus), "--cache-dir", str(tmp_path / "c")]) == 2

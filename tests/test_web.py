@@ -28,7 +28,7 @@ from glassgpt.errors import GlassError
 from glassgpt.web import app as web_app
 from glassgpt.web import create_app
 from glassgpt.web.server import serving
-from glassgpt.weights import random_model
+from glassgpt.formats import random_model
 
 PROMPT = "Every effort moves you"  # 4 GPT-2 tokens
 CFG = glassgpt.GPTConfig(vocab_size=50257, context_length=16, emb_dim=8, n_heads=2, n_layers=2)

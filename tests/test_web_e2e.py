@@ -23,7 +23,7 @@ from playwright.sync_api import sync_playwright
 
 from glassgpt.web import create_app
 from glassgpt.web.server import serving
-from glassgpt.weights import is_random_init, load_model, load_tokenizer
+from glassgpt.formats import is_random_init, load_model, load_tokenizer
 
 CHROMIUM = os.environ.get("GLASSGPT_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

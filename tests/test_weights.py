@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 import glassgpt
 from glassgpt import GPTConfig, export_hf, load_meta, load_model, load_tokenizer, save_model
 from glassgpt.errors import CheckpointError, GlassError
-from glassgpt.weights import _atomic_write, hf_state_dict
+from glassgpt.formats.files import atomic_write
+from glassgpt.formats.hf import hf_state_dict
 
 from conftest import make_hf_model, randomize_, save_hf_model
 
@@ -221,7 +222,7 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError):
-        _atomic_write(dest, fail)
+        atomic_write(dest, fail)
     assert dest.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
 
@@ -423,7 +424,7 @@ def test_a_checkpoint_saved_before_the_books_layernorm_names_still_loads(tmp_pat
 
 
 def test_read_config_reads_no_weights(tmp_path, tiny_model, hf_tiny):
-    from glassgpt.weights import read_config
+    from glassgpt.formats import read_config
     assert read_config("gpt2-xl") == glassgpt.PRESETS["gpt2-xl"]
     path = glassgpt.save_model(tiny_model, tmp_path / "ckpt")
     (path / "model.safetensors").write_bytes(b"not read")

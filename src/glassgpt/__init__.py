@@ -1,29 +1,45 @@
 """glassgpt: GPT-2 from scratch on PyTorch, and a way to see it.
 
     import glassgpt
-    model = glassgpt.load_model("gpt2")            # or a checkpoint dir, or openai-community/gpt2
+    model = glassgpt.load_model("gpt2")            # or a checkpoint dir, the book's model.pth, a hub id
     tok = glassgpt.get_tokenizer("gpt2")
     ids = glassgpt.generate(model, tok.encode("Every effort moves you"), max_new_tokens=10)
     print(tok.decode(ids[0].tolist()))
     print(glassgpt.trace(model, tok, "Every effort moves you").to_text())
+
+The package, layer by layer (each imports only from the layers above it in this list):
+
+    errors, version      every exception; the version
+    config, tokenizer    GPTConfig and the presets; GPT-2's BPE (vocab/ holds its files)
+    model                the glass model: the book's GPT-2, the forward pass and nothing else
+    device, memory       where and how precisely to run; what a model needs in bytes
+    engine/              the same computation made fast, each piece proven equal to model.py
+    generate             picking the next token, streaming
+    formats/             every file a reader brings, both ways, checked before anything is built
+    explain/             record -> Trace (plain data) -> text / picture / JSON
+    training/            the loop, its config, checkpoints and run directories, the tasks, LoRA
+    cli/, web/           the only places that read flags, print, or serve
+
+This module is the public API and nothing else.
 """
 
-__version__ = "0.1.0"
+import sys as _sys
 
-from .config import PRESETS, GPTConfig, get_config  # noqa: E402
-from .errors import GlassError  # noqa: E402
-from .explain import Trace, trace  # noqa: E402
-from .generate import generate, stream  # noqa: E402
-from .engine import KVCache  # noqa: E402
-from .model import GPTModel  # noqa: E402
-from .tokenizer import Tokenizer, get_tokenizer  # noqa: E402
-from .weights import (  # noqa: E402
-    RandomWeightsWarning, download, export_hf, load_meta, load_model, load_tokenizer, save_model,
-)
-from . import explain_diagram  # noqa: E402  (glassgpt.explain_diagram.to_svg(trace) with no import of its own)
+from .config import PRESETS, GPTConfig, get_config
+from .engine import KVCache
+from .errors import GlassError, RandomWeightsWarning
+from .explain import Trace, diagram as explain_diagram, trace
+from .formats import download, export_hf, load_meta, load_model, load_tokenizer, save_model
+from .generate import generate, stream
+from .model import GPTModel
+from .tokenizer import Tokenizer, get_tokenizer
+from .version import __version__
+
+# `glassgpt.explain_diagram.to_svg(trace)` (the README's) keeps working, imported or not.
+_sys.modules[__name__ + ".explain_diagram"] = explain_diagram
 
 __all__ = [
     "GPTConfig", "PRESETS", "Trace", "trace", "get_config", "GlassError", "generate", "stream", "GPTModel", "KVCache",
     "Tokenizer", "get_tokenizer", "download", "export_hf", "load_meta", "load_model",
-    "load_tokenizer", "save_model", "RandomWeightsWarning", "__version__",
+    "load_tokenizer", "save_model", "RandomWeightsWarning", "explain_diagram", "__version__",
 ]

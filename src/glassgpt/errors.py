@@ -1,9 +1,9 @@
-"""The one exception type that the command line turns into a one-line message.
+"""Every exception (and the one warning) that glassgpt raises on purpose.
 
-Raise `GlassError` (or a subclass) at a boundary -- config, prompt length, weight
-loading, data files -- with a message that holds the bad value and the fix.
-The CLI prints `error: <message>` and exits with code 2; library callers get a
-normal exception they can catch.
+Raise a `GlassError` subclass at a boundary -- a flag, a config, a file, a prompt --
+with a message that holds the bad value and the fix. The command line prints
+`error: <message>` and exits with code 2; library callers get a normal exception
+they can catch, by its kind or as a `GlassError`.
 """
 
 
@@ -16,8 +16,35 @@ class ConfigError(GlassError, ValueError):
 
 
 class CheckpointError(GlassError):
-    """Weights or a checkpoint that cannot be loaded."""
+    """Weights or a checkpoint that cannot be loaded (or saved)."""
 
 
 class PromptError(GlassError, ValueError):
-    """A prompt that the model cannot take (empty, too long)."""
+    """A prompt that the model cannot take (empty, too long, an id out of range)."""
+
+
+class TokenizerError(GlassError):
+    """A tokenizer that cannot be built, or an id it does not have."""
+
+
+class DataError(GlassError):
+    """Training text or a finetuning file that cannot be used: missing, empty, binary, not UTF-8, too short."""
+
+
+class TrainError(GlassError):
+    """Training settings or a run directory that training cannot use, or a run that diverged."""
+
+
+class RunDirError(GlassError):
+    """A run directory that cannot be used now: another process trains in it, or it cannot be written."""
+
+
+class TraceCancelled(Exception):
+    """A trace stopped early because its `cancel` event was set (e.g. the web page's client left).
+
+    Not a GlassError: nothing was wrong with the input, and the web app turns it into a closed
+    connection, not an error message."""
+
+
+class RandomWeightsWarning(UserWarning):
+    """`load_model` built a preset (or a config file) with random weights, not trained ones."""

@@ -1,7 +1,7 @@
 """Tokenizers: text <-> token ids.
 
 - `gpt2`: OpenAI's byte-level BPE (50,257 tokens, `<|endoftext|>` = 50256), built
-  offline from the two vocabulary files shipped in `glassgpt/data` (checked by
+  offline from the two vocabulary files shipped in `glassgpt/vocab` (checked by
   sha256) and run by tiktoken's engine, so ids are exactly tiktoken's `gpt2`.
 - `char`: one id per distinct character of a text, for small experiments.
 - a learned byte-level BPE (see `train_bpe`), saved to a JSON file and loaded
@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, Sequence
 
 import tiktoken
 
-from .errors import GlassError
+from .errors import TokenizerError
 
 ENDOFTEXT = "<|endoftext|>"
 # GPT-2's pre-tokenizer: contractions, letters, numbers, punctuation, whitespace.
@@ -35,10 +35,6 @@ VOCAB_SHA256 = {
     "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
 }
-
-
-class TokenizerError(GlassError):
-    pass
 
 
 class Tokenizer:
@@ -198,11 +194,11 @@ def _gpt2() -> TiktokenTokenizer:
 
 
 def _read_vocab_file(name: str) -> bytes:
-    data = resources.files("glassgpt").joinpath("data").joinpath(name).read_bytes()
+    data = resources.files("glassgpt").joinpath("vocab").joinpath(name).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != VOCAB_SHA256[name]:
         raise TokenizerError(
-            f"glassgpt/data/{name} has sha256 {digest[:12]}..., expected {VOCAB_SHA256[name][:12]}...: "
+            f"glassgpt/vocab/{name} has sha256 {digest[:12]}..., expected {VOCAB_SHA256[name][:12]}...: "
             "the package is damaged, reinstall glassgpt"
         )
     return data

@@ -15,7 +15,8 @@ from ..device import pick_threads
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
-from ..weights import RandomWeightsWarning, load_model, load_tokenizer
+from ..errors import RandomWeightsWarning
+from ..formats import load_model, load_tokenizer
 
 
 def is_main_rank() -> bool:

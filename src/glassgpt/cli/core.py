@@ -6,12 +6,12 @@ import argparse
 import json
 import sys
 
-from ..book import model_notes
+from ..formats.book import model_notes
 from ..device import resolve_device, resolve_dtype
 from ..engine import compile_for_generation, quantize_int8
 from ..generate import decode_stream, stream
 from ..memory import memory_needs, parameter_table
-from ..weights import checkpoint_dir, download, read_config
+from ..formats import checkpoint_dir, download, read_config
 from .common import (add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int,
                      probability, require_language_model)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..errors import GlassError
 from ..explain import trace
-from ..explain_diagram import save_attention_png, save_png, to_svg
-from ..weights import is_random_init, load_meta, read_config
+from ..explain.diagram import save_attention_png, save_png, to_svg
+from ..formats import is_random_init, load_meta, read_config
 from .common import add_model_args, load, nonneg_int, positive_float, positive_int
 
 DEFAULT_PROMPT = "Every effort moves you"
@@ -68,7 +68,7 @@ def run_explain(args: argparse.Namespace) -> int:
         check = tr.embedding_check
         if args.format == "json":
             return _emit(json.dumps(check, indent=2), args.out)
-        from ..explain_text import _embedding
+        from ..explain.text import _embedding
         lines: list[str] = []
         _embedding(tr, lines, lambda code, text: text)
         return _emit("\n".join(lines).strip("\n"), args.out)

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import torch
 
-from ..book import book_cfg, book_state_dict
+from ..formats.book import book_cfg, book_state_dict
 from ..errors import GlassError
-from ..weights import _atomic_write, export_hf, load_model
+from ..formats import export_hf, load_model
+from ..formats.files import atomic_write
 from .common import positive_int
 
 
@@ -44,8 +45,8 @@ def run_export(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     cfg = book_cfg(model.cfg)
     cfg_path = out.with_suffix(".json")
-    _atomic_write(out, lambda tmp: torch.save(book_state_dict(model), tmp))
-    _atomic_write(cfg_path, lambda tmp: Path(tmp).write_text(json.dumps(cfg, indent=2) + "\n"))
+    atomic_write(out, lambda tmp: torch.save(book_state_dict(model), tmp))
+    atomic_write(cfg_path, lambda tmp: Path(tmp).write_text(json.dumps(cfg, indent=2) + "\n"))
     print(f"wrote {out} ({model.num_parameters():,} parameters, float32) and its cfg {cfg_path}")
     print("load it with the book's code (llms_from_scratch.ch04.GPTModel, or your own from chapter 4):")
     print(f"    cfg = {cfg!r}")

@@ -25,13 +25,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import finetune as ft
-from .. import lora
-from ..checkpoint import recover_checkpoints, resume_checkpoint
-from ..data import scan_file
+from ..training import finetune as ft
+from ..training import lora
+from ..training.checkpoint import recover_checkpoints, resume_checkpoint
+from ..training.data import scan_file
 from ..errors import GlassError
-from ..train import TrainConfig, check_out_dir, fit
-from ..weights import load_meta, load_model, load_tokenizer
+from ..training.loop import TrainConfig, check_out_dir, fit
+from ..formats import load_meta, load_model, load_tokenizer
 from .common import (add_model_args, fraction, is_main_rank, load, nonneg_float, nonneg_int, positive_float,
                      positive_int, probability, require_language_model, say, set_threads)
 from .train import add_train_args, interrupted_exit, locked, resumed_train_config, stoppable, train_config_from_args

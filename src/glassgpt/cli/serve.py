@@ -8,7 +8,7 @@ import socket
 import sys
 
 from ..errors import GlassError
-from ..weights import is_random_init, load_meta
+from ..formats import is_random_init, load_meta
 from .common import add_model_args, load, nonneg_int, positive_int
 
 WEB_EXTRA = "the web page needs FastAPI and uvicorn: pip install 'glassgpt[web]'"

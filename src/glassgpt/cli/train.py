@@ -30,14 +30,15 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import recover_checkpoints, resume_checkpoint
+from ..training.checkpoint import recover_checkpoints, resume_checkpoint
 from ..config import PRESETS, get_config
-from ..data import TextTask, build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
+from ..training.data import TextTask, build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
 from ..errors import GlassError
-from ..rundir import lock_run_dir
+from ..training.rundir import lock_run_dir
 from ..tokenizer import get_tokenizer, train_bpe
-from ..train import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run, saved_train_config
-from ..weights import _atomic_write, load_meta, load_model, load_tokenizer, local_checkpoint_dir, random_model
+from ..training.loop import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run, saved_train_config
+from ..formats import load_meta, load_model, load_tokenizer, local_checkpoint_dir, random_model
+from ..formats.files import atomic_write
 from .common import (add_threads_arg, fraction, is_main_rank, nonneg_float, nonneg_int, positive_float, positive_int,
                      require_language_model, say, set_threads)
 
@@ -472,7 +473,7 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(tok.to_dict(), ensure_ascii=False)
-    _atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     sample = files[0].read_text(encoding="utf-8")[:1_000_000]
     ratio = len(sample.encode("utf-8")) / max(1, len(tok.encode(sample)))
     gpt2 = len(sample.encode("utf-8")) / max(1, len(get_tokenizer("gpt2").encode(sample)))

@@ -48,8 +48,9 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.gzip import GZipMiddleware
 
 from ..errors import GlassError
-from ..explain import Progress, TraceCancelled, trace
-from ..explain_diagram import to_svg
+from ..errors import TraceCancelled
+from ..explain import Progress, trace
+from ..explain.diagram import to_svg
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 

@@ -13,13 +13,8 @@ width changes are marked `vocab->hidden` (tok_emb) and `hidden->vocab` (out_head
 A Trace renders itself as text (`to_text`) and JSON (`to_dict`); `explain_diagram.py`
 draws it as SVG/PNG. Same shape letters as model.py: b, t, d, h, hd, V.
 
-Recording: the first trace of a model puts small forward hooks ("taps") on its modules,
-once and for good. A tap does nothing unless the current thread (strictly: the current
-`contextvars` context) has a recorder, which only `trace` sets, around its one forward
-pass. So traces of one shared model can run side by side in threads, each recording its
-own tensors, and every other use of the model (generation, training, torch.compile) passes
-through taps that return at once. A recorder can be cancelled from another thread: the
-next tap raises `TraceCancelled`, which ends the forward pass early.
+Recording (record.py) is separate: taps on the model's modules hand each tensor to the
+current trace's recorder, so traces of one model can run side by side.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ import math
 import statistics
 import threading
 import time
-from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -36,11 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import GPTConfig
-from .errors import PromptError
-from .memory import parameter_table as config_parameter_table
-from .model import GPTModel, LayerNorm, attention_weights
-from .tokenizer import Tokenizer
+from ..config import GPTConfig
+from ..errors import PromptError
+from ..memory import parameter_table as config_parameter_table
+from ..model import GPTModel, LayerNorm, attention_weights
+from ..tokenizer import Tokenizer
+from .record import Progress, Recorder, record
 
 VOCAB_TO_HIDDEN = "vocab->hidden"
 HIDDEN_TO_VOCAB = "hidden->vocab"
@@ -86,7 +81,7 @@ class Trace:
     def to_text(self, color: bool = False, attention_layer: int | None = None, heatmap: str | None = None) -> str:
         """The terminal view; with `attention_layer`, also that layer's attention per head (and where
         its `heatmap` PNG went)."""
-        from .explain_text import render_text
+        from .text import render_text
         return render_text(self, color=color, attention_layer=attention_layer, heatmap=heatmap)
 
 
@@ -104,7 +99,7 @@ def parameter_table(model: GPTModel) -> dict[str, Any]:
 
 def memory_needs(cfg: GPTConfig, dtype: torch.dtype, batch_size: int = 1, seq_len: int | None = None) -> dict[str, Any]:
     """Bytes a model needs for inference and for training (weights, grads, AdamW, activations)."""
-    from .memory import memory_needs as _needs
+    from ..memory import memory_needs as _needs
     return _needs(cfg, dtype, batch_size, seq_len)
 
 
@@ -139,91 +134,6 @@ def _weight_stage(name: str, module: nn.Module, out: torch.Tensor, **kw: Any) ->
 
 
 # --- recording: taps on the model, one recorder per trace ---------------------------
-
-Progress = Callable[[str, int, int], None]  # (the step just done, steps done, steps in all)
-
-
-class TraceCancelled(Exception):
-    """The trace stopped early because its `cancel` event was set (e.g. the web page's client left)."""
-
-
-@dataclass
-class _Recorder:
-    """One trace's state: the tensors it keeps (named in `keep`), its progress, its cancel flag."""
-
-    keep: frozenset[str]
-    total_steps: int
-    cancel: threading.Event | None = None
-    progress: Progress | None = None
-    done_steps: int = 0
-    seen: dict[str, Any] = field(default_factory=dict)
-
-    def check(self) -> None:
-        if self.cancel is not None and self.cancel.is_set():
-            raise TraceCancelled("the trace was cancelled")
-
-    def step(self, name: str) -> None:
-        """A step of the trace is done: report it, and stop here if the trace was cancelled."""
-        self.check()
-        self.done_steps += 1
-        if self.progress is not None:
-            self.progress(name, self.done_steps, self.total_steps)
-
-
-_RECORDER: ContextVar[_Recorder | None] = ContextVar("glassgpt_explain_recorder", default=None)
-_TAPS_LOCK = threading.Lock()
-
-
-class _Tap:
-    """A forward hook that hands a module's output (and input) to the current trace's recorder."""
-
-    def __init__(self, name: str, inputs: bool = False, step: bool = False) -> None:
-        self.name, self.inputs, self.step = name, inputs, step
-
-    def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        if torch.compiler.is_compiling():
-            return  # compiled code never records; reading a ContextVar there would break the graph
-        rec = _RECORDER.get()
-        if rec is None:
-            return
-        if self.name in rec.keep:
-            rec.seen[self.name] = (args[0], output) if self.inputs else output
-        if self.step:
-            rec.step(self.name)
-        else:
-            rec.check()
-
-
-def _tap_points(model: GPTModel) -> list[tuple[nn.Module, _Tap]]:
-    points = [(model.tok_emb, _Tap("tok_emb")), (model.pos_emb, _Tap("pos_emb")), (model.drop_emb, _Tap("embeddings"))]
-    for i, blk in enumerate(model.trf_blocks):
-        points += [(blk, _Tap(f"trf_blocks.{i}", inputs=True, step=True)), (blk.att.W_query, _Tap(f"{i}.q")),
-                   (blk.att.W_key, _Tap(f"{i}.k")), (blk.att.W_value, _Tap(f"{i}.v")),
-                   (blk.att.out_proj, _Tap(f"{i}.out_proj", inputs=True))]
-        for name, module in (("norm1", blk.norm1), ("norm2", blk.norm2), ("ff.layers.0", blk.ff.layers[0]),
-                             ("ff.layers.1", blk.ff.layers[1]), ("ff.layers.2", blk.ff.layers[2])):
-            points.append((module, _Tap(f"{i}.{name}", inputs=True)))
-    return points + [(model.final_norm, _Tap("final_norm")), (model.out_head, _Tap("out_head"))]
-
-
-def _install_taps(model: GPTModel) -> None:
-    """Tap every module that has no tap yet: once per model, and again for a module swapped in later."""
-    with _TAPS_LOCK:
-        for module, tap in _tap_points(model):
-            if not any(isinstance(hook, _Tap) for hook in module._forward_hooks.values()):
-                module.register_forward_hook(tap)
-
-
-def _record(model: GPTModel, ids: torch.Tensor, rec: _Recorder) -> torch.Tensor:
-    """model(ids) with `rec` as this context's recorder: logits [b, t, V]."""
-    _install_taps(model)
-    rec.check()
-    token = _RECORDER.set(rec)
-    try:
-        return model(ids)  # [b, t] -> [b, t, V]
-    finally:
-        _RECORDER.reset(token)
-
 
 # --- the trace --------------------------------------------------------------------
 
@@ -275,12 +185,12 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, top_k:
         keep.add(f"trf_blocks.{i}")
         if attention or i == block:
             keep.update((f"{i}.q", f"{i}.k", f"{i}.v", f"{i}.out_proj"))
-    rec = _Recorder(frozenset(keep), cfg.n_layers * (2 if logit_lens else 1) + embedding_check, cancel, progress)
+    rec = Recorder(frozenset(keep), cfg.n_layers * (2 if logit_lens else 1) + embedding_check, cancel, progress)
     was_training = model.training
     if was_training:  # a model being served is already in eval mode, so concurrent traces never flip it
         model.eval()
     try:
-        logits = _record(model, ids, rec)  # [b, t, V]
+        logits = record(model, ids, rec)  # [b, t, V]
     finally:
         if was_training:
             model.train()
@@ -418,7 +328,7 @@ def _block_stages(blk: nn.Module, i: int, seen: dict, attn: torch.Tensor, cfg: G
     return stages
 
 
-def _logit_lens(model: GPTModel, seen: dict, logits: torch.Tensor, label, rec: _Recorder) -> dict[str, Any]:
+def _logit_lens(model: GPTModel, seen: dict, logits: torch.Tensor, label, rec: Recorder) -> dict[str, Any]:
     """The top token (or class) at every position after every block: out_head(final_norm(residual)).
 
     Only each row's top is needed: its id is the max of the logits, its probability

@@ -24,15 +24,11 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from .errors import GlassError
+from ..errors import RunDirError
 
 LOCK_NAME = ".lock"
 
 _held: dict[Path, list] = {}  # resolved run dir -> [open lock file, depth]
-
-
-class RunDirError(GlassError):
-    """A run directory that cannot be used now: another process trains in it, or it cannot be written."""
 
 
 @contextlib.contextmanager

@@ -38,14 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data import DataError  # a data file that cannot be used: one error type for all of glassgpt
-from .errors import GlassError
+from ..errors import DataError, GlassError
 # The LoRA names stay importable from here (glassgpt.finetune.apply_lora, ...), as before lora.py.
 from .lora import (LORA_TARGETS, LoRALinear, apply_lora, count_parameters, has_lora,  # noqa: F401
                    lora_state_dict, merge_lora, merged_model)
-from .engine.loss import IGNORE_INDEX, cross_entropy
-from .model import GPTModel
-from .tokenizer import Tokenizer
+from ..engine.loss import IGNORE_INDEX, cross_entropy
+from ..model import GPTModel
+from ..tokenizer import Tokenizer
 
 
 ALPACA_PREAMBLE = ("Below is an instruction that describes a task. "
@@ -621,7 +620,7 @@ def respond(model: GPTModel, tokenizer: Tokenizer, instruction: str, input: str 
             max_new_tokens: int = 256, temperature: float = 0.0, top_k: int | None = None,
             top_p: float | None = None, seed: int | None = None) -> str:
     """The model's answer to an instruction: generation after the Alpaca prompt, up to eot."""
-    from .generate import generate
+    from ..generate import generate
 
     prompt = tokenizer.encode(format_prompt(instruction, input))
     out = generate(model, prompt, max_new_tokens, temperature, top_k, top_p,

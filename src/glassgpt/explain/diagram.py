@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from xml.sax.saxutils import escape
 
-from .errors import GlassError
+from ..errors import GlassError
 
 if TYPE_CHECKING:
-    from .explain import Trace
+    from .trace import Trace
 
 WIDTH = 1040
 BLUE, BLUE_BG = "#1f6fd1", "#e8f1fc"

@@ -72,19 +72,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import full_tensor, load_checkpoint, nonfinite_tensor, saved_checkpoints, save_checkpoints
-from .engine.mixed import LowPrecisionCopy
-from .device import resolve_device, resolve_dtype
-from .errors import GlassError
+from ..formats.glassgpt import nonfinite_tensor
+from .checkpoint import full_tensor, load_checkpoint, saved_checkpoints, save_checkpoints
+from ..engine.mixed import LowPrecisionCopy
+from ..device import resolve_device, resolve_dtype
+from ..errors import GlassError, TrainError
 from .rundir import lock_run_dir
-from .tokenizer import Tokenizer
-from .weights import _atomic_write
+from ..tokenizer import Tokenizer
+from ..formats.files import atomic_write
 
 RUN_MARKERS = ("train_config.json", "metrics.jsonl", "latest", "best")
-
-
-class TrainError(GlassError):
-    """Settings or a run directory that training cannot use."""
 
 
 @dataclass
@@ -489,7 +486,7 @@ class _Run:
             text = json.dumps(cfg.to_dict(), indent=2)
             with self._writing("train_config.json"):
                 self.run_dir.mkdir(parents=True, exist_ok=True)
-                _atomic_write(self.run_dir / "train_config.json", lambda tmp: Path(tmp).write_text(text))
+                atomic_write(self.run_dir / "train_config.json", lambda tmp: Path(tmp).write_text(text))
                 self._truncate_metrics()
 
     def _sync(self, last_micro: bool):
@@ -693,7 +690,7 @@ class _Run:
         if not path.is_file():
             return
         kept = [json.dumps(r, ensure_ascii=False) + "\n" for r in read_metrics(self.run_dir) if r["step"] <= self.step]
-        _atomic_write(path, lambda tmp: Path(tmp).write_text("".join(kept), encoding="utf-8"))
+        atomic_write(path, lambda tmp: Path(tmp).write_text("".join(kept), encoding="utf-8"))
 
     # -- checkpoints (checkpoint.py writes and reads them) -------------------------------------------
     def _save(self, names: list[str]) -> None:
@@ -777,5 +774,5 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
     if train or val:
         ax.legend()
     out = Path(out) if out is not None else run_dir / "loss.png"
-    _atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     return out

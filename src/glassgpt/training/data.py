@@ -33,17 +33,13 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from .errors import GlassError
-from .generate import generate
-from .engine.loss import cross_entropy
-from .tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, get_tokenizer, iter_text_blocks
+from ..errors import DataError
+from ..generate import generate
+from ..engine.loss import cross_entropy
+from ..tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, get_tokenizer, iter_text_blocks
 
 CACHE_FORMAT = 1
 READ_BYTES = 1 << 20
-
-
-class DataError(GlassError):
-    """Training text that cannot be used: missing, empty, binary, not UTF-8, too short."""
 
 
 # --- finding and checking files -----------------------------------------------------

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .book import model_notes
+from ..formats.book import model_notes
 
 if TYPE_CHECKING:
-    from .explain import Stage, Trace
+    from .trace import Stage, Trace
 
 RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
 BLUE, ORANGE, GREEN, RED = "\033[38;5;33m", "\033[38;5;208m", "\033[38;5;35m", "\033[38;5;160m"

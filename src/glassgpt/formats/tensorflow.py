@@ -28,7 +28,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 TABLE_MAGIC = 0xDB4775248B80FB57  # the last 8 bytes of every LevelDB/TensorFlow table
 FOOTER_BYTES = 48                 # two block handles (varints), zero padding, the magic

@@ -9,16 +9,13 @@
   shapes; the head count, which no shape shows, follows GPT-2's rule (64 per head) unless
   `n_heads` is given or a JSON file beside the weights (`model.json` beside `model.pth`,
   or `config.json`) holds `n_heads`. Read with `torch.load(weights_only=True)` only.
-- The OpenAI folder (`gpt2/124M/`: `checkpoint`, `hparams.json`, `model.ckpt.index`,
-  `model.ckpt.data-00000-of-00001`, `encoder.json`, `vocab.bpe`), read by tf_checkpoint.py
-  without TensorFlow; weights.py maps OpenAI's variable names.
+- The OpenAI folder (`gpt2/124M/`) is openai.py's; `is_book_spec` names both.
 - Back to the book: `book_state_dict(model)` and `book_cfg(cfg)`, for `glassgpt export --format book`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import pickle
 import re
@@ -27,16 +24,14 @@ from typing import Any, Iterator
 
 import torch
 
-from .config import PRESETS, GPTConfig
-from .errors import CheckpointError, ConfigError
-from .memory import parameter_counts
-from .model import GPTModel
-from .tf_checkpoint import read_tensors
-from .tokenizer import VOCAB_SHA256, Tokenizer, get_tokenizer
+from ..config import PRESETS, GPTConfig
+from ..errors import CheckpointError, ConfigError
+from ..memory import parameter_counts
+from ..model import GPTModel
+from .openai import is_openai_dir
 
 GPT2_HEAD_DIM = 64  # every GPT-2 size has heads of 64: the rule for a head count that shapes cannot tell
 BOOK_CFG_KEYS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
-OPENAI_FILES = ("hparams.json", "checkpoint")
 
 
 # --- which spec is the book's ---------------------------------------------------------------
@@ -46,14 +41,6 @@ def is_state_dict_file(spec: str | Path) -> bool:
     name stays a preset, whatever lies in the working directory.)"""
     path = Path(spec)
     return str(spec) not in PRESETS and path.is_file() and path.suffix != ".json"
-
-
-def is_openai_dir(spec: str | Path) -> bool:
-    """A folder as gpt_download.py writes it: a TensorFlow checkpoint and hparams.json, no config.json."""
-    path = Path(spec)
-    if str(spec) in PRESETS or not path.is_dir() or (path / "config.json").exists():
-        return False
-    return any((path / name).exists() for name in OPENAI_FILES) or any(path.glob("*.index"))
 
 
 def is_book_spec(spec: str | Path) -> bool:
@@ -178,56 +165,6 @@ def glassgpt_tensors(state: dict[str, torch.Tensor], cfg: GPTConfig) -> Iterator
         if name.endswith(".att.mask") or (cfg.tie_embeddings and name == "out_head.weight"):
             continue
         yield name, tensor
-
-
-# --- the OpenAI folder ----------------------------------------------------------------------
-
-def openai_config(path: str | Path) -> GPTConfig:
-    """GPT-2's config from the folder's hparams.json (n_vocab, n_ctx, n_embd, n_head, n_layer)."""
-    hparams = Path(path) / "hparams.json"
-    if not hparams.is_file():
-        raise CheckpointError(f"{path} has no hparams.json: the OpenAI folder needs it for the model's sizes "
-                              "(download it again with the book's gpt_download.py)")
-    try:
-        h = json.loads(hparams.read_text(encoding="utf-8"))
-        return GPTConfig(vocab_size=h["n_vocab"], context_length=h["n_ctx"], emb_dim=h["n_embd"],
-                         n_heads=h["n_head"], n_layers=h["n_layer"])
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
-        raise CheckpointError(f"cannot read {hparams}: {e}") from None
-    except KeyError as e:
-        raise CheckpointError(f"{hparams} lacks {e.args[0]!r} (GPT-2's hparams are n_vocab, n_ctx, "
-                              "n_embd, n_head, n_layer)") from None
-
-
-def openai_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(OpenAI's name, tensor) pairs, e.g. ("model/h0/attn/c_attn/w", [1, d, 3d])."""
-    yield from read_tensors(_checkpoint_prefix(Path(path)))
-
-
-def _checkpoint_prefix(path: Path) -> Path:
-    """The checkpoint the folder's `checkpoint` file names (model_checkpoint_path: "model.ckpt"),
-    else its one *.index file."""
-    pointer = path / "checkpoint"
-    if pointer.is_file():
-        found = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', pointer.read_text(encoding="utf-8"), re.M)
-        if found:
-            prefix = Path(found.group(1))
-            return prefix if prefix.is_absolute() else path / prefix
-    indexes = sorted(path.glob("*.index"))
-    if len(indexes) != 1:
-        raise CheckpointError(f"{path} has {len(indexes)} *.index files and no `checkpoint` file naming one: "
-                              "keep the model.ckpt.index and model.ckpt.data-* files that belong together")
-    return indexes[0].with_suffix("")
-
-
-def openai_tokenizer(path: str | Path) -> Tokenizer:
-    """GPT-2's BPE, after checking that the folder's encoder.json and vocab.bpe are GPT-2's."""
-    for name, digest in VOCAB_SHA256.items():
-        file = Path(path) / name
-        if file.is_file() and hashlib.sha256(file.read_bytes()).hexdigest() != digest:
-            raise CheckpointError(f"{file} is not GPT-2's {name} (its sha256 differs): glassgpt runs GPT-2's "
-                                  "BPE; download the folder again or remove the file to use GPT-2's")
-    return get_tokenizer("gpt2")
 
 
 # --- back to the book -------------------------------------------------------------------------

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -43,17 +42,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .errors import CheckpointError
-from .model import GPTModel
-from .tokenizer import Tokenizer
-from .weights import model_from_state, save_model, upgrade_name
-
-STATE_FORMAT = "glassgpt-train-state/1"
-
+from ..errors import CheckpointError
+from ..model import GPTModel
+from ..tokenizer import Tokenizer
+from ..formats.glassgpt import (STATE_FORMAT, checkpoint_step, model_from_state, save_model, sha256, upgrade_name,
+                               verify_checkpoint)
 
 # --- saving ----------------------------------------------------------------------------------
 
@@ -99,7 +96,7 @@ def _write(path: Path, model: nn.Module, exported: nn.Module, live: dict[str, to
     record = {
         "format": STATE_FORMAT, **state, "optimizer": {"param_groups": groups},
         "rng": _rng_state(), "model_aliases": aliases,
-        "files": {p.name: _sha256(p) for p in sorted(path.iterdir()) if p.is_file()},
+        "files": {p.name: sha256(p) for p in sorted(path.iterdir()) if p.is_file()},
     }
     (path / "train_state.json").write_text(json.dumps(record, indent=1))  # last: marks the checkpoint whole
 
@@ -204,53 +201,6 @@ def recover_checkpoints(run_dir: str | os.PathLike) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """train_state.json of a complete checkpoint whose files match their sha256; else CheckpointError."""
-    path = Path(path)
-    state_file = path / "train_state.json"
-    if not state_file.is_file():
-        raise CheckpointError(f"{path} is not a complete training checkpoint (no train_state.json): "
-                              "it was not finished being written")
-    try:
-        state = json.loads(state_file.read_text())
-        files = state["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{state_file} is damaged ({e}): this checkpoint cannot be resumed") from None
-    if state.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"{state_file} has format {state.get('format')!r}, expected {STATE_FORMAT!r}")
-    for name, digest in files.items():
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path}/{name} is missing: this checkpoint is incomplete")
-        if _sha256(path / name) != digest:
-            raise CheckpointError(f"{path}/{name} is corrupt (its sha256 differs from the one recorded when "
-                                  "it was saved): this checkpoint cannot be used")
-    for name in ("model.safetensors", "train_model.safetensors"):
-        if name in files:  # written by a version that saved a diverged run: refuse it by name
-            bad = nonfinite_tensor(_iter_tensors(path / name))
-            if bad is not None:
-                raise CheckpointError(f"{path}/{name}: tensor {bad!r} holds NaN or infinite values (training "
-                                      "had diverged when it was saved): use an earlier checkpoint")
-    return state
-
-
-def nonfinite_tensor(tensors) -> str | None:
-    """The name of the first floating-point tensor in (name, tensor) pairs that holds NaN or inf."""
-    for name, t in tensors:
-        t = t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard: this rank's part
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            return name
-    return None
-
-
-def checkpoint_step(path: Path) -> int | None:
-    """The step a complete checkpoint was saved at (from its train_state.json), or None."""
-    try:
-        step = json.loads((path / "train_state.json").read_text())["step"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return step if isinstance(step, int) else None
-
-
 def saved_checkpoints(run_dir: str | os.PathLike) -> str:
     """'the last good checkpoints are RUN/latest (step 8) and RUN/best (step 4)', or 'there is no saved
     checkpoint': what survives, for a message about a run that stopped."""
@@ -273,14 +223,6 @@ def resume_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, str | None]:
         raise CheckpointError(f"{run_dir} has no latest/ or best/ checkpoint to resume from (it stopped "
                               "before its first save): start the run again")
     return best, f"{latest} is missing: resuming from {best} (step {step:,})"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --- resuming ----------------------------------------------------------------------------------
@@ -333,16 +275,6 @@ def _load_optimizer(path: Path, state: dict[str, Any], model: nn.Module, optimiz
             value = _shard_like(value, params[name])
         per_param.setdefault(index[name], {})[field] = value
     optimizer.load_state_dict({"state": per_param, "param_groups": groups})
-
-
-def _iter_tensors(path: Path):
-    """(name, tensor) pairs read one at a time, so a check holds one tensor in memory, not the file."""
-    try:
-        with safe_open(path, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
-    except (SafetensorError, OSError, RuntimeError) as e:
-        raise CheckpointError(f"{path} cannot be read ({e})") from None
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,107 @@
+"""Recording: taps on the model's modules that hand their tensors to the current trace.
+
+The first trace of a model puts small forward hooks ("taps") on its modules, once and for
+good. A tap does nothing unless the current thread (strictly: the current `contextvars`
+context) has a recorder, which only `record` sets, around its one forward pass. So traces
+of one shared model can run side by side in threads, each recording its own tensors, and
+every other use of the model (generation, training, torch.compile) passes through taps
+that return at once. A recorder can be cancelled from another thread: the next tap raises
+`TraceCancelled`, which ends the forward pass early.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..errors import TraceCancelled
+from ..model import GPTModel
+
+
+Progress = Callable[[str, int, int], None]  # (the step just done, steps done, steps in all)
+
+
+@dataclass
+class Recorder:
+    """One trace's state: the tensors it keeps (named in `keep`), its progress, its cancel flag."""
+
+    keep: frozenset[str]
+    total_steps: int
+    cancel: threading.Event | None = None
+    progress: Progress | None = None
+    done_steps: int = 0
+    seen: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise TraceCancelled("the trace was cancelled")
+
+    def step(self, name: str) -> None:
+        """A step of the trace is done: report it, and stop here if the trace was cancelled."""
+        self.check()
+        self.done_steps += 1
+        if self.progress is not None:
+            self.progress(name, self.done_steps, self.total_steps)
+
+
+_RECORDER: ContextVar[Recorder | None] = ContextVar("glassgpt_explain_recorder", default=None)
+
+
+_TAPS_LOCK = threading.Lock()
+
+
+class _Tap:
+    """A forward hook that hands a module's output (and input) to the current trace's recorder."""
+
+    def __init__(self, name: str, inputs: bool = False, step: bool = False) -> None:
+        self.name, self.inputs, self.step = name, inputs, step
+
+    def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        if torch.compiler.is_compiling():
+            return  # compiled code never records; reading a ContextVar there would break the graph
+        rec = _RECORDER.get()
+        if rec is None:
+            return
+        if self.name in rec.keep:
+            rec.seen[self.name] = (args[0], output) if self.inputs else output
+        if self.step:
+            rec.step(self.name)
+        else:
+            rec.check()
+
+
+def _tap_points(model: GPTModel) -> list[tuple[nn.Module, _Tap]]:
+    points = [(model.tok_emb, _Tap("tok_emb")), (model.pos_emb, _Tap("pos_emb")), (model.drop_emb, _Tap("embeddings"))]
+    for i, blk in enumerate(model.trf_blocks):
+        points += [(blk, _Tap(f"trf_blocks.{i}", inputs=True, step=True)), (blk.att.W_query, _Tap(f"{i}.q")),
+                   (blk.att.W_key, _Tap(f"{i}.k")), (blk.att.W_value, _Tap(f"{i}.v")),
+                   (blk.att.out_proj, _Tap(f"{i}.out_proj", inputs=True))]
+        for name, module in (("norm1", blk.norm1), ("norm2", blk.norm2), ("ff.layers.0", blk.ff.layers[0]),
+                             ("ff.layers.1", blk.ff.layers[1]), ("ff.layers.2", blk.ff.layers[2])):
+            points.append((module, _Tap(f"{i}.{name}", inputs=True)))
+    return points + [(model.final_norm, _Tap("final_norm")), (model.out_head, _Tap("out_head"))]
+
+
+def _install_taps(model: GPTModel) -> None:
+    """Tap every module that has no tap yet: once per model, and again for a module swapped in later."""
+    with _TAPS_LOCK:
+        for module, tap in _tap_points(model):
+            if not any(isinstance(hook, _Tap) for hook in module._forward_hooks.values()):
+                module.register_forward_hook(tap)
+
+
+def record(model: GPTModel, ids: torch.Tensor, rec: Recorder) -> torch.Tensor:
+    """model(ids) with `rec` as this context's recorder: logits [b, t, V]."""
+    _install_taps(model)
+    rec.check()
+    token = _RECORDER.set(rec)
+    try:
+        return model(ids)  # [b, t] -> [b, t, V]
+    finally:
+        _RECORDER.reset(token)
+

@@ -1,0 +1,151 @@
+"""Every file a reader brings, behind one `load_model(spec)`: the front door of glassgpt's formats.
+
+`load_model(spec)` takes
+  - a preset name (`gpt2`, `gpt2-medium`, ..., `gpt2-book`, ...): random weights, seeded;
+  - a glassgpt checkpoint directory (glassgpt.py), or a training run directory holding
+    `best/` or `latest/` checkpoints;
+  - a directory in Hugging Face's GPT-2 layout (hf.py: `config.json` + `model.safetensors`,
+    or `pytorch_model.bin`, read with `weights_only=True`: nothing is unpickled);
+  - a hub id such as `openai-community/gpt2`, fetched with huggingface_hub and cached (hub.py);
+  - the book's files: a state dict saved by its GPTModel (`model.pth`, book.py), or the
+    OpenAI folder its gpt_download.py writes (`gpt2/124M/`, a TensorFlow checkpoint: openai.py).
+
+Each reader checks its file before it builds anything from it, and every one of them
+ends in `glassgpt.assign_model`, which checks every tensor's name and shape.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from ..config import PRESETS, GPTConfig, load_config
+from ..device import resolve_device, resolve_dtype
+from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
+from ..model import GPTModel
+from ..tokenizer import Tokenizer, get_tokenizer, tokenizer_from_file
+from . import book, openai
+from .files import read_json
+from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, model_from_state,
+                       resolve_checkpoint_dir, save_model, upgrade_name)
+from .hf import export_hf, hf_to_glassgpt
+from .hub import download
+
+__all__ = ["CHECKPOINT_SUBDIRS", "assign_model", "checkpoint_config", "checkpoint_dir", "download", "export_hf",
+           "is_random_init", "load_checkpoint", "load_meta", "load_model", "load_tokenizer", "local_checkpoint_dir",
+           "model_from_state", "random_model", "read_config", "resolve_checkpoint_dir", "save_model", "upgrade_name"]
+
+
+def is_random_init(spec: str) -> bool:
+    return spec in PRESETS or (str(spec).endswith(".json") and Path(spec).is_file())
+
+
+def load_model(spec: str | os.PathLike = "gpt2", device: str | torch.device | None = None,
+               dtype: str | torch.dtype | None = None, seed: int = 0,
+               config: GPTConfig | None = None, n_heads: int | None = None) -> GPTModel:
+    """A GPTModel in eval mode from a preset, a local checkpoint, an HF directory, a hub id,
+    or the book's files. `n_heads` sets the head count of a book state dict (.pth), whose
+    shapes cannot tell it (default: the JSON beside it, else GPT-2's 64 per head)."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    spec = str(spec)
+    _check_n_heads(spec, n_heads)
+    if config is not None:
+        return random_model(config, dev, dt, seed)
+    if is_random_init(spec):
+        warnings.warn(f"{spec} has random weights (a preset, not trained): the shapes are real, the "
+                      "probabilities and text are not. Load trained weights from a hub id such as "
+                      "openai-community/gpt2 or from a checkpoint directory.", RandomWeightsWarning, stacklevel=2)
+        return random_model(read_config(spec), dev, dt, seed)
+    if book.is_book_spec(spec):
+        cfg, tensors = _book_source(spec, n_heads)
+        return assign_model(cfg, tensors, dev, dt, source=spec)
+    return load_checkpoint(checkpoint_dir(spec), dev, dt)
+
+
+def checkpoint_dir(spec: str | os.PathLike) -> Path:
+    """The directory of a checkpoint spec: a local one as it is, a hub id fetched into the cache."""
+    spec = str(spec)
+    ckpt = resolve_checkpoint_dir(spec)
+    if ckpt is None:
+        if "/" not in spec or spec.startswith((".", "/")):
+            raise CheckpointError(
+                f"no model {spec!r}: use a preset ({', '.join(PRESETS)}), a checkpoint directory, "
+                "or a Hugging Face id such as openai-community/gpt2")
+        ckpt = download(spec)
+    return ckpt
+
+
+def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
+    """The tokenizer saved with a checkpoint (tokenizer.json), the OpenAI folder's own
+    (checked to be GPT-2's), else GPT-2's."""
+    if openai.is_openai_dir(spec):
+        return openai.openai_tokenizer(spec)
+    ckpt = local_checkpoint_dir(spec)
+    if ckpt is not None and (ckpt / "tokenizer.json").is_file():
+        return tokenizer_from_file(ckpt / "tokenizer.json")
+    return get_tokenizer("gpt2")
+
+
+def load_meta(spec: str | os.PathLike) -> dict[str, Any]:
+    """Extra facts saved with a checkpoint (label names, training step, ...), or {}."""
+    ckpt = local_checkpoint_dir(spec)
+    if ckpt is None or not (ckpt / "meta.json").is_file():
+        return {}
+    return read_json(ckpt / "meta.json")
+
+
+def local_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
+    """The local checkpoint directory a spec names, or None (a preset, config file, book file or hub id)."""
+    if is_random_init(str(spec)) or book.is_book_spec(spec):
+        return None
+    return resolve_checkpoint_dir(spec)
+
+
+def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> GPTModel:
+    with torch.device("meta"):
+        model = GPTModel(cfg)
+    model.to_empty(device=device)
+    model.tie_weights()
+    model.reset_parameters(seed)  # same seed, same weights, whatever the device's RNG state
+    return model.to(dtype).eval()
+
+
+def read_config(spec: str | os.PathLike, n_heads: int | None = None) -> GPTConfig | None:
+    """The GPTConfig that `load_model(spec, n_heads=n_heads)` would build, read without loading
+    any weights (a preset, a config .json, a local checkpoint, or the book's files, whose
+    tensors are only memory-mapped for their shapes); None for a hub id, whose config.json
+    may not be here yet. Lets the CLI check flags against the model before loading it."""
+    spec = str(spec)
+    _check_n_heads(spec, n_heads)
+    if spec in PRESETS:
+        return PRESETS[spec]
+    if is_random_init(spec):
+        return load_config(spec)
+    if openai.is_openai_dir(spec):
+        return openai.openai_config(spec)
+    if book.is_state_dict_file(spec):
+        return book.config_from_state(book.read_state_dict(spec), spec, n_heads)
+    ckpt = resolve_checkpoint_dir(spec)
+    return checkpoint_config(ckpt)[0] if ckpt is not None else None
+
+
+def _check_n_heads(spec: str, n_heads: int | None) -> None:
+    if n_heads is not None and not book.is_state_dict_file(spec):
+        raise ConfigError(f"n_heads (--n-heads) is for a state dict file such as model.pth, whose shapes "
+                          f"cannot tell the head count; {spec!r} sets its own: drop it")
+
+
+def _book_source(spec: str, n_heads: int | None) -> tuple[GPTConfig, Iterator[tuple[str, torch.Tensor]]]:
+    """(config, glassgpt-named tensors) of the book's files: a state dict or the OpenAI folder."""
+    if openai.is_openai_dir(spec):
+        cfg = openai.openai_config(spec)
+        return cfg, hf_to_glassgpt((openai.hf_name(name, w) for name, w in openai.openai_tensors(spec)), cfg)
+    state = book.read_state_dict(spec)
+    cfg = book.config_from_state(state, spec, n_heads)
+    return cfg, book.glassgpt_tensors(state, cfg)
+

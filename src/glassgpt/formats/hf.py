@@ -1,0 +1,136 @@
+"""Hugging Face's GPT-2 layout, both ways: its config.json and its tensor names.
+
+Hugging Face's names and its Conv1D layout (weights stored [in, out], the transpose
+of nn.Linear's [out, in]; query/key/value fused in one `c_attn`) appear only in the
+mapping below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+from safetensors.torch import save_file
+
+from ..config import GPTConfig
+from ..errors import CheckpointError
+from ..model import GPTModel
+from .files import atomic_write
+
+
+def config_from_hf(raw: dict, source: Path | str = "config.json") -> GPTConfig:
+    if raw.get("model_type", "gpt2") != "gpt2":
+        raise CheckpointError(f"{source} is a {raw['model_type']!r} model; glassgpt loads GPT-2 only")
+    act = raw.get("activation_function", "gelu_new")
+    if act not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise CheckpointError(f"{source} uses activation {act!r}; glassgpt's GPT-2 uses the tanh GELU")
+    # Switches of GPT2Config that change the maths; loading them as plain GPT-2 would be silently wrong.
+    for field, gpt2_value in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                              ("layer_norm_epsilon", 1e-5)):
+        if raw.get(field, gpt2_value) != gpt2_value:
+            raise CheckpointError(f"{source} sets {field}={raw[field]!r}; glassgpt's GPT-2 needs "
+                                  f"{gpt2_value!r}: this checkpoint is a GPT-2 variant it cannot run")
+    try:
+        return GPTConfig(
+            vocab_size=raw["vocab_size"], context_length=raw["n_positions"], emb_dim=raw["n_embd"],
+            n_heads=raw["n_head"], n_layers=raw["n_layer"], drop_rate=0.0, qkv_bias=True,
+            tie_embeddings=raw.get("tie_word_embeddings", True),
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{source} lacks the GPT-2 field {e.args[0]!r}") from None
+
+
+def config_to_hf(cfg: GPTConfig) -> dict:
+    if cfg.num_classes is not None:
+        raise CheckpointError("a classification model has no Hugging Face GPT2LMHeadModel layout; "
+                              "save it with save_model instead")
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+        "vocab_size": cfg.vocab_size, "n_positions": cfg.context_length, "n_ctx": cfg.context_length,
+        "n_embd": cfg.emb_dim, "n_head": cfg.n_heads, "n_layer": cfg.n_layers, "n_inner": None,
+        "layer_norm_epsilon": 1e-5, "tie_word_embeddings": cfg.tie_embeddings,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "bos_token_id": min(50256, cfg.vocab_size - 1), "eos_token_id": min(50256, cfg.vocab_size - 1), "torch_dtype": "float32",
+    }
+
+
+def _hf_names(cfg: GPTConfig) -> list[tuple[str, str, Callable, Callable]]:
+    """(hf name, glassgpt name, hf->glassgpt, glassgpt->hf) for every tensor except c_attn.
+
+    Conv1D stores [in, out]; nn.Linear stores [out, in]: hence the transposes.
+    """
+    same = (lambda w: w, lambda w: w)
+    transpose = (lambda w: w.t().contiguous(), lambda w: w.t().contiguous())
+    table = [("wte.weight", "tok_emb.weight", *same), ("wpe.weight", "pos_emb.weight", *same),
+             ("ln_f.weight", "final_norm.scale", *same), ("ln_f.bias", "final_norm.shift", *same)]
+    for i in range(cfg.n_layers):
+        h, g = f"h.{i}.", f"trf_blocks.{i}."
+        table += [
+            (h + "ln_1.weight", g + "norm1.scale", *same), (h + "ln_1.bias", g + "norm1.shift", *same),
+            (h + "ln_2.weight", g + "norm2.scale", *same), (h + "ln_2.bias", g + "norm2.shift", *same),
+            (h + "attn.c_proj.weight", g + "att.out_proj.weight", *transpose),
+            (h + "attn.c_proj.bias", g + "att.out_proj.bias", *same),
+            (h + "mlp.c_fc.weight", g + "ff.layers.0.weight", *transpose),
+            (h + "mlp.c_fc.bias", g + "ff.layers.0.bias", *same),
+            (h + "mlp.c_proj.weight", g + "ff.layers.2.weight", *transpose),
+            (h + "mlp.c_proj.bias", g + "ff.layers.2.bias", *same),
+        ]
+    return table
+
+
+def hf_to_glassgpt(tensors: Iterator[tuple[str, torch.Tensor]], cfg: GPTConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    table = {hf: (ours, to_ours) for hf, ours, to_ours, _ in _hf_names(cfg)}
+    for name, w in tensors:
+        name = name.removeprefix("transformer.")
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # causal-mask buffers of old HF checkpoints, not weights
+        if name == "lm_head.weight":
+            if not cfg.tie_embeddings:
+                yield "out_head.weight", w
+            continue
+        if name.endswith(".attn.c_attn.weight") or name.endswith(".attn.c_attn.bias"):
+            # c_attn fuses query, key and value: [d, 3d] (Conv1D) -> three [d, d] Linear weights.
+            prefix = "trf_blocks." + name.split(".")[1] + ".att."
+            kind = name.rsplit(".", 1)[1]
+            want = [cfg.emb_dim, 3 * cfg.emb_dim] if kind == "weight" else [3 * cfg.emb_dim]
+            if list(w.shape) != want:
+                raise CheckpointError(f"tensor {name!r} has shape {list(w.shape)} but the config needs {want}")
+            for part, chunk in zip(("W_query", "W_key", "W_value"), w.split(cfg.emb_dim, dim=-1)):
+                yield prefix + part + "." + kind, chunk.t().contiguous() if kind == "weight" else chunk.clone()
+            continue
+        if name not in table:
+            raise CheckpointError(f"unexpected tensor {name!r} {list(w.shape)} in a GPT-2 checkpoint")
+        ours, to_ours = table[name]
+        yield ours, to_ours(w)
+
+
+def hf_state_dict(model: GPTModel) -> dict[str, torch.Tensor]:
+    """The model's weights under GPT2LMHeadModel's names and layouts."""
+    cfg, sd = model.cfg, model.state_dict()
+    out = {"transformer." + hf: to_hf(sd[ours]) for hf, ours, _, to_hf in _hf_names(cfg)}
+    for i in range(cfg.n_layers):
+        g = f"trf_blocks.{i}.att."
+        out[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat(
+            [sd[g + p + ".weight"] for p in ("W_query", "W_key", "W_value")], dim=0).t().contiguous()
+        if cfg.qkv_bias:
+            out[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat(
+                [sd[g + p + ".bias"] for p in ("W_query", "W_key", "W_value")])
+        else:
+            out[f"transformer.h.{i}.attn.c_attn.bias"] = torch.zeros(3 * cfg.emb_dim, dtype=sd[g + "W_query.weight"].dtype)
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = sd["out_head.weight"]
+    return {k: v.detach().contiguous().cpu() for k, v in out.items()}
+
+
+def export_hf(model: GPTModel, path: str | os.PathLike) -> Path:
+    """Write `path/config.json` + `path/model.safetensors` that transformers' GPT2LMHeadModel loads."""
+    path = Path(path)
+    cfg = config_to_hf(model.cfg)  # refuses a classifier before anything is written
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_write(path / "model.safetensors", lambda tmp: save_file(hf_state_dict(model), tmp, metadata={"format": "pt"}))
+    atomic_write(path / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(cfg, indent=2)))
+    return path
+
