@@ -29,7 +29,8 @@ import torch.nn.functional as F
 import glassgpt
 from glassgpt import GPTConfig
 from glassgpt.cli import main
-from glassgpt.engine import Engine, KVCache, compile_for_generation, quantize_int8
+from glassgpt.engine import Engine, KVCache, compile_for_generation, fused, is_fused, quantize_int8
+from glassgpt.model import GELU, LayerNorm, MultiHeadAttention
 from glassgpt.engine.attention import ATTENTION_BLOCK, attention_in_blocks
 from glassgpt.engine.int8 import INT8_KERNEL_MAX_ROWS, Int8Linear, is_quantized
 from glassgpt.errors import PromptError
@@ -171,6 +172,43 @@ def test_chunked_prefill_through_the_cache_matches_full_forward(tiny_model, spli
     torch.testing.assert_close(torch.cat([first, second], dim=1), full, atol=1e-5, rtol=0)
 
 
+# --- the fused kernels (engine/fused.py) --------------------------------------------------------
+
+def test_fused_layer_norm_and_gelu_equal_the_books_formulas():
+    # F.layer_norm and F.gelu(approximate="tanh") compute the book's formulas in one kernel each,
+    # adding in another order: within float32 round-off (1e-5 on outputs of size ~3).
+    torch.manual_seed(0)
+    norm = LayerNorm(48)
+    with torch.no_grad():
+        norm.scale.normal_(1.0, 0.3)
+        norm.shift.normal_(0.0, 0.3)
+    x = torch.randn(2, 5, 48) * 3 + 1
+    torch.testing.assert_close(fused(norm)(x), norm(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(fused(GELU())(x), GELU()(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_fused_attention_equals_the_books_written_out_attention(tiny_config, training):
+    # The book's steps (scores, mask, softmax, context) and F.scaled_dot_product_attention are
+    # the same sums in another order: outputs within float32 round-off (1e-5). Dropout 0, so
+    # training mode (gradients on) compares the same maths.
+    att = MultiHeadAttention(tiny_config).train(training)
+    x = torch.randn(2, 9, tiny_config.emb_dim)
+    torch.testing.assert_close(fused(att)(x), att(x), atol=1e-5, rtol=0)
+
+
+def test_the_fused_twin_shares_every_weight_and_none_of_the_hooks(tiny_model):
+    tiny_model.tok_emb.register_forward_hook(lambda *a: pytest.fail("the twin ran the model's hook"))
+    twin = fused(tiny_model)
+    assert {id(p) for p in twin.parameters()} == {id(p) for p in tiny_model.parameters()}
+    assert twin.tied == tiny_model.tied and is_fused(twin) and not is_fused(tiny_model)
+    assert [n for n, _ in twin.named_parameters()] == [n for n, _ in tiny_model.named_parameters()]
+    twin(torch.zeros(1, 3, dtype=torch.long))
+    with torch.no_grad():
+        tiny_model.final_norm.shift.add_(1.0)  # a change to the model is a change to the twin
+    assert torch.equal(twin.final_norm.shift, tiny_model.final_norm.shift)
+
+
 # --- the CPU attention paths (attention.attend picks them; every other case runs SDPA) -----
 
 @pytest.mark.parametrize("t", [256, 300, 600])
@@ -298,9 +336,10 @@ def test_bfloat16_logits_are_within_the_stated_tolerance(trained):
     x = prompts(ids, length=64)
     with torch.no_grad():
         ref = model(x)
-        got = copy_of(model, torch.bfloat16)(x).float()
+        got = Engine(copy_of(model, torch.bfloat16))(x).float()  # what generate --dtype bfloat16 runs
     # Each logit within 3% of its row's largest |logit| (here ~12): bf16 rounds every stored
-    # activation to 8 bits of mantissa (~0.4%), a few times per block.
+    # activation to 8 bits of mantissa (~0.4%), a few times per block. (The fused LayerNorm
+    # accumulates its mean and variance in float32; the book's, run in bf16, would not.)
     scale = ref.abs().amax(dim=-1, keepdim=True)
     assert ((got - ref).abs() <= 0.03 * scale).all(), ((got - ref).abs() / scale).max()
 

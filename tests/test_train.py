@@ -469,7 +469,8 @@ def test_a_diverging_run_stops_before_anything_non_finite_is_saved(tmp_path, cor
     line = _one_line_error(capsys)
     step = verify_checkpoint(run / "latest")["step"]
     assert re.search(rf"training diverged at step {step + 1}: the (training|validation) loss is nan|"
-                     rf"training diverged at step {step + 1}: the weights hold NaN", line), line
+                     rf"training diverged at step {step + 1}: the weights hold NaN|"
+                     rf"training diverged at step {step + 1}: the sample's scores are NaN or infinite", line), line
     assert f"the last good checkpoints are {run}/latest (step {step}) and {run}/best" in line
     assert "Lower --lr (now 10000)" in line
     for name in ("latest", "best"):  # both finite, both load

@@ -87,6 +87,13 @@ BOOK_PRESETS = {f"{name}-book": dataclasses.replace(cfg, drop_rate=0.1, qkv_bias
 PRESETS.update(BOOK_PRESETS)
 
 
+def init_scheme(spec: str) -> str:
+    """How a preset's random weights are drawn (model.INIT_SCHEMES): "book" for the book's
+    presets, as `torch.manual_seed(seed); GPTModel(cfg)` draws them in its code, so that the
+    untrained model prints the book's text; "gpt2" (GPT-2's) for every other preset or config."""
+    return "book" if str(spec) in BOOK_PRESETS else "gpt2"
+
+
 def get_config(name: str, **overrides: Any) -> GPTConfig:
     """A preset by name, or a config from a JSON file, with field overrides applied."""
     if name in PRESETS:

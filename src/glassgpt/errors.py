@@ -23,6 +23,10 @@ class PromptError(GlassError, ValueError):
     """A prompt that the model cannot take (empty, too long, an id out of range)."""
 
 
+class NonFiniteError(GlassError):
+    """A model whose scores came out NaN or infinite: its weights are broken (a run that diverged)."""
+
+
 class TokenizerError(GlassError):
     """A tokenizer that cannot be built, or an id it does not have."""
 

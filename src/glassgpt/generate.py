@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from .engine import KVCache, as_engine
-from .errors import GlassError, PromptError
+from .model import GPTModel
+from .errors import GlassError, NonFiniteError, PromptError
 from .tokenizer import Tokenizer
 
 
@@ -38,6 +39,11 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise GlassError(f"top_k must be a positive integer, got {top_k!r}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise GlassError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def glass_model(model: nn.Module) -> GPTModel:
+    """The GPTModel itself: `model`, or the one an Engine (compiled or not) runs."""
+    return model if isinstance(model, GPTModel) else model.model
 
 
 def as_batch(ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
@@ -71,7 +77,13 @@ def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None 
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    try:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    except RuntimeError:  # "probability tensor contains either inf, nan or element < 0"
+        if bool(torch.isfinite(probs).all()):
+            raise
+        raise NonFiniteError("the model's next-token scores are NaN or infinite, so nothing can be sampled: its "
+                             "weights are broken (saved by a run that diverged?); load an earlier checkpoint") from None
 
 
 @torch.inference_mode()
@@ -80,10 +92,10 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
            eos_id: int | None = None, seed: int | None = None, use_cache: bool = True) -> Iterator[torch.Tensor]:
     """Yield the next ids `[b]` one step at a time (see `generate`)."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
-    engine = as_engine(model)
-    glass = engine.model  # the GPTModel itself (an Engine, compiled or not, holds it as .model)
+    glass = glass_model(model)
     if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
         use_cache = False
+    engine = as_engine(model) if use_cache else None
     device = glass.tok_emb.weight.device
     prompt = as_batch(ids, device)
     if max_new_tokens == 0:
@@ -136,7 +148,7 @@ def generate(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens
     than `context_length` is kept whole in the output, but the model sees only its
     last `context_length` tokens.
     """
-    prompt = as_batch(ids, as_engine(model).model.tok_emb.weight.device)
+    prompt = as_batch(ids, glass_model(model).tok_emb.weight.device)
     new = list(stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache))
     if not new:
         return prompt

@@ -1,6 +1,6 @@
 """GPT-2 as the book draws it: the forward pass and nothing else.
 
-Shape legend (used in every comment and in explain.py):
+Shape legend (used in every comment and in explain/):
     b  batch size            t  tokens in the input       d  emb_dim (768 for gpt2)
     h  n_heads               hd head size = d // h        V  vocab_size (50,257)
 
@@ -13,15 +13,20 @@ The whole model in one line per stage:
 
 With `tie_embeddings` (GPT-2's choice) `out_head.weight` *is* `tok_emb.weight`.
 
-Follows the book's chapters 3 and 4, with its names (`LayerNorm.scale`/`shift`,
-`W_query`, `ff.layers`, ...), so a state dict saved by the book's `GPTModel` fits
-this one (weights.py), and OpenAI's GPT-2 (pre-LayerNorm blocks, GELU with the tanh
-approximation, learned absolute positions). Each piece is written the way the book
-writes it, next to the fused PyTorch call that computes the same numbers faster.
+Follows the book's chapters 3 and 4, with its names (`LayerNorm.scale`/`shift`, `W_query`,
+`ff.layers`, ...) and its formulas as it writes them: its LayerNorm, its GELU, its attention
+with dropout on the attention weights. So a state dict saved by the book's `GPTModel` fits
+this one, and the same weights, inputs and seed give the book's numbers bit for bit, in
+training too (tests/test_book.py). The architecture is OpenAI's GPT-2: pre-LayerNorm
+blocks, GELU with the tanh approximation, learned absolute positions.
 
-Leaves out everything that only makes it faster: the KV cache, one-token decoding
-steps, blocked CPU attention, int8 weights, torch.compile and the chunked loss live
-in `glassgpt.engine`, which runs these same modules and is tested equal to them.
+The one addition is `cache`, as in the book's bonus chapter on the KV cache: generation
+passes the engine's cache (engine/cache.py) so that a step feeds only the new tokens,
+whose keys and values are appended to those of the tokens before them.
+
+Leaves out everything that only makes it faster: the fused kernels (F.layer_norm, the
+fused GELU, scaled_dot_product_attention), int8 weights, torch.compile and the chunked
+loss live in `glassgpt.engine`, which runs these same blocks and is tested equal to them.
 """
 
 from __future__ import annotations
@@ -29,18 +34,25 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .config import GPTConfig
 from .errors import PromptError
 
+# The book's constant, computed as the book computes it: float32's sqrt of float32(2 / pi),
+# one unit in the last place away from float32(math.sqrt(2 / pi)).
+SQRT_2_OVER_PI = torch.sqrt(torch.tensor(2.0 / torch.pi, dtype=torch.float32))
+
+INIT_SCHEMES = {
+    "gpt2": "GPT-2's initialisation: N(0, 0.02) weights, zero biases, residual projections scaled by "
+            "1/sqrt(2 * n_layers)",
+    "book": "the book's initialisation, torch.manual_seed(seed); GPTModel(cfg): PyTorch's defaults, N(0, 1) "
+            "embeddings and Kaiming-uniform linear layers",
+}
+
 
 class LayerNorm(nn.Module):
-    """scale * (x - mean) / sqrt(var + eps) + shift over the last dimension (the book's LayerNorm).
-
-    `F.layer_norm` computes exactly this (biased variance, eps inside the root) in one kernel.
-    """
+    """scale * (x - mean) / sqrt(var + eps) + shift over the last dimension (the book's LayerNorm)."""
 
     def __init__(self, emb_dim: int, eps: float = 1e-5):
         super().__init__()
@@ -49,32 +61,39 @@ class LayerNorm(nn.Module):
         self.shift = nn.Parameter(torch.zeros(emb_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.scale.shape, self.scale, self.shift, self.eps)
+        mean = x.mean(dim=-1, keepdim=True)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)  # biased: divides by d, as GPT-2 does
+        norm_x = (x - mean) / torch.sqrt(var + self.eps)
+        return self.scale * norm_x + self.shift
 
     def extra_repr(self) -> str:
         return f"{self.scale.shape[0]}, eps={self.eps}"
 
 
-def attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """softmax(q @ k.T / sqrt(hd)), each query seeing only itself and earlier tokens: `[b, h, t, t]`.
+class GELU(nn.Module):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): the book's GELU, GPT-2's "gelu_new"."""
 
-    The book's chapter 3, step by step. `q`, `k` are `[b, h, t, hd]`; row j of the result
-    says how much token j draws from tokens 0..j (the row sums to 1).
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1 + torch.tanh(SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3))))
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """softmax(q @ k.T / sqrt(hd)), each query seeing only itself and earlier tokens: `[b, h, t, s]`.
+
+    The book's chapter 3, step by step. `q` is `[b, h, t, hd]`, `k` is `[b, h, s, hd]`: the
+    queries are the last t of the s positions (s = t without a cache). Row j of the result
+    says how much query j draws from each position it may see (the row sums to 1).
     """
-    t, hd = q.shape[-2], q.shape[-1]
-    attn_scores = q @ k.transpose(-2, -1)  # [b, h, t, hd] @ [b, h, hd, t] -> [b, h, t, t]
-    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(diagonal=1)
-    attn_scores = attn_scores.masked_fill(future, float("-inf"))  # token j may not look at j+1..
-    return torch.softmax(attn_scores / math.sqrt(hd), dim=-1)
+    t, s, hd = q.shape[-2], k.shape[-2], q.shape[-1]
+    attn_scores = q @ k.transpose(-2, -1)  # [b, h, t, hd] @ [b, h, hd, s] -> [b, h, t, s]
+    # Query j sits at position s - t + j and may not look at the positions after it.
+    future = torch.ones(t, s, dtype=torch.bool, device=q.device).triu(diagonal=s - t + 1)
+    attn_scores = attn_scores.masked_fill(future, -torch.inf)
+    return torch.softmax(attn_scores / hd**0.5, dim=-1)
 
 
 class MultiHeadAttention(nn.Module):
-    """Causal self-attention with `n_heads` heads of size `head_dim` (the book's chapter 3).
-
-    `fused` picks how the heads attend: `F.scaled_dot_product_attention` (True, the default:
-    one kernel, flash attention on GPUs) or the book's written-out steps (False); both give
-    the same numbers, apart from float rounding and the random pattern of attention dropout.
-    """
+    """Causal self-attention with `n_heads` heads of size `head_dim` (the book's chapter 3)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -86,23 +105,25 @@ class MultiHeadAttention(nn.Module):
         self.W_value = nn.Linear(d, d, bias=cfg.qkv_bias)
         self.out_proj = nn.Linear(d, d)
         self.dropout = nn.Dropout(cfg.drop_rate)
-        self.fused = True
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The heads' context `[b, h, t, hd]`: attention weights, dropped out, times the values."""
+        attn_weights = self.dropout(attention_weights(q, k))  # [b, h, t, s]
+        return attn_weights @ v  # [b, h, t, s] @ [b, h, s, hd] -> [b, h, t, hd]
+
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+        """`[b, t, d] -> [b, t, d]`. `cache`: this layer's part of the engine's KV cache, or None."""
         b, t, d = x.shape
         q = self.split_heads(self.W_query(x))  # each head attends in its own hd-wide slice
         k = self.split_heads(self.W_key(x))
         v = self.split_heads(self.W_value(x))
-        if self.fused:
-            context = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=self.dropout.p if self.training else 0.0)
-        else:
-            attn_weights = self.dropout(attention_weights(q, k))  # [b, h, t, t]
-            context = attn_weights @ v  # [b, h, t, t] @ [b, h, t, hd] -> [b, h, t, hd]
+        if cache is not None:
+            k, v = cache.update(k, v)  # the earlier tokens' keys and values, then these: [b, h, s, hd]
+        context = self.attend(q, k, v)
         context = context.transpose(1, 2).reshape(b, t, d)  # [b, h, t, hd] -> [b, t, d]: heads side by side
         return self.out_proj(context)
 
@@ -114,8 +135,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.layers = nn.Sequential(
             nn.Linear(cfg.emb_dim, 4 * cfg.emb_dim),  # [b, t, d] -> [b, t, 4d]
-            # The book's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's "gelu_new".
-            nn.GELU(approximate="tanh"),
+            GELU(),
             nn.Linear(4 * cfg.emb_dim, cfg.emb_dim),  # [b, t, 4d] -> [b, t, d]
         )
 
@@ -134,8 +154,8 @@ class TransformerBlock(nn.Module):
         self.ff = FeedForward(cfg)
         self.drop_shortcut = nn.Dropout(cfg.drop_rate)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_shortcut(self.att(self.norm1(x)))
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+        x = x + self.drop_shortcut(self.att(self.norm1(x), cache))
         x = x + self.drop_shortcut(self.ff(self.norm2(x)))
         return x
 
@@ -164,14 +184,35 @@ class GPTModel(nn.Module):
     def tied(self) -> bool:
         return self.out_head.weight is self.tok_emb.weight
 
-    def reset_parameters(self, seed: int | None = None) -> None:
-        """GPT-2's initialisation: N(0, 0.02) weights, zero biases, LayerNorm scale 1 and shift 0,
-        and residual projections scaled by 1/sqrt(2 * n_layers) so the residual stream's
-        variance does not grow with depth."""
+    def reset_parameters(self, seed: int | None = None, scheme: str = "gpt2") -> None:
+        """Draw random weights by `scheme` (INIT_SCHEMES), seeded, whatever the RNG's state.
+
+        "gpt2": N(0, 0.02) weights, zero biases, LayerNorm scale 1 and shift 0, and residual
+        projections scaled by 1/sqrt(2 * n_layers) so the residual stream's variance does not
+        grow with depth.
+        "book": what `torch.manual_seed(seed); GPTModel(cfg)` draws in the book's code: each
+        nn.Embedding's and nn.Linear's own default initialisation, in the order the book builds
+        them (the same order as here), from the CPU generator: N(0, 1) embeddings, Kaiming-uniform
+        weights and uniform biases. The weights must be on the CPU.
+        """
+        if scheme == "book":
+            if self.tok_emb.weight.device.type != "cpu":
+                raise ValueError("the book's initialisation draws from the CPU generator: build on the CPU, then move")
+            with torch.random.fork_rng(devices=[]):
+                if seed is not None:
+                    torch.manual_seed(seed)
+                for module in self.modules():
+                    if isinstance(module, (nn.Embedding, nn.Linear)):
+                        module.reset_parameters()
+                    elif isinstance(module, LayerNorm):
+                        nn.init.ones_(module.scale)
+                        nn.init.zeros_(module.shift)
+            return
+        if scheme != "gpt2":
+            raise ValueError(f"unknown initialisation {scheme!r}: choose one of {sorted(INIT_SCHEMES)}")
         gen = None
         if seed is not None:
-            device = self.tok_emb.weight.device
-            gen = torch.Generator(device=device).manual_seed(seed)
+            gen = torch.Generator(device=self.tok_emb.weight.device).manual_seed(seed)
         std = 0.02
         for name, p in self.named_parameters():
             if name.endswith("out_proj.weight") or name.endswith("layers.2.weight"):
@@ -190,17 +231,28 @@ class GPTModel(nn.Module):
             n += self.out_head.weight.numel()
         return n
 
-    def forward(self, in_idx: torch.Tensor) -> torch.Tensor:
-        """Token ids `[b, t]` (int64) -> logits `[b, t, V]` in the weights' dtype."""
+    def forward(self, in_idx: torch.Tensor, cache=None, last_only: bool = False) -> torch.Tensor:
+        """Token ids `[b, t]` (int64) -> logits `[b, t, V]` in the weights' dtype.
+
+        cache: the engine's KVCache holding the tokens before `in_idx` (which then holds only
+        the new tokens, at positions cache.pos ...); None, as in the book, for whole sequences.
+        last_only: logits of the last position only, `[b, 1, V]`: all that generation reads,
+        without the [t, d] x [d, V] matmul of the other positions.
+        """
         b, t = in_idx.shape
-        if t > self.cfg.context_length:
+        start = 0 if cache is None else cache.pos
+        if start + t > self.cfg.context_length:
             raise PromptError(
-                f"input is {t:,} tokens but context_length is {self.cfg.context_length:,}: "
+                f"input is {start + t:,} tokens but context_length is {self.cfg.context_length:,}: "
                 "shorten it (generation keeps only the last context_length tokens)"
             )
         x = self.tok_emb(in_idx)  # [b, t] -> [b, t, d]: row in_idx[i, j] of the [V, d] matrix
-        x = self.drop_emb(x + self.pos_emb(torch.arange(t, device=in_idx.device)))  # + [t, d], for every row
-        for block in self.trf_blocks:
-            x = block(x)
+        x = self.drop_emb(x + self.pos_emb(torch.arange(start, start + t, device=in_idx.device)))  # + [t, d]
+        for i, block in enumerate(self.trf_blocks):
+            x = block(x, None if cache is None else cache.layer(i))
+        if cache is not None:
+            cache.advance(t)
         x = self.final_norm(x)
+        if last_only:
+            x = x[:, -1:]  # [b, t, d] -> [b, 1, d]
         return self.out_head(x)  # [b, t, d] -> [b, t, V]: x @ out_head.weight.T

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from ..training.checkpoint import recover_checkpoints, resume_checkpoint
-from ..config import PRESETS, get_config
+from ..config import PRESETS, get_config, init_scheme
 from ..training.data import TextTask, build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
 from ..errors import GlassError
 from ..training.rundir import lock_run_dir
@@ -301,7 +301,7 @@ def _new_setup(args: argparse.Namespace):
                           n_heads=args.n_heads, emb_dim=args.emb_dim, context_length=args.context_length,
                           drop_rate=args.drop_rate)
         seed = args.seed if args.seed is not None else TrainConfig(out="-").seed
-        model = random_model(gcfg, torch.device("cpu"), torch.float32, seed)
+        model = random_model(gcfg, torch.device("cpu"), torch.float32, seed, init_scheme(args.model or "gpt2"))
         context = gcfg.context_length
     cfg = train_config_from_args(args, {"out": args.out})
     # Paths that hold from any working directory: the data absolute, the cache relative to the run.

@@ -4,8 +4,11 @@
 makes the same computation faster, and tests/test_engine.py proves each piece equal to
 the glass model (the same greedy tokens in float32; stated tolerances in bfloat16/int8):
 
-    decode.py     Engine(model): the forward pass with a KV cache, fast attention and the
-                  head on the last position; compile_for_generation (torch.compile)
+    fused.py      the glass model's LayerNorm, GELU and attention as fused kernels, on a twin
+                  that shares the model's weights
+    cache.py      the KV cache: keys and values of earlier tokens, written in place
+    decode.py     Engine(model): the glass model's forward on the fused twin, with the cache
+                  and the head on the last position; compile_for_generation (torch.compile)
     attention.py  the causal attention over cached keys: SDPA, or written out in blocks
                   of queries where that measured faster on a CPU
     int8.py       int8 weight-only Linear layers for CPU decoding
@@ -18,10 +21,12 @@ model.py imports nothing from here: `GPTModel` alone is a complete, correct GPT-
 trains, and `generate(..., use_cache=False)` runs the book's loop on it.
 """
 
-from .decode import Engine, KVCache, as_engine, compile_for_generation
+from .cache import KVCache
+from .decode import Engine, as_engine, compile_for_generation
+from .fused import fused, is_fused
 from .int8 import Int8Linear, is_quantized, quantize_int8
 from .loss import cross_entropy
 from .mixed import LowPrecisionCopy
 
-__all__ = ["Engine", "KVCache", "as_engine", "compile_for_generation", "Int8Linear", "is_quantized",
+__all__ = ["Engine", "KVCache", "fused", "is_fused", "as_engine", "compile_for_generation", "Int8Linear", "is_quantized",
            "quantize_int8", "cross_entropy", "LowPrecisionCopy"]

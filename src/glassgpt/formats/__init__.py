@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..config import PRESETS, GPTConfig, load_config
+from ..config import PRESETS, GPTConfig, init_scheme, load_config
 from ..device import resolve_device, resolve_dtype
 from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
 from ..model import GPTModel
@@ -60,7 +60,7 @@ def load_model(spec: str | os.PathLike = "gpt2", device: str | torch.device | No
         warnings.warn(f"{spec} has random weights (a preset, not trained): the shapes are real, the "
                       "probabilities and text are not. Load trained weights from a hub id such as "
                       "openai-community/gpt2 or from a checkpoint directory.", RandomWeightsWarning, stacklevel=2)
-        return random_model(read_config(spec), dev, dt, seed)
+        return random_model(read_config(spec), dev, dt, seed, init_scheme(spec))
     if book.is_book_spec(spec):
         cfg, tensors = _book_source(spec, n_heads)
         return assign_model(cfg, tensors, dev, dt, source=spec)
@@ -106,13 +106,18 @@ def local_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
     return resolve_checkpoint_dir(spec)
 
 
-def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> GPTModel:
+def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed: int = 0,
+                 init: str = "gpt2") -> GPTModel:
+    """A GPTModel of `cfg` with random weights drawn by `init` (model.INIT_SCHEMES), in eval mode.
+
+    The same seed gives the same weights whatever the RNG's state; "book" draws on the CPU
+    (as the book's code does) and then moves the weights to `device`."""
     with torch.device("meta"):
         model = GPTModel(cfg)
-    model.to_empty(device=device)
+    model.to_empty(device="cpu" if init == "book" else device)
     model.tie_weights()
-    model.reset_parameters(seed)  # same seed, same weights, whatever the device's RNG state
-    return model.to(dtype).eval()
+    model.reset_parameters(seed, init)
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def read_config(spec: str | os.PathLike, n_heads: int | None = None) -> GPTConfig | None:

@@ -74,9 +74,10 @@ from torch import nn
 
 from ..formats.glassgpt import nonfinite_tensor
 from .checkpoint import full_tensor, load_checkpoint, saved_checkpoints, save_checkpoints
+from ..engine.fused import fused
 from ..engine.mixed import LowPrecisionCopy
 from ..device import resolve_device, resolve_dtype
-from ..errors import GlassError, TrainError
+from ..errors import GlassError, NonFiniteError, TrainError
 from .rundir import lock_run_dir
 from ..tokenizer import Tokenizer
 from ..formats.files import atomic_write
@@ -456,6 +457,7 @@ class _Run:
         model.train()
         if cfg.fsdp:
             from torch.distributed.fsdp import fully_shard
+            fused(model, in_place=True)  # before sharding: FSDP's hooks are on these very modules
             for block in getattr(model, "trf_blocks", []):
                 fully_shard(block)
             fully_shard(model)
@@ -475,6 +477,8 @@ class _Run:
             compute = self.low_precision.module
         # The training step autocasts only when its model is float32 (a bf16 copy needs no casts).
         self.step_amp = self.amp if self.low_precision is None else torch.float32
+        if not cfg.fsdp:  # the glass model's blocks on fused kernels (engine/fused.py), sharing its weights
+            compute = fused(compute)
         forward = torch.compile(compute) if cfg.compile else compute
         if self.ranks.world > 1 and not cfg.fsdp:
             from torch.nn.parallel import DistributedDataParallel
@@ -668,7 +672,10 @@ class _Run:
         self.model.eval()
         with autocast(self.device, self.amp):
             out.update(self.task.evaluate(self.model))
-            sample = self.task.sample(self.model) if self.cfg.sample_tokens else None
+            try:
+                sample = self.task.sample(self.model) if self.cfg.sample_tokens else None
+            except NonFiniteError:
+                raise self._diverged("the sample's scores are NaN or infinite") from None
         self.model.train(was_training)
         if sample is not None:
             out["sample"] = sample

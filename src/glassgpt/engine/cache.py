@@ -1,0 +1,76 @@
+"""The KV cache: keys and values of the tokens so far, so that a decoding step feeds only the new one.
+
+    cache = KVCache(cfg, batch_size, max_len)
+    model(prompt_ids, cache)       # fills positions 0..t-1 of every layer
+    model(next_id, cache)          # one token: appends position t, attends over 0..t
+
+`GPTModel.forward(in_idx, cache)` reads `cache.pos` (where the new tokens go), hands block i
+`cache.layer(i)`, whose `update(k, v)` writes the new keys and values and returns all of
+them, and calls `cache.advance(t)` when every block has run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import GPTConfig
+from ..errors import PromptError
+
+
+class KVCache:
+    """Keys and values of every layer, allocated once and written in place.
+
+    `k[layer]` and `v[layer]` are `[b, h, max_len, hd]`; positions `[0, pos)` are filled.
+    Appending never reallocates or concatenates, so a decode step costs the same at
+    token 10 as at token 1,000 (apart from attention itself).
+
+    One tensor per layer, not one `[n_layers, ...]` tensor: torch.compile turns a write
+    into a slice of a graph input into a copy of that whole input, so with one shared
+    tensor every layer's write copied all layers' caches (n_layers^2 copies per step).
+    """
+
+    def __init__(self, cfg: GPTConfig, batch_size: int, max_len: int | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
+        max_len = max_len or cfg.context_length
+        shape = (batch_size, cfg.n_heads, max_len, cfg.head_dim)
+        # Uninitialised on purpose: only positions [0, pos) are ever read, and zeroing a
+        # full-context cache (75 MB for gpt2 at batch 1 in float32) costs more than a short reply.
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.layers = [LayerCache(self, i) for i in range(cfg.n_layers)]
+        self.max_len = max_len
+        self.pos = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.k + self.v)
+
+    def reset(self) -> None:
+        self.pos = 0
+
+    def layer(self, i: int) -> "LayerCache":
+        return self.layers[i]
+
+    def advance(self, t: int) -> None:
+        """The model has written t new positions into every layer."""
+        self.pos += t
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write `k`, `v` ([b, h, t, hd]) of `layer` at the current position; return all keys/values so far."""
+        end = self.pos + k.shape[2]
+        if end > self.max_len:
+            raise PromptError(f"the KV cache holds {self.max_len:,} positions but {end:,} are needed: "
+                              "make the KVCache with a larger max_len")
+        self.k[layer][:, :, self.pos:end] = k
+        self.v[layer][:, :, self.pos:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+class LayerCache:
+    """One layer's view of a KVCache: what `MultiHeadAttention.forward` calls `update` on."""
+
+    def __init__(self, cache: KVCache, index: int):
+        self.cache, self.index = cache, index
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.update(self.index, k, v)
