@@ -7,6 +7,7 @@ than a float32 one); float32 elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from pathlib import Path
@@ -96,3 +97,19 @@ def pick_threads(emb_dim: int, cores: int) -> tuple[int, str]:
     if emb_dim < SMALL_EMB_DIM:
         return 1, f"small model, emb_dim {emb_dim} < {SMALL_EMB_DIM}"
     return cores, "all cores; on a machine busy with other work --threads 1 can be faster"
+
+
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module):
+    """`model` in eval mode inside the block (no dropout), in its own mode again after.
+
+    A model already in eval mode is left alone, so the threads that share a served model
+    never see its mode flip."""
+    was_training = model.training
+    if was_training:
+        model.eval()
+    try:
+        yield model
+    finally:
+        if was_training:
+            model.train()

@@ -37,6 +37,14 @@ VOCAB_SHA256 = {
 }
 
 
+def check_fits(tokenizer: "Tokenizer", vocab_size: int, fix: str = "pass the model's own tokenizer") -> None:
+    """Refuse a tokenizer with more ids than the model has rows of tok_emb (an id past them would
+    index out of range): `fix` says what to do about it."""
+    if tokenizer.n_vocab > vocab_size:
+        raise TokenizerError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
+                             f"{vocab_size:,}: {fix}")
+
+
 class Tokenizer:
     """Common interface. Subclasses set `name`, `n_vocab`, `eot_id`."""
 

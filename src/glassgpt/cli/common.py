@@ -14,7 +14,7 @@ import torch
 from ..device import pick_threads
 from ..errors import GlassError
 from ..model import GPTModel
-from ..tokenizer import Tokenizer
+from ..tokenizer import Tokenizer, check_fits
 from ..errors import RandomWeightsWarning
 from ..formats import load_model, load_tokenizer
 
@@ -129,9 +129,7 @@ def load(args: argparse.Namespace) -> tuple[GPTModel, Tokenizer]:
     model = load_model(args.model, device=args.device, dtype=args.dtype,
                        seed=args.seed if args.seed is not None else 0, n_heads=args.n_heads)
     tokenizer = load_tokenizer(args.model)
-    if tokenizer.n_vocab > model.cfg.vocab_size:
-        raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
-                         f"{model.cfg.vocab_size:,}: the checkpoint's tokenizer.json does not belong to it")
+    check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
     set_threads(getattr(args, "threads", None), model.cfg.emb_dim)
     return model, tokenizer
 

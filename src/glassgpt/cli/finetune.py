@@ -29,6 +29,7 @@ from ..training import finetune as ft
 from ..training import lora
 from ..training.checkpoint import recover_checkpoints, resume_checkpoint
 from ..training.data import scan_file
+from ..tokenizer import check_fits
 from ..errors import GlassError
 from ..training.loop import TrainConfig, check_out_dir, fit
 from ..formats import load_meta, load_model, load_tokenizer
@@ -139,9 +140,7 @@ def _finetune(args: argparse.Namespace, kind: str, run_dir: str) -> int:
         raise GlassError("--fsdp shards plain weights; LoRA adapters are small enough to replicate: drop --fsdp")
     model = load_model(source or settings["model"], device="cpu", dtype="float32")
     tokenizer = load_tokenizer(source or settings["model"])
-    if tokenizer.n_vocab > model.cfg.vocab_size:
-        raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
-                         f"{model.cfg.vocab_size:,}: the checkpoint's tokenizer.json does not belong to it")
+    check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
     max_length = min(settings["max_length"] or model.cfg.context_length, model.cfg.context_length)
     setup = _classification_setup if kind == "classify" else _instruction_setup
     model, data, make_task = setup(model, tokenizer, settings, max_length, seed)

@@ -35,7 +35,7 @@ from ..config import PRESETS, get_config, init_scheme
 from ..training.data import TextTask, build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
 from ..errors import GlassError
 from ..training.rundir import lock_run_dir
-from ..tokenizer import get_tokenizer, train_bpe
+from ..tokenizer import check_fits, get_tokenizer, train_bpe
 from ..training.loop import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run, saved_train_config
 from ..formats import load_meta, load_model, load_tokenizer, local_checkpoint_dir, random_model
 from ..formats.files import atomic_write
@@ -283,9 +283,7 @@ def _new_setup(args: argparse.Namespace):
     if args.init:
         model = load_model(args.init, device="cpu", dtype="float32")
         tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else load_tokenizer(args.init)
-        if tokenizer.n_vocab > model.cfg.vocab_size:
-            raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but {args.init} has vocab_size "
-                             f"{model.cfg.vocab_size:,}: use the model's own tokenizer (drop --tokenizer)")
+        check_fits(tokenizer, model.cfg.vocab_size, f"use {args.init}'s own tokenizer (drop --tokenizer)")
         if args.drop_rate is not None:
             model = _with_dropout(model, args.drop_rate)
         context = args.context_length or model.cfg.context_length
@@ -391,9 +389,7 @@ def run_eval(args: argparse.Namespace) -> int:
         tokenizer = build_tokenizer(args.tokenizer, files)
     else:
         tokenizer = load_tokenizer(args.model)
-    if tokenizer.n_vocab > model.cfg.vocab_size:
-        raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
-                         f"{model.cfg.vocab_size:,}: pass the model's own tokenizer")
+    check_fits(tokenizer, model.cfg.vocab_size)
     context = args.context_length or run_data.get("context_length") or model.cfg.context_length
     if context > model.cfg.context_length:
         raise GlassError(f"--context-length {context} is longer than the model's {model.cfg.context_length}")

@@ -52,7 +52,7 @@ from ..errors import TraceCancelled
 from ..explain import Progress, trace
 from ..explain.diagram import to_svg
 from ..model import GPTModel
-from ..tokenizer import Tokenizer
+from ..tokenizer import Tokenizer, check_fits
 
 MAX_BODY_BYTES = 256 * 1024  # a full 1,024-token prompt is a few KiB of JSON
 MAX_TOP_K = 100
@@ -109,9 +109,7 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
     limit = cfg.context_length if max_prompt_tokens is None else max_prompt_tokens
     if not 1 <= limit <= cfg.context_length:
         raise GlassError(f"max_prompt_tokens must be in 1..{cfg.context_length:,} (the context_length), got {limit:,}")
-    if tokenizer.n_vocab > cfg.vocab_size:
-        raise GlassError(f"the tokenizer has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
-                         f"{cfg.vocab_size:,}: they do not belong together")
+    check_fits(tokenizer, cfg.vocab_size, "they do not belong together")
     is_classifier = cfg.num_classes is not None
     static = _read_static()
     limiter = anyio.CapacityLimiter(MAX_CONCURRENT_TRACES)
