@@ -12,9 +12,9 @@ The package, layer by layer (each imports only from the layers above it in this 
     errors, version      every exception; the version
     config, tokenizer    GPTConfig and the presets; GPT-2's BPE (vocab/ holds its files)
     model                the glass model: the book's GPT-2, the forward pass and nothing else
-    device, memory       where and how precisely to run; what a model needs in bytes
+    device               where, how precisely and on how many threads to run
     engine/              the same computation made fast, each piece proven equal to model.py
-    generate             picking the next token, streaming
+    memory, generate     what a model needs in bytes; picking the next token, streaming
     formats/             every file a reader brings, both ways, checked before anything is built
     explain/             record -> Trace (plain data) -> text / picture / JSON
     training/            the loop, its config, checkpoints and run directories, the tasks, LoRA
