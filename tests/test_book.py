@@ -284,7 +284,8 @@ def test_gpt2_book_siblings_are_the_books_model_configs(size, emb_dim, n_layers,
 def test_info_explains_the_gpt2_book_difference_in_one_line(capsys):
     code, out, _ = run(["info", "--model", "gpt2-book", "--json"], capsys)
     assert code == 0
-    (note,) = json.loads(out)["notes"]
+    init, note = json.loads(out)["notes"]
+    assert "the book's initialisation" in init  # a random model says in one line how it was drawn
     for number in ("27,648", "[50257, 768]", "163,009,536", "124,439,808"):
         assert number in note
     assert model_notes("gpt2", glassgpt.PRESETS["gpt2"]) == []

@@ -76,13 +76,18 @@ def _torch_load(path: Path) -> Any:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
+            if "global" not in str(e).lower():  # not code: bytes that are no pickle at all
+                last = e
+                continue
             found = re.search(r"global:? GLOBAL ([\w.]+)", str(e))
             what = f" (it refers to {found.group(1)})" if found else ""
             raise CheckpointError(f"{path} holds pickled code or objects other than tensors{what}, which "
                                   "glassgpt never unpickles: save the model's state_dict() instead") from None
         except Exception as e:  # a truncated zip, not a torch file at all: all end in one line
             last = e
-    reason = str(last).splitlines()[0] if str(last) else type(last).__name__
+    lines = [line for line in str(last).splitlines() if line.strip()]
+    unpickler = [line for line in lines if "Unsupported" in line]  # torch's own reason, among its advice
+    reason = (unpickler or lines or [type(last).__name__])[0]
     raise CheckpointError(f"{path} is truncated, corrupt or not a PyTorch file ({reason}): pass a state dict "
                           "saved with torch.save(model.state_dict(), path), or a checkpoint directory")
 
@@ -211,10 +216,23 @@ def book_state_dict(model: GPTModel) -> dict[str, torch.Tensor]:
 # --- what info and explain say -------------------------------------------------------------------
 
 def model_notes(spec: str | Path, cfg: GPTConfig | dict[str, Any]) -> list[str]:
-    """One line on where n_heads came from (for the book's files) and one on how the layout
-    differs from OpenAI's GPT-2 (no qkv biases, an untied head): what `info` and `explain` print."""
+    """One line on where n_heads came from (for the book's files), one on the dropout a state dict
+    cannot record, and one on how the layout differs from OpenAI's GPT-2 (no qkv biases, an untied
+    head): what `info` and `explain` print."""
     cfg = GPTConfig.from_dict(cfg) if isinstance(cfg, dict) else cfg
-    return [note for note in (_head_count_note(spec, cfg), layout_note(cfg)) if note]
+    return [note for note in (_head_count_note(spec, cfg), dropout_note(spec, cfg), layout_note(cfg)) if note]
+
+
+def dropout_note(spec: str | Path, cfg: GPTConfig) -> str | None:
+    """For a state dict file: that it cannot record dropout, and the drop_rate assumed instead."""
+    if not is_state_dict_file(spec):
+        return None
+    side, side_path = side_config(spec)
+    if "drop_rate" in side:
+        return f"drop_rate {cfg.drop_rate} from {side_path.name} beside the weights (a state dict cannot record dropout)"
+    return (f"drop_rate {cfg.drop_rate} is assumed: a state dict cannot record dropout (the book trains with 0.1); "
+            f"put {{\"n_heads\": {cfg.n_heads}, \"drop_rate\": 0.1}} in {Path(spec).with_suffix('.json').name} beside "
+            "it, or pass --drop-rate to train, to train with dropout")
 
 
 def _head_count_note(spec: str | Path, cfg: GPTConfig) -> str | None:

@@ -30,6 +30,7 @@ norms and biases always as f32. Reading dequantizes to float32.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -182,9 +183,17 @@ def _add_gpt2_tokenizer(w, gguf, vocab_size: int, eot_id: int) -> None:
 # --- reading ------------------------------------------------------------------------------------
 
 def _reader(path: str | os.PathLike):
+    """gguf's reader of `path`, kept while the file is unchanged: parsing GPT-2's 100,000 tokenizer
+    strings takes seconds, and the config, the tensors and the tokenizer all come from one parse."""
+    stat = Path(path).stat()
+    return _cached_reader(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_reader(path: str, mtime_ns: int, size: int):
     gguf = _gguf()
     try:
-        return gguf.GGUFReader(str(path), "r")
+        return gguf.GGUFReader(path, "r")
     except Exception as e:  # a truncated or crafted header fails in many ways inside the reader
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(f"{path} is truncated or not a GGUF file that glassgpt reads ({reason})") from None
@@ -247,7 +256,7 @@ def _tensors(infos: dict, cfg: GPTConfig, source: str) -> Iterator[tuple[str, to
         shape = tuple(int(n) for n in reversed(t.shape.tolist()))
         try:
             data = gguf.quants.dequantize(t.data, t.tensor_type)
-            return torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)).reshape(shape)
+            return torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)  # a copy: the map is read-only
         except Exception as e:
             raise CheckpointError(f"{source}: tensor {name!r} {list(shape)} {t.tensor_type.name} cannot be read "
                                   f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
