@@ -189,7 +189,7 @@ def _reader(path: str | os.PathLike):
     return _cached_reader(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=4)
 def _cached_reader(path: str, mtime_ns: int, size: int):
     gguf = _gguf()
     try:
