@@ -36,7 +36,7 @@ from .checks import check_buildable, meta_model
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, model_from_state,
                        read_config_file, read_meta, read_tokenizer, resolve_checkpoint_dir, save_model, upgrade_name)
 from .hf import export_hf, hf_to_glassgpt
-from .hub import download
+from .hub import download, try_download
 
 __all__ = ["CHECKPOINT_SUBDIRS", "assign_model", "checkpoint_config", "checkpoint_dir", "download", "export_hf",
            "get_config", "get_tokenizer", "is_random_init", "load_checkpoint", "load_meta", "load_model",
@@ -83,10 +83,14 @@ def checkpoint_dir(spec: str | os.PathLike) -> Path:
     spec = str(spec)
     ckpt = resolve_checkpoint_dir(spec)
     if ckpt is None:
-        if not is_hub_id(spec):
-            raise CheckpointError(f"no model {spec!r}{_near_miss(spec)}: use a preset ({', '.join(PRESETS)}), "
-                                  f"{SPEC_KINDS}")
-        ckpt = download(spec)
+        where = ""
+        if is_hub_id(spec):
+            ckpt, reason = try_download(spec)
+            where = (f" here or on the Hugging Face hub ({reason}): put its config.json and model.safetensors "
+                     "in a directory and pass that, or")
+        if ckpt is None:
+            raise CheckpointError(f"no model {spec!r}{_near_miss(spec)}{where or ':'} use a preset "
+                                  f"({', '.join(PRESETS)}), {SPEC_KINDS}")
     return ckpt
 
 
