@@ -23,6 +23,7 @@ from glassgpt.config import GPTConfig
 from glassgpt.errors import CheckpointError, GlassError
 from glassgpt.formats import export_hf, load_meta, random_model, save_model
 
+from test_book import openai_copy, openai_dir  # noqa: F401 (fixtures: the gpt2/124M folder, written by TensorFlow)
 from test_cli_core import assert_one_line_error, run
 
 SECONDS = 10  # "within seconds": the slowest answer here takes well under one on this machine
@@ -198,18 +199,6 @@ def test_a_cfg_beside_a_pth_with_a_string_n_heads_is_named(capsys, tmp_path, mod
 
 
 # --- the TensorFlow folder: hparams.json and the index ---------------------------------------------
-
-@pytest.fixture(scope="module")
-def openai_dir(tmp_path_factory) -> Path:
-    from test_book import write_openai_folder
-    return write_openai_folder(tmp_path_factory.mktemp("gpt2") / "124M")
-
-
-@pytest.fixture
-def openai_copy(openai_dir, tmp_path) -> Path:
-    import shutil
-    return Path(shutil.copytree(openai_dir, tmp_path / "124M"))
-
 
 @pytest.mark.parametrize("change, words", [
     ({"n_embd": "64"}, ("hparams.json", "n_embd", "'64'")),

@@ -463,3 +463,11 @@ def test_a_config_file_warns_and_a_checkpoint_does_not(tmp_path):
         warnings.simplefilter("error", glassgpt.RandomWeightsWarning)
         load_model(path)
         load_model("gpt2", config=cfg)  # an explicit config: the caller built it on purpose
+
+
+def test_written_files_get_the_permissions_a_plain_open_would_give(ckpt):
+    path, _ = ckpt
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("model.safetensors", "config.json"):
+        assert (path / name).stat().st_mode & 0o777 == 0o666 & ~umask, name  # not mkstemp's owner-only 0600

@@ -152,13 +152,28 @@ def _load_bin(file: Path) -> dict[str, torch.Tensor]:
 
 
 def atomic_write(dest: Path, write: Callable[[str], Any]) -> None:
+    """`write(tmp)` a temporary file beside `dest`, then rename it into place, with the permissions
+    a plain open() would have given (mkstemp's are owner-only)."""
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux's /proc), else the usual 022."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
