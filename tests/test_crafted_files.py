@@ -83,6 +83,18 @@ def test_a_tensor_past_the_end_of_the_file_is_named(capsys, ckpt):
     answer(capsys, "generate", "hi", "--model", str(ckpt), words=("tok_emb.weight", "truncated"))
 
 
+def test_a_tensor_of_a_dtype_safetensors_does_not_define_is_named(capsys, ckpt):
+    write_header(ckpt / "model.safetensors", {"tok_emb.weight": {"dtype": "F128", "shape": [2], "data_offsets": [0, 32]}},
+                 b"\0" * 32)
+    answer(capsys, "info", "--model", str(ckpt), words=("tok_emb.weight", "'F128'"))
+
+
+def test_a_pytorch_model_bin_of_non_tensors_is_one_line(capsys, hf_dir):
+    (hf_dir / "model.safetensors").unlink()
+    torch.save({"wte.weight": [1, 2, 3]}, hf_dir / "pytorch_model.bin")
+    answer(capsys, "info", "--model", str(hf_dir), words=("pytorch_model.bin", "other things than tensors"))
+
+
 def test_a_safetensors_header_that_is_not_json_is_refused(capsys, ckpt):
     (ckpt / "model.safetensors").write_bytes(struct.pack("<Q", 5) + b"{nope" + b"\0" * 10)
     answer(capsys, "info", "--model", str(ckpt), words=("model.safetensors", "not JSON"))

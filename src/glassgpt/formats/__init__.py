@@ -110,7 +110,10 @@ def _near_miss(spec: str) -> str:
         return ""
     names += [name for name in PRESETS if parent == Path(".")]
     close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.8)
-    return f" (did you mean {str(parent / close[0]) if parent != Path('.') else close[0]!r}?)" if close else ""
+    if not close:
+        return ""
+    meant = str(parent / close[0]) if parent != Path(".") else close[0]
+    return f" (did you mean {meant!r}?)"
 
 
 def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:

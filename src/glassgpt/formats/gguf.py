@@ -293,6 +293,8 @@ def gguf_tokenizer(path: str | os.PathLike) -> Tokenizer:
 def gguf_dtype_note(path: str | os.PathLike) -> str | None:
     """One line on how the matrices are stored (q8_0, bf16, ...), for `info`."""
     reader = _reader(path)
-    kinds = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) == 2})
+    kinds = sorted({t.tensor_type.name.lower() for t in reader.tensors
+                    if len(t.shape) == 2 and t.name != "position_embd.weight"})
     total = sum(math.prod(int(n) for n in t.shape.tolist()) for t in reader.tensors)
-    return f"matrices stored as {', '.join(kinds)} ({total:,} numbers), read back as float32"
+    return (f"a GGUF file: matrices stored as {', '.join(kinds)} (positions, norms and biases as f32; "
+            f"{total:,} numbers), read back as float32")
