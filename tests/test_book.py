@@ -494,3 +494,17 @@ def test_a_damaged_openai_folder_is_one_line(openai_copy, tmp_path, capsys, dama
     else:
         data.unlink()
     export_fails(capsys, tmp_path, openai_copy, *words)
+
+
+def test_info_and_export_say_a_state_dict_cannot_record_dropout_and_what_is_assumed(tmp_path, capsys):
+    pth = save_book(book_model(BOOK_CFG_GPT2_VOCAB, seed=2), tmp_path / "model.pth")
+    code, out, _ = run(["info", "--model", str(pth), "--json"], capsys)
+    assert code == 0 and json.loads(out)["config"]["drop_rate"] == 0.0
+    (note,) = [n for n in json.loads(out)["notes"] if "dropout" in n]
+    assert "drop_rate 0.0 is assumed" in note and "cannot record dropout" in note and "0.1" in note
+    code, out, _ = run(["export", str(pth), "--format", "hf", "--out", str(tmp_path / "hf")], capsys)
+    assert code == 0 and "cannot record dropout" in out
+    (tmp_path / "model.json").write_text(json.dumps({"n_heads": 1, "drop_rate": 0.1}))
+    code, out, _ = run(["info", "--model", str(pth), "--json"], capsys)
+    assert json.loads(out)["config"]["drop_rate"] == 0.1
+    assert any("drop_rate 0.1 from model.json" in n for n in json.loads(out)["notes"])
