@@ -8,10 +8,14 @@
     or `pytorch_model.bin`, read with `weights_only=True`: nothing is unpickled);
   - a hub id such as `openai-community/gpt2`, fetched with huggingface_hub and cached (hub.py);
   - the book's files: a state dict saved by its GPTModel (`model.pth`, book.py), or the
-    OpenAI folder its gpt_download.py writes (`gpt2/124M/`, a TensorFlow checkpoint: openai.py).
+    OpenAI folder its gpt_download.py writes (`gpt2/124M/`, a TensorFlow checkpoint: openai.py);
+  - a GGUF file in llama.cpp's GPT-2 layout (gguf.py), as `glassgpt export --format gguf` writes it.
 
-Each reader checks its file before it builds anything from it, and every one of them
-ends in `glassgpt.assign_model`, which checks every tensor's name and shape.
+Each reader checks its file before it builds anything from it (checks.py: the config's values,
+the config against the tensors' shapes, in the file's own words), and every one of them ends in
+`glassgpt.assign_model`, which checks every tensor's name and shape before the model is built.
+Reading a file is this package's alone: `get_config` and `get_tokenizer` read the config and
+tokenizer .json files that config.py and tokenizer.py, below this layer, never open.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ A stranger's file can claim anything. Three checks stand between it and an alloc
     claims 100,000 layers beside two is refused before a single layer is built;
   - a model built from a config alone (a preset, a config .json: random weights) must fit
     in this machine's memory (`check_buildable`), so no terabyte is asked for.
+What a model of a config holds comes from here too: `expected_shapes` (every tensor's shape,
+from a one-block model) and `meta_model` (a model with shapes and no memory).
 """
 
 from __future__ import annotations

@@ -7,10 +7,13 @@
     DIR/train_state.json    only in a training checkpoint (training/checkpoint.py): the loop's
                             state and the sha256 of every other file, checked before loading
 
-`assign_model` builds a GPTModel on the meta device and assigns the given tensors into it
-one at a time, checking each name and shape, so loading never holds two copies of the
-weights; every format (this one, Hugging Face's, the book's, the TensorFlow folder) and
-every training checkpoint goes through it.
+`model_from_state` is the one way a model is built from tensors: each name and shape is checked
+against the config (checks.expected_shapes, from a one-block model), then a GPTModel is built on
+the meta device (checks.meta_model) and the tensors are assigned into it, so nothing is copied.
+`assign_model` feeds it tensors read one at a time, each converted to the device and dtype as it
+comes, so loading never holds two copies of the weights; every format (this one, Hugging Face's,
+the book's, the TensorFlow folder, GGUF), every training checkpoint, LoRA's merge and the
+classifier head go through it.
 """
 
 from __future__ import annotations
