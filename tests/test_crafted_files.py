@@ -277,6 +277,15 @@ def test_a_gguf_of_garbage_after_its_magic_is_one_line(capsys, tmp_path):
     answer(capsys, "info", "--model", str(path), words=("model.gguf",))
 
 
+def test_a_truncated_gguf_is_one_line(capsys, tmp_path, model):
+    pytest.importorskip("gguf")
+    from glassgpt.formats.gguf import write_gguf
+    path = write_gguf(model, tmp_path / "model.gguf")
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    answer(capsys, "generate", "hi", "--model", str(path), words=("model.gguf", "truncated"))
+
+
 def test_a_gguf_whose_block_count_lies_is_named(capsys, tmp_path, model):
     gguf = pytest.importorskip("gguf")
     from glassgpt.formats.gguf import write_gguf
