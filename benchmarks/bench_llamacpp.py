@@ -41,65 +41,11 @@ PRECISION = {"f32": "float32", "bf16": "bfloat16", "q8_0": "int8", "q4_0": "4-bi
 
 
 def write_gguf(model, path: Path, kind: str) -> Path:
-    """`model`'s weights as a llama.cpp GPT-2 GGUF file, the matrices stored as `kind`."""
-    import gguf
+    """`model`'s weights as a llama.cpp GPT-2 GGUF file, the matrices stored as `kind`: glassgpt's own
+    writer (`glassgpt export --format gguf`), so the benchmark runs the file a reader would export."""
+    from glassgpt.formats.gguf import write_gguf as export_gguf
 
-    cfg = model.cfg
-    qtype = getattr(gguf.GGMLQuantizationType, GGUF_TYPES[kind])
-    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
-                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[kind]
-    w = gguf.GGUFWriter(str(path), "gpt2")
-    w.add_name(f"glassgpt-random-{kind}")
-    w.add_context_length(cfg.context_length)
-    w.add_embedding_length(cfg.emb_dim)
-    w.add_feed_forward_length(4 * cfg.emb_dim)
-    w.add_block_count(cfg.n_layers)
-    w.add_head_count(cfg.n_heads)
-    w.add_layer_norm_eps(1e-5)
-    w.add_file_type(file_type)
-    encoder = json.loads(_read_vocab_file("encoder.json"))
-    tokens = sorted(encoder, key=encoder.get)
-    merges = [line for line in _read_vocab_file("vocab.bpe").decode("utf-8").splitlines()[1:] if line]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL if t == "<|endoftext|>" else gguf.TokenType.NORMAL for t in tokens])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(encoder["<|endoftext|>"])
-    w.add_eos_token_id(encoder["<|endoftext|>"])
-
-    def tensor(name: str, t: torch.Tensor, matrix: bool = False) -> None:
-        data = t.detach().float().contiguous().numpy()
-        if matrix and kind != "f32":
-            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, data.astype(np.float32))
-
-    sd = model.state_dict()
-    tensor("token_embd.weight", sd["tok_emb.weight"], matrix=True)
-    tensor("position_embd.weight", sd["pos_emb.weight"])
-    for i in range(cfg.n_layers):
-        g = f"trf_blocks.{i}."
-        tensor(f"blk.{i}.attn_norm.weight", sd[g + "norm1.scale"])
-        tensor(f"blk.{i}.attn_norm.bias", sd[g + "norm1.shift"])
-        qkv = [sd[g + f"att.{p}.weight"] for p in ("W_query", "W_key", "W_value")]
-        tensor(f"blk.{i}.attn_qkv.weight", torch.cat(qkv), matrix=True)  # [3d, d]
-        tensor(f"blk.{i}.attn_qkv.bias", torch.cat([sd[g + f"att.{p}.bias"] for p in ("W_query", "W_key", "W_value")]))
-        tensor(f"blk.{i}.attn_output.weight", sd[g + "att.out_proj.weight"], matrix=True)
-        tensor(f"blk.{i}.attn_output.bias", sd[g + "att.out_proj.bias"])
-        tensor(f"blk.{i}.ffn_norm.weight", sd[g + "norm2.scale"])
-        tensor(f"blk.{i}.ffn_norm.bias", sd[g + "norm2.shift"])
-        tensor(f"blk.{i}.ffn_up.weight", sd[g + "ff.layers.0.weight"], matrix=True)
-        tensor(f"blk.{i}.ffn_up.bias", sd[g + "ff.layers.0.bias"])
-        tensor(f"blk.{i}.ffn_down.weight", sd[g + "ff.layers.2.weight"], matrix=True)
-        tensor(f"blk.{i}.ffn_down.bias", sd[g + "ff.layers.2.bias"])
-    tensor("output_norm.weight", sd["final_norm.scale"])
-    tensor("output_norm.bias", sd["final_norm.shift"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return export_gguf(model, path, dtype=kind, name=f"glassgpt-random-{kind}")
 
 
 class LlamaRunner:

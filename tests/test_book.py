@@ -284,7 +284,8 @@ def test_gpt2_book_siblings_are_the_books_model_configs(size, emb_dim, n_layers,
 def test_info_explains_the_gpt2_book_difference_in_one_line(capsys):
     code, out, _ = run(["info", "--model", "gpt2-book", "--json"], capsys)
     assert code == 0
-    (note,) = json.loads(out)["notes"]
+    init, note = json.loads(out)["notes"]
+    assert "the book's initialisation" in init  # a random model says in one line how it was drawn
     for number in ("27,648", "[50257, 768]", "163,009,536", "124,439,808"):
         assert number in note
     assert model_notes("gpt2", glassgpt.PRESETS["gpt2"]) == []
@@ -493,3 +494,17 @@ def test_a_damaged_openai_folder_is_one_line(openai_copy, tmp_path, capsys, dama
     else:
         data.unlink()
     export_fails(capsys, tmp_path, openai_copy, *words)
+
+
+def test_info_and_export_say_a_state_dict_cannot_record_dropout_and_what_is_assumed(tmp_path, capsys):
+    pth = save_book(book_model(BOOK_CFG_GPT2_VOCAB, seed=2), tmp_path / "model.pth")
+    code, out, _ = run(["info", "--model", str(pth), "--json"], capsys)
+    assert code == 0 and json.loads(out)["config"]["drop_rate"] == 0.0
+    (note,) = [n for n in json.loads(out)["notes"] if "dropout" in n]
+    assert "drop_rate 0.0 is assumed" in note and "cannot record dropout" in note and "0.1" in note
+    code, out, _ = run(["export", str(pth), "--format", "hf", "--out", str(tmp_path / "hf")], capsys)
+    assert code == 0 and "cannot record dropout" in out
+    (tmp_path / "model.json").write_text(json.dumps({"n_heads": 1, "drop_rate": 0.1}))
+    code, out, _ = run(["info", "--model", str(pth), "--json"], capsys)
+    assert json.loads(out)["config"]["drop_rate"] == 0.1
+    assert any("drop_rate 0.1 from model.json" in n for n in json.loads(out)["notes"])

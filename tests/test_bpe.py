@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import glassgpt
 from glassgpt.tokenizer import (GPT2_PATTERN, TokenizerError, get_tokenizer, iter_text_blocks,
                                 tokenizer_from_dict, train_bpe)
 
@@ -82,7 +83,7 @@ def test_ids_are_stable_after_save_and_load(bpe, tmp_path):
     ids = bpe.encode(text)
     path = tmp_path / "bpe.json"
     bpe.save(path)
-    loaded = get_tokenizer(str(path))
+    loaded = glassgpt.get_tokenizer(str(path))  # a tokenizer file is read by formats/
     assert loaded.encode(text) == ids
     assert loaded.decode(ids) == text
     assert json.loads(path.read_text())["type"] == "bpe"

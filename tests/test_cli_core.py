@@ -253,3 +253,43 @@ def test_the_random_weights_note_is_one_line_not_a_python_warning_too(small, cap
     lines = [line for line in err.splitlines() if "random weights" in line]
     assert len(lines) == 1 and lines[0].startswith(f"note: {small} has random weights")
     assert "RandomWeightsWarning" not in err and "warnings.warn" not in err
+
+
+# --- one command line, tried as a new user would ------------------------------------------------
+
+@pytest.mark.parametrize("spec", ["modle.pth", "models/modle.pth", "gpt2/124M", "./run/best"])
+def test_a_mistyped_model_says_no_model_and_every_kind_of_spec_it_could_be(spec, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["generate", "Hi", "--model", spec], capsys)
+    assert_one_line_error(code, err, f"no model {spec!r}", "a preset (gpt2,", ".pth", "gpt2/124M", "Hugging Face id")
+    assert "missing" not in err and "no such file" not in err and "could not fetch" not in err
+
+
+def test_a_typo_next_to_a_real_file_asks_about_it(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.pth").write_bytes(b"")
+    code, _, err = run(["info", "--model", "modle.pth"], capsys)
+    assert_one_line_error(code, err, "no model 'modle.pth' (did you mean 'model.pth'?)")
+
+
+def test_a_mistyped_flag_asks_did_you_mean_and_points_to_the_subcommands_help(capsys):
+    code, _, err = run(["generate", "Hi", "--temprature", "1.4"], capsys)
+    assert_one_line_error(code, err, "--temprature 1.4", "did you mean --temperature?", "'glassgpt generate --help'")
+
+
+def test_a_mistyped_flag_of_a_nested_subcommand_points_to_its_own_help(capsys):
+    code, _, err = run(["finetune", "classify", "--data", "x.csv", "--lrr", "1e-4"], capsys)
+    assert_one_line_error(code, err, "--lrr", "did you mean --lr?", "'glassgpt finetune classify --help'")
+
+
+def test_an_abbreviated_flag_is_refused_not_guessed(capsys):
+    code, _, err = run(["generate", "Hi", "--max-new-token", "3"], capsys)
+    assert_one_line_error(code, err, "--max-new-token", "did you mean --max-new-tokens?")
+
+
+def test_no_parser_takes_abbreviations():
+    from test_cli_help import subparsers
+    from glassgpt.cli import build_parser
+    parser = build_parser()
+    assert not parser.allow_abbrev
+    assert all(not sub.allow_abbrev for _, sub in subparsers(parser))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from glassgpt import PRESETS, GPTConfig, get_config
-from glassgpt.config import load_config
+from glassgpt.formats.glassgpt import read_config_file as load_config
 from glassgpt.errors import ConfigError, GlassError
 
 # (emb_dim, n_layers, n_heads) from OpenAI's released hparams.json files.

@@ -25,14 +25,14 @@ This module is the public API and nothing else.
 
 import sys as _sys
 
-from .config import PRESETS, GPTConfig, get_config
+from .config import PRESETS, GPTConfig
 from .engine import KVCache
 from .errors import GlassError, RandomWeightsWarning
 from .explain import Trace, diagram as explain_diagram, trace
-from .formats import download, export_hf, load_meta, load_model, load_tokenizer, save_model
+from .formats import download, export_hf, get_config, get_tokenizer, load_meta, load_model, load_tokenizer, save_model
 from .generate import generate, stream
 from .model import GPTModel
-from .tokenizer import Tokenizer, get_tokenizer
+from .tokenizer import Tokenizer
 from .version import __version__
 
 # `glassgpt.explain_diagram.to_svg(trace)` (the README's) keeps working, imported or not.

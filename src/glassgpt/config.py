@@ -11,9 +11,7 @@ emb_dim -> vocab_size head for an emb_dim -> num_classes one).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
@@ -41,8 +39,12 @@ class GPTConfig:
                 f"emb_dim ({self.emb_dim}) must be divisible by n_heads ({self.n_heads}): "
                 f"choose n_heads from {_divisors(self.emb_dim)}"
             )
-        if not 0.0 <= self.drop_rate < 1.0:
-            raise ConfigError(f"drop_rate must be in [0, 1), got {self.drop_rate!r}")
+        if not isinstance(self.drop_rate, (int, float)) or isinstance(self.drop_rate, bool) \
+                or not 0.0 <= self.drop_rate < 1.0:
+            raise ConfigError(f"drop_rate must be a number in [0, 1), got {self.drop_rate!r}")
+        for name in ("qkv_bias", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.num_classes is not None:
             if not isinstance(self.num_classes, int) or self.num_classes < 2:
                 raise ConfigError(f"num_classes must be an integer >= 2, got {self.num_classes!r}")
@@ -94,12 +96,13 @@ def init_scheme(spec: str) -> str:
     return "book" if str(spec) in BOOK_PRESETS else "gpt2"
 
 
-def get_config(name: str, **overrides: Any) -> GPTConfig:
-    """A preset by name, or a config from a JSON file, with field overrides applied."""
-    if name in PRESETS:
+def get_config(name: str | GPTConfig, **overrides: Any) -> GPTConfig:
+    """A preset by name (or a GPTConfig), with field overrides applied (None leaves a field as it is).
+    A config .json file is read by `glassgpt.get_config` (formats/), which ends here."""
+    if isinstance(name, GPTConfig):
+        base = name
+    elif name in PRESETS:
         base = PRESETS[name]
-    elif name.endswith(".json") or Path(name).is_file():
-        base = load_config(name)
     else:
         raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)} or a config .json file")
     overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -110,20 +113,6 @@ def get_config(name: str, **overrides: Any) -> GPTConfig:
     if unknown:
         raise ConfigError(f"unknown config field(s) {unknown}: valid fields are {sorted(fields)}")
     return dataclasses.replace(base, **overrides)
-
-
-def load_config(path: str | Path) -> GPTConfig:
-    path = Path(path)
-    try:
-        values = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {path} is not valid JSON ({e})") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"config file {path} must hold a JSON object")
-    values.pop("glassgpt_version", None)
-    return GPTConfig.from_dict(values)
 
 
 def _divisors(n: int) -> list[int]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import os
 import time
 from pathlib import Path
 
@@ -83,20 +85,48 @@ def cpu_flags() -> frozenset[str]:
 SMALL_EMB_DIM = 512  # narrower models run one CPU thread unless told otherwise
 
 
-def pick_threads(emb_dim: int, cores: int) -> tuple[int, str]:
-    """(intra-op CPU threads, why) for a model `emb_dim` wide on a machine with `cores` threads.
+def pick_threads(emb_dim: int, cores: int, busy: float | None = None) -> tuple[int, str]:
+    """(intra-op CPU threads, why) for a model `emb_dim` wide on a machine with `cores` threads
+    of which `busy` are taken by other work (default: measured now, `busy_cores`).
 
-    A small model's ops take microseconds, so its threads spend their time waiting for each
-    other at every op, and one thread that the OS preempts (a machine shared with other
-    jobs) stalls them all. On a busy 2-core machine (measured, interleaved runs), 2 threads
-    against 1: the README's Shakespeare model (emb_dim 128) 0.6-3.5 vs 13.8-16.2 steps/s;
-    emb_dim 384, 8 x 256 tokens, 0.13-0.25 vs 0.44-0.47; GPT-2 124M, 2 x 256 tokens,
-    0.09-0.15 vs 0.20-0.22. Wider models have enough work per op to share it on an idle
-    machine, so they keep every core.
+    Every thread of an op waits for the slowest at the op's end, so one thread that must share
+    its core with another process stalls all of them. On this repo's 2-core machine
+    (benchmarks/bench_threads.py, GPT-2 124M, 32 new tokens, interleaved runs): quiet, 2 threads
+    made 39.8-43.4 new tokens/s against 1 thread's 23.1-23.7; with one other process spinning a
+    core, 2 threads made 2.0-3.2 against 1 thread's 22.9-23.8, ten times slower. So a wide model
+    takes the cores that are free now (at least 1); a small model's ops take microseconds,
+    so its threads spend their time waiting for each other, and it takes 1 (the README's
+    Shakespeare model, emb_dim 128: 13.8-16.2 steps/s on 1 thread, 0.6-3.5 on 2 when busy).
     """
     if emb_dim < SMALL_EMB_DIM:
         return 1, f"small model, emb_dim {emb_dim} < {SMALL_EMB_DIM}"
-    return cores, "all cores; on a machine busy with other work --threads 1 can be faster"
+    busy = busy_cores() if busy is None else busy
+    free = max(1, min(cores, cores - math.floor(busy + 0.5)))
+    if free < cores:
+        return free, f"{cores} cores, {busy:.1f} busy with other work now"
+    return cores, "all cores, none busy with other work now"
+
+
+def busy_cores(window: float = 0.05) -> float:
+    """How many of this process's cores other work keeps busy: the machine's busy fraction over
+    `window` seconds, from /proc/stat, while this process sleeps (else the 1-minute load average)."""
+    def counters() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        return sum(ticks), ticks[3] + ticks[4]
+
+    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        total0, idle0 = counters()
+        time.sleep(window)
+        total1, idle1 = counters()
+    except (OSError, ValueError):
+        try:
+            return min(float(mine), os.getloadavg()[0] * mine / (os.cpu_count() or mine))
+        except OSError:
+            return 0.0
+    elapsed = total1 - total0
+    return mine * (1 - (idle1 - idle0) / elapsed) if elapsed > 0 else 0.0
 
 
 @contextlib.contextmanager

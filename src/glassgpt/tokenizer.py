@@ -155,36 +155,28 @@ class CharTokenizer(Tokenizer):
 
 
 def get_tokenizer(spec: str = "gpt2", text: str | None = None) -> Tokenizer:
-    """`"gpt2"`, `"char"` (with `text`), or the path of a saved tokenizer JSON file."""
+    """`"gpt2"`, or `"char"` with `text`. A saved tokenizer .json file is read by
+    `glassgpt.get_tokenizer` (formats/), which ends in `tokenizer_from_dict`."""
     if spec == "gpt2":
         return _gpt2()
     if spec == "char":
         if text is None:
             raise TokenizerError("get_tokenizer('char') needs text=... to take its characters from")
         return CharTokenizer.from_text(text)
-    path = Path(spec)
-    if path.is_file():
-        return tokenizer_from_file(path)
     raise TokenizerError(f"unknown tokenizer {spec!r}: use gpt2, char, or the path of a tokenizer .json file")
 
 
-def tokenizer_from_file(path: str | Path) -> Tokenizer:
-    path = Path(path)
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TokenizerError(f"cannot read tokenizer file {path}: {e}") from None
-    return tokenizer_from_dict(spec, source=str(path))
-
-
 def tokenizer_from_dict(spec: dict, source: str = "tokenizer spec") -> Tokenizer:
+    """The tokenizer that `to_dict()` described, its fields checked (a file's tokenizer.json is a stranger's)."""
     kind = spec.get("type") if isinstance(spec, dict) else None
     if kind == "gpt2":
         return _gpt2()
     if kind == "char":
+        if not isinstance(spec.get("chars"), str) or not spec["chars"]:
+            raise TokenizerError(f"{source}: chars must be a non-empty string, got {spec.get('chars')!r}")
         return CharTokenizer(spec["chars"])
     if kind == "bpe":
-        return _bpe_from_dict(spec)
+        return _bpe_from_dict(spec, source)
     raise TokenizerError(f"{source} has unknown tokenizer type {kind!r}: expected gpt2, char or bpe")
 
 
@@ -228,6 +220,14 @@ def gpt2_byte_to_unicode() -> dict[int, str]:
     return mapping
 
 
+def gpt2_vocab() -> tuple[list[str], list[str]]:
+    """GPT-2's tokens in id order, as encoder.json spells them (a space is 'Ġ'), and its merges
+    ("Ġ t", ...) in vocab.bpe's order: what llama.cpp's GPT-2 tokenizer takes (formats/gguf.py)."""
+    encoder = json.loads(_read_vocab_file("encoder.json"))
+    merges = [line for line in _read_vocab_file("vocab.bpe").decode("utf-8").split("\n")[1:] if line]
+    return sorted(encoder, key=encoder.get), merges
+
+
 def _gpt2_ranks() -> dict[bytes, int]:
     """token bytes -> rank, from encoder.json, checked against the merge order in vocab.bpe."""
     char_to_byte = {c: b for b, c in gpt2_byte_to_unicode().items()}
@@ -246,16 +246,26 @@ def _gpt2_ranks() -> dict[bytes, int]:
     return ranks
 
 
-def _bpe_from_dict(spec: dict) -> TiktokenTokenizer:
-    tokens = [base64.b64decode(t) for t in spec["tokens"]]
+def _bpe_from_dict(spec: dict, source: str = "tokenizer spec") -> TiktokenTokenizer:
+    raw = spec.get("tokens")
+    if not isinstance(raw, list) or len(raw) < 256 or not all(isinstance(t, str) for t in raw):
+        raise TokenizerError(f"{source}: tokens must be a list of at least 256 base64 strings (the 256 bytes "
+                             f"first), got {type(raw).__name__} of {len(raw) if isinstance(raw, list) else 0}")
+    for key in ("name", "pattern"):
+        if not isinstance(spec.get(key, ""), str):
+            raise TokenizerError(f"{source}: {key} must be a string, got {spec[key]!r}")
+    try:
+        tokens = [base64.b64decode(t, validate=True) for t in raw]
+    except ValueError:
+        raise TokenizerError(f"{source}: tokens holds a string that is not base64") from None
+    if len(set(tokens)) != len(tokens):
+        raise TokenizerError(f"{source}: tokens holds the same bytes twice: the file is corrupt")
     ranks = {tok: i for i, tok in enumerate(tokens)}
-    specials = {ENDOFTEXT: len(tokens)}
-    enc = tiktoken.Encoding(
-        name=spec.get("name", "bpe"),
-        pat_str=spec.get("pattern", GPT2_PATTERN),
-        mergeable_ranks=ranks,
-        special_tokens=specials,
-    )
+    try:
+        enc = tiktoken.Encoding(name=spec.get("name", "bpe"), pat_str=spec.get("pattern", GPT2_PATTERN),
+                                mergeable_ranks=ranks, special_tokens={ENDOFTEXT: len(tokens)})
+    except ValueError as e:  # a pattern that is not a regex, a vocabulary tiktoken refuses
+        raise TokenizerError(f"{source}: tiktoken cannot build this tokenizer ({e})") from None
     return TiktokenTokenizer(enc, spec)
 
 

@@ -8,6 +8,7 @@ bad flags) end as one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from ..errors import GlassError
@@ -17,11 +18,40 @@ EXIT_USAGE = 2
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line (`error: ...`) and exit code 2."""
+    """argparse, but a bad flag is one line (`error: ...`) and exit code 2, and a flag is
+    never taken from its first letters (`--max-new-token` is not `--max-new-tokens`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
         sys.exit(EXIT_USAGE)
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, where an unknown flag is answered by the subcommand that was given it, with the
+    flag it most resembles: `--temprature 1.4` -> did you mean --temperature? (see 'glassgpt generate --help')."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = _command_parser(parser, args)
+        known = [o for action in command._actions for o in action.option_strings]
+        flags = [e.split("=", 1)[0] for e in extra if e.startswith("-")]
+        close = [m for flag in flags for m in difflib.get_close_matches(flag, known, n=1, cutoff=0.6)]
+        hint = f": did you mean {close[0]}?" if close else ""
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command's own parser that `args` came through, e.g. `glassgpt finetune classify`'s."""
+    while True:
+        action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, action.dest, None) if action else None
+        if action is None or name not in action.choices:
+            return parser
+        parser = action.choices[name]
 
 
 def build_parser() -> ArgumentParser:
@@ -52,7 +82,7 @@ def _optional_modules() -> tuple:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     try:
         with notes_for_warnings():
             return args.run(args) or 0

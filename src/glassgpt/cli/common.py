@@ -88,7 +88,7 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int
     p.add_argument("--model", default=default, metavar="SPEC",
                    help="preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-book, ...: random weights), "
                         "checkpoint or run directory, Hugging Face-layout directory, hub id such as "
-                        "openai-community/gpt2, the book's model.pth, or its gpt2/124M folder"
+                        "openai-community/gpt2, the book's model.pth, its gpt2/124M folder, or a .gguf file"
                         + (f" (default: {default})" if default else ""))
     p.add_argument("--n-heads", type=positive_int, default=None, metavar="H",
                    help="attention heads of a .pth state dict, whose shapes cannot tell (default: n_heads "
@@ -107,8 +107,9 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help="CPU threads for the model's ops (default: 1 for models with emb_dim < 512, else all "
-                        "cores; OMP_NUM_THREADS=N also sets it)")
+                   help="CPU threads for the model's ops (default: 1 for models with emb_dim < 512, else the "
+                        "cores that other work leaves free now, measured at start, at least 1: on a 2-core machine "
+                        "with one core busy, 2 threads generated 10x slower than 1; OMP_NUM_THREADS=N also sets it)")
 
 
 def set_threads(requested: int | None, emb_dim: int, file=None) -> int:

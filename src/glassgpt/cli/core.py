@@ -11,7 +11,10 @@ from ..device import resolve_device, resolve_dtype
 from ..engine import compile_for_generation, quantize_int8
 from ..generate import decode_stream, stream
 from ..memory import memory_needs, parameter_table
-from ..formats import checkpoint_dir, download, read_config
+from ..config import init_scheme
+from ..formats import checkpoint_dir, download, is_random_init, read_config
+from ..formats.gguf import gguf_dtype_note, is_gguf_file
+from ..model import INIT_SCHEMES
 from .common import (add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int,
                      probability, require_language_model)
 
@@ -96,6 +99,10 @@ def run_info(args: argparse.Namespace) -> int:
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len)
     notes = model_notes(args.model, cfg)
+    if is_random_init(args.model):
+        notes.insert(0, f"random weights drawn by {INIT_SCHEMES[init_scheme(args.model)]}")
+    elif is_gguf_file(args.model):
+        notes.insert(0, gguf_dtype_note(args.model))
     if args.json:
         print(json.dumps({"config": cfg.to_dict(), "notes": notes, "parameters": rows, "memory": mem}, indent=2))
         return 0

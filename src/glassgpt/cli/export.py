@@ -1,4 +1,5 @@
-"""`glassgpt export`: hand a model to the book's code (`--format book`) or to transformers (`--format hf`)."""
+"""`glassgpt export`: hand a model to the book's code (`--format book`), to transformers (`--format hf`),
+or to llama.cpp (`--format gguf`)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,34 @@ from pathlib import Path
 
 import torch
 
-from ..formats.book import book_cfg, book_state_dict
 from ..errors import GlassError
-from ..formats import export_hf, load_model
+from ..formats import export_hf, load_model, load_tokenizer
+from ..formats.book import book_cfg, book_state_dict, dropout_note
 from ..formats.files import atomic_write
+from ..formats.gguf import write_gguf
 from .common import positive_int
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a model for the book's GPTModel or for Hugging Face transformers",
+    p = sub.add_parser("export", help="write a model for the book's GPTModel, Hugging Face transformers or llama.cpp",
                        description="Load MODEL (any --model spec) and write it in another layout: 'book' is a "
                                    "state dict that the book's GPTModel(cfg).load_state_dict("
                                    "torch.load(PATH, weights_only=True)) accepts, with its cfg in a .json beside "
-                                   "it; 'hf' is a directory that transformers' GPT2LMHeadModel.from_pretrained loads.")
+                                   "it; 'hf' is a directory that transformers' GPT2LMHeadModel.from_pretrained loads; "
+                                   "'gguf' is one file in llama.cpp's GPT-2 layout, with GPT-2's tokenizer, that "
+                                   "llama.cpp runs (and glassgpt reads back: --model model.gguf).")
     p.add_argument("model", metavar="MODEL", help="preset, checkpoint or run directory, Hugging Face-layout "
-                                                  "directory, hub id, .pth state dict, or OpenAI gpt2/124M folder")
-    p.add_argument("--format", choices=("book", "hf"), required=True,
-                   help="book: one .pth file (+ its cfg .json); hf: a directory with config.json + model.safetensors")
-    p.add_argument("--out", required=True, metavar="PATH", help="the .pth file (book) or directory (hf) to write")
+                                                  "directory, hub id, .pth state dict, OpenAI gpt2/124M folder, "
+                                                  "or .gguf file")
+    p.add_argument("--format", choices=("book", "hf", "gguf"), required=True,
+                   help="book: one .pth file (+ its cfg .json); hf: a directory with config.json + model.safetensors; "
+                        "gguf: one .gguf file for llama.cpp")
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="the .pth file (book), directory (hf) or .gguf file (gguf) to write")
+    p.add_argument("--dtype", choices=("f32", "bf16", "q8_0"), default="f32",
+                   help="gguf only: how the matrices are stored: f32 (exact), bf16 (half the bytes), q8_0 "
+                        "(llama.cpp's 8-bit blocks of 32 weights, a quarter) (default: f32)")
+    p.add_argument("--force", action="store_true", help="write over an existing --out (default: refuse)")
     p.add_argument("--n-heads", type=positive_int, default=None, metavar="H",
                    help="attention heads, if MODEL is a .pth state dict (default: n_heads in the .json beside "
                         "it, else GPT-2's rule of 64 per head)")
@@ -36,7 +47,21 @@ def run_export(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.format == "book" and (out.is_dir() or out.suffix == ".json"):
         raise GlassError(f"--out {out} must be a file name such as model.pth (its cfg goes beside it, as .json)")
+    if args.format == "gguf" and out.is_dir():
+        raise GlassError(f"--out {out} is a directory: give a file name such as model.gguf")
+    if args.dtype != "f32" and args.format != "gguf":
+        raise GlassError(f"--dtype {args.dtype} is for --format gguf; {args.format} is written in float32")
+    if out.exists() and not args.force:
+        raise GlassError(f"--out {out} exists: pass --force to write over it, or choose another name")
     model = load_model(args.model, device="cpu", dtype="float32", n_heads=args.n_heads)
+    note = dropout_note(args.model, model.cfg)
+    if note:
+        print(f"note: {note}")
+    if args.format == "gguf":
+        write_gguf(model, out, load_tokenizer(args.model), args.dtype, name=Path(str(args.model)).name or "glassgpt")
+        print(f"wrote {out} ({model.num_parameters():,} parameters, matrices in {args.dtype}, GPT-2's tokenizer): "
+              f"llama.cpp runs it (llama-cli -m {out}), and so does glassgpt (--model {out})")
+        return 0
     if args.format == "hf":
         export_hf(model, out)
         print(f"wrote {out}/config.json and model.safetensors: "

@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 
 from ..training.checkpoint import recover_checkpoints, resume_checkpoint
-from ..config import PRESETS, get_config, init_scheme
+from ..config import PRESETS, init_scheme
 from ..training.data import TextTask, build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
 from ..errors import GlassError
 from ..training.rundir import lock_run_dir
 from ..tokenizer import check_fits, get_tokenizer, train_bpe
 from ..training.loop import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run, saved_train_config
-from ..formats import load_meta, load_model, load_tokenizer, local_checkpoint_dir, random_model
+from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir, random_model
 from ..formats.files import atomic_write
 from .common import (add_threads_arg, fraction, is_main_rank, nonneg_float, nonneg_int, positive_float, positive_int,
                      require_language_model, say, set_threads)

@@ -8,36 +8,48 @@
     or `pytorch_model.bin`, read with `weights_only=True`: nothing is unpickled);
   - a hub id such as `openai-community/gpt2`, fetched with huggingface_hub and cached (hub.py);
   - the book's files: a state dict saved by its GPTModel (`model.pth`, book.py), or the
-    OpenAI folder its gpt_download.py writes (`gpt2/124M/`, a TensorFlow checkpoint: openai.py).
+    OpenAI folder its gpt_download.py writes (`gpt2/124M/`, a TensorFlow checkpoint: openai.py);
+  - a GGUF file in llama.cpp's GPT-2 layout (gguf.py), as `glassgpt export --format gguf` writes it.
 
-Each reader checks its file before it builds anything from it, and every one of them
-ends in `glassgpt.assign_model`, which checks every tensor's name and shape.
+Each reader checks its file before it builds anything from it (checks.py: the config's values,
+the config against the tensors' shapes, in the file's own words), and every one of them ends in
+`glassgpt.assign_model`, which checks every tensor's name and shape before the model is built.
+Reading a file is this package's alone: `get_config` and `get_tokenizer` read the config and
+tokenizer .json files that config.py and tokenizer.py, below this layer, never open.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from ..config import PRESETS, GPTConfig, init_scheme, load_config
+from .. import config as _config, tokenizer as _tokenizer
+from ..config import PRESETS, GPTConfig, init_scheme
 from ..device import resolve_device, resolve_dtype
 from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
 from ..model import GPTModel
-from ..tokenizer import Tokenizer, get_tokenizer, tokenizer_from_file
-from . import book, openai
-from .files import read_json
+from ..tokenizer import Tokenizer
+from . import book, gguf, openai
+from .checks import check_buildable, meta_model
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, model_from_state,
-                       resolve_checkpoint_dir, save_model, upgrade_name)
+                       read_config_file, read_meta, read_tokenizer, resolve_checkpoint_dir, save_model, upgrade_name)
 from .hf import export_hf, hf_to_glassgpt
-from .hub import download
+from .hub import download, try_download
 
 __all__ = ["CHECKPOINT_SUBDIRS", "assign_model", "checkpoint_config", "checkpoint_dir", "download", "export_hf",
-           "is_random_init", "load_checkpoint", "load_meta", "load_model", "load_tokenizer", "local_checkpoint_dir",
-           "model_from_state", "random_model", "read_config", "resolve_checkpoint_dir", "save_model", "upgrade_name"]
+           "get_config", "get_tokenizer", "is_random_init", "load_checkpoint", "load_meta", "load_model",
+           "load_tokenizer", "local_checkpoint_dir", "model_from_state", "random_model", "read_config",
+           "resolve_checkpoint_dir", "save_model", "upgrade_name"]
+
+# What --model takes, for the one line that answers a spec that is none of them.
+SPEC_KINDS = ("a checkpoint or run directory, the book's model.pth (any .pth state dict), its gpt2/124M "
+              "folder, a .gguf file, or a Hugging Face id such as openai-community/gpt2")
 
 
 def is_random_init(spec: str) -> bool:
@@ -56,11 +68,14 @@ def load_model(spec: str | os.PathLike = "gpt2", device: str | torch.device | No
     _check_n_heads(spec, n_heads)
     if config is not None:
         return random_model(config, dev, dt, seed)
+    if gguf.is_gguf_file(spec):
+        cfg, tensors = gguf.read_gguf(spec)
+        return assign_model(cfg, tensors, dev, dt, source=spec)
     if is_random_init(spec):
         warnings.warn(f"{spec} has random weights (a preset, not trained): the shapes are real, the "
                       "probabilities and text are not. Load trained weights from a hub id such as "
                       "openai-community/gpt2 or from a checkpoint directory.", RandomWeightsWarning, stacklevel=2)
-        return random_model(read_config(spec), dev, dt, seed, init_scheme(spec))
+        return random_model(read_config(spec), dev, dt, seed, init_scheme(spec), source=spec)
     if book.is_book_spec(spec):
         cfg, tensors = _book_source(spec, n_heads)
         return assign_model(cfg, tensors, dev, dt, source=spec)
@@ -72,23 +87,64 @@ def checkpoint_dir(spec: str | os.PathLike) -> Path:
     spec = str(spec)
     ckpt = resolve_checkpoint_dir(spec)
     if ckpt is None:
-        if "/" not in spec or spec.startswith((".", "/")):
-            raise CheckpointError(
-                f"no model {spec!r}: use a preset ({', '.join(PRESETS)}), a checkpoint directory, "
-                "or a Hugging Face id such as openai-community/gpt2")
-        ckpt = download(spec)
+        where = ""
+        if is_hub_id(spec):
+            ckpt, reason = try_download(spec)
+            where = (f" here or on the Hugging Face hub ({reason}): put its config.json and model.safetensors "
+                     "in a directory and pass that, or")
+        if ckpt is None:
+            raise CheckpointError(f"no model {spec!r}{_near_miss(spec)}{where or ':'} use a preset "
+                                  f"({', '.join(PRESETS)}), {SPEC_KINDS}")
     return ckpt
 
 
+def is_hub_id(spec: str) -> bool:
+    """`owner/name` as the Hugging Face hub spells a repository; never a local-looking path or file name."""
+    return (re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) is not None
+            and not spec.endswith((".pth", ".pt", ".bin", ".json", ".gguf", ".safetensors")))
+
+
+def _near_miss(spec: str) -> str:
+    """" (did you mean 'model.pth'?)" for a name one typo away from a file or folder beside it."""
+    path = Path(spec)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        names = [p.name for p in parent.iterdir()] if parent.is_dir() else []
+    except OSError:
+        return ""
+    names += [name for name in PRESETS if parent == Path(".")]
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.8)
+    if not close:
+        return ""
+    meant = str(parent / close[0]) if parent != Path(".") else close[0]
+    return f" (did you mean {meant!r}?)"
+
+
 def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
-    """The tokenizer saved with a checkpoint (tokenizer.json), the OpenAI folder's own
-    (checked to be GPT-2's), else GPT-2's."""
+    """The tokenizer of a model spec: the one saved with a checkpoint (tokenizer.json), the OpenAI
+    folder's or a GGUF file's own (each checked to be GPT-2's), else GPT-2's."""
     if openai.is_openai_dir(spec):
         return openai.openai_tokenizer(spec)
+    if gguf.is_gguf_file(spec):
+        return gguf.gguf_tokenizer(spec)
     ckpt = local_checkpoint_dir(spec)
     if ckpt is not None and (ckpt / "tokenizer.json").is_file():
-        return tokenizer_from_file(ckpt / "tokenizer.json")
-    return get_tokenizer("gpt2")
+        return read_tokenizer(ckpt / "tokenizer.json")
+    return _tokenizer.get_tokenizer("gpt2")
+
+
+def get_tokenizer(spec: str | os.PathLike = "gpt2", text: str | None = None) -> Tokenizer:
+    """`"gpt2"`, `"char"` (with `text`), or the path of a saved tokenizer .json file."""
+    if str(spec) not in ("gpt2", "char") and Path(spec).is_file():
+        return read_tokenizer(spec)
+    return _tokenizer.get_tokenizer(str(spec), text)
+
+
+def get_config(spec: str | os.PathLike | GPTConfig, **overrides: Any) -> GPTConfig:
+    """A preset by name, or a config from a JSON file, with field overrides applied (None: unchanged)."""
+    if not isinstance(spec, GPTConfig) and str(spec) not in PRESETS and Path(spec).suffix == ".json":
+        spec = read_config_file(spec)
+    return _config.get_config(spec if isinstance(spec, GPTConfig) else str(spec), **overrides)
 
 
 def load_meta(spec: str | os.PathLike) -> dict[str, Any]:
@@ -96,24 +152,25 @@ def load_meta(spec: str | os.PathLike) -> dict[str, Any]:
     ckpt = local_checkpoint_dir(spec)
     if ckpt is None or not (ckpt / "meta.json").is_file():
         return {}
-    return read_json(ckpt / "meta.json")
+    return read_meta(ckpt / "meta.json")
 
 
 def local_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
     """The local checkpoint directory a spec names, or None (a preset, config file, book file or hub id)."""
-    if is_random_init(str(spec)) or book.is_book_spec(spec):
+    if is_random_init(str(spec)) or book.is_book_spec(spec) or gguf.is_gguf_file(spec):
         return None
     return resolve_checkpoint_dir(spec)
 
 
 def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed: int = 0,
-                 init: str = "gpt2") -> GPTModel:
+                 init: str = "gpt2", source: str | None = None) -> GPTModel:
     """A GPTModel of `cfg` with random weights drawn by `init` (model.INIT_SCHEMES), in eval mode.
 
     The same seed gives the same weights whatever the RNG's state; "book" draws on the CPU
-    (as the book's code does) and then moves the weights to `device`."""
-    with torch.device("meta"):
-        model = GPTModel(cfg)
+    (as the book's code does) and then moves the weights to `device`. A config too big for this
+    machine's memory is refused before anything is allocated."""
+    check_buildable(cfg, dtype, device, source or "the config")
+    model = meta_model(cfg)
     model.to_empty(device="cpu" if init == "book" else device)
     model.tie_weights()
     model.reset_parameters(seed, init)
@@ -130,7 +187,9 @@ def read_config(spec: str | os.PathLike, n_heads: int | None = None) -> GPTConfi
     if spec in PRESETS:
         return PRESETS[spec]
     if is_random_init(spec):
-        return load_config(spec)
+        return read_config_file(spec)
+    if gguf.is_gguf_file(spec):
+        return gguf.read_gguf(spec, tensors=False)[0]
     if openai.is_openai_dir(spec):
         return openai.openai_config(spec)
     if book.is_state_dict_file(spec):

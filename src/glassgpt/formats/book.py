@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import pickle
 import re
 from pathlib import Path
@@ -28,6 +27,8 @@ from ..config import PRESETS, GPTConfig
 from ..errors import CheckpointError, ConfigError
 from ..memory import parameter_counts
 from ..model import GPTModel
+from .checks import field, meta_model
+from .files import read_json
 from .openai import is_openai_dir
 
 GPT2_HEAD_DIM = 64  # every GPT-2 size has heads of 64: the rule for a head count that shapes cannot tell
@@ -40,7 +41,7 @@ def is_state_dict_file(spec: str | Path) -> bool:
     """A file that is not a config .json: a state dict saved with torch.save. (A preset's
     name stays a preset, whatever lies in the working directory.)"""
     path = Path(spec)
-    return str(spec) not in PRESETS and path.is_file() and path.suffix != ".json"
+    return str(spec) not in PRESETS and path.is_file() and path.suffix not in (".json", ".gguf")
 
 
 def is_book_spec(spec: str | Path) -> bool:
@@ -75,22 +76,26 @@ def _torch_load(path: Path) -> Any:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
+            if "global" not in str(e).lower():  # not code: bytes that are no pickle at all
+                last = e
+                continue
             found = re.search(r"global:? GLOBAL ([\w.]+)", str(e))
             what = f" (it refers to {found.group(1)})" if found else ""
             raise CheckpointError(f"{path} holds pickled code or objects other than tensors{what}, which "
                                   "glassgpt never unpickles: save the model's state_dict() instead") from None
         except Exception as e:  # a truncated zip, not a torch file at all: all end in one line
             last = e
-    reason = str(last).splitlines()[0] if str(last) else type(last).__name__
+    lines = [line for line in str(last).splitlines() if line.strip()]
+    unpickler = [line for line in lines if "Unsupported" in line]  # torch's own reason, among its advice
+    reason = (unpickler or lines or [type(last).__name__])[0]
     raise CheckpointError(f"{path} is truncated, corrupt or not a PyTorch file ({reason}): pass a state dict "
                           "saved with torch.save(model.state_dict(), path), or a checkpoint directory")
 
 
 def _book_names() -> set[str]:
     """Every tensor name the book's GPTModel can have, blocks spelled trf_blocks.N."""
-    with torch.device("meta"):
-        names = set(GPTModel(GPTConfig(vocab_size=2, context_length=2, emb_dim=2, n_heads=1, n_layers=1,
-                                       tie_embeddings=False, num_classes=2)).state_dict())
+    names = set(meta_model(GPTConfig(vocab_size=2, context_length=2, emb_dim=2, n_heads=1, n_layers=1,
+                                     tie_embeddings=False, num_classes=2)).state_dict())
     names.add("trf_blocks.0.att.mask")
     return {re.sub(r"^trf_blocks\.0\.", "trf_blocks.N.", n) for n in names}
 
@@ -102,6 +107,7 @@ def config_from_state(state: dict[str, torch.Tensor], source: str | Path,
     for name in ("tok_emb.weight", "pos_emb.weight"):
         if name not in state:
             raise CheckpointError(f"{source} has no {name!r}: it is not a state dict of the book's GPTModel")
+    _check_agree(state, source)
     vocab_size, emb_dim = state["tok_emb.weight"].shape
     blocks = {int(m.group(1)) for k in state if (m := re.match(r"trf_blocks\.(\d+)\.", k))}
     head = state.get("out_head.weight")
@@ -128,6 +134,23 @@ def config_from_state(state: dict[str, torch.Tensor], source: str | Path,
     return cfg
 
 
+def _check_agree(state: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Refuse tensors that disagree with each other on the sizes the config is read from
+    (each other tensor's shape is checked against that config before the model is built)."""
+    tok, pos = state["tok_emb.weight"], state["pos_emb.weight"]
+    if tok.dim() != 2 or pos.dim() != 2 or tok.shape[1] != pos.shape[1]:
+        raise CheckpointError(f"{source}: tok_emb.weight is {list(tok.shape)} and pos_emb.weight is "
+                              f"{list(pos.shape)}: both must be [rows, emb_dim] of the same emb_dim")
+    blocks = sorted({int(m.group(1)) for k in state if (m := re.match(r"trf_blocks\.(\d+)\.", k))})
+    if blocks != list(range(len(blocks))):
+        raise CheckpointError(f"{source} holds {len(blocks)} blocks numbered up to trf_blocks.{blocks[-1]}: the "
+                              "book's GPTModel numbers its blocks 0..n_layers-1")
+    for name, tensor in state.items():
+        if not tensor.is_floating_point() and not name.endswith(".att.mask"):
+            raise CheckpointError(f"{source}: tensor {name!r} is {str(tensor.dtype).removeprefix('torch.')}: "
+                                  "a GPTModel's weights are floating-point")
+
+
 def gpt2_head_count(emb_dim: int, source: str | Path) -> int:
     if emb_dim % GPT2_HEAD_DIM:
         raise ConfigError(f"{source}: emb_dim {emb_dim} is not a multiple of {GPT2_HEAD_DIM}, so GPT-2's rule "
@@ -143,11 +166,15 @@ def side_config(source: str | Path) -> tuple[dict[str, Any], Path | None]:
     for candidate in (path.with_suffix(".json"), path.parent / "config.json"):
         if not candidate.is_file():
             continue
-        try:
-            values = json.loads(candidate.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"cannot read {candidate} beside {path.name}: {e}") from None
-        if isinstance(values, dict) and "n_heads" in values:
+        values = read_json(candidate, what=f"the cfg beside {path.name}")
+        if "n_heads" in values:
+            field(values, "n_heads", str(candidate))
+            for key in ("vocab_size", "context_length", "emb_dim", "n_layers"):
+                field(values, key, str(candidate), default=None)
+            field(values, "qkv_bias", str(candidate), bool, default=None)
+            rate = field(values, "drop_rate", str(candidate), float, default=0.0)
+            if not 0 <= rate < 1:
+                raise CheckpointError(f"{candidate}: drop_rate must be in [0, 1), got {rate!r}")
             return values, candidate
     return {}, None
 
@@ -189,10 +216,23 @@ def book_state_dict(model: GPTModel) -> dict[str, torch.Tensor]:
 # --- what info and explain say -------------------------------------------------------------------
 
 def model_notes(spec: str | Path, cfg: GPTConfig | dict[str, Any]) -> list[str]:
-    """One line on where n_heads came from (for the book's files) and one on how the layout
-    differs from OpenAI's GPT-2 (no qkv biases, an untied head): what `info` and `explain` print."""
+    """One line on where n_heads came from (for the book's files), one on the dropout a state dict
+    cannot record, and one on how the layout differs from OpenAI's GPT-2 (no qkv biases, an untied
+    head): what `info` and `explain` print."""
     cfg = GPTConfig.from_dict(cfg) if isinstance(cfg, dict) else cfg
-    return [note for note in (_head_count_note(spec, cfg), layout_note(cfg)) if note]
+    return [note for note in (_head_count_note(spec, cfg), dropout_note(spec, cfg), layout_note(cfg)) if note]
+
+
+def dropout_note(spec: str | Path, cfg: GPTConfig) -> str | None:
+    """For a state dict file: that it cannot record dropout, and the drop_rate assumed instead."""
+    if not is_state_dict_file(spec):
+        return None
+    side, side_path = side_config(spec)
+    if "drop_rate" in side:
+        return f"drop_rate {cfg.drop_rate} from {side_path.name} beside the weights (a state dict cannot record dropout)"
+    return (f"drop_rate {cfg.drop_rate} is assumed: a state dict cannot record dropout (the book trains with 0.1); "
+            f"put {{\"n_heads\": {cfg.n_heads}, \"drop_rate\": 0.1}} in {Path(spec).with_suffix('.json').name} beside "
+            "it, or pass --drop-rate to train, to train with dropout")
 
 
 def _head_count_note(spec: str | Path, cfg: GPTConfig) -> str | None:

@@ -7,10 +7,13 @@
     DIR/train_state.json    only in a training checkpoint (training/checkpoint.py): the loop's
                             state and the sha256 of every other file, checked before loading
 
-`assign_model` builds a GPTModel on the meta device and assigns the given tensors into it
-one at a time, checking each name and shape, so loading never holds two copies of the
-weights; every format (this one, Hugging Face's, the book's, the TensorFlow folder) and
-every training checkpoint goes through it.
+`model_from_state` is the one way a model is built from tensors: each name and shape is checked
+against the config (checks.expected_shapes, from a one-block model), then a GPTModel is built on
+the meta device (checks.meta_model) and the tensors are assigned into it, so nothing is copied.
+`assign_model` feeds it tensors read one at a time, each converted to the device and dtype as it
+comes, so loading never holds two copies of the weights; every format (this one, Hugging Face's,
+the book's, the TensorFlow folder, GGUF), every training checkpoint, LoRA's merge and the
+classifier head go through it.
 """
 
 from __future__ import annotations
@@ -19,19 +22,19 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from ..config import GPTConfig, load_config
-from ..errors import CheckpointError, ConfigError
+from ..config import GPTConfig
+from ..errors import CheckpointError, ConfigError, TokenizerError
 from ..model import GPTModel
-from ..tokenizer import Tokenizer
+from ..tokenizer import Tokenizer, tokenizer_from_dict
 from ..version import __version__
-from .files import atomic_write, checkpoint_tensors, read_json
-from .hf import config_from_hf, hf_to_glassgpt
+from .checks import GLASSGPT, check_sizes, expected_shapes, meta_model
+from .files import atomic_write, checkpoint_tensors, read_json, read_safetensors, tensor_shapes
+from .hf import HF, config_from_hf, hf_shapes, hf_to_glassgpt
 
 # A run directory's checkpoints, in order of preference; `.NAME.old` is a complete checkpoint
 # that a crash between the two renames of a save left (training/checkpoint.py), read without moving it.
@@ -56,14 +59,54 @@ def resolve_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
 
 
 def checkpoint_config(path: Path) -> tuple[GPTConfig, bool]:
-    """(config, whether the tensors are in Hugging Face's layout) of a checkpoint directory."""
+    """(config, whether the tensors are in Hugging Face's layout) of a checkpoint directory,
+    checked against its tensors' shapes (read from the header, not the tensors)."""
     raw = read_json(path / "config.json")
+    source = f"{path / 'config.json'}"
+    shapes = tensor_shapes(path)
+    weights = str(next(p for p in (path / "model.safetensors", path / "pytorch_model.bin") if p.is_file()))
     if "n_embd" in raw or raw.get("model_type") == "gpt2":
-        return config_from_hf(raw, path), True
+        cfg = config_from_hf(raw, source)
+        check_sizes(cfg, hf_shapes(shapes), HF, source, weights)
+        return cfg, True
+    cfg = config_from_values(raw, source)
+    check_sizes(cfg, {upgrade_name(k): v for k, v in shapes.items()}, GLASSGPT, source, weights)
+    return cfg, False
+
+
+def config_from_values(values: dict[str, Any], source: str, error: type[Exception] = CheckpointError) -> GPTConfig:
+    """GPTConfig from glassgpt's own config.json fields (the book's names); errors name the file."""
+    values = {k: v for k, v in values.items() if k != "glassgpt_version"}
     try:
-        return load_config(path / "config.json"), False
+        return GPTConfig.from_dict(values)
     except ConfigError as e:
-        raise CheckpointError(f"{path}/config.json is not a GPT-2 config: {e}") from None
+        raise error(f"{source}: {e}") from None
+
+
+def read_config_file(path: str | os.PathLike) -> GPTConfig:
+    """A config .json of glassgpt's fields (vocab_size, context_length, emb_dim, ...)."""
+    return config_from_values(read_json(path, ConfigError, "a config file"), str(path), ConfigError)
+
+
+def read_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """A tokenizer saved with `Tokenizer.save` / a checkpoint's tokenizer.json."""
+    return tokenizer_from_dict(read_json(path, TokenizerError, "a tokenizer file"), source=str(path))
+
+
+# meta.json's fields that glassgpt itself reads, and what each must be.
+META_FIELDS = {"labels": (list, "a list of label names"), "finetune": (dict, "an object"), "data": (dict, "an object")}
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """meta.json, its fields that glassgpt reads checked for their kind."""
+    meta = read_json(path)
+    for key, (kind, what) in META_FIELDS.items():
+        value = meta.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise CheckpointError(f"{path}: {key} must be {what}, got {value!r}")
+    if meta.get("labels") is not None and not all(isinstance(x, str) for x in meta["labels"]):
+        raise CheckpointError(f"{path}: labels must be a list of strings, got {meta['labels']!r}")
+    return meta
 
 
 def load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> GPTModel:
@@ -86,44 +129,45 @@ def upgrade_name(name: str) -> str:
     return name
 
 
-def model_from_state(cfg: GPTConfig, state: dict[str, torch.Tensor]) -> GPTModel:
-    """A GPTModel holding `state`'s tensors themselves: built on the meta device and
-    assigned, so nothing is copied. A tied model's head is `tok_emb.weight`, so an
-    `out_head.weight` in `state` is ignored. The model is left in training mode."""
-    with torch.device("meta"):
-        model = GPTModel(cfg)
-    if model.tied:
-        state = {k: v for k, v in state.items() if k != "out_head.weight"}
-    model.load_state_dict(state, assign=True, strict=not model.tied)
+# --- the one way a model is built from tensors ---------------------------------------------------
+
+def check_tensor(name: str, shape: Iterable[int], expected: Mapping[str, torch.Size], source: str) -> None:
+    if name not in expected:
+        raise CheckpointError(f"{source}: unexpected tensor {name!r} {list(shape)} "
+                              "that this config's model does not have")
+    if tuple(shape) != tuple(expected[name]):
+        raise CheckpointError(f"{source}: tensor {name!r} has shape {list(shape)} "
+                              f"but the config needs {list(expected[name])}")
+
+
+def model_from_state(cfg: GPTConfig, state: Mapping[str, torch.Tensor], source: str = "the state dict") -> GPTModel:
+    """A GPTModel holding `state`'s tensors themselves, each name and shape checked: built on the
+    meta device and assigned, so nothing is copied. A tied model's head is `tok_emb.weight`, so
+    an `out_head.weight` in `state` is ignored. The model is left in training mode."""
+    expected = expected_shapes(cfg)
+    state = {k: v for k, v in state.items() if not (cfg.tie_embeddings and k == "out_head.weight")}
+    for name, tensor in state.items():
+        check_tensor(name, tensor.shape, expected, source)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise CheckpointError(f"{source}: tensor {missing[0]!r} {list(expected[missing[0]])} is missing "
+                              f"({len(missing)} missing in all)")
+    model = meta_model(cfg)
+    model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     return model
 
 
 def assign_model(cfg: GPTConfig, tensors: Iterator[tuple[str, torch.Tensor]], device: torch.device,
-            dtype: torch.dtype, source: str) -> GPTModel:
-    with torch.device("meta"):
-        model = GPTModel(cfg)
-    expected = {k: v.shape for k, v in model.state_dict().items()}
-    if model.tied:
-        expected.pop("out_head.weight")
+                 dtype: torch.dtype, source: str) -> GPTModel:
+    """`model_from_state` of tensors read one at a time, each checked before it is converted to
+    `device` and `dtype`: peak memory stays near one copy of the weights. In eval mode."""
+    expected = expected_shapes(cfg)
     state: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
-        if name not in expected:
-            raise CheckpointError(f"{source}: unexpected tensor {name!r} {list(tensor.shape)} "
-                                  "that this config's model does not have")
-        if tensor.shape != expected[name]:
-            raise CheckpointError(f"{source}: tensor {name!r} has shape {list(tensor.shape)} "
-                                  f"but the config needs {list(expected[name])}")
-        # One tensor converted at a time: peak memory stays near one copy of the weights.
+        check_tensor(name, tensor.shape, expected, source)
         state[name] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        name = missing[0]
-        raise CheckpointError(f"{source}: tensor {name!r} {list(expected[name])} is missing "
-                              f"({len(missing)} missing in all)")
-    model.load_state_dict(state, strict=False, assign=True)
-    model.tie_weights()
-    return model.eval()
+    return model_from_state(cfg, state, source).eval()
 
 
 def save_model(model: GPTModel, path: str | os.PathLike, tokenizer: Tokenizer | None = None,
@@ -157,13 +201,17 @@ def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not state_file.is_file():
         raise CheckpointError(f"{path} is not a complete training checkpoint (no train_state.json): "
                               "it was not finished being written")
-    try:
-        state = json.loads(state_file.read_text())
-        files = state["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{state_file} is damaged ({e}): this checkpoint cannot be resumed") from None
+    state = read_json(state_file, what="this checkpoint cannot be resumed")
     if state.get("format") != STATE_FORMAT:
         raise CheckpointError(f"{state_file} has format {state.get('format')!r}, expected {STATE_FORMAT!r}")
+    files = state.get("files")
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise CheckpointError(f"{state_file}: files must map each file's name to its sha256, got {files!r:.80}")
+    for name in files:  # names of files in this directory, never a path out of it
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise CheckpointError(f"{state_file}: files names {name!r}, which is not a file of this checkpoint")
+    if not isinstance(state.get("step"), int) or isinstance(state["step"], bool) or state["step"] < 0:
+        raise CheckpointError(f"{state_file}: step must be an integer >= 0, got {state.get('step')!r}")
     for name, digest in files.items():
         if not (path / name).is_file():
             raise CheckpointError(f"{path}/{name} is missing: this checkpoint is incomplete")
@@ -172,7 +220,7 @@ def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
                                   "it was saved): this checkpoint cannot be used")
     for name in ("model.safetensors", "train_model.safetensors"):
         if name in files:  # written by a version that saved a diverged run: refuse it by name
-            bad = nonfinite_tensor(iter_tensors(path / name))
+            bad = nonfinite_tensor(read_safetensors(path / name))
             if bad is not None:
                 raise CheckpointError(f"{path}/{name}: tensor {bad!r} holds NaN or infinite values (training "
                                       "had diverged when it was saved): use an earlier checkpoint")
@@ -191,10 +239,10 @@ def nonfinite_tensor(tensors) -> str | None:
 def checkpoint_step(path: Path) -> int | None:
     """The step a complete checkpoint was saved at (from its train_state.json), or None."""
     try:
-        step = json.loads((path / "train_state.json").read_text())["step"]
-    except (OSError, ValueError, KeyError, TypeError):
+        step = read_json(path / "train_state.json").get("step")
+    except CheckpointError:
         return None
-    return step if isinstance(step, int) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def sha256(path: Path) -> str:
@@ -203,14 +251,3 @@ def sha256(path: Path) -> str:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def iter_tensors(path: Path):
-    """(name, tensor) pairs read one at a time, so a check holds one tensor in memory, not the file."""
-    try:
-        with safe_open(path, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
-    except (SafetensorError, OSError, RuntimeError) as e:
-        raise CheckpointError(f"{path} cannot be read ({e})") from None
-

@@ -18,29 +18,43 @@ from safetensors.torch import save_file
 from ..config import GPTConfig
 from ..errors import CheckpointError
 from ..model import GPTModel
+from .checks import Spelling, expected_shapes, field
 from .files import atomic_write
 
 
+# How Hugging Face's config.json and tensors name GPT-2's sizes (checks.py words its errors so).
+HF = Spelling({"vocab_size": "vocab_size", "context_length": "n_positions", "emb_dim": "n_embd",
+               "n_layers": "n_layer"}, "wte.weight", "wpe.weight", r"h\.(\d+)\.")
+
+
 def config_from_hf(raw: dict, source: Path | str = "config.json") -> GPTConfig:
+    """GPTConfig from Hugging Face's GPT2Config fields, each checked for its kind and named as the file names it."""
     if raw.get("model_type", "gpt2") != "gpt2":
         raise CheckpointError(f"{source} is a {raw['model_type']!r} model; glassgpt loads GPT-2 only")
     act = raw.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
         raise CheckpointError(f"{source} uses activation {act!r}; glassgpt's GPT-2 uses the tanh GELU")
     # Switches of GPT2Config that change the maths; loading them as plain GPT-2 would be silently wrong.
-    for field, gpt2_value in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
-                              ("layer_norm_epsilon", 1e-5)):
-        if raw.get(field, gpt2_value) != gpt2_value:
-            raise CheckpointError(f"{source} sets {field}={raw[field]!r}; glassgpt's GPT-2 needs "
+    for name, gpt2_value in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                             ("layer_norm_epsilon", 1e-5)):
+        if raw.get(name, gpt2_value) != gpt2_value:
+            raise CheckpointError(f"{source} sets {name}={raw[name]!r}; glassgpt's GPT-2 needs "
                                   f"{gpt2_value!r}: this checkpoint is a GPT-2 variant it cannot run")
-    try:
-        return GPTConfig(
-            vocab_size=raw["vocab_size"], context_length=raw["n_positions"], emb_dim=raw["n_embd"],
-            n_heads=raw["n_head"], n_layers=raw["n_layer"], drop_rate=0.0, qkv_bias=True,
-            tie_embeddings=raw.get("tie_word_embeddings", True),
-        )
-    except KeyError as e:
-        raise CheckpointError(f"{source} lacks the GPT-2 field {e.args[0]!r}") from None
+    sizes = {ours: field(raw, theirs, str(source)) for ours, theirs in
+             (("vocab_size", "vocab_size"), ("context_length", "n_positions"), ("emb_dim", "n_embd"),
+              ("n_heads", "n_head"), ("n_layers", "n_layer"))}
+    if raw.get("n_inner") not in (None, 4 * sizes["emb_dim"]):
+        raise CheckpointError(f"{source} sets n_inner={raw['n_inner']!r}; glassgpt's GPT-2 needs None "
+                              f"(4 x n_embd = {4 * sizes['emb_dim']})")
+    if sizes["emb_dim"] % sizes["n_heads"]:
+        raise CheckpointError(f"{source}: n_embd {sizes['emb_dim']} is not divisible by n_head {sizes['n_heads']}")
+    tied = field(raw, "tie_word_embeddings", str(source), bool, default=True)
+    return GPTConfig(**sizes, drop_rate=0.0, qkv_bias=True, tie_embeddings=tied)
+
+
+def hf_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes under the names HF's GPT2Model uses (GPT2LMHeadModel's `transformer.` dropped)."""
+    return {name.removeprefix("transformer."): shape for name, shape in shapes.items()}
 
 
 def config_to_hf(cfg: GPTConfig) -> dict:
@@ -82,7 +96,10 @@ def _hf_names(cfg: GPTConfig) -> list[tuple[str, str, Callable, Callable]]:
 
 
 def hf_to_glassgpt(tensors: Iterator[tuple[str, torch.Tensor]], cfg: GPTConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Hugging Face's (name, tensor) pairs as glassgpt's; a tensor of the wrong shape is named as HF names it."""
     table = {hf: (ours, to_ours) for hf, ours, to_ours, _ in _hf_names(cfg)}
+    ours_shapes = expected_shapes(cfg)
+    expected = {hf: ours_shapes[ours] for hf, (ours, _) in table.items() if ours in ours_shapes}
     for name, w in tensors:
         name = name.removeprefix("transformer.")
         if name.endswith((".attn.bias", ".attn.masked_bias")):
@@ -104,7 +121,11 @@ def hf_to_glassgpt(tensors: Iterator[tuple[str, torch.Tensor]], cfg: GPTConfig) 
         if name not in table:
             raise CheckpointError(f"unexpected tensor {name!r} {list(w.shape)} in a GPT-2 checkpoint")
         ours, to_ours = table[name]
-        yield ours, to_ours(w)
+        w = to_ours(w)
+        if name in expected and w.shape != expected[name]:
+            raise CheckpointError(f"tensor {name!r} has shape {list(to_ours(w).shape)} but the config needs "
+                                  f"{list(to_ours(torch.empty(expected[name], device='meta')).shape)}")
+        yield ours, w
 
 
 def hf_state_dict(model: GPTModel) -> dict[str, torch.Tensor]:

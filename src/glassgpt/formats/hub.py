@@ -10,12 +10,19 @@ from ..errors import CheckpointError
 
 def download(repo_id: str, progress: bool = True) -> Path:
     """Fetch a GPT-2 checkpoint (config.json + weights) from the Hugging Face hub into its cache."""
-    hint = (f"put config.json and model.safetensors of {repo_id} in a directory "
-            "and pass that directory as --model")
+    path, reason = try_download(repo_id, progress)
+    if path is None:
+        raise CheckpointError(f"could not fetch {repo_id!r} from the Hugging Face hub ({reason}): put config.json "
+                              f"and model.safetensors of {repo_id} in a directory and pass that directory as --model")
+    return path
+
+
+def try_download(repo_id: str, progress: bool = True) -> tuple[Path | None, str]:
+    """(the checkpoint's directory in the cache, "") or (None, why it could not be fetched)."""
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise CheckpointError(f"fetching {repo_id!r} needs huggingface_hub (pip install 'glassgpt[hub]'), or {hint}") from None
+        return None, "fetching needs huggingface_hub: pip install 'glassgpt[hub]'"
     if not progress:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     patterns = ["config.json", "model.safetensors"]
@@ -27,7 +34,6 @@ def download(repo_id: str, progress: bool = True) -> Path:
             last_error = e
             continue
         if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
-            return path
-    reason = type(last_error).__name__ if last_error else "no model.safetensors in the repository"
-    raise CheckpointError(f"could not fetch {repo_id!r} from the Hugging Face hub ({reason}; no network?): {hint}")
-
+            return path, ""
+    return None, (f"{type(last_error).__name__}; no network?" if last_error
+                  else "no model.safetensors in the repository")

@@ -10,7 +10,6 @@ onto glassgpt's through hf.py's table.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Iterator
@@ -20,7 +19,9 @@ import torch
 from ..config import PRESETS, GPTConfig
 from ..errors import CheckpointError
 from ..tokenizer import VOCAB_SHA256, Tokenizer, get_tokenizer
-from .tensorflow import read_tensors
+from .checks import Spelling, check_sizes, field
+from .files import read_json
+from .tensorflow import read_index, read_tensors
 
 OPENAI_FILES = ("hparams.json", "checkpoint")
 
@@ -33,21 +34,29 @@ def is_openai_dir(spec: str | Path) -> bool:
     return any((path / name).exists() for name in OPENAI_FILES) or any(path.glob("*.index"))
 
 
+# How hparams.json and the TensorFlow checkpoint name GPT-2's sizes (checks.py words its errors so).
+OPENAI = Spelling({"vocab_size": "n_vocab", "context_length": "n_ctx", "emb_dim": "n_embd", "n_layers": "n_layer"},
+                  "model/wte", "model/wpe", r"model/h(\d+)/")
+
+
 def openai_config(path: str | Path) -> GPTConfig:
-    """GPT-2's config from the folder's hparams.json (n_vocab, n_ctx, n_embd, n_head, n_layer)."""
+    """GPT-2's config from the folder's hparams.json (n_vocab, n_ctx, n_embd, n_head, n_layer),
+    checked against the shapes in the checkpoint's index (no tensor is read)."""
     hparams = Path(path) / "hparams.json"
     if not hparams.is_file():
         raise CheckpointError(f"{path} has no hparams.json: the OpenAI folder needs it for the model's sizes "
                               "(download it again with the book's gpt_download.py)")
-    try:
-        h = json.loads(hparams.read_text(encoding="utf-8"))
-        return GPTConfig(vocab_size=h["n_vocab"], context_length=h["n_ctx"], emb_dim=h["n_embd"],
-                         n_heads=h["n_head"], n_layers=h["n_layer"])
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
-        raise CheckpointError(f"cannot read {hparams}: {e}") from None
-    except KeyError as e:
-        raise CheckpointError(f"{hparams} lacks {e.args[0]!r} (GPT-2's hparams are n_vocab, n_ctx, "
-                              "n_embd, n_head, n_layer)") from None
+    h = read_json(hparams)
+    sizes = {ours: field(h, theirs, str(hparams)) for ours, theirs in
+             (("vocab_size", "n_vocab"), ("context_length", "n_ctx"), ("emb_dim", "n_embd"),
+              ("n_heads", "n_head"), ("n_layers", "n_layer"))}
+    if sizes["emb_dim"] % sizes["n_heads"]:
+        raise CheckpointError(f"{hparams}: n_embd {sizes['emb_dim']} is not divisible by n_head {sizes['n_heads']}")
+    cfg = GPTConfig(**sizes)
+    prefix = _checkpoint_prefix(Path(path))
+    shapes = {name: entry.shape for name, entry in read_index(prefix)[1].items()}
+    check_sizes(cfg, shapes, OPENAI, str(hparams), f"{prefix}.index")
+    return cfg
 
 
 def openai_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -60,7 +69,12 @@ def _checkpoint_prefix(path: Path) -> Path:
     else its one *.index file."""
     pointer = path / "checkpoint"
     if pointer.is_file():
-        found = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', pointer.read_text(encoding="utf-8"), re.M)
+        try:  # a few lines of text; more is not this file
+            with open(pointer, "rb") as f:
+                text = f.read(1 << 16).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"cannot read {pointer}: {e}") from None
+        found = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', text, re.M)
         if found:
             prefix = Path(found.group(1))
             return prefix if prefix.is_absolute() else path / prefix

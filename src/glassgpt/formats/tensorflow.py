@@ -33,6 +33,7 @@ from ..errors import CheckpointError
 TABLE_MAGIC = 0xDB4775248B80FB57  # the last 8 bytes of every LevelDB/TensorFlow table
 FOOTER_BYTES = 48                 # two block handles (varints), zero padding, the magic
 BLOCK_TRAILER_BYTES = 5           # after every block: compression type (1 byte), masked crc32c (4)
+MAX_INDEX_BYTES = 64 << 20        # GPT-2 1558M's index is 18 KB
 
 # TensorFlow's DataType enum (types.proto) -> torch dtype, for the types a checkpoint of weights holds.
 TF_DTYPES = {1: torch.float32, 2: torch.float64, 3: torch.int32, 4: torch.uint8, 5: torch.int16,
@@ -55,6 +56,9 @@ def read_index(prefix: str | Path) -> tuple[int, dict[str, BundleEntry]]:
     """(number of data shards, {tensor name: BundleEntry}) from `PREFIX.index`."""
     path = Path(f"{prefix}.index")
     try:
+        if path.stat().st_size > MAX_INDEX_BYTES:
+            raise CheckpointError(f"{path} is {path.stat().st_size:,} bytes: an index of tensors' names and offsets "
+                                  f"is kilobytes (at most {MAX_INDEX_BYTES >> 20} MiB here): it is not an index")
         data = path.read_bytes()
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
@@ -91,19 +95,40 @@ def _parse_index(data: bytes, path: Path) -> tuple[int, dict[str, BundleEntry]]:
 
 
 def read_tensors(prefix: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the checkpoint `prefix`, in name order, memory-mapped and CRC-checked."""
+    """Every tensor of the checkpoint `prefix`, in name order, memory-mapped and CRC-checked.
+    The whole index is checked against the data files' sizes before the first tensor is read."""
     shards, entries = read_index(prefix)
+    for name, entry in entries.items():
+        _check_entry(prefix, name, entry, shards)
     mapped: dict[int, torch.Tensor] = {}
     for name, entry in entries.items():
-        if entry.sliced:
-            raise CheckpointError(f"{prefix}.index: {name!r} is a partitioned variable (stored as slices); "
-                                  "re-save the checkpoint with whole tensors")
-        if entry.dtype not in TF_DTYPES:
-            raise CheckpointError(f"{prefix}.index: {name!r} has TensorFlow dtype number {entry.dtype}, "
-                                  "which is not a numeric type glassgpt reads")
         if entry.shard_id not in mapped:
             mapped[entry.shard_id] = _map_shard(prefix, entry.shard_id, shards)
         yield name, _tensor(mapped[entry.shard_id], entry, name, f"{prefix}.data-{entry.shard_id:05d}-of-{shards:05d}")
+
+
+def _check_entry(prefix: str | Path, name: str, entry: BundleEntry, shards: int) -> None:
+    """Refuse an index entry whose bytes the data files cannot hold, before anything is read."""
+    if entry.sliced:
+        raise CheckpointError(f"{prefix}.index: {name!r} is a partitioned variable (stored as slices); "
+                              "re-save the checkpoint with whole tensors")
+    if entry.dtype not in TF_DTYPES:
+        raise CheckpointError(f"{prefix}.index: {name!r} has TensorFlow dtype number {entry.dtype}, "
+                              "which is not a numeric type glassgpt reads")
+    if entry.shard_id >= shards:
+        raise CheckpointError(f"{prefix}.index: {name!r} is in shard {entry.shard_id}, but the header says "
+                              f"there are {shards}: the index is corrupt")
+    numel, itemsize = math.prod(entry.shape), TF_DTYPES[entry.dtype].itemsize
+    if entry.size != numel * itemsize:
+        raise CheckpointError(f"{prefix}.index: {name!r} {list(entry.shape)} should be {numel * itemsize:,} bytes, "
+                              f"the index says {entry.size:,}: the index is corrupt")
+    data = Path(f"{prefix}.data-{entry.shard_id:05d}-of-{shards:05d}")
+    size = data.stat().st_size if data.is_file() else None
+    if size is None:
+        raise CheckpointError(f"{data} is missing: a checkpoint needs its .index and every .data file")
+    if entry.offset + entry.size > size:
+        raise CheckpointError(f"{data} is truncated: {name!r} needs bytes up to {entry.offset + entry.size:,}, "
+                              f"the file has {size:,}: copy or download it again")
 
 
 def _map_shard(prefix: str | Path, shard: int, shards: int) -> torch.Tensor:
@@ -118,13 +143,6 @@ def _map_shard(prefix: str | Path, shard: int, shards: int) -> torch.Tensor:
 
 def _tensor(raw: torch.Tensor, entry: BundleEntry, name: str, source: str) -> torch.Tensor:
     dtype = TF_DTYPES[entry.dtype]
-    numel = math.prod(entry.shape)
-    if entry.size != numel * dtype.itemsize:
-        raise CheckpointError(f"{source}: {name!r} {list(entry.shape)} should be {numel * dtype.itemsize:,} bytes, "
-                              f"the index says {entry.size:,}: the index is corrupt")
-    if entry.offset + entry.size > raw.numel():
-        raise CheckpointError(f"{source} is truncated: {name!r} needs bytes up to {entry.offset + entry.size:,}, "
-                              f"the file has {raw.numel():,}: copy or download it again")
     data = raw[entry.offset:entry.offset + entry.size]
     if unmask_crc(entry.crc32c) != crc32c(data):
         raise CheckpointError(f"{source} is corrupt: the bytes of {name!r} fail their CRC-32C check: "

@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from ..errors import CheckpointError
@@ -51,6 +51,7 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from ..formats.glassgpt import (STATE_FORMAT, checkpoint_step, model_from_state, save_model, sha256, upgrade_name,
                                verify_checkpoint)
+from ..formats.files import read_safetensors
 
 # --- saving ----------------------------------------------------------------------------------
 
@@ -278,10 +279,7 @@ def _load_optimizer(path: Path, state: dict[str, Any], model: nn.Module, optimiz
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(path)
-    except (SafetensorError, OSError, RuntimeError) as e:
-        raise CheckpointError(f"{path} cannot be read ({e})") from None
+    return dict(read_safetensors(path))
 
 
 def _load_into(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:

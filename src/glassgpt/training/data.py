@@ -36,7 +36,8 @@ import torch
 from ..errors import DataError
 from ..generate import generate
 from ..engine.loss import cross_entropy
-from ..tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, get_tokenizer, iter_text_blocks
+from ..formats import get_tokenizer
+from ..tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, iter_text_blocks
 
 CACHE_FORMAT = 1
 READ_BYTES = 1 << 20

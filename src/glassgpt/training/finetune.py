@@ -43,6 +43,7 @@ from ..errors import DataError, GlassError
 from .lora import (LORA_TARGETS, LoRALinear, apply_lora, count_parameters, has_lora,  # noqa: F401
                    lora_state_dict, merge_lora, merged_model)
 from ..engine.loss import IGNORE_INDEX, cross_entropy
+from ..formats.glassgpt import model_from_state
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 
@@ -288,10 +289,7 @@ def to_classifier(model: GPTModel, num_classes: int, seed: int = 0) -> GPTModel:
     head_w = torch.empty(num_classes, cfg.emb_dim, device=weight.device, dtype=weight.dtype)
     state["out_head.weight"] = nn.init.normal_(head_w, 0.0, 0.02, generator=gen)
     state["out_head.bias"] = torch.zeros(num_classes, device=weight.device, dtype=weight.dtype)
-    with torch.device("meta"):
-        clf = GPTModel(cfg)
-    clf.load_state_dict(state, assign=True)
-    return clf.train(model.training)
+    return model_from_state(cfg, state, "the classifier").train(model.training)
 
 
 def freeze(model: GPTModel, trainable: str = "last-block") -> None:
