@@ -64,7 +64,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         for target in targets:
             while target and target not in known:  # `from .x import name`: the module is .x
                 target = target.rpartition(".")[0]
-            if target and target != name:
+            # A package above `name` is imported before `name` whatever `name` says: not an edge.
+            if target and target != name and not name.startswith(target + "."):
                 found.add(target)
     return found
 
