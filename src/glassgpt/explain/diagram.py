@@ -392,8 +392,9 @@ def attention_figure(tr: "Trace", layer: int):
         ax = fig.add_subplot(rows, cols, k + 1)
         image = ax.imshow(weights, cmap="Oranges", vmin=0.0, vmax=1.0)
         ax.set_title(f"head {k}", fontsize=9)
-        for label in (ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
-                      + ax.set_yticks(range(len(labels)), labels, fontsize=7)):
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        for label in ax.get_xticklabels() + ax.get_yticklabels():
             label.set_parse_math(False)  # a token's $ is a dollar sign, not the start of a formula
         axes.append(ax)
     fig.colorbar(image, ax=axes, label="attention weight (each row sums to 1)", shrink=0.8)

@@ -223,6 +223,13 @@ def _attention(tr: "Trace", layer: int, heatmap: str | None, lines: list[str], c
         lines.append(f"  heatmap of every head, with a colour bar: {heatmap}")
 
 
+def embedding_section(tr: "Trace") -> str:
+    """Only the one-hot proof (`explain --embedding-vs-linear`)."""
+    lines: list[str] = []
+    _embedding(tr, lines, painter(False))
+    return "\n".join(lines).strip("\n")
+
+
 def _embedding(tr: "Trace", lines: list[str], c) -> None:
     e = tr.embedding_check
     V, d = e["weight_shape"]
