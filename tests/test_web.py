@@ -626,3 +626,79 @@ def test_serve_on_a_busy_port_is_one_line(monkeypatch, capsys, tmp_path):
         assert main(["serve", "--model", str(config), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port}" in err and "--port" in err
+
+
+# --- the service without HTTP, names, a run's snapshots --------------------------------------
+
+def test_the_service_answers_without_http(model, tok):
+    from glassgpt.web.service import AppendRequest, ExplainRequest, ExplainService
+
+    service = ExplainService(model, tok, About("tiny"))
+    got = service.explain(ExplainRequest(prompt=PROMPT, top_k=3))
+    assert [t["text"] for t in got["tokens"]] == ["Every", " effort", " moves", " you"]
+    assert len(got["next_token"]["top"]) == 3 and got["head"]["rows"][0]["id"] == got["next_token"]["id"]
+    after = service.append(AppendRequest(ids=tok.encode(PROMPT), token=13))
+    assert [t["id"] for t in after["tokens"]][-1] == 13
+    assert service.diagram(ExplainRequest(prompt=PROMPT)).startswith("<svg")
+    with pytest.raises(GlassError, match="not both"):
+        service.explain(ExplainRequest(prompt="x", ids=[1]))
+    with pytest.raises(GlassError, match="not started on a run directory"):
+        service.snapshots()
+
+
+@pytest.mark.parametrize("spec, shown", [("gpt2", "gpt2"), ("openai-community/gpt2", "openai-community/gpt2")])
+def test_a_spec_is_shown_as_typed(spec, shown):
+    from glassgpt.web.service import public_name
+
+    assert public_name(spec) == shown
+
+
+def test_a_path_is_shown_by_its_name_never_the_servers_directories(model, tok, tmp_path):
+    run = tmp_path / "secret" / "layout" / "verdict-run"
+    (run / "best").mkdir(parents=True)
+    for name, want in ((str(run), "verdict-run"), (str(run / "best"), "verdict-run/best")):
+        with local_client(create_app(model, tok, model_name=name)) as c:
+            info = c.get("/api/model").json()
+            assert info["name"] == want and "secret" not in json.dumps(info)
+            assert "secret" not in json.dumps(explain(c, prompt=PROMPT).json())
+
+
+def test_snapshots_of_a_run_directory(model, tok, tmp_path):
+    snap = {"prompt": "Every effort moves you", "prompt_ids": [6109, 3626, 6100, 345],
+            "top": [{"id": 760, "text": " know", "prob": 0.2}] * 5, "greedy": "Every effort moves you know",
+            "lens": [{"layer": 0, "id": 760, "text": " know", "prob": 0.1}, {"layer": 1, "id": 760, "text": " know",
+                                                                               "prob": 0.2}]}
+    records = [{"step": 1, "tokens": 512, "train_loss": 9.0}, {"step": 5, "tokens": 2560, "train_loss": 8.0,
+                                                                  "val_loss": 8.5, "snapshot": snap}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{half a line")
+    with local_client(create_app(model, tok, run_dir=tmp_path)) as c:
+        assert c.get("/api/model").json()["run"] is True
+        got = c.get("/api/snapshots").json()
+    assert got["evaluations"] == [{"step": 5, "tokens": 2560, "train_loss": 8.0, "val_loss": 8.5, "snapshot": snap}]
+    assert got["with_snapshots"] == 1 and got["note"] is None
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 5, "tokens": 2560, "val_loss": 8.5}) + "\n")
+    with local_client(create_app(model, tok, run_dir=tmp_path)) as c:
+        old = c.get("/api/snapshots").json()
+    assert old["evaluations"][0]["snapshot"] is None and "no snapshots" in old["note"]
+    with local_client(create_app(model, tok)) as c:
+        assert_error(c.get("/api/snapshots"), 400, "run directory")
+
+
+def test_serve_on_a_run_directory_gives_the_page_its_evaluations(tmp_path, monkeypatch, capsys, model, tok):
+    import glassgpt.web
+    from glassgpt.cli import main
+
+    run = tmp_path / "run"
+    glassgpt.save_model(model, run / "best", tokenizer=tok)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 5, "tokens": 80, "val_loss": 9.0}) + "\n")
+    made = {}
+    real = glassgpt.web.create_app
+
+    def spy(*args, **kwargs):
+        made.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(glassgpt.web, "create_app", spy)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: sockets[0].close())
+    assert main(["serve", "--model", str(run), "--port", "0"]) == 0
+    assert str(made["run_dir"]) == str(run) and made["model_name"] == str(run)
