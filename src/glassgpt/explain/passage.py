@@ -167,12 +167,15 @@ def _chips(d: Drawing, p: Passage, x0: float, y: float, right: float) -> float:
     """The passage as wrapped chips, one per token, filled by its probability band; returns the bottom."""
     x, line_h = x0, 24
     for i, t in enumerate(p.tokens):
-        for part_no, part in enumerate(t["text"].split("\n")):
-            if part_no:  # a newline in the token: the next part starts a new line
+        parts = t["text"].split("\n")
+        for part_no, part in enumerate(parts):
+            if part_no:  # a newline in the token: what follows starts a new line
                 x, y = x0, y + line_h
-            if not part and part_no:
+            if not part and (part_no or len(parts) == 1 and t["text"]):
                 continue
-            label = fit(part.replace(" ", "·") or "∅", right - x0 - 6, 12, mono=True)
+            # A token of newlines only is drawn as one ↵ where the line ends; an empty token as ∅.
+            label = "↵" if not part and len(parts) > 1 else fit(part.replace(" ", "·") or "∅", right - x0 - 6, 12,
+                                                                  mono=True)
             w = text_width(label, 12, mono=True) + 6
             if x + w > right:
                 x, y = x0, y + line_h
