@@ -21,7 +21,7 @@ from glassgpt.errors import GlassError, PromptError
 from glassgpt.errors import TraceCancelled
 from glassgpt.explain import About, TraceOptions, check_embedding_is_linear, trace
 from glassgpt.explain.diagram import attention_figure, layout, save_attention_png, save_png, to_svg
-from glassgpt.explain.draw import Rect, Text
+from glassgpt.explain.draw import Text
 from glassgpt.formats import random_model
 
 PROMPT = "Every effort moves you"  # 4 GPT-2 tokens

@@ -53,7 +53,7 @@ from ..errors import GlassError, TraceCancelled
 from ..explain import About, Progress
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
-from .guards import LOOPBACK_HOSTS, BodyLimit, HostCheck, host_name  # noqa: F401 (the CLI's names)
+from .guards import LOOPBACK_HOSTS, BodyLimit, HostCheck
 from .guards import error_response as _error
 from .service import MAX_BODY_BYTES, AppendRequest, ExplainRequest, ExplainService
 

@@ -84,7 +84,7 @@ class ExplainService:
 
     def info(self) -> dict[str, Any]:
         """GET /api/model: the loaded model, its limits, and whether a run's evaluations can be shown."""
-        model, cfg = self.model, self.model.cfg
+        model = self.model
         facts = model_facts(model, self.tokenizer, self.about)
         return {
             **facts, "kind": "classifier" if self.is_classifier else "language model",
@@ -93,7 +93,6 @@ class ExplainService:
             "limits": {"max_prompt_tokens": self.limit, "max_top_k": MAX_TOP_K, "max_body_bytes": self.max_body_bytes,
                        "max_attention_weights": MAX_ATTENTION_WEIGHTS},
             "run": self.run_dir is not None,
-            "config": cfg.to_dict(),
         }
 
     def explain(self, req: ExplainRequest, cancel: threading.Event | None = None,
