@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 import glassgpt
+from glassgpt.explain import TraceOptions
 from glassgpt.formats import load_model, load_tokenizer
 
 # Small, but every part of GPT-2 is there: GPT-2's tokenizer and vocabulary, 4 blocks.
@@ -62,9 +63,10 @@ def expected_answers(model_spec: str) -> dict[tuple, dict]:
     want = {}
     for p in PROMPTS:
         ids = tok.encode(p)
-        want[("explain", p)] = glassgpt.trace(model, tok, ids=ids, top_k=10, attention=True, logit_lens=True,
-                                               embedding_check=False).to_dict()
-        want[("append", p)] = glassgpt.trace(model, tok, ids=ids + [13], top_k=10, embedding_check=False).to_dict()
+        want[("explain", p)] = glassgpt.trace(model, tok, ids=ids, options=TraceOptions(
+            top_k=10, attention=True, logit_lens=True, embedding_check=False)).to_dict()
+        want[("append", p)] = glassgpt.trace(model, tok, ids=ids + [13], options=TraceOptions(
+            top_k=10, embedding_check=False)).to_dict()
     return want
 
 
@@ -91,6 +93,10 @@ def check(got: dict, want: dict) -> str | None:
         return f"next token {g['id']} ({g['prob']}) != {w['id']} ({w['prob']})"
     if "attention" in want and got["attention"]["shape"] != want["attention"]["shape"]:
         return "attention shape differs"
+    if "head" in want:  # the head's dot products (absent from traces made before they were added)
+        rows = [(r["id"], round(r["logit"], 4)) for r in got["head"]["rows"]]
+        if rows != [(r["id"], round(r["logit"], 4)) for r in want["head"]["rows"]]:
+            return "the head's dot products differ"
     return None
 
 

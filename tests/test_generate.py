@@ -281,3 +281,112 @@ def test_decode_stream_flushes_an_unfinished_character_at_the_end():
 
 def test_public_api_exports_generate():
     assert glassgpt.generate is generate and glassgpt.stream is stream
+
+
+# --- generate --show-choices and --check-against ------------------------------------------------
+
+BOOK_SMALL = {"vocab_size": 50257, "context_length": 24, "emb_dim": 64, "n_heads": 1, "n_layers": 2,
+              "drop_rate": 0.1, "qkv_bias": False}
+
+
+@pytest.fixture(scope="module")
+def book_model_pth(tmp_path_factory):
+    """The book's own GPTModel (random, seeded), saved as the model.pth of chapter 5, and the model."""
+    from llms_from_scratch.ch04 import GPTModel as BookGPTModel
+
+    torch.manual_seed(5)
+    book = BookGPTModel(BOOK_SMALL).eval()
+    path = tmp_path_factory.mktemp("book") / "model.pth"
+    torch.save(book.state_dict(), path)
+    (path.parent / "model.json").write_text('{"n_heads": 1}')
+    return book, str(path)
+
+
+def cli_json(argv, capsys) -> dict:
+    import json
+
+    from glassgpt.cli import main
+
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_show_choices_follows_the_books_temperature_1_4_top_k_25_sample_token_by_token(book_model_pth, capsys):
+    """The book's chapter-5 sampling (torch.manual_seed(123); generate(..., temperature=1.4, top_k=25)):
+    --show-choices draws the very same tokens, and at each step lists the book's own candidates: the
+    25 largest logits of the book's model, divided by 1.4, softmaxed (tolerance 1e-5)."""
+    from llms_from_scratch.ch05 import generate as book_generate
+
+    book, path = book_model_pth
+    tok = get_tokenizer("gpt2")
+    prompt = "Every effort moves you"
+    argv = ["generate", prompt, "--model", path, "--max-new-tokens", "15", "--temperature", "1.4", "--top-k", "25",
+            "--seed", "123", "--json"]
+    plain = cli_json(argv, capsys)
+    shown = cli_json(argv + ["--show-choices", "25"], capsys)
+    assert shown["new_ids"] == plain["new_ids"]  # watching the choices changes none of them
+    ids = torch.tensor([tok.encode(prompt)])
+    torch.manual_seed(123)
+    expected = book_generate(book, ids, max_new_tokens=15, context_size=24, temperature=1.4, top_k=25)
+    assert shown["new_ids"] == expected[0, ids.shape[1]:].tolist()
+    seq = expected[0].tolist()
+    for step, choice in enumerate(shown["choices"]):
+        t = ids.shape[1] + step
+        with torch.no_grad():
+            logits = book(torch.tensor([seq[max(0, t - 24):t]]))[0, -1]
+        top = logits.topk(25)
+        probs = (top.values / 1.4).softmax(-1)
+        assert [c["id"] for c in choice["top"]] == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor([c["prob"] for c in choice["top"]]), probs, atol=1e-5, rtol=0)
+        assert choice["id"] == seq[t] and choice["id"] in top.indices.tolist() and choice["step"] == step + 1
+        assert choice["prob"] == pytest.approx(float(probs[top.indices.tolist().index(seq[t])]), abs=1e-5)
+
+
+def test_show_choices_in_the_terminal_lists_each_step(book_model_pth, capsys):
+    from glassgpt.cli import main
+
+    _, path = book_model_pth
+    assert main(["generate", "Every effort moves you", "--model", path, "--max-new-tokens", "4", "--temperature",
+                 "1.4", "--top-k", "25", "--seed", "123", "--show-choices", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "Every effort moves you" and "the 3 likeliest after temperature 1.4, top-k 25" in out[1]
+    assert [line.split()[0] for line in out[2:6]] == ["1", "2", "3", "4"]
+    assert out[6].startswith("Every effort moves you") and len(out) == 7
+
+
+def test_greedy_show_choices_draws_the_most_likely_candidate(tiny_model):
+    from glassgpt.generate import sampling_probs
+
+    seen = []
+    ids = list(stream(tiny_model, [1, 2, 3], 5, on_pick=lambda logits, nxt: seen.append((logits.clone(), nxt))))
+    for (logits, nxt), got in zip(seen, ids):
+        probs = sampling_probs(logits, 1.0)
+        assert int(nxt[0]) == int(got[0]) == int(probs[0].argmax())
+        torch.testing.assert_close(probs, logits.float().softmax(-1))
+
+
+def test_check_against_finds_the_recited_spans(tmp_path):
+    from glassgpt.explain.recall import copied_spans
+
+    story = "I HAD always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so it was no"
+    pieces = ["I", " HAD", " always", " thought", " Jack", " Gisburn", " rather", " a", " cheap", " genius",
+              " and", " a", " good", " fellow", " enough", "--", "so", " it"]
+    spans = copied_spans(pieces, story, first_new=4)
+    assert [(s.start, s.end) for s in spans] == [(0, 10), (11, 18)]
+    assert spans[0].text == "I HAD always thought Jack Gisburn rather a cheap genius" and spans[0].new_tokens == 6
+    assert spans[1].new_tokens == 7 and spans[1].offset == story.index(" a good fellow") and spans[1].line == 1
+    assert copied_spans(pieces, story, first_new=18) == []  # the prompt alone is no recitation
+    assert copied_spans([" the", " cat", " sat"], story, first_new=0) == []
+
+
+def test_cli_check_against_lists_spans_with_their_line(book_model_pth, capsys, tmp_path):
+    _, path = book_model_pth
+    tok = get_tokenizer("gpt2")
+    got = cli_json(["generate", "Every effort moves you", "--model", path, "--max-new-tokens", "6", "--json"], capsys)
+    data = tmp_path / "data.txt"
+    data.write_text("first line\n" + got["text"] + " and more\n")
+    got = cli_json(["generate", "Every effort moves you", "--model", path, "--max-new-tokens", "6", "--json",
+                    "--check-against", str(data)], capsys)
+    spans = got["check_against"]["spans"]
+    assert spans[0]["start"] == 0 and spans[0]["end"] == len(tok.encode("Every effort moves you")) + 6
+    assert spans[0]["line"] == 2 and spans[0]["new_tokens"] == 6

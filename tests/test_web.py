@@ -25,7 +25,9 @@ from fastapi.testclient import TestClient
 
 import glassgpt
 from glassgpt.errors import GlassError
+from glassgpt.explain import About, TraceOptions
 from glassgpt.web import app as web_app
+from glassgpt.web import service as web_service
 from glassgpt.web import create_app
 from glassgpt.web.server import serving
 from glassgpt.formats import random_model
@@ -117,8 +119,8 @@ def test_model_endpoint_describes_the_loaded_model(client, model):
 
 def test_explain_returns_the_trace_json(client, model, tok):
     got = explain(client, prompt=PROMPT, top_k=5, attention=False, logit_lens=False).json()
-    want = glassgpt.trace(model, tok, PROMPT, top_k=5, model_name="tiny", random_weights=True,
-                          embedding_check=False).to_dict()
+    want = glassgpt.trace(model, tok, PROMPT, options=TraceOptions(top_k=5, embedding_check=False),
+                          about=About("tiny", random_weights=True)).to_dict()
     assert [s["name"] for s in got["stages"]] == [s["name"] for s in want["stages"]]
     assert got["stages"] == want["stages"]
     assert got["tokens"] == want["tokens"] and got["params"] == want["params"]
@@ -197,7 +199,7 @@ def test_attention_and_logit_lens_cover_every_layer(client):
 
 
 def test_attention_past_the_budget_is_left_out_with_a_reason(client, monkeypatch):
-    monkeypatch.setattr(web_app, "MAX_ATTENTION_WEIGHTS", 2 * 2 * 3 * 3)  # 3 tokens fit, 4 do not
+    monkeypatch.setattr(web_service, "MAX_ATTENTION_WEIGHTS", 2 * 2 * 3 * 3)  # 3 tokens fit, 4 do not
     assert "layers" in explain(client, prompt="Every effort moves").json()["attention"]
     att = explain(client, prompt=PROMPT).json()["attention"]
     assert "layers" not in att and "up to 3 tokens" in att["omitted"]
@@ -232,8 +234,6 @@ def test_classifier_shows_hidden_to_classes_and_its_labels(classifier):
     ({}, ["empty"]),
     ({"ids": []}, ["empty"]),
     ({"prompt": "x", "ids": [1]}, ["not both"]),
-    ({"prompt": "a" + " a" * 16}, ["17 tokens", "16"]),
-    ({"ids": [1] * 17}, ["17 tokens"]),
     ({"ids": [50257]}, ["50257", "out of range"]),
     ({"prompt": PROMPT, "block": 2}, ["block 2", "0..1"]),
 ])
@@ -286,7 +286,7 @@ def test_an_unexpected_failure_is_a_json_500_and_the_server_carries_on(model, to
         raise RuntimeError("boom")
 
     with local_client(create_app(model, tok), raise_server_exceptions=False) as c:
-        monkeypatch.setattr(web_app, "trace", broken)
+        monkeypatch.setattr(web_service, "trace", broken)
         assert_error(explain(c, prompt=PROMPT), 500, "RuntimeError: boom")
         monkeypatch.undo()
         assert explain(c, prompt=PROMPT).status_code == 200
@@ -299,12 +299,25 @@ def test_append_needs_a_valid_token(client):
     assert_error(client.post("/api/append", json={"prompt": "", "token": 1}), 400, "empty")
 
 
-def test_configurable_prompt_limit(model, tok):
+@pytest.mark.parametrize("body", [{"prompt": "a" + " a" * 16}, {"ids": [64] * 17}])
+def test_a_prompt_over_the_context_keeps_its_last_tokens_and_says_so(client, tok, body):
+    got = explain(client, **body).json()
+    ids = body.get("ids") or tok.encode(body["prompt"])
+    assert [t["id"] for t in got["tokens"]] == ids[-16:]
+    assert got["notes"] == ["the prompt is 17 tokens, more than the 16 the model reads at once (its context_length): "
+                            "it saw the last 16 (tokens 1..16)"]
+
+
+def test_configurable_prompt_limit_cuts_as_every_command_does(model, tok):
     with local_client(create_app(model, tok, max_prompt_tokens=5)) as c:
         assert c.get("/api/model").json()["limits"]["max_prompt_tokens"] == 5
-        assert explain(c, prompt=PROMPT + " to").status_code == 200  # 5 tokens
-        assert_error(explain(c, prompt=PROMPT + " to the"), 400, "6 tokens", "at most 5")
-        assert_error(c.post("/api/append", json={"prompt": PROMPT + " to", "token": 1}), 400, "already has 5")
+        five = explain(c, prompt=PROMPT + " to").json()  # 5 tokens
+        assert len(five["tokens"]) == 5 and five["notes"] == []
+        six = explain(c, prompt=PROMPT + " to the").json()
+        assert [t["id"] for t in six["tokens"]] == tok.encode(PROMPT + " to the")[1:]
+        assert "--max-prompt-tokens" in six["notes"][0] and "the last 5" in six["notes"][0]
+        slid = c.post("/api/append", json={"prompt": PROMPT + " to", "token": 1}).json()
+        assert [t["id"] for t in slid["tokens"]] == tok.encode(PROMPT + " to")[1:] + [1]  # the window slides
 
 
 def test_limit_over_the_context_is_refused(model, tok):
@@ -353,14 +366,14 @@ def test_concurrent_requests_from_threads_are_all_correct(model, tok):
 
 def test_a_slow_trace_does_not_block_the_page(model, tok, monkeypatch):
     release, started = threading.Event(), threading.Event()
-    real_trace = web_app.trace
+    real_trace = web_service.trace
 
     def slow_trace(*args, **kwargs):
         started.set()
         assert release.wait(30)
         return real_trace(*args, **kwargs)
 
-    monkeypatch.setattr(web_app, "trace", slow_trace)
+    monkeypatch.setattr(web_service, "trace", slow_trace)
     with local_client(create_app(model, tok)) as c, ThreadPoolExecutor(2) as pool:
         slow = pool.submit(explain, c, prompt=PROMPT)
         assert started.wait(30)
@@ -429,7 +442,7 @@ def test_diagram_of_every_control_character_is_well_formed_xml(tok):
     assert r.status_code == 200, r.text
     root = ET.fromstring(r.text)  # raises ParseError on a character XML forbids
     texts = [el.text or "" for el in root.iter("{http://www.w3.org/2000/svg}text")]
-    assert any("\\x00" in t and "\\x1f" in t for t in texts)  # drawn as escapes, not dropped
+    assert "\\x00" in "".join(texts) and "\\x1f" in "".join(texts)  # drawn as escapes, not dropped
 
 
 # --- progress, side by side, abandoned and stalled requests ----------------------------------
@@ -558,13 +571,13 @@ def test_a_stalled_half_sent_request_is_closed_after_the_timeout(model, tok, hal
 
 
 def test_a_slow_trace_is_not_cut_by_the_request_deadline(model, tok, monkeypatch):
-    real_trace = web_app.trace
+    real_trace = web_service.trace
 
     def slow_trace(*args, **kwargs):
         time.sleep(1.5)
         return real_trace(*args, **kwargs)
 
-    monkeypatch.setattr(web_app, "trace", slow_trace)
+    monkeypatch.setattr(web_service, "trace", slow_trace)
     with serving(create_app(model, tok), request_timeout_s=0.5) as url, httpx.Client(base_url=url) as http:
         assert http.post("/api/explain", json={"prompt": PROMPT}).status_code == 200
 
@@ -613,3 +626,79 @@ def test_serve_on_a_busy_port_is_one_line(monkeypatch, capsys, tmp_path):
         assert main(["serve", "--model", str(config), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port}" in err and "--port" in err
+
+
+# --- the service without HTTP, names, a run's snapshots --------------------------------------
+
+def test_the_service_answers_without_http(model, tok):
+    from glassgpt.web.service import AppendRequest, ExplainRequest, ExplainService
+
+    service = ExplainService(model, tok, About("tiny"))
+    got = service.explain(ExplainRequest(prompt=PROMPT, top_k=3))
+    assert [t["text"] for t in got["tokens"]] == ["Every", " effort", " moves", " you"]
+    assert len(got["next_token"]["top"]) == 3 and got["head"]["rows"][0]["id"] == got["next_token"]["id"]
+    after = service.append(AppendRequest(ids=tok.encode(PROMPT), token=13))
+    assert [t["id"] for t in after["tokens"]][-1] == 13
+    assert service.diagram(ExplainRequest(prompt=PROMPT)).startswith("<svg")
+    with pytest.raises(GlassError, match="not both"):
+        service.explain(ExplainRequest(prompt="x", ids=[1]))
+    with pytest.raises(GlassError, match="not started on a run directory"):
+        service.snapshots()
+
+
+@pytest.mark.parametrize("spec, shown", [("gpt2", "gpt2"), ("openai-community/gpt2", "openai-community/gpt2")])
+def test_a_spec_is_shown_as_typed(spec, shown):
+    from glassgpt.web.service import public_name
+
+    assert public_name(spec) == shown
+
+
+def test_a_path_is_shown_by_its_name_never_the_servers_directories(model, tok, tmp_path):
+    run = tmp_path / "secret" / "layout" / "verdict-run"
+    (run / "best").mkdir(parents=True)
+    for name, want in ((str(run), "verdict-run"), (str(run / "best"), "verdict-run/best")):
+        with local_client(create_app(model, tok, model_name=name)) as c:
+            info = c.get("/api/model").json()
+            assert info["name"] == want and "secret" not in json.dumps(info)
+            assert "secret" not in json.dumps(explain(c, prompt=PROMPT).json())
+
+
+def test_snapshots_of_a_run_directory(model, tok, tmp_path):
+    snap = {"prompt": "Every effort moves you", "prompt_ids": [6109, 3626, 6100, 345],
+            "top": [{"id": 760, "text": " know", "prob": 0.2}] * 5, "greedy": "Every effort moves you know",
+            "lens": [{"layer": 0, "id": 760, "text": " know", "prob": 0.1}, {"layer": 1, "id": 760, "text": " know",
+                                                                               "prob": 0.2}]}
+    records = [{"step": 1, "tokens": 512, "train_loss": 9.0}, {"step": 5, "tokens": 2560, "train_loss": 8.0,
+                                                                  "val_loss": 8.5, "snapshot": snap}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{half a line")
+    with local_client(create_app(model, tok, run_dir=tmp_path)) as c:
+        assert c.get("/api/model").json()["run"] is True
+        got = c.get("/api/snapshots").json()
+    assert got["evaluations"] == [{"step": 5, "tokens": 2560, "train_loss": 8.0, "val_loss": 8.5, "snapshot": snap}]
+    assert got["with_snapshots"] == 1 and got["note"] is None
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 5, "tokens": 2560, "val_loss": 8.5}) + "\n")
+    with local_client(create_app(model, tok, run_dir=tmp_path)) as c:
+        old = c.get("/api/snapshots").json()
+    assert old["evaluations"][0]["snapshot"] is None and "no snapshots" in old["note"]
+    with local_client(create_app(model, tok)) as c:
+        assert_error(c.get("/api/snapshots"), 400, "run directory")
+
+
+def test_serve_on_a_run_directory_gives_the_page_its_evaluations(tmp_path, monkeypatch, capsys, model, tok):
+    import glassgpt.web
+    from glassgpt.cli import main
+
+    run = tmp_path / "run"
+    glassgpt.save_model(model, run / "best", tokenizer=tok)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 5, "tokens": 80, "val_loss": 9.0}) + "\n")
+    made = {}
+    real = glassgpt.web.create_app
+
+    def spy(*args, **kwargs):
+        made.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(glassgpt.web, "create_app", spy)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: sockets[0].close())
+    assert main(["serve", "--model", str(run), "--port", "0"]) == 0
+    assert str(made["run_dir"]) == str(run) and made["model_name"] == str(run)

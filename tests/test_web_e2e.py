@@ -6,7 +6,10 @@ and [1, 4, 50257]; Append adds the greedy token and then a clicked one, by keybo
 mouse, and gives the focus back to the control used; Append after an edit traces the edited
 text; a long prompt (attention weights omitted) hides the previous heatmap and streams its
 progress; an API error shows on the page. At 360 px: the page is no wider than the screen.
-Screenshots go to artifacts/.
+Served on a run directory (a metrics.jsonl written here in the training engineer's snapshot
+format), the page shows a slider over the evaluations, and moving it shows each one's
+snapshot; the header names the run, not its path; the SVG's every text lies inside it, as
+chromium measures it. Screenshots go to artifacts/.
 
 A missing /usr/bin/chromium skips, unless GLASSGPT_REQUIRE_BROWSER=1 (set by CI, which
 installs it), where it fails; a missing Playwright fails.
@@ -14,16 +17,20 @@ installs it), where it fails; a missing Playwright fails.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
+
+import torch
 
 import pytest
 from playwright.sync_api import sync_playwright
 
 from glassgpt.web import create_app
 from glassgpt.web.server import serving
-from glassgpt.formats import is_random_init, load_model, load_tokenizer
+from glassgpt.config import GPTConfig
+from glassgpt.formats import is_random_init, load_model, load_tokenizer, random_model
 
 CHROMIUM = os.environ.get("GLASSGPT_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -54,13 +61,39 @@ def browser():
         browser.close()
 
 
+def snapshot(step: int, top: str, prob: float) -> dict:
+    """One evaluation's snapshot, in the format the training loop writes."""
+    return {"prompt": "Every effort moves you", "prompt_ids": [6109, 3626, 6100, 345],
+            "top": [{"id": 760 + k, "text": top if k == 0 else f" t{k}", "prob": prob / (k + 1)} for k in range(5)],
+            "greedy": f"Every effort moves you{top}{top}",
+            "lens": [{"layer": i, "id": 760, "text": top, "prob": prob * (i + 1) / 2} for i in range(2)]}
+
+
+@pytest.fixture(scope="module")
+def run_url(tmp_path_factory):
+    """A run directory's page: an untied model of the book's layout, and three evaluations by hand."""
+    run = tmp_path_factory.mktemp("runs") / "verdict-run"
+    run.mkdir()
+    records = [{"step": 1, "tokens": 512, "train_loss": 10.9, "lr": 4e-4}]
+    for k, (step, top, prob) in enumerate(((0, " the", 0.0001), (5, ",", 0.05), (10, " know", 0.61))):
+        records.append({"step": step, "tokens": 512 * step, "train_loss": 9.0 - k, "val_loss": 9.5 - k,
+                        "snapshot": snapshot(step, top, prob)})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = GPTConfig(vocab_size=50257, context_length=64, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=False,
+                    tie_embeddings=False)
+    model = random_model(cfg, torch.device("cpu"), torch.float32, seed=0)
+    app = create_app(model, load_tokenizer("gpt2"), model_name=str(run.resolve()), run_dir=run)
+    with serving(app) as url:
+        yield url
+
+
 @pytest.fixture
-def open_page(browser, server_url):
-    """open_page(width) -> a page showing the default prompt's trace; checks, at the end, that the page
+def open_page(browser, server_url, run_url):
+    """open_page(width, url) -> a page showing the default prompt's trace; checks, at the end, that the page
     logged no errors and asked nothing of another host."""
     contexts, console, requests = [], [], []
 
-    def open_at(width: int):
+    def open_at(width: int, url: str = server_url):
         context = browser.new_context(viewport={"width": width, "height": 900})
         contexts.append(context)
         page = context.new_page()
@@ -68,14 +101,15 @@ def open_page(browser, server_url):
         page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
         page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
         page.on("request", lambda r: requests.append(r.url))
-        page.goto(server_url + "/")
+        page.goto(url + "/")
         page.wait_for_selector("#token-count[data-count]")  # the page traced its default prompt
         return page
 
     yield open_at
     for context in contexts:
         context.close()
-    assert all(url.startswith(server_url) for url in requests if not url.startswith(("data:", "blob:"))), requests
+    assert all(url.startswith((server_url, run_url)) for url in requests if not url.startswith(("data:", "blob:"))), \
+        requests
     errors = [m for m in console if m.startswith(("error", "pageerror"))
               and "400" not in m]  # the browser logs a deliberate 400 as a failed resource
     assert not errors, errors
@@ -182,6 +216,59 @@ def test_the_page_fits_a_360_px_screen(open_page):
     page.screenshot(path=str(ARTIFACTS / "web-e2e-360.png"), full_page=True)
     assert width <= 360, f"the page is {width} px wide on a 360 px screen"
     wide = page.evaluate("""[...document.querySelectorAll('body *')]
-        .filter(e => e.getBoundingClientRect().right > 361 && !e.closest('.lens, #params'))
+        .filter(e => e.getBoundingClientRect().right > 361 && !e.closest('.lens, #params, #head'))
         .map(e => e.tagName + '.' + e.className).slice(0, 5)""")
-    assert not wide, wide  # nothing sticks out (the lens and parameter tables scroll inside their cards)
+    assert not wide, wide  # nothing sticks out (the lens, head and parameter tables scroll inside their cards)
+
+
+def test_the_slider_moves_through_the_runs_evaluations(open_page, run_url):
+    page = open_page(1400, run_url)
+    page.wait_for_selector("#learn-card:not([hidden])")
+    assert page.inner_text("#model-info strong") == "verdict-run"  # the run's name, never the server's path
+    assert "/tmp" not in page.inner_text("header")
+    assert "3 evaluations" in page.inner_text("#learn-run")
+    view = page.locator("#snapshot-view")
+    assert "step 10" in view.inner_text() and "know" in view.inner_text()  # the last evaluation first
+    page.focus("#snapshot")
+    page.keyboard.press("Home")  # the slider, moved as a user moves it
+    page.wait_for_selector('.snap-losses[data-step="0"]')
+    assert page.input_value("#snapshot") == "0" and "1 of 3" in page.inner_text("#snapshot-value")
+    assert "the" in view.locator(".snap-bars .bar-row").first.inner_text()
+    assert "val loss 9.500" in view.inner_text()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_selector('.snap-losses[data-step="5"]')
+    assert view.locator(".snap-lens tbody tr").count() == 2  # one logit-lens row per block
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "web-e2e-run.png"), full_page=True)
+
+
+def test_the_head_card_shows_the_dot_products(open_page, run_url):
+    page = open_page(1400, run_url)
+    page.wait_for_selector("#head tbody tr")
+    assert page.locator("#head tbody tr").count() == 10
+    assert "Untied" in page.inner_text("#head-notes") and "cos(tok_emb[id], W[id])" in page.inner_text("#head")
+    assert "book's layout" in page.inner_text("#model-layout")
+
+
+def test_every_text_of_the_svg_lies_inside_it_as_the_browser_draws_it(open_page, run_url):
+    """The untied model's label between the weight boxes used to run off the right edge."""
+    page = open_page(1400, run_url)
+    out = page.evaluate("""async () => {
+        const res = await fetch("/api/diagram.svg", {method: "POST", headers: {"Content-Type": "application/json"},
+                                                     body: JSON.stringify({prompt: "Every effort moves you"})});
+        const holder = document.createElement("div");
+        holder.innerHTML = await res.text();
+        document.body.append(holder);
+        const svg = holder.querySelector("svg");
+        const width = svg.width.baseVal.value, height = svg.height.baseVal.value;
+        const texts = [...svg.querySelectorAll("text")].map((t) => {
+            const b = t.getBBox();
+            return {text: t.textContent, left: b.x, right: b.x + b.width, top: b.y, bottom: b.y + b.height};
+        });
+        holder.remove();
+        return {width, height, texts};
+    }""")
+    labels = [t["text"] for t in out["texts"]]
+    assert "two separate tensors (untied)" in labels
+    for t in out["texts"]:
+        assert t["left"] >= 0 and t["right"] <= out["width"] and t["top"] >= 0 and t["bottom"] <= out["height"], t

@@ -18,7 +18,7 @@ through the glass model at every step. Either way, when the sequence outgrows
 from __future__ import annotations
 
 import codecs
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -55,13 +55,12 @@ def as_batch(ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.T
     return ids
 
 
-def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-              top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Logits `[b, V]` -> next ids `[b]`."""
-    if temperature == 0.0:
-        # The first largest logit, as argmax gives it; `max` finds it 4x quicker in bfloat16 on
-        # a CPU (argmax has no vectorized bfloat16 kernel there: ~180 us per step for gpt2).
-        return logits.max(dim=-1).indices
+def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> torch.Tensor:
+    """Logits `[b, V]` -> the probabilities `[b, V]` (float32) that sampling draws the next id from:
+    the top-k cut, then the division by the temperature, then the top-p cut, then the softmax.
+    Ids cut away have probability 0. Temperature 0 (greedy) draws nothing: give it 1 to see the
+    softmax that greedy takes the largest of."""
     logits = logits.float()
     if top_k is not None and top_k < logits.shape[-1]:
         # Cut before dividing by the temperature, as the book's generate does: the same ids
@@ -76,7 +75,17 @@ def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None 
         drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(dim=-1)
+    return logits.softmax(dim=-1)
+
+
+def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+              top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Logits `[b, V]` -> next ids `[b]`: the largest (temperature 0), else drawn from `sampling_probs`."""
+    if temperature == 0.0:
+        # The first largest logit, as argmax gives it; `max` finds it 4x quicker in bfloat16 on
+        # a CPU (argmax has no vectorized bfloat16 kernel there: ~180 us per step for gpt2).
+        return logits.max(dim=-1).indices
+    probs = sampling_probs(logits, temperature, top_k, top_p)
     try:
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     except RuntimeError:  # "probability tensor contains either inf, nan or element < 0"
@@ -89,8 +98,14 @@ def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None 
 @torch.inference_mode()
 def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: int,
            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-           eos_id: int | None = None, seed: int | None = None, use_cache: bool = True) -> Iterator[torch.Tensor]:
-    """Yield the next ids `[b]` one step at a time (see `generate`)."""
+           eos_id: int | None = None, seed: int | None = None, use_cache: bool = True,
+           on_pick: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> Iterator[torch.Tensor]:
+    """Yield the next ids `[b]` one step at a time (see `generate`).
+
+    on_pick: called as on_pick(logits [b, V], next_id [b]) at each step, before the id is
+    yielded, e.g. to show the candidates it was drawn from (`sampling_probs`); it must not
+    draw from the random generator, so the ids stay those of a run without it.
+    """
     check_sampling(max_new_tokens, temperature, top_k, top_p)
     glass = glass_model(model)
     if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
@@ -127,6 +142,8 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     logits = last_logits(length)
     for step in range(max_new_tokens):
         next_id = pick_next(logits, temperature, top_k, top_p, generator)  # [b]
+        if on_pick is not None:
+            on_pick(logits, next_id)
         if eos_id is not None:
             next_id = next_id.masked_fill(finished, eos_id)  # rows that ended keep emitting eos
             finished |= next_id == eos_id

@@ -17,6 +17,8 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer, check_fits
 from ..errors import RandomWeightsWarning
 from ..formats import load_model, load_tokenizer
+# The prompt checks live in one place (prompt.py); the commands import them from here.
+from ..prompt import check_text as check_prompt, encode as encode_prompt  # noqa: F401
 
 
 def is_main_rank() -> bool:
@@ -140,17 +142,3 @@ def require_language_model(model: GPTModel, spec: str) -> None:
     if model.cfg.num_classes is not None:
         raise GlassError(f"{spec} is a classifier ({model.cfg.num_classes} classes, no next-token head): use "
                          "glassgpt classify with it, or a language model here")
-
-
-def check_prompt(prompt: str) -> None:
-    """Refuse an empty prompt; call it before loading a model, so the error comes at once."""
-    if not prompt:
-        raise GlassError("the prompt is empty: give some text, e.g. \"Every effort moves you\"")
-
-
-def encode_prompt(tokenizer: Tokenizer, prompt: str) -> list[int]:
-    check_prompt(prompt)
-    ids = tokenizer.encode(prompt)
-    if not ids:
-        raise GlassError("the prompt encodes to no tokens: give some text")
-    return ids

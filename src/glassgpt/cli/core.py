@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..formats.book import model_notes
 from ..device import resolve_device, resolve_dtype
 from ..engine import compile_for_generation, quantize_int8
-from ..generate import decode_stream, stream
+from ..errors import GlassError
+from ..explain.recall import MIN_TOKENS, copied_spans
+from ..generate import decode_stream, sampling_probs, stream
+from ..prompt import fit_prompt
 from ..memory import memory_needs, parameter_table
 from ..config import init_scheme
 from ..formats import checkpoint_dir, download, is_random_init, read_config
@@ -35,7 +39,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=probability, default=None,
                    help="sample among the fewest tokens whose probabilities add up to P (default: 1, all of them)")
     p.add_argument("--stop-at-eos", action="store_true", help="stop at <|endoftext|>")
-    p.add_argument("--json", action="store_true", help='print {"prompt_ids", "new_ids", "text"} instead of streaming')
+    p.add_argument("--json", action="store_true",
+                   help='print {"prompt_ids", "new_ids", "text"} instead of streaming (and "seen" and "note" when '
+                        'the prompt is longer than context_length: what the model saw of it)')
+    p.add_argument("--show-choices", type=positive_int, nargs="?", const=5, default=None, metavar="K",
+                   help="at each new token, the K most likely candidates after the temperature and the top-k/top-p "
+                        "cuts, with their probabilities, and the one drawn (default K: 5; off unless given)")
+    p.add_argument("--check-against", metavar="DATA",
+                   help="a text file (the training data): list the longest spans of the output found in it word for "
+                        "word, to see what the model recites (default: off)")
     p.set_defaults(run=run_generate)
 
     p = sub.add_parser("info", help="the config, a parameter table, and the memory a model needs")
@@ -63,6 +75,7 @@ def load_int8_or_float(args: argparse.Namespace):
 
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
+    data = _read_data(args.check_against) if args.check_against else None
     model, tok, int8 = load_int8_or_float(args)
     require_language_model(model, args.model)
     if int8:
@@ -70,26 +83,96 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.compile:
         model = compile_for_generation(model)
     prompt_ids = encode_prompt(tok, args.prompt)
+    seen = fit_prompt(prompt_ids, model.cfg.context_length)  # what the model sees of it at the first step
+    if seen.note:
+        print(f"note: {seen.note}; then the window slides along with each new token", file=sys.stderr)
+    choices: list[dict] = []
+    on_pick = _choice_recorder(choices, tok, args) if args.show_choices else None
     steps = stream(model, prompt_ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                   eos_id=tok.eot_id if args.stop_at_eos else None, seed=args.seed)
-    new_ids = []
-    if args.json:
+                   eos_id=tok.eot_id if args.stop_at_eos else None, seed=args.seed, on_pick=on_pick)
+    if args.json or args.show_choices:
         new_ids = [int(i[0]) for i in steps]
-        print(json.dumps({"prompt_ids": prompt_ids, "new_ids": new_ids, "text": tok.decode(prompt_ids + new_ids)}))
+    else:
+        new_ids = []
+        _stream_text(args.prompt, tok, steps, new_ids)
+    spans = copied_spans([tok.decode([i]) for i in prompt_ids + new_ids], data, len(prompt_ids)) \
+        if data is not None else None
+    if args.json:
+        out = {"prompt_ids": prompt_ids, "new_ids": new_ids, "text": tok.decode(prompt_ids + new_ids)}
+        if seen.note:
+            out.update(seen={"from": seen.start, "tokens": len(seen.ids)}, note=seen.note)
+        if choices:
+            out["choices"] = choices
+        if spans is not None:
+            out["check_against"] = {"data": args.check_against, "spans": [sp.to_dict() for sp in spans]}
+        print(json.dumps(out, ensure_ascii=False))
         return 0
+    if args.show_choices:
+        _print_choices(args, tok, prompt_ids, new_ids, choices)
+    if spans is not None:
+        _print_spans(args.check_against, spans, len(prompt_ids) + len(new_ids))
+    return 0
 
+
+def _stream_text(prompt: str, tok, steps, new_ids: list[int]) -> None:
+    """Print the prompt, then each new token's text as it comes (whole characters only)."""
     def ids():
         for i in steps:
             new_ids.append(int(i[0]))
             yield new_ids[-1]
 
-    sys.stdout.write(args.prompt)
+    sys.stdout.write(prompt)
     sys.stdout.flush()
     for text in decode_stream(tok, ids()):
         sys.stdout.write(text)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    return 0
+
+
+def _choice_recorder(choices: list[dict], tok, args: argparse.Namespace):
+    """on_pick for `stream`: each step's K best candidates after the cuts, and the one drawn."""
+    temperature = args.temperature or 1.0  # greedy takes the largest of softmax(logits)
+
+    def on_pick(logits, next_id) -> None:
+        probs = sampling_probs(logits[:1], temperature, args.top_k, args.top_p)[0]  # the first row: [V]
+        top = probs.topk(min(args.show_choices, probs.numel()))
+        drawn = int(next_id[0])
+        choices.append({"step": len(choices) + 1, "id": drawn, "text": tok.decode([drawn]),
+                        "prob": float(probs[drawn]), "rank": int((probs > probs[drawn]).sum()) + 1,
+                        "top": [{"id": int(i), "text": tok.decode([int(i)]), "prob": float(p)}
+                                for p, i in zip(top.values, top.indices)]})
+    return on_pick
+
+
+def _print_choices(args: argparse.Namespace, tok, prompt_ids: list[int], new_ids: list[int], choices: list[dict]) -> None:
+    cuts = [f"temperature {args.temperature:g}" if args.temperature else "greedy (the largest of softmax(logits))"]
+    if args.top_k:
+        cuts.append(f"top-k {args.top_k}")
+    if args.top_p:
+        cuts.append(f"top-p {args.top_p:g}")
+    print(args.prompt)
+    print(f"{'step':>4}  {'drawn':<16} {'p':>7} {'rank':>5}   the {args.show_choices} likeliest after {', '.join(cuts)}")
+    for ch in choices:
+        cands = " · ".join(f"{c['text']!r} {c['prob']:.4f}" for c in ch["top"])
+        print(f"{ch['step']:>4}  {ch['text']!r:<16} {ch['prob']:>7.4f} {ch['rank']:>5}   {cands}")
+    print(tok.decode(prompt_ids + new_ids))
+
+
+def _read_data(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except IsADirectoryError:
+        raise GlassError(f"--check-against {path} is a directory: give the training text file") from None
+
+
+def _print_spans(path: str, spans, n_tokens: int) -> None:
+    if not spans:
+        print(f"found in {path}: no span of {MIN_TOKENS} or more tokens that the model generated")
+        return
+    print(f"found in {path} word for word (the longest spans of the {n_tokens} tokens, each with a generated token):")
+    for sp in spans:
+        print(f"  tokens {sp.start}..{sp.end - 1} ({sp.end - sp.start} tokens, {sp.new_tokens} generated), "
+              f"line {sp.line}: {sp.text!r}")
 
 
 def run_info(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""`glassgpt explain`: the live trace of one prompt, as text, JSON, SVG or PNG."""
+"""`glassgpt explain`: the live trace of one prompt, as text, JSON, SVG or PNG; `--passage` scores
+every token of a text; `--compare B` sets a second model's next tokens beside the first's."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ import json
 import sys
 from pathlib import Path
 
+from ..config import init_scheme
 from ..errors import GlassError
-from ..explain import trace
-from ..explain.diagram import save_attention_png, save_png, to_svg
-from ..formats import is_random_init, load_meta, read_config
+from ..explain import About, TraceOptions, trace
+from ..explain import draw
+from ..explain.compare import compare, comparison_layout, comparison_text
+from ..explain.diagram import layout, save_attention_png
+from ..explain.passage import passage, passage_layout, passage_text
+from ..explain.text import embedding_section
+from ..formats import is_random_init, load_meta, load_model, load_tokenizer, read_config
+from ..model import GPTModel
+from ..tokenizer import Tokenizer
 from .common import add_model_args, load, nonneg_int, positive_float, positive_int
 
 DEFAULT_PROMPT = "Every effort moves you"
@@ -19,8 +27,8 @@ DEFAULT_PROMPT = "Every effort moves you"
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explain", help="show every shape from text to the next token, and the weights behind them",
                        description="Run PROMPT through the model once and show each stage from the real tensors: "
-                                   "where vocab_size becomes emb_dim (tok_emb) and back (out_head), and which "
-                                   "weights do it.")
+                                   "where vocab_size becomes emb_dim (tok_emb) and back (out_head), which weights "
+                                   "do it, and each top logit as the dot product h · W[id] that it is.")
     p.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT, help=f"the text to trace (default: {DEFAULT_PROMPT!r})")
     add_model_args(p)
     p.add_argument("--format", choices=("txt", "json", "svg", "png"), default="txt",
@@ -44,46 +52,97 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="which block's attention --attention shows (default: 0); independent of --block")
     p.add_argument("--attention-out", metavar="FILE",
                    help="where --attention writes the heatmap PNG (default: attention-L<layer>.png)")
+    p.add_argument("--passage", nargs="?", const="", default=None, metavar="FILE",
+                   help="score a whole text instead: the probability the model gave each true next token, and the "
+                        "positions it got most wrong; FILE holds the text (without FILE: the PROMPT itself)")
+    p.add_argument("--compare", metavar="SPEC",
+                   help="a second model (any --model spec) traced on the same prompt: both next-token "
+                        "distributions side by side, their KL divergence, and each block's logit lens")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the text view (default: auto, when stdout is a terminal)")
     p.set_defaults(run=run_explain)
 
 
+def about(spec: str) -> About:
+    """What the CLI knows of a --model spec that its weights cannot say."""
+    random = is_random_init(spec)
+    return About(spec, random, init_scheme(spec) if random else None, load_meta(spec).get("labels"))
+
+
 def run_explain(args: argparse.Namespace) -> int:
+    if args.passage is not None:
+        return _run_passage(args)
     cfg = read_config(args.model)
     if cfg is not None:  # a preset or local checkpoint: check the flags before the slow load
         _check_layers(args, cfg.n_layers)
     model, tok = load(args)
     _check_layers(args, model.cfg.n_layers)
-    tr = trace(model, tok, args.prompt, top_k=args.top_k, temperature=args.temperature, block=args.block,
-               logit_lens=args.logit_lens, attention=args.attention, model_name=args.model,
-               random_weights=is_random_init(args.model), labels=load_meta(args.model).get("labels"))
+    if args.compare:
+        return _run_compare(args, model, tok)
+    options = TraceOptions(top_k=args.top_k, temperature=args.temperature, block=args.block,
+                           logit_lens=args.logit_lens, attention=args.attention)
+    tr = trace(model, tok, args.prompt, options=options, about=about(args.model))
+    for note in tr.notes:
+        print(f"note: {note}", file=sys.stderr)
     heat = None
     if args.attention:
         heat = args.attention_out or f"attention-L{args.layer}.png"
         w, h = save_attention_png(tr, args.layer, heat)
         print(f"wrote {heat} ({w}x{h}): attention weights of trf_blocks.{args.layer}", file=sys.stderr)
-
     if args.embedding_vs_linear:
-        check = tr.embedding_check
         if args.format == "json":
-            return _emit(json.dumps(check, indent=2), args.out)
-        from ..explain.text import _embedding
-        lines: list[str] = []
-        _embedding(tr, lines, lambda code, text: text)
-        return _emit("\n".join(lines).strip("\n"), args.out)
+            return emit(json.dumps(tr.embedding_check, indent=2), args.out)
+        return emit(embedding_section(tr), args.out)
+    return _show(args, tr.to_dict(), lambda: layout(tr),
+                 lambda color: tr.to_text(color=color, attention_layer=args.layer if args.attention else None,
+                                          heatmap=heat))
+
+
+def _run_passage(args: argparse.Namespace) -> int:
+    text = args.prompt if not args.passage else _read_text(args.passage)
+    model, tok = load(args)
+    result = passage(model, tok, text, about=about(args.model), worst=args.top_k)
+    return _show(args, result.to_dict(), lambda: passage_layout(result), lambda color: passage_text(result, color))
+
+
+def _run_compare(args: argparse.Namespace, model: GPTModel, tok: Tokenizer) -> int:
+    other, _ = load_second(args, args.compare, tok)
+    result = compare(model, other, tok, args.prompt, about(args.model), about(args.compare), top_k=args.top_k)
+    return _show(args, result.to_dict(), lambda: comparison_layout(result), lambda color: comparison_text(result))
+
+
+def load_second(args: argparse.Namespace, spec: str, tok: Tokenizer) -> tuple[GPTModel, Tokenizer]:
+    """The model a second spec names (diff's B, explain's --compare), on the same device and dtype as the
+    first; its tokenizer must be the first's, or the two would not read the prompt alike."""
+    model = load_model(spec, device=args.device, dtype=args.dtype, seed=args.seed if args.seed is not None else 0)
+    other = load_tokenizer(spec)
+    if (other.name, other.n_vocab) != (tok.name, tok.n_vocab) or other.encode("Every effort moves you") != \
+            tok.encode("Every effort moves you"):
+        raise GlassError(f"{spec} has another tokenizer ({other.name}, {other.n_vocab:,} tokens) than {args.model} "
+                         f"({tok.name}, {tok.n_vocab:,}): compare models that read text alike")
+    return model, other
+
+
+def _show(args: argparse.Namespace, data: dict, drawing, text) -> int:
+    """Write one result as the --format asks: text (text(color)), JSON (data) or a picture (drawing())."""
     if args.format == "json":
-        return _emit(json.dumps(tr.to_dict(), indent=2, ensure_ascii=False), args.out)
+        return emit(json.dumps(data, indent=2, ensure_ascii=False), args.out)
     if args.format == "svg":
-        return _emit(to_svg(tr), args.out)
+        return emit(draw.to_svg(drawing()), args.out)
     if args.format == "png":
         path = args.out or "explain.png"
-        w, h = save_png(tr, path)
+        w, h = draw.save_png(drawing(), path)
         print(f"wrote {path} ({w}x{h})", file=sys.stderr)
         return 0
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not args.out)
-    return _emit(tr.to_text(color=color, attention_layer=args.layer if args.attention else None, heatmap=heat),
-                 args.out)
+    return emit(text(color), args.out)
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except IsADirectoryError:
+        raise GlassError(f"--passage {path} is a directory: give a text file") from None
 
 
 def _check_layers(args: argparse.Namespace, n_layers: int) -> None:
@@ -93,7 +152,7 @@ def _check_layers(args: argparse.Namespace, n_layers: int) -> None:
                              f"choose 0..{n_layers - 1}")
 
 
-def _emit(text: str, out: str | None) -> int:
+def emit(text: str, out: str | None) -> int:
     if out:
         Path(out).write_text(text + "\n", encoding="utf-8")
         print(f"wrote {out}", file=sys.stderr)

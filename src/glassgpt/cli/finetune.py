@@ -31,6 +31,7 @@ from ..training.checkpoint import recover_checkpoints, resume_checkpoint
 from ..training.data import scan_file
 from ..tokenizer import check_fits
 from ..errors import GlassError
+from ..prompt import fit_prompt
 from ..training.loop import TrainConfig, check_out_dir, fit
 from ..formats import load_meta, load_model, load_tokenizer
 from .common import (add_model_args, fraction, is_main_rank, load, nonneg_float, nonneg_int, positive_float,
@@ -364,6 +365,11 @@ def run_classify(args: argparse.Namespace) -> int:
     meta = load_meta(args.model)
     labels = meta.get("labels") or [str(k) for k in range(model.cfg.num_classes)]
     max_length = (meta.get("finetune") or {}).get("max_length")
+    limit = min(max_length or model.cfg.context_length, model.cfg.context_length)
+    why = "the --max-length it was finetuned with" if limit != model.cfg.context_length else "its context_length"
+    cut = fit_prompt(tokenizer.encode(args.text), limit, keep="first", why=why)  # as predict() cuts it
+    if cut.note:
+        print(f"note: {cut.note}", file=sys.stderr)
     probs = ft.predict(model, tokenizer, [args.text], max_length)[0]
     k = int(probs.argmax())
     if args.json:
@@ -433,6 +439,9 @@ def run_chat(args: argparse.Namespace) -> int:
     for instruction in instructions:
         if not instruction:
             continue
+        cut = fit_prompt(tokenizer.encode(ft.format_prompt(instruction, args.input)), model.cfg.context_length)
+        if cut.note:  # generation reads the window's last tokens, as it does for every prompt
+            print(f"note: {cut.note}", file=sys.stderr)
         print(ft.respond(model, tokenizer, instruction, args.input, args.max_new_tokens, args.temperature,
                          args.top_k, args.top_p, args.seed), flush=True)
     return 0

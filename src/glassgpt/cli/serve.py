@@ -1,4 +1,8 @@
-"""`glassgpt serve`: the web page for one model, on this machine (loopback) unless told otherwise."""
+"""`glassgpt serve`: the web page for one model, on this machine (loopback) unless told otherwise.
+
+Served on a training run directory (`--model RUN_DIR`), the page also gets a slider over the
+run's evaluations and the snapshot each one recorded.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,9 @@ import ipaddress
 import socket
 import sys
 
+from pathlib import Path
+
+from ..config import init_scheme
 from ..errors import GlassError
 from ..formats import is_random_init, load_meta
 from .common import add_model_args, load, nonneg_int, positive_int
@@ -19,7 +26,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="a web page to explore the model: tokens, shapes, attention, next tokens",
                        description="Serve a page that traces a prompt through the model (every shape from "
                                    "vocab_size to emb_dim and back), shows the next-token probabilities, "
-                                   "attention heatmaps and the logit lens, and steps through generation.")
+                                   "attention heatmaps and the logit lens, and steps through generation. Served "
+                                   "on a training run directory, it also shows a slider over the run's evaluations.")
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 opens it to the network)")
@@ -45,9 +53,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise GlassError(f"{WEB_EXTRA} ({e})") from None
     model, tok = load(args)
     hosts = allowed_hosts(args.host, args.allowed_hosts, LOOPBACK_HOSTS)
+    run_dir = Path(args.model) if (Path(args.model) / "metrics.jsonl").is_file() else None
     app = create_app(model, tok, model_name=args.model, random_weights=is_random_init(args.model),
                      labels=load_meta(args.model).get("labels"), max_prompt_tokens=args.max_prompt_tokens,
-                     allowed_hosts=hosts)
+                     allowed_hosts=hosts, init=init_scheme(args.model), run_dir=run_dir)
     # Bind the socket ourselves so that --port 0 can print the port it got.
     sock = _bind(args.host, args.port)
     port = sock.getsockname()[1]

@@ -1,12 +1,22 @@
-"""explain: from the live model, every shape on the way from text to the next token.
+"""explain: from the live model, every shape on the way from text to the next token, and more.
 
     record.py    taps on the model's modules, one recorder per trace (threads trace side by side)
-    trace.py     `trace(model, tokenizer, text) -> Trace`: the recorded tensors turned into plain data
+    trace.py     `trace(model, tokenizer, text) -> Trace`: the recorded tensors as plain data
+    head.py      the head's logits as dot products h · W[id], checked against out_head
+    check.py     nn.Embedding == nn.Linear on one-hot vectors, on the live weights
+    passage.py   the probability of each true next token over a text: where the model is surprised
+    compare.py   two models' next-token distributions side by side, and their KL divergence
+    diff.py      two models' weights: the relative change of every tensor, and which did not move
+    recall.py    the longest spans of a text found word for word in the training data
+    notation.py  how every view writes shapes and tokens
     text.py      the terminal view of a Trace
-    diagram.py   the picture: SVG and PNG in the style of the book's GPT figure, attention heatmaps
+    draw.py      boxes, text and lines, measured; written as SVG or PNG
+    diagram.py   the Trace's picture, in the style of the book's GPT figure; attention heatmaps
 """
 
 from . import diagram
-from .trace import Progress, Stage, Trace, check_embedding_is_linear, trace
+from .check import check_embedding_is_linear
+from .record import Progress
+from .trace import About, Stage, Trace, TraceOptions, trace
 
-__all__ = ["Progress", "Stage", "Trace", "check_embedding_is_linear", "diagram", "trace"]
+__all__ = ["About", "Progress", "Stage", "Trace", "TraceOptions", "check_embedding_is_linear", "diagram", "trace"]

@@ -1,257 +1,194 @@
 """The picture of a Trace, in the style of the book's GPT figure, as SVG or PNG.
 
-One layout (boxes, text, arrows in pixel coordinates) is computed from the live
-trace, then drawn by two small backends: plain SVG text, and matplotlib for PNG
-(an optional dependency). The picture answers the reader's four questions on its own:
-the input box shows ids -> tok_emb -> d and the same numbers as a one-hot matmul; the
-output box shows d -> out_head -> V logits -> probabilities (bars on a 0..1 scale, so
-random weights look as flat as they are) -> how the next id is picked; a line on the
-right joins the two [V, d] weights and says whether they are one tensor (tied).
+The layout is built from small named parts, top to bottom: the title (sizes, layout,
+initialisation), the prompt and its tokens, the input box (vocab -> hidden), the blocks,
+final_norm, the output box (hidden -> vocab), and on the right the two [V, d] weights joined
+by a line that says whether they are one tensor. Both boxes are drawn by one function,
+`transition_box`, from their rows. The picture answers the reader's questions on its own:
+the input box shows ids -> tok_emb -> d and the same numbers as a one-hot matmul; the output
+box shows d -> out_head -> logits, as the dot products h · W[id] they are, -> probabilities
+(bars on a 0..1 scale, so random weights look as flat as they are) -> how the next id is
+picked. draw.py turns the layout into SVG or PNG; the attention heatmaps are matplotlib's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-from xml.sax.saxutils import escape
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import GlassError
+from . import draw
+from .draw import (BLUE, BLUE_BG, GRAY, GRAY_BG, GREEN, MUTED, ORANGE, ORANGE_BG, RED, Drawing, Line, Rect, Text,
+                   drawable, fit, wrap)
+from .notation import clip, shape as _shape, token
 
 if TYPE_CHECKING:
-    from .trace import Trace
+    from .trace import Stage, Trace
 
-WIDTH = 1040
-BLUE, BLUE_BG = "#1f6fd1", "#e8f1fc"
-ORANGE, ORANGE_BG = "#d9631e", "#fdf0e6"
-GRAY, GRAY_BG, INK, MUTED, RED, GREEN = "#6b7280", "#f3f4f6", "#111827", "#4b5563", "#b91c1c", "#15803d"
-
-
-@dataclass
-class Rect:
-    x: float
-    y: float
-    w: float
-    h: float
-    fill: str = "white"
-    stroke: str = GRAY
-    dash: bool = False
-    width: float = 1.5
+# The geometry, named once: every part places itself relative to these.
+MIN_WIDTH = 1040
+FLOW_X, FLOW_W = 60, 540            # the flow's boxes
+CX = FLOW_X + FLOW_W / 2            # the flow's centre line
+FRAME = 20                          # how far a section's frame reaches past its boxes
+SIDE_X = FLOW_X + FLOW_W + 30       # the weights column
+WEIGHT_W, WEIGHT_H = 190, 52
+TIE_X = SIDE_X + WEIGHT_W + 25      # the line that joins the two weights
+ROW_H, ROW2_H, GAP = 30, 44, 14     # a one-line row, a two-line row, the arrow between rows
+TITLE, LABEL, BODY, SMALL, TINY = 18, 13, 12, 11, 10  # font sizes in pixels
+BAR_LABEL_W, BAR_END_PAD = 200, 90  # the bars: token labels on the left, the p = 1 scale on the right
 
 
-@dataclass
-class Text:
-    x: float
-    y: float
-    text: str
-    size: float = 13
-    bold: bool = False
-    color: str = INK
-    anchor: str = "start"  # start | middle | end
-    mono: bool = False
+class Pen:
+    """Where the next part goes (`y`), and the drawing it adds to."""
 
+    def __init__(self, d: Drawing, y: float) -> None:
+        self.d, self.y = d, y
 
-@dataclass
-class Line:
-    points: list[tuple[float, float]]
-    color: str = GRAY
-    dash: bool = False
-    arrow: bool = True
-    width: float = 1.5
+    def text(self, x: float, dy: float, text: str, size: float = BODY, **kw) -> None:
+        self.d.add(Text(x, self.y + dy, text, size, **kw))
 
-
-def _shape(shape: list[int] | None) -> str:
-    return "[" + ", ".join(str(n) for n in shape) + "]" if shape else ""
-
-
-def layout(tr: "Trace") -> tuple[list, int, int]:
-    """Primitives for the whole figure, and its width and height in pixels."""
-    cfg = tr.model["config"]
-    items: list = []
-    add = items.append
-    cx = 330  # the flow's centre line
-    box_x, box_w = 60, 540
-    right = box_x + box_w + 30  # the weights column
-    y = 34
-    add(Text(30, y, f"glassgpt · {tr.model['name']} · {tr.params['total']:,} parameters"
-                    + (f" ({tr.params['total_untied']:,} if untied)" if tr.params["tied"] else ""), 18, True))
-    y += 22
-    add(Text(30, y, f"vocab_size {cfg['vocab_size']:,} · emb_dim {cfg['emb_dim']} · context_length "
-                    f"{cfg['context_length']:,} · n_heads {cfg['n_heads']} · n_layers {cfg['n_layers']} · "
-                    f"{tr.model['dtype']}", 12, color=MUTED))
-    if tr.model["random_weights"]:
-        y += 18
-        add(Text(30, y, "random weights: the shapes are real, the probabilities are not", 12, True, RED))
-
-    def step(label: str, y0: float, y1: float) -> None:
-        add(Line([(cx, y0), (cx, y1)]))
+    def arrow(self, length: float = GAP, label: str = "") -> None:
+        self.d.add(Line([(CX, self.y), (CX, self.y + length)]))
         if label:
-            add(Text(cx + 10, (y0 + y1) / 2 + 4, label, 11, color=MUTED))
+            self.text(CX + 10, length / 2 + 4, label, SMALL, color=MUTED)
+        self.y += length
 
-    # The prompt and its tokens.
-    y += 24
-    add(Rect(box_x, y, box_w, 34, GRAY_BG))
-    add(Text(cx, y + 22, f"“{_clip(tr.prompt, 60)}”", 14, anchor="middle"))
-    step(f"tokenizer ({tr.model['tokenizer']})", y + 34, y + 62)
-    y += 62
+    def row(self, text: str, detail: str = "", stroke: str = GRAY, bold: bool = False, mono: bool = False,
+            key: str = "") -> float:
+        """A box across the flow with one line (or two), centred; returns its centre's y."""
+        h = ROW2_H if detail else ROW_H
+        self.d.add(Rect(FLOW_X, self.y, FLOW_W, h, "white", stroke, width=2 if stroke != GRAY else 1.5, key=key))
+        size = LABEL if bold else BODY
+        self.text(CX, 19 if detail else 20, fit(text, FLOW_W - 16, size, bold, mono), size, bold=bold,
+                  anchor="middle", mono=mono)
+        if detail:
+            self.text(CX, 36, fit(detail, FLOW_W - 16, BODY, mono=True), BODY, color=MUTED, anchor="middle", mono=True)
+        centre = self.y + h / 2
+        self.y += h
+        return centre
+
+
+def layout(tr: "Trace") -> Drawing:
+    """The whole figure as a Drawing (primitives in pixels, and the canvas that holds them)."""
+    d = Drawing()
+    pen = Pen(d, 34)
+    _title(pen, tr)
+    _prompt(pen, tr)
+    emb = tr.stage("tok_emb")
+    emb_y = transition_box(pen, emb, "INPUT", BLUE, BLUE_BG, "tok_emb.weight",
+                           [_lookup_row, _one_hot_row, _pos_row, _dropout_row], tr)
+    _blocks(pen, tr)
+    pen.arrow(20)
+    pen.row(f"Final LayerNorm · final_norm → {_shape(tr.stage('final_norm').shape)}")
+    head = tr.stage("out_head")
+    head_y = transition_box(pen, head, "OUTPUT", ORANGE, ORANGE_BG, "out_head.weight",
+                            [_head_row, _dot_products, _last_row, _softmax_row, _bars, _how_picked, _picked_row], tr)
+    _tie(d, tr, emb_y, head_y)
+    return d.fit_canvas(MIN_WIDTH, pen.y + 10)
+
+
+def to_svg(tr: "Trace") -> str:
+    return draw.to_svg(layout(tr))
+
+
+def save_png(tr: "Trace", path: str, scale: float = 2.0) -> tuple[int, int]:
+    """Draw the trace's layout with matplotlib; the PNG is (width * scale, height * scale) pixels."""
+    return draw.save_png(layout(tr), path, scale)
+
+
+# --- the parts, top to bottom --------------------------------------------------------------
+
+def _title(pen: Pen, tr: "Trace") -> None:
+    cfg, m, p = tr.model["config"], tr.model, tr.params
+    untied = f" ({p['total_untied']:,} if untied)" if p["tied"] else ""
+    pen.text(30, 0, f"glassgpt · {m['name']} · {p['total']:,} parameters{untied}", TITLE, bold=True)
+    lines = [(f"vocab_size {cfg['vocab_size']:,} · emb_dim {cfg['emb_dim']} · context_length {cfg['context_length']:,}"
+              f" · n_heads {cfg['n_heads']} · n_layers {cfg['n_layers']} · {m['dtype']}", MUTED, False),
+             (m["layout"], MUTED, False)]
+    if m["random_weights"]:
+        lines.append(("random weights: the shapes are real, the probabilities are not", RED, True))
+        if m.get("init"):
+            lines.append((f"initialisation: {m['init']}", RED, False))
+    lines += [(f"note: {note}", ORANGE, False) for note in tr.notes]
+    for text, color, bold in lines:
+        for line in wrap(text, MIN_WIDTH - 60, BODY, bold):
+            pen.y += 18
+            pen.text(30, 0, line, BODY, color=color, bold=bold, key="title")
+    pen.y += 26
+
+
+def _prompt(pen: Pen, tr: "Trace") -> None:
+    lines = wrap(f"“{tr.prompt}”", FLOW_W - 16, 14, max_lines=4)
+    pen.d.add(Rect(FLOW_X, pen.y, FLOW_W, 16 + 18 * len(lines), GRAY_BG))
+    for line in lines:
+        pen.text(CX, 22, line, 14, anchor="middle", key="prompt")
+        pen.y += 18
+    pen.y += 16
+    pen.arrow(28, f"tokenizer ({tr.model['tokenizer']})")
     chips = tr.tokens[:8]
-    chip_w = min(120, (box_w - 8 * (len(chips) - 1)) / max(1, len(chips)))
-    x = cx - (len(chips) * chip_w + 8 * (len(chips) - 1)) / 2
+    chip_w = min(120, (FLOW_W - 8 * (len(chips) - 1)) / max(1, len(chips)))
+    x = CX - (len(chips) * chip_w + 8 * (len(chips) - 1)) / 2
     for tok in chips:
-        add(Rect(x, y, chip_w, 40, "white"))
-        add(Text(x + chip_w / 2, y + 17, _clip(repr(tok["text"])[1:-1], 12), 12, anchor="middle", mono=True))
-        add(Text(x + chip_w / 2, y + 33, str(tok["id"]), 11, color=MUTED, anchor="middle", mono=True))
+        pen.d.add(Rect(x, pen.y, chip_w, 40, "white"))
+        pen.text(x + chip_w / 2, 17, fit(repr(tok["text"])[1:-1], chip_w - 6, BODY, mono=True), BODY,
+                 anchor="middle", mono=True)
+        pen.text(x + chip_w / 2, 33, str(tok["id"]), SMALL, color=MUTED, anchor="middle", mono=True)
         x += chip_w + 8
     if len(tr.tokens) > len(chips):
-        add(Text(x, y + 25, f"+{len(tr.tokens) - len(chips)} more", 11, color=MUTED))
-    tokens = tr.stage("tokens")
-    add(Text(box_x + box_w + 8, y + 25, f"ids {_shape(tokens.shape)}", 12, True, mono=True))
-    y += 40
-
-    # Input box: vocab -> hidden.
-    emb, pos, embs = tr.stage("tok_emb"), tr.stage("pos_emb"), tr.stage("embeddings")
-    step("", y, y + 26)
-    y += 26
-    top_in = y
-    h_in = 226
-    add(Rect(box_x - 20, y, box_w + 40, h_in, BLUE_BG, BLUE, width=2))
-    add(Text(box_x - 10, y + 18, f"INPUT · {emb.transition}: {_shape(emb.input_shape)} → {_shape(emb.shape)}", 12, True, BLUE))
-    y += 28
-    add(Rect(box_x, y, box_w, 44, "white", BLUE, width=2))
-    add(Text(cx, y + 19, f"Token embedding layer · tok_emb = {emb.module}", 13, True, anchor="middle"))
-    add(Text(cx, y + 36, f"row i of W for token id i → {_shape(emb.shape)}", 12, color=MUTED, anchor="middle", mono=True))
-    emb_y = y + 22
-    _weight_box(items, right, y - 4, emb.weight_shape, "tok_emb.weight", BLUE)
-    y += 50
-    _one_hot_view(items, tr, box_x, y, box_w)
-    step("", y + 42, y + 56)
-    y += 56
-    add(Rect(box_x, y, box_w, 30, "white"))
-    add(Text(cx, y + 20, f"+ positional embedding pos_emb {_shape(pos.shape)} · weight {_shape(pos.weight_shape)}", 12, anchor="middle"))
-    step("", y + 30, y + 44)
-    y += 44
-    add(Rect(box_x, y, box_w, 30, "white"))
-    add(Text(cx, y + 20, f"dropout drop_emb → embeddings {_shape(embs.shape)}", 12, anchor="middle"))
-    y = top_in + h_in
-
-    # The transformer blocks, one drawn open.
-    blk = tr.stage("trf_blocks.0")
-    inner = {s.name.split(".", 2)[2]: s for s in tr.stages if s.parent and s.parent.startswith("trf_blocks.")}
-    step("", y, y + 26)
-    y += 26
-    top_blk = y
-    rows = [
-        ("LayerNorm 1 · norm1", ""),
-        ("Masked multi-head attention · att (W_query, W_key, W_value, out_proj)",
-         f"{cfg['n_heads']} heads × {cfg['emb_dim'] // cfg['n_heads']}: q, k, v {_shape(inner['att.heads'].shape)} · "
-         f"attention weights {_shape(inner['att.attn_weights'].shape)}"
-         if "att.heads" in inner else ""),
-        ("Dropout + shortcut", ""),
-        ("LayerNorm 2 · norm2", ""),
-        (f"Feed forward · {cfg['emb_dim']} → {4 * cfg['emb_dim']} → {cfg['emb_dim']} (GELU)",
-         f"ff.layers.0 → {_shape(inner['ff.layers.0'].shape)} → GELU → ff.layers.2 → {_shape(inner['ff.layers.2'].shape)}"
-         if "ff.layers.0" in inner else ""),
-        ("Dropout + shortcut", ""),
-    ]
-    h_blk = 40 + sum(50 if detail else 38 for _, detail in rows)
-    add(Rect(box_x - 20, y, box_w + 40, h_blk, GRAY_BG, GRAY, width=2))
-    add(Text(box_x - 10, y + 18, f"TRANSFORMER BLOCK × {cfg['n_layers']} (trf_blocks) · "
-                                 f"{_shape(blk.input_shape)} → {_shape(blk.shape)}", 12, True, MUTED))
-    y += 30
-    for label, detail in rows:
-        height = 42 if detail else 30
-        add(Rect(box_x, y, box_w, height, "white"))
-        add(Text(box_x + 12, y + 19, label, 12))
-        if detail:
-            add(Text(box_x + 12, y + 35, detail, 11, color=MUTED, mono=True))
-        y += height + 8
-    y = top_blk + h_blk
-    add(Text(right, top_blk + h_blk / 2 - 8, f"width stays {cfg['emb_dim']}", 12, True, MUTED))
-    add(Text(right, top_blk + h_blk / 2 + 10, f"{blk.params:,} params per block", 11, color=MUTED))
-
-    fin = tr.stage("final_norm")
-    step("", y, y + 20)
-    y += 20
-    add(Rect(box_x, y, box_w, 30, "white"))
-    add(Text(cx, y + 20, f"Final LayerNorm · final_norm → {_shape(fin.shape)}", 12, anchor="middle"))
-    y += 30
-
-    # Output box: hidden -> vocab (or classes), then how the id is picked.
-    head, last, probs = tr.stage("out_head"), tr.stage("last_logits"), tr.stage("probs")
-    nt = tr.next_token
-    is_class = nt["kind"] == "class"
-    top = nt["top"][:5]
-    step("", y, y + 26)
-    y += 26
-    top_out = y
-    out_box = Rect(box_x - 20, y, box_w + 40, 0, ORANGE_BG, ORANGE, width=2)  # its height is known at the end
-    add(out_box)
-    add(Text(box_x - 10, y + 18, f"OUTPUT · {head.transition}: {_shape(head.input_shape)} → {_shape(head.shape)}", 12, True, ORANGE))
-    y += 28
-    add(Rect(box_x, y, box_w, 44, "white", ORANGE, width=2))
-    add(Text(cx, y + 19, f"Linear output layer · out_head = {head.module}", 13, True, anchor="middle"))
-    add(Text(cx, y + 36, f"x @ W.T → logits {_shape(head.shape)}", 12, color=MUTED, anchor="middle", mono=True))
-    head_y = y + 22
-    _weight_box(items, right, y - 4, head.weight_shape, "out_head.weight", ORANGE)
-    step("", y + 44, y + 58)
-    y += 58
-    add(Rect(box_x, y, box_w, 30, "white"))
-    add(Text(cx, y + 20, f"last position: logits[:, -1, :] → {_shape(last.shape)}", 12, anchor="middle", mono=True))
-    step("", y + 30, y + 44)
-    y += 44
-    add(Rect(box_x, y, box_w, 30, "white"))
-    add(Text(cx, y + 20, f"{probs.module} → probabilities {_shape(probs.shape)}", 12, anchor="middle", mono=True))
-    y += 50
-    V = probs.shape[-1]
-    add(Text(box_x, y, f"top {len(top)} of {V:,}: bars from probability 0 to 1; all {V:,} equally likely would be "
-                       f"{1 / V:.2g} each", 11, color=MUTED))
-    y += 10
-    if tr.model["random_weights"]:
-        add(Text(box_x, y + 8, "random weights: these probabilities are noise, not predictions", 11, True, RED))
-        y += 16
-    y += 6
-    bar_x, bar_w = box_x + 200, box_w - 290
-    add(Line([(bar_x + bar_w, y - 2), (bar_x + bar_w, y + 22 * len(top) - 4)], MUTED, dash=True, arrow=False, width=1))
-    for cand in top:
-        add(Text(bar_x - 10, y + 12, _clip(repr(cand["text"]), 22), 12, anchor="end", mono=True))
-        add(Rect(bar_x, y + 1, max(2.0, bar_w * cand["prob"]), 14, ORANGE, ORANGE, width=0))
-        add(Text(bar_x + bar_w + 8, y + 12, f"{cand['prob']:.4f}", 11, color=MUTED, mono=True))
-        y += 22
-    add(Text(bar_x + bar_w, y + 8, "p = 1", 10, color=MUTED, anchor="middle", mono=True))
-    y += 16
-    for line in _how_picked(tr):
-        add(Text(box_x, y + 12, line, 11, color=INK))
-        y += 17
-    y += 8
-    add(Rect(box_x, y, box_w, 32, "white", ORANGE, width=2))
-    what = "class" if is_class else "next id"
-    add(Text(cx, y + 21, f"{what} {nt['id']} → {_clip(repr(nt['text']), 30)}", 13, True, anchor="middle"))
-    y += 44
-    out_box.h = y - top_out
-
-    # The two [V, d] matrices: one tensor or two?
-    tie_x = right + 215
-    if head.transition == "hidden->classes":
-        note, color = "separate tensors", GRAY
-    elif tr.params["tied"]:
-        note, color = "the same tensor (tied)", GREEN
-    else:
-        note, color = "two separate tensors (untied)", GRAY
-    add(Line([(right + 190, emb_y), (tie_x, emb_y), (tie_x, head_y), (right + 190, head_y)], color, dash=True, arrow=False, width=2))
-    add(Text(tie_x + 8, (emb_y + head_y) / 2, note, 12, True, color))
-    shapes = (f"both {_shape(emb.weight_shape)}" if emb.weight_shape == head.weight_shape
-              else f"{_shape(emb.weight_shape)} and {_shape(head.weight_shape)}")
-    add(Text(tie_x + 8, (emb_y + head_y) / 2 + 16, shapes, 11, color=MUTED, mono=True))
-    return items, WIDTH, int(y + 30)
+        pen.text(x, 25, f"+{len(tr.tokens) - len(chips)} more", SMALL, color=MUTED)
+    pen.text(FLOW_X + FLOW_W + 8, 25, f"ids {_shape(tr.stage('tokens').shape)}", BODY, bold=True, mono=True)
+    pen.y += 40
 
 
-def _one_hot_view(items: list, tr: "Trace", x: float, y: float, w: float) -> None:
+Row = Callable[[Pen, "Trace"], "float | None"]
+
+
+def transition_box(pen: Pen, stage: "Stage", title: str, color: str, background: str, weight: str,
+                   rows: list[Row], tr: "Trace") -> float:
+    """A framed section for a transition (vocab->hidden, hidden->vocab): its title, its rows, and
+    its weight box on the right beside the first row. Returns the y where the tie line meets it."""
+    pen.arrow(26)
+    top = pen.y
+    frame = Rect(FLOW_X - FRAME, top, FLOW_W + 2 * FRAME, 0, background, color, width=2)  # its height comes last
+    pen.d.add(frame)
+    logits = "logits " if stage.name == "out_head" else ""
+    pen.text(FLOW_X - 10, 18, f"{title} · {stage.transition}: {_shape(stage.input_shape)} → {logits}"
+                              f"{_shape(stage.shape)}", BODY, bold=True, color=color)
+    pen.y += 28
+    _weight_box(pen.d, SIDE_X, pen.y - 4, stage.weight_shape, weight, color)
+    weight_y = pen.y + 22
+    for k, row in enumerate(rows):
+        if k:
+            pen.arrow()
+        row(pen, tr)
+    pen.y += 12
+    frame.h = pen.y - top
+    return weight_y
+
+
+def _weight_box(d: Drawing, x: float, y: float, dims: list[int] | None, name: str, color: str) -> None:
+    rows, cols = dims or (0, 0)
+    d.add(Rect(x, y, WEIGHT_W, WEIGHT_H, "white", color, width=2, key=f"weight:{name}"))
+    d.add(Text(x + WEIGHT_W / 2, y + 20, name, BODY, True, color, anchor="middle", mono=True))
+    d.add(Text(x + WEIGHT_W / 2, y + 38, f"{_shape(dims)} = {rows * cols:,}", SMALL, color=MUTED, anchor="middle",
+               mono=True))
+
+
+# Input rows.
+
+def _lookup_row(pen: Pen, tr: "Trace") -> None:
+    emb = tr.stage("tok_emb")
+    pen.row(f"Token embedding layer · tok_emb = {emb.module}", f"row i of W for token id i → {_shape(emb.shape)}",
+            BLUE, bold=True)
+
+
+def _one_hot_row(pen: Pen, tr: "Trace") -> None:
     """tok_emb as a matmul with one-hot rows, and whether the trace found the same numbers."""
     emb = tr.stage("tok_emb")
     b, t = emb.input_shape
     V, d = emb.weight_shape
-    items.append(Rect(x, y, w, 40, "white", BLUE, dash=True))
-    items.append(Text(x + w / 2, y + 16, f"the same as a matmul: one_hot {_shape([b, t, V])} @ W {_shape([V, d])} = "
-                                         f"{_shape([b, t, d])}", 12, anchor="middle", mono=True))
+    pen.d.add(Rect(FLOW_X, pen.y, FLOW_W, 40, "white", BLUE, dash=True))
+    pen.text(CX, 16, f"the same as a matmul: one_hot {_shape([b, t, V])} @ W {_shape([V, d])} = {_shape([b, t, d])}",
+             BODY, anchor="middle", mono=True)
     check = tr.embedding_check
     if check is None:
         note, color = "(trace with the embedding check to compare it with the lookup)", MUTED
@@ -259,104 +196,165 @@ def _one_hot_view(items: list, tr: "Trace", x: float, y: float, w: float) -> Non
         note, color = f"the same numbers as the lookup, checked on this prompt (max |diff| {check['max_abs_diff']:g})", GREEN
     else:
         note, color = f"checked on this prompt: NOT the same (max |diff| {check['max_abs_diff']:g})", RED
-    items.append(Text(x + w / 2, y + 33, note, 11, color=color, anchor="middle"))
+    pen.text(CX, 33, note, SMALL, color=color, anchor="middle")
+    pen.y += 40
 
 
-def _how_picked(tr: "Trace") -> list[str]:
+def _pos_row(pen: Pen, tr: "Trace") -> None:
+    pos = tr.stage("pos_emb")
+    pen.row(f"+ positional embedding pos_emb {_shape(pos.shape)} · weight {_shape(pos.weight_shape)}")
+
+
+def _dropout_row(pen: Pen, tr: "Trace") -> None:
+    pen.row(f"dropout drop_emb → embeddings {_shape(tr.stage('embeddings').shape)}")
+
+
+def _blocks(pen: Pen, tr: "Trace") -> None:
+    """The transformer blocks, as one framed block drawn open."""
+    cfg, blk = tr.model["config"], tr.stage("trf_blocks.0")
+    inner = {s.name.split(".", 2)[2]: s for s in tr.stages if s.parent and s.parent.startswith("trf_blocks.")}
+    heads = (f"{cfg['n_heads']} heads × {cfg['emb_dim'] // cfg['n_heads']}: q, k, v {_shape(inner['att.heads'].shape)} "
+             f"· attention weights {_shape(inner['att.attn_weights'].shape)}" if "att.heads" in inner else "")
+    ff = (f"ff.layers.0 → {_shape(inner['ff.layers.0'].shape)} → GELU → ff.layers.2 → "
+          f"{_shape(inner['ff.layers.2'].shape)}" if "ff.layers.0" in inner else "")
+    rows = [("LayerNorm 1 · norm1", ""),
+            ("Masked multi-head attention · att (W_query, W_key, W_value, out_proj)", heads),
+            ("Dropout + shortcut", ""), ("LayerNorm 2 · norm2", ""),
+            (f"Feed forward · {cfg['emb_dim']} → {4 * cfg['emb_dim']} → {cfg['emb_dim']} (GELU)", ff),
+            ("Dropout + shortcut", "")]
+    pen.arrow(26)
+    top = pen.y
+    frame = Rect(FLOW_X - FRAME, top, FLOW_W + 2 * FRAME, 0, GRAY_BG, GRAY, width=2)
+    pen.d.add(frame)
+    pen.text(FLOW_X - 10, 18, f"TRANSFORMER BLOCK × {cfg['n_layers']} (trf_blocks) · {_shape(blk.input_shape)} → "
+                              f"{_shape(blk.shape)}", BODY, bold=True, color=MUTED)
+    pen.y += 30
+    for label, detail in rows:
+        height = 42 if detail else ROW_H
+        pen.d.add(Rect(FLOW_X, pen.y, FLOW_W, height, "white"))
+        pen.text(FLOW_X + 12, 19, fit(label, FLOW_W - 24, BODY), BODY)
+        if detail:
+            pen.text(FLOW_X + 12, 35, fit(detail, FLOW_W - 24, SMALL, mono=True), SMALL, color=MUTED, mono=True)
+        pen.y += height + 8
+    pen.y += 2
+    frame.h = pen.y - top
+    pen.d.add(Text(SIDE_X, top + frame.h / 2 - 8, f"width stays {cfg['emb_dim']}", BODY, True, MUTED))
+    pen.d.add(Text(SIDE_X, top + frame.h / 2 + 10, f"{blk.params:,} params per block", SMALL, color=MUTED))
+
+
+# Output rows.
+
+def _head_row(pen: Pen, tr: "Trace") -> None:
+    head = tr.stage("out_head")
+    pen.row(f"Linear output layer · out_head = {head.module}", f"x @ W.T → logits {_shape(head.shape)}", ORANGE,
+            bold=True)
+
+
+def _dot_products(pen: Pen, tr: "Trace") -> None:
+    """The top logits as the dot products they are: h · W[id] (+ bias), |W[id]|, cos; the check; the nearest rows."""
+    hd = tr.head
+    if not hd:
+        return
+    rows = hd["rows"][:3]
+    untied = bool(rows) and "cos_emb_head" in rows[0]
+    height = 92 + 16 * len(rows)
+    pen.d.add(Rect(FLOW_X, pen.y, FLOW_W, height, "white", ORANGE, dash=True, key="dot_products"))
+    bias = " + bias[id]" if hd["has_bias"] else ""
+    pen.text(CX, 16, f"each logit is a dot product: logit[id] = h · W[id]{bias}, |h| = {hd['h_norm']:.2f}", BODY,
+             anchor="middle", mono=True)
+    y = 34
+    extra = f"{'cos(tok_emb[id], W[id])':>25}" if untied else ""
+    pen.text(FLOW_X + 12, y, f"{'':<16}{'logit':>9}{'|W[id]|':>10}{'cos(h, W[id])':>15}{extra}", SMALL, color=MUTED,
+             mono=True)
+    for row in rows:
+        y += 16
+        extra = f"{row['cos_emb_head']:>+25.4f}" if untied else ""
+        pen.text(FLOW_X + 12, y, f"{clip(repr(row['text']), 15):<16}{row['logit']:>9.3f}{row['w_norm']:>10.3f}"
+                                 f"{row['cos']:>15.4f}{extra}", SMALL, mono=True, key="dot_row")
+    if hd["kind"] == "tokens":
+        tying = ("W is tok_emb.weight (tied): W[id] is the very row that embedded id at the input" if hd["tied"]
+                 else "W is out_head's own tensor (untied): tok_emb.weight[id] is another row")
+    else:
+        tying = "W is the classifier's own [classes, d] weight"
+    near = ", ".join(token(t["text"], 14) for t in hd["nearest"][:4])
+    for text, color in ((tying, MUTED), (f"checked: every logit equals out_head's (max |diff| {hd['max_abs_diff']:.0e})",
+                                         GREEN), (f"nearest to h by cosine (not the logits' order): {near}", MUTED)):
+        y += 18
+        pen.text(FLOW_X + 12, y, fit(text, FLOW_W - 24, SMALL), SMALL, color=color)
+    pen.y += height
+
+
+def _last_row(pen: Pen, tr: "Trace") -> None:
+    pen.row(f"last position: logits[:, -1, :] → {_shape(tr.stage('last_logits').shape)}", mono=True)
+
+
+def _softmax_row(pen: Pen, tr: "Trace") -> None:
+    probs = tr.stage("probs")
+    pen.row(f"{probs.module} → probabilities {_shape(probs.shape)}", mono=True)
+
+
+def _bars(pen: Pen, tr: "Trace") -> None:
+    """The top 5 probabilities as bars from 0 to 1 (keys bar:N, and bar_scale for the p = 1 line)."""
+    top, V = tr.next_token["top"][:5], tr.stage("probs").shape[-1]
+    pen.y += 20
+    pen.text(FLOW_X, 0, f"top {len(top)} of {V:,}: bars from probability 0 to 1; all {V:,} equally likely would be "
+                        f"{1 / V:.2g} each", SMALL, color=MUTED)
+    pen.y += 10
+    if tr.model["random_weights"]:
+        pen.text(FLOW_X, 8, "random weights: these probabilities are noise, not predictions", SMALL, bold=True,
+                 color=RED)
+        pen.y += 16
+    pen.y += 6
+    bar_x, full = FLOW_X + BAR_LABEL_W, FLOW_W - BAR_LABEL_W - BAR_END_PAD
+    pen.d.add(Line([(bar_x + full, pen.y - 2), (bar_x + full, pen.y + 22 * len(top) - 4)], MUTED, dash=True,
+                   arrow=False, width=1, key="bar_scale"))
+    for k, cand in enumerate(top):
+        pen.text(bar_x - 10, 12, clip(repr(cand["text"]), 22), BODY, anchor="end", mono=True)
+        pen.d.add(Rect(bar_x, pen.y + 1, max(2.0, full * cand["prob"]), 14, ORANGE, ORANGE, width=0, key=f"bar:{k}"))
+        pen.text(bar_x + full + 8, 12, f"{cand['prob']:.4f}", SMALL, color=MUTED, mono=True)
+        pen.y += 22
+    pen.text(bar_x + full, 8, "p = 1", TINY, color=MUTED, anchor="middle", mono=True)
+    pen.y += 16
+
+
+def _how_picked(pen: Pen, tr: "Trace") -> None:
     """How the id is chosen from the probabilities, in the words of the book's chapter 5."""
     nt = tr.next_token
     if nt["kind"] == "class":
-        return ["the class is the most probable one: argmax(probs); the classifier reads the last position only"]
-    return [f"greedy decoding (as here): next id = argmax(probs) → {nt['id']}",
-            "sampling instead draws an id at random with these probabilities",
-            f"(temperature {nt['temperature']:g} is already applied; top-k would keep only the k largest)"]
+        lines = ["the class is the most probable one: argmax(probs); the classifier reads the last position only"]
+    else:
+        lines = [f"greedy decoding (as here): next id = argmax(probs) → {nt['id']}",
+                 "sampling instead draws an id at random with these probabilities",
+                 f"(temperature {nt['temperature']:g} is already applied; top-k would keep only the k largest)"]
+    for line in lines:
+        pen.text(FLOW_X, 12, line, SMALL)
+        pen.y += 17
 
 
-def _weight_box(items: list, x: float, y: float, shape: list[int] | None, name: str, color: str) -> None:
-    rows, cols = shape or (0, 0)
-    items.append(Rect(x, y, 190, 52, "white", color, width=2))
-    items.append(Text(x + 95, y + 20, name, 12, True, color, anchor="middle", mono=True))
-    items.append(Text(x + 95, y + 38, f"{_shape(shape)} = {rows * cols:,}", 11, color=MUTED, anchor="middle", mono=True))
+def _picked_row(pen: Pen, tr: "Trace") -> None:
+    nt = tr.next_token
+    what = "class" if nt["kind"] == "class" else "next id"
+    pen.row(f"{what} {nt['id']} → {clip(repr(nt['text']), 30)}", stroke=ORANGE, bold=True)
 
 
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+def _tie(d: Drawing, tr: "Trace", emb_y: float, head_y: float) -> None:
+    """The line joining the two [V, d] weights, and whether they are one tensor."""
+    emb, head = tr.stage("tok_emb"), tr.stage("out_head")
+    if head.transition == "hidden->classes":
+        note, color = "separate tensors", GRAY
+    elif tr.params["tied"]:
+        note, color = "the same tensor (tied)", GREEN
+    else:
+        note, color = "two separate tensors (untied)", GRAY
+    d.add(Line([(SIDE_X + WEIGHT_W, emb_y), (TIE_X, emb_y), (TIE_X, head_y), (SIDE_X + WEIGHT_W, head_y)], color,
+               dash=True, arrow=False, width=2, key="tie"))
+    d.add(Text(TIE_X + 8, (emb_y + head_y) / 2, note, BODY, True, color, key="tie_label"))
+    shapes = (f"both {_shape(emb.weight_shape)}" if emb.weight_shape == head.weight_shape
+              else f"{_shape(emb.weight_shape)} and {_shape(head.weight_shape)}")
+    d.add(Text(TIE_X + 8, (emb_y + head_y) / 2 + 16, shapes, SMALL, color=MUTED, mono=True, key="tie_label"))
 
 
-# XML 1.0 forbids the C0 controls other than tab, newline and return, lone surrogates and
-# U+FFFE/U+FFFF; a prompt may hold any of them. They are drawn as Python writes them (\x00,
-# \ud800), and so are tab, newline, return and DEL, which would break a line or draw nothing.
-_DRAWABLE = {c: repr(chr(c))[1:-1] for c in (*range(0x20), 0x7F, *range(0xD800, 0xE000), 0xFFFE, 0xFFFF)}
-
-
-def _drawable(text: str) -> str:
-    """`text` with every control character, and every character XML forbids, written as its escape."""
-    return text.translate(_DRAWABLE)
-
-
-def to_svg(tr: "Trace") -> str:
-    items, w, h = layout(tr)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
-           'font-family="Helvetica, Arial, sans-serif">',
-           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-           f'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="{GRAY}"/></marker></defs>',
-           f'<rect width="{w}" height="{h}" fill="white"/>']
-    for it in items:
-        if isinstance(it, Rect):
-            dash = ' stroke-dasharray="5 4"' if it.dash else ""
-            out.append(f'<rect x="{it.x:.1f}" y="{it.y:.1f}" width="{it.w:.1f}" height="{it.h:.1f}" rx="6" '
-                       f'fill="{it.fill}" stroke="{it.stroke}" stroke-width="{it.width}"{dash}/>')
-        elif isinstance(it, Text):
-            font = ' font-family="Menlo, Consolas, monospace"' if it.mono else ""
-            weight = ' font-weight="bold"' if it.bold else ""
-            out.append(f'<text x="{it.x:.1f}" y="{it.y:.1f}" font-size="{it.size}" fill="{it.color}" '
-                       f'text-anchor="{it.anchor}"{font}{weight}>{escape(_drawable(it.text))}</text>')
-        else:
-            pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in it.points)
-            dash = ' stroke-dasharray="6 4"' if it.dash else ""
-            marker = ' marker-end="url(#arrow)"' if it.arrow else ""
-            out.append(f'<polyline points="{pts}" fill="none" stroke="{it.color}" stroke-width="{it.width}"{dash}{marker}/>')
-    out.append("</svg>")
-    return "\n".join(out)
-
-
-def save_png(tr: "Trace", path: str, scale: float = 2.0) -> tuple[int, int]:
-    """Draw the same layout with matplotlib; the PNG is (width * scale, height * scale) pixels."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.patches import FancyBboxPatch
-    except ImportError:
-        raise GlassError("PNG output needs matplotlib: pip install 'glassgpt[plot]' (or use --format svg)") from None
-    items, w, h = layout(tr)
-    fig = Figure(figsize=(w / 100, h / 100), dpi=100 * scale)
-    FigureCanvasAgg(fig)
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, w)
-    ax.set_ylim(h, 0)
-    ax.axis("off")
-    px_to_pt = 72 / 100  # the figure is 100 px per inch at scale 1
-    for it in items:
-        if isinstance(it, Rect):
-            ax.add_patch(FancyBboxPatch((it.x, it.y), it.w, it.h, boxstyle="round,pad=0,rounding_size=6",
-                                        facecolor=it.fill, edgecolor=it.stroke, linewidth=it.width * px_to_pt,
-                                        linestyle="--" if it.dash else "-"))
-        elif isinstance(it, Text):
-            ax.text(it.x, it.y, _drawable(it.text), fontsize=it.size * px_to_pt, color=it.color,
-                    ha={"start": "left", "middle": "center", "end": "right"}[it.anchor], va="baseline",
-                    fontweight="bold" if it.bold else "normal", family="monospace" if it.mono else "sans-serif",
-                    parse_math=False)  # a prompt with two $ signs is text, not a formula
-        else:
-            xs, ys = zip(*it.points)
-            style = "--" if it.dash else "-"
-            if it.arrow:
-                ax.annotate("", xy=it.points[-1], xytext=it.points[-2],
-                            arrowprops={"arrowstyle": "-|>", "color": it.color, "lw": it.width * px_to_pt, "linestyle": style})
-            else:
-                ax.plot(xs, ys, color=it.color, linewidth=it.width * px_to_pt, linestyle=style)
-    fig.savefig(path, dpi=100 * scale)
-    return int(round(w * scale)), int(round(h * scale))
-
+# --- attention heatmaps ------------------------------------------------------------------------
 
 def save_attention_png(tr: "Trace", layer: int, path: str) -> tuple[int, int]:
     """A grid of heatmaps, one per head, of layer `layer`'s attention weights, saved as PNG: (width, height)."""
@@ -379,8 +377,7 @@ def attention_figure(tr: "Trace", layer: int):
     except ImportError:
         raise GlassError("attention heatmaps need matplotlib: pip install 'glassgpt[plot]'") from None
     heads = tr.attention["layers"][layer]
-    # Tick labels are parsed as mathtext, so a token's $ is escaped to stay a $.
-    labels = [_clip(repr(_drawable(t))[1:-1], 10).replace("$", r"\$") for t in tr.attention["tokens"]]
+    labels = [clip(repr(drawable(t))[1:-1], 10) for t in tr.attention["tokens"]]
     cols = min(4, len(heads))
     rows = -(-len(heads) // cols)
     random_note = tr.model["random_weights"]
@@ -397,6 +394,8 @@ def attention_figure(tr: "Trace", layer: int):
         ax.set_title(f"head {k}", fontsize=9)
         ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        for label in ax.get_xticklabels() + ax.get_yticklabels():
+            label.set_parse_math(False)  # a token's $ is a dollar sign, not the start of a formula
         axes.append(ax)
     fig.colorbar(image, ax=axes, label="attention weight (each row sums to 1)", shrink=0.8)
     return fig

@@ -1,16 +1,19 @@
 """The terminal view of a Trace: a vertical flow from text to the next token.
 
 The two stages where the width changes (vocab->hidden at tok_emb, hidden->vocab at
-out_head) are framed and highlighted; the section at the end answers the four
-questions a reader of the book asks, with the numbers of the live model. With an
-attention layer chosen, a table shows, per head, where each token looks most.
+out_head) are framed and highlighted; the head's logits are shown as the dot products they
+are (head.py); the section at the end answers the four questions a reader of the book asks,
+with the numbers of the live model. With an attention layer chosen, a table shows, per head,
+where each token looks most.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..formats.book import model_notes
+from ..formats.book import layout_note, model_notes
+from ..config import GPTConfig
+from .notation import clip, numel, rank, shape as _shape, token
 
 if TYPE_CHECKING:
     from .trace import Stage, Trace
@@ -19,35 +22,60 @@ RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
 BLUE, ORANGE, GREEN, RED = "\033[38;5;33m", "\033[38;5;208m", "\033[38;5;35m", "\033[38;5;160m"
 
 
-def _shape(shape: list[int] | None) -> str:
-    return "[" + ", ".join(str(n) for n in shape) + "]" if shape is not None else ""
+def painter(color: bool):
+    """c(code, text): `text` in an ANSI colour, or as it is."""
+    return (lambda code, text: f"{code}{text}{RESET}") if color else (lambda code, text: text)
 
 
 def render_text(tr: "Trace", color: bool = False, attention_layer: int | None = None,
                 heatmap: str | None = None) -> str:
-    def c(code: str, text: str) -> str:
-        return f"{code}{text}{RESET}" if color else text
-
-    cfg = tr.model["config"]
+    c = painter(color)
     lines: list[str] = []
+    _header(tr, lines, c)
+    _flow(tr, lines, c)
+    _next_token(tr, lines, c)
+    if tr.head:
+        _head(tr, lines, c)
+    if attention_layer is not None and tr.attention:
+        _attention(tr, attention_layer, heatmap, lines, c)
+    if tr.logit_lens:
+        _logit_lens(tr, lines, c)
+    if tr.embedding_check:
+        _embedding(tr, lines, c)
+    _params(tr, lines, c)
+    _answers(tr, lines, c)
+    return "\n".join(lines)
+
+
+def _header(tr: "Trace", lines: list[str], c) -> None:
+    cfg, m = tr.model["config"], tr.model
     out = lines.append
-    title = f"glassgpt explain · model {tr.model['name']} · {tr.model['dtype']} on {tr.model['device']}"
-    out(c(BOLD, title))
-    if tr.model["random_weights"]:
+    out(c(BOLD, f"glassgpt explain · model {m['name']} · {m['dtype']} on {m['device']}"))
+    if m["random_weights"]:
         out(c(RED, "RANDOM WEIGHTS: the shapes below are real; the probabilities and tokens are not."))
+        if m.get("init"):
+            out(c(DIM, f"initialisation: {m['init']}"))
     out(c(DIM, f"vocab_size {cfg['vocab_size']:,} · emb_dim {cfg['emb_dim']:,} · context_length "
                f"{cfg['context_length']:,} · n_heads {cfg['n_heads']} · n_layers {cfg['n_layers']}"
                f" · tie_embeddings {cfg['tie_embeddings']}"))
-    for note in model_notes(tr.model["name"], cfg):  # head-count rule; how it differs from GPT-2
+    for note in model_notes(m["name"], cfg):  # head-count rule; how it differs from GPT-2
         out(c(DIM, note))
+    if layout_note(GPTConfig.from_dict(cfg)) is None:
+        out(c(DIM, m["layout"]))  # OpenAI's layout, or a classifier's
+    for note in tr.notes:
+        out(c(ORANGE, f"note: {note}"))
     out("")
+
+
+def _flow(tr: "Trace", lines: list[str], c) -> None:
+    out = lines.append
     out(f"text {tr.prompt!r}")
     out("   │")
     for stage in tr.stages:
         if stage.parent is not None:
             continue
         if stage.transition:
-            _transition(stage, tr, lines, c)
+            _transition(stage, lines, c)
         elif stage.name == "tokens":
             _row(stage, lines, c)
             pieces = " · ".join(f"{tok['id']} {tok['text']!r}" for tok in tr.tokens)
@@ -60,28 +88,63 @@ def render_text(tr: "Trace", color: bool = False, attention_layer: int | None = 
                 continue  # consecutive blocks read best as one column, without connectors
         out("   │")
     out("   ▼")
-    nt = tr.next_token
+
+
+def _next_token(tr: "Trace", lines: list[str], c) -> None:
+    nt, out = tr.next_token, lines.append
     what = "class" if nt["kind"] == "class" else "next token"
     out(c(BOLD, f"{what}: id {nt['id']} {nt['text']!r}  (p = {nt['prob']:.4f})"))
     if nt["kind"] == "token":
         out(f"text after one step: {nt['text_after']!r}")
     out("")
     out(c(BOLD, f"top {len(nt['top'])} {'classes' if nt['kind'] == 'class' else 'next tokens'}"
-                f" (softmax at temperature {nt['temperature']:g})"))
-    for rank, cand in enumerate(nt["top"], 1):
+                f" (softmax of the logits at temperature {nt['temperature']:g})"))
+    for k, cand in enumerate(nt["top"], 1):
         bar = "█" * round(30 * cand["prob"]) or "▏"  # 30 characters is probability 1, so noise stays small
-        out(f"  {rank:>2}. {cand['text']!r:<18} {cand['id']:>6}  {cand['prob']:.4f}  {c(ORANGE, bar)}")
-    out(c(DIM, f"  (a bar of 30 is probability 1; all {tr.stage('probs').shape[-1]:,} equally likely would be "
-               f"{1 / tr.stage('probs').shape[-1]:.2g} each)"))
-    if attention_layer is not None and tr.attention:
-        _attention(tr, attention_layer, heatmap, lines, c)
-    if tr.logit_lens:
-        _logit_lens(tr, lines, c)
-    if tr.embedding_check:
-        _embedding(tr, lines, c)
-    _params(tr, lines, c)
-    _answers(tr, lines, c)
-    return "\n".join(lines)
+        out(f"  {k:>2}. {cand['text']!r:<18} {cand['id']:>6}  {cand['prob']:.4f}  {c(ORANGE, bar)}")
+    V = tr.stage("probs").shape[-1]
+    out(c(DIM, f"  (a bar of 30 is probability 1; all {V:,} equally likely would be {1 / V:.2g} each)"))
+
+
+def _head(tr: "Trace", lines: list[str], c) -> None:
+    """The logits as dot products: h · W[id] (+ bias), |h|, |W[id]|, the cosine; tying; nearest by cosine."""
+    hd, out = tr.head, lines.append
+    is_class = hd["kind"] == "classes"
+    bias = " + bias[id]" if hd["has_bias"] else ""
+    out("")
+    out(c(BOLD, f"why this {'class' if is_class else 'token'}: each logit is a dot product, "
+                f"logit[id] = h · W[id]{bias}"))
+    out(f"  h = final_norm's output at the last position [{tr.model['config']['emb_dim']}], |h| = {hd['h_norm']:.3f}; "
+        f"W = out_head.weight {_shape(tr.stage('out_head').weight_shape)}, one row per {'class' if is_class else 'token'}")
+    if not is_class:
+        out("  " + _tying_line(hd))
+    untied = "cos_emb_head" in (hd["rows"][0] if hd["rows"] else {})
+    header = f"  {'rank':>4}  {'token' if not is_class else 'class':<18} {'id':>6}  {'logit':>9} = {'h · W[id]':>9}"
+    header += (f" + {'bias':>7}" if hd["has_bias"] else "") + f"   {'|W[id]|':>7}  {'cos(h, W[id])':>13}"
+    out(c(DIM, header + ("   cos(tok_emb[id], out_head[id])" if untied else "")))
+    for k, row in enumerate(hd["rows"], 1):
+        line = f"  {k:>4}  {token(row['text']):<18} {row['id']:>6}  {row['logit']:>9.3f} = {row['dot']:>9.3f}"
+        line += (f" + {row['bias']:>7.3f}" if hd["has_bias"] else "") + f"   {row['w_norm']:>7.3f}  {row['cos']:>13.4f}"
+        out(line + (f"   {row['cos_emb_head']:>+.4f} (|tok_emb[id]| {row['emb_norm']:.3f})" if untied else ""))
+    ok = GREEN if hd["max_abs_diff"] <= 1e-3 * max(1.0, abs(hd["rows"][0]["logit"])) else RED
+    n = tr.stage("probs").shape[-1]
+    out("  " + c(ok, f"checked: all {n:,} dot products equal out_head's logits (max |diff| {hd['max_abs_diff']:.1e})"))
+    nearest = " · ".join(f"{token(t['text'], 14)} {t['cos']:.3f} (logit rank {t['logit_rank']:,})" for t in hd["nearest"])
+    out(f"  nearest to h by cosine: {nearest}")
+    out(c(DIM, "  (another order than the logits': a logit is |h| · |W[id]| · cos, and |h| is the same for every id, "
+               "so a longer row wins the logits with a smaller cosine)"))
+    if hd.get("prompt_ranks"):
+        ranks = " · ".join(f"{token(t['text'], 14)} {rank(t['rank'])}" for t in hd["prompt_ranks"][:8])
+        out(f"  the prompt's own tokens rank: {ranks}")
+
+
+def _tying_line(hd: dict) -> str:
+    if hd["tied"]:
+        storage = "one storage" if hd["shares_storage"] else "NOT one storage"
+        return (f"tied: W is tok_emb.weight ({storage}), so W[id] is the very row that embedded id at the input: "
+                "the model predicts the token whose embedding its last vector most resembles (by dot product)")
+    return ("untied (the book's layout): W is its own tensor; tok_emb.weight[id] embedded id at the input, "
+            "out_head.weight[id] scores it at the output, and training sets the two apart")
 
 
 def _row(stage: "Stage", lines: list[str], c) -> None:
@@ -95,13 +158,14 @@ def _row(stage: "Stage", lines: list[str], c) -> None:
         lines.append(f"   │   {c(DIM, stage.note)}")
 
 
-def _transition(stage: "Stage", tr: "Trace", lines: list[str], c) -> None:
+def _transition(stage: "Stage", lines: list[str], c) -> None:
     tint = BLUE if stage.transition == "vocab->hidden" else ORANGE
     width = 100
-    label = f"══ {stage.transition}: {_shape(stage.input_shape)} -> {_shape(stage.shape)} "
+    out = "logits " if stage.name == "out_head" else ""
+    label = f"══ {stage.transition}: {_shape(stage.input_shape)} -> {out}{_shape(stage.shape)} "
     lines.append(c(tint, "╔" + label + "═" * (width - len(label))))
     body = (f"{stage.name}  {stage.module}  weight {_shape(stage.weight_shape)} = "
-            f"{_numel(stage.weight_shape):,} numbers")
+            f"{numel(stage.weight_shape):,} numbers")
     lines.append(c(tint, "║ ") + c(BOLD, body))
     lines.append(c(tint, "║ ") + stage.note)
     if stage.shared_with:
@@ -110,13 +174,6 @@ def _transition(stage: "Stage", tr: "Trace", lines: list[str], c) -> None:
     elif stage.name == "out_head" and stage.transition == "hidden->vocab":
         lines.append(c(tint, "║ ") + "untied: out_head.weight is its own tensor, separate from tok_emb.weight")
     lines.append(c(tint, "╚" + "═" * (width + 1)))
-
-
-def _numel(shape: list[int] | None) -> int:
-    n = 1
-    for s in shape or []:
-        n *= s
-    return n
 
 
 def _block(name: str, tr: "Trace", lines: list[str], c) -> None:
@@ -152,13 +209,13 @@ def _attention(tr: "Trace", layer: int, heatmap: str | None, lines: list[str], c
     lines.append(c(BOLD, f"attention in trf_blocks.{layer}: for each head, the token that each token attends to most"))
     lines.append(c(DIM, f"  --layer {layer} chose this block's attention; --block {opened.split('.')[-1]} chose which "
                         f"block the flow above opens up ({opened}). The two are independent."))
-    lines.append(("  " + cell("query token") + "".join(cell(_clip(repr(tokens[j]), 14)) for j in shown)).rstrip())
+    lines.append(("  " + cell("query token") + "".join(cell(clip(repr(tokens[j]), 14)) for j in shown)).rstrip())
     for h, weights in enumerate(heads):
         cells = []
         for j in shown:
             row = weights[j][: j + 1]  # token j sees tokens 0..j
             k = max(range(j + 1), key=row.__getitem__)
-            cells.append(cell(f"{_clip(repr(tokens[k]), 9)} {row[k]:.2f}"))
+            cells.append(cell(f"{clip(repr(tokens[k]), 9)} {row[k]:.2f}"))
         lines.append(("  " + cell(f"head {h}") + "".join(cells)).rstrip())
     if len(tokens) > max_tokens:
         lines.append(c(DIM, f"  (the first {max_tokens} of {len(tokens)} tokens; the heatmap has them all)"))
@@ -166,8 +223,11 @@ def _attention(tr: "Trace", layer: int, heatmap: str | None, lines: list[str], c
         lines.append(f"  heatmap of every head, with a colour bar: {heatmap}")
 
 
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+def embedding_section(tr: "Trace") -> str:
+    """Only the one-hot proof (`explain --embedding-vs-linear`)."""
+    lines: list[str] = []
+    _embedding(tr, lines, painter(False))
+    return "\n".join(lines).strip("\n")
 
 
 def _embedding(tr: "Trace", lines: list[str], c) -> None:
@@ -206,9 +266,9 @@ def _answers(tr: "Trace", lines: list[str], c) -> None:
     lines.append(f"  1. Where does {V:,} become {d}?  At tok_emb: ids {_shape(emb.input_shape)} -> "
                  f"{_shape(emb.shape)}, a lookup in the {_shape(emb.weight_shape)} weight. Every block then stays {d} wide.")
     last = _shape(tr.stage("last_logits").shape)
-    gives = (f"the last position's scores {last} give the class (argmax)" if head.transition == "hidden->classes"
-             else f"the last position {last} gives the next token")
-    lines.append(f"  2. Where does {d} become {out_w:,}?  At out_head: {_shape(head.input_shape)} -> "
+    gives = (f"the last position's logits {last} give the class (argmax)" if head.transition == "hidden->classes"
+             else f"the last position's logits {last} give the next token")
+    lines.append(f"  2. Where does {d} become {out_w:,}?  At out_head: {_shape(head.input_shape)} -> logits "
                  f"{_shape(head.shape)}, x @ W.T with W {_shape(head.weight_shape)}; {gives}.")
     e = tr.embedding_check
     same = "yes: the numbers above are identical" if e and e["equal_one_hot_matmul"] and e["equal_linear"] else \

@@ -1,45 +1,68 @@
-"""explain: record, from the live model, every shape on the way from text to the next token.
+"""The trace: one prompt's way through the live model, as plain data.
 
     trace(model, tokenizer, "Every effort moves you") -> Trace
 
-runs the prompt through the model once with forward hooks on its modules and keeps
-what the real tensors looked like at each stage: ids [b, t] -> tok_emb [b, t, d] ->
-+ pos_emb [t, d] -> trf_blocks (one opened up: heads [b, h, t, hd], attention
-weights [b, h, t, t], feed-forward [b, t, 4d]) -> final_norm -> out_head logits
-[b, t, V] -> last position [b, V] -> softmax -> next token. The two stages where the
-width changes are marked `vocab->hidden` (tok_emb) and `hidden->vocab` (out_head;
-`hidden->classes` for a classifier), with the weight matrix behind each.
+runs the prompt through the model once, with the taps of record.py, and keeps what the real
+tensors looked like at each stage: ids [b, t] -> tok_emb [b, t, d] -> + pos_emb [t, d] ->
+trf_blocks (one opened up: heads [b, h, t, hd], attention weights [b, h, t, t], feed-forward
+[b, t, 4d]) -> final_norm -> out_head logits [b, t, V] -> last position [b, V] -> softmax ->
+next token, and the head's logits as dot products (head.py). The two stages where the width
+changes are marked `vocab->hidden` (tok_emb) and `hidden->vocab` (out_head; `hidden->classes`
+for a classifier), with the weight matrix behind each.
 
-A Trace renders itself as text (`to_text`) and JSON (`to_dict`); `explain_diagram.py`
-draws it as SVG/PNG. Same shape letters as model.py: b, t, d, h, hd, V.
-
-Recording (record.py) is separate: taps on the model's modules hand each tensor to the
-current trace's recorder, so traces of one model can run side by side.
+A Trace is data (`to_dict` for JSON); text.py and diagram.py describe it. What to trace is a
+`TraceOptions`; what the weights cannot say about the model (its name, random or trained, its
+labels) is an `About`. Same shape letters as model.py: b, t, d, h, hd, V.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import threading
-import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import GPTConfig
+from ..device import evaluating
 from ..errors import PromptError
-from ..memory import parameter_table as config_parameter_table
-from ..model import GPTModel, LayerNorm, attention_weights
+from ..memory import parameter_table
+from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights
+from ..prompt import check_ids, encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
+from .check import check_embedding_is_linear
+from .head import head_products
 from .record import Progress, Recorder, record
 
 VOCAB_TO_HIDDEN = "vocab->hidden"
 HIDDEN_TO_VOCAB = "hidden->vocab"
 HIDDEN_TO_CLASSES = "hidden->classes"
+OPENAI_LAYOUT = "OpenAI's GPT-2 layout: qkv biases, and out_head is tok_emb.weight (tied)"
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """What a trace records besides the flow."""
+
+    top_k: int = 10                # next tokens (or classes) listed, each with its dot product
+    temperature: float = 1.0       # divides the last logits before the softmax (the `probs` stage)
+    block: int = 0                 # which of the trf_blocks is opened up
+    logit_lens: bool = False       # the top token at every position after every block
+    attention: bool = False        # every layer's attention weights
+    embedding_check: bool = True   # tok_emb(ids) == one_hot(ids) @ W, on this prompt
+    timing: bool = True            # time the embedding check's lookup and matmul (off: only compare)
+
+
+@dataclass(frozen=True)
+class About:
+    """What the weights cannot tell about a model: how to name it, and where they came from."""
+
+    name: str = "custom"
+    random_weights: bool = False
+    init: str | None = None        # a random model's initialisation: a key of model.INIT_SCHEMES
+    labels: list[str] | None = None  # class names, for a classifier
 
 
 @dataclass
@@ -65,10 +88,12 @@ class Trace:
     stages: list[Stage]
     params: dict[str, Any]
     next_token: dict[str, Any]
+    head: dict[str, Any] | None = None           # the logits as dot products (head.py)
     embedding_check: dict[str, Any] | None = None
     logit_lens: dict[str, Any] | None = None
     attention: dict[str, Any] | None = None
     modules: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. what was kept of a prompt over the context
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
@@ -79,31 +104,119 @@ class Trace:
         return {k: v for k, v in out.items() if v is not None}
 
     def to_text(self, color: bool = False, attention_layer: int | None = None, heatmap: str | None = None) -> str:
-        """The terminal view; with `attention_layer`, also that layer's attention per head (and where
-        its `heatmap` PNG went)."""
+        """text.render_text(self, ...): the terminal view (kept here for the README's notebooks)."""
         from .text import render_text
         return render_text(self, color=color, attention_layer=attention_layer, heatmap=heatmap)
 
 
-# --- parameters and memory ------------------------------------------------------
-
-def _module_params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-def parameter_table(model: GPTModel) -> dict[str, Any]:
-    """Per-module parameter counts, and the totals with and without weight tying (memory.py
-    computes them from the config: `glassgpt info` prints the same table without weights)."""
-    return config_parameter_table(model.cfg)
-
-
-def memory_needs(cfg: GPTConfig, dtype: torch.dtype, batch_size: int = 1, seq_len: int | None = None) -> dict[str, Any]:
-    """Bytes a model needs for inference and for training (weights, grads, AdamW, activations)."""
-    from ..memory import memory_needs as _needs
-    return _needs(cfg, dtype, batch_size, seq_len)
-
-
 # --- the trace --------------------------------------------------------------------
+
+@torch.inference_mode()
+def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
+          options: TraceOptions | None = None, about: About | None = None,
+          cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace:
+    """Run `text` (or token `ids`) through `model` once and record every stage from the real tensors.
+
+    ids: token ids instead of text, e.g. a prompt extended one generated token at a time
+    (re-encoding the decoded text could merge pieces differently).
+    A prompt longer than context_length is cut as prompt.py says, and `Trace.notes` says so.
+    cancel: set it from another thread to stop the trace at its next module (raises TraceCancelled).
+    progress: called as progress(step, done, total) after each block, lens layer and check.
+
+    Traces of one model may run at the same time in different threads; the model is only read.
+    """
+    opt, about = options or TraceOptions(), about or About()
+    cfg = model.cfg
+    prompt = _prompt(cfg, tokenizer, text, ids, opt)
+    device = model.tok_emb.weight.device
+    batch = torch.tensor([prompt.ids], device=device)  # [b=1, t]
+    rec = Recorder(_kept_tensors(cfg, opt), cfg.n_layers * (2 if opt.logit_lens else 1) + opt.embedding_check,
+                   cancel, progress)
+    with evaluating(model):  # a served model is already in eval mode, so concurrent traces never flip it
+        logits = record(model, batch, rec)  # [b, t, V]
+    label = _labeller(cfg, tokenizer, about.labels)
+    stages = _input_stages(model, tokenizer, rec.seen, batch.shape) + _block_stages(model, rec.seen, opt)
+    stages += _output_stages(model, rec.seen, logits, opt)
+    probs = _probs(logits[:, -1, :], opt.temperature)  # [b, V]
+    top = probs[0].topk(min(opt.top_k, cfg.out_dim))
+    top_list = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
+    stages.append(_pick_stage(cfg, top_list[0]))
+    text = tokenizer.decode(prompt.ids)
+    table = parameter_table(model.cfg)
+    result = Trace(
+        model=model_facts(model, tokenizer, about), prompt=text,
+        tokens=[{"id": i, "text": tokenizer.decode([i])} for i in prompt.ids], stages=stages,
+        params={"total": table["total"], "total_untied": table["total_untied"], "tied": table["tied"]},
+        next_token=_next_token(cfg, top_list, text, opt.temperature), modules=table["modules"],
+        head=head_products(model, rec.seen["final_norm"][0, -1], logits[0, -1], [t["id"] for t in top_list],
+                           prompt.ids, label),
+        notes=[prompt.note] if prompt.note else [])
+    if opt.attention:
+        result.attention = {"shape": [cfg.n_layers, 1, cfg.n_heads, len(prompt.ids), len(prompt.ids)],
+                            "tokens": [tk["text"] for tk in result.tokens],
+                            "layers": [_attention_of(rec.seen, i, cfg)[0].tolist() for i in range(cfg.n_layers)]}
+    if opt.logit_lens:
+        result.logit_lens = _logit_lens(model, rec.seen, logits, label, rec)
+    if opt.embedding_check:
+        rec.check()
+        result.embedding_check = check_embedding_is_linear(model, batch, timing=opt.timing)
+        rec.step("embedding_check")
+    return result
+
+
+def _prompt(cfg: GPTConfig, tokenizer: Tokenizer, text: str | None, ids: list[int] | None, opt: TraceOptions):
+    """The ids to trace, cut to context_length as every command cuts them; the options checked."""
+    ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)
+    if not 0 <= opt.block < cfg.n_layers:
+        raise PromptError(f"block {opt.block} does not exist: choose 0..{cfg.n_layers - 1}")
+    if not 0 < opt.temperature < math.inf:
+        raise PromptError(f"temperature must be a positive number for the probabilities, got {opt.temperature}")
+    return fit_prompt(ids, cfg.context_length, keep_for(cfg.num_classes))
+
+
+def _kept_tensors(cfg: GPTConfig, opt: TraceOptions) -> frozenset[str]:
+    """The taps whose tensors this trace keeps: the flow, the opened block, and the attention asked for."""
+    b = opt.block
+    keep = {"tok_emb", "pos_emb", "embeddings", "final_norm",
+            f"{b}.norm1", f"{b}.norm2", f"{b}.ff.layers.0", f"{b}.ff.layers.1", f"{b}.ff.layers.2"}
+    for i in range(cfg.n_layers):
+        keep.add(f"trf_blocks.{i}")
+        if opt.attention or i == b:
+            keep.update((f"{i}.q", f"{i}.k", f"{i}.v", f"{i}.out_proj"))
+    return frozenset(keep)
+
+
+def _labeller(cfg: GPTConfig, tokenizer: Tokenizer, labels: list[str] | None):
+    if cfg.num_classes is None:
+        return lambda i: tokenizer.decode([i])
+    return lambda i: labels[i] if labels and i < len(labels) else f"class {i}"
+
+
+def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str, Any]:
+    """What a trace says of its model: its name, config, dtype, layout, and a random model's initialisation."""
+    cfg = model.cfg
+    facts = {"name": about.name, "random_weights": about.random_weights, "config": cfg.to_dict(),
+             "dtype": _dtype(model.tok_emb.weight), "device": str(model.tok_emb.weight.device),
+             "tokenizer": tokenizer.name, "n_vocab": tokenizer.n_vocab, "labels": about.labels,
+             "layout": layout_line(cfg)}
+    if about.random_weights and about.init in INIT_SCHEMES:
+        facts["init"] = INIT_SCHEMES[about.init]
+    return facts
+
+
+def layout_line(cfg: GPTConfig) -> str:
+    """Which layout the parameters follow, in one short line: OpenAI's GPT-2, the book's, or between."""
+    bias = "qkv biases" if cfg.qkv_bias else "no qkv biases"
+    if cfg.num_classes is not None:
+        return f"a classifier: out_head [{cfg.num_classes}, {cfg.emb_dim}] with a bias in place of the vocabulary head; {bias}"
+    if cfg.qkv_bias and cfg.tie_embeddings:
+        return OPENAI_LAYOUT
+    head = "out_head tied to tok_emb.weight" if cfg.tie_embeddings else "its own out_head (untied)"
+    whose = "the book's layout (GPT_CONFIG_124M)" if not cfg.qkv_bias and not cfg.tie_embeddings else "not OpenAI's layout"
+    return f"{whose}: {bias}, {head}; OpenAI's GPT-2 has qkv biases and ties out_head to tok_emb.weight"
+
+
+# --- stages -------------------------------------------------------------------------
 
 def _module_name(module: nn.Module) -> str:
     if isinstance(module, nn.Embedding):
@@ -118,157 +231,128 @@ def _module_name(module: nn.Module) -> str:
     return type(module).__name__
 
 
-def _shape(t: torch.Tensor) -> list[int]:
-    return list(t.shape)
-
-
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+def _tensor_stage(name: str, module: str, t: torch.Tensor, **kw: Any) -> Stage:
+    return Stage(name=name, module=module, shape=list(t.shape), dtype=_dtype(t), **kw)
+
+
 def _weight_stage(name: str, module: nn.Module, out: torch.Tensor, **kw: Any) -> Stage:
     weight = getattr(module, "weight", None)
-    return Stage(name=name, module=_module_name(module), shape=_shape(out), dtype=_dtype(out),
-                 weight_shape=list(weight.shape) if weight is not None else None,
-                 params=_module_params(module), **kw)
+    return _tensor_stage(name, _module_name(module), out, weight_shape=list(weight.shape) if weight is not None else None,
+                         params=sum(p.numel() for p in module.parameters()), **kw)
 
 
-# --- recording: taps on the model, one recorder per trace ---------------------------
+def _input_stages(model: GPTModel, tokenizer: Tokenizer, seen: dict, bt: torch.Size) -> list[Stage]:
+    """tokens -> tok_emb (vocab -> hidden) -> pos_emb -> embeddings."""
+    cfg, (b, t) = model.cfg, bt
+    pieces = "one id per character" if tokenizer.name == "char" else "one id per BPE piece"
+    return [
+        Stage("tokens", f"tokenizer ({tokenizer.name}, {tokenizer.n_vocab:,} tokens)", [b, t], "int64", note=pieces),
+        _weight_stage("tok_emb", model.tok_emb, seen["tok_emb"], transition=VOCAB_TO_HIDDEN, input_shape=[b, t],
+                      note=f"each id selects one row of the [{cfg.vocab_size}, {cfg.emb_dim}] weight "
+                           "(= one_hot(ids) @ W)"),
+        _weight_stage("pos_emb", model.pos_emb, seen["pos_emb"], input_shape=[t],
+                      note=f"one learned row per position 0..{t - 1}, the same for every sequence"),
+        _tensor_stage("embeddings", f"tok_emb + pos_emb, then drop_emb (Dropout p={cfg.drop_rate})",
+                      seen["embeddings"], note="[t, d] broadcasts over the batch"),
+    ]
 
-# --- the trace --------------------------------------------------------------------
 
-@torch.inference_mode()
-def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, top_k: int = 10,
-          temperature: float = 1.0, block: int = 0, logit_lens: bool = False, attention: bool = False,
-          embedding_check: bool = True, model_name: str | None = None,
-          random_weights: bool = False, labels: list[str] | None = None, ids: list[int] | None = None,
-          timing: bool = True, cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace:
-    """Run `text` (or token `ids`) through `model` once and record every stage from the real tensors.
-
-    block: which of the trf_blocks to open up (its norms, heads, attention, feed-forward).
-    temperature: divides the last logits before the softmax (the `probs` stage).
-    labels: class names, for a model whose out_head is a classifier.
-    ids: token ids instead of text, e.g. a prompt extended one generated token at a time
-    (re-encoding the decoded text could merge pieces differently).
-    timing: time the embedding check's lookup and matmul (off: only check that they are equal).
-    cancel: set it from another thread to stop the trace at its next module (raises TraceCancelled).
-    progress: called as progress(step, done, total) after each block, lens layer and check.
-
-    Traces of one model may run at the same time in different threads; the model is only read.
-    """
-    cfg = model.cfg
-    if ids is not None:
-        ids_list = [int(i) for i in ids]
-        bad = [i for i in ids_list if not 0 <= i < min(tokenizer.n_vocab, cfg.vocab_size)]
-        if bad:
-            raise PromptError(f"token id {bad[0]} is out of range: valid ids are 0..{min(tokenizer.n_vocab, cfg.vocab_size) - 1}")
-        text = tokenizer.decode(ids_list)
-    elif not text:
-        raise PromptError("the prompt is empty: give some text, e.g. \"Every effort moves you\"")
-    else:
-        ids_list = tokenizer.encode(text)
-    if not ids_list:
-        raise PromptError("the prompt encodes to no tokens: give some text")
-    if len(ids_list) > cfg.context_length:
-        raise PromptError(f"the prompt is {len(ids_list):,} tokens but context_length is {cfg.context_length:,}: shorten it")
-    if not 0 <= block < cfg.n_layers:
-        raise PromptError(f"block {block} does not exist: choose 0..{cfg.n_layers - 1}")
-    if not 0 < temperature < math.inf:
-        raise PromptError(f"temperature must be a positive number for the probabilities, got {temperature}")
-    device = model.tok_emb.weight.device
-    ids = torch.tensor([ids_list], device=device)  # [b=1, t]
-    b, t = ids.shape
-
-    opened = (f"{block}.norm1", f"{block}.norm2", f"{block}.ff.layers.0", f"{block}.ff.layers.1", f"{block}.ff.layers.2")
-    keep = {"tok_emb", "pos_emb", "embeddings", "final_norm", *opened}
-    for i in range(cfg.n_layers):
-        keep.add(f"trf_blocks.{i}")
-        if attention or i == block:
-            keep.update((f"{i}.q", f"{i}.k", f"{i}.v", f"{i}.out_proj"))
-    rec = Recorder(frozenset(keep), cfg.n_layers * (2 if logit_lens else 1) + embedding_check, cancel, progress)
-    was_training = model.training
-    if was_training:  # a model being served is already in eval mode, so concurrent traces never flip it
-        model.eval()
-    try:
-        logits = record(model, ids, rec)  # [b, t, V]
-    finally:
-        if was_training:
-            model.train()
-    seen = rec.seen
-    last = logits[:, -1, :]  # [b, t, V] -> [b, V]
-    probs = _probs(last, temperature)  # [b, V]
-
-    V = cfg.out_dim
-    is_classifier = cfg.num_classes is not None
-    tokens = [{"id": i, "text": tokenizer.decode([i])} for i in ids_list]
-    stages = [Stage("tokens", f"tokenizer ({tokenizer.name}, {tokenizer.n_vocab:,} tokens)", [b, t], "int64",
-                    note="one id per BPE piece" if tokenizer.name != "char" else "one id per character")]
-    stages.append(_weight_stage(
-        "tok_emb", model.tok_emb, seen["tok_emb"], transition=VOCAB_TO_HIDDEN, input_shape=[b, t],
-        note=f"each id selects one row of the [{cfg.vocab_size}, {cfg.emb_dim}] weight (= one_hot(ids) @ W)"))
-    stages.append(_weight_stage("pos_emb", model.pos_emb, seen["pos_emb"], input_shape=[t],
-                                note=f"one learned row per position 0..{t - 1}, the same for every sequence"))
-    stages.append(Stage("embeddings", f"tok_emb + pos_emb, then drop_emb (Dropout p={cfg.drop_rate})",
-                        _shape(seen["embeddings"]), _dtype(seen["embeddings"]),
-                        note="[t, d] broadcasts over the batch"))
-    hd, h = cfg.head_dim, cfg.n_heads
-    attn_all: list[torch.Tensor] = []
+def _block_stages(model: GPTModel, seen: dict, opt: TraceOptions) -> list[Stage]:
+    """One stage per block; the opened block's inside follows it."""
+    stages = []
     for i, blk in enumerate(model.trf_blocks):
         x_in, x_out = seen[f"trf_blocks.{i}"]
-        stages.append(Stage(f"trf_blocks.{i}", "TransformerBlock", _shape(x_out), _dtype(x_out),
-                            params=_module_params(blk), input_shape=_shape(x_in),
-                            note="x + att(norm1(x)), then x + ff(norm2(x)): the width stays " + str(cfg.emb_dim)))
-        if attention or i == block:
-            attn_all.append(_attention_weights(seen[f"{i}.q"], seen[f"{i}.k"], h, hd))
-        if i == block:
-            stages += _block_stages(blk, i, seen, attn_all[-1], cfg)
+        stages.append(_tensor_stage(f"trf_blocks.{i}", "TransformerBlock", x_out,
+                                    params=sum(p.numel() for p in blk.parameters()), input_shape=list(x_in.shape),
+                                    note=f"x + att(norm1(x)), then x + ff(norm2(x)): the width stays "
+                                         f"{model.cfg.emb_dim}"))
+        if i == opt.block:
+            stages += _opened_block(blk, i, seen, model.cfg)
+    return stages
 
-    final = seen["final_norm"]
-    stages.append(_weight_stage("final_norm", model.final_norm, final))
-    transition = HIDDEN_TO_CLASSES if is_classifier else HIDDEN_TO_VOCAB
-    tied = model.tied
-    stages.append(_weight_stage(
-        "out_head", model.out_head, logits, transition=transition, input_shape=_shape(final),
-        shared_with="tok_emb.weight" if tied else None,
-        note=("x @ W.T: one score per " + ("class" if is_classifier else "vocabulary entry") + " at every position"
-              + ("; W is the same tensor as tok_emb.weight (weight tying)" if tied else ""))))
-    stages.append(Stage("last_logits", "logits[:, -1, :]", _shape(last), _dtype(last),
-                        note="the class is read from the last position, the only one that has seen the whole text"
-                        if is_classifier else "only the last position's scores predict what comes next"))
-    stages.append(Stage("probs", f"softmax(last_logits / {temperature:g})", _shape(probs), _dtype(probs),
-                        note=f"{V:,} probabilities that sum to 1"))
-    top = probs[0].topk(min(top_k, V))
-    def label(i: int) -> str:
-        if is_classifier:
-            return labels[i] if labels and i < len(labels) else f"class {i}"
-        return tokenizer.decode([i])
-    top_list = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
-    chosen = top_list[0]
-    stages.append(Stage("label" if is_classifier else "next_token",
-                        "argmax over the classes" if is_classifier else "argmax (greedy; sampling would draw from probs)",
-                        [b], "int64", note=f"id {chosen['id']} -> {chosen['text']!r}"))
-    next_token = {"top": top_list, "id": chosen["id"], "text": chosen["text"], "prob": chosen["prob"],
-                  "kind": "class" if is_classifier else "token", "temperature": temperature,
-                  "text_after": text + ("" if is_classifier else chosen["text"])}
 
-    table = parameter_table(model)
-    result = Trace(
-        model={"name": model_name or "custom", "random_weights": random_weights, "config": cfg.to_dict(),
-               "dtype": _dtype(model.tok_emb.weight), "device": str(device),
-               "tokenizer": tokenizer.name, "n_vocab": tokenizer.n_vocab, "labels": labels},
-        prompt=text, tokens=tokens, stages=stages,
-        params={"total": table["total"], "total_untied": table["total_untied"], "tied": table["tied"]},
-        next_token=next_token, modules=table["modules"])
-    if attention:
-        result.attention = {"shape": [cfg.n_layers, b, h, t, t], "tokens": [tk["text"] for tk in tokens],
-                            "layers": [a[0].tolist() for a in attn_all]}
-    if logit_lens:
-        result.logit_lens = _logit_lens(model, seen, logits, label, rec)
-    if embedding_check:
-        rec.check()
-        result.embedding_check = check_embedding_is_linear(model, ids, timing=timing)
-        rec.step("embedding_check")
-    return result
+def _attention_of(seen: dict, i: int, cfg: GPTConfig) -> torch.Tensor:
+    """Block i's attention weights from its tapped projections, by the model's own formula: [b, h, t, t]."""
+    q, k = seen[f"{i}.q"].float(), seen[f"{i}.k"].float()
+    b, t, _ = q.shape
+    q = q.view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
+    k = k.view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+    return attention_weights(q, k)
+
+
+def _opened_block(blk: nn.Module, i: int, seen: dict, cfg: GPTConfig) -> list[Stage]:
+    """The inside of one block, each stage from its tapped tensor."""
+    p = f"trf_blocks.{i}"
+    q = seen[f"{i}.q"]
+    b, t, d = q.shape
+    h, hd = cfg.n_heads, cfg.head_dim
+    attn = _attention_of(seen, i, cfg)
+    context_in, out_proj_out = seen[f"{i}.out_proj"]
+    v = seen[f"{i}.v"].float().view(b, t, h, hd).transpose(1, 2)
+    # The recomputed weights must reproduce what the model gave out_proj: a check, not a decoration.
+    attn_error = float(((attn @ v).transpose(1, 2).reshape(b, t, d) - context_in.float()).abs().max())
+    x_in = seen[p][0]
+    inside = [_weight_stage(f"{p}.norm1", blk.norm1, seen[f"{i}.norm1"][1], parent=p)]
+    for name, key, what in (("W_query", "q", "queries"), ("W_key", "k", "keys"), ("W_value", "v", "values")):
+        inside.append(_weight_stage(f"{p}.att.{name}", getattr(blk.att, name), seen[f"{i}.{key}"], parent=p, note=what))
+    inside += [
+        Stage(f"{p}.att.heads", "view + transpose", [b, h, t, hd], _dtype(q), parent=p, input_shape=[b, t, d],
+              note=f"q, k, v each split into {h} heads of {hd}"),
+        _tensor_stage(f"{p}.att.attn_weights", f"softmax(q @ k.T / sqrt({hd}) + causal mask)", attn, parent=p,
+                      note=f"row j: how much token j attends to tokens 0..j (rows sum to 1; "
+                           f"matches the model's own to {attn_error:.1e})"),
+        _tensor_stage(f"{p}.att.context", "attn_weights @ v, heads merged", context_in, parent=p,
+                      input_shape=[b, h, t, hd], note="[b, h, t, hd] -> [b, t, d]"),
+        _weight_stage(f"{p}.att.out_proj", blk.att.out_proj, out_proj_out, parent=p),
+        _tensor_stage(f"{p}.shortcut1", "x + att(norm1(x))", x_in, parent=p, note="residual connection"),
+        _weight_stage(f"{p}.norm2", blk.norm2, seen[f"{i}.norm2"][1], parent=p),
+        _weight_stage(f"{p}.ff.layers.0", blk.ff.layers[0], seen[f"{i}.ff.layers.0"][1], parent=p,
+                      note=f"expand to 4 x {d} = {4 * d}"),
+        _weight_stage(f"{p}.ff.layers.1", blk.ff.layers[1], seen[f"{i}.ff.layers.1"][1], parent=p),
+        _weight_stage(f"{p}.ff.layers.2", blk.ff.layers[2], seen[f"{i}.ff.layers.2"][1], parent=p,
+                      note=f"project back to {d}"),
+        _tensor_stage(f"{p}.shortcut2", "x + ff(norm2(x))", x_in, parent=p,
+                      note="residual connection; the block's output"),
+    ]
+    return inside
+
+
+def _output_stages(model: GPTModel, seen: dict, logits: torch.Tensor, opt: TraceOptions) -> list[Stage]:
+    """final_norm -> out_head (hidden -> vocab, or classes) -> last_logits -> probs."""
+    cfg = model.cfg
+    final, last = seen["final_norm"], logits[:, -1, :]
+    is_classifier = cfg.num_classes is not None
+    per = "class" if is_classifier else "vocabulary entry"
+    tied = "; W is the same tensor as tok_emb.weight (weight tying)" if model.tied else ""
+    return [
+        _weight_stage("final_norm", model.final_norm, final),
+        _weight_stage("out_head", model.out_head, logits, transition=HIDDEN_TO_CLASSES if is_classifier else HIDDEN_TO_VOCAB,
+                      input_shape=list(final.shape), shared_with="tok_emb.weight" if model.tied else None,
+                      note=f"logits = x @ W.T: one score per {per} at every position{tied}"),
+        _tensor_stage("last_logits", "logits[:, -1, :]", last,
+                      note="the class is read from the last position, the only one that has seen the whole text"
+                      if is_classifier else "only the last position's logits predict what comes next"),
+        Stage("probs", f"softmax(last_logits / {opt.temperature:g})", list(last.shape), "float32",
+              note=f"{cfg.out_dim:,} probabilities that sum to 1"),
+    ]
+
+
+def _pick_stage(cfg: GPTConfig, chosen: dict) -> Stage:
+    if cfg.num_classes is not None:
+        return Stage("label", "argmax over the classes", [1], "int64", note=f"id {chosen['id']} -> {chosen['text']!r}")
+    return Stage("next_token", "argmax (greedy; sampling would draw from probs)", [1], "int64",
+                 note=f"id {chosen['id']} -> {chosen['text']!r}")
+
+
+def _next_token(cfg: GPTConfig, top: list[dict], text: str, temperature: float) -> dict[str, Any]:
+    chosen, is_classifier = top[0], cfg.num_classes is not None
+    return {"top": top, "id": chosen["id"], "text": chosen["text"], "prob": chosen["prob"],
+            "kind": "class" if is_classifier else "token", "temperature": temperature,
+            "text_after": text + ("" if is_classifier else chosen["text"])}
 
 
 def _probs(last: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -285,49 +369,6 @@ def _probs(last: torch.Tensor, temperature: float) -> torch.Tensor:
     return scaled.softmax(dim=-1)
 
 
-def _attention_weights(q: torch.Tensor, k: torch.Tensor, h: int, hd: int) -> torch.Tensor:
-    """The model's own `attention_weights` on the hooked projections, in float32: [b, h, t, t]."""
-    b, t, _ = q.shape
-    q = q.float().view(b, t, h, hd).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
-    k = k.float().view(b, t, h, hd).transpose(1, 2)
-    return attention_weights(q, k)
-
-
-def _block_stages(blk: nn.Module, i: int, seen: dict, attn: torch.Tensor, cfg: GPTConfig) -> list[Stage]:
-    """The inside of one block, each stage from its hooked tensor."""
-    p = f"trf_blocks.{i}"
-    b, t, d = seen[f"{i}.q"].shape
-    h, hd = cfg.n_heads, cfg.head_dim
-    context_in, out_proj_out = seen[f"{i}.out_proj"]
-    v = seen[f"{i}.v"].float().view(b, t, h, hd).transpose(1, 2)
-    # The recomputed weights must reproduce what SDPA gave out_proj: a check, not a decoration.
-    recomputed = (attn @ v).transpose(1, 2).reshape(b, t, d)
-    attn_error = float((recomputed - context_in.float()).abs().max())
-    x_in = seen[f"trf_blocks.{i}"][0]
-    stages = [_weight_stage(f"{p}.norm1", blk.norm1, seen[f"{i}.norm1"][1], parent=p)]
-    for name, key, what in (("W_query", "q", "queries"), ("W_key", "k", "keys"), ("W_value", "v", "values")):
-        stages.append(_weight_stage(f"{p}.att.{name}", getattr(blk.att, name), seen[f"{i}.{key}"], parent=p, note=what))
-    stages.append(Stage(f"{p}.att.heads", "view + transpose", [b, h, t, hd], _dtype(seen[f"{i}.q"]), parent=p,
-                        input_shape=[b, t, d], note=f"q, k, v each split into {h} heads of {hd}"))
-    stages.append(Stage(f"{p}.att.attn_weights", f"softmax(q @ k.T / sqrt({hd}) + causal mask)", _shape(attn),
-                        "float32", parent=p,
-                        note=f"row j: how much token j attends to tokens 0..j (rows sum to 1; matches SDPA to {attn_error:.1e})"))
-    stages.append(Stage(f"{p}.att.context", "attn_weights @ v, heads merged", _shape(context_in), _dtype(context_in),
-                        parent=p, input_shape=[b, h, t, hd], note=f"[b, h, t, hd] -> [b, t, d]"))
-    stages.append(_weight_stage(f"{p}.att.out_proj", blk.att.out_proj, out_proj_out, parent=p))
-    stages.append(Stage(f"{p}.shortcut1", "x + att(norm1(x))", _shape(x_in), _dtype(x_in), parent=p,
-                        note="residual connection"))
-    stages.append(_weight_stage(f"{p}.norm2", blk.norm2, seen[f"{i}.norm2"][1], parent=p))
-    stages.append(_weight_stage(f"{p}.ff.layers.0", blk.ff.layers[0], seen[f"{i}.ff.layers.0"][1], parent=p,
-                                note=f"expand to 4 x {d} = {4 * d}"))
-    stages.append(_weight_stage(f"{p}.ff.layers.1", blk.ff.layers[1], seen[f"{i}.ff.layers.1"][1], parent=p))
-    stages.append(_weight_stage(f"{p}.ff.layers.2", blk.ff.layers[2], seen[f"{i}.ff.layers.2"][1], parent=p,
-                                note=f"project back to {d}"))
-    stages.append(Stage(f"{p}.shortcut2", "x + ff(norm2(x))", _shape(x_in), _dtype(x_in), parent=p,
-                        note="residual connection; the block's output"))
-    return stages
-
-
 def _logit_lens(model: GPTModel, seen: dict, logits: torch.Tensor, label, rec: Recorder) -> dict[str, Any]:
     """The top token (or class) at every position after every block: out_head(final_norm(residual)).
 
@@ -339,59 +380,10 @@ def _logit_lens(model: GPTModel, seen: dict, logits: torch.Tensor, label, rec: R
     n = model.cfg.n_layers
     for i in range(n):
         resid = seen[f"trf_blocks.{i}"][1]  # [b, t, d]
-        lens = logits[0] if i == n - 1 else model.out_head(model.final_norm(resid))[0]  # [t, V]
-        lens = lens.float()
+        lens = (logits[0] if i == n - 1 else model.out_head(model.final_norm(resid))[0]).float()  # [t, V]
         top, idx = lens.max(dim=-1)  # [t, V] -> [t]
         prob = (top - lens.logsumexp(dim=-1)).exp()
         layers.append({"layer": i, "top": [{"id": int(j), "text": label(int(j)), "prob": float(q)}
                                            for q, j in zip(prob, idx)]})
         rec.step(f"logit_lens.{i}")
     return {"layers": layers}
-
-
-@torch.inference_mode()
-def check_embedding_is_linear(model: GPTModel, ids: torch.Tensor, repeats: int = 5, timing: bool = True,
-                              budget_ms: float = 250.0) -> dict[str, Any]:
-    """Show on the live weights that an embedding lookup is a matmul with one-hot vectors.
-
-    tok_emb(ids) == one_hot(ids, V) @ W == nn.Linear(V, d, bias=False) with weight W.T,
-    exactly (each output sums one weight and V - 1 zeros). The lookup skips the zeros.
-    timing: also time both ways, up to `repeats` runs each (fewer when they would take
-    over `budget_ms`: a long prompt's one-hot matmul is timed once).
-    """
-    W = model.tok_emb.weight  # [V, d]
-    V, d = W.shape
-    lookup = model.tok_emb(ids)  # [b, t, d]
-    one_hot = F.one_hot(ids, V).to(W.dtype)  # [b, t] -> [b, t, V]
-    via_matmul = one_hot @ W  # [b, t, V] @ [V, d] -> [b, t, d]
-    linear = nn.Linear(V, d, bias=False, device=W.device, dtype=W.dtype)
-    linear.weight = nn.Parameter(W.t(), requires_grad=False)  # a view of the same numbers, [d, V]
-    via_linear = linear(one_hot)
-    del one_hot, linear
-
-    n = ids.numel()
-    check = {
-        "equal_one_hot_matmul": bool(torch.equal(lookup, via_matmul)),
-        "equal_linear": bool(torch.equal(lookup, via_linear)),
-        "max_abs_diff": float((lookup - via_matmul).abs().max()),
-        "weight_shape": [V, d],
-        "linear": f"nn.Linear({V}, {d}, bias=False), weight = tok_emb.weight.T [{d}, {V}]",
-        "lookup_bytes": n * d * W.element_size(),
-        "one_hot_bytes": n * V * W.element_size(),
-        "matmul_flops": 2 * n * V * d,
-        "useful_fraction": 1 / V,
-    }
-    if timing:  # the check above warmed both paths up
-        check["lookup_ms"] = _median_ms(lambda: model.tok_emb(ids), repeats, budget_ms)
-        check["matmul_ms"] = _median_ms(lambda: F.one_hot(ids, V).to(W.dtype) @ W, repeats, budget_ms)
-    return check
-
-
-def _median_ms(fn: Callable[[], Any], repeats: int, budget_ms: float) -> float:
-    """Median milliseconds of fn() over `repeats` runs, stopping early once they add up to `budget_ms`."""
-    times: list[float] = []
-    while not times or (len(times) < repeats and sum(times) < budget_ms):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)

@@ -12,6 +12,7 @@ const state = {
   chosen: null,    // the next-token id that Append adds (the greedy one until a bar is clicked)
   layer: 0,
   head: 0,
+  snapshots: null, // GET /api/snapshots, on a server started on a run directory
   inflight: null,  // AbortController of the request in flight
   busy: false,
 };
@@ -215,6 +216,7 @@ function renderModel(m) {
     el("strong", { text: m.name }), ` · ${m.kind} · ${fmt(m.params.total)} parameters · `,
     `${c.n_layers} blocks × ${c.n_heads} heads · d = ${fmt(c.emb_dim)} · V = ${fmt(c.vocab_size)} · `,
     `context ${fmt(c.context_length)} · ${m.dtype} on ${m.device}`);
+  $("model-layout").textContent = m.layout;
   const banner = $("random-banner");
   banner.hidden = !m.random_weights;
   if (m.random_weights) {
@@ -222,7 +224,8 @@ function renderModel(m) {
       el("strong", { text: "Random weights. " }),
       `${m.name} is a preset initialised at random, not trained: every shape below is real, but the `,
       "probabilities and the generated text are noise. For GPT-2's trained weights run ",
-      el("code", { text: "glassgpt serve --model openai-community/gpt2" }), ".");
+      el("code", { text: "glassgpt serve --model openai-community/gpt2" }), ".",
+      m.init ? el("span", { class: "init", text: ` Initialisation: ${m.init}.` }) : null);
   }
   $("block").replaceChildren(...Array.from({ length: c.n_layers }, (_, i) => el("option", { value: i, text: `trf_blocks.${i}` })));
   $("top-k").max = m.limits.max_top_k;
@@ -423,6 +426,95 @@ function sampleTopK(tr) {
   return top[top.length - 1].id;
 }
 
+// --- the head as a dot product --------------------------------------------------------
+
+function renderHead(tr) {
+  const hd = tr.head;
+  if (!hd) { $("head").replaceChildren(); return; }
+  const isClass = hd.kind === "classes";
+  const untied = hd.rows.length && hd.rows[0].cos_emb_head !== undefined;
+  const bias = hd.has_bias ? " + bias[id]" : "";
+  $("head-caption").textContent = `logit[id] = h · W[id]${bias}: h is final_norm's output at the last position ` +
+    `(|h| = ${hd.h_norm.toFixed(2)}), W is out_head.weight, one row per ${isClass ? "class" : "token"}. ` +
+    "A dot product is |h| · |W[id]| · cos(h, W[id]).";
+  const cols = ["", isClass ? "class" : "token", "logit", "= h · W[id]", "|W[id]|", "cos(h, W[id])"];
+  if (hd.has_bias) cols.splice(4, 0, "+ bias");
+  if (untied) cols.push("cos(tok_emb[id], W[id])");
+  const rows = hd.rows.map((r, k) => {
+    const cells = [k + 1, null, r.logit.toFixed(3), r.dot.toFixed(3), r.w_norm.toFixed(3), r.cos.toFixed(4)];
+    if (hd.has_bias) cells.splice(4, 0, r.bias.toFixed(3));
+    if (untied) cells.push(r.cos_emb_head.toFixed(4));
+    return el("tr", { "data-id": r.id }, ...cells.map((v, i) => i === 1
+      ? el("td", {}, tokenNode(r.text)) : el("td", { class: i ? "num" : "rank", text: v })));
+  });
+  $("head").replaceChildren(el("table", {}, el("thead", {}, el("tr", {}, ...cols.map((c) => el("th", { text: c })))),
+    el("tbody", {}, rows)));
+  const notes = [`Checked: every logit equals out_head's output (max |diff| ${hd.max_abs_diff.toExponential(1)}).`];
+  if (!isClass) {
+    notes.push(hd.tied
+      ? "Tied: W is tok_emb.weight, so W[id] is the very row that embedded id at the input; the model predicts " +
+        "the token whose embedding its last vector most resembles."
+      : "Untied (the book's layout): W is out_head's own tensor; tok_emb.weight[id] is another row.");
+  }
+  notes.push("Nearest to h by cosine: " + hd.nearest.map((t) => `${JSON.stringify(t.text)} ${t.cos.toFixed(3)} ` +
+    `(logit rank ${fmt(t.logit_rank)})`).join(", ") + ". Another order than the logits': a longer row wins the " +
+    "logits with a smaller cosine.");
+  if (hd.prompt_ranks) {
+    notes.push("The prompt's own tokens rank " + hd.prompt_ranks.slice(0, 8).map((t) =>
+      `${JSON.stringify(t.text)} ${fmt(t.rank)}`).join(", ") + ".");
+  }
+  $("head-notes").replaceChildren(...notes.map((n) => el("span", { class: "head-note", text: n + " " })));
+}
+
+function renderNotes(tr) {
+  const notes = tr.notes || [];
+  $("notes").hidden = !notes.length;
+  $("notes").replaceChildren(...notes.map((n) => el("p", { text: `Note: ${n}.` })));
+}
+
+// --- watch it learn: the run's evaluations ------------------------------------------------
+
+function renderSnapshots(data) {
+  state.snapshots = data;
+  $("learn-card").hidden = false;
+  $("learn-run").textContent = `${data.run} · ${fmt(data.evaluations.length)} evaluations`;
+  const slider = $("snapshot");
+  slider.max = Math.max(0, data.evaluations.length - 1);
+  slider.value = slider.max;
+  slider.disabled = data.evaluations.length < 2;
+  renderSnapshot(Number(slider.value));
+}
+
+function renderSnapshot(k) {
+  const data = state.snapshots;
+  const view = $("snapshot-view");
+  if (!data.evaluations.length) { view.replaceChildren(el("p", { class: "caption", text: data.note })); return; }
+  const e = data.evaluations[k], snap = e.snapshot;
+  $("snapshot-value").textContent = `${k + 1} of ${data.evaluations.length}`;
+  const losses = el("p", { class: "snap-losses", "data-step": e.step },
+    el("strong", { text: `step ${fmt(e.step)}` }), ` · ${fmt(e.tokens)} tokens seen`,
+    e.train_loss !== null && e.train_loss !== undefined ? ` · train loss ${e.train_loss.toFixed(3)}` : "",
+    e.val_loss !== null && e.val_loss !== undefined ? ` · val loss ${e.val_loss.toFixed(3)}` : "");
+  if (!snap) {
+    view.replaceChildren(losses, el("p", { class: "caption", text: data.note || "this evaluation recorded no snapshot" }));
+    return;
+  }
+  const bars = el("div", { class: "bars snap-bars" }, ...snap.top.map((t, rank) => el("div", { class: "bar-row" },
+    el("span", { class: "rank", text: rank + 1 }), el("span", { class: "bar-token" }, tokenNode(t.text)),
+    el("span", { class: "bar-id", text: t.id }),
+    el("span", { class: "bar-track" }, el("span", { class: "bar-fill", style: { width: `${(100 * t.prob).toFixed(2)}%` } })),
+    el("span", { class: "bar-prob", text: pct(t.prob) }))));
+  const lens = el("table", { class: "snap-lens" },
+    el("thead", {}, el("tr", {}, el("th", { text: "after" }), el("th", { text: "top token at the last position" }),
+      el("th", { text: "p" }))),
+    el("tbody", {}, snap.lens.map((l) => el("tr", {}, el("th", { class: "layer", text: `trf_blocks.${l.layer}` }),
+      el("td", {}, tokenNode(l.text)), el("td", { class: "num", text: pct(l.prob) })))));
+  view.replaceChildren(losses,
+    el("p", { class: "caption" }, "prompt ", el("code", { text: snap.prompt }), " → its top 5 next tokens:"),
+    bars, el("p", { class: "snap-greedy" }, el("span", { class: "muted", text: "greedy sample: " }),
+      el("span", { class: "mono", text: snap.greedy })), lens);
+}
+
 // --- attention ----------------------------------------------------------------------
 
 function renderAttention(tr) {
@@ -561,6 +653,8 @@ function render() {
   renderTokens(tr);
   renderFlow(tr);
   renderNext(tr);
+  renderNotes(tr);
+  renderHead(tr);
   renderAttention(tr);
   renderLens(tr);
   renderParams(tr);
@@ -605,10 +699,16 @@ async function start() {
   $("svg-link").addEventListener("click", downloadSvg);
   window.addEventListener("resize", debounce(() => state.trace && renderAttention(state.trace), 150));
 
+  $("snapshot").addEventListener("input", () => renderSnapshot(Number($("snapshot").value)));
+
   const info = await api("/api/model");
   if (!info) return;
   state.model = info.data;
   renderModel(state.model);
+  if (state.model.run) {
+    const snaps = await api("/api/snapshots");
+    if (snaps) renderSnapshots(snaps.data);
+  }
   await explain();
 }
 

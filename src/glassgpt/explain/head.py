@@ -1,0 +1,99 @@
+"""The head as a dot product: logit[id] = h · W[id] (+ bias[id]), checked against out_head.
+
+h is the last position's final vector (final_norm's output there, [d]) and W is
+out_head.weight ([V, d]). The model predicts the token whose row W[id] has the largest dot
+product with h. With tying (GPT-2), W *is* tok_emb.weight: the row that scores id at the
+output is the very row that embedded id at the input. Untied (the book's GPT_CONFIG_124M),
+the two rows are separate tensors, and their cosine says how far apart training drew them.
+
+A dot product is |h| · |W[id]| · cos(h, W[id]); |h| is the same for every id, so the logits
+rank ids by |W[id]| · cos. Ranking by the cosine alone (the rows that point most nearly
+where h points) drops the rows' lengths, and gives another order: a long row can win the
+logits while pointing less exactly at h.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..model import GPTModel
+
+NEAREST = 5  # tokens listed by cosine
+
+
+def head_products(model: GPTModel, h: torch.Tensor, logits: torch.Tensor, top_ids: Sequence[int],
+                  prompt_ids: Sequence[int], label: Callable[[int], str]) -> dict[str, Any]:
+    """The dot products behind `logits` ([V], out_head's output at the last position) for the
+    `top_ids`, from h ([d], final_norm's output there); JSON-ready."""
+    logits = logits.float()
+    W = model.out_head.weight.float()  # [V, d]
+    bias = model.out_head.bias.float() if model.out_head.bias is not None else None
+    h = h.float()
+    dots = W @ h  # [V, d] @ [d] -> [V]
+    recomputed = dots + bias if bias is not None else dots
+    row_norms = _row_norms(model.out_head.weight)  # [V]
+    h_norm = float(h.norm())
+    cos = dots / (row_norms * h_norm).clamp_min(1e-30)  # [V]
+    rows = [_row(j, label(j), dots, bias, logits, row_norms, cos) for j in top_ids]
+    nearest = cos.topk(min(NEAREST, cos.numel())).indices.tolist()
+    out = {
+        "h_norm": h_norm, "has_bias": bias is not None,
+        "max_abs_diff": float((recomputed - logits.float()).abs().max()),  # over all V ids, not the top only
+        "rows": rows,
+        "nearest": [{"id": j, "text": label(j), "cos": float(cos[j]), "logit_rank": r}
+                    for j, r in zip(nearest, _ranks(logits, nearest))],
+        "kind": "classes" if model.cfg.num_classes is not None else "tokens",
+    }
+    if model.cfg.num_classes is None:
+        out.update(_tying(model, W, prompt_ids, logits, rows, label))
+    return out
+
+
+def _row_norms(weight: torch.Tensor) -> torch.Tensor:
+    """|W[id]| for every row, [V] float32: computed once per weight tensor and kept on it, again only
+    after it changes (its `_version` counts in-place updates), so that a served model's traces do not
+    each pass over W twice."""
+    try:
+        version = weight._version
+    except RuntimeError:  # a tensor made under inference_mode keeps no version: nothing to cache by
+        return weight.detach().float().norm(dim=1)
+    cached = getattr(weight, "_glassgpt_row_norms", None)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    norms = weight.detach().float().norm(dim=1)
+    weight._glassgpt_row_norms = (version, norms)  # one tuple swapped in whole: safe across threads
+    return norms
+
+
+def _row(j: int, text: str, dots, bias, logits, row_norms, cos) -> dict[str, Any]:
+    return {"id": j, "text": text, "dot": float(dots[j]), "bias": float(bias[j]) if bias is not None else 0.0,
+            "logit": float(logits[j]), "w_norm": float(row_norms[j]), "cos": float(cos[j])}
+
+
+def _ranks(scores: torch.Tensor, ids: Sequence[int]) -> list[int]:
+    """Each id's rank by `scores` [V]: 1 + how many ids score higher (ties share a rank)."""
+    if not ids:
+        return []
+    picked = scores[torch.tensor(ids, device=scores.device)]
+    return ((scores[None, :] > picked[:, None]).sum(dim=1) + 1).tolist()
+
+
+def _tying(model: GPTModel, W: torch.Tensor, prompt_ids: Sequence[int], logits: torch.Tensor,
+           rows: list[dict], label: Callable[[int], str]) -> dict[str, Any]:
+    """Tied: out_head's rows are tok_emb's own (one storage); where the prompt's tokens rank.
+    Untied: each top token's two rows, and their cosine."""
+    emb, head = model.tok_emb.weight, model.out_head.weight
+    tied = model.tied
+    out: dict[str, Any] = {"tied": tied, "shares_storage": emb.data_ptr() == head.data_ptr() and emb.shape == head.shape}
+    seen = list(dict.fromkeys(int(i) for i in prompt_ids))
+    out["prompt_ranks"] = [{"id": j, "text": label(j), "logit": float(logits[j]), "rank": r}
+                           for j, r in zip(seen, _ranks(logits, seen))]
+    if not tied:
+        E = emb.float()
+        for row in rows:
+            e = E[row["id"]]
+            row["emb_norm"] = float(e.norm())
+            row["cos_emb_head"] = float(e @ W[row["id"]] / (e.norm() * W[row["id"]].norm()).clamp_min(1e-30))
+    return out

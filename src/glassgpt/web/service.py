@@ -1,0 +1,187 @@
+"""The web page's rules, without HTTP: what each /api/ route answers, as methods of one object.
+
+    service = ExplainService(model, tokenizer, About("gpt2", random_weights=True))
+    service.explain(ExplainRequest(prompt="Every effort moves you"))   -> the trace as JSON
+    service.append(AppendRequest(ids=[...], token=2300))               -> the trace of ids + [token]
+    service.diagram(ExplainRequest(...))                              -> the trace drawn as SVG
+    service.info(), service.snapshots()
+
+app.py wires these to routes and adds what only HTTP needs (streaming, cancelling when the
+client leaves, status codes). A prompt longer than the server takes is cut as prompt.py cuts
+it for every command, and the answer's `notes` say what was kept.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import GlassError
+from ..explain import About, Progress, TraceOptions, trace
+from ..explain.diagram import to_svg
+from ..explain.trace import model_facts
+from ..formats import CHECKPOINT_SUBDIRS
+from ..model import GPTModel
+from ..prompt import check_ids, encode, fit_prompt, keep_for
+from ..tokenizer import Tokenizer, check_fits
+
+MAX_BODY_BYTES = 256 * 1024  # a full 1,024-token prompt is a few KiB of JSON
+MAX_TOP_K = 100
+# Attention weights are n_layers x n_heads x t x t numbers; past this many the page
+# would receive tens of MB per step, so the trace leaves them out and says why.
+MAX_ATTENTION_WEIGHTS = 1_000_000
+
+
+class ExplainRequest(BaseModel):
+    """What the page asks for. Give `prompt` (text) or `ids` (token ids), not both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | None = None
+    ids: list[int] | None = None
+    top_k: int = Field(10, ge=1, le=MAX_TOP_K)
+    temperature: float = Field(1.0, gt=0, le=100, allow_inf_nan=False)
+    block: int = Field(0, ge=0)
+    attention: bool = True
+    logit_lens: bool = True
+    embedding_check: bool = False
+
+
+class AppendRequest(ExplainRequest):
+    token: int = Field(ge=0)
+
+
+def public_name(spec: str) -> str:
+    """How the page names a model: a file or directory by its name (with its run's name for best/ or
+    latest/), never by the server's absolute path; a preset or hub id as it was typed."""
+    path = Path(spec)
+    if not (path.is_absolute() or path.exists() or spec.startswith((".", "~"))):
+        return spec
+    path = path.expanduser().resolve()
+    return f"{path.parent.name}/{path.name}" if path.name in CHECKPOINT_SUBDIRS and path.parent.name else path.name
+
+
+class ExplainService:
+    """The API's rules for one model, which every request shares and only reads."""
+
+    def __init__(self, model: GPTModel, tokenizer: Tokenizer, about: About | None = None,
+                 max_prompt_tokens: int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                 run_dir: str | Path | None = None) -> None:
+        cfg = model.cfg
+        limit = cfg.context_length if max_prompt_tokens is None else max_prompt_tokens
+        if not 1 <= limit <= cfg.context_length:
+            raise GlassError(f"max_prompt_tokens must be in 1..{cfg.context_length:,} (the context_length), got {limit:,}")
+        check_fits(tokenizer, cfg.vocab_size, "they do not belong together")
+        about = about or About()
+        self.model, self.tokenizer, self.limit = model, tokenizer, limit
+        self.about = About(public_name(about.name), about.random_weights, about.init, about.labels)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.is_classifier = cfg.num_classes is not None
+        self.max_body_bytes = max_body_bytes
+
+    def info(self) -> dict[str, Any]:
+        """GET /api/model: the loaded model, its limits, and whether a run's evaluations can be shown."""
+        model = self.model
+        facts = model_facts(model, self.tokenizer, self.about)
+        return {
+            **facts, "kind": "classifier" if self.is_classifier else "language model",
+            "params": {"total": model.num_parameters(), "total_untied": model.num_parameters(count_tied_twice=True),
+                       "tied": model.tied},
+            "limits": {"max_prompt_tokens": self.limit, "max_top_k": MAX_TOP_K, "max_body_bytes": self.max_body_bytes,
+                       "max_attention_weights": MAX_ATTENTION_WEIGHTS},
+            "run": self.run_dir is not None,
+        }
+
+    def explain(self, req: ExplainRequest, cancel: threading.Event | None = None,
+                progress: Progress | None = None) -> dict[str, Any]:
+        """POST /api/explain: the trace of `prompt` (or `ids`) as JSON."""
+        return self._trace_json(req, self._ids(req), cancel, progress)
+
+    def append(self, req: AppendRequest, cancel: threading.Event | None = None,
+               progress: Progress | None = None) -> dict[str, Any]:
+        """POST /api/append: the trace of the prompt's ids + [token] (the window slides past the limit)."""
+        if self.is_classifier:
+            raise GlassError("this model is a classifier: its output is a class, not a token to append")
+        return self._trace_json(req, self._ids(req) + [req.token], cancel, progress)
+
+    def diagram(self, req: ExplainRequest, cancel: threading.Event | None = None,
+                progress: Progress | None = None) -> str:
+        """POST /api/diagram.svg: the same trace, drawn."""
+        prompt = self._fit(self._ids(req))
+        options = TraceOptions(top_k=req.top_k, temperature=req.temperature, block=req.block, timing=False)
+        tr = trace(self.model, self.tokenizer, ids=prompt.ids, options=options, about=self.about, cancel=cancel,
+                   progress=progress)
+        tr.notes = [prompt.note] if prompt.note else tr.notes
+        return to_svg(tr)
+
+    def snapshots(self) -> dict[str, Any]:
+        """GET /api/snapshots: each evaluation of the run the model came from, with its snapshot."""
+        if self.run_dir is None:
+            raise GlassError("this server was not started on a run directory: serve --model RUN_DIR to watch it learn")
+        return read_snapshots(self.run_dir)
+
+    # -- the rules every trace request follows -------------------------------------------------
+
+    def _ids(self, req: ExplainRequest) -> list[int]:
+        if req.prompt is not None and req.ids is not None:
+            raise GlassError("give \"prompt\" (text) or \"ids\" (token ids), not both")
+        if req.block >= self.model.cfg.n_layers:
+            raise GlassError(f"block {req.block} does not exist: choose 0..{self.model.cfg.n_layers - 1}")
+        if req.ids is not None:
+            return check_ids(req.ids, min(self.tokenizer.n_vocab, self.model.cfg.vocab_size))
+        return encode(self.tokenizer, req.prompt)
+
+    def _fit(self, ids: list[int]):
+        why = "its context_length" if self.limit == self.model.cfg.context_length else "this server's --max-prompt-tokens"
+        return fit_prompt(ids, self.limit, keep_for(self.model.cfg.num_classes), why)
+
+    def _trace_json(self, req: ExplainRequest, ids: list[int], cancel, progress) -> dict[str, Any]:
+        cfg = self.model.cfg
+        prompt = self._fit(ids)
+        t = len(prompt.ids)
+        n_weights = cfg.n_layers * cfg.n_heads * t ** 2
+        with_attention = req.attention and n_weights <= MAX_ATTENTION_WEIGHTS
+        options = TraceOptions(top_k=req.top_k, temperature=req.temperature, block=req.block,
+                               logit_lens=req.logit_lens, attention=with_attention,
+                               embedding_check=req.embedding_check, timing=False)
+        out = trace(self.model, self.tokenizer, ids=prompt.ids, options=options, about=self.about, cancel=cancel,
+                    progress=progress).to_dict()
+        if prompt.note:
+            out["notes"] = [prompt.note]
+        if with_attention:
+            out["attention"]["layers"] = _rounded(out["attention"]["layers"])
+        elif req.attention:
+            most = int((MAX_ATTENTION_WEIGHTS / (cfg.n_layers * cfg.n_heads)) ** 0.5)
+            out["attention"] = {"omitted": f"{t:,} tokens give {n_weights:,} attention weights "
+                                           f"({cfg.n_layers} layers x {cfg.n_heads} heads x {t} x {t}); "
+                                           f"the page shows them for prompts of up to {most} tokens"}
+        return out
+
+
+def _rounded(layers: list) -> list:
+    """Attention weights to 4 decimals: a heatmap cannot show more, and the JSON is a third the size."""
+    return [[[[round(w, 4) for w in row] for row in head] for head in layer] for layer in layers]
+
+
+def read_snapshots(run_dir: Path) -> dict[str, Any]:
+    """The evaluations of RUN_DIR/metrics.jsonl: step, tokens, losses, and the snapshot each recorded
+    (the sample prompt's top 5 next tokens, the greedy sample, the logit lens's top token per block)."""
+    try:
+        from ..training import read_metrics
+    except ImportError:  # before the training package exported it
+        from ..training.loop import read_metrics
+    evaluations = [{"step": r["step"], "tokens": r["tokens"], "train_loss": r.get("train_loss"),
+                    "val_loss": r.get("val_loss"), "snapshot": r.get("snapshot")}
+                   for r in read_metrics(run_dir) if "val_loss" in r or "snapshot" in r]
+    with_snapshots = sum(e["snapshot"] is not None for e in evaluations)
+    note = None
+    if not evaluations:
+        note = "this run has no evaluations yet"
+    elif not with_snapshots:
+        note = ("this run's evaluations have no snapshots (it was made before glassgpt recorded them): "
+                "the losses alone are shown")
+    return {"run": public_name(str(run_dir)), "evaluations": evaluations, "with_snapshots": with_snapshots,
+            "note": note}
