@@ -5,7 +5,7 @@ and inside functions, except under `if TYPE_CHECKING:`), so a lazy import that h
 counts as one. The layers, lowest first (a module may import its own layer and those below):
 
     errors, version  <  config, tokenizer  <  model  <  device  <  engine
-      <  memory, generate, formats  <  explain  <  training  <  cli, web
+      <  memory, generate, prompt, formats  <  explain  <  training  <  cli, web
 
 (memory.py sits above the engine because it counts what the engine allocates.)
 """
@@ -21,7 +21,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "glassgpt"
 LAYERS = [("errors", "version"), ("config", "tokenizer"), ("model",), ("device",), ("engine",),
-          ("memory", "generate", "formats"), ("explain",), ("training",), ("cli", "web", "__main__")]
+          ("memory", "generate", "prompt", "formats"), ("explain",), ("training",), ("cli", "web", "__main__")]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 

@@ -15,6 +15,7 @@ The package, layer by layer (each imports only from the layers above it in this 
     device               where, how precisely and on how many threads to run
     engine/              the same computation made fast, each piece proven equal to model.py
     memory, generate     what a model needs in bytes; picking the next token, streaming
+    prompt               text -> ids for a model: the one rule for a prompt longer than the context
     formats/             every file a reader brings, both ways, checked before anything is built
     explain/             record -> Trace (plain data) -> text / picture / JSON
     training/            the loop, its config, checkpoints and run directories, the tasks, LoRA
