@@ -7,6 +7,7 @@ int8 layers swapped into the model (int8.py) run here too. The forward pass is
 GPTModel.forward itself; what the engine adds around it:
   - a `KVCache` (cache.py): keys and values of earlier tokens, so a decoding step feeds one token;
   - the fused kernels, and `attention.attend` in place of the book's attention;
+  - the matrix-vector kernels and attention paths that autotune.py measured fastest on this CPU;
   - `compile_for_generation`: torch.compile with the options that measured fastest.
 tests/test_engine.py proves it equal to `GPTModel.forward`.
 """
@@ -18,6 +19,7 @@ from torch import nn
 
 from ..config import GPTConfig
 from ..model import GPTModel
+from . import autotune
 from .cache import KVCache
 from .fused import fused
 from .int8 import is_quantized
@@ -36,6 +38,7 @@ class Engine(nn.Module):
         super().__init__()
         self.model = model
         self.fast = fused(model)
+        self.choices = autotune.tune(self.fast)  # the kernels measured fastest here (None off the CPU)
 
     @property
     def cfg(self) -> GPTConfig:
