@@ -15,6 +15,7 @@ caller runs PyTorch's own operators instead (the pure-PyTorch path, which the te
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -97,9 +98,8 @@ def _load(flags: frozenset[str], directory: Path | None):
         return None
     try:
         path = build(isa, directory or cache_dir() / "kernels")
-        if hasattr(torch.ops, "glassgpt") and hasattr(torch.ops.glassgpt, "gemv"):
-            pass  # already registered in this process (one library per process)
-        else:
+        if not hasattr(torch.ops.glassgpt, "gemv"):  # else registered already: one library per process
+            ctypes.CDLL(str(path))  # its error names what is wrong (torch's says only "could not load")
             torch.ops.load_library(str(path))
         _register_fakes()
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:

@@ -102,7 +102,7 @@ static void bf16_rows(const bf16* W, const bf16* x, int64_t K, int64_t ldx, floa
         for (int m = 0; m < MB; m++) {
             __m512i xv = _mm512_maskz_loadu_epi16(mask, x + m * ldx + k);
             for (int r = 0; r < R; r++)
-                acc[m][r] = _mm512_dpbf16_ps(acc[m][r], (__m512bh)w[r], (__m512bh)xv);
+                asm("vdpbf16ps %2, %1, %0" : "+v"(acc[m][r]) : "v"(w[r]), "v"(xv));
         }
     }
     for (int m = 0; m < MB; m++)
@@ -139,41 +139,47 @@ static void bf16w_rows(const bf16* W, const float* x, int64_t K, int64_t ldx, fl
 
 #define FLUSH 64
 
+// (vpdpwssd and vdpbf16ps are written as inline assembly: GCC 12's intrinsics for them copy the
+// accumulator to another register and back at every step.)
 static inline __m512i dot16(__m512i acc, __m512i a, __m512i b) {
 #ifdef __AVX512VNNI__
-    return _mm512_dpwssd_epi32(acc, a, b);
+    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
 #else
     return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
 #endif
 }
 
+// Columns [k0, k1) of R rows, at most FLUSH steps of 32: int32 sums, then added into acc. (A
+// chunk per call, with no flush test inside the loop, keeps every sum in a register.)
 template <int R, int MB>
-static void q8_rows(const int8_t* W, const int16_t* x, int64_t K, int64_t ldx, float (*out)[4]) {
-    __m512 acc[MB][R];
+static inline void q8_chunk(const int8_t* W, const int16_t* x, int64_t K, int64_t ldx, int64_t k0, int64_t k1,
+                            __m512 (&acc)[MB][R]) {
     __m512i iacc[MB][R];
     for (int m = 0; m < MB; m++)
-        for (int r = 0; r < R; r++) { acc[m][r] = _mm512_setzero_ps(); iacc[m][r] = _mm512_setzero_si512(); }
-    int steps = 0;
-    for (int64_t k = 0; k < K; k += 32) {
-        __mmask32 mask = tail32(K - k);
+        for (int r = 0; r < R; r++) iacc[m][r] = _mm512_setzero_si512();
+    for (int64_t k = k0; k < k1; k += 32) {
+        __mmask32 mask = tail32(k1 - k);
         __m512i w[R];
         for (int r = 0; r < R; r++) w[r] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, W + r * K + k));
         for (int m = 0; m < MB; m++) {
             __m512i xv = _mm512_maskz_loadu_epi16(mask, x + m * ldx + k);
             for (int r = 0; r < R; r++) iacc[m][r] = dot16(iacc[m][r], w[r], xv);
         }
-        if (++steps == FLUSH) {
-            steps = 0;
-            for (int m = 0; m < MB; m++)
-                for (int r = 0; r < R; r++) {
-                    acc[m][r] = _mm512_add_ps(acc[m][r], _mm512_cvtepi32_ps(iacc[m][r]));
-                    iacc[m][r] = _mm512_setzero_si512();
-                }
-        }
     }
     for (int m = 0; m < MB; m++)
-        for (int r = 0; r < R; r++)
-            out[m][r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][r], _mm512_cvtepi32_ps(iacc[m][r])));
+        for (int r = 0; r < R; r++) acc[m][r] = _mm512_add_ps(acc[m][r], _mm512_cvtepi32_ps(iacc[m][r]));
+}
+
+template <int R, int MB>
+static void q8_rows(const int8_t* W, const int16_t* x, int64_t K, int64_t ldx, float (*out)[4]) {
+    __m512 acc[MB][R];
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t k0 = 0; k0 < K; k0 += FLUSH * 32)
+        q8_chunk<R, MB>(W, x, K, ldx, k0, k0 + FLUSH * 32 < K ? k0 + FLUSH * 32 : K, acc);
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < R; r++) out[m][r] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
 // x [M, K] in T -> int16 [M, K] with one scale per row (|x16| <= 32767); returns via xs.
@@ -259,6 +265,9 @@ void gg_gemv_bf16(const bf16* W, const bf16* x, const bf16* b, bf16* y, int64_t 
              },
              [&](int64_t m, int64_t n, float v) { y[m * N + n] = f32_to_bf16(v + (b ? bf16_to_f32(b[n]) : 0.f)); });
 }
+#else
+// Never called (ops.cpp asks gg_features() first); defined so that every build links alike.
+void gg_gemv_bf16(const bf16*, const bf16*, const bf16*, bf16*, int64_t, int64_t, int64_t, int) {}
 #endif
 
 // xf: a float32 scratch of M * K, filled here with x widened.
