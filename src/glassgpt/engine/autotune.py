@@ -147,6 +147,15 @@ def describe(choices: Choices, cfg: GPTConfig) -> str:
             f"({where} for {choices.machine})")
 
 
+def training_note() -> str:
+    """What training runs (the start of `glassgpt train` says it): forward and backward need gradients,
+    which glassgpt's kernels do not compute."""
+    kernels = "glassgpt's kernels where they measured faster" if native.load() is not None else \
+        f"PyTorch's ({native.status()})"
+    return (f"kernels: training runs PyTorch's matmuls and SDPA (forward and backward); its text samples "
+            f"decode with {kernels}")
+
+
 def linear_shapes(cfg: GPTConfig) -> dict[tuple[int, int], int]:
     """(out, in) of every Linear the model runs per token, and how many of each: a block's, x n_layers, and the head."""
     d = cfg.emb_dim

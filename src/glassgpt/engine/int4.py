@@ -7,15 +7,16 @@ per weight with the scales at groups of 32). Every `nn.Linear` of the blocks and
 head becomes an `Int4Linear`; embeddings and LayerNorms stay bfloat16, as for int8 (int8.py).
 
 Storage is the layout the kernel reads (kernels/gemv.cpp, `q4`): rows in blocks of 16 and,
-per block, 32-byte units that hold 4 columns of all 16 rows, two per byte:
+per block, 64-byte units that hold 8 columns of all 16 rows, two per byte:
 
-    packed       [ceil(N / 16), K / 4, 32] uint8: unit u, byte 2j + i -> row j, columns
-                 4u + i (low nibble) and 4u + 2 + i (high nibble)
+    packed       [ceil(N / 16), K / 8, 64] uint8: unit u, byte 4j + i -> row j, columns
+                 8u + i (low nibble) and 8u + 4 + i (high nibble)
     scales_mins  [ceil(N / 16), K / group_size, 2, 16]: per block and group, the 16 rows'
                  scales, then their minimums
 
 Decoding multiplies with the kernel (`torch.ops.glassgpt.gemv_q4`, where autotune.py chose
-it); longer inputs, and machines without the kernel, dequantize the weight and run F.linear
+it), which rounds the activations to int8 per group, as llama.cpp's q4_0 x q8_0 product does;
+longer inputs, and machines without the kernel, dequantize the weight and run F.linear
 (`Int4Linear.dequantized`: the pure-PyTorch path, which tests/test_engine.py checks against
 the kernel). Quality: perplexity before and after in benchmarks/RESULTS.md and tests.
 """
@@ -32,7 +33,7 @@ from ..model import GPTModel
 from .linear import GEMV_MAX_ROWS, replace_linears, rows
 
 GROUP_SIZE = 32
-GROUP_SIZES = (16, 32, 64, 128, 256)  # what the kernel takes: multiples of 4 that divide the width
+GROUP_SIZES = (16, 32, 64, 128, 256)  # what the kernel takes: multiples of 8 that divide the width
 
 
 def quantize_groups(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,8 +52,8 @@ def pack(q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor, dtype: torch.
     nb, g = (n + 15) // 16, scale.shape[1]
     padded = q.new_zeros(nb * 16, k)
     padded[:n] = q
-    v = padded.view(nb, 16, k // 4, 2, 2)  # [block, row j, unit u, low/high nibble, i]
-    packed = (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).permute(0, 2, 1, 3).reshape(nb, k // 4, 32)
+    v = padded.view(nb, 16, k // 8, 2, 4)  # [block, row j, unit u, low/high nibble, i]
+    packed = (v[:, :, :, 0] | (v[:, :, :, 1] << 4)).permute(0, 2, 1, 3).reshape(nb, k // 8, 64)
     sm = scale.new_zeros(nb * 16, 2, g)
     sm[:n, 0], sm[:n, 1] = scale, mins
     scales_mins = sm.view(nb, 16, 2, g).permute(0, 3, 2, 1).contiguous().to(dtype)  # [block, group, 2, 16]
@@ -62,8 +63,8 @@ def pack(q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor, dtype: torch.
 def unpack(packed: torch.Tensor, scales_mins: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`pack`'s inverse: (q `[n, K]`, scale `[n, K/g]`, min `[n, K/g]`)."""
     nb, units, _ = packed.shape
-    v = packed.view(nb, units, 16, 2).permute(0, 2, 1, 3)  # [block, row j, unit u, i]
-    q = torch.stack([v & 15, v >> 4], dim=3).reshape(nb * 16, units * 4)  # [block * 16, u * 4 + half * 2 + i]
+    v = packed.view(nb, units, 16, 4).permute(0, 2, 1, 3)  # [block, row j, unit u, i]
+    q = torch.stack([v & 15, v >> 4], dim=3).reshape(nb * 16, units * 8)  # [block * 16, u * 8 + half * 4 + i]
     sm = scales_mins.permute(0, 3, 2, 1).reshape(nb * 16, 2, -1)  # [rows, scale/min, group]
     return q[:n], sm[:n, 0], sm[:n, 1]
 

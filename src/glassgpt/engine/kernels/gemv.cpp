@@ -14,7 +14,8 @@
 //                                               products summed in int32 (VNNI vpdpwssd, or
 //                                               vpmaddwd + vpaddd)
 //   q4    W 4-bit in blocks of 16 rows (int4.py's layout), a scale and a minimum per row and
-//         group of `gs` columns; x as for q8
+//         group of `gs` columns; x rounded to int8 per group, u4 x int8 products summed in int32
+//         (VNNI vpdpbusd, or vpmaddubsw + vpmaddwd)
 //
 // Each kernel takes `nt`, the number of OpenMP threads (torch's own pool: the process has one
 // libgomp), and splits W's rows evenly between them.
@@ -232,7 +233,7 @@ static inline void row_loop(int64_t N, int64_t M, Rows rows, Finish finish) {
 
 extern "C" {
 
-// Bit 0: AVX512-VNNI (vpdpwssd in q8/q4), bit 1: AVX512-BF16 (gg_gemv_bf16 exists).
+// Bit 0: AVX512-VNNI (vpdpwssd in q8, vpdpbusd in q4), bit 1: AVX512-BF16 (gg_gemv_bf16 exists).
 int gg_features(void) {
     int f = 0;
 #ifdef __AVX512VNNI__
@@ -313,47 +314,75 @@ void gg_gemv_q8(const int8_t* W, const void* scales, const void* x, const void* 
 }  // extern "C"
 
 // ---------------------------------------------------------------------------------------------
-// 4-bit weights, blocks of 16 rows. Block `nb` holds K/4 units of 32 bytes; unit u, byte
-// 2j + i (j < 16 the row in the block, i < 2): low nibble = q[16 nb + j, 4u + i], high nibble =
-// q[16 nb + j, 4u + 2 + i]. Zero-extended to int16, the low nibbles of a unit are, lane by lane,
-// the pairs (k, k+1) that vpdpwssd multiplies with one broadcast pair of x, so each int32 lane
-// sums one row. The value of a weight is q * scale + min, per row and group of gs columns:
-// sm [NB, K/gs, 2, 16] holds the 16 rows' scales, then their minimums.
+// 4-bit weights, blocks of 16 rows. Block `nb` holds K/8 units of 64 bytes; unit u, byte 4j + i
+// (j < 16 the row in the block, i < 4): low nibble = q[16 nb + j, 8u + i], high nibble =
+// q[16 nb + j, 8u + 4 + i]. Masked to bytes, the low nibbles of a unit are, lane by lane, the
+// four columns k..k+3 that vpdpbusd multiplies (unsigned q x signed x) with one broadcast
+// quadruple of x, so each int32 lane sums one row; the high nibbles take k+4..k+7. The value of a
+// weight is q * scale + min, per row and group of gs columns: sm [NB, K/gs, 2, 16] holds the 16
+// rows' scales, then their minimums. x is rounded to int8 per group of gs columns (llama.cpp's
+// q8_0 does the same per 32), so that a group's sum is sum_k q x8 * scale * xscale + min * sum_k x.
+
+static inline __m512i dot8(__m512i acc, __m512i q, __m512i x) {
+#ifdef __AVX512VNNI__
+    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(q), "v"(x));
+    return acc;
+#else  // q <= 15 and |x| <= 127: vpmaddubsw's int16 pair sums cannot saturate
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(q, x), _mm512_set1_epi16(1)));
+#endif
+}
+
+// x [M, K] in T -> int8 per group of gs columns: xq, xscale [M, K/gs], xsum [M, K/gs] (sum of x as rounded).
+template <typename T>
+static void quantize_groups(const T* x, int64_t M, int64_t K, int64_t gs, int8_t* xq, float* xscale, float* xsum) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t g = 0; g < K / gs; g++) {
+            const int64_t k0 = m * K + g * gs;
+            float amax = 0.f;
+            for (int64_t k = 0; k < gs; k++) amax = fmaxf(amax, fabsf(load1(x, k0 + k)));
+            float s = amax > 0.f ? amax / 127.f : 1.f, inv = 1.f / s;
+            int32_t sum = 0;
+            for (int64_t k = 0; k < gs; k++) {
+                int32_t v = (int32_t)lrintf(load1(x, k0 + k) * inv);
+                xq[k0 + k] = (int8_t)v;
+                sum += v;
+            }
+            xscale[m * (K / gs) + g] = s;
+            xsum[m * (K / gs) + g] = s * (float)sum;
+        }
+}
+
+static inline __m512 widen16(const bf16* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+static inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
 
 template <typename T, int MB>
-static void q4_block(const uint8_t* P, const T* sm, const int16_t* xq, const float* xsum, int64_t K,
-                                 int64_t gs, __m512 out[MB]) {
-    const __m512i low = _mm512_set1_epi16(0x0f);
-    const int64_t G = K / gs, units = gs / 4;
+static void q4_block(const uint8_t* P, const T* sm, const int8_t* xq, const float* xscale, const float* xsum,
+                     int64_t K, int64_t gs, __m512 out[MB]) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    const int64_t G = K / gs, units = gs / 8;
     __m512 acc[MB];
     for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         __m512i iacc[MB];
         for (int m = 0; m < MB; m++) iacc[m] = _mm512_setzero_si512();
         for (int64_t u = 0; u < units; u++) {
-            int64_t k = g * gs + 4 * u;
-            __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(P + (k / 4) * 32)));
-            __m512i qlo = _mm512_and_si512(q, low), qhi = _mm512_srli_epi16(q, 4);
+            const int64_t k = g * gs + 8 * u;
+            __m512i v = _mm512_loadu_si512((const void*)(P + (k / 8) * 64));
+            __m512i qlo = _mm512_and_si512(v, low), qhi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
             for (int m = 0; m < MB; m++) {
-                const int16_t* xm = xq + m * K + k;
-                int32_t p0, p1;
-                memcpy(&p0, xm, 4);
-                memcpy(&p1, xm + 2, 4);
-                iacc[m] = dot16(iacc[m], qlo, _mm512_set1_epi32(p0));
-                iacc[m] = dot16(iacc[m], qhi, _mm512_set1_epi32(p1));
+                int32_t x0, x1;
+                memcpy(&x0, xq + m * K + k, 4);
+                memcpy(&x1, xq + m * K + k + 4, 4);
+                iacc[m] = dot8(iacc[m], qlo, _mm512_set1_epi32(x0));
+                iacc[m] = dot8(iacc[m], qhi, _mm512_set1_epi32(x1));
             }
         }
-        const T* s = sm + g * 32;
-        __m512 scale, mins;
-        if (sizeof(T) == 2) {
-            scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)s)), 16));
-            mins = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(s + 16))), 16));
-        } else {
-            scale = _mm512_loadu_ps((const float*)s);
-            mins = _mm512_loadu_ps((const float*)s + 16);
-        }
+        const __m512 scale = widen16(sm + g * 32), mins = widen16(sm + g * 32 + 16);
         for (int m = 0; m < MB; m++) {
-            acc[m] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(iacc[m]), acc[m]);
+            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xscale[m * G + g])),
+                                     _mm512_cvtepi32_ps(iacc[m]), acc[m]);
             acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[m * G + g]), acc[m]);
         }
     }
@@ -361,40 +390,34 @@ static void q4_block(const uint8_t* P, const T* sm, const int16_t* xq, const flo
 }
 
 template <typename T>
-static void q4_gemv(const uint8_t* P, const T* sm, const T* x, const T* b, T* y, int64_t M, int64_t N,
-                                int64_t K, int64_t gs, int16_t* xq, float* xs, float* xsum, int nt) {
-    quantize_rows(x, M, K, xq, xs);
+static void q4_gemv(const uint8_t* P, const T* sm, const T* x, const T* b, T* y, int64_t M, int64_t N, int64_t K,
+                    int64_t gs, int8_t* xq, float* xscale, float* xsum, int nt) {
+    quantize_groups(x, M, K, gs, xq, xscale, xsum);
     const int64_t G = K / gs, NB = (N + 15) / 16;
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t g = 0; g < G; g++) {
-            int32_t sum = 0;
-            for (int64_t k = g * gs; k < (g + 1) * gs; k++) sum += xq[m * K + k];
-            xsum[m * G + g] = (float)sum;
-        }
 #pragma omp parallel num_threads(nt)
     {
         int64_t lo, hi;
         share(NB, &lo, &hi);
         for (int64_t nb = lo; nb < hi; nb++) {
-            const uint8_t* P_nb = P + nb * (K / 4) * 32;
+            const uint8_t* P_nb = P + nb * (K / 8) * 64;
             const T* sm_nb = sm + nb * G * 32;
             for (int64_t m0 = 0; m0 < M; m0 += MAXM) {
                 int64_t mb = M - m0 < MAXM ? M - m0 : MAXM;
                 __m512 out[MAXM];
-                const int16_t* xq0 = xq + m0 * K;
-                const float* xsum0 = xsum + m0 * G;
+                const int8_t* xq0 = xq + m0 * K;
+                const float *xs0 = xscale + m0 * G, *xsum0 = xsum + m0 * G;
                 switch (mb) {
-                    case 1: q4_block<T, 1>(P_nb, sm_nb, xq0, xsum0, K, gs, out); break;
-                    case 2: q4_block<T, 2>(P_nb, sm_nb, xq0, xsum0, K, gs, out); break;
-                    case 3: q4_block<T, 3>(P_nb, sm_nb, xq0, xsum0, K, gs, out); break;
-                    default: q4_block<T, 4>(P_nb, sm_nb, xq0, xsum0, K, gs, out); break;
+                    case 1: q4_block<T, 1>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
+                    case 2: q4_block<T, 2>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
+                    case 3: q4_block<T, 3>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
+                    default: q4_block<T, 4>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
                 }
                 for (int64_t m = 0; m < mb; m++) {
                     float v[16];
                     _mm512_storeu_ps(v, out[m]);
                     for (int j = 0; j < 16 && nb * 16 + j < N; j++) {
                         int64_t n = nb * 16 + j;
-                        store1(y, (m0 + m) * N + n, v[j] * xs[m0 + m] + (b ? load1(b, n) : 0.f));
+                        store1(y, (m0 + m) * N + n, v[j] + (b ? load1(b, n) : 0.f));
                     }
                 }
             }
@@ -404,14 +427,13 @@ static void q4_gemv(const uint8_t* P, const T* sm, const T* x, const T* b, T* y,
 
 extern "C" {
 
-// xq: int16 scratch of M * K; xs: float scratch of M; xsum: float scratch of M * K / gs.
-void gg_gemv_q4(const uint8_t* P, const void* sm, const void* x, const void* b, void* y, int64_t M,
-                            int64_t N, int64_t K, int64_t gs, int is_bf16, int16_t* xq, float* xs,
-                            float* xsum, int nt) {
+// xq: an int8 scratch of M * K; xscale, xsum: float scratches of M * K / gs.
+void gg_gemv_q4(const uint8_t* P, const void* sm, const void* x, const void* b, void* y, int64_t M, int64_t N,
+                int64_t K, int64_t gs, int is_bf16, int8_t* xq, float* xscale, float* xsum, int nt) {
     if (is_bf16)
-        q4_gemv(P, (const bf16*)sm, (const bf16*)x, (const bf16*)b, (bf16*)y, M, N, K, gs, xq, xs, xsum, nt);
+        q4_gemv(P, (const bf16*)sm, (const bf16*)x, (const bf16*)b, (bf16*)y, M, N, K, gs, xq, xscale, xsum, nt);
     else
-        q4_gemv(P, (const float*)sm, (const float*)x, (const float*)b, (float*)y, M, N, K, gs, xq, xs, xsum, nt);
+        q4_gemv(P, (const float*)sm, (const float*)x, (const float*)b, (float*)y, M, N, K, gs, xq, xscale, xsum, nt);
 }
 
 }  // extern "C"

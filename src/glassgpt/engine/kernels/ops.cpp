@@ -25,7 +25,7 @@ void gg_gemv_bf16_widen(const uint16_t*, const uint16_t*, const uint16_t*, uint1
 void gg_gemv_q8(const int8_t*, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t, int,
                 int16_t*, float*, int);
 void gg_gemv_q4(const uint8_t*, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t, int64_t,
-                int, int16_t*, float*, float*, int);
+                int, int8_t*, float*, float*, int);
 }
 
 namespace {
@@ -98,21 +98,21 @@ at::Tensor gemv_q4(const at::Tensor& x, const at::Tensor& packed, const at::Tens
     const bool bf = is_bf16(x);
     check(x, dtype, 2, "x");
     const int64_t M = x.size(0), K = x.size(1), NB = (N + 15) / 16;
-    TORCH_CHECK(gs % 4 == 0 && K % gs == 0, "glassgpt kernel: group size ", gs, " must divide ", K, " and be a multiple of 4");
+    TORCH_CHECK(gs % 8 == 0 && K % gs == 0, "glassgpt kernel: group size ", gs, " must divide ", K, " and be a multiple of 8");
     check(packed, at::kByte, 3, "packed weight");
-    TORCH_CHECK(packed.size(0) == NB && packed.size(1) == K / 4 && packed.size(2) == 32,
-                "glassgpt kernel: packed weight must be [", NB, ", ", K / 4, ", 32]");
+    TORCH_CHECK(packed.size(0) == NB && packed.size(1) == K / 8 && packed.size(2) == 64,
+                "glassgpt kernel: packed weight must be [", NB, ", ", K / 8, ", 64]");
     check(scales_mins, dtype, 4, "scales_mins");
     TORCH_CHECK(scales_mins.size(0) == NB && scales_mins.size(1) == K / gs && scales_mins.size(2) == 2 &&
                     scales_mins.size(3) == 16,
                 "glassgpt kernel: scales_mins must be [", NB, ", ", K / gs, ", 2, 16]");
     const void* b = bias_ptr(bias, dtype, N);
     at::Tensor y = at::empty({M, N}, x.options());
-    at::Tensor xq = at::empty({M, K}, x.options().dtype(at::kShort));
-    at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
+    at::Tensor xq = at::empty({M, K}, x.options().dtype(at::kChar));
+    at::Tensor xscale = at::empty({M, K / gs}, x.options().dtype(at::kFloat));
     at::Tensor xsum = at::empty({M, K / gs}, x.options().dtype(at::kFloat));
     gg_gemv_q4(packed.const_data_ptr<uint8_t>(), scales_mins.const_data_ptr(), x.const_data_ptr(), b,
-               y.mutable_data_ptr(), M, N, K, gs, bf, xq.mutable_data_ptr<int16_t>(), xs.mutable_data_ptr<float>(),
+               y.mutable_data_ptr(), M, N, K, gs, bf, xq.mutable_data_ptr<int8_t>(), xscale.mutable_data_ptr<float>(),
                xsum.mutable_data_ptr<float>(), at::get_num_threads());
     return y;
 }
