@@ -435,12 +435,13 @@ def test_int8_greedy_tokens_equal_float32_tokens(trained):
     assert torch.equal(generate(quantize_int8(copy_of(model)), prompt, 30), generate(model, prompt, 30))
 
 
-def test_int8_perplexity_is_within_one_percent_of_float32(trained):
+@pytest.mark.parametrize("quantize, tolerance", [(quantize_int8, 0.01), (quantize_int4, 0.02)], ids=["int8", "int4"])
+def test_quantized_perplexity_is_within_its_tolerance_of_float32(trained, quantize, tolerance):
     model, ids = trained
     base = perplexity(model, ids)
-    int8 = perplexity(quantize_int8(copy_of(model)), ids)
+    quantized = perplexity(quantize(copy_of(model)), ids)
     assert base < 5, "the fixture model did not learn its text"
-    assert abs(int8 / base - 1) < 0.01, (base, int8)
+    assert abs(quantized / base - 1) < tolerance, (base, quantized)
 
 
 def test_int8_streams_one_id_per_row_and_step(trained):
@@ -449,13 +450,15 @@ def test_int8_streams_one_id_per_row_and_step(trained):
     assert len(steps) == 5 and all(s.shape == (3,) for s in steps)
 
 
-def test_cli_generates_with_int8_weights(tmp_path, capsys):
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_cli_generates_with_quantized_weights_and_reports_the_kernels(tmp_path, capsys, dtype):
     cfg = dataclasses.replace(glassgpt.PRESETS["gpt2"], emb_dim=32, n_heads=2, n_layers=2, context_length=32)
     path = glassgpt.save_model(glassgpt.load_model("gpt2", config=cfg), tmp_path / "ckpt")
-    assert main(["generate", "Every effort moves you", "--model", str(path), "--dtype", "int8",
+    assert main(["generate", "Every effort moves you", "--model", str(path), "--dtype", dtype,
                  "--max-new-tokens", "3", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert len(out["new_ids"]) == 3
+    captured = capsys.readouterr()
+    assert len(json.loads(captured.out)["new_ids"]) == 3
+    assert f"kernels: {dtype} matrix-vector products" in captured.err
 
 
 # --- bfloat16 training with a float32 master copy ------------------------------------------
@@ -531,14 +534,6 @@ def test_int4_packing_keeps_every_weight_and_scale():
     assert ((dequantized - w).abs() <= scale.repeat_interleave(32, dim=1) / 2 + 1e-6).all()
 
 
-def test_int4_perplexity_is_within_two_percent_of_float32(trained):
-    model, ids = trained
-    base = perplexity(model, ids)
-    int4 = perplexity(quantize_int4(copy_of(model)), ids)
-    assert base < 5, "the fixture model did not learn its text"
-    assert abs(int4 / base - 1) < 0.02, (base, int4)
-
-
 def test_int4_keeps_every_module_name_and_output_shape(trained):
     model, ids = trained
     quantized = quantize_int4(copy_of(model))
@@ -551,16 +546,6 @@ def test_int4_refuses_widths_that_are_not_whole_groups_and_names_the_sizes_that_
     cfg = GPTConfig(vocab_size=50, context_length=16, emb_dim=48, n_heads=4, n_layers=1)
     with pytest.raises(glassgpt.GlassError, match=r"groups of 32 columns.*such as 32 or 64, not 48.*group size of 16"):
         quantize_int4(random_model(cfg, torch.device("cpu"), torch.float32))
-
-
-def test_cli_generates_with_int4_weights_and_reports_the_kernels(tmp_path, capsys):
-    cfg = dataclasses.replace(glassgpt.PRESETS["gpt2"], emb_dim=32, n_heads=2, n_layers=2, context_length=32)
-    path = glassgpt.save_model(glassgpt.load_model("gpt2", config=cfg), tmp_path / "ckpt")
-    assert main(["generate", "Every effort moves you", "--model", str(path), "--dtype", "int4",
-                 "--max-new-tokens", "3", "--json"]) == 0
-    captured = capsys.readouterr()
-    assert len(json.loads(captured.out)["new_ids"]) == 3
-    assert "kernels: int4 matrix-vector products" in captured.err
 
 
 def test_cli_int4_on_a_width_that_is_not_whole_groups_is_one_line(tmp_path, capsys):

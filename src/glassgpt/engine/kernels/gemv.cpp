@@ -67,66 +67,58 @@ static inline __mmask16 tail16(int64_t left) { return left >= 16 ? (__mmask16)0x
 static inline __mmask32 tail32(int64_t left) { return left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1); }
 
 // ---------------------------------------------------------------------------------------------
-// float32: R rows of W against MB rows of x, K in steps of 16.
+// Float products: R rows of W against MB rows of x, STEP columns at a time, summed in float32.
+// A kind says how a step's weights and inputs are loaded (masked past the end) and multiplied.
 
-template <int R, int MB>
-static void f32_rows(const float* W, const float* x, int64_t K, int64_t ldx, float (*out)[4]) {
-    __m512 acc[MB][R];
-    for (int m = 0; m < MB; m++)
-        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        __mmask16 mask = tail16(K - k);
-        __m512 w[R];
-        for (int r = 0; r < R; r++) w[r] = _mm512_maskz_loadu_ps(mask, W + r * K + k);
-        for (int m = 0; m < MB; m++) {
-            __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * ldx + k);
-            for (int r = 0; r < R; r++) acc[m][r] = _mm512_fmadd_ps(w[r], xv, acc[m][r]);
-        }
-    }
-    for (int m = 0; m < MB; m++)
-        for (int r = 0; r < R; r++) out[m][r] = _mm512_reduce_add_ps(acc[m][r]);
-}
-
-// ---------------------------------------------------------------------------------------------
-// bfloat16 with vdpbf16ps: 32 products per instruction, summed in float32.
+struct F32 {  // float32 weights and inputs: one FMA per 16 products
+    static constexpr int STEP = 16;
+    using WT = float;
+    using XT = float;
+    using V = __m512;
+    static V load_w(const float* p, int64_t left) { return _mm512_maskz_loadu_ps(tail16(left), p); }
+    static V load_x(const float* p, int64_t left) { return _mm512_maskz_loadu_ps(tail16(left), p); }
+    static __m512 mac(__m512 acc, V w, V x) { return _mm512_fmadd_ps(w, x, acc); }
+};
 
 #ifdef __AVX512BF16__
-template <int R, int MB>
-static void bf16_rows(const bf16* W, const bf16* x, int64_t K, int64_t ldx, float (*out)[4]) {
-    __m512 acc[MB][R];
-    for (int m = 0; m < MB; m++)
-        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32) {
-        __mmask32 mask = tail32(K - k);
-        __m512i w[R];
-        for (int r = 0; r < R; r++) w[r] = _mm512_maskz_loadu_epi16(mask, W + r * K + k);
-        for (int m = 0; m < MB; m++) {
-            __m512i xv = _mm512_maskz_loadu_epi16(mask, x + m * ldx + k);
-            for (int r = 0; r < R; r++)
-                asm("vdpbf16ps %2, %1, %0" : "+v"(acc[m][r]) : "v"(w[r]), "v"(xv));
-        }
+struct BF16 {  // bfloat16 weights and inputs: vdpbf16ps, 32 products per instruction
+    static constexpr int STEP = 32;
+    using WT = bf16;
+    using XT = bf16;
+    using V = __m512i;
+    static V load_w(const bf16* p, int64_t left) { return _mm512_maskz_loadu_epi16(tail32(left), p); }
+    static V load_x(const bf16* p, int64_t left) { return _mm512_maskz_loadu_epi16(tail32(left), p); }
+    static __m512 mac(__m512 acc, V w, V x) {
+        // (inline assembly: GCC 12's intrinsic copies the accumulator to another register and back)
+        asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+        return acc;
     }
-    for (int m = 0; m < MB; m++)
-        for (int r = 0; r < R; r++) out[m][r] = _mm512_reduce_add_ps(acc[m][r]);
-}
+};
 #endif
 
-// bfloat16 on AVX-512F alone: each weight widened to float32 (a shift), then an FMA; x is
-// widened once per call.
-template <int R, int MB>
-static void bf16w_rows(const bf16* W, const float* x, int64_t K, int64_t ldx, float (*out)[4]) {
+struct BF16Widened {  // bfloat16 weights on AVX-512F alone: each widened to float32 (a shift), x widened once
+    static constexpr int STEP = 16;
+    using WT = bf16;
+    using XT = float;
+    using V = __m512;
+    static V load_w(const bf16* p, int64_t left) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(tail16(left), p)), 16));
+    }
+    static V load_x(const float* p, int64_t left) { return _mm512_maskz_loadu_ps(tail16(left), p); }
+    static __m512 mac(__m512 acc, V w, V x) { return _mm512_fmadd_ps(w, x, acc); }
+};
+
+template <class D, int R, int MB>
+static void float_rows(const typename D::WT* W, const typename D::XT* x, int64_t K, int64_t ldx, float (*out)[4]) {
     __m512 acc[MB][R];
     for (int m = 0; m < MB; m++)
         for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        __mmask16 mask = tail16(K - k);
-        __m512 w[R];
-        for (int r = 0; r < R; r++)
-            w[r] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, W + r * K + k)), 16));
+    for (int64_t k = 0; k < K; k += D::STEP) {
+        typename D::V w[R];
+        for (int r = 0; r < R; r++) w[r] = D::load_w(W + r * K + k, K - k);
         for (int m = 0; m < MB; m++) {
-            __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * ldx + k);
-            for (int r = 0; r < R; r++) acc[m][r] = _mm512_fmadd_ps(w[r], xv, acc[m][r]);
+            typename D::V xv = D::load_x(x + m * ldx + k, K - k);
+            for (int r = 0; r < R; r++) acc[m][r] = D::mac(acc[m][r], w[r], xv);
         }
     }
     for (int m = 0; m < MB; m++)
@@ -140,8 +132,7 @@ static void bf16w_rows(const bf16* W, const float* x, int64_t K, int64_t ldx, fl
 
 #define FLUSH 64
 
-// (vpdpwssd and vdpbf16ps are written as inline assembly: GCC 12's intrinsics for them copy the
-// accumulator to another register and back at every step.)
+// (vpdpwssd as inline assembly, as vdpbf16ps above.)
 static inline __m512i dot16(__m512i acc, __m512i a, __m512i b) {
 #ifdef __AVX512VNNI__
     asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
@@ -251,7 +242,7 @@ void gg_gemv_f32(const float* W, const float* x, const float* b, float* y, int64
 #pragma omp parallel num_threads(nt)
     row_loop(N, M,
              [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
-                 f32_rows<R.value, MB.value>(W + n * K, x + m0 * K, K, K, out);
+                 float_rows<F32, R.value, MB.value>(W + n * K, x + m0 * K, K, K, out);
              },
              [&](int64_t m, int64_t n, float v) { y[m * N + n] = v + (b ? b[n] : 0.f); });
 }
@@ -262,7 +253,7 @@ void gg_gemv_bf16(const bf16* W, const bf16* x, const bf16* b, bf16* y, int64_t 
 #pragma omp parallel num_threads(nt)
     row_loop(N, M,
              [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
-                 bf16_rows<R.value, MB.value>(W + n * K, x + m0 * K, K, K, out);
+                 float_rows<BF16, R.value, MB.value>(W + n * K, x + m0 * K, K, K, out);
              },
              [&](int64_t m, int64_t n, float v) { y[m * N + n] = f32_to_bf16(v + (b ? bf16_to_f32(b[n]) : 0.f)); });
 }
@@ -278,7 +269,7 @@ void gg_gemv_bf16_widen(const bf16* W, const bf16* x, const bf16* b, bf16* y, in
 #pragma omp parallel num_threads(nt)
     row_loop(N, M,
              [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
-                 bf16w_rows<R.value, MB.value>(W + n * K, xf + m0 * K, K, K, out);
+                 float_rows<BF16Widened, R.value, MB.value>(W + n * K, xf + m0 * K, K, K, out);
              },
              [&](int64_t m, int64_t n, float v) { y[m * N + n] = f32_to_bf16(v + (b ? bf16_to_f32(b[n]) : 0.f)); });
 }
