@@ -702,6 +702,22 @@ def test_a_kernel_that_fails_to_build_falls_back_and_says_so_in_one_line(tmp_pat
     assert status.startswith("building the kernels failed") and "\n" not in status and "Traceback" not in status
 
 
+def test_cli_without_kernels_generates_and_says_why_in_one_note(tmp_path, capsys, monkeypatch):
+    cfg = dataclasses.replace(glassgpt.PRESETS["gpt2"], emb_dim=32, n_heads=2, n_layers=1, context_length=32)
+    path = glassgpt.save_model(glassgpt.load_model("gpt2", config=cfg), tmp_path / "ckpt")
+    monkeypatch.setattr(native, "_load", lambda flags, directory: None)
+    monkeypatch.setattr(native, "_status", "no C++ compiler (g++) found: install one")
+    monkeypatch.setattr(autotune, "_memo", {})
+    native._load_once.cache_clear()
+    try:
+        assert main(["generate", "Every effort", "--model", str(path), "--dtype", "int8", "--max-new-tokens", "2",
+                     "--json"]) == 0
+    finally:
+        native._load_once.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("note: glassgpt's CPU kernels are not used: no C++ compiler") == 1 and "Traceback" not in err
+
+
 def test_a_missing_kernel_is_said_once_per_process(monkeypatch):
     import warnings
     monkeypatch.setattr(native, "_load", lambda flags, directory: None)

@@ -15,7 +15,7 @@ from ..device import pick_threads
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer, check_fits
-from ..errors import RandomWeightsWarning
+from ..errors import KernelWarning, RandomWeightsWarning
 from ..formats import load_model, load_tokenizer
 
 
@@ -32,14 +32,15 @@ def say(*parts, **kwargs) -> None:
 
 @contextlib.contextmanager
 def notes_for_warnings():
-    """Inside, a RandomWeightsWarning (load_model of a preset) prints as one `note: ...` line on
-    stderr, each time a model loads, and not as Python's warning with its file and line."""
+    """Inside, a RandomWeightsWarning (load_model of a preset) or a KernelWarning (glassgpt's CPU
+    kernels could not be built here) prints as one `note: ...` line on stderr, and not as Python's
+    warning with its file and line."""
     with warnings.catch_warnings():  # restores showwarning and the filters on exit
         warnings.simplefilter("always", RandomWeightsWarning)
         show = warnings.showwarning
 
         def note(message, category, *args, **kwargs):
-            if issubclass(category, RandomWeightsWarning):
+            if issubclass(category, (RandomWeightsWarning, KernelWarning)):
                 say(f"note: {message}", file=sys.stderr)
             else:
                 show(message, category, *args, **kwargs)

@@ -16,8 +16,9 @@ next, and the attention written out in blocks won on one and lost on another
     attention prompt min(512, context) queries, no cache: "blocks" or "sdpa"
 
 The choice is saved in `native.cache_dir()/autotune.json` under a key that names the CPU
-(model name and instruction-set flags), torch's version, the thread count, the precision
-and the shapes, so another CPU, another torch or another thread count measures again.
+(model name and instruction-set flags), torch's version, the thread count, the precision,
+the shapes and whether glassgpt's kernels could be built, so another CPU, another torch,
+another thread count or a newly installed compiler measures again.
 Off the CPU, and in training, nothing is chosen: PyTorch's operators run.
 """
 
@@ -90,7 +91,9 @@ def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices
     cache = cache or native.cache_dir() / "autotune.json"
     shapes = linear_shapes(cfg)
     machine = machine_key()
-    key = f"{machine} | {precision} | d {cfg.emb_dim}, h {cfg.n_heads}, out {cfg.out_dim}, ctx {cfg.context_length}"
+    ops = native.load()
+    key = (f"{machine} | {precision} | d {cfg.emb_dim}, h {cfg.n_heads}, out {cfg.out_dim}, "
+           f"ctx {cfg.context_length} | {'with' if ops is not None else 'without'} glassgpt's kernels")
     if key in _memo:
         return _memo[key]
     saved = _read(cache).get(key)
@@ -98,7 +101,6 @@ def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices
         choices = Choices(machine, precision, saved["winners"], saved["ms"], cached=True)
     else:
         choices = Choices(machine, precision)
-        ops = native.load()
         for shape in shapes:
             measure(choices, f"linear {shape[0]}x{shape[1]}", linear_candidates(shape, precision, ops))
         for kind, fn in attention_candidates(cfg, precision).items():
