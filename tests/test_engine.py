@@ -686,6 +686,18 @@ def test_compiled_kernels_give_the_eager_kernels_tokens(trained):
     assert not counters["graph_break"]
 
 
+def test_two_compiled_models_in_one_process_each_run_their_own_graphs(trained):
+    # Without guards on the modules (compile_for_generation's option), graphs kept on a shared
+    # forward code would let the second model run the first one's.
+    model, ids = trained
+    prompt = prompts(ids, n=1)
+    torch._dynamo.reset()
+    models = [copy_of(model, torch.bfloat16), quantize_int8(copy_of(model)), quantize_int4(copy_of(model))]
+    with torch.inference_mode():  # as benchmarks/ runs them (this failed before: KeyError 'weight')
+        for m in models:
+            assert torch.equal(generate(compile_for_generation(m), prompt, 8), generate(Engine(m), prompt, 8))
+
+
 def test_a_cpu_without_avx512_runs_pytorchs_operators_and_says_why():
     assert native.load(frozenset({"avx2", "fma"})) is None
     assert "lacks avx512f" in native.status()

@@ -14,6 +14,8 @@ tests/test_engine.py proves it equal to `GPTModel.forward`.
 
 from __future__ import annotations
 
+import types
+
 import torch
 from torch import nn
 
@@ -88,4 +90,13 @@ def compile_for_generation(model: GPTModel) -> nn.Module:
     options: dict = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe, "freezing": False}
     if is_quantized(model):
         options.update(realize_opcount_threshold=4)
-    return torch.compile(Engine(model), options=options)
+    engine = Engine(model)
+    # Dynamo keeps its graphs on the code object they were traced from, and without guards on
+    # the modules a second compiled model with inputs of the same shapes would run the first
+    # one's graphs (an int4 model the int8 model's, reading weights it does not have). Each
+    # compiled engine gets a copy of the forward code of its own.
+    forward = Engine.forward
+    engine.forward = types.MethodType(types.FunctionType(
+        forward.__code__.replace(), forward.__globals__, forward.__name__, forward.__defaults__,
+        forward.__closure__), engine)
+    return torch.compile(engine, options=options)
