@@ -74,7 +74,8 @@ def load(flags: frozenset[str] | None = None, directory: Path | None = None):
     """`torch.ops.glassgpt` with the kernels registered, building them first if needed; None if they cannot be had.
 
     `flags` (this CPU's, by default) and `directory` (`cache_dir()/kernels`) are for tests:
-    other flags build a library for another instruction set, loaded only if this CPU runs it.
+    fewer flags build and load a library for a smaller instruction set (one that this CPU
+    also runs: a process holds one library, the first it loads).
     """
     if flags is None and directory is None:
         return _load_once()
@@ -103,7 +104,8 @@ def _load(flags: frozenset[str], directory: Path | None):
             torch.ops.load_library(str(path))
         _register_fakes()
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        _status = f"{str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}; PyTorch's own operators run instead"
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__  # one line
+        _status = f"{reason}; PyTorch's own operators run instead"
         return None
     _status = f"built for {' '.join(f.removeprefix('-m') for f in isa)}, in {path}"
     return torch.ops.glassgpt
