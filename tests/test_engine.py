@@ -568,7 +568,7 @@ def needs_kernels():
 def check_kernels(ops) -> None:
     """Each kernel against PyTorch's product of the same weights, on shapes with ragged ends."""
     torch.manual_seed(0)
-    for rows, out, inp in ((1, 13, 37), (3, 70, 96), (5, 33, 3072), (8, 768, 64)):
+    for rows, out, inp in ((1, 13, 37), (3, 70, 96), (5, 33, 3072), (8, 768, 64), (27, 40, 64)):
         x, w, b = torch.randn(rows, inp), torch.randn(out, inp), torch.randn(out)
         ref = F.linear(x.double(), w.double(), b.double())
         scale = ref.abs().max().item()

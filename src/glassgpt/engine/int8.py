@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model import GPTModel
-from .linear import GEMV_MAX_ROWS, replace_linears
+from .linear import QUANTIZED_GEMV_MAX_ROWS, replace_linears
 
 # Above this many rows the int8 kernel (a matrix-vector product at heart) loses to
 # dequantizing the weight once and running a bfloat16 matmul (measured on an
@@ -59,7 +59,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)  # the kernels take [rows, in] only
-        if (self.gemv is not None and x2.shape[0] <= GEMV_MAX_ROWS and x2.dtype == self.scales.dtype
+        if (self.gemv is not None and x2.shape[0] <= QUANTIZED_GEMV_MAX_ROWS and x2.dtype == self.scales.dtype
                 and x2.device.type == "cpu"):
             y = self.gemv(x2.contiguous(), self.weight, self.scales, self.bias)
         elif x2.shape[0] == 1 and torch.compiler.is_compiling():

@@ -28,6 +28,10 @@ from torch import nn
 # Rows up to which the gemv kernel beats a matmul (it reads the weight once per 4 rows of x;
 # past a dozen rows, oneDNN's blocked matmul, on AMX where there is one, is faster).
 GEMV_MAX_ROWS = 8
+# For int8 and int4 weights the alternative is to dequantize the whole weight first, so the
+# kernel wins up to a longer prompt (a 16-token prompt dequantized every weight of gpt2 in
+# PyTorch: several ms per generated token of a 64-token reply).
+QUANTIZED_GEMV_MAX_ROWS = 32
 
 
 def rows(x: torch.Tensor) -> int:
