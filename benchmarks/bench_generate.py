@@ -12,7 +12,12 @@ float32 and bfloat16; with --compile, bfloat16 with its static cache and a torch
 forward (transformers' documented fast path); and, when torchao is installed, its int8
 weight-only route (`torchao.quantization.quantize_(model, Int8WeightOnlyConfig())`, what
 transformers' TorchAoConfig applies), eager and (with --compile) compiled.
-Each row also reports how many of its greedy tokens equal glassgpt float32's.
+Each row also reports how many of its greedy tokens equal glassgpt float32's, and each
+batch-1 glassgpt row the memory-bandwidth view: the bytes of weights a step reads x new
+tokens/s, against the copy bandwidth measured here first (a 256 MB tensor copy, read plus
+write). glassgpt's rows run the kernels that engine/autotune.py chose; the chosen ones are
+printed before the table. --int4 adds glassgpt's 4-bit row (transformers has no CPU int4
+route to pair it with).
 
     flock /tmp/glassgpt-bench.lock python benchmarks/bench_generate.py --compile
     flock /tmp/glassgpt-bench.lock python benchmarks/bench_generate.py --model gpt2-xl --batch 1 --compile
@@ -26,10 +31,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Row, common_args, models_at_each_precision, print_views, setup, time_rows  # noqa: E402
+from harness import (Row, bandwidth_note, common_args, copy_bandwidth, models_at_each_precision,  # noqa: E402
+                     print_views, setup, time_rows)
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.engine import compile_for_generation  # noqa: E402
+from glassgpt.engine import as_engine, autotune, compile_for_generation  # noqa: E402
 from glassgpt.generate import generate  # noqa: E402
 
 
@@ -51,15 +57,22 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--int4", action="store_true", help="add glassgpt's 4-bit row")
     args = p.parse_args()
     device = setup(args)
     cfg = PRESETS[args.model]
     n = args.new_tokens
     print(f"{args.model}: {args.prompt_len}-token prompt + {n} new tokens, greedy; "
           f"median of {args.repeats}; device {device}")
+    copy_bw = copy_bandwidth(device)
+    print(f"measured copy bandwidth: {copy_bw / 1e9:.1f} GB/s (256 MB tensor copy, read + write)")
 
-    ours, theirs = models_at_each_precision(cfg, device, reference=not args.no_hf)
+    ours, theirs = models_at_each_precision(cfg, device, reference=not args.no_hf, int4=args.int4)
     fp32 = ours[("glassgpt float32", "float32")]
+    for m in ours.values():
+        choices = as_engine(m).choices
+        if choices is not None:
+            print(autotune.describe(choices, cfg))
 
     gen = torch.Generator().manual_seed(0)
     for b in args.batch:
@@ -89,6 +102,11 @@ def main() -> None:
             seconds = time_rows(fns, device, args.repeats)
             reference = generate(fp32, ids, n)
             notes = {name: agreement(fn(), reference, args.prompt_len) for name, fn in fns.items()}
+        if b == 1:  # glassgpt's rows (transformers' Conv1D blocks are not counted by weight_bytes_per_token)
+            models = {name: m for (name, _), m in ours.items()}
+            for name, s in seconds.items():
+                if name.removesuffix(" + compile") in models:
+                    notes[name] += "; " + bandwidth_note(models[name.removesuffix(" + compile")], n / s, copy_bw)
         rows = [Row(name, b * n / s, *meta[name], note=notes[name]) for name, s in seconds.items()]
         print_views(f"generation, batch {b} ({args.prompt_len} + {n} tokens)", "new tokens/s", rows)
         for m in theirs.values():  # back to the eager forward for the next batch size

@@ -1,4 +1,4 @@
-"""What bfloat16 and int8 weight-only cost in quality: perplexity on held-out real text, before and after.
+"""What bfloat16, int8 and int4 weights cost in quality: perplexity on held-out real text, before and after.
 
 With `--model SPEC` (a checkpoint, a run directory, or a hub id already in the cache)
 it measures that model. Without, it first trains a small GPT-2-BPE model (the real
@@ -6,7 +6,11 @@ it measures that model. Without, it first trains a small GPT-2-BPE model (the re
 first 90% of tinyshakespeare, so the numbers come from a model with real predictions
 (random weights would give perplexity ~ vocabulary size either way). Reported, on the
 held-out last 10% only (text the model never trained on): perplexity in float32,
-bfloat16 and int8, and how often each variant's top-1 token equals float32's.
+bfloat16, int8 and int4 (4-bit groups of 32), and how often each variant's top-1 token
+equals float32's. Whole windows run at once, so int8 and int4 take PyTorch's path (the
+dequantized weights); "int4, decoded" feeds the same windows one token at a time through
+the KV cache, as generation does, so it runs glassgpt's kernel, which also rounds the
+activations to int8 per group.
 
     flock /tmp/glassgpt-bench.lock python benchmarks/bench_int8_quality.py
     flock /tmp/glassgpt-bench.lock python benchmarks/bench_int8_quality.py --model openai-community/gpt2
@@ -27,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import DATA, machine_info  # noqa: E402
 
 from glassgpt.config import GPTConfig  # noqa: E402
-from glassgpt.engine import quantize_int8  # noqa: E402
+from glassgpt.engine import Engine, KVCache, quantize_int4, quantize_int8  # noqa: E402
 from glassgpt.tokenizer import get_tokenizer  # noqa: E402
 from glassgpt.formats import load_model, load_tokenizer, random_model  # noqa: E402
 
@@ -65,6 +69,21 @@ def score(model: torch.nn.Module, ids: list[int], window: int) -> tuple[float, t
     return math.exp(nll.item()), logits.argmax(-1).flatten()
 
 
+@torch.inference_mode()
+def score_decoding(model: torch.nn.Module, ids: list[int], window: int, batch: int = 8) -> tuple[float, torch.Tensor]:
+    """`score`, with each window fed one token at a time through the KV cache (8 windows at once)."""
+    n = (len(ids) - 1) // window * window
+    x = torch.tensor(ids[:n]).view(-1, window)
+    engine = Engine(model)
+    logits = []
+    for rows in x.split(batch):
+        cache = KVCache(model.cfg, rows.shape[0], window, dtype=model.tok_emb.weight.dtype)
+        logits.append(torch.cat([engine(rows[:, i:i + 1], cache, last_only=True) for i in range(window)], dim=1))
+    logits = torch.cat(logits).float()
+    y = torch.tensor(ids[1:n + 1]).view(-1, window)
+    return math.exp(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item()), logits.argmax(-1).flatten()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="checkpoint / run dir / cached hub id (default: train a small one here)")
@@ -93,9 +112,12 @@ def main() -> None:
             return clone.to(torch.bfloat16).eval()
         if kind == "int8":
             return quantize_int8(clone)
+        if kind.startswith("int4"):
+            return quantize_int4(clone)
         return clone.eval()
 
-    results = {kind: score(variant(kind), ids[split:], window) for kind in ("float32", "bfloat16", "int8")}
+    results = {kind: score(variant(kind), ids[split:], window) for kind in ("float32", "bfloat16", "int8", "int4")}
+    results["int4, decoded"] = score_decoding(variant("int4"), ids[split:], window)
     base, base_top = results["float32"]
     print(f"\nperplexity on the held-out last 10% of {Path(args.text).name} ({len(ids) - split:,} tokens, "
           f"never trained on), windows of {window} tokens")

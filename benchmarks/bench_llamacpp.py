@@ -12,8 +12,12 @@ q4_0), in llama.cpp's GPT-2 layout: `token_embd`, `position_embd`, `blk.N.attn_n
 same 16-token prompt greedily for 64 tokens (new tokens/s) and prefill 512 tokens
 (tokens/s), with the same number of threads; llama.cpp with and without flash attention.
 Pairs: float32 / f32, bfloat16 / bf16, int8 / q8_0 (glassgpt's int8 is per-row int8, q8_0
-per-32-weight blocks), and q4_0 alone (glassgpt has no 4-bit path). The greedy tokens of
-each llama.cpp file are compared with glassgpt float32's.
+per-32-weight blocks), int4 / q4_0 (glassgpt's groups of 32 weights with a scale and a
+minimum each, 5 bits per weight; q4_0's groups of 32 with one scale, 4.5 bits). Each
+glassgpt row runs the kernels that engine/autotune.py chose (printed before the tables) and
+the memory-bandwidth view of every batch-1 row: bytes of weights read per token x tokens/s,
+against a measured 256 MB copy. The greedy tokens of each llama.cpp file are compared with
+glassgpt float32's.
 
     flock /tmp/glassgpt-bench.lock python benchmarks/bench_llamacpp.py [--compile]
 """
@@ -29,15 +33,17 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Row, common_args, models_at_each_precision, print_views, setup, time_rows  # noqa: E402
+from harness import (Row, bandwidth_note, common_args, copy_bandwidth, models_at_each_precision,  # noqa: E402
+                     print_views, setup, time_rows, weight_bytes_per_token)
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.engine import KVCache, as_engine, compile_for_generation  # noqa: E402
+from glassgpt.engine import KVCache, as_engine, autotune, compile_for_generation  # noqa: E402
 from glassgpt.generate import generate  # noqa: E402
 from glassgpt.tokenizer import _read_vocab_file  # noqa: E402
 
 GGUF_TYPES = {"f32": "F32", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
-PRECISION = {"f32": "float32", "bf16": "bfloat16", "q8_0": "int8", "q4_0": "4-bit"}
+PRECISION = {"f32": "float32", "bf16": "bfloat16", "q8_0": "int8", "q4_0": "int4"}
+GGUF_BITS = {"f32": 32, "bf16": 16, "q8_0": 8.5, "q4_0": 4.5}  # bits per weight in the file's matrices
 
 
 def write_gguf(model, path: Path, kind: str) -> Path:
@@ -94,8 +100,12 @@ def main() -> None:
     threads = torch.get_num_threads()
     cfg = PRESETS[args.model]
     n = args.new_tokens
-    models, _ = models_at_each_precision(cfg, device, reference=False)
+    copy_bw = copy_bandwidth(device)
+    print(f"measured copy bandwidth: {copy_bw / 1e9:.1f} GB/s (256 MB tensor copy, read + write)")
+    models, _ = models_at_each_precision(cfg, device, reference=False, int4=True)
     ours = {name: (precision, m) for (name, precision), m in models.items()}
+    for _, m in ours.values():
+        print(autotune.describe(as_engine(m).choices, cfg))
     fp32 = ours["glassgpt float32"][1]
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_len), generator=gen)
@@ -128,11 +138,20 @@ def main() -> None:
             meta[name] = (precision, False, True)
             same = next((i for i, (a, b) in enumerate(zip(runner.greedy(ids, n), reference)) if a != b), n)
             notes[name] = f"{same}/{n} tokens = glassgpt float32's"
+        fp32_bytes = weight_bytes_per_token(fp32)
         with torch.inference_mode():
             decode_s = time_rows(decode, device, args.repeats)
             prefill_s = time_rows(prefill, device, args.repeats)
     print(f"\n{args.model}, {threads} threads; llama.cpp rows are compared like for like with the glassgpt row "
           "of the same precision (compile ignored: llama.cpp compiles ahead of time)")
+    for name, s in decode_s.items():
+        if name in ours or name.removesuffix(" + compile") in ours:
+            note = bandwidth_note(ours[name.removesuffix(" + compile")][1], n / s, copy_bw)
+        else:  # llama.cpp reads the same matrices at its file's bits per weight
+            kind = name.split()[1]
+            moved = fp32_bytes * GGUF_BITS[kind] / 32 * n / s
+            note = f"weights {moved / 1e9:.1f} GB/s = {moved / copy_bw:.0%} of copy bandwidth"
+        notes[name] = f"{notes[name]}; {note}" if name in notes else note
     for title, unit, seconds, tokens in (
             (f"batch-1 generation ({args.prompt_len} + {n} tokens, greedy)", "new tokens/s", decode_s, n),
             (f"prefill 1 x {args.prefill}", "tokens/s", prefill_s, args.prefill)):

@@ -6,7 +6,9 @@ no `.item()` inside the step). Two views (harness.print_views):
 
 - like for like: the same optimizer (`train.make_optimizer`: fused AdamW, decay on matrices
   only) and the same loss (`F.cross_entropy` on float32 logits) on both sides, float32 or
-  bfloat16 autocast, eager or compiled: only the models differ.
+  bfloat16 autocast, eager or compiled: only the models differ (glassgpt's with the fused
+  kernels, `engine.fused(model, in_place=True)`, as `glassgpt train` runs it: model.py alone
+  computes the book's formulas op by op).
 - best against best: glassgpt as `glassgpt train --dtype bfloat16` runs it (the engine:
   bf16 weights with a float32 master copy, engine/mixed.py, and the chunked loss,
   engine/loss.py), against transformers' fastest row.
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Row, common_args, glass_model, hf_model, matmul_peak, print_views, setup, time_rows  # noqa: E402
 
 from glassgpt.config import PRESETS, GPTConfig  # noqa: E402
-from glassgpt.engine import LowPrecisionCopy, cross_entropy  # noqa: E402
+from glassgpt.engine import LowPrecisionCopy, cross_entropy, fused  # noqa: E402
 from glassgpt.memory import parameter_counts  # noqa: E402
 from glassgpt.training.loop import TrainConfig, autocast, make_optimizer  # noqa: E402
 
@@ -98,7 +100,8 @@ def main() -> None:
         for precision, amp in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
             if compiled and precision == "float32":
                 continue
-            model = glass_model(cfg, device, torch.float32).train()
+            # as glassgpt train runs it: the glass model with the fused kernels (training/loop.py)
+            model = fused(glass_model(cfg, device, torch.float32).train(), in_place=True)
             add(f"glassgpt {precision}{' autocast' if amp != torch.float32 else ''}{suffix}",
                 plain_step(torch.compile(model) if compiled else model, make_optimizer(model, tcfg, device), x, y, amp),
                 precision, compiled, False)
@@ -108,7 +111,7 @@ def main() -> None:
                 add(f"HF {precision}{' autocast' if amp != torch.float32 else ''}{suffix}",
                     plain_step(torch.compile(forward) if compiled else forward, make_optimizer(hf, tcfg, device),
                                x, y, amp), precision, compiled, True)
-        master = glass_model(cfg, device, torch.float32).train()
+        master = fused(glass_model(cfg, device, torch.float32).train(), in_place=True)
         copy = LowPrecisionCopy(master, torch.bfloat16)
         add(f"glassgpt bfloat16 engine (bf16 copy + fp32 master, chunked loss){suffix}",
             engine_step(copy, torch.compile(copy.module) if compiled else copy.module,

@@ -172,16 +172,19 @@ def hf_int8(fp32_model):
 
 
 
-def models_at_each_precision(cfg: GPTConfig, device: torch.device, reference: bool = True):
+def models_at_each_precision(cfg: GPTConfig, device: torch.device, reference: bool = True, int4: bool = False):
     """({(name, precision): model} for glassgpt, the same for transformers), from one set of
-    random weights: float32, bfloat16 and (on a CPU) int8 weight-only on each side; the
+    random weights: float32, bfloat16 and (on a CPU) int8 weight-only on each side, and with
+    `int4` glassgpt's 4-bit groups (transformers has no CPU int4 route to compare); the
     transformers side is empty without `reference`. The first glassgpt model is float32."""
     fp32 = glass_model(cfg, device, torch.float32)
     ours = {("glassgpt float32", "float32"): fp32,
             ("glassgpt bfloat16", "bfloat16"): glass_model(cfg, device, torch.bfloat16)}
     if device.type == "cpu":
-        from glassgpt.engine import quantize_int8
+        from glassgpt.engine import quantize_int4, quantize_int8
         ours[("glassgpt int8", "int8")] = quantize_int8(glass_model(cfg, device, torch.float32))
+        if int4:
+            ours[("glassgpt int4", "int4")] = quantize_int4(glass_model(cfg, device, torch.float32))
     theirs = {}
     if reference:
         theirs = {("HF float32", "float32"): hf_model(fp32, torch.float32),
@@ -192,6 +195,34 @@ def models_at_each_precision(cfg: GPTConfig, device: torch.device, reference: bo
         else:
             theirs[("HF int8 (torchao)", "int8")] = int8
     return ours, theirs
+
+# --- the memory-bandwidth limit of decoding -------------------------------------------------
+
+def copy_bandwidth(device: torch.device, mb: int = 256, repeats: int = 10) -> float:
+    """Bytes per second moved by a `mb` MB tensor copy (read plus write, as STREAM's copy counts them)."""
+    a = torch.ones(mb * 2**20 // 4, device=device)
+    b = torch.empty_like(a)
+    seconds = median_seconds(lambda: b.copy_(a), device, repeats=repeats, warmup=2)
+    return 2 * a.nbytes / seconds
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """The bytes a batch-1 decoding step must read: every matrix of the blocks and the head (with its
+    scales), once; embeddings contribute one row (left out), a tied head counts once as the head."""
+    from glassgpt.engine import Int4Linear, Int8Linear
+    total = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            total += m.weight.nbytes + (m.bias.nbytes if m.bias is not None else 0)
+        elif isinstance(m, (Int8Linear, Int4Linear)):
+            total += sum(b.nbytes for b in m.buffers(recurse=False)) + (m.bias.nbytes if m.bias is not None else 0)
+    return total
+
+
+def bandwidth_note(model: torch.nn.Module, tokens_per_s: float, copy_bw: float) -> str:
+    moved = weight_bytes_per_token(model) * tokens_per_s
+    return f"weights {moved / 1e9:.1f} GB/s = {moved / copy_bw:.0%} of copy bandwidth"
+
 
 # --- the table: two views of the same measurements -------------------------------------
 

@@ -1,4 +1,4 @@
-"""Every exception (and the one warning) that glassgpt raises on purpose.
+"""Every exception (and the two warnings) that glassgpt raises on purpose.
 
 Raise a `GlassError` subclass at a boundary -- a flag, a config, a file, a prompt --
 with a message that holds the bad value and the fix. The command line prints
@@ -52,3 +52,7 @@ class TraceCancelled(Exception):
 
 class RandomWeightsWarning(UserWarning):
     """`load_model` built a preset (or a config file) with random weights, not trained ones."""
+
+
+class KernelWarning(UserWarning):
+    """glassgpt's own CPU kernels could not be built or loaded here; PyTorch's operators run instead."""

@@ -24,6 +24,8 @@ from .config import GPTConfig
 from .engine.attention import ATTENTION_BLOCK
 
 INT8 = "int8"  # weight-only int8 (engine/int8.py): Linear weights 1 byte, the rest bfloat16
+INT4 = "int4"  # 4-bit groups (engine/int4.py): Linear weights half a byte + a scale and a minimum per group
+QUANTIZED = (INT8, INT4)
 
 
 @dataclass(frozen=True)
@@ -110,34 +112,38 @@ def parameter_counts(cfg: GPTConfig) -> dict[str, int]:
 
 
 def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch_size: int = 1,
-                 seq_len: int | None = None) -> dict[str, Any]:
+                 seq_len: int | None = None, prompt_attention: str = "sdpa") -> dict[str, Any]:
     """Bytes for inference (weights + KV cache + working buffers) and for training as
     `glassgpt train --dtype DTYPE` runs it (float32 master weights, their gradients and
     AdamW's two moments, plus, below float32, the engine's low-precision copy of the weights
     and its gradients; saved activations), for `batch_size` sequences of `seq_len` tokens
     (default: context_length). `dtype` is the weights' dtype for inference and the compute
-    dtype for training (a torch dtype, its name, or "int8" for weight-only int8 decoding)."""
+    dtype for training (a torch dtype, its name, or "int8"/"int4" for quantized decoding).
+    `prompt_attention`: the engine's path for long prompts on a CPU ("sdpa" or "blocks", as
+    engine/autotune.py chose it)."""
     seq_len = seq_len or cfg.context_length
     b, t, d, n = batch_size, seq_len, cfg.emb_dim, cfg.n_layers
     counts = parameter_counts(cfg)
     n_params = counts["linear"] + counts["other"]
     name, size = _dtype_size(dtype)
-    act = 2 if name == INT8 else size  # int8 runs its activations in bfloat16
+    act = 2 if name in QUANTIZED else size  # int8 and int4 run their activations in bfloat16
 
+    d_head = cfg.out_dim * d if cfg.tie_embeddings else 0  # a tied head gets a quantized copy of its own
     if name == INT8:
-        d_head = cfg.out_dim * d if cfg.tie_embeddings else 0  # the tied head gets an int8 copy
         scale_rows = n * (3 * d + d + 4 * d + d) + cfg.out_dim
         weights = counts["linear"] + d_head + 2 * scale_rows + 2 * counts["other"]
+    elif name == INT4:
+        weights = _int4_bytes(cfg) + 2 * counts["other"]
     else:
         weights = n_params * size
     kv_cache = 2 * n * b * t * d * act
     # A forward's transient peak is in the feed-forward: the residual stream, norm2's output,
     # the [b, t, 4d] hidden before and after GELU, and the block's output (11 x d per token),
-    # then the last position's float32 logits. A bfloat16 prompt of ATTENTION_BLOCK+ tokens
-    # on a CPU attends a block of queries at a time (engine/attention.py): add one
-    # block's float32 scores and their float32 softmax.
+    # then the last position's float32 logits. A prompt of ATTENTION_BLOCK+ tokens that the
+    # engine attends a block of queries at a time (engine/attention.py): add one block's
+    # float32 scores and their float32 softmax.
     working = b * t * 11 * d * act + b * cfg.out_dim * 4
-    if act == 2 and t >= ATTENTION_BLOCK:
+    if prompt_attention == "blocks" and t >= ATTENTION_BLOCK:
         working += b * cfg.n_heads * ATTENTION_BLOCK * t * (4 + 4)
     inference = weights + kv_cache + working
 
@@ -156,10 +162,11 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     # of them to float32: it works a few rows at a time and writes the gradient in their dtype).
     head_acts = b * t * (2 * d * act + 2 * cfg.out_dim * act)
     activations = b * t * n * per_token_block + b * t * d * act + head_acts
-    training = master + gradients + adamw_state + activations if name != INT8 else 0
+    quantized = name in QUANTIZED
+    training = master + gradients + adamw_state + activations if not quantized else 0
 
     notes = {
-        "weights": f"{n_params:,} parameters" + (" (int8 Linear weights + bfloat16 rest)" if name == INT8
+        "weights": f"{n_params:,} parameters" + (f" ({name} Linear weights + bfloat16 rest)" if quantized
                                                   else f" x {size} bytes ({name})"),
         "kv_cache": f"keys and values: 2 x {n} layers x {b} x {t} tokens x {d} x {act} bytes",
         "inference": "weights + KV cache + one forward's temporaries (11 x d per token, last logits)",
@@ -169,22 +176,34 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
         "activations": f"kept for backward: ~17 x d per token per block, plus the [b, t, V] logits "
                        f"and their gradient ({b} x {t} tokens, SDPA, no checkpointing)",
         "training": ("float32 weights" + (f" and their {name} copy" if copy else "")
-                     + " + gradients + AdamW state + activations") if name != INT8
-                    else "int8 is for inference only",
+                     + " + gradients + AdamW state + activations") if not quantized
+                    else f"{name} is for inference only",
     }
     return {"dtype": name, "batch_size": b, "seq_len": t, "parameters": n_params,
             "weights": weights, "kv_cache": kv_cache, "inference": inference,
-            "gradients": gradients if name != INT8 else 0, "adamw_state": adamw_state if name != INT8 else 0,
-            "activations": activations if name != INT8 else 0, "training": training, "notes": notes}
+            "gradients": gradients if not quantized else 0, "adamw_state": adamw_state if not quantized else 0,
+            "activations": activations if not quantized else 0, "training": training, "notes": notes}
+
+
+def _int4_bytes(cfg: GPTConfig) -> int:
+    """What engine/int4.py stores for every Linear's weight (the head's too): rows padded to blocks of 16,
+    half a byte per weight, a bfloat16 scale and minimum per row and group of GROUP_SIZE columns."""
+    from .engine.int4 import GROUP_SIZE
+    d = cfg.emb_dim
+    total = 0
+    for out, inp in [(d, d)] * 4 * cfg.n_layers + [(4 * d, d), (d, 4 * d)] * cfg.n_layers + [(cfg.out_dim, d)]:
+        rows = -(-out // 16) * 16
+        total += rows * inp // 2 + rows * (inp // GROUP_SIZE) * 2 * 2
+    return total
 
 
 def _dtype_size(dtype: torch.dtype | str) -> tuple[str, int]:
     if isinstance(dtype, str):
-        if dtype == INT8:
-            return INT8, 1
+        if dtype in QUANTIZED:
+            return dtype, 1
         from .device import DTYPES
         from .errors import GlassError
         if dtype not in DTYPES:
-            raise GlassError(f"unknown dtype {dtype!r}: use float32, bfloat16, float16 or int8")
+            raise GlassError(f"unknown dtype {dtype!r}: use float32, bfloat16, float16, int8 or int4")
         dtype = DTYPES[dtype]
     return str(dtype).removeprefix("torch."), torch.empty((), dtype=dtype).element_size()

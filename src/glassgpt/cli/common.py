@@ -15,7 +15,7 @@ from ..device import pick_threads
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer, check_fits
-from ..errors import RandomWeightsWarning
+from ..errors import KernelWarning, RandomWeightsWarning
 from ..formats import load_model, load_tokenizer
 # The prompt checks live in one place (prompt.py); the commands import them from here.
 from ..prompt import check_text as check_prompt, encode as encode_prompt  # noqa: F401
@@ -34,14 +34,15 @@ def say(*parts, **kwargs) -> None:
 
 @contextlib.contextmanager
 def notes_for_warnings():
-    """Inside, a RandomWeightsWarning (load_model of a preset) prints as one `note: ...` line on
-    stderr, each time a model loads, and not as Python's warning with its file and line."""
+    """Inside, a RandomWeightsWarning (load_model of a preset) or a KernelWarning (glassgpt's CPU
+    kernels could not be built here) prints as one `note: ...` line on stderr, and not as Python's
+    warning with its file and line."""
     with warnings.catch_warnings():  # restores showwarning and the filters on exit
         warnings.simplefilter("always", RandomWeightsWarning)
         show = warnings.showwarning
 
         def note(message, category, *args, **kwargs):
-            if issubclass(category, RandomWeightsWarning):
+            if issubclass(category, (RandomWeightsWarning, KernelWarning)):
                 say(f"note: {message}", file=sys.stderr)
             else:
                 show(message, category, *args, **kwargs)
@@ -86,7 +87,7 @@ def fraction(text: str) -> float:
     return _number(text, float, lambda v: 0 <= v < 1, "in [0, 1)")
 
 
-def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int8: bool = False) -> None:
+def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", quantized: bool = False) -> None:
     p.add_argument("--model", default=default, metavar="SPEC",
                    help="preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-book, ...: random weights), "
                         "checkpoint or run directory, Hugging Face-layout directory, hub id such as "
@@ -101,7 +102,9 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", int
                         "the bytes, logits within ~3%% of their largest, so near-ties can pick another token; "
                         "auto: bfloat16 where a bf16 matmul measures faster than float32 here"
                         + ("; int8: weight-only, a quarter of float32's bytes per token, perplexity within 1%% "
-                           "of float32's, near-ties pick other tokens more often (benchmarks/RESULTS.md)" if int8 else "")
+                           "of float32's, near-ties pick other tokens more often; int4: 4-bit weights in groups of "
+                           "32 columns (emb_dim a multiple of 32), an eighth of float32's bytes, perplexity a few "
+                           "%% above float32's (benchmarks/RESULTS.md)" if quantized else "")
                         + " (default: float32)")
     p.add_argument("--seed", type=int, default=None, help="random seed (initialisation of presets; sampling)")
     add_threads_arg(p)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..formats.book import model_notes
 from ..device import resolve_device, resolve_dtype
-from ..engine import compile_for_generation, quantize_int8
+from ..engine.int4 import check_group_size
+from ..engine import autotune, compile_for_generation, quantize_int4, quantize_int8
 from ..errors import GlassError
 from ..explain.recall import MIN_TOKENS, copied_spans
 from ..generate import decode_stream, sampling_probs, stream
@@ -26,7 +27,7 @@ from .common import (add_model_args, check_prompt, encode_prompt, load, nonneg_f
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="continue a prompt, streaming the new text")
     p.add_argument("prompt")
-    add_model_args(p, int8=True)
+    add_model_args(p, quantized=True)
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model: the first run on a machine compiles for tens of seconds; later "
                         "processes reuse inductor's cache (TORCHINDUCTOR_CACHE_DIR) and start in seconds; pays off "
@@ -51,7 +52,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_generate)
 
     p = sub.add_parser("info", help="the config, a parameter table, and the memory a model needs")
-    add_model_args(p, int8=True)
+    add_model_args(p, quantized=True)
     p.add_argument("--batch-size", type=positive_int, default=1,
                    help="sequences at once, for the KV cache and activation estimates (default: 1)")
     p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence (default: context_length)")
@@ -63,23 +64,36 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_download)
 
 
-def load_int8_or_float(args: argparse.Namespace):
-    """`load(args)`, where `--dtype int8` loads bfloat16 (int8 keeps its activations in
-    bfloat16). Returns (model, tokenizer, int8?): the caller quantizes if it runs the model."""
-    int8 = args.dtype == "int8"
-    if int8:
+QUANTIZE = {"int8": quantize_int8, "int4": quantize_int4}
+
+
+def load_quantized_or_float(args: argparse.Namespace):
+    """`load(args)`, where `--dtype int8` or `int4` loads bfloat16 (both keep their activations in
+    bfloat16). Returns (model, tokenizer, "int8"/"int4"/None): the caller quantizes if it runs the model."""
+    quantized = args.dtype if args.dtype in QUANTIZE else None
+    if quantized:
         args.dtype = "bfloat16"
     model, tok = load(args)
-    return model, tok, int8
+    return model, tok, quantized
+
+
+def report_kernels(cfg, precision: str, device) -> autotune.Choices | None:
+    """Say on stderr which kernels this machine runs for the model (measured once, then cached); CPU only."""
+    if device.type != "cpu":
+        return None
+    choices = autotune.choose(cfg, precision)
+    print(autotune.describe(choices, cfg), file=sys.stderr)
+    return choices
 
 
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
     data = _read_data(args.check_against) if args.check_against else None
-    model, tok, int8 = load_int8_or_float(args)
+    model, tok, quantized = load_quantized_or_float(args)
     require_language_model(model, args.model)
-    if int8:
-        model = quantize_int8(model)
+    if quantized:
+        model = QUANTIZE[quantized](model)
+    report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
     if args.compile:
         model = compile_for_generation(model)
     prompt_ids = encode_prompt(tok, args.prompt)
@@ -178,16 +192,24 @@ def _print_spans(path: str, spans, n_tokens: int) -> None:
 def run_info(args: argparse.Namespace) -> int:
     # From the config alone: gpt2-xl's table needs no 6 GB of weights (a hub id is fetched, not loaded).
     cfg = read_config(args.model, args.n_heads) or read_config(checkpoint_dir(args.model))
-    dtype = "int8" if args.dtype == "int8" else resolve_dtype(args.dtype, resolve_device(args.device))
+    device = resolve_device(args.device)
+    dtype = args.dtype if args.dtype in QUANTIZE else resolve_dtype(args.dtype, device)
+    precision = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    if precision == "int4":
+        check_group_size(cfg)
+    choices = autotune.choose(cfg, precision) if device.type == "cpu" and precision in autotune.PRECISIONS else None
     rows = parameter_table(cfg)
-    mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len)
+    mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len,
+                       prompt_attention=choices.winners.get("attention prompt", "sdpa") if choices else "sdpa")
     notes = model_notes(args.model, cfg)
     if is_random_init(args.model):
         notes.insert(0, f"random weights drawn by {INIT_SCHEMES[init_scheme(args.model)]}")
     elif is_gguf_file(args.model):
         notes.insert(0, gguf_dtype_note(args.model))
     if args.json:
-        print(json.dumps({"config": cfg.to_dict(), "notes": notes, "parameters": rows, "memory": mem}, indent=2))
+        kernels = {"machine": choices.machine, "chosen": choices.winners, "ms": choices.ms} if choices else None
+        print(json.dumps({"config": cfg.to_dict(), "notes": notes, "parameters": rows, "memory": mem,
+                          "kernels": kernels}, indent=2))
         return 0
     print("config")
     for key, value in cfg.to_dict().items():
@@ -203,6 +225,8 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"\nmemory ({mem['dtype']}, batch {mem['batch_size']} x {mem['seq_len']} tokens)")
     for key in ("weights", "kv_cache", "inference", "gradients", "adamw_state", "activations", "training"):
         print(f"  {key:<14} {mem[key] / 2**30:>9.2f} GiB   {mem['notes'][key]}")
+    if choices:
+        print(f"\n{autotune.describe(choices, cfg)}")
     return 0
 
 

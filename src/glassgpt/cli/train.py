@@ -32,6 +32,7 @@ import torch
 
 from ..training.checkpoint import recover_checkpoints, resume_checkpoint
 from ..config import PRESETS, init_scheme
+from ..engine import autotune
 from ..training.data import TextTask, build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
 from ..errors import GlassError
 from ..training.rundir import lock_run_dir
@@ -257,6 +258,8 @@ def run_train(args: argparse.Namespace) -> int:
         say(f"batch: {cfg.batch_size} x {task.context_length} tokens x {accum} accumulation x {world} rank(s); "
             f"{cfg.max_steps:,} steps, lr {cfg.lr:g}, {cfg.dtype}")
         set_threads(args.threads, c.emb_dim, file=sys.stdout)
+        if model.tok_emb.weight.device.type == "cpu":
+            say(autotune.training_note())
         result = fit(model, task, cfg, tokenizer, meta=meta, resume=bool(args.resume), progress=not args.no_progress)
     run_dir = cfg.out
     if result["interrupted"]:

@@ -11,7 +11,13 @@ the glass model (the same greedy tokens in float32; stated tolerances in bfloat1
                   and the head on the last position; compile_for_generation (torch.compile)
     attention.py  the causal attention over cached keys: SDPA, or written out in blocks
                   of queries where that measured faster on a CPU
+    linear.py     a Linear whose product at a few rows runs glassgpt's matrix-vector kernel
     int8.py       int8 weight-only Linear layers for CPU decoding
+    int4.py       4-bit group-wise Linear layers for CPU decoding
+    native.py     glassgpt's C++ kernels (kernels/gemv.cpp, ops.cpp): built once per machine
+                  with the system's g++, loaded as torch operators; PyTorch's where they cannot be
+    autotune.py   which kernel and attention path run here: timed once for the model's shapes,
+                  the choice kept per CPU
     loss.py       cross-entropy a few rows at a time (no float32 copy of the logits)
     mixed.py      bfloat16 training with a float32 master copy (no casts per activation)
 
@@ -24,9 +30,10 @@ trains, and `generate(..., use_cache=False)` runs the book's loop on it.
 from .cache import KVCache
 from .decode import Engine, as_engine, compile_for_generation
 from .fused import fused, is_fused
+from .int4 import Int4Linear, is_int4, quantize_int4
 from .int8 import Int8Linear, is_quantized, quantize_int8
 from .loss import cross_entropy
 from .mixed import LowPrecisionCopy
 
 __all__ = ["Engine", "KVCache", "fused", "is_fused", "as_engine", "compile_for_generation", "Int8Linear", "is_quantized",
-           "quantize_int8", "cross_entropy", "LowPrecisionCopy"]
+           "quantize_int8", "Int4Linear", "is_int4", "quantize_int4", "cross_entropy", "LowPrecisionCopy"]

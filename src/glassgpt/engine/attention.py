@@ -2,14 +2,17 @@
 
 `attend(q, k, v)` takes queries for the last t of the positions that `k`, `v` hold (the
 earlier ones come from a KV cache) and returns the same context as the glass model's
-`MultiHeadAttention`. It runs `F.scaled_dot_product_attention` (flash attention on
-GPUs), except on a CPU without dropout in two cases where the sums written out, a
-block of queries at a time, measured faster there (benchmarks/RESULTS.md):
-  - a one-token decoding step: one block of one query, which sees every key, so no mask
-    and none of the fused kernel's set-up;
-  - a bfloat16 prompt of `ATTENTION_BLOCK`+ tokens without gradients: each block of
-    queries multiplies only the keys it may see, and its scores stay in the CPU's cache
-    while they are softmaxed in float32.
+`MultiHeadAttention`, by one of two paths:
+  - "sdpa": `F.scaled_dot_product_attention` (flash attention on GPUs);
+  - "blocks": the sums written out, a block of queries at a time (`attention_in_blocks`).
+    For a one-token decoding step that is one block of one query, which sees every key, so
+    no mask and none of the fused kernel's set-up; for a long prompt, each block of queries
+    multiplies only the keys it may see, and its scores stay in the CPU's cache while they
+    are softmaxed in float32.
+Which is faster depends on the CPU (benchmarks/RESULTS.md: the blocks won long bfloat16
+prompts on an AMD EPYC and lost them on a Xeon), so on a CPU, without dropout, a decoding
+step takes `decode_path` and a prompt of `ATTENTION_BLOCK`+ tokens without gradients
+`prompt_path`, both measured per machine by autotune.py; everything else runs SDPA.
 """
 
 from __future__ import annotations
@@ -22,12 +25,17 @@ import torch.nn.functional as F
 ATTENTION_BLOCK = 128
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+PATHS = ("sdpa", "blocks")
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+           decode_path: str = "blocks", prompt_path: str = "sdpa") -> torch.Tensor:
     """Causal attention of `q` `[b, h, t, hd]`, the last t positions of `k`, `v` `[b, h, start + t, hd]`."""
     t = q.shape[-2]
     start = k.shape[-2] - t
     if q.device.type == "cpu" and dropout_p == 0.0 and (
-            t == 1 or (t >= ATTENTION_BLOCK and q.dtype == torch.bfloat16 and not torch.is_grad_enabled())):
+            (t == 1 and decode_path == "blocks")
+            or (t >= ATTENTION_BLOCK and prompt_path == "blocks" and not torch.is_grad_enabled())):
         return attention_in_blocks(q, k, v)
     # One new query sees every cached key: no mask. Several see up to their own position.
     # (Plain `if`s, `t` tested first: a one-token step never looks at the cache position,

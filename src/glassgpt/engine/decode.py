@@ -7,17 +7,21 @@ int8 layers swapped into the model (int8.py) run here too. The forward pass is
 GPTModel.forward itself; what the engine adds around it:
   - a `KVCache` (cache.py): keys and values of earlier tokens, so a decoding step feeds one token;
   - the fused kernels, and `attention.attend` in place of the book's attention;
+  - the matrix-vector kernels and attention paths that autotune.py measured fastest on this CPU;
   - `compile_for_generation`: torch.compile with the options that measured fastest.
 tests/test_engine.py proves it equal to `GPTModel.forward`.
 """
 
 from __future__ import annotations
 
+import types
+
 import torch
 from torch import nn
 
 from ..config import GPTConfig
 from ..model import GPTModel
+from . import autotune
 from .cache import KVCache
 from .fused import fused
 from .int8 import is_quantized
@@ -36,6 +40,7 @@ class Engine(nn.Module):
         super().__init__()
         self.model = model
         self.fast = fused(model)
+        self.choices = autotune.tune(self.fast)  # the kernels measured fastest here (None off the CPU)
 
     @property
     def cfg(self) -> GPTConfig:
@@ -85,4 +90,13 @@ def compile_for_generation(model: GPTModel) -> nn.Module:
     options: dict = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe, "freezing": False}
     if is_quantized(model):
         options.update(realize_opcount_threshold=4)
-    return torch.compile(Engine(model), options=options)
+    engine = Engine(model)
+    # Dynamo keeps its graphs on the code object they were traced from, and without guards on
+    # the modules a second compiled model with inputs of the same shapes would run the first
+    # one's graphs (an int4 model the int8 model's, reading weights it does not have). Each
+    # compiled engine gets a copy of the forward code of its own.
+    forward = Engine.forward
+    engine.forward = types.MethodType(types.FunctionType(
+        forward.__code__.replace(), forward.__globals__, forward.__name__, forward.__defaults__,
+        forward.__closure__), engine)
+    return torch.compile(engine, options=options)

@@ -7,6 +7,8 @@ operations each. Here each is one PyTorch kernel that computes the same function
     GELU                 -> FusedGELU:       F.gelu(approximate="tanh")
     MultiHeadAttention   -> FusedAttention:  its `attend` only, by attention.attend
                                              (scaled_dot_product_attention, or the CPU's faster forms)
+    nn.Linear            -> GemvLinear:      its product at a few rows, by glassgpt's kernel
+                                             where autotune.py measured it faster (linear.py)
 
 Each fused class is a subclass that overrides only that computation, so the projections,
 the head split, the blocks and GPTModel.forward stay model.py's own code. The results
@@ -30,6 +32,7 @@ from torch import nn
 
 from ..model import GELU, LayerNorm, MultiHeadAttention
 from .attention import attend
+from .linear import GemvLinear
 
 # nn.Module's hook dictionaries: a twin starts with empty ones.
 _HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
@@ -47,11 +50,14 @@ class FusedGELU(GELU):
 
 
 class FusedAttention(MultiHeadAttention):
+    decode_path, prompt_path = "blocks", "sdpa"  # attention.PATHS; autotune.py sets them per machine
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attend(q, k, v, self.dropout.p if self.training else 0.0)
+        return attend(q, k, v, self.dropout.p if self.training else 0.0, self.decode_path, self.prompt_path)
 
 
-FUSED: dict[type, type] = {LayerNorm: FusedLayerNorm, GELU: FusedGELU, MultiHeadAttention: FusedAttention}
+FUSED: dict[type, type] = {LayerNorm: FusedLayerNorm, GELU: FusedGELU, MultiHeadAttention: FusedAttention,
+                           nn.Linear: GemvLinear}
 
 
 def fused(model: nn.Module, in_place: bool = False) -> nn.Module:

@@ -6,8 +6,10 @@ arithmetic with it, so its speed is set by the bytes of weights read: float32 re
 the output head keeps its weight as int8 with one scale per output row
 (symmetric, per channel: `w ~ w_int8 * scale`), and multiplies with PyTorch's own
 int8 weight-only kernel (`torch._weight_int8pack_mm`, the one gpt-fast and torchao
-use); compiled at batch 1, the same products are written out so that inductor fuses
-them (see `Int8Linear.forward`). Activations stay bfloat16. Embeddings and LayerNorms are left as they are:
+use), or glassgpt's own (`torch.ops.glassgpt.gemv_q8`, kernels/gemv.cpp: the activations
+rounded to int16, int16 x int8 products summed in int32) where autotune.py measured it
+faster; compiled at batch 1 without glassgpt's kernel, the products are written out so that
+inductor fuses them (see `Int8Linear.forward`). Activations stay bfloat16. Embeddings and LayerNorms are left as they are:
 a lookup reads one row per token, not the matrix.
 
 The module names (`att.W_query`, `ff.layers.0`, `out_head`, ...) do not change, so
@@ -19,13 +21,12 @@ Quality cost: see `benchmarks/RESULTS.md` (perplexity before and after) and
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..model import GPTModel
+from .linear import QUANTIZED_GEMV_MAX_ROWS, replace_linears
 
 # Above this many rows the int8 kernel (a matrix-vector product at heart) loses to
 # dequantizing the weight once and running a bfloat16 matmul (measured on an
@@ -36,6 +37,8 @@ INT8_KERNEL_MAX_ROWS = 16
 
 class Int8Linear(nn.Module):
     """`y = x @ (w_int8 * scale).T + bias`, holding only the int8 weight and the scales."""
+
+    gemv = None  # glassgpt's kernel, where autotune.py chose it for this layer
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
@@ -55,8 +58,11 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features)  # the kernel takes [rows, in] only
-        if x2.shape[0] == 1 and torch.compiler.is_compiling():
+        x2 = x.reshape(-1, self.in_features)  # the kernels take [rows, in] only
+        if (self.gemv is not None and x2.shape[0] <= QUANTIZED_GEMV_MAX_ROWS and x2.dtype == self.scales.dtype
+                and x2.device.type == "cpu"):
+            y = self.gemv(x2.contiguous(), self.weight, self.scales, self.bias)
+        elif x2.shape[0] == 1 and torch.compiler.is_compiling():
             # One row under torch.compile (batch-1 decoding): written as the dot products it
             # is, inductor emits one fused loop that reads each int8 weight once, widens it in
             # registers and accumulates in float32: ~20 GB/s of weights on the benchmark CPU,
@@ -82,26 +88,11 @@ class Int8Linear(nn.Module):
 def quantize_int8(model: GPTModel, dtype: torch.dtype = torch.bfloat16) -> GPTModel:
     """Swap every Linear of the blocks and the output head for an `Int8Linear`, in place.
 
-    The rest of the model (embeddings, LayerNorms, the KV cache) runs in `dtype`.
-    Returns the same model, in eval mode. The tied output head gets its own int8
-    copy of `tok_emb.weight` (a quarter of its float32 size); `tok_emb` stays as is.
+    The rest of the model (embeddings, LayerNorms, the KV cache) runs in `dtype`. Returns the
+    same model, in eval mode. The tied output head gets its own int8 copy of `tok_emb.weight`
+    (a quarter of its float32 size); `tok_emb` stays as is.
     """
-    model.to(dtype)
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, child_name, Int8Linear(child, dtype))
-    _release_freed_memory()
-    return model.eval()
-
-
-def _release_freed_memory() -> None:
-    """Give the freed float weights back to the OS: glibc keeps freed heap pages, so without
-    this a gpt2 process stays ~170 MB (gpt2-xl ~2 GB) larger than its int8 weights need."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): nothing to do
-        pass
+    return replace_linears(model, dtype, lambda linear: Int8Linear(linear, dtype))
 
 
 def is_quantized(model: nn.Module) -> bool:

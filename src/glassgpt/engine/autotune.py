@@ -1,0 +1,254 @@
+"""Which kernel and which attention path run on this machine: timed once for the model's shapes, kept per CPU.
+
+    choices = choose(cfg, "int8")     # measured the first time (about a second), then read back
+    apply(twin, choices)              # each layer of the fused twin gets the winner
+    describe(choices)                 # one line, for `glassgpt info` and the start of `generate`
+
+The same code ran at a third of the memory's bandwidth on one CPU and at all of it on the
+next, and the attention written out in blocks won on one and lost on another
+(benchmarks/RESULTS.md), so no rule is written down here: each candidate is timed.
+
+    linear OUTxIN    per distinct weight shape (a block's four, the head), one row of input:
+                     "glassgpt" (kernels/gemv.cpp, through native.py) or "torch" (F.linear for
+                     float32/bfloat16, torch._weight_int8pack_mm for int8, dequantize + F.linear
+                     for int4)
+    attention decode one query over min(256, context) cached keys: "blocks" or "sdpa"
+    attention prompt min(512, context) queries, no cache: "blocks" or "sdpa"
+
+The choice is saved in `native.cache_dir()/autotune.json` under a key that names the CPU
+(model name and instruction-set flags), torch's version, the thread count, the precision,
+the shapes and whether glassgpt's kernels could be built, so another CPU, another torch,
+another thread count or a newly installed compiler measures again.
+Off the CPU, and in training, nothing is chosen: PyTorch's operators run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..config import GPTConfig
+from ..device import cpu_flags
+from . import native
+from .attention import PATHS, attend
+from .fused import FusedAttention
+from .int4 import Int4Linear, is_int4
+from .int8 import Int8Linear, is_quantized
+from .linear import GemvLinear
+
+PRECISIONS = ("float32", "bfloat16", "int8", "int4")
+ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+BUDGET_S = 0.05  # timing per candidate and shape: a handful of calls
+
+
+@dataclass
+class Choices:
+    """What runs, by decision ("linear 768x768", "attention decode", ...), and the times behind it."""
+    machine: str
+    precision: str
+    winners: dict[str, str] = field(default_factory=dict)
+    ms: dict[str, dict[str, float]] = field(default_factory=dict)  # decision -> candidate -> ms per call
+    cached: bool = False
+
+
+def precision_of(model: nn.Module) -> str:
+    if is_int4(model):
+        return "int4"
+    if is_quantized(model):
+        return "int8"
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def machine_key() -> str:
+    flags = cpu_flags()
+    return f"{native.cpu_name()} [{' '.join(f for f in ISA if f in flags)}], torch {torch.__version__}, " \
+           f"{torch.get_num_threads()} threads"
+
+
+def tune(twin: nn.Module) -> Choices | None:
+    """Choose (measuring if needed) and apply the kernels for the fused twin of a model; None off the CPU."""
+    params = next(twin.parameters(), None)
+    if params is None or params.device.type != "cpu" or twin.training:
+        return None
+    choices = choose(twin.cfg, precision_of(twin))
+    apply(twin, choices)
+    return choices
+
+
+_memo: dict[str, Choices] = {}
+
+
+def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices:
+    """The winners for a model of `cfg`'s shapes at `precision` on this machine (timed once, then cached)."""
+    cache = cache or native.cache_dir() / "autotune.json"
+    shapes = linear_shapes(cfg)
+    machine = machine_key()
+    ops = native.load()
+    key = (f"{machine} | {precision} | d {cfg.emb_dim}, h {cfg.n_heads}, out {cfg.out_dim}, "
+           f"ctx {cfg.context_length} | {'with' if ops is not None else 'without'} glassgpt's kernels")
+    if key in _memo:
+        return _memo[key]
+    saved = _read(cache).get(key)
+    if saved is not None:
+        choices = Choices(machine, precision, saved["winners"], saved["ms"], cached=True)
+    else:
+        choices = Choices(machine, precision)
+        for shape in shapes:
+            measure(choices, f"linear {shape[0]}x{shape[1]}", linear_candidates(shape, precision, ops))
+        for kind, fn in attention_candidates(cfg, precision).items():
+            measure(choices, f"attention {kind}", fn)
+        _write(cache, key, {"winners": choices.winners, "ms": choices.ms})
+    _memo[key] = choices
+    return choices
+
+
+def apply(twin: nn.Module, choices: Choices) -> None:
+    """Give each layer of `twin` the winner for its shape (layers of other shapes keep PyTorch's path)."""
+    ops = native.load() if "glassgpt" in choices.winners.values() else None
+    kernel = {GemvLinear: "gemv", Int8Linear: "gemv_q8", Int4Linear: "gemv_q4"}
+    for module in twin.modules():
+        if type(module) in kernel:
+            won = choices.winners.get(f"linear {module.out_features}x{module.in_features}") == "glassgpt"
+            module.gemv = getattr(ops, kernel[type(module)]) if won and ops is not None else None
+        elif isinstance(module, FusedAttention):
+            module.decode_path = choices.winners.get("attention decode", FusedAttention.decode_path)
+            module.prompt_path = choices.winners.get("attention prompt", FusedAttention.prompt_path)
+
+
+def describe(choices: Choices, cfg: GPTConfig) -> str:
+    """One line: the kernels chosen for this precision, with the chosen layers' speed against PyTorch's per token."""
+    shapes = linear_shapes(cfg)
+    chosen = torch_ms = 0.0
+    won = 0
+    for (out, inp), count in shapes.items():
+        ms = choices.ms.get(f"linear {out}x{inp}", {})
+        winner = choices.winners.get(f"linear {out}x{inp}", "torch")
+        won += winner == "glassgpt"
+        chosen += count * ms.get(winner, 0.0)
+        torch_ms += count * ms.get("torch", 0.0)
+    if won:
+        linear = (f"glassgpt's for {won} of {len(shapes)} weight shapes "
+                  f"({torch_ms / chosen:.2f}x PyTorch's per token)" if chosen else f"glassgpt's for {won} shapes")
+    elif native.load() is None:
+        linear = f"PyTorch's ({native.status()})"
+    else:
+        linear = "PyTorch's (measured faster than glassgpt's)"
+    paths = {"blocks": "written out", "sdpa": "SDPA"}
+    attention = ", ".join(f"{kind} {paths[choices.winners.get(f'attention {kind}', 'sdpa')]}"
+                          for kind in ("decode", "prompt"))
+    where = "cached" if choices.cached else "measured now"
+    return (f"kernels: {choices.precision} matrix-vector products {linear}; attention: {attention} "
+            f"({where} for {choices.machine})")
+
+
+def training_note() -> str:
+    """What training runs (the start of `glassgpt train` says it): forward and backward need gradients,
+    which glassgpt's kernels do not compute."""
+    kernels = "glassgpt's kernels where they measured faster" if native.load() is not None else \
+        f"PyTorch's ({native.status()})"
+    return (f"kernels: training runs PyTorch's matmuls and SDPA (forward and backward); its text samples "
+            f"decode with {kernels}")
+
+
+def linear_shapes(cfg: GPTConfig) -> dict[tuple[int, int], int]:
+    """(out, in) of every Linear the model runs per token, and how many of each: a block's, x n_layers, and the head."""
+    d = cfg.emb_dim
+    shapes: dict[tuple[int, int], int] = {}
+    for shape, count in (((d, d), 4), ((4 * d, d), 1), ((d, 4 * d), 1)):
+        shapes[shape] = shapes.get(shape, 0) + count * cfg.n_layers
+    head = (cfg.out_dim, d)
+    shapes[head] = shapes.get(head, 0) + 1
+    return shapes
+
+
+def linear_candidates(shape: tuple[int, int], precision: str, ops) -> dict:
+    """{candidate: a call of one layer of `shape` on one row}; zero weights (the time does not depend on them)."""
+    out, inp = shape
+    dtype = torch.float32 if precision == "float32" else torch.bfloat16
+    linear = nn.Linear(inp, out, dtype=dtype, device="meta").to_empty(device="cpu").requires_grad_(False)
+    linear.weight.zero_()
+    linear.bias.zero_()
+    if precision == "int8":
+        layer, kernel = Int8Linear(linear, dtype), None if ops is None else ops.gemv_q8
+    elif precision == "int4":
+        layer, kernel = Int4Linear(linear, dtype=dtype), None if ops is None else ops.gemv_q4
+    else:
+        layer, kernel = linear, None if ops is None else ops.gemv
+        layer.__class__ = GemvLinear
+    if precision == "int4" and inp % layer.group_size:
+        return {}
+    x = torch.randn(1, inp).to(dtype)
+
+    def run(gemv):
+        def call():
+            layer.gemv = gemv
+            layer(x)
+        return call
+
+    candidates = {"torch": run(None)}
+    if kernel is not None:
+        candidates["glassgpt"] = run(kernel)
+    return candidates
+
+
+def attention_candidates(cfg: GPTConfig, precision: str) -> dict:
+    """{"decode": {path: call}, "prompt": {path: call}} on random queries and keys of the model's head shape."""
+    dtype = torch.float32 if precision == "float32" else torch.bfloat16
+    h, hd = cfg.n_heads, cfg.head_dim
+    out = {}
+    for kind, t, s in (("decode", 1, min(256, cfg.context_length)), ("prompt", min(512, cfg.context_length), None)):
+        q = torch.randn(1, h, t, hd).to(dtype)
+        k, v = torch.randn(1, h, s or t, hd).to(dtype), torch.randn(1, h, s or t, hd).to(dtype)
+        out[kind] = {path: (lambda p=path, q=q, k=k, v=v: attend(q, k, v, 0.0, p, p)) for path in PATHS}
+    return out
+
+
+@torch.inference_mode()
+def measure(choices: Choices, decision: str, candidates: dict) -> None:
+    """Time the candidates round-robin (a busy machine slows each alike); keep the fastest."""
+    if not candidates:
+        return
+    for call in candidates.values():
+        call()  # first calls: page faults, the kernel's one-time set-up
+    start = time.perf_counter()
+    next(iter(candidates.values()))()
+    once = max(time.perf_counter() - start, 1e-6)
+    repeats = max(3, min(50, int(BUDGET_S / once)))
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(repeats):
+        for name, call in candidates.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    ms = {name: min(ts) * 1e3 for name, ts in times.items()}  # the least disturbed run
+    choices.ms[decision] = ms
+    choices.winners[decision] = min(ms, key=ms.get)
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, key: str, value: dict) -> None:
+    """Add one entry to the cache file, atomically (another process may be reading it); a read-only home is no error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read(path)
+        data[key] = value
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(data, f, indent=1)
+        os.replace(f.name, path)
+    except OSError:
+        pass

@@ -1,0 +1,77 @@
+"""A Linear layer whose matrix-vector product at decoding runs glassgpt's own kernel.
+
+    GemvLinear: nn.Linear with the same weight and bias; `y = x @ W.T + b`
+
+Decoding feeds one token per sequence, so each Linear multiplies a few rows by its whole
+weight: the step's time is the time to read the weights. PyTorch's matmul for that shape
+(MKL or oneDNN) streamed float32 weights at a third of the memory's bandwidth on one
+benchmark CPU (an AMD EPYC) and bfloat16 ones at half of float32's speed on another (a Xeon
+without AMX): the gemv kernel (kernels/gemv.cpp) reads them at the bandwidth on both
+(benchmarks/RESULTS.md). Which one runs is measured once per machine (autotune.py), which
+sets `gemv` on each layer to the kernel (`torch.ops.glassgpt.gemv`) where it won, else None.
+
+Only the product changes: the kernel runs for up to `GEMV_MAX_ROWS` rows of float32 or
+bfloat16 on a CPU when no gradient is needed, and F.linear runs otherwise (training, long
+prompts, GPUs). The fused twin (fused.py) swaps each nn.Linear for this subclass; the glass
+model keeps its own. tests/test_engine.py checks it equal to F.linear.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Rows up to which the gemv kernel beats a matmul (it reads the weight once per 4 rows of x;
+# past a dozen rows, oneDNN's blocked matmul, on AMX where there is one, is faster).
+GEMV_MAX_ROWS = 8
+# For int8 and int4 weights the alternative is to dequantize the whole weight first, so the
+# kernel wins up to a longer prompt (a 16-token prompt dequantized every weight of gpt2 in
+# PyTorch: several ms per generated token of a 64-token reply).
+QUANTIZED_GEMV_MAX_ROWS = 32
+
+
+def rows(x: torch.Tensor) -> int:
+    """The number of vectors in `x` `[..., in]` (b x t for activations `[b, t, in]`)."""
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def needs_grad(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or any(p is not None and p.requires_grad for p in params))
+
+
+class GemvLinear(nn.Linear):
+    gemv = None  # the kernel, where autotune.py chose it for this layer; None: F.linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`[..., in] -> [..., out]` in x's dtype."""
+        if (self.gemv is not None and x.device.type == "cpu" and x.dtype == self.weight.dtype
+                and rows(x) <= GEMV_MAX_ROWS and not needs_grad(x, self.weight, self.bias)):
+            y = self.gemv(x.reshape(-1, self.in_features).contiguous(), self.weight, self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.weight, self.bias)
+
+
+def replace_linears(model: nn.Module, dtype: torch.dtype, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """Swap every nn.Linear of `model` for `make(linear)`, in place, the rest cast to `dtype`; eval mode.
+
+    For the quantized layers (int8.py, int4.py), which keep only their own copy of each weight."""
+    model.to(dtype)
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, child_name, make(child))
+    release_freed_memory()
+    return model.eval()
+
+
+def release_freed_memory() -> None:
+    """Give the freed float weights back to the OS: glibc keeps freed heap pages, so without
+    this a gpt2 process stays ~170 MB (gpt2-xl ~2 GB) larger than its int8 weights need."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): nothing to do
+        pass
