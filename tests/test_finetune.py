@@ -234,7 +234,7 @@ def test_instruction_jsonl_with_a_broken_line_skips_it(tmp_path):
 
 from glassgpt.cli import main as cli_main  # noqa: E402
 from glassgpt.tokenizer import CharTokenizer  # noqa: E402
-from glassgpt.training.loop import TrainConfig, fit  # noqa: E402
+from glassgpt.training import TrainConfig, fit  # noqa: E402
 
 MARKERS = {"x": "ex", "y": "why", "q": "queue"}
 
@@ -356,7 +356,7 @@ def test_lora_trains_only_the_adapters_and_saves_a_plain_merged_checkpoint(char_
     adapters = {k: v.clone() for k, v in lora.lora_state_dict(model).items()}
     cfg = TrainConfig(out=str(tmp_path / "run"), max_steps=6, lr=1e-2, warmup_steps=0, eval_every=6,
                       eval_batches=2, sample_tokens=0)
-    fit(model, _marker_task(tok, cfg), cfg, tok, {"labels": sorted(MARKERS.values())}, progress=False)
+    fit(model, _marker_task(tok, cfg), cfg, tok, meta={"labels": sorted(MARKERS.values())})
     after = model.state_dict()
     for name, value in base.items():
         assert torch.equal(after[name], value), f"{name} changed: LoRA must leave the base weights alone"
@@ -377,7 +377,7 @@ def test_lora_run_resumes_exactly(char_base, tmp_path):
         # A flat schedule (min_lr = lr), so that stopping at step 3 is the same as being stopped there.
         cfg = TrainConfig(out=str(out), max_steps=steps, lr=1e-2, min_lr=1e-2, warmup_steps=0, eval_every=3,
                           eval_batches=1, sample_tokens=0)
-        fit(model, _marker_task(tok, cfg), cfg, tok, resume=resume, progress=False)
+        fit(model, _marker_task(tok, cfg), cfg, tok, resume=resume)
         return model
 
     straight = run(tmp_path / "a", 6)
