@@ -426,6 +426,10 @@ def test_finetune_instruct_skips_bad_records_and_chat_answers(gpt2_tok_base, tmp
     assert rc == 0, captured.err
     assert "skipped 1 malformed record(s)" in captured.err and "3 (missing 'output')" in captured.err
     assert glassgpt.load_meta(run)["finetune"]["kind"] == "instruct"
+    from glassgpt.training import read_metrics
+    evals = [r for r in read_metrics(run) if "val_loss" in r]  # a snapshot of the first val record's prompt
+    assert evals and all(r["snapshot"]["prompt"].endswith("### Response:\n") for r in evals)
+    assert all(len(r["snapshot"]["top"]) == 5 and len(r["snapshot"]["lens"]) == 1 for r in evals)
     assert cli_main(["chat", "Repeat the word red.", "--model", str(run), "--max-new-tokens", "3"]) == 0
     assert capsys.readouterr().out.endswith("\n")
     # Without an argument: one instruction per line of stdin, blank lines skipped.

@@ -138,6 +138,36 @@ def test_metrics_log_every_step_and_validation_on_eval_steps(tmp_path, corpus):
     assert json.loads((Path(cfg.out) / "train_config.json").read_text())["max_steps"] == 8
 
 
+def test_fit_prints_nothing_and_hands_every_step_to_log(tmp_path, corpus, capfd):
+    model, task, cfg, tok = tiny(tmp_path, corpus, plot=True)
+    events = []
+    fit(model, task, cfg, tok, log=events.append)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""  # the library never prints: the command line does, from the events
+    assert [e["event"] for e in events] == ["start"] + ["step"] * 8 + ["end"]
+    evals = [e for e in events if e["event"] == "step" and "val_loss" in e]
+    assert [e["step"] for e in evals] == [4, 8] and all(isinstance(e["sample"], str) for e in evals)
+    assert events[-1]["step"] == 8 and events[-1]["plot"] == str(Path(cfg.out) / "loss.png")
+
+
+def test_each_evaluation_records_a_snapshot_of_the_sample_prompt(tmp_path, corpus):
+    model, task, cfg, tok = tiny(tmp_path, corpus)
+    fit(model, task, cfg, tok)
+    evals = [r for r in read_metrics(cfg.out) if "val_loss" in r]
+    assert [r["step"] for r in evals] == [4, 8] and all("snapshot" in r for r in evals)
+    snap = evals[-1]["snapshot"]
+    assert snap["prompt_ids"] == task.sample_prompt_ids and snap["prompt"] == tok.decode(task.sample_prompt_ids)
+    assert len(snap["top"]) == 5 and len(snap["lens"]) == 2 and snap["lens"][-1]["id"] == snap["top"][0]["id"]
+    assert [e["prob"] for e in snap["top"]] == sorted((e["prob"] for e in snap["top"]), reverse=True)
+    assert snap["greedy"] == tok.decode(glassgpt_generate(load_model(Path(cfg.out) / "latest"), snap["prompt_ids"], 8))
+    assert not any("snapshot" in r for r in read_metrics(cfg.out) if "val_loss" not in r)
+
+
+def glassgpt_generate(model, ids, n):
+    from glassgpt import generate
+    return generate(model, ids, n)[0, len(ids):].tolist()
+
+
 def test_only_parameters_that_require_grad_change(tmp_path, corpus):
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=3)
     for name, p in model.named_parameters():
@@ -201,6 +231,23 @@ def test_the_run_draws_loss_png(tmp_path, corpus):
     assert result["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_draws_the_snapshots_tokens_and_says_when_a_run_has_none(tmp_path, corpus, capsys):
+    model, task, cfg, tok = tiny(tmp_path, corpus)
+    fit(model, task, cfg, tok)
+    run = Path(cfg.out)
+    assert main(["plot", str(run), "--out", str(tmp_path / "with.png")]) == 0
+    assert capsys.readouterr().err == ""
+    records = read_metrics(run)  # a run made before snapshots: the same records without them
+    (run / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "snapshot"}) + "\n"
+                                               for r in records))
+    assert main(["plot", str(run), "--out", str(tmp_path / "without.png")]) == 0
+    err = capsys.readouterr().err
+    assert "has no snapshots" in err and "the plot shows the loss alone" in err
+    from PIL import Image
+    with_, without = Image.open(tmp_path / "with.png"), Image.open(tmp_path / "without.png")
+    assert with_.height > without.height  # a second panel: the next token's probabilities
+
+
 # --- resume ----------------------------------------------------------------------------------
 
 class InterruptAt:
@@ -235,8 +282,8 @@ def test_resume_after_an_interrupt_reproduces_the_uninterrupted_losses(tmp_path,
     second = fit(fresh, task, cfg2, tok, resume=True)
     assert second["step"] == 8 and not second["interrupted"]
     assert losses(cfg2.out) == losses(cfg.out)  # exactly, step for step
-    vals = lambda run: [r["val_loss"] for r in read_metrics(run) if "val_loss" in r]  # noqa: E731
-    assert vals(cfg2.out) == vals(cfg.out)
+    vals = lambda run: [(r["val_loss"], r["snapshot"]) for r in read_metrics(run) if "val_loss" in r]  # noqa: E731
+    assert vals(cfg2.out) == vals(cfg.out)  # the snapshots too: the same weights predict the same tokens
     straight = load_model(Path(cfg.out) / "latest").state_dict()
     resumed = load_model(Path(cfg2.out) / "latest").state_dict()
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)

@@ -15,6 +15,7 @@ a progress bar and prints the evaluations and samples from it; tests keep a list
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Iterable, Protocol
 
 import torch
@@ -23,6 +24,7 @@ from torch import nn
 from ..device import evaluating
 from ..explain.snapshot import snapshot
 from ..tokenizer import Tokenizer
+from .compute import autocast, autocast_dtype
 from .config import TrainConfig, evaluation_due
 from .distributed import Distributed
 from .run import Run
@@ -91,7 +93,7 @@ def train(run: Run) -> None:
         evaluated = evaluation_due(run.step, cfg)
         if evaluated:
             record.update(evaluate(run))  # evaluate_model
-        if getattr(task, "sample_due", lambda s, e: e)(run.step, evaluated):
+        if sample_due(task, run.step, evaluated):
             record["sample"] = sample(run)  # generate_and_print_sample
         run.log(record)
         run.save(evaluated)
@@ -109,9 +111,14 @@ def evaluate(run: Run) -> dict[str, Any]:
         val = evaluate_loss(model, task)
         out = {**(run.validation(val) if val is not None else {}), **metrics}
         prompt = getattr(task, "sample_prompt_ids", None)
-        if prompt and run.tokenizer is not None and getattr(model, "cfg", None) and model.cfg.num_classes is None:
+        if prompt and run.tokenizer is not None and model.cfg.num_classes is None:  # a language model's
             out["snapshot"] = snapshot(model, run.tokenizer, prompt, new_tokens=getattr(task, "sample_tokens", 0))
     return out
+
+
+def sample_due(task: Task, step: int, evaluated: bool) -> bool:
+    """At the evaluations, unless the task says otherwise (the book's: after each epoch)."""
+    return task.sample_due(step, evaluated) if hasattr(task, "sample_due") else evaluated
 
 
 def sample(run: Run) -> str | None:
@@ -127,16 +134,11 @@ def evaluate_loss(model: nn.Module, task: Task, dtype: str | None = None,
     """Mean task loss over `batches` (default: `task.eval_batches()`) in eval mode, as the book's
     calc_loss_loader adds them up; None if there are none. `dtype`: autocast to it here (None:
     as the caller set it)."""
-    from .compute import autocast, autocast_dtype
     device = next(model.parameters()).device
     total, n = 0.0, 0
-    with evaluating(model), (autocast(device, autocast_dtype(dtype, device)) if dtype else _same()):
+    with evaluating(model), (autocast(device, autocast_dtype(dtype, device)) if dtype else contextlib.nullcontext()):
         for batch in task.eval_batches() if batches is None else batches:
             total += float(task.loss(model, {k: v.to(device) for k, v in batch.items()}))
             n += 1
     return total / n if n else None
 
-
-def _same():
-    import contextlib
-    return contextlib.nullcontext()

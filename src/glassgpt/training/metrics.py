@@ -134,7 +134,8 @@ def _draw_tokens(ax, snaps: list[dict[str, Any]], labelled: int = 8) -> None:
     ax.plot(x, fifth, "--", color="grey", linewidth=0.8, label="5th probability (below: not recorded)")
     prompt = snaps[-1]["snapshot"]["prompt"]
     ax.set_title(f"next token after {prompt[-60:]!r}: every token ever in the top 5", fontsize=10)
-    ax.set_ylabel("probability")
-    ax.set_ylim(0, 1)
+    ax.set_ylabel("probability (log scale: from 1 / vocab_size up)")
+    ax.set_yscale("log")
+    ax.set_ylim(min(fifth) / 2, 1.5)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
