@@ -21,6 +21,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..config import known_fields
 from ..errors import TrainError
 
 RECIPES = ("glassgpt", "book")
@@ -123,11 +124,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - fields)
-        if unknown:
-            raise TrainError(f"unknown training setting(s) {unknown}: valid ones are {sorted(fields)}")
-        return cls(**values)
+        return cls(**known_fields(cls, values, TrainError, "training setting"))
 
 
 def setting_type(name: str) -> type:

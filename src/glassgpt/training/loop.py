@@ -84,8 +84,9 @@ def train(run: Run) -> None:
         for micro in range(cfg.grad_accum):
             batch = run.batch(step, micro)  # input_batch, target_batch
             last = micro == cfg.grad_accum - 1
-            with run.compute.sync(last):
-                loss = task.loss(run.compute.forward, batch)  # calc_loss_batch
+            with run.compute.sync(last):  # (DDP: the gradients' all-reduce waits for the last micro-batch)
+                with run.compute.autocast():
+                    loss = task.loss(run.compute.forward, batch)  # calc_loss_batch
                 run.compute.backward(loss, last)  # loss.backward()
             run.add_loss(loss)
         run.optimizer_step()  # optimizer.step(); optimizer.zero_grad()
@@ -105,7 +106,7 @@ def train(run: Run) -> None:
 def evaluate(run: Run) -> dict[str, Any]:
     """The task's metrics, the validation loss and a snapshot of the sample prompt, in eval mode."""
     run.check_weights_finite()
-    model, task = run.model, run.task
+    model, task = run.compute.eval_model, run.task
     with evaluating(model), run.compute.autocast():
         metrics = task.evaluate(model)  # first: the book's evaluate_model draws its training batches first
         val = evaluate_loss(model, task)
@@ -124,8 +125,9 @@ def sample_due(task: Task, step: int, evaluated: bool) -> bool:
 def sample(run: Run) -> str | None:
     if not run.cfg.sample_tokens:
         return None
-    with evaluating(run.model), run.compute.autocast(), run.diverges_on_nonfinite("the sample's scores"):
-        return run.task.sample(run.model)
+    model = run.compute.eval_model
+    with evaluating(model), run.compute.autocast(), run.diverges_on_nonfinite("the sample's scores"):
+        return run.task.sample(model)
 
 
 @torch.no_grad()
