@@ -112,6 +112,24 @@ def test_weight_decay_applies_to_matrices_only():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
+def test_saves_cost_at_most_a_tenth_of_the_training_time_unless_save_every_says():
+    from glassgpt.training.checkpoint import SavePolicy
+    policy = SavePolicy(None, checkpoint_bytes=2_000_000_000)  # a 163M model and its AdamW moments: ~8 s
+    policy.trained(40.0)
+    assert not policy.due(5, evaluated=True)  # 40 s trained: a save would cost a fifth of it
+    policy.trained(40.0)
+    assert policy.due(10, evaluated=True) and not policy.due(10, evaluated=False)
+    policy.saved(20.0)  # measured: this disk is slower, so the next save waits longer
+    policy.trained(150.0)
+    assert not policy.due(15, evaluated=True)
+    policy.trained(50.0)
+    assert policy.due(20, evaluated=True)
+    cheap = SavePolicy(None, checkpoint_bytes=10_000_000)  # under a second: at every evaluation
+    assert cheap.due(1, evaluated=True)
+    every = SavePolicy(7, checkpoint_bytes=2_000_000_000)
+    assert every.due(14, evaluated=False) and not every.due(15, evaluated=True)
+
+
 # --- the loop ----------------------------------------------------------------------------------
 
 def test_tiny_model_overfits_a_small_text(tmp_path):

@@ -34,8 +34,13 @@ class Printer:
             self.write(f"note: {event['text']}", sys.stderr)
         elif kind == "step":
             self._step(event)
-        elif kind == "end" and self.bar is not None:
+        elif kind == "end":
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
     def _open(self, start: int, total: int) -> None:
         self.total, self.last_step, self.last_time = total, start, time.monotonic()

@@ -117,7 +117,10 @@ def run_training(args: argparse.Namespace, command: str, setup: Setup,
             set_threads(args.threads, model.cfg.emb_dim, file=sys.stdout)
             _checkpoint_note(model, cfg)
             printer = Printer(progress=not args.no_progress, recipe=cfg.recipe)
-            result = fit(model, task, cfg, tokenizer, log=printer, meta=meta, run_dir=run_dir, ranks=start.ranks)
+            try:
+                result = fit(model, task, cfg, tokenizer, log=printer, meta=meta, run_dir=run_dir, ranks=start.ranks)
+            finally:
+                printer.close()  # (a run that ends in an error leaves no bar behind)
         finally:
             start.ranks.close()
     if result["interrupted"]:

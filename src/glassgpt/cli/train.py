@@ -187,8 +187,6 @@ def _new_setup(args: argparse.Namespace, start: Start):
     cfg = train_config_from_args(args, base)
     task, data["fingerprint"] = _task(files, tokenizer, data, cfg, Path(args.out))
     cfg = _with_epochs(args, cfg, task, start.ranks.world, default=10 if recipe == "book" else None)
-    if recipe == "book":
-        model = _seed_as_the_book(model, cfg.seed, args)
     meta = {"data": data, "tokenizer": args.tokenizer or ("checkpoint" if args.init else "gpt2"), "init": args.init}
     return model, tokenizer, task, cfg, meta
 
@@ -207,7 +205,14 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: st
                           n_heads=args.n_heads, emb_dim=args.emb_dim, context_length=args.context_length,
                           drop_rate=args.drop_rate)
         seed = args.seed if args.seed is not None else (BOOK_DEFAULTS if recipe == "book" else {}).get("seed", 1337)
+        if recipe == "book" and init_scheme(args.model or "gpt2") == "book":
+            # The notebook's torch.manual_seed(123); model = GPTModel(cfg): the book's initialisation, and
+            # torch's generator left where its code leaves it when train_model_simple starts.
+            torch.manual_seed(seed)
+            return GPTModel(gcfg), tokenizer, gcfg.context_length
         model = random_model(gcfg, torch.device("cpu"), torch.float32, seed, init_scheme(args.model or "gpt2"))
+        if recipe == "book":
+            torch.manual_seed(seed)  # GPT-2's initialisation draws from its own generator: then the seed, as the book
         return model, tokenizer, gcfg.context_length
     model = load_model(args.init, device="cpu", dtype="float32")
     tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else load_tokenizer(args.init)
@@ -219,6 +224,8 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: st
             f"{BOOK_DROP_RATE}, the book's GPT_CONFIG_124M (--drop-rate P to change)", file=sys.stderr)
     if drop_rate is not None:
         model = _with_dropout(model, drop_rate)
+    if recipe == "book":  # the weights are loaded: the book's code would seed, then train
+        torch.manual_seed(args.seed if args.seed is not None else BOOK_DEFAULTS["seed"])
     context = args.context_length or model.cfg.context_length
     if context > model.cfg.context_length:
         raise GlassError(f"--context-length {context} is longer than {args.init}'s context_length "
@@ -234,16 +241,6 @@ def _check_book_flags(args: argparse.Namespace, world: int) -> None:
                          "constant lr, no warm-up, no clipping, one process): drop it, or train without --recipe book")
     if world > 1:
         raise GlassError("--recipe book trains in one process, as the book's code does: run it without torchrun")
-
-
-def _seed_as_the_book(model: GPTModel, seed: int, args: argparse.Namespace) -> GPTModel:
-    """Put torch's generator where the book's code leaves it when train_model_simple starts:
-    after `torch.manual_seed(seed); model = GPTModel(cfg)` (the *-book presets' initialisation,
-    drawn here again, so that the same draws are made), else right after the seed."""
-    torch.manual_seed(seed)
-    if not args.init and init_scheme(args.model or "gpt2") == "book":
-        model = GPTModel(model.cfg)  # draws the book's initialisation from the generator, as the book's code does
-    return model.train()
 
 
 def _with_epochs(args: argparse.Namespace, cfg: TrainConfig, task, world: int, default: float | None) -> TrainConfig:

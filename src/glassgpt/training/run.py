@@ -109,7 +109,8 @@ class Run:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 atomic_write(self.run_dir / "train_config.json", lambda tmp: Path(tmp).write_text(text))
                 truncate_metrics(self.run_dir, self.step)
-        self.emit({"event": "start", "step": self.step, "max_steps": cfg.max_steps, "resumed": resume})
+        if ranks.is_main:
+            self.emit({"event": "start", "step": self.step, "max_steps": cfg.max_steps, "resumed": resume})
         if self.step >= cfg.max_steps:
             self.note(f"{self.run_dir} is already at step {self.step:,} of max_steps {cfg.max_steps:,}: "
                       "pass a larger --max-steps to train further")
