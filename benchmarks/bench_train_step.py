@@ -4,7 +4,7 @@ One step = forward, cross-entropy over every position, backward, AdamW step, zer
 (batch 4 x 256, dropout 0, lr 3e-4, weight decay 0.1 on matrices, no gradient clipping,
 no `.item()` inside the step). Two views (harness.print_views):
 
-- like for like: the same optimizer (`train.make_optimizer`: fused AdamW, decay on matrices
+- like for like: the same optimizer (`training.compute.make_optimizer`: fused AdamW, decay on matrices
   only) and the same loss (`F.cross_entropy` on float32 logits) on both sides, float32 or
   bfloat16 autocast, eager or compiled: only the models differ (glassgpt's with the fused
   kernels, `engine.fused(model, in_place=True)`, as `glassgpt train` runs it: model.py alone
@@ -35,7 +35,8 @@ from harness import Row, common_args, glass_model, hf_model, matmul_peak, print_
 from glassgpt.config import PRESETS, GPTConfig  # noqa: E402
 from glassgpt.engine import LowPrecisionCopy, cross_entropy, fused  # noqa: E402
 from glassgpt.memory import parameter_counts  # noqa: E402
-from glassgpt.training.loop import TrainConfig, autocast, make_optimizer  # noqa: E402
+from glassgpt.training import TrainConfig  # noqa: E402
+from glassgpt.training.compute import autocast, make_optimizer  # noqa: E402
 
 
 def flops_per_token(cfg: GPTConfig, t: int) -> float:

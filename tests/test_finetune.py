@@ -234,7 +234,7 @@ def test_instruction_jsonl_with_a_broken_line_skips_it(tmp_path):
 
 from glassgpt.cli import main as cli_main  # noqa: E402
 from glassgpt.tokenizer import CharTokenizer  # noqa: E402
-from glassgpt.training.loop import TrainConfig, fit  # noqa: E402
+from glassgpt.training import TrainConfig, fit  # noqa: E402
 
 MARKERS = {"x": "ex", "y": "why", "q": "queue"}
 
@@ -356,7 +356,7 @@ def test_lora_trains_only_the_adapters_and_saves_a_plain_merged_checkpoint(char_
     adapters = {k: v.clone() for k, v in lora.lora_state_dict(model).items()}
     cfg = TrainConfig(out=str(tmp_path / "run"), max_steps=6, lr=1e-2, warmup_steps=0, eval_every=6,
                       eval_batches=2, sample_tokens=0)
-    fit(model, _marker_task(tok, cfg), cfg, tok, {"labels": sorted(MARKERS.values())}, progress=False)
+    fit(model, _marker_task(tok, cfg), cfg, tok, meta={"labels": sorted(MARKERS.values())})
     after = model.state_dict()
     for name, value in base.items():
         assert torch.equal(after[name], value), f"{name} changed: LoRA must leave the base weights alone"
@@ -377,7 +377,7 @@ def test_lora_run_resumes_exactly(char_base, tmp_path):
         # A flat schedule (min_lr = lr), so that stopping at step 3 is the same as being stopped there.
         cfg = TrainConfig(out=str(out), max_steps=steps, lr=1e-2, min_lr=1e-2, warmup_steps=0, eval_every=3,
                           eval_batches=1, sample_tokens=0)
-        fit(model, _marker_task(tok, cfg), cfg, tok, resume=resume, progress=False)
+        fit(model, _marker_task(tok, cfg), cfg, tok, resume=resume)
         return model
 
     straight = run(tmp_path / "a", 6)
@@ -426,6 +426,10 @@ def test_finetune_instruct_skips_bad_records_and_chat_answers(gpt2_tok_base, tmp
     assert rc == 0, captured.err
     assert "skipped 1 malformed record(s)" in captured.err and "3 (missing 'output')" in captured.err
     assert glassgpt.load_meta(run)["finetune"]["kind"] == "instruct"
+    from glassgpt.training import read_metrics
+    evals = [r for r in read_metrics(run) if "val_loss" in r]  # a snapshot of the first val record's prompt
+    assert evals and all(r["snapshot"]["prompt"].endswith("### Response:\n") for r in evals)
+    assert all(len(r["snapshot"]["top"]) == 5 and len(r["snapshot"]["lens"]) == 1 for r in evals)
     assert cli_main(["chat", "Repeat the word red.", "--model", str(run), "--max-new-tokens", "3"]) == 0
     assert capsys.readouterr().out.endswith("\n")
     # Without an argument: one instruction per line of stdin, blank lines skipped.

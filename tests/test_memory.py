@@ -22,7 +22,8 @@ from glassgpt.engine import KVCache, autotune, LowPrecisionCopy, cross_entropy, 
 from glassgpt.memory import memory_needs, parameter_counts, parameter_table
 from glassgpt.model import GPTModel, LayerNorm
 from glassgpt.engine import fused
-from glassgpt.training.loop import TrainConfig, make_optimizer
+from glassgpt.training import TrainConfig
+from glassgpt.training.compute import make_optimizer
 from glassgpt.formats import random_model
 
 from conftest import stored_bytes

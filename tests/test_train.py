@@ -24,7 +24,10 @@ from glassgpt.cli import main
 from glassgpt.config import GPTConfig
 from glassgpt.training.data import TextTask, load_corpus
 from glassgpt.errors import CheckpointError
-from glassgpt.training.loop import TrainConfig, TrainError, fit, grad_accum_for, lr_at, make_optimizer, read_metrics
+from glassgpt.errors import RunDirError, TrainError
+from glassgpt.training import TrainConfig, fit, read_metrics
+from glassgpt.training.compute import make_optimizer
+from glassgpt.training.config import grad_accum_for, lr_at
 from glassgpt.formats import load_model, load_tokenizer, random_model
 
 WORDS = "the quick brown fox jumps over lazy dog and cat sat on mat".split()
@@ -87,8 +90,10 @@ def test_batch_tokens_sets_the_accumulation():
 @pytest.mark.parametrize("field, value, message", [
     ("batch_size", 0, "batch_size must be a positive integer"),
     ("max_steps", -1, "max_steps must be a positive integer"),
-    ("lr", float("nan"), "lr must be a number >= 0"),
-    ("lr", 0, "lr must be > 0"),
+    ("lr", float("nan"), "lr must be a positive number, got nan"),
+    ("lr", 0, "lr must be a positive number, got 0"),
+    ("grad_clip", -1.0, "grad_clip must be a number >= 0"),
+    ("recipe", "nanogpt", "recipe must be glassgpt or book"),
     ("beta2", 1.0, r"beta2 must be in \[0, 1\)"),
     ("dtype", "int8", "dtype must be float32, bfloat16"),
     ("seed", -3, "seed must be a non-negative integer"),
@@ -107,6 +112,24 @@ def test_weight_decay_applies_to_matrices_only():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
+def test_saves_cost_at_most_a_tenth_of_the_training_time_unless_save_every_says():
+    from glassgpt.training.checkpoint import SavePolicy
+    policy = SavePolicy(None, checkpoint_bytes=2_000_000_000)  # a 163M model and its AdamW moments: ~8 s
+    policy.trained(40.0)
+    assert not policy.due(5, evaluated=True)  # 40 s trained: a save would cost a fifth of it
+    policy.trained(40.0)
+    assert policy.due(10, evaluated=True) and not policy.due(10, evaluated=False)
+    policy.saved(20.0)  # measured: this disk is slower, so the next save waits longer
+    policy.trained(150.0)
+    assert not policy.due(15, evaluated=True)
+    policy.trained(50.0)
+    assert policy.due(20, evaluated=True)
+    cheap = SavePolicy(None, checkpoint_bytes=10_000_000)  # under a second: at every evaluation
+    assert cheap.due(1, evaluated=True)
+    every = SavePolicy(7, checkpoint_bytes=2_000_000_000)
+    assert every.due(14, evaluated=False) and not every.due(15, evaluated=True)
+
+
 # --- the loop ----------------------------------------------------------------------------------
 
 def test_tiny_model_overfits_a_small_text(tmp_path):
@@ -114,14 +137,14 @@ def test_tiny_model_overfits_a_small_text(tmp_path):
     path.write_text("the quick brown fox jumps over the lazy dog.\n" * 100)
     model, task, cfg, tok = tiny(tmp_path, path, max_steps=150, eval_every=150, sample_tokens=0, lr=3e-3,
                                  warmup_steps=10)
-    result = fit(model, task, cfg, tok, progress=False)
+    result = fit(model, task, cfg, tok)
     assert result["train_loss"] < 0.5 and result["val_loss"] < 0.5  # from ln(29) = 3.4 at the start
     assert not result["interrupted"] and result["step"] == 150 and result["tokens"] == 150 * 4 * 16
 
 
 def test_metrics_log_every_step_and_validation_on_eval_steps(tmp_path, corpus):
     model, task, cfg, tok = tiny(tmp_path, corpus)
-    fit(model, task, cfg, tok, progress=False)
+    fit(model, task, cfg, tok)
     records = read_metrics(cfg.out)
     assert [r["step"] for r in records] == list(range(1, 9))
     logged = {"step", "tokens", "train_loss", "lr", "grad_norm", "tokens_per_s"}  # the schema, not a speed
@@ -133,12 +156,42 @@ def test_metrics_log_every_step_and_validation_on_eval_steps(tmp_path, corpus):
     assert json.loads((Path(cfg.out) / "train_config.json").read_text())["max_steps"] == 8
 
 
+def test_fit_prints_nothing_and_hands_every_step_to_log(tmp_path, corpus, capfd):
+    model, task, cfg, tok = tiny(tmp_path, corpus, plot=True)
+    events = []
+    fit(model, task, cfg, tok, log=events.append)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""  # the library never prints: the command line does, from the events
+    assert [e["event"] for e in events] == ["start"] + ["step"] * 8 + ["end"]
+    evals = [e for e in events if e["event"] == "step" and "val_loss" in e]
+    assert [e["step"] for e in evals] == [4, 8] and all(isinstance(e["sample"], str) for e in evals)
+    assert events[-1]["step"] == 8 and events[-1]["plot"] == str(Path(cfg.out) / "loss.png")
+
+
+def test_each_evaluation_records_a_snapshot_of_the_sample_prompt(tmp_path, corpus):
+    model, task, cfg, tok = tiny(tmp_path, corpus)
+    fit(model, task, cfg, tok)
+    evals = [r for r in read_metrics(cfg.out) if "val_loss" in r]
+    assert [r["step"] for r in evals] == [4, 8] and all("snapshot" in r for r in evals)
+    snap = evals[-1]["snapshot"]
+    assert snap["prompt_ids"] == task.sample_prompt_ids and snap["prompt"] == tok.decode(task.sample_prompt_ids)
+    assert len(snap["top"]) == 5 and len(snap["lens"]) == 2 and snap["lens"][-1]["id"] == snap["top"][0]["id"]
+    assert [e["prob"] for e in snap["top"]] == sorted((e["prob"] for e in snap["top"]), reverse=True)
+    assert snap["greedy"] == tok.decode(glassgpt_generate(load_model(Path(cfg.out) / "latest"), snap["prompt_ids"], 8))
+    assert not any("snapshot" in r for r in read_metrics(cfg.out) if "val_loss" not in r)
+
+
+def glassgpt_generate(model, ids, n):
+    from glassgpt import generate
+    return generate(model, ids, n)[0, len(ids):].tolist()
+
+
 def test_only_parameters_that_require_grad_change(tmp_path, corpus):
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=3)
     for name, p in model.named_parameters():
         p.requires_grad = name.startswith("final_norm")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    fit(model, task, cfg, tok, progress=False)
+    fit(model, task, cfg, tok)
     after = model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed == {"final_norm.scale", "final_norm.shift"}
@@ -150,7 +203,7 @@ def test_bfloat16_trains_a_bf16_copy_and_updates_float32_master_weights(tmp_path
     init = LowPrecisionCopy.__init__
     monkeypatch.setattr(LowPrecisionCopy, "__init__", lambda self, *a, **k: (init(self, *a, **k), copies.append(self))[0])
     model, task, cfg, tok = tiny(tmp_path, corpus, dtype="bfloat16", max_steps=4)
-    result = fit(model, task, cfg, tok, progress=False)
+    result = fit(model, task, cfg, tok)
     assert math.isfinite(result["train_loss"]) and math.isfinite(result["val_loss"])
     assert len(copies) == 1 and copies[0].master is model
     assert all(p.dtype == torch.bfloat16 for p in copies[0].module.parameters())
@@ -164,14 +217,14 @@ def test_bfloat16_trains_a_bf16_copy_and_updates_float32_master_weights(tmp_path
 
 def test_batch_tokens_picks_the_accumulation_from_the_first_batch(tmp_path, corpus):
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=2, batch_tokens=256)  # 4 x 16 per micro-batch
-    fit(model, task, cfg, tok, progress=False)
+    fit(model, task, cfg, tok)
     assert json.loads((Path(cfg.out) / "train_config.json").read_text())["grad_accum"] == 4
     assert read_metrics(cfg.out)[-1]["tokens"] == 2 * 256
 
 
 def test_checkpoint_is_a_model_that_load_model_reads_with_its_tokenizer(tmp_path, corpus):
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=4)
-    fit(model, task, cfg, tok, meta={"note": "kept"}, progress=False)
+    fit(model, task, cfg, tok, meta={"note": "kept"})
     for spec in (cfg.out, Path(cfg.out) / "latest", Path(cfg.out) / "best"):
         loaded = load_model(spec)
         ids = torch.tensor([[1, 2, 3, 4]])
@@ -184,16 +237,33 @@ def test_checkpoint_is_a_model_that_load_model_reads_with_its_tokenizer(tmp_path
 
 def test_starting_over_an_existing_run_is_refused(tmp_path, corpus):
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=2)
-    fit(model, task, cfg, tok, progress=False)
-    with pytest.raises(TrainError, match="already holds a training run .* pass --resume"):
-        fit(model, task, cfg, tok, progress=False)
+    fit(model, task, cfg, tok)
+    with pytest.raises(RunDirError, match="already holds a training run .* pass --resume"):
+        fit(model, task, cfg, tok)
 
 
 def test_the_run_draws_loss_png(tmp_path, corpus):
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=4, plot=True)
-    result = fit(model, task, cfg, tok, progress=False)
+    result = fit(model, task, cfg, tok)
     png = Path(cfg.out) / "loss.png"
     assert result["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_draws_the_snapshots_tokens_and_says_when_a_run_has_none(tmp_path, corpus, capsys):
+    model, task, cfg, tok = tiny(tmp_path, corpus)
+    fit(model, task, cfg, tok)
+    run = Path(cfg.out)
+    assert main(["plot", str(run), "--out", str(tmp_path / "with.png")]) == 0
+    assert capsys.readouterr().err == ""
+    records = read_metrics(run)  # a run made before snapshots: the same records without them
+    (run / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "snapshot"}) + "\n"
+                                               for r in records))
+    assert main(["plot", str(run), "--out", str(tmp_path / "without.png")]) == 0
+    err = capsys.readouterr().err
+    assert "has no snapshots" in err and "the plot shows the loss alone" in err
+    from PIL import Image
+    with_, without = Image.open(tmp_path / "with.png"), Image.open(tmp_path / "without.png")
+    assert with_.height > without.height  # a second panel: the next token's probabilities
 
 
 # --- resume ----------------------------------------------------------------------------------
@@ -219,19 +289,19 @@ def test_resume_after_an_interrupt_reproduces_the_uninterrupted_losses(tmp_path,
     # in bfloat16 the bf16 copy is rebuilt from the saved float32 master weights.
     common = dict(drop_rate=0.1, grad_accum=2, max_steps=8, eval_every=4, dtype=dtype)
     model, task, cfg, tok = tiny(tmp_path, corpus, out="straight", **common)
-    fit(model, task, cfg, tok, progress=False)
+    fit(model, task, cfg, tok)
 
     model, task, cfg2, tok = tiny(tmp_path, corpus, out="stopped", **common)
-    first = fit(model, InterruptAt(task, step=2), cfg2, tok, progress=False)
+    first = fit(model, InterruptAt(task, step=2), cfg2, tok)
     assert first["interrupted"] and first["step"] == 3  # the step under way finishes, then it saves
     assert json.loads((Path(cfg2.out) / "latest" / "train_state.json").read_text())["step"] == 3
 
     fresh, task, cfg2, tok = tiny(tmp_path, corpus, out="stopped", seed=99, **common)  # other weights
-    second = fit(fresh, task, cfg2, tok, resume=True, progress=False)
+    second = fit(fresh, task, cfg2, tok, resume=True)
     assert second["step"] == 8 and not second["interrupted"]
     assert losses(cfg2.out) == losses(cfg.out)  # exactly, step for step
-    vals = lambda run: [r["val_loss"] for r in read_metrics(run) if "val_loss" in r]  # noqa: E731
-    assert vals(cfg2.out) == vals(cfg.out)
+    vals = lambda run: [(r["val_loss"], r["snapshot"]) for r in read_metrics(run) if "val_loss" in r]  # noqa: E731
+    assert vals(cfg2.out) == vals(cfg.out)  # the snapshots too: the same weights predict the same tokens
     straight = load_model(Path(cfg.out) / "latest").state_dict()
     resumed = load_model(Path(cfg2.out) / "latest").state_dict()
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
@@ -239,7 +309,7 @@ def test_resume_after_an_interrupt_reproduces_the_uninterrupted_losses(tmp_path,
 
 def test_sigterm_also_saves_and_stops(tmp_path, corpus):
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=6)
-    result = fit(model, InterruptAt(task, step=1, sig=signal.SIGTERM), cfg, tok, progress=False)
+    result = fit(model, InterruptAt(task, step=1, sig=signal.SIGTERM), cfg, tok)
     assert result["interrupted"] and result["step"] == 2
     assert verify_checkpoint(Path(cfg.out) / "latest")["step"] == 2
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler is put back
@@ -247,9 +317,9 @@ def test_sigterm_also_saves_and_stops(tmp_path, corpus):
 
 def test_resume_of_a_finished_run_with_more_steps_continues(tmp_path, corpus):
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=4)
-    fit(model, task, cfg, tok, progress=False)
+    fit(model, task, cfg, tok)
     cfg.max_steps = 6
-    result = fit(model, task, cfg, tok, resume=True, progress=False)
+    result = fit(model, task, cfg, tok, resume=True)
     assert result["step"] == 6 and [r["step"] for r in read_metrics(cfg.out)] == list(range(1, 7))
 
 
@@ -259,7 +329,7 @@ def test_resume_of_a_finished_run_with_more_steps_continues(tmp_path, corpus):
 def stopped_run(tmp_path, corpus):
     """A run saved at step 4 (latest and best) that was meant to go to 8."""
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=8)
-    assert fit(model, InterruptAt(task, step=3), cfg, tok, progress=False)["step"] == 4
+    assert fit(model, InterruptAt(task, step=3), cfg, tok)["step"] == 4
     return tmp_path, corpus, cfg
 
 
@@ -276,13 +346,13 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(stopped_run, monkey
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=8)
     with pytest.raises(CheckpointError, match=r"could not write the checkpoint .*latest \(No space left on device\): "
                                               r"the previous latest/ \(step 4\) is unchanged"):
-        fit(model, task, cfg, tok, resume=True, progress=False)
+        fit(model, task, cfg, tok, resume=True)
     run = Path(cfg.out)
     assert verify_checkpoint(run / "latest")["step"] == 4
     assert not list(run.glob(".latest*"))  # the half-written directory is gone
     monkeypatch.setattr(checkpoint_mod, "_save_tensors", real)
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=8)
-    assert fit(model, task, cfg, tok, resume=True, progress=False)["step"] == 8
+    assert fit(model, task, cfg, tok, resume=True)["step"] == 8
 
 
 def test_a_crash_between_the_renames_is_undone(stopped_run):
@@ -297,7 +367,7 @@ def test_a_crash_between_the_renames_is_undone(stopped_run):
     assert load_model(run / "latest").cfg.n_layers == 2
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=8)
     os.replace(run / "latest", run / ".latest.old")
-    assert fit(model, task, cfg, tok, resume=True, progress=False)["step"] == 8  # fit recovers by itself
+    assert fit(model, task, cfg, tok, resume=True)["step"] == 8  # fit recovers by itself
 
 
 def test_a_corrupt_checkpoint_is_refused_and_the_other_still_loads(stopped_run):
@@ -306,11 +376,19 @@ def test_a_corrupt_checkpoint_is_refused_and_the_other_still_loads(stopped_run):
     weights = run / "latest" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0xFF  # one flipped byte in the last tensor: safetensors would load it silently
+    weights.unlink()  # a new file (best/ shares the old one: a checkpoint's files are never changed in place)
     weights.write_bytes(bytes(data))
     model, task, cfg, tok = tiny(tmp_path, corpus, max_steps=8)
     with pytest.raises(CheckpointError, match=r"latest/model.safetensors is corrupt \(its sha256 differs"):
-        fit(model, task, cfg, tok, resume=True, progress=False)
-    assert load_model(run / "best").cfg.emb_dim == 32  # best/ has its own files
+        fit(model, task, cfg, tok, resume=True)
+    assert load_model(run / "best").cfg.emb_dim == 32
+
+
+def test_latest_and_best_of_one_step_share_their_files(stopped_run):
+    run = Path(stopped_run[2].out)
+    assert verify_checkpoint(run / "latest")["step"] == verify_checkpoint(run / "best")["step"] == 4
+    for f in (run / "latest").iterdir():
+        assert f.samefile(run / "best" / f.name)  # hard links: the pair costs the bytes of one
 
 
 def test_a_checkpoint_without_its_state_file_is_refused(stopped_run):
@@ -442,9 +520,9 @@ def test_torchrun_two_cpu_ranks_match_one_process_with_the_same_global_batch(tmp
 def test_compiled_training_matches_eager(tmp_path, corpus):
     """torch.compile (inductor, needs a C compiler on CPU) changes the kernels, not the maths."""
     model, task, cfg, tok = tiny(tmp_path, corpus, out="eager", max_steps=4)
-    fit(model, task, cfg, tok, progress=False)
+    fit(model, task, cfg, tok)
     model, task, cfg2, tok = tiny(tmp_path, corpus, out="compiled", max_steps=4, compile=True)
-    fit(model, task, cfg2, tok, progress=False)
+    fit(model, task, cfg2, tok)
     assert max(abs(a - b) for a, b in zip(losses(cfg.out), losses(cfg2.out))) < 1e-4
 
 
@@ -482,7 +560,7 @@ def test_a_run_that_diverges_before_its_first_save_says_there_is_no_checkpoint(t
     model, task, cfg, tok = tiny(tmp_path, corpus, lr=1e30, warmup_steps=0, max_steps=20, eval_every=10)
     with pytest.raises(TrainError, match=r"training diverged at step \d+: .*; nothing non-finite was saved and there "
                                          r"is no saved checkpoint\. Lower --lr \(now 1e\+30\)"):
-        fit(model, task, cfg, tok, progress=False)
+        fit(model, task, cfg, tok)
     assert not (Path(cfg.out) / "latest").exists() and not (Path(cfg.out) / "best").exists()
 
 

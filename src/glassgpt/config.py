@@ -65,11 +65,16 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "GPTConfig":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - fields)
-        if unknown:
-            raise ConfigError(f"unknown config field(s) {unknown}: valid fields are {sorted(fields)}")
-        return cls(**values)
+        return cls(**known_fields(cls, values, ConfigError, "config field"))
+
+
+def known_fields(cls: type, values: dict[str, Any], error: type[Exception], what: str) -> dict[str, Any]:
+    """`values`, when every key is a field of the dataclass `cls`; else `error`, naming the others."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise error(f"unknown {what}(s) {unknown}: valid ones are {sorted(fields)}")
+    return values
 
 
 # GPT-2's published sizes. drop_rate is 0 here: these presets are for inference

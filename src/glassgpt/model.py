@@ -118,8 +118,10 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
         """`[b, t, d] -> [b, t, d]`. `cache`: this layer's part of the engine's KV cache, or None."""
         b, t, d = x.shape
-        q = self.split_heads(self.W_query(x))  # each head attends in its own hd-wide slice
-        k = self.split_heads(self.W_key(x))
+        # Keys before queries, as the book computes them: backward adds the three gradients
+        # into x in the reverse order, so this order decides the last bit of every update.
+        k = self.split_heads(self.W_key(x))  # each head attends in its own hd-wide slice
+        q = self.split_heads(self.W_query(x))
         v = self.split_heads(self.W_value(x))
         if cache is not None:
             k, v = cache.update(k, v)  # the earlier tokens' keys and values, then these: [b, h, s, hd]

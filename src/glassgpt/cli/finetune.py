@@ -9,7 +9,7 @@
     glassgpt classify "TEXT" --model RUN_DIR [--json]
     glassgpt chat ["INSTRUCTION"] --model RUN_DIR        (no instruction: one per line of stdin)
 
-The training flags and the loop are `glassgpt train`'s (`add_train_args`, `fit`). What
+The training flags, the run lifecycle and the loop are `glassgpt train`'s (cli/run.py, `fit`). What
 the run was made from (model, data as absolute paths with their sha256, columns,
 labels, LoRA) is saved in each checkpoint's meta.json under "finetune", so `--resume`
 needs nothing else, works from any directory, and refuses data that changed.
@@ -18,25 +18,25 @@ needs nothing else, works from any directory, and refuses data that changed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import GlassError
+from ..formats import load_meta, load_model, load_tokenizer
+from ..tokenizer import check_fits
+from ..training import TrainConfig
 from ..training import finetune as ft
 from ..training import lora
-from ..training.checkpoint import recover_checkpoints, resume_checkpoint
-from ..training.data import scan_file
-from ..tokenizer import check_fits
-from ..errors import GlassError
+from ..training.config import default
 from ..prompt import fit_prompt
-from ..training.loop import TrainConfig, check_out_dir, fit
-from ..formats import load_meta, load_model, load_tokenizer
-from .common import (add_model_args, fraction, is_main_rank, load, nonneg_float, nonneg_int, positive_float,
-                     positive_int, probability, require_language_model, say, set_threads)
-from .train import add_train_args, interrupted_exit, locked, resumed_train_config, stoppable, train_config_from_args
+from ..training.data import scan_file
+from .common import (add_model_args, fraction, load, nonneg_float, nonneg_int, positive_float, positive_int, probability,
+                     require_language_model, say)
+from .run import Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
 
 # Flags that describe what a run is made of; --resume takes them from the run instead.
 SETTINGS = ("model", "data", "val", "val_fraction", "text_column", "label_column", "max_length", "trainable",
@@ -105,9 +105,7 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--lora-rank", type=positive_int, metavar="R",
                    help="train rank-R LoRA adapters instead of the weights (default: no LoRA)")
     p.add_argument("--lora-alpha", type=positive_float, metavar="A", help="LoRA scale is A / R (default: A = R)")
-    p.add_argument("--epochs", type=positive_float,
-                   help=f"passes over the training data (default {d['epochs']}); give this or --max-steps, not both")
-    add_train_args(p, exclude=("batch_tokens",), defaults={
+    add_train_args(p, exclude=("batch_tokens", "recipe"), epochs=str(d["epochs"]), shown={
         "lr": f"{ft.BOOK_LR:g} x max(1, 768 / emb_dim): the book's at GPT-2's widths, more for narrower models",
         "max_steps": "from --epochs; not with --epochs",
         "warmup_steps": "a tenth of the steps, at most 100", "eval_every": "once per epoch, at most 100 steps",
@@ -119,24 +117,20 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
 @stoppable
 def run_finetune(args: argparse.Namespace) -> int:
     kind = args.finetune_command
-    if args.resume:
-        check_out_dir(args.resume, resume=True)  # before the lock creates the directory
-    else:
+    if not args.resume:
         missing = [f for f in ("model", "data", "out") if getattr(args, f) is None]
         if missing:
             raise GlassError(f"glassgpt finetune {kind} needs --model SPEC, --data FILE and --out RUN_DIR "
                              f"(missing --{missing[0]}), or --resume RUN_DIR")
-    with locked(args.resume or args.out):
-        return _finetune(args, kind, args.resume or args.out)
+    return run_training(args, f"glassgpt finetune {kind}", functools.partial(_setup, kind=kind),
+                        functools.partial(_report, kind=kind))
 
 
-def _finetune(args: argparse.Namespace, kind: str, run_dir: str) -> int:
-    if args.resume:
-        settings, source, saved = _resume_settings(args, kind)
-        seed = saved["seed"]  # the split and the initialisation are the run's
-    else:
-        settings, source, saved = _new_settings(args, kind), None, None
-        seed = args.seed if args.seed is not None else TrainConfig(out="-").seed
+def _setup(args: argparse.Namespace, start: Start, kind: str):
+    if start.checkpoint:
+        settings, source, seed = _resume_settings(args, kind, start), start.checkpoint, start.saved["seed"]
+    else:  # the split and the initialisation of a new head follow the seed
+        settings, source, seed = _new_settings(args, kind), None, args.seed if args.seed is not None else default("seed")
     if settings["lora_rank"] and args.fsdp:
         raise GlassError("--fsdp shards plain weights; LoRA adapters are small enough to replicate: drop --fsdp")
     model = load_model(source or settings["model"], device="cpu", dtype="float32")
@@ -145,22 +139,21 @@ def _finetune(args: argparse.Namespace, kind: str, run_dir: str) -> int:
     max_length = min(settings["max_length"] or model.cfg.context_length, model.cfg.context_length)
     setup = _classification_setup if kind == "classify" else _instruction_setup
     model, data, make_task = setup(model, tokenizer, settings, max_length, seed)
-    cfg = _train_config(args, kind, len(data["train"]), model.cfg.emb_dim, saved)
+    world = start.ranks.world
+    cfg = _train_config(args, kind, len(data["train"]), model.cfg.emb_dim, start.saved, world)
     task = make_task(cfg)
     say(_parameter_summary(model, settings))
-    per_epoch = ft.steps_per_epoch(task.n_train, cfg.batch_size, cfg.grad_accum, _world())
+    per_epoch = ft.steps_per_epoch(task.n_train, cfg.batch_size, cfg.grad_accum, world)
     say(f"training: {cfg.max_steps:,} steps ({cfg.max_steps / per_epoch:.2f} epochs of {per_epoch:,} steps) of "
-        f"{cfg.batch_size} x {cfg.grad_accum} accumulation x {_world()} rank(s), lr {cfg.lr:g}, {cfg.dtype}")
-    set_threads(args.threads, model.cfg.emb_dim, file=sys.stdout)
+        f"{cfg.batch_size} x {cfg.grad_accum} accumulation x {world} rank(s), lr {cfg.lr:g}, {cfg.dtype}")
     meta = {"finetune": settings}
     if kind == "classify":
         meta["labels"] = settings["labels"]
-    result = fit(model, task, cfg, tokenizer, meta=meta, resume=bool(args.resume),
-                 progress=not args.no_progress)
-    if result["interrupted"]:
-        return interrupted_exit(result, run_dir, f"glassgpt finetune {kind}")
-    if not is_main_rank():
-        return 0
+    return model, tokenizer, task, cfg, meta
+
+
+def _report(result: dict, cfg: TrainConfig, task, tokenizer, kind: str) -> None:
+    run_dir = cfg.out
     if result["val_loss"] is not None:
         print(f"done: step {result['step']:,}, val loss {result['val_loss']:.4f} "
               f"(best {result['best_val_loss']:.4f}), {result['elapsed_s']:.0f} s of training")
@@ -174,22 +167,13 @@ def _finetune(args: argparse.Namespace, kind: str, run_dir: str) -> int:
             answer = ft.respond(best, tokenizer, rec["instruction"], rec["input"], max_new_tokens=cfg.sample_tokens or 64)
             print(f"sample: {rec['instruction']!r}\n  -> {answer!r}")
         print(f"model: {run_dir}   try: glassgpt chat \"...\" --model {run_dir}")
-    return 0
-
-
-def _world() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _new_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
-    if is_main_rank():
-        check_out_dir(args.out, resume=False)
     if args.lora_rank is None and args.lora_alpha is not None:
         raise GlassError("--lora-alpha needs --lora-rank R")
     if args.lora_rank is not None and args.trainable is not None:
         raise GlassError("with --lora-rank only the adapters (and a classifier head) train: drop --trainable")
-    if args.epochs is not None and args.max_steps is not None:
-        raise GlassError("give --epochs or --max-steps, not both")
     for path in (args.data, args.val):
         if path is not None and not Path(path).is_file():
             raise GlassError(f"{path}: no such file")
@@ -211,20 +195,14 @@ def _new_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     return settings
 
 
-def _resume_settings(args: argparse.Namespace, kind: str) -> tuple[dict[str, Any], Path, dict]:
-    """(the run's settings, the checkpoint to continue, its saved TrainConfig values)."""
-    given = [f for f in SETTINGS + ("epochs",) if getattr(args, f, None) is not None]
+def _resume_settings(args: argparse.Namespace, kind: str, start: Start) -> dict[str, Any]:
+    """The run's settings (model, data, columns, LoRA), with its data checked unchanged."""
+    given = given_flags(args, SETTINGS + ("epochs",))
     if given:
-        raise GlassError(f"--resume continues a run with its own model and data: drop --{given[0].replace('_', '-')} "
+        raise GlassError(f"--resume continues a run with its own model and data: drop {given[0]} "
                          "(training flags such as --max-steps may change)")
-    if args.out and Path(args.out) != Path(args.resume):
-        raise GlassError("--resume RUN_DIR writes to RUN_DIR: drop --out")
-    run_dir = Path(args.resume)
-    if is_main_rank():
-        recover_checkpoints(run_dir)
-    ckpt, note = resume_checkpoint(run_dir)
-    saved = resumed_train_config(args, run_dir, ckpt, note)
-    settings = load_meta(ckpt).get("finetune")
+    run_dir = start.run_dir.path
+    settings = load_meta(start.checkpoint).get("finetune")
     if not settings or settings.get("kind") != kind:
         made = f"glassgpt finetune {settings['kind']}" if settings else "glassgpt train"
         raise GlassError(f"{run_dir} was made by {made}, not glassgpt finetune {kind}: resume it with that")
@@ -234,22 +212,20 @@ def _resume_settings(args: argparse.Namespace, kind: str) -> tuple[dict[str, Any
             raise GlassError(f"{settings[name]} changed since the run started (its sha256 differs from the run's "
                              "record), so --resume could not continue it exactly: restore it, or start a new "
                              f"finetuning run from this one's weights with --model {run_dir}")
-    return settings, ckpt, saved
+    return settings
 
 
-def _train_config(args: argparse.Namespace, kind: str, n_train: int, emb_dim: int, saved: dict | None
-                  ) -> TrainConfig:
+def _train_config(args: argparse.Namespace, kind: str, n_train: int, emb_dim: int, saved: dict | None,
+                  world: int) -> TrainConfig:
     """The run's TrainConfig: a resumed run's own, or the flags over this kind's DEFAULTS.
 
-    --epochs sets max_steps (at least one); --max-steps sets it directly; giving both is
-    refused. Warm-up is a tenth of the steps (at most 100); one evaluation per epoch.
+    --epochs sets max_steps (at least one); --max-steps sets it directly (cli/run.py refuses
+    both). Warm-up is a tenth of the steps (at most 100); one evaluation per epoch.
     """
     if saved is not None:
-        args.out = args.resume
         return train_config_from_args(args, saved)
     d = DEFAULTS[kind]
-    batch_size = args.batch_size or TrainConfig(out="-").batch_size
-    per_epoch = ft.steps_per_epoch(n_train, batch_size, args.grad_accum or 1, _world())
+    per_epoch = ft.steps_per_epoch(n_train, args.batch_size or default("batch_size"), args.grad_accum or 1, world)
     max_steps = args.max_steps or max(1, math.ceil((args.epochs or d["epochs"]) * per_epoch))
     base = {"out": args.out, "lr": ft.default_lr(emb_dim), "max_steps": max_steps, "warmup_steps": min(100, max_steps // 10),
             "eval_every": min(100, per_epoch), "sample_tokens": 0 if kind == "classify" else 64}

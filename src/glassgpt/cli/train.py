@@ -2,50 +2,52 @@
 
     glassgpt train --data PATH --out RUN_DIR [--tokenizer gpt2|char|FILE]
                    [--model SPEC | --n-layers N --n-heads H --emb-dim D --context-length T]
-                   [--init SPEC] [--drop-rate P] [--batch-size B] [--grad-accum K] [--max-steps S]
-                   [--lr LR] [--warmup-steps W] [--weight-decay WD] [--eval-every E] [--seed SEED]
-                   [--dtype float32|bfloat16] [--compile] [--threads N] ...
+                   [--init SPEC] [--drop-rate P] [--recipe glassgpt|book] [--epochs N] [training flags]
     glassgpt train --resume RUN_DIR [--max-steps S]
+    glassgpt eval --model SPEC --data PATH [--split val|train] [--recipe book]
+    glassgpt plot RUN_DIR
 
-`add_train_args`, `train_config_from_args` and `stoppable` are shared with `glassgpt
-finetune`. A run records its data as absolute paths (the token cache relative to the
-run directory) with the data's fingerprint, so `--resume` works from any directory
-and refuses data that changed (it could not continue the run exactly).
+The run's lifecycle (its directory claimed once, resume, fit, the signals) is cli/run.py's,
+shared with `glassgpt finetune`; here is what `train` trains: the model, the tokenizer and
+the task, glassgpt's random windows (training/data.py) or the book's loaders (training/book.py).
+A run records its data as absolute paths (the token cache relative to the run directory) with
+the data's fingerprint, so `--resume` works from any directory and refuses data that changed.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import functools
 import json
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import torch
 
-from ..training.checkpoint import recover_checkpoints, resume_checkpoint
 from ..config import PRESETS, init_scheme
-from ..engine import autotune
-from ..training.data import TextTask, build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
 from ..errors import GlassError
-from ..training.rundir import lock_run_dir
-from ..tokenizer import check_fits, get_tokenizer, train_bpe
-from ..training.loop import TrainConfig, check_out_dir, evaluate_loss, fit, plot_run, saved_train_config
 from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir, random_model
+from ..formats.book import is_book_spec, is_state_dict_file, side_config
 from ..formats.files import atomic_write
-from .common import (add_threads_arg, fraction, is_main_rank, nonneg_float, nonneg_int, positive_float, positive_int,
-                     require_language_model, say, set_threads)
+from ..model import GPTModel
+from ..tokenizer import check_fits, get_tokenizer, train_bpe
+from ..training import TrainConfig, evaluate_loss, plot_run, read_metrics
+from ..training import book
+from ..training.compute import exact
+from ..training.config import BOOK_DEFAULTS, BOOK_SETTINGS
+from ..training.data import TextTask, build_tokenizer, cache_key, resolve_files, scan_file, split_ids, tokenize_files
+from ..training.metrics import snapshot_records
+from ..training.rundir import saved_train_config
+from .common import add_threads_arg, fraction, nonneg_float, nonneg_int, positive_int, require_language_model, say, set_threads
+from .run import Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16", "auto"]
 MODEL_FLAGS = ("data", "tokenizer", "model", "init", "n_layers", "n_heads", "emb_dim", "context_length",
-               "drop_rate", "val_fraction", "cache_dir", "sample_prompt")
+               "drop_rate", "val_fraction", "cache_dir", "sample_prompt", "stride", "recipe")
+BOOK_DROP_RATE = 0.1  # GPT_CONFIG_124M's: what a state dict, which cannot record it, is assumed to have trained with
 
 
 def dropout(text: str) -> float:
@@ -55,129 +57,10 @@ def dropout(text: str) -> float:
     return value
 
 
-def add_train_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
-                   defaults: dict[str, str] | None = None) -> None:
-    """The TrainConfig flags. Defaults are None, so a resumed run knows which were given.
-
-    `defaults` replaces the default that help shows for some flags (finetuning has its own).
-    """
-    d = TrainConfig(out="-")
-    shown = {"batch_size": d.batch_size, "grad_accum": d.grad_accum, "max_steps": f"{d.max_steps}",
-             "lr": f"{d.lr:g}", "min_lr": "lr/10", "warmup_steps": d.warmup_steps, "weight_decay": f"{d.weight_decay:g}",
-             "grad_clip": f"{d.grad_clip:g}", "beta1": d.beta1, "beta2": d.beta2, "eval_every": d.eval_every,
-             "eval_batches": d.eval_batches, "save_every": "at each evaluation", "log_every": d.log_every,
-             "sample_tokens": d.sample_tokens, "seed": d.seed, **(defaults or {})}
-    flags = [
-        ("--out", dict(metavar="RUN_DIR", help="the run directory: checkpoints, metrics.jsonl, loss.png "
-                                                "(required for a new run; default with --resume: RUN_DIR)")),
-        ("--resume", dict(metavar="RUN_DIR", help="continue RUN_DIR/latest exactly where it stopped (RUN_DIR/best "
-                                                   "if latest/ is gone; default: start a new run)")),
-        ("--batch-size", dict(type=positive_int, help="sequences per micro-batch and rank (default {batch_size})")),
-        ("--grad-accum", dict(type=positive_int, help="micro-batches per optimizer step (default {grad_accum})")),
-        ("--batch-tokens", dict(type=positive_int, help="target tokens per optimizer step over all ranks: "
-                                                        "sets --grad-accum (default: off)")),
-        ("--max-steps", dict(type=positive_int, help="optimizer steps (default {max_steps})")),
-        ("--lr", dict(type=positive_float, help="peak learning rate (default {lr})")),
-        ("--min-lr", dict(type=nonneg_float, help="learning rate at the end of the cosine (default {min_lr})")),
-        ("--warmup-steps", dict(type=nonneg_int, help="linear warm-up steps (default {warmup_steps})")),
-        ("--weight-decay", dict(type=nonneg_float, help="AdamW weight decay on matrices (default {weight_decay})")),
-        ("--grad-clip", dict(type=nonneg_float, help="clip the gradient norm at this (0: off; default {grad_clip})")),
-        ("--beta1", dict(type=fraction, help="AdamW beta1 (default {beta1})")),
-        ("--beta2", dict(type=fraction, help="AdamW beta2 (default {beta2})")),
-        ("--eval-every", dict(type=positive_int, help="steps between evaluations (default {eval_every})")),
-        ("--eval-batches", dict(type=positive_int, help="validation batches per evaluation (default {eval_batches})")),
-        ("--save-every", dict(type=positive_int, help="steps between saves of latest/ (default {save_every})")),
-        ("--log-every", dict(type=positive_int, help="steps between metrics.jsonl lines (default {log_every})")),
-        ("--sample-tokens", dict(type=nonneg_int, help="tokens sampled at each evaluation (default {sample_tokens})")),
-        ("--seed", dict(type=nonneg_int, help="seed for initialisation, batches and dropout (default {seed}; "
-                                              "a resumed run keeps its own)")),
-        ("--dtype", dict(choices=DTYPE_CHOICES, help="compute precision; the weights and AdamW stay float32: "
-                                                     "bfloat16 trains a bf16 copy of them (autocast under --fsdp), "
-                                                     "float16 autocasts with a grad scaler (CUDA), auto picks "
-                                                     "bfloat16 where it measured faster (default float32)")),
-        ("--device", dict(help="cpu, cuda, cuda:N or auto (default auto; under torchrun cuda:LOCAL_RANK)")),
-    ]
-    for flag, kwargs in flags:
-        if flag.lstrip("-").replace("-", "_") not in exclude:
-            kwargs["help"] = kwargs["help"].format(**shown)
-            p.add_argument(flag, default=None, **kwargs)
-    if "compile" not in exclude:
-        p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (default: off)")
-    if "fsdp" not in exclude:
-        p.add_argument("--fsdp", action="store_true", default=None,
-                       help="under torchrun: shard the model over the ranks (FSDP2) instead of replicating it "
-                            "(default: off)")
-    if "plot" not in exclude:
-        p.add_argument("--no-plot", dest="plot", action="store_false", default=None,
-                       help="do not draw RUN_DIR/loss.png at the end (default: draw it)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="hide the progress bar (on a terminal) or the progress lines (in a log); the evaluation "
-                        "lines and samples still print (default: shown)")
-    add_threads_arg(p)
-
-
-def train_config_from_args(args: argparse.Namespace, base: TrainConfig | dict | None = None) -> TrainConfig:
-    """A TrainConfig from the flags given, over `base` (a saved config, or field defaults)."""
-    values = dataclasses.asdict(base) if isinstance(base, TrainConfig) else dict(base or {})
-    for field in dataclasses.fields(TrainConfig):
-        given = getattr(args, field.name, None)
-        if given is not None:
-            values[field.name] = given
-    return TrainConfig.from_dict(values)
-
-
-# --- signals: a clean exit with the shell's code -------------------------------------------------
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM outside the training loop: unwinds like Ctrl-C, so `finally` blocks remove temp files."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated
-
-
-def stoppable(run):
-    """Wrap a training command so that every way it stops ends in a line and the shell's exit code.
-
-    In the loop, SIGINT and SIGTERM save latest/ (train.fit) and the command returns
-    128 + the signal (130, 143). Before or after it, SIGTERM unwinds like Ctrl-C, so
-    temporary files are removed, and exits 143. SIGXFSZ is ignored, so a file-size
-    limit (ulimit -f) is an error that names the file rather than a core dump.
-    """
-    @functools.wraps(run)
-    def wrapped(args: argparse.Namespace) -> int:
-        if threading.current_thread() is not threading.main_thread():
-            return run(args)
-        handlers = {signal.SIGTERM: _raise_terminated}
-        if hasattr(signal, "SIGXFSZ"):
-            handlers[signal.SIGXFSZ] = signal.SIG_IGN
-        old = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
-        try:
-            return run(args)
-        except Terminated:
-            say("terminated (SIGTERM)", file=sys.stderr)
-            return 128 + signal.SIGTERM
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
-    return wrapped
-
-
-def interrupted_exit(result: dict, run_dir: str, resume_command: str) -> int:
-    """The line and exit code (128 + signal) of a run that a signal stopped after saving latest/."""
-    say(f"interrupted at step {result['step']:,}: saved {run_dir}/latest; continue with: "
-        f"{resume_command} --resume {run_dir}", file=sys.stderr)
-    return 128 + int(result["signal"])
-
-
-def locked(run_dir: str | os.PathLike):
-    """RUN_DIR's lock on the main rank (under torchrun the other ranks follow rank 0)."""
-    return lock_run_dir(run_dir) if is_main_rank() else contextlib.nullcontext()
-
-
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="pretrain a GPT on your text (also under torchrun)",
-                       description="Train a GPT from scratch (or from --init weights) on text files.")
+                       description="Train a GPT from scratch (or from --init weights) on text files. --recipe book "
+                                   "trains as the book's chapter 5 does and prints its numbers.")
     p.add_argument("--data", metavar="PATH", help="a UTF-8 text file, a folder of .txt files, or a quoted glob "
                                                   "(required for a new run)")
     p.add_argument("--tokenizer", metavar="gpt2|char|FILE",
@@ -185,43 +68,32 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "(glassgpt tokenizer train); with --init: the checkpoint's")
     p.add_argument("--model", metavar="SPEC",
                    help=f"architecture to start from: a preset ({', '.join(PRESETS)}) or a config .json; "
-                        "random weights (default gpt2, with the flags below overriding)")
-    p.add_argument("--init", metavar="SPEC", help="start from these weights instead: checkpoint, run "
-                                                  "directory or hub id such as openai-community/gpt2 "
+                        "random weights, the *-book presets drawn as the book's GPTModel draws them (default gpt2, "
+                        "with the flags below overriding)")
+    p.add_argument("--init", metavar="SPEC", help="start from these weights instead: checkpoint, run directory, the "
+                                                  "book's model.pth, or hub id such as openai-community/gpt2 "
                                                   "(default: random weights)")
     p.add_argument("--n-layers", type=positive_int, metavar="N", help="transformer blocks (default: the --model's)")
     p.add_argument("--n-heads", type=positive_int, metavar="H", help="attention heads per block (default: the --model's)")
     p.add_argument("--emb-dim", type=positive_int, metavar="D", help="embedding width (default: the --model's)")
     p.add_argument("--context-length", type=positive_int, metavar="T",
                    help="tokens per training window (default: the --model's)")
-    p.add_argument("--drop-rate", type=dropout, metavar="P", help="dropout (default: the preset's, 0)")
-    p.add_argument("--val-fraction", type=fraction, help="share of the tokens held out (default 0.1, the end)")
+    p.add_argument("--drop-rate", type=dropout, metavar="P",
+                   help=f"dropout (default: the preset's; a .pth state dict, which cannot record it: {BOOK_DROP_RATE}, "
+                        "the book's)")
+    p.add_argument("--val-fraction", type=fraction, help="share held out at the end (default 0.1: of the tokens; "
+                                                         "--recipe book: of the characters, as the notebook splits)")
+    p.add_argument("--stride", type=positive_int, metavar="N",
+                   help="--recipe book: tokens between the starts of two windows (default: --context-length)")
     p.add_argument("--cache-dir", metavar="DIR", help="where tokenized data is cached (default RUN_DIR/cache)")
     p.add_argument("--sample-prompt", metavar="TEXT",
-                   help="prompt for the samples at each evaluation (default: the first tokens of the val split)")
-    add_train_args(p)
+                   help="prompt of the samples and snapshots at each evaluation (default: the first tokens of the "
+                        f"val split; --recipe book: {book.START_CONTEXT!r})")
+    add_train_args(p, epochs="none, --max-steps says; --recipe book: 10, the book's")
     p.set_defaults(run=run_train)
+    _add_eval_parser(sub)
 
-    p = sub.add_parser("eval", help="loss and perplexity of a model on a text",
-                       description="Loss and perplexity on the validation windows that training uses: "
-                                   "batch-size x eval-batches windows, evenly spaced over the split.")
-    p.add_argument("--model", required=True, metavar="SPEC", help="run directory, checkpoint, preset or hub id (required)")
-    p.add_argument("--data", required=True, metavar="PATH", help="text file, folder of .txt files or quoted glob "
-                                                                 "(required)")
-    p.add_argument("--tokenizer", metavar="gpt2|char|FILE", help="default: the model's (gpt2 for presets)")
-    p.add_argument("--split", choices=["val", "train"], default="val", help="which part of the data (default val)")
-    p.add_argument("--val-fraction", type=fraction, help="default: the run's, else 0.1")
-    p.add_argument("--context-length", type=positive_int, help="window length (default: the run's or the model's)")
-    p.add_argument("--batch-size", type=positive_int, help="default: the run's, else 8")
-    p.add_argument("--eval-batches", type=positive_int, help="default: the run's, else 20")
-    p.add_argument("--cache-dir", metavar="DIR", help="where tokenized data is cached (default ~/.cache/glassgpt/tokens)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default auto)")
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="autocast precision (default float32)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON (default: one line of text)")
-    add_threads_arg(p)
-    p.set_defaults(run=run_eval)
-
-    p = sub.add_parser("plot", help="draw train/val loss against tokens seen (RUN_DIR/loss.png)")
+    p = sub.add_parser("plot", help="draw the loss and the snapshots' next tokens against tokens seen (RUN_DIR/loss.png)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory")
     p.add_argument("--out", metavar="PNG", help="where to write the plot (default RUN_DIR/loss.png)")
     p.set_defaults(run=run_plot)
@@ -239,61 +111,92 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(run=run_tokenizer_train)
 
 
+def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="loss and perplexity of a model on a text",
+                       description="Loss and perplexity on the validation windows that training uses: "
+                                   "batch-size x eval-batches windows, evenly spaced over the split; with "
+                                   "--recipe book, every window of the book's loaders, as calc_loss_loader does.")
+    p.add_argument("--model", required=True, metavar="SPEC", help="run directory, checkpoint, the book's model.pth, "
+                                                                  "preset or hub id (required)")
+    p.add_argument("--data", required=True, metavar="PATH", help="text file, folder of .txt files or quoted glob "
+                                                                 "(required)")
+    p.add_argument("--tokenizer", metavar="gpt2|char|FILE", help="default: the model's (gpt2 for presets)")
+    p.add_argument("--split", choices=["val", "train"], default="val", help="which part of the data (default val)")
+    p.add_argument("--recipe", choices=["glassgpt", "book"], default="glassgpt",
+                   help="glassgpt: the evenly spaced windows training evaluates; book: the book's loaders, every "
+                        "window at --stride from the start (default glassgpt)")
+    p.add_argument("--val-fraction", type=fraction, help="default: the run's, else 0.1")
+    p.add_argument("--context-length", type=positive_int, help="window length (default: the run's or the model's)")
+    p.add_argument("--stride", type=positive_int, help="--recipe book: tokens between windows (default: the context length)")
+    p.add_argument("--batch-size", type=positive_int, help="default: the run's, else 8 (--recipe book: 2)")
+    p.add_argument("--eval-batches", type=positive_int, help="default: the run's, else 20")
+    p.add_argument("--seed", type=nonneg_int, default=None,
+                   help=f"--recipe book: torch.manual_seed before the shuffled loader (default {BOOK_DEFAULTS['seed']})")
+    p.add_argument("--cache-dir", metavar="DIR", help="where tokenized data is cached (default ~/.cache/glassgpt/tokens)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default auto)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="autocast precision (default float32)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (default: one line of text)")
+    add_threads_arg(p)
+    p.set_defaults(run=run_eval)
+
+
 # --- train ------------------------------------------------------------------------------
 
 @stoppable
 def run_train(args: argparse.Namespace) -> int:
-    if args.resume:
-        check_out_dir(args.resume, resume=True)  # before the lock creates the directory
-    elif not args.data or not args.out:
+    if not args.resume and (not args.data or not args.out):
         raise GlassError("glassgpt train needs --data PATH and --out RUN_DIR (or --resume RUN_DIR)")
-    with locked(args.resume or args.out):
-        model, tokenizer, task, cfg, meta = _resume_setup(args) if args.resume else _new_setup(args)
-        n_params = sum(p.numel() for p in model.parameters())
-        c = model.cfg
-        say(f"model: {c.n_layers} layers, {c.n_heads} heads, emb_dim {c.emb_dim}, context {c.context_length}, "
-            f"vocab {c.vocab_size:,}: {n_params / 1e6:.2f}M parameters")
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        accum = "auto" if cfg.batch_tokens else cfg.grad_accum
-        say(f"batch: {cfg.batch_size} x {task.context_length} tokens x {accum} accumulation x {world} rank(s); "
-            f"{cfg.max_steps:,} steps, lr {cfg.lr:g}, {cfg.dtype}")
-        set_threads(args.threads, c.emb_dim, file=sys.stdout)
-        if model.tok_emb.weight.device.type == "cpu":
-            say(autotune.training_note())
-        result = fit(model, task, cfg, tokenizer, meta=meta, resume=bool(args.resume), progress=not args.no_progress)
-    run_dir = cfg.out
-    if result["interrupted"]:
-        return interrupted_exit(result, run_dir, "glassgpt train")
-    val = result["val_loss"]
+    return run_training(args, "glassgpt train", _setup, _report)
+
+
+def _setup(args: argparse.Namespace, start: Start):
+    model, tokenizer, task, cfg, meta = (_resume_setup if start.checkpoint else _new_setup)(args, start)
+    c, world = model.cfg, start.ranks.world
+    say(f"model: {c.n_layers} layers, {c.n_heads} heads, emb_dim {c.emb_dim}, context {c.context_length}, "
+        f"vocab {c.vocab_size:,}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+    accum = "auto" if cfg.batch_tokens else cfg.grad_accum
+    say(f"batch: {cfg.batch_size} x {task.context_length} tokens x {accum} accumulation x {world} rank(s); "
+        f"{cfg.max_steps:,} steps, lr {cfg.lr:g}, {cfg.dtype}" + (", the book's recipe" if cfg.recipe == "book" else ""))
+    return model, tokenizer, task, cfg, meta
+
+
+def _report(result: dict, cfg: TrainConfig, task, tokenizer) -> None:
+    val, run_dir = result["val_loss"], cfg.out
     summary = f"done: step {result['step']:,}, {result['tokens']:,} tokens"
     if val is not None:
-        summary += f", val loss {val:.4f} (perplexity {math.exp(val):.2f}), best {result['best_val_loss']:.4f}"
+        best = result["best_val_loss"]
+        summary += f", val loss {val:.4f} (perplexity {math.exp(val):.2f})" + (f", best {best:.4f}" if best else "")
     say(summary + f", {result['elapsed_s']:.0f} s of training")
     say(f"model: {run_dir}   try: glassgpt generate \"...\" --model {run_dir}   |   "
         f"glassgpt explain \"...\" --model {run_dir}")
     if result["plot"]:
         say(f"plot: {result['plot']}")
-    return 0
 
 
-def _new_setup(args: argparse.Namespace):
-    if is_main_rank():
-        check_out_dir(args.out, resume=False)
+def _new_setup(args: argparse.Namespace, start: Start):
+    recipe = args.recipe or "glassgpt"
+    if recipe == "book":
+        _check_book_flags(args, start.ranks.world)
+    files = resolve_files(args.data)
+    model, tokenizer, context = _model_and_tokenizer(args, files, recipe)
+    data = {"path": os.path.abspath(args.data), "files": len(files), "recipe": recipe,
+            "val_fraction": args.val_fraction if args.val_fraction is not None else 0.1,
+            "cache_dir": os.path.abspath(args.cache_dir) if args.cache_dir else "cache",
+            "context_length": context, "stride": args.stride or context, "sample_prompt": args.sample_prompt}
+    base = {"out": args.out, **({**BOOK_DEFAULTS, **BOOK_SETTINGS, "recipe": "book"} if recipe == "book" else {})}
+    cfg = train_config_from_args(args, base)
+    task, data["fingerprint"] = _task(files, tokenizer, data, cfg, Path(args.out))
+    cfg = _with_epochs(args, cfg, task, start.ranks.world, default=10 if recipe == "book" else None)
+    meta = {"data": data, "tokenizer": args.tokenizer or ("checkpoint" if args.init else "gpt2"), "init": args.init}
+    return model, tokenizer, task, cfg, meta
+
+
+def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: str):
+    """(model, tokenizer, context length) for a new run: --init's weights, or a random --model."""
     arch = [f for f in ("model", "n_layers", "n_heads", "emb_dim") if getattr(args, f) is not None]
     if args.init and arch:
         raise GlassError(f"--init loads a model with its own architecture; drop --{arch[0].replace('_', '-')}")
-    files = resolve_files(args.data)
-    if args.init:
-        model = load_model(args.init, device="cpu", dtype="float32")
-        tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else load_tokenizer(args.init)
-        check_fits(tokenizer, model.cfg.vocab_size, f"use {args.init}'s own tokenizer (drop --tokenizer)")
-        if args.drop_rate is not None:
-            model = _with_dropout(model, args.drop_rate)
-        context = args.context_length or model.cfg.context_length
-        if context > model.cfg.context_length:
-            raise GlassError(f"--context-length {context} is longer than {args.init}'s context_length "
-                             f"{model.cfg.context_length}: give at most {model.cfg.context_length}")
-    else:
+    if not args.init:
         if args.model and Path(args.model).is_dir():
             raise GlassError(f"--model takes an architecture (a preset or a config .json); to start from the "
                              f"weights in {args.model}, pass --init {args.model}")
@@ -301,62 +204,79 @@ def _new_setup(args: argparse.Namespace):
         gcfg = get_config(args.model or "gpt2", vocab_size=tokenizer.n_vocab, n_layers=args.n_layers,
                           n_heads=args.n_heads, emb_dim=args.emb_dim, context_length=args.context_length,
                           drop_rate=args.drop_rate)
-        seed = args.seed if args.seed is not None else TrainConfig(out="-").seed
+        seed = args.seed if args.seed is not None else (BOOK_DEFAULTS if recipe == "book" else {}).get("seed", 1337)
+        if recipe == "book" and init_scheme(args.model or "gpt2") == "book":
+            # The notebook's torch.manual_seed(123); model = GPTModel(cfg): the book's initialisation, and
+            # torch's generator left where its code leaves it when train_model_simple starts.
+            torch.manual_seed(seed)
+            return GPTModel(gcfg), tokenizer, gcfg.context_length
         model = random_model(gcfg, torch.device("cpu"), torch.float32, seed, init_scheme(args.model or "gpt2"))
-        context = gcfg.context_length
-    cfg = train_config_from_args(args, {"out": args.out})
-    # Paths that hold from any working directory: the data absolute, the cache relative to the run.
-    data = {"path": os.path.abspath(args.data), "files": len(files),
-            "val_fraction": args.val_fraction if args.val_fraction is not None else 0.1,
-            "cache_dir": os.path.abspath(args.cache_dir) if args.cache_dir else "cache",
-            "context_length": context, "sample_prompt": args.sample_prompt}
-    task, data["fingerprint"] = _text_task(files, tokenizer, data, cfg, Path(args.out))
-    meta = {"data": data, "tokenizer": args.tokenizer or ("checkpoint" if args.init else "gpt2"), "init": args.init}
-    return model, tokenizer, task, cfg, meta
+        if recipe == "book":
+            torch.manual_seed(seed)  # GPT-2's initialisation draws from its own generator: then the seed, as the book
+        return model, tokenizer, gcfg.context_length
+    model = load_model(args.init, device="cpu", dtype="float32")
+    tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else load_tokenizer(args.init)
+    check_fits(tokenizer, model.cfg.vocab_size, f"use {args.init}'s own tokenizer (drop --tokenizer)")
+    drop_rate = args.drop_rate
+    if drop_rate is None and is_state_dict_file(args.init) and "drop_rate" not in side_config(args.init)[0]:
+        drop_rate = BOOK_DROP_RATE
+        say(f"note: {args.init} is a state dict, which cannot record dropout: training assumes drop_rate "
+            f"{BOOK_DROP_RATE}, the book's GPT_CONFIG_124M (--drop-rate P to change)", file=sys.stderr)
+    if drop_rate is not None:
+        model = _with_dropout(model, drop_rate)
+    if recipe == "book":  # the weights are loaded: the book's code would seed, then train
+        torch.manual_seed(args.seed if args.seed is not None else BOOK_DEFAULTS["seed"])
+    context = args.context_length or model.cfg.context_length
+    if context > model.cfg.context_length:
+        raise GlassError(f"--context-length {context} is longer than {args.init}'s context_length "
+                         f"{model.cfg.context_length}: give at most {model.cfg.context_length}")
+    return model, tokenizer, context
 
 
-def _resume_setup(args: argparse.Namespace):
-    given = [f for f in MODEL_FLAGS if getattr(args, f, None) is not None]
+def _check_book_flags(args: argparse.Namespace, world: int) -> None:
+    fixed = given_flags(args, BOOK_SETTINGS)
+    if fixed:
+        name = fixed[0][2:].replace("-", "_")
+        raise GlassError(f"--recipe book sets {fixed[0]} itself ({BOOK_SETTINGS[name]}, as chapter 5 trains: a "
+                         "constant lr, no warm-up, no clipping, one process): drop it, or train without --recipe book")
+    if world > 1:
+        raise GlassError("--recipe book trains in one process, as the book's code does: run it without torchrun")
+
+
+def _with_epochs(args: argparse.Namespace, cfg: TrainConfig, task, world: int, default: float | None) -> TrainConfig:
+    """max_steps from --epochs (or the recipe's default epochs when --max-steps is not given)."""
+    epochs = args.epochs if args.epochs is not None else (default if args.max_steps is None else None)
+    if epochs is None:
+        return cfg
+    per_epoch = task.steps_per_epoch if isinstance(task, book.BookTask) else task.steps_per_epoch(cfg.grad_accum, world)
+    return dataclasses.replace(cfg, max_steps=max(1, math.ceil(epochs * per_epoch)))
+
+
+def _resume_setup(args: argparse.Namespace, start: Start):
+    given = given_flags(args, MODEL_FLAGS)
     if given:
-        raise GlassError(f"--resume continues a run with its own data and model: drop --{given[0].replace('_', '-')} "
+        raise GlassError(f"--resume continues a run with its own data and model: drop {given[0]} "
                          "(training flags such as --max-steps may change)")
-    if args.out and Path(args.out) != Path(args.resume):
-        raise GlassError("--resume RUN_DIR writes to RUN_DIR: drop --out")
-    run_dir = Path(args.resume)
-    if is_main_rank():
-        recover_checkpoints(run_dir)
-    ckpt, note = resume_checkpoint(run_dir)
-    saved = resumed_train_config(args, run_dir, ckpt, note)
-    args.out = str(run_dir)
-    cfg = train_config_from_args(args, saved)
-    meta = load_meta(ckpt)
+    cfg = train_config_from_args(args, start.saved)
+    if cfg.recipe == "book":
+        _check_book_flags(args, start.ranks.world)
+    meta = load_meta(start.checkpoint)
     meta.pop("train", None)
     data = meta.get("data")
     if not data:
-        raise GlassError(f"{ckpt}/meta.json does not say what data the run trained on: it was not "
+        raise GlassError(f"{start.checkpoint}/meta.json does not say what data the run trained on: it was not "
                          "made by glassgpt train")
-    model = load_model(ckpt, device="cpu", dtype="float32")
-    tokenizer = load_tokenizer(ckpt)
-    task, _ = _text_task(resolve_files(data["path"]), tokenizer, data, cfg, run_dir, expect=data.get("fingerprint"))
-    return model, tokenizer, task, cfg, meta
+    model = load_model(start.checkpoint, device="cpu", dtype="float32")
+    tokenizer = load_tokenizer(start.checkpoint)
+    task, _ = _task(resolve_files(data["path"]), tokenizer, data, cfg, start.run_dir.path,
+                    expect=data.get("fingerprint"))
+    return model, tokenizer, task, _with_epochs(args, cfg, task, start.ranks.world, None), meta
 
 
-def resumed_train_config(args: argparse.Namespace, run_dir: Path, ckpt: Path, note: str | None) -> dict:
-    """The run's saved TrainConfig values, after saying where they and the weights come from;
-    a --seed other than the run's is refused (another seed draws other batches)."""
-    saved, damaged = saved_train_config(run_dir, ckpt)
-    for line in (note, damaged):
-        if line:
-            say(f"note: {line}", file=sys.stderr)
-    if args.seed is not None and args.seed != saved.get("seed"):
-        raise GlassError(f"--resume continues {run_dir} with its seed {saved.get('seed')} (another seed draws other "
-                         "batches, so it would not be the same run): drop --seed")
-    return saved
-
-
-def _text_task(files, tokenizer, data: dict, cfg: TrainConfig, run_dir: Path,
-               expect: str | None = None) -> tuple[TextTask, str]:
-    """(the LM task over the tokenized files, the data's fingerprint: the token cache's key)."""
+def _task(files, tokenizer, data: dict, cfg: TrainConfig, run_dir: Path, expect: str | None = None):
+    """(the task: glassgpt's random windows or the book's loaders, the data's fingerprint)."""
+    if data.get("recipe") == "book":
+        return _book_task(files, tokenizer, data, cfg, expect)
     t0 = time.perf_counter()
     # A run records its cache relative to itself; older runs recorded it relative to where they started.
     cache_dir = run_dir / data["cache_dir"] if "fingerprint" in data or data["cache_dir"] == "cache" else data["cache_dir"]
@@ -371,10 +291,27 @@ def _text_task(files, tokenizer, data: dict, cfg: TrainConfig, run_dir: Path,
     return task, cache.key
 
 
+def _book_task(files, tokenizer, data: dict, cfg: TrainConfig, expect: str | None) -> tuple[book.BookTask, str]:
+    fingerprint = cache_key([scan_file(p) for p in files], tokenizer)
+    if expect is not None and fingerprint != expect:
+        raise GlassError("the data changed since the run started (its sha256 differs from the run's record), so "
+                         "--resume could not continue it exactly: restore the files, or start a new run from its "
+                         "weights with --init RUN_DIR")
+    text = "<|endoftext|>".join(p.read_text(encoding="utf-8") for p in files)
+    train_text, val_text = book.split_text(text, data["val_fraction"])
+    context, stride = data["context_length"], data["stride"]
+    train = book.windows(tokenizer, train_text, context, stride, "training")
+    val = book.windows(tokenizer, val_text, context, stride, "validation")
+    task = book.BookTask(train, val, cfg.batch_size, cfg.eval_batches, tokenizer, cfg.sample_tokens, exact(cfg),
+                         data.get("sample_prompt") or book.START_CONTEXT)
+    say(f"data: {len(files)} file(s), {len(text):,} characters split at {len(train_text):,}: {len(train):,} training "
+        f"windows ({task.steps_per_epoch:,} batches of {cfg.batch_size} per epoch) and {len(val):,} validation "
+        f"windows of {context:,} tokens at stride {stride:,}, as the book's create_dataloader_v1 makes them")
+    return task, fingerprint
+
+
 def _with_dropout(model, drop_rate: float):
-    from ..model import GPTModel
-    cfg = dataclasses.replace(model.cfg, drop_rate=drop_rate)
-    new = GPTModel(cfg)
+    new = GPTModel(dataclasses.replace(model.cfg, drop_rate=drop_rate))
     new.load_state_dict(model.state_dict())
     return new
 
@@ -388,35 +325,61 @@ def run_eval(args: argparse.Namespace) -> int:
     require_language_model(model, args.model)
     set_threads(args.threads, model.cfg.emb_dim)
     files = resolve_files(args.data)
-    if args.tokenizer:
-        tokenizer = build_tokenizer(args.tokenizer, files)
-    else:
-        tokenizer = load_tokenizer(args.model)
+    tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else load_tokenizer(args.model)
     check_fits(tokenizer, model.cfg.vocab_size)
     context = args.context_length or run_data.get("context_length") or model.cfg.context_length
     if context > model.cfg.context_length:
         raise GlassError(f"--context-length {context} is longer than the model's {model.cfg.context_length}")
     val_fraction = args.val_fraction if args.val_fraction is not None else run_data.get("val_fraction", 0.1)
-    batch_size = args.batch_size or run_cfg.get("batch_size", 8)
-    eval_batches = args.eval_batches or run_cfg.get("eval_batches", 20)
-    cache_dir = args.cache_dir or _default_cache_dir()
-    cache = tokenize_files(files, tokenizer, cache_dir)
+    if args.recipe == "book":
+        result = _book_eval(args, model, tokenizer, files, context, val_fraction)
+    else:
+        result = _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg)
+        if is_book_spec(args.model) or run_cfg.get("recipe") == "book":
+            say("note: these are glassgpt's evaluation windows, evenly spaced over the split; the book scores the "
+                "windows its loaders cut (every context_length tokens from the start), the very ones a chapter-5 "
+                "model memorised, so it reports a much lower loss: --recipe book scores those", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.split} loss {result['loss']:.4f}   perplexity {result['perplexity']:.2f}   ({result['windows_text']})")
+    return 0
+
+
+def _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg) -> dict:
+    cache = tokenize_files(files, tokenizer, args.cache_dir or _default_cache_dir())
     train, val = split_ids(cache.ids(), val_fraction)
     if args.split == "val" and not len(val):
         raise GlassError("--val-fraction 0 leaves no validation split: pass --split train or a --val-fraction > 0")
     held = val if args.split == "val" else train
-    task = TextTask(held, held, context, batch_size, seed=0, eval_batches=eval_batches)
+    task = TextTask(held, held, context, args.batch_size or run_cfg.get("batch_size", 8), seed=0,
+                    eval_batches=args.eval_batches or run_cfg.get("eval_batches", 20))
     loss = evaluate_loss(model, task, args.dtype)
     windows = len(task.eval_offsets())
-    result = {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "split": args.split,
-              "windows": windows, "context_length": context, "tokens": windows * context,
-              "split_tokens": len(held)}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"{args.split} loss {loss:.4f}   perplexity {result['perplexity']:.2f}   "
-              f"({describe_windows(windows, context, len(held), args.split)})")
-    return 0
+    return {"loss": loss, "perplexity": _ppl(loss), "split": args.split, "windows": windows,
+            "context_length": context, "tokens": windows * context, "split_tokens": len(held),
+            "windows_text": describe_windows(windows, context, len(held), args.split)}
+
+
+def _book_eval(args, model, tokenizer, files, context, val_fraction) -> dict:
+    text = "<|endoftext|>".join(p.read_text(encoding="utf-8") for p in files)
+    train_text, val_text = book.split_text(text, val_fraction)
+    stride = args.stride or context
+    parts = {"train": book.windows(tokenizer, train_text, context, stride, "training"),
+             "val": book.windows(tokenizer, val_text, context, stride, "validation")}
+    task = book.BookTask(parts["train"], parts["val"], args.batch_size or BOOK_DEFAULTS["batch_size"], 1, tokenizer)
+    seed = args.seed if args.seed is not None else BOOK_DEFAULTS["seed"]
+    loss = book.loader_losses(model, task, seed, args.dtype)[args.split]
+    n = len(parts[args.split])
+    used = n - n % task.batch_size if args.split == "train" else n  # the training loader drops a last short batch
+    return {"loss": loss, "perplexity": _ppl(loss), "split": args.split, "windows": used, "context_length": context,
+            "stride": stride, "tokens": used * context,
+            "windows_text": f"the book's calc_loss_loader: {used:,} windows of {context:,} tokens at stride {stride:,} "
+                            f"from the start of the {args.split} text"}
+
+
+def _ppl(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else math.inf
 
 
 def describe_windows(windows: int, context: int, split_tokens: int, split: str) -> str:
@@ -454,6 +417,9 @@ def run_plot(args: argparse.Namespace) -> int:
     path = plot_run(args.run_dir, args.out)
     if path is None:
         raise GlassError("glassgpt plot needs matplotlib: pip install 'glassgpt[plot]'")
+    if not snapshot_records(read_metrics(args.run_dir)):
+        print(f"note: {args.run_dir} has no snapshots (a run made before glassgpt recorded them, or one without "
+              "a sample prompt): the plot shows the loss alone", file=sys.stderr)
     print(path)
     return 0
 

@@ -101,10 +101,11 @@ def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices
         choices = Choices(machine, precision, saved["winners"], saved["ms"], cached=True)
     else:
         choices = Choices(machine, precision)
-        for shape in shapes:
-            measure(choices, f"linear {shape[0]}x{shape[1]}", linear_candidates(shape, precision, ops))
-        for kind, fn in attention_candidates(cfg, precision).items():
-            measure(choices, f"attention {kind}", fn)
+        with torch.random.fork_rng(devices=[]):  # the inputs are random: a seeded run draws the same with or without a measurement
+            for shape in shapes:
+                measure(choices, f"linear {shape[0]}x{shape[1]}", linear_candidates(shape, precision, ops))
+            for kind, fn in attention_candidates(cfg, precision).items():
+                measure(choices, f"attention {kind}", fn)
         _write(cache, key, {"winners": choices.winners, "ms": choices.ms})
     _memo[key] = choices
     return choices

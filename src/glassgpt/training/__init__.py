@@ -1,9 +1,22 @@
 """training: the loop, its config, checkpoints and run directories, the pretraining and finetuning tasks, LoRA.
 
-    loop.py        `fit(model, task, cfg)`: the training loop, and TrainConfig
-    checkpoint.py  latest/ and best/, written whole and resumed exactly
-    rundir.py      one process at a time in a run directory
-    data.py        text files -> cached token ids -> windows (the pretraining task)
-    finetune.py    classification (the book's chapter 6) and instruction following (chapter 7)
-    lora.py        LoRA adapters (appendix E)
+    loop.py         `fit(model, task, cfg)` and `train(run)`: the loop, in the book's order
+    config.py       TrainConfig (every setting declared once), the two recipes, the lr schedule
+    run.py          the machinery around the loop, behind the names it calls
+    compute.py      the model as the step runs it: placed, sharded, bf16, fused, compiled, DDP; AdamW
+    distributed.py  one process, or one rank of a torchrun job
+    checkpoint.py   latest/ and best/, written whole, when to write them, resumed exactly
+    rundir.py       one process at a time in a run directory; new run or resume, checked once
+    faults.py       signals, divergence, disks that refuse a write
+    metrics.py      metrics.jsonl (`read_metrics`) and loss.png
+    data.py         text files -> cached token ids -> windows (glassgpt's pretraining task)
+    book.py         the book's chapter 5: its loaders, evaluation and samples (`--recipe book`)
+    examples.py     what the finetuning tasks share; classify.py (chapter 6), instruct.py (chapter 7)
+    lora.py         LoRA adapters (appendix E); finetune.py names the finetuning API in one place
 """
+
+from .config import TrainConfig
+from .loop import Task, evaluate_loss, fit
+from .metrics import plot_run, read_metrics
+
+__all__ = ["Task", "TrainConfig", "evaluate_loss", "fit", "plot_run", "read_metrics"]

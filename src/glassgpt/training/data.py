@@ -10,7 +10,7 @@
 The cache key is the sha256 of every file's contents (in order) and of the
 tokenizer's spec, so changing either tokenizes again; paths are not part of it, so
 moving a corpus keeps its cache. Files are joined with `<|endoftext|>` when the
-tokenizer has one. `TextTask` is what `train.fit` trains on: random windows keyed
+tokenizer has one. `TextTask` is what `fit` (loop.py) trains on: random windows keyed
 by (seed, step, sample index), so a step's batch is the same on resume and under any
 split of the global batch over ranks and micro-steps; and a fixed, evenly spaced set
 of validation windows, the same for training and for `glassgpt eval`.
@@ -33,7 +33,8 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from ..errors import DataError
+from ..errors import CheckpointError, DataError
+from ..formats.files import read_json
 from ..generate import generate
 from ..engine.loss import cross_entropy
 from ..formats import get_tokenizer
@@ -205,8 +206,8 @@ def _write_cache(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, key: 
 def _read_cache(cache_dir: Path, key: str) -> TokenCache | None:
     bin_path = cache_dir / f"tokens-{key[:16]}.bin"
     try:
-        record = json.loads(bin_path.with_suffix(".json").read_text())
-    except (OSError, ValueError):
+        record = read_json(bin_path.with_suffix(".json"))
+    except CheckpointError:  # missing or damaged: tokenize again
         return None
     if record.get("key") != key or record.get("format") != CACHE_FORMAT or not bin_path.is_file():
         return None
@@ -287,7 +288,7 @@ def window_batch(ids: np.ndarray, offsets: Iterable[int], length: int) -> dict[s
 
 
 class TextTask:
-    """Next-token prediction on windows of a token array (see `train.Task`).
+    """Next-token prediction on windows of a token array (see loop.Task).
 
     Training sample `i` of step `s` starts at a random offset drawn from a generator
     seeded with (seed, s, i), where i = (micro * world + rank) * batch_size + row:
@@ -310,10 +311,15 @@ class TextTask:
             raise DataError(f"the validation split has {len(val):,} tokens, fewer than context_length + 1 "
                             f"= {need:,}: raise --val-fraction, give more text or a smaller --context-length")
         if sample_prompt is not None and tokenizer is not None:
-            self.prompt_ids = tokenizer.encode(sample_prompt)
+            self.sample_prompt_ids = tokenizer.encode(sample_prompt)
         else:  # the first few tokens of held-out text, so every sample starts the same way
             source = val if len(val) else train
-            self.prompt_ids = [int(i) for i in source[:max(1, min(8, context_length // 2))]]
+            self.sample_prompt_ids = [int(i) for i in source[:max(1, min(8, context_length // 2))]]
+
+    def steps_per_epoch(self, grad_accum: int = 1, world: int = 1) -> int:
+        """Steps that see as many windows as the training split holds side by side (for --epochs)."""
+        windows = len(self.train) // self.context_length
+        return max(1, -(-windows // (self.batch_size * grad_accum * world)))
 
     def train_batch(self, step: int, micro: int, rank: int, world: int) -> dict[str, torch.Tensor]:
         first = (micro * world + rank) * self.batch_size
@@ -347,5 +353,5 @@ class TextTask:
     def sample(self, model: torch.nn.Module) -> str | None:
         if self.tokenizer is None or self.sample_tokens == 0:
             return None
-        out = generate(model, self.prompt_ids, self.sample_tokens, temperature=0.8, top_k=200, seed=self.seed)
+        out = generate(model, self.sample_prompt_ids, self.sample_tokens, temperature=0.8, top_k=200, seed=self.seed)
         return self.tokenizer.decode(out[0].tolist())

@@ -7,10 +7,13 @@ naming the holder. The operating system drops the lock when the holding process
 ends, however it ends (SIGKILL, a crash, a reboot), so there is no stale lock to
 clean up: the file may stay behind, the lock does not.
 
-The lock is re-entrant within a process: the command line takes it before it looks
-at the run directory and `train.fit` takes it again around the loop. Leaves out:
-Windows (no fcntl; there is no lock there) and shared file systems whose `flock`
-does not reach other machines (under torchrun only rank 0 locks, on its machine).
+`open_run_dir(RUN_DIR, resume)` is a run's whole claim on its directory, taken once by
+whoever starts the run (the command line, or `fit` when called alone): it checks that
+a new run does not overwrite an old one and that a resumed one is there, takes the
+lock, checks again under it (another process may have started a run in between), and
+puts back what a crash during a save left. Under torchrun only rank 0 locks and checks,
+on its machine. Leaves out: Windows (no fcntl; there is no lock there) and shared file
+systems whose `flock` does not reach other machines.
 """
 
 from __future__ import annotations
@@ -21,14 +24,55 @@ import json
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-from ..errors import RunDirError
+from ..errors import GlassError, RunDirError
+from ..formats.files import read_json
+from .checkpoint import recover_checkpoints
+from .config import TrainConfig
 
 LOCK_NAME = ".lock"
 
-_held: dict[Path, list] = {}  # resolved run dir -> [open lock file, depth]
+RUN_MARKERS = ("train_config.json", "metrics.jsonl", "latest", "best")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory that this process holds (or, on ranks > 0, follows): what `fit` writes to."""
+
+    path: Path
+    resume: bool
+
+
+@contextlib.contextmanager
+def open_run_dir(run_dir: str | os.PathLike, resume: bool, is_main: bool = True) -> Iterator[RunDir]:
+    """Claim RUN_DIR for a new run (`resume=False`) or for continuing one, for the `with` block."""
+    path = Path(run_dir)
+    if resume and not path.is_dir():  # before the lock would create it
+        check_out_dir(path, resume)
+    with lock_run_dir(path) if is_main else contextlib.nullcontext():
+        if is_main:
+            check_out_dir(path, resume)
+            if resume:
+                recover_checkpoints(path)
+        yield RunDir(path, resume)
+
+
+def check_out_dir(run_dir: Path, resume: bool) -> None:
+    """Refuse to start a new run over an old one, or to resume a run that is not there."""
+    if resume:
+        if not any((run_dir / m).exists() for m in ("train_config.json", "latest", "best", ".latest.old")):
+            raise RunDirError(f"{run_dir} is not a training run (no train_config.json, latest/ or best/): "
+                              "nothing to resume")
+        return
+    if run_dir.is_file():
+        raise RunDirError(f"--out {run_dir} is a file: give a directory for the run")
+    found = [m for m in RUN_MARKERS if (run_dir / m).exists()]
+    if found:
+        raise RunDirError(f"{run_dir} already holds a training run ({found[0]}): pass --resume {run_dir} "
+                          "to continue it, or another --out for a new run")
 
 
 @contextlib.contextmanager
@@ -37,20 +81,10 @@ def lock_run_dir(run_dir: str | os.PathLike) -> Iterator[Path]:
     run_dir = Path(run_dir)
     if run_dir.is_file():
         raise RunDirError(f"{run_dir} is a file: give a directory for the run")
-    key = run_dir.resolve()
-    if key in _held:  # this process holds it already
-        _held[key][1] += 1
-        try:
-            yield run_dir
-        finally:
-            _held[key][1] -= 1
-        return
     lock_file = _acquire(run_dir)
-    _held[key] = [lock_file, 1]
     try:
         yield run_dir
     finally:
-        del _held[key]
         lock_file.close()  # closing the file releases the lock
 
 
@@ -96,3 +130,31 @@ def describe_holder(text: str) -> str:
         return f"pid {record['pid']} on {record['host']}, since {record['started']}"
     except (ValueError, TypeError, KeyError):
         return "it has not said which yet"
+
+
+def saved_train_config(run_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None
+                       ) -> tuple[dict[str, Any], str | None]:
+    """(a run's TrainConfig values, None), from RUN_DIR/train_config.json; when that file is
+    damaged or gone, (the copy in the checkpoint's train_state.json, a note that says so)."""
+    path = Path(run_dir) / "train_config.json"
+    problem = _valid_train_config(path, lambda values: values)
+    if not isinstance(problem, str):
+        return problem, None
+    ckpt = Path(checkpoint) if checkpoint is not None else Path(run_dir) / "latest"
+    copy = _valid_train_config(ckpt / "train_state.json", lambda state: state["train_config"])
+    if isinstance(copy, str):
+        raise RunDirError(f"{path} is {problem}, and {ckpt} holds no copy of the run's settings: they are lost; "
+                          "start a new run (--init RUN_DIR keeps the weights)")
+    return copy, f"{path} is {problem}: using the copy saved in {ckpt}"
+
+
+def _valid_train_config(path: Path, pick) -> dict[str, Any] | str:
+    """The TrainConfig values `pick(the JSON in path)` gives if TrainConfig takes them, else what was wrong."""
+    if not path.is_file():
+        return "missing"
+    try:
+        values = pick(read_json(path))
+        TrainConfig.from_dict(values)
+        return values
+    except (ValueError, TypeError, KeyError, AttributeError, GlassError) as e:
+        return f"damaged ({type(e).__name__}: {str(e)[:80]})"

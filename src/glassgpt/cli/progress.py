@@ -1,0 +1,98 @@
+"""What a training run shows while it runs: `Printer`, the `log` that `glassgpt train` and
+`glassgpt finetune` hand to `fit`.
+
+On a terminal, a tqdm bar (step, loss, lr, tokens/s, ETA) on stderr. Written to a file or a
+pipe, tqdm would leave a line per refresh, so there a plain line goes to stderr every tenth of
+the run (or minute, if sooner) and at the end. Evaluations and samples print to stdout,
+above the bar: glassgpt's `step N: val_loss ...` lines, or, for `--recipe book`, the book's own
+`Ep 1 (Step 000000): Train loss 9.781, Val loss 9.933` and its samples.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from ..training.book import LINE as BOOK_LINE
+
+NOT_METRICS = {"event", "step", "tokens", "train_loss", "lr", "tokens_per_s", "elapsed_s", "grad_norm", "sample",
+               "snapshot", "max_steps", "epoch"}
+
+
+class Printer:
+    def __init__(self, progress: bool = True, recipe: str = "glassgpt"):
+        self.progress, self.recipe = progress, recipe
+        self.bar = None
+        self.last_step, self.last_time, self.every, self.total = 0, time.monotonic(), 1, 0
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "start":
+            self._open(event["step"], event["max_steps"])
+        elif kind == "note":
+            self.write(f"note: {event['text']}", sys.stderr)
+        elif kind == "step":
+            self._step(event)
+        elif kind == "end":
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _open(self, start: int, total: int) -> None:
+        self.total, self.last_step, self.last_time = total, start, time.monotonic()
+        self.every = max(1, (total - start) // 10)
+        if self.progress and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, desc="train")
+
+    def _step(self, record: dict[str, Any]) -> None:
+        if "val_loss" in record or "val_accuracy" in record or "train_eval_loss" in record:
+            self.write(self.evaluation_line(record))
+        if record.get("sample") is not None:
+            text = record["sample"]
+            self.write(text.replace("\n", " ") if self.recipe == "book" else
+                       "  sample: " + text.replace("\n", "\n          "))
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                 tok_s=f"{record['tokens_per_s']:,.0f}", refresh=False)
+            self.bar.update(record["step"] - self.bar.n)
+        elif self.progress:
+            self._plain_line(record)
+
+    def evaluation_line(self, record: dict[str, Any]) -> str:
+        if self.recipe == "book":
+            return BOOK_LINE.format(global_step=record["step"] - 1, **record)
+        metrics = "  ".join(f"{k} {v:.4f}" if v is not None else f"{k} -"
+                            for k, v in record.items() if k not in NOT_METRICS)
+        return f"step {record['step']:,}: {metrics}"
+
+    def _plain_line(self, r: dict[str, Any]) -> None:
+        step, now = r["step"], time.monotonic()
+        if not (step - self.last_step >= self.every or now - self.last_time >= 60 or step == self.total):
+            return
+        rate = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        line = (f"train: step {step:,}/{self.total:,}  {rate:.1f} step/s  loss {r['train_loss']:.4f}  "
+                f"lr {r['lr']:.2e}  {r['tokens_per_s']:,.0f} tok/s")
+        if step < self.total:
+            line += f"  eta {duration((self.total - step) / max(rate, 1e-9))}"
+        print(line, file=sys.stderr, flush=True)
+        self.last_step, self.last_time = step, now
+
+    def write(self, text: str, file=None) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=file)
+        else:
+            print(text, file=file or sys.stdout, flush=True)
+
+
+def duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

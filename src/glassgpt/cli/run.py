@@ -1,0 +1,199 @@
+"""The run lifecycle that `glassgpt train` and `glassgpt finetune` share, and their flags.
+
+    run_training(args, command, setup, report)
+      -> the run directory claimed once: checked, locked, recovered (training.rundir)
+      -> on --resume: the checkpoint to continue and the run's saved settings, said where from
+      -> this process's rank (training.distributed: WORLD_SIZE is read there, once)
+      -> setup(args, start): the command's own part (model, tokenizer, task, TrainConfig, meta)
+      -> fit(..., log=Printer): the progress bar, the evaluation lines and the samples
+      -> report(result): the command's summary; a signal ends in 128 + its number
+
+The TrainConfig flags come from TrainConfig's fields (training/config.py: each field's
+type, default, check and help are declared there once). Their defaults here are None, so a
+resumed run knows which were given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..engine import autotune
+from ..errors import GlassError
+from ..training import TrainConfig, fit
+from ..training.checkpoint import checkpoint_bytes, resume_checkpoint
+from ..training.config import setting_type
+from ..training.distributed import Distributed, setup_distributed
+from ..training.rundir import RunDir, open_run_dir, saved_train_config
+from .common import _number, add_threads_arg, is_main_rank, positive_float, say, set_threads
+from .progress import Printer
+
+
+def add_train_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), shown: dict[str, str] | None = None,
+                   epochs: str = "none: --max-steps") -> None:
+    """Every TrainConfig field as a flag (but `exclude`), with --resume, --epochs, --no-progress, --threads.
+
+    `shown` replaces the default that help states for some fields (finetuning has its own)."""
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR/latest exactly where it stopped (RUN_DIR/best "
+                                                       "if latest/ is gone; default: start a new run)")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name not in exclude:
+            _add_setting(p, f, (shown or {}).get(f.name))
+    p.add_argument("--epochs", type=positive_float, help=f"passes over the training data (default {epochs}); give this "
+                                                         "or --max-steps, not both")
+    p.add_argument("--no-progress", action="store_true",
+                   help="hide the progress bar (on a terminal) or the progress lines (in a log); the evaluation "
+                        "lines and samples still print (default: shown)")
+    add_threads_arg(p)
+
+
+def _add_setting(p: argparse.ArgumentParser, f: dataclasses.Field, shown: str | None) -> None:
+    m = f.metadata
+    shown = shown if shown is not None else m["shown"] if m["shown"] is not None else f"{f.default}"
+    text = m["help"] + (f" (default {shown})" if shown else "")
+    flag = m["flag"] or "--" + f.name.replace("_", "-")
+    kind = setting_type(f.name)
+    if kind is bool:
+        p.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true", default=None, help=text)
+    elif m["choices"]:
+        p.add_argument(flag, dest=f.name, choices=m["choices"], default=None, help=text)
+    else:
+        check = m["check"]
+        parse = functools.partial(_number, kind=kind, ok=check or (lambda v: True),
+                                  requirement=check.words if check else "")
+        parse.__name__ = kind.__name__  # argparse names the type in its message
+        p.add_argument(flag, dest=f.name, type=parse, default=None, metavar=m["metavar"], help=text)
+
+
+def train_config_from_args(args: argparse.Namespace, base: dict[str, Any]) -> TrainConfig:
+    """A TrainConfig from the flags given, over `base` (a saved config, or a command's defaults)."""
+    values = dict(base)
+    for field in dataclasses.fields(TrainConfig):
+        given = getattr(args, field.name, None)
+        if given is not None:
+            values[field.name] = given
+    return TrainConfig.from_dict(values)
+
+
+def given_flags(args: argparse.Namespace, names) -> list[str]:
+    """The flags among `names` (dest names) that the command line gave."""
+    return [f"--{name.replace('_', '-')}" for name in names if getattr(args, name, None) is not None]
+
+
+# --- the lifecycle --------------------------------------------------------------------------------
+
+@dataclass
+class Start:
+    """Where a run starts: its claimed directory, and on --resume the checkpoint and saved settings."""
+
+    run_dir: RunDir
+    ranks: Distributed
+    checkpoint: Path | None = None
+    saved: dict[str, Any] | None = None  # the run's TrainConfig values
+
+
+Setup = Callable[[argparse.Namespace, Start], tuple[Any, Any, Any, TrainConfig, dict]]
+
+
+def run_training(args: argparse.Namespace, command: str, setup: Setup,
+                 report: Callable[[dict, TrainConfig, Any, Any], None]) -> int:
+    """Claim the run directory, set up (the command's `setup`), fit, report: see the module docstring."""
+    if args.resume and args.out and Path(args.out) != Path(args.resume):
+        raise GlassError("--resume RUN_DIR writes to RUN_DIR: drop --out")
+    if args.epochs is not None and args.max_steps is not None:
+        raise GlassError("give --epochs or --max-steps, not both")
+    with open_run_dir(args.resume or args.out, bool(args.resume), is_main_rank()) as run_dir:
+        start = _resumed(args, run_dir) if args.resume else Start(run_dir, None)
+        device = args.device or (start.saved or {}).get("device")
+        start.ranks = setup_distributed(device)
+        try:
+            model, tokenizer, task, cfg, meta = setup(args, start)
+            set_threads(args.threads, model.cfg.emb_dim, file=sys.stdout)
+            if model.tok_emb.weight.device.type == "cpu":
+                say(autotune.training_note())
+            _checkpoint_note(model, cfg)
+            printer = Printer(progress=not args.no_progress, recipe=cfg.recipe)
+            try:
+                result = fit(model, task, cfg, tokenizer, log=printer, meta=meta, run_dir=run_dir, ranks=start.ranks)
+            finally:
+                printer.close()  # (a run that ends in an error leaves no bar behind)
+        finally:
+            start.ranks.close()
+    if result["interrupted"]:
+        say(f"interrupted at step {result['step']:,}: saved {cfg.out}/latest; continue with: "
+            f"{command} --resume {cfg.out}", file=sys.stderr)
+        return 128 + int(result["signal"])
+    if is_main_rank():
+        report(result, cfg, task, tokenizer)
+    return 0
+
+
+def _resumed(args: argparse.Namespace, run_dir: RunDir) -> Start:
+    """The checkpoint --resume continues and the run's saved settings, with a note on where each comes from;
+    a --seed other than the run's is refused (another seed draws other batches)."""
+    ckpt, note = resume_checkpoint(run_dir.path)
+    saved, damaged = saved_train_config(run_dir.path, ckpt)
+    for line in (note, damaged):
+        if line:
+            say(f"note: {line}", file=sys.stderr)
+    if args.seed is not None and args.seed != saved.get("seed"):
+        raise GlassError(f"--resume continues {run_dir.path} with its seed {saved.get('seed')} (another seed draws "
+                         "other batches, so it would not be the same run): drop --seed")
+    args.out = str(run_dir.path)
+    return Start(run_dir, None, ckpt, saved)
+
+
+def _checkpoint_note(model, cfg: TrainConfig) -> None:
+    """Say what a checkpoint costs when it is large: a 163M model and its AdamW state are 2 GB."""
+    size = checkpoint_bytes(model)
+    if size < 256 * 2**20:
+        return
+    when = (f"every {cfg.save_every:,} steps" if cfg.save_every else
+            "at the evaluations while a save costs under a tenth of the time trained since the last one")
+    say(f"note: each checkpoint is {size / 1e9:.2f} GB (weights and AdamW's moments); latest/ is saved {when} "
+        "and at the end, best/ on a new best validation loss then (sharing latest/'s files when both are saved "
+        "at one step); --save-every N to choose", file=sys.stderr)
+
+
+# --- signals: a clean exit with the shell's code -------------------------------------------------
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside the training loop: unwinds like Ctrl-C, so `finally` blocks remove temp files."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
+
+
+def stoppable(run):
+    """Wrap a training command so that every way it stops ends in a line and the shell's exit code.
+
+    In the loop, SIGINT and SIGTERM save latest/ (fit) and the command returns 128 + the
+    signal (130, 143). Before or after it, SIGTERM unwinds like Ctrl-C, so temporary files
+    are removed, and exits 143. SIGXFSZ is ignored, so a file-size limit (ulimit -f) is an
+    error that names the file rather than a core dump.
+    """
+    @functools.wraps(run)
+    def wrapped(args: argparse.Namespace) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            return run(args)
+        handlers = {signal.SIGTERM: _raise_terminated}
+        if hasattr(signal, "SIGXFSZ"):
+            handlers[signal.SIGXFSZ] = signal.SIG_IGN
+        old = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+        try:
+            return run(args)
+        except Terminated:
+            say("terminated (SIGTERM)", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+    return wrapped
