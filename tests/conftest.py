@@ -61,6 +61,17 @@ def randomize_(model: torch.nn.Module, seed: int = 0, std: float = 0.1) -> torch
     return model
 
 
+def layer_norm_and_input(width: int = 48, seed: int = 0):
+    """A LayerNorm with a scale and shift far from their initial 1 and 0, and an input of mean 1, std 3."""
+    from glassgpt.model import LayerNorm
+    torch.manual_seed(seed)
+    norm = LayerNorm(width)
+    with torch.no_grad():
+        norm.scale.normal_(1.0, 0.3)
+        norm.shift.normal_(0.0, 0.3)
+    return norm, torch.randn(2, 5, width) * 3 + 1
+
+
 def make_hf_model(seed: int = 0, std: float = 0.1, **config):
     """A random GPT2LMHeadModel (fp32, eval, no dropout) from GPT2Config(**config)."""
     import transformers
@@ -114,6 +125,16 @@ def tiny_model(tiny_config) -> glassgpt.GPTModel:
     drawn at std 0.3 so that next-token distributions are peaked, not near-uniform."""
     model = glassgpt.load_model("gpt2", device="cpu", dtype="float32", seed=0, config=tiny_config)
     return randomize_(model, seed=0, std=0.3)
+
+
+@pytest.fixture
+def one_thread():
+    """Run a test on one CPU thread: tiny models train faster on one, a busy 2-core machine makes two
+    thrash, and the book's numbers need both sides on the same thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(name="shared_data")

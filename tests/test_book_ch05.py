@@ -64,12 +64,7 @@ def offline_tiktoken(tmp_path_factory):
         os.environ.pop("TIKTOKEN_CACHE_DIR") if saved_env is None else os.environ.__setitem__("TIKTOKEN_CACHE_DIR", saved_env)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # both sides on the same thread count, as the book's numbers need
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TEXT = [shared_data("the-verdict.txt").read_text(encoding="utf-8")[:6000]]  # (its stand-in when ../shared is absent)

@@ -47,7 +47,7 @@ from glassgpt.errors import PromptError
 from glassgpt.generate import generate, stream
 from glassgpt.formats import random_model
 
-from conftest import make_hf_model, save_hf_model
+from conftest import layer_norm_and_input, make_hf_model, save_hf_model
 
 # Our own words, so the fixture model is the same on every machine (no ../shared needed).
 TEXT = (
@@ -187,12 +187,7 @@ def test_chunked_prefill_through_the_cache_matches_full_forward(tiny_model, spli
 def test_fused_layer_norm_and_gelu_equal_the_books_formulas():
     # F.layer_norm and F.gelu(approximate="tanh") compute the book's formulas in one kernel each,
     # adding in another order: within float32 round-off (1e-5 on outputs of size ~3).
-    torch.manual_seed(0)
-    norm = LayerNorm(48)
-    with torch.no_grad():
-        norm.scale.normal_(1.0, 0.3)
-        norm.shift.normal_(0.0, 0.3)
-    x = torch.randn(2, 5, 48) * 3 + 1
+    norm, x = layer_norm_and_input()
     torch.testing.assert_close(fused(norm)(x), norm(x), atol=1e-5, rtol=0)
     torch.testing.assert_close(fused(GELU())(x), GELU()(x), atol=1e-5, rtol=0)
 

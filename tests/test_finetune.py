@@ -239,13 +239,7 @@ from glassgpt.training import TrainConfig, fit  # noqa: E402
 MARKERS = {"x": "ex", "y": "why", "q": "queue"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models train faster on one thread, and much faster on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def marker_texts(n, seed):

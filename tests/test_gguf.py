@@ -118,11 +118,10 @@ def test_the_values_are_the_models_with_q_k_v_stacked_by_rows(exported):
         assert torch.equal(value(theirs), sd[ours]), theirs
 
 
+@pytest.mark.parametrize("exported", [BOOK], ids=["book-layout"], indirect=True)  # (the one layout with every dtype)
 def test_the_matrices_are_stored_as_the_asked_dtype_and_the_rest_as_f32(exported):
     _, paths = exported
     for dtype, kind in (("bf16", "BF16"), ("q8_0", "Q8_0")):
-        if dtype not in paths:
-            pytest.skip("the dtypes are written for the book's layout only")
         types = {t.name: t.tensor_type.name for t in reader(paths[dtype]).tensors}
         assert types["blk.0.ffn_up.weight"] == types["token_embd.weight"] == kind
         assert types["position_embd.weight"] == types["blk.0.ffn_up.bias"] == types["output_norm.weight"] == "F32"
@@ -235,13 +234,12 @@ print(json.dumps({"tokens": tokens, "greedy": out}))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+@pytest.mark.parametrize("exported, dtype", [(BOOK, "f32"), (GPT2, "f32"), (BOOK, "q8_0")],
+                         ids=["book-layout-f32", "gpt2-layout-f32", "book-layout-q8_0"], indirect=["exported"])
 def test_llama_cpp_runs_the_export_with_glassgpts_float32_greedy_tokens(exported, dtype):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (CMAKE_ARGS='-DGGML_NATIVE=ON' "
                                             "pip install llama-cpp-python builds llama.cpp): nothing runs the file")
     model, paths = exported
-    if dtype not in paths:
-        pytest.skip("the dtypes are written for the book's layout only")
     prompt = glassgpt.get_tokenizer("gpt2").encode(PROMPT)
     done = subprocess.run([sys.executable, "-c", LLAMA_GREEDY, str(paths[dtype]), str(model.cfg.context_length),
                            json.dumps(prompt), "12", PROMPT], capture_output=True, text=True, timeout=300)

@@ -13,6 +13,7 @@ counts as one. The layers, lowest first (a module may import its own layer and t
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,62 @@ def test_documented_import_paths_keep_working(legacy):
     proc = subprocess.run([sys.executable, "-c", f"import {legacy} as m; print(m.to_svg.__name__)"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "to_svg", proc.stderr[-2000:]
+
+
+# --- the README's Layout section and the size of what a reader reads -------------------------------
+
+README = PACKAGE.parents[1] / "README.md"
+
+
+def readme_tree() -> list[str]:
+    """The paths the README's Layout tree names, in its order: `engine/`, `engine/fused.py`, ..."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("\n## Layout\n"):]
+    block = section[section.index("src/glassgpt/\n") + len("src/glassgpt/\n"):section.index("\ntests/")]
+    names, folder = [], ""
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        words = re.split(r"\s{2,}", line.strip())[0].split()  # the names, then two spaces, then what they are
+        if indent == 2:
+            folder = words[0] if words and words[0].endswith("/") else ""
+            names += words
+        else:
+            names += [folder + w for w in words]
+    return names
+
+
+def test_the_readme_layout_names_every_module_and_nothing_else():
+    named = readme_tree()
+    modules_on_disk = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                       if p.name != "__main__.py" and not (p.name == "__init__.py" and p.parent == PACKAGE)}
+    folders = {str(p.relative_to(PACKAGE)) + "/" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    listed = {n for n in named if not n.endswith("/")}
+    package_inits = {f"{f}__init__.py" for f in folders}
+    assert set(n for n in named if n.endswith("/")) == folders
+    assert listed - modules_on_disk == set(), "the README names modules that do not exist"
+    assert modules_on_disk - listed - package_inits == set(), "modules the README's Layout does not name"
+
+
+def test_the_readme_layout_lists_the_layers_lowest_first():
+    top = [n.removesuffix(".py").removesuffix("/") for n in readme_tree() if "/" not in n.rstrip("/")]
+    layers = [LAYER[name] for name in top]
+    assert layers == sorted(layers), list(zip(top, layers))
+
+
+def test_no_function_a_reader_reads_is_much_over_a_screen():
+    """The issue's rule: no function in training/ or explain/ much over 60 lines."""
+    long = []
+    for folder in ("training", "explain"):
+        for path in sorted((PACKAGE / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 65:
+                    long.append(f"{folder}/{path.name}:{node.lineno} {node.name}")
+    assert long == []
+
+
+def test_the_readme_tree_parser_sees_a_missing_module(tmp_path, monkeypatch):
+    fake = tmp_path / "README.md"
+    fake.write_text(README.read_text(encoding="utf-8").replace("    fused.py ", "    fused_gone.py "), encoding="utf-8")
+    monkeypatch.setattr(sys.modules[__name__], "README", fake)
+    with pytest.raises(AssertionError, match="do not exist"):
+        test_the_readme_layout_names_every_module_and_nothing_else()

@@ -18,7 +18,7 @@ from glassgpt import PRESETS, GPTConfig, GPTModel
 from glassgpt.errors import PromptError
 from glassgpt.model import GELU, LayerNorm, MultiHeadAttention, attention_weights
 
-from conftest import make_hf_model, save_hf_model
+from conftest import layer_norm_and_input, make_hf_model, save_hf_model
 
 TOL = dict(atol=1e-4, rtol=0.0)  # fp32 logits / block outputs: max |diff| <= 1e-4
 
@@ -118,12 +118,7 @@ def test_forward_maps_ids_to_logits_of_shape_b_t_V(tiny_model):
 def test_layer_norm_is_the_books_formula():
     # scale * (x - mean) / sqrt(var + eps) + shift with the biased variance, written as the book
     # writes it, so the same inputs give the same bits (engine/fused.py has the one-kernel form).
-    torch.manual_seed(0)
-    norm = LayerNorm(48)
-    with torch.no_grad():
-        norm.scale.normal_(1.0, 0.3)
-        norm.shift.normal_(0.0, 0.3)
-    x = torch.randn(2, 5, 48) * 3 + 1
+    norm, x = layer_norm_and_input()
     mean = x.mean(dim=-1, keepdim=True)
     var = x.var(dim=-1, keepdim=True, unbiased=False)
     expected = norm.scale * ((x - mean) / torch.sqrt(var + 1e-5)) + norm.shift

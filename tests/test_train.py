@@ -42,13 +42,7 @@ def corpus(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models run faster on one thread, and a busy 2-core machine makes two thrash.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(tmp_path, corpus, out="run", drop_rate=0.0, seed=0, **overrides):
@@ -763,3 +757,15 @@ def test_generate_takes_threads_too(finished_run, capsys, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert main(["generate", "the", "--model", str(finished_run), "--max-new-tokens", "1", "--threads", "2"]) == 0
     assert "threads: 2 (--threads" in capsys.readouterr().err and torch.get_num_threads() == 2
+
+
+def test_a_text_small_enough_to_memorise_gets_a_note_naming_the_books_recipe(tmp_path, corpus, capsys):
+    small = tmp_path / "small.txt"
+    small.write_text(corpus.read_text()[:3000])
+    assert main(["train", "--data", str(small), "--out", str(tmp_path / "a"), "--max-steps", "1", *TINY_FLAGS]) == 0
+    err = capsys.readouterr().err
+    assert "note: the training split is 2,700 tokens, 169 windows of 16" in err and "--recipe book" in err
+    big = [*TINY_FLAGS[:TINY_FLAGS.index("--context-length")], "--context-length", "8",
+           *TINY_FLAGS[TINY_FLAGS.index("--context-length") + 2:]]  # the corpus: over 1,000 windows of 8
+    assert main(["train", "--data", str(corpus), "--out", str(tmp_path / "b"), "--max-steps", "1", *big]) == 0
+    assert "note: the training split" not in capsys.readouterr().err

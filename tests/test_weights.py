@@ -270,31 +270,20 @@ def test_extra_tensor_is_named(ckpt):
     assert "trf_blocks.9.secret" in str(err.value) and "[2, 3]" in str(err.value)
 
 
-def test_wrong_shaped_tensor_names_it_and_both_shapes(ckpt):
-    path, _ = ckpt
-    rewrite_tensors(path, lambda t: t.update({"pos_emb.weight": torch.zeros(64, 48)}))
-    with pytest.raises(CheckpointError) as err:
-        load_model(path)
-    message = str(err.value)
-    assert "pos_emb.weight" in message and "[64, 48]" in message and "[96, 48]" in message
+# In the file's own words: its tensor's name and the shape it has against the one expected (HF's
+# Conv1D layout is [in, out]; its fused c_attn is one tensor of 3 x emb_dim).
+WRONG_SHAPES = [
+    ("glassgpt", "pos_emb.weight", (64, 48), r"pos_emb\.weight should be \[96, 48\], but .* it is \[64, 48\]"),
+    ("hf", "transformer.h.0.mlp.c_fc.weight", (48, 100), r"h\.0\.mlp\.c_fc\.weight.*\[48, 100\].*\[48, 192\]"),
+    ("hf", "transformer.h.2.attn.c_attn.weight", (48, 100), r"h\.2\.attn\.c_attn\.weight.*\[48, 100\].*\[48, 144\]"),
+]
 
 
-def test_wrong_shaped_hf_tensor_names_it_and_both_shapes(hf_tiny, tmp_path):
-    hf, _ = hf_tiny
-    path = save_hf_model(hf, tmp_path / "hf")
-    rewrite_tensors(path, lambda t: t.update({"transformer.h.0.mlp.c_fc.weight": torch.zeros(48, 100)}))
-    with pytest.raises(CheckpointError) as err:
-        load_model(path)
-    message = str(err.value)
-    # In the file's own words: HF's name and its Conv1D layout [in, out].
-    assert "h.0.mlp.c_fc.weight" in message and "[48, 100]" in message and "[48, 192]" in message
-
-
-def test_wrong_shaped_fused_qkv_is_named(hf_tiny, tmp_path):
-    hf, _ = hf_tiny
-    path = save_hf_model(hf, tmp_path / "hf")
-    rewrite_tensors(path, lambda t: t.update({"transformer.h.2.attn.c_attn.weight": torch.zeros(48, 100)}))
-    with pytest.raises(CheckpointError, match=r"h\.2\.attn\.c_attn\.weight.*\[48, 100\].*\[48, 144\]"):
+@pytest.mark.parametrize("layout, name, shape, message", WRONG_SHAPES, ids=[w[1] for w in WRONG_SHAPES])
+def test_a_wrong_shaped_tensor_is_named_with_both_shapes(layout, name, shape, message, glass_tiny, hf_tiny, tmp_path):
+    path = save_model(glass_tiny, tmp_path / "ckpt") if layout == "glassgpt" else save_hf_model(hf_tiny[0], tmp_path / "hf")
+    rewrite_tensors(path, lambda t: t.update({name: torch.zeros(*shape)}))
+    with pytest.raises(CheckpointError, match=message):
         load_model(path)
 
 
