@@ -71,8 +71,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "random weights, the *-book presets drawn as the book's GPTModel draws them (default gpt2, "
                         "with the flags below overriding)")
     p.add_argument("--init", metavar="SPEC", help="start from these weights instead: checkpoint, run directory, the "
-                                                  "book's model.pth, or hub id such as openai-community/gpt2 "
-                                                  "(default: random weights)")
+                                                  "book's model.pth, the gpt2/124M folder, or a hub id such as "
+                                                  "openai-community/gpt2 (default: random weights)")
     p.add_argument("--n-layers", type=positive_int, metavar="N", help="transformer blocks (default: the --model's)")
     p.add_argument("--n-heads", type=positive_int, metavar="H", help="attention heads per block (default: the --model's)")
     p.add_argument("--emb-dim", type=positive_int, metavar="D", help="embedding width (default: the --model's)")
