@@ -13,6 +13,9 @@ up to 20% from run to run for the same step.)
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,8 +124,8 @@ def train_twice(model: GPTModel, b: int, t: int, dtype: torch.dtype = torch.floa
             copy.refresh()
 
 
-@pytest.mark.parametrize("name", list(MEASURED_CASES))
-def test_inference_and_training_are_within_20_percent_of_a_measured_peak(name):
+def measure_case(name: str) -> tuple[int, int]:
+    """(estimate, measured bytes) of MEASURED_CASES[name], in this process."""
     case = MEASURED_CASES[name]
     cfg, b, t = glassgpt.GPTConfig(**case["cfg"]), case["b"], case["t"]
     # Built outside the measurement: a bfloat16 model passes through float32 while it is built.
@@ -138,7 +141,19 @@ def test_inference_and_training_are_within_20_percent_of_a_measured_peak(name):
     # before the measurement: the first choice times layers of its own, which are no part of the peak.
     path = autotune.choose(cfg, case["dtype"]).winners["attention prompt"] if case["kind"] == "inference" else "sdpa"
     measured = stored_bytes(model) + peak_allocated(step)
-    estimate = memory_needs(cfg, case["dtype"], b, t, prompt_attention=path)[case["kind"]]
+    return memory_needs(cfg, case["dtype"], b, t, prompt_attention=path)[case["kind"]], measured
+
+
+@pytest.mark.parametrize("name", list(MEASURED_CASES))
+def test_inference_and_training_are_within_20_percent_of_a_measured_peak(name):
+    # Each case in a process of its own: a buffer that an earlier test left allocated (oneDNN's
+    # scratchpad, a kernel's workspace) is reused, not allocated, and would hide part of the peak
+    # (measured: this case read 6.7 MiB instead of 16 after the GGUF tests had run in the process).
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_memory; "
+            f"print(*test_memory.measure_case({name!r}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    estimate, measured = map(int, done.stdout.split()[-2:])
     assert abs(estimate / measured - 1) <= MEASURED_TOL, (
         f"{name}: estimate {estimate / 2**20:.1f} MiB, measured peak {measured / 2**20:.1f} MiB")
 
