@@ -37,7 +37,7 @@ from ..tokenizer import check_fits, get_tokenizer, train_bpe
 from ..training import TrainConfig, evaluate_loss, plot_run, read_metrics
 from ..training import book
 from ..training.compute import exact
-from ..training.config import BOOK_DEFAULTS, BOOK_SETTINGS
+from ..training.config import BOOK_DEFAULTS, BOOK_SETTINGS, SMALL_TEXT_FINDING
 from ..training.data import TextTask, build_tokenizer, cache_key, resolve_files, scan_file, split_ids, tokenize_files
 from ..training.metrics import snapshot_records
 from ..training.rundir import saved_train_config
@@ -197,13 +197,8 @@ SMALL_TEXT_WINDOWS = 1000  # a training split under this many windows' worth of 
 
 
 def small_text_note(tokens: int, context: int) -> str:
-    """What glassgpt's recipe does with a text this small, against the book's (benchmarks/RESULTS.md,
-    bench_book_ch05.py --defaults: the-verdict, the book's 46,080 tokens, scored on the book's windows)."""
-    return (f"the training split is {tokens:,} tokens, {tokens / context:,.0f} windows of {context}: glassgpt's "
-            f"recipe samples windows at every position, which generalises but does not memorise a text this "
-            f"small (on the-verdict, at the book's 46,080 tokens: val 6.02 against the book's 6.53, train 3.32 "
-            f"against its 0.30, so its samples do not recite the story); --recipe book trains on the book's "
-            f"fixed windows for 10 epochs at a constant lr, as chapter 5 does")
+    return (f"the training split is {tokens:,} tokens, {tokens / context:,.0f} windows of {context}: on a text "
+            f"this small, {SMALL_TEXT_FINDING}")
 
 
 def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: str):

@@ -28,6 +28,14 @@ RECIPES = ("glassgpt", "book")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
+# What glassgpt's recipe does with a text as small as the book's, measured (benchmarks/RESULTS.md,
+# bench_book_ch05.py --defaults: the-verdict, the book's 46,080 tokens, scored on the book's windows).
+# `glassgpt train --help` and train's note on a small text both say it.
+SMALL_TEXT_FINDING = ("glassgpt's random windows generalise better than the book's fixed ones (val 6.02 against "
+                      "6.53 on the-verdict) but do not memorise the text (train 3.32 against 0.30), so its samples "
+                      "do not recite it: --recipe book trains as chapter 5 does")
+
+
 @dataclass(frozen=True)
 class Check:
     """A condition on a setting's value, and the words an error uses for it ("a positive integer")."""
@@ -72,10 +80,8 @@ class TrainConfig:
     recipe: str = setting("glassgpt", "glassgpt: nanoGPT's loop (random windows, warm-up, cosine, clipping); "
                                       "book: the book's chapter 5 exactly (its loaders, constant lr, no "
                                       "clipping, the model's own kernels in float32). On a text as small as "
-                                      "the book's, glassgpt's random windows generalise better (val 6.02 "
-                                      "against 6.53 on the-verdict) but do not memorise it (train 3.32 "
-                                      "against 0.30): for the book's recitation, use book; GPT-2's "
-                                      "initialisation (an OpenAI-layout --model) loses on both", choices=RECIPES)
+                                      f"the book's, {SMALL_TEXT_FINDING}; GPT-2's initialisation (an "
+                                      "OpenAI-layout --model) loses under both", choices=RECIPES)
     batch_size: int = setting(8, "sequences per micro-batch and rank", POSITIVE_INT)
     grad_accum: int = setting(1, "micro-batches per optimizer step", POSITIVE_INT)
     batch_tokens: int | None = setting(None, "target tokens per optimizer step over all ranks: sets --grad-accum",
