@@ -1,0 +1,133 @@
+"""adopt(): a reader's own module (the book's GPTModel, a copy of it, nanoGPT's GPT, transformers'
+GPT2LMHeadModel) read in place, checked against its own logits, and used by every function.
+
+Tolerances: logits equal to the module's own within 1e-5 absolute (float32; the book's formulas
+are model.py's, and nanoGPT's F.layer_norm and fused attention differ in the last bits only).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import glassgpt
+from glassgpt.adopt import adopt, adopted_from
+from glassgpt.errors import GlassError
+from glassgpt.training import evaluate_text
+from llms_from_scratch import ch04
+
+from conftest import make_hf_model
+from readers import PROMPT, NanoGPT, book_model, my_model
+
+
+def storages(module: nn.Module) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in module.parameters()}
+
+
+def own_logits(module: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = module(ids)
+    out = out[0] if isinstance(out, tuple) else out
+    return getattr(out, "logits", out)
+
+
+def readers():
+    hf = make_hf_model(seed=0)
+    return {"book": book_model(), "copy": my_model(), "nanogpt": NanoGPT(), "hf": hf}
+
+
+@pytest.mark.parametrize("kind", ["book", "copy", "nanogpt", "hf"])
+def test_each_kind_is_read_in_place_and_gives_its_own_logits(kind):
+    module = readers()[kind].eval()
+    ids = torch.tensor([PROMPT]) % (module.transformer.wte.num_embeddings if kind == "hf" else 50257)
+    glass = adopt(module, ids)
+    theirs = own_logits(module, ids)
+    with torch.no_grad():
+        ours = glass(ids)[:, -theirs.shape[1]:]
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+    assert {p.untyped_storage().data_ptr() for p in glass.parameters()} <= storages(module)  # nothing copied
+    assert adopted_from(glass) is not None
+
+
+def test_the_config_is_read_from_tensors_and_attributes():
+    cfg = adopt(book_model()).cfg
+    assert (cfg.vocab_size, cfg.context_length, cfg.emb_dim, cfg.n_heads, cfg.n_layers) == (50257, 32, 64, 4, 2)
+    assert (cfg.qkv_bias, cfg.tie_embeddings, cfg.drop_rate) == (False, False, 0.1)
+    nano = adopt(NanoGPT(n_head=8)).cfg
+    assert (nano.n_heads, nano.qkv_bias, nano.tie_embeddings, nano.vocab_size) == (8, True, True, 50304)
+    hf = adopt(make_hf_model(seed=0, n_head=6)).cfg
+    assert (hf.n_heads, hf.tie_embeddings, hf.emb_dim) == (6, True, 48)
+
+
+def test_a_change_to_the_modules_weights_is_seen_at_once():
+    module = book_model()
+    glass = adopt(module)
+    with torch.no_grad():
+        module.trf_blocks[1].ff.layers[0].weight.add_(1.0)
+    assert torch.equal(glass.trf_blocks[1].ff.layers[0].weight, module.trf_blocks[1].ff.layers[0].weight)
+
+
+def test_trace_of_the_books_model_names_its_kind_and_its_next_token():
+    module = book_model()
+    tok = glassgpt.get_tokenizer("gpt2")
+    tr = glassgpt.trace(module, tok, "Every effort moves you")
+    assert tr.notes[0].startswith("the book's GPTModel")
+    assert tr.next_token["id"] == int(own_logits(module.eval(), torch.tensor([PROMPT]))[0, -1].argmax())
+
+
+def test_a_module_in_training_mode_is_traced_in_eval_mode_and_left_as_found():
+    module = book_model().train()
+    module.trf_blocks[0].att.eval()  # a mixed state, to be given back as it was
+    before = [m.training for m in module.modules()]
+    tr = glassgpt.trace(module, glassgpt.get_tokenizer("gpt2"), "Every effort moves you")
+    assert [m.training for m in module.modules()] == before
+    expected = own_logits(module.eval(), torch.tensor([PROMPT]))[0, -1].softmax(-1).max()
+    assert tr.next_token["top"][0]["prob"] == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_generate_with_the_books_model_gives_the_books_tokens():
+    module = book_model().eval()
+    ids = torch.tensor([PROMPT])
+    book = ch04.generate_text_simple(module, ids, max_new_tokens=6, context_size=32)
+    assert torch.equal(glassgpt.generate(module, ids, max_new_tokens=6), book)
+    assert torch.equal(glassgpt.generate(module, ids, max_new_tokens=6, use_cache=False), book)
+
+
+def test_eval_of_the_books_model_equals_eval_of_its_saved_state_dict(tmp_path):
+    module = book_model()
+    torch.save(module.state_dict(), tmp_path / "model.pth")
+    ids = torch.randint(0, 50257, (400,), generator=torch.Generator().manual_seed(0)).numpy()
+    loaded = glassgpt.load_model(str(tmp_path / "model.pth"), device="cpu", n_heads=4)  # shapes cannot tell it
+    ours = evaluate_text(module, ids, 32, batch_size=2, eval_batches=3)
+    theirs = evaluate_text(loaded, ids, 32, batch_size=2, eval_batches=3)
+    assert ours[1] == theirs[1] == 6
+    assert ours[0] == pytest.approx(theirs[0], abs=1e-6)
+
+
+def test_a_module_that_computes_something_else_is_refused_and_pointed_to_check():
+    module = my_model("no_mask")
+    with pytest.raises(GlassError, match=r"glassgpt.check\(model\)") as err:
+        glassgpt.trace(module, glassgpt.get_tokenizer("gpt2"), "Every effort moves you")
+    assert "\n" not in str(err.value)
+    with pytest.raises(GlassError, match="does not give its logits"):  # the verdict is kept for the module
+        glassgpt.generate(module, torch.tensor([PROMPT]), max_new_tokens=2)
+
+
+def test_a_module_of_no_known_kind_is_one_line_naming_what_is_looked_for_and_its_children():
+    module = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10))
+    with pytest.raises(GlassError) as err:
+        glassgpt.generate(module, [1, 2], max_new_tokens=1)
+    message = str(err.value)
+    assert "tok_emb" in message and "transformer.wte" in message and "children are: 0, 1" in message
+    assert "\n" not in message
+
+
+def test_a_bfloat16_module_works_and_mixed_dtypes_get_one_line():
+    module = book_model().to(torch.bfloat16)
+    out = glassgpt.generate(module, torch.tensor([PROMPT]), max_new_tokens=3)
+    assert out.shape == (1, 7)
+    mixed = book_model()
+    mixed.out_head.to(torch.float64)
+    with pytest.raises(GlassError, match=r"float32 and float64: give them one dtype first"):
+        adopt(mixed)
