@@ -131,3 +131,30 @@ def test_a_bfloat16_module_works_and_mixed_dtypes_get_one_line():
     mixed.out_head.to(torch.float64)
     with pytest.raises(GlassError, match=r"float32 and float64: give them one dtype first"):
         adopt(mixed)
+
+
+# --- load_model(spec, config=...): the file's weights under a config that fits them, or a refusal ----
+
+def test_load_model_with_a_fitting_config_uses_the_files_weights(tmp_path):
+    module = book_model()
+    torch.save(module.state_dict(), tmp_path / "model.pth")
+    cfg = glassgpt.GPTConfig.from_dict({**readers_cfg(), "tie_embeddings": False})
+    model = glassgpt.load_model(str(tmp_path / "model.pth"), config=cfg)
+    assert model.cfg == cfg
+    state = module.state_dict()
+    assert all(torch.equal(t, state[name]) for name, t in model.state_dict().items())
+
+
+@pytest.mark.parametrize("field, value", [("context_length", 1024), ("context_length", 16), ("n_layers", 3),
+                                          ("qkv_bias", True), ("tie_embeddings", True)])
+def test_load_model_with_a_config_that_does_not_fit_refuses_naming_the_field(tmp_path, field, value):
+    torch.save(book_model().state_dict(), tmp_path / "model.pth")
+    cfg = glassgpt.GPTConfig.from_dict({**readers_cfg(), "tie_embeddings": False, field: value})
+    with pytest.raises(glassgpt.GlassError, match=f"holds weights for {field} ") as err:
+        glassgpt.load_model(str(tmp_path / "model.pth"), config=cfg)
+    assert "\n" not in str(err.value)
+
+
+def readers_cfg() -> dict:
+    from readers import BOOK_TINY
+    return dict(BOOK_TINY)
