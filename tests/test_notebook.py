@@ -47,3 +47,20 @@ def test_the_check_cells_show_the_verdict_and_the_planted_mistake(executed):
 def test_chapter_5s_model_pth_is_loaded_and_traced(executed):
     html = html_of(executed[4])
     assert "<svg" in html and "next token: id" in html
+
+
+def test_passage_comparison_and_diff_show_their_picture_and_key_lines():
+    import glassgpt
+    from glassgpt.explain.compare import compare
+    from glassgpt.explain.diff import diff_weights
+    from glassgpt.explain.passage import passage
+    from readers import book_model
+
+    a, b = book_model(seed=1), book_model(seed=2)
+    tok = glassgpt.get_tokenizer("gpt2")
+    shown = {"passage": passage(a, tok, "Every effort moves you forward")._repr_html_(),
+             "compare": compare(a, b, tok, "Every effort moves you")._repr_html_(),
+             "diff": diff_weights(a, b)._repr_html_()}
+    for name, html in shown.items():
+        assert html.startswith('<div class="glassgpt"><svg') and "<pre" in html, name
+    assert "moved" in shown["diff"] and "KL" in shown["compare"]
