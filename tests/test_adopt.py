@@ -18,7 +18,7 @@ from glassgpt.training import evaluate_text
 from llms_from_scratch import ch04
 
 from conftest import make_hf_model
-from readers import PROMPT, NanoGPT, book_model, my_model
+from readers import BOOK_TINY, PROMPT, NanoGPT, book_model, my_model
 
 
 def storages(module: nn.Module) -> set[int]:
@@ -34,10 +34,12 @@ def own_logits(module: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 def readers():
     hf = make_hf_model(seed=0)
-    return {"book": book_model(), "copy": my_model(), "nanogpt": NanoGPT(), "hf": hf}
+    torch.manual_seed(0)
+    fast = ch04.GPTModelFast(BOOK_TINY)  # the book's variant: one qkv matrix, nn.LayerNorm, no mask buffers
+    return {"book": book_model(), "fast": fast, "copy": my_model(), "nanogpt": NanoGPT(), "hf": hf}
 
 
-@pytest.mark.parametrize("kind", ["book", "copy", "nanogpt", "hf"])
+@pytest.mark.parametrize("kind", ["book", "fast", "copy", "nanogpt", "hf"])
 def test_each_kind_is_read_in_place_and_gives_its_own_logits(kind):
     module = readers()[kind].eval()
     ids = torch.tensor([PROMPT]) % (module.transformer.wte.num_embeddings if kind == "hf" else 50257)

@@ -109,9 +109,12 @@ def layout_of(module: nn.Module) -> Layout:
 # --- the kinds ------------------------------------------------------------------------
 
 def _book_layout(module: nn.Module) -> Layout:
-    """The book's GPTModel or a reader's copy: glassgpt's names already, `mask` buffers left out."""
-    params = dict(module.named_parameters(remove_duplicate=False))
-    tensors = {name: t for name, t in params.items()}
+    """The book's GPTModel or a reader's copy: glassgpt's names already, `mask` buffers left out;
+    or the book's GPTModelFast (one qkv matrix, `proj`, nn.LayerNorm's weight and bias)."""
+    d = module.tok_emb.weight.shape[1]
+    tensors = {}
+    for name, t in module.named_parameters(remove_duplicate=False):
+        tensors.update(_book_names(name, t, d))
     att = module.trf_blocks[0].att
     n_heads = _head_count(att, ("num_heads", "n_heads", "n_head"), module)
     stages = {"tok_emb": "tok_emb", "pos_emb": "pos_emb", "final_norm": "final_norm", "out_head": "out_head"}
@@ -119,10 +122,21 @@ def _book_layout(module: nn.Module) -> Layout:
         stages.update({f"trf_blocks.{i}{s}": f"trf_blocks.{i}{s}" for s in ("", ".norm1", ".att", ".norm2", ".ff")})
     ff = module.trf_blocks[0].ff
     act = ff.layers[1] if isinstance(getattr(ff, "layers", None), nn.Sequential) and len(ff.layers) > 1 else None
-    kind = ("the book's GPTModel" if type(module).__module__.startswith("llms_from_scratch")
+    kind = (f"the book's {type(module).__name__}" if type(module).__module__.startswith("llms_from_scratch")
             else f"{type(module).__name__} with the book's names (a reader's copy)")
     return Layout(kind, tensors, n_heads, stages, _eps(module.final_norm), _drop(module, "drop_emb"),
                   _is_exact_gelu(act))
+
+
+def _book_names(name: str, t: torch.Tensor, d: int) -> dict[str, torch.Tensor]:
+    head, _, leaf = name.rpartition(".")
+    if head.endswith(".att.qkv"):  # one [3d, d] matrix: the queries' rows, then the keys', then the values'
+        return {f"{head[:-3]}{w}.{leaf}": t[j * d:(j + 1) * d] for j, w in enumerate(("W_query", "W_key", "W_value"))}
+    if head.endswith(".att.proj"):
+        return {f"{head[:-4]}out_proj.{leaf}": t}
+    if head.endswith(("norm1", "norm2", "final_norm")) and leaf in ("weight", "bias"):  # nn.LayerNorm's names
+        return {f"{head}.{'scale' if leaf == 'weight' else 'shift'}": t}
+    return {name: t}
 
 
 def _gpt2_layout(module: nn.Module, tr: nn.Module) -> Layout:
