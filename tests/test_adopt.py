@@ -17,7 +17,7 @@ from glassgpt.errors import GlassError
 from glassgpt.training import evaluate_text
 from llms_from_scratch import ch04
 
-from conftest import make_hf_model
+from conftest import make_hf_model, randomize_
 from readers import BOOK_TINY, PROMPT, NanoGPT, book_model, my_model
 
 
@@ -50,6 +50,22 @@ def test_each_kind_is_read_in_place_and_gives_its_own_logits(kind):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     assert {p.untyped_storage().data_ptr() for p in glass.parameters()} <= storages(module)  # nothing copied
     assert adopted_from(glass) is not None
+
+
+def test_nanogpt_built_without_biases_gets_zeros_and_says_so():
+    module = randomize_(NanoGPT(bias=False), std=0.3).eval()
+    glass = adopt(module, torch.tensor([PROMPT]))
+    torch.testing.assert_close(glass(torch.tensor([PROMPT]))[:, -1:], own_logits(module, torch.tensor([PROMPT])),
+                               rtol=0, atol=1e-5)
+    assert "has no bias on some layers" in adopted_from(glass) and "no shift" in adopted_from(glass)
+    assert not glass.cfg.qkv_bias
+
+
+def test_a_copy_with_a_tensor_glassgpt_does_not_have_is_one_line():
+    module = book_model()
+    module.trf_blocks[0].att.gate = nn.Parameter(torch.ones(4))
+    with pytest.raises(GlassError, match=r"has a tensor glassgpt's GPT-2 does not: trf_blocks.0.att.gate \[4\]"):
+        adopt(module)
 
 
 def test_the_config_is_read_from_tensors_and_attributes():

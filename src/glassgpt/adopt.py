@@ -144,16 +144,12 @@ def _gpt2_layout(module: nn.Module, tr: nn.Module) -> Layout:
     d = tr.wte.weight.shape[1]
     conv1d = tuple(tr.h[0].attn.c_attn.weight.shape) == (d, 3 * d)
     kind = "transformers' GPT2LMHeadModel" if conv1d else "nanoGPT's GPT"
-    notes: list[str] = []
 
     def w(linear: nn.Module) -> torch.Tensor:  # as nn.Linear stores it, [out, in]: a transposed view for Conv1D
         return linear.weight.t() if conv1d else linear.weight
 
-    def b(linear: nn.Module, width: int) -> torch.Tensor:
-        return linear.bias if linear.bias is not None else _zeros(linear.weight, width, notes, kind)
-
     tensors = {"tok_emb.weight": tr.wte.weight, "pos_emb.weight": tr.wpe.weight,
-               "final_norm.scale": tr.ln_f.weight, "final_norm.shift": b(tr.ln_f, d)}
+               "final_norm.scale": tr.ln_f.weight, "final_norm.shift": tr.ln_f.bias}
     stages = {"tok_emb": "transformer.wte", "pos_emb": "transformer.wpe", "final_norm": "transformer.ln_f",
               "out_head": "lm_head"}
     for i, blk in enumerate(tr.h):
@@ -163,11 +159,11 @@ def _gpt2_layout(module: nn.Module, tr: nn.Module) -> Layout:
             if blk.attn.c_attn.bias is not None:
                 tensors[f"{p}.att.{name}.bias"] = blk.attn.c_attn.bias[j * d:(j + 1) * d]
         tensors.update({
-            f"{p}.att.out_proj.weight": w(blk.attn.c_proj), f"{p}.att.out_proj.bias": b(blk.attn.c_proj, d),
-            f"{p}.norm1.scale": blk.ln_1.weight, f"{p}.norm1.shift": b(blk.ln_1, d),
-            f"{p}.norm2.scale": blk.ln_2.weight, f"{p}.norm2.shift": b(blk.ln_2, d),
-            f"{p}.ff.layers.0.weight": w(blk.mlp.c_fc), f"{p}.ff.layers.0.bias": b(blk.mlp.c_fc, 4 * d),
-            f"{p}.ff.layers.2.weight": w(blk.mlp.c_proj), f"{p}.ff.layers.2.bias": b(blk.mlp.c_proj, d)})
+            f"{p}.att.out_proj.weight": w(blk.attn.c_proj), f"{p}.att.out_proj.bias": blk.attn.c_proj.bias,
+            f"{p}.norm1.scale": blk.ln_1.weight, f"{p}.norm1.shift": blk.ln_1.bias,
+            f"{p}.norm2.scale": blk.ln_2.weight, f"{p}.norm2.shift": blk.ln_2.bias,
+            f"{p}.ff.layers.0.weight": w(blk.mlp.c_fc), f"{p}.ff.layers.0.bias": blk.mlp.c_fc.bias,
+            f"{p}.ff.layers.2.weight": w(blk.mlp.c_proj), f"{p}.ff.layers.2.bias": blk.mlp.c_proj.bias})
         stages.update({p: f"transformer.h.{i}", f"{p}.norm1": f"transformer.h.{i}.ln_1",
                        f"{p}.att": f"transformer.h.{i}.attn", f"{p}.norm2": f"transformer.h.{i}.ln_2",
                        f"{p}.ff": f"transformer.h.{i}.mlp"})
@@ -178,7 +174,8 @@ def _gpt2_layout(module: nn.Module, tr: nn.Module) -> Layout:
     attn = tr.h[0].attn
     n_heads = _head_count(attn, ("n_head", "num_heads", "n_heads"), module)
     act = getattr(tr.h[0].mlp, "gelu", None) or getattr(tr.h[0].mlp, "act", None)
-    return Layout(kind, tensors, n_heads, stages, _eps(tr.ln_f), _drop(tr, "drop"), _is_exact_gelu(act), notes)
+    tensors = {name: t for name, t in tensors.items() if t is not None}  # bias=False: zeros, in _fill_missing
+    return Layout(kind, tensors, n_heads, stages, _eps(tr.ln_f), _drop(tr, "drop"), _is_exact_gelu(act))
 
 
 def _head_count(att: nn.Module, names: tuple[str, ...], module: nn.Module) -> int | None:
@@ -206,13 +203,6 @@ def _drop(module: nn.Module, name: str) -> float:
 
 def _is_exact_gelu(act: nn.Module | None) -> bool:
     return isinstance(act, nn.GELU) and act.approximate == "none"
-
-
-def _zeros(like: torch.Tensor, width: int, notes: list[str], kind: str) -> torch.Tensor:
-    note = f"{kind} was built with bias=False: glassgpt adds zero biases (the same computation)"
-    if note not in notes:
-        notes.append(note)
-    return torch.zeros(width, device=like.device, dtype=like.dtype)
 
 
 # --- building the GPTModel over the module's tensors -----------------------------------
@@ -270,11 +260,14 @@ def _build(module: nn.Module, layout: Layout) -> GPTModel:
         if name == "out_head.weight" and cfg.tie_embeddings:
             continue
         owner, _, leaf = name.rpartition(".")
-        target = glass.get_submodule(owner)
+        target = glass.get_submodule(owner) if _has_submodule(glass, owner) else None
         expected = getattr(target, leaf, None)
-        if expected is None or expected.shape != tensor.shape:
+        if expected is None:
+            raise GlassError(f"{type(module).__name__} has a tensor glassgpt's GPT-2 does not: {name} "
+                             f"{list(tensor.shape)}")
+        if expected.shape != tensor.shape:
             raise GlassError(f"{type(module).__name__}: {name} is {list(tensor.shape)} but its config "
-                             f"({_config_line(cfg)}) wants {list(getattr(expected, 'shape', []))}")
+                             f"({_config_line(cfg)}) wants {list(expected.shape)}")
         setattr(target, leaf, nn.Parameter(tensor.detach(), requires_grad=False))  # a view: nothing copied
     glass.tie_weights()
     for blk in glass.trf_blocks:
@@ -282,12 +275,37 @@ def _build(module: nn.Module, layout: Layout) -> GPTModel:
         if layout.exact_gelu:  # nanoGPT's nn.GELU(): the exact erf, where the book writes the tanh form
             blk.ff.layers[1] = nn.GELU()
     glass.final_norm.eps = layout.eps
-    missing = [n for n, p in glass.named_parameters() if p.is_meta]
-    assert not missing, missing
+    _fill_missing(glass, module, layout)
     n_heads = "" if layout.n_heads else f"; n_heads {cfg.n_heads} by GPT-2's rule of 64 per head (none found)"
     gelu = ", its exact GELU" if layout.exact_gelu else ""
-    glass.adopted_from = f"{layout.kind} ({_config_line(cfg)}{gelu}), read in place{n_heads}"
+    glass.adopted_from = "; ".join([f"{layout.kind} ({_config_line(cfg)}{gelu}), read in place{n_heads}"] + layout.notes)
     return glass.eval()
+
+
+def _has_submodule(glass: GPTModel, path: str) -> bool:
+    try:
+        glass.get_submodule(path)
+        return True
+    except AttributeError:
+        return False
+
+
+def _fill_missing(glass: GPTModel, module: nn.Module, layout: Layout) -> None:
+    """Zeros for the biases and shifts a module was built without (the same computation); any
+    other tensor glassgpt needs and the module lacks is one line naming it."""
+    for name, p in list(glass.named_parameters()):
+        if not p.is_meta:
+            continue
+        if not name.endswith((".bias", ".shift")):
+            raise GlassError(f"{type(module).__name__} has no tensor for glassgpt's {name} {list(p.shape)}: "
+                             f"it looks for {LOOKED_FOR}")
+        like = glass.tok_emb.weight
+        owner, _, leaf = name.rpartition(".")
+        setattr(glass.get_submodule(owner), leaf, nn.Parameter(torch.zeros(p.shape, device=like.device,
+                                                                           dtype=like.dtype), requires_grad=False))
+        note = f"{layout.kind} has no {leaf} on some layers (e.g. {name}): glassgpt adds zeros, the same computation"
+        if not any(n.startswith(f"{layout.kind} has no {leaf}") for n in layout.notes):
+            layout.notes.append(note)
 
 
 def _config_line(cfg: GPTConfig) -> str:
