@@ -32,16 +32,18 @@ def own_logits(module: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return getattr(out, "logits", out)
 
 
-def readers():
-    hf = make_hf_model(seed=0)
+def fast_model() -> nn.Module:
     torch.manual_seed(0)
-    fast = ch04.GPTModelFast(BOOK_TINY)  # the book's variant: one qkv matrix, nn.LayerNorm, no mask buffers
-    return {"book": book_model(), "fast": fast, "copy": my_model(), "nanogpt": NanoGPT(), "hf": hf}
+    return ch04.GPTModelFast(BOOK_TINY)  # the book's variant: one qkv matrix, nn.LayerNorm, no mask buffers
+
+
+READERS = {"book": book_model, "fast": fast_model, "copy": my_model, "nanogpt": NanoGPT,
+           "hf": lambda: make_hf_model(seed=0)}
 
 
 @pytest.mark.parametrize("kind", ["book", "fast", "copy", "nanogpt", "hf"])
 def test_each_kind_is_read_in_place_and_gives_its_own_logits(kind):
-    module = readers()[kind].eval()
+    module = READERS[kind]().eval()
     ids = torch.tensor([PROMPT]) % (module.transformer.wte.num_embeddings if kind == "hf" else 50257)
     glass = adopt(module, ids)
     theirs = own_logits(module, ids)
