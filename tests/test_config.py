@@ -59,8 +59,15 @@ def test_unknown_preset_lists_the_choices():
     assert "\n" not in message
 
 
-def test_config_errors_are_glass_errors():
-    assert issubclass(ConfigError, GlassError)
+def test_a_bad_config_file_is_one_line_and_exit_code_2_on_the_command_line(tmp_path, capsys):
+    from glassgpt.cli import main
+    (tmp_path / "bad.json").write_text('{"emb_dim": 10, "n_heads": 3}')
+    assert main(["info", "--model", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "bad.json: emb_dim (10) must be divisible by n_heads (3)" in err
+    assert err.count("\n") == 1
+    with pytest.raises(GlassError, match="n_heads"):  # and library callers catch it as a GlassError
+        GPTConfig(emb_dim=10, n_heads=3)
 
 
 def test_emb_dim_not_divisible_by_n_heads_names_both_and_the_choices():

@@ -6,6 +6,8 @@
     ids = glassgpt.generate(model, tok.encode("Every effort moves you"), max_new_tokens=10)
     print(tok.decode(ids[0].tolist()))
     print(glassgpt.trace(model, tok, "Every effort moves you").to_text())
+    glassgpt.show(my_gpt, "Every effort moves you")  # your own module (the book's GPTModel ...), in a notebook
+    glassgpt.check(my_gpt)                           # ... and where it parts from the book's formulas
 
 The package, layer by layer (each imports only from the layers above it in this list):
 
@@ -26,10 +28,11 @@ This module is the public API and nothing else.
 
 import sys as _sys
 
+from .adopt import adopt
 from .config import PRESETS, GPTConfig
 from .engine import KVCache
 from .errors import GlassError, RandomWeightsWarning
-from .explain import Trace, diagram as explain_diagram, trace
+from .explain import Trace, check, diagram as explain_diagram, show, trace
 from .formats import download, export_hf, get_config, get_tokenizer, load_meta, load_model, load_tokenizer, save_model
 from .generate import generate, stream
 from .model import GPTModel
@@ -40,7 +43,7 @@ from .version import __version__
 _sys.modules[__name__ + ".explain_diagram"] = explain_diagram
 
 __all__ = [
-    "GPTConfig", "PRESETS", "Trace", "trace", "get_config", "GlassError", "generate", "stream", "GPTModel", "KVCache",
+    "GPTConfig", "PRESETS", "Trace", "adopt", "check", "show", "trace", "get_config", "GlassError", "generate", "stream", "GPTModel", "KVCache",
     "Tokenizer", "get_tokenizer", "download", "export_hf", "load_meta", "load_model",
     "load_tokenizer", "save_model", "RandomWeightsWarning", "explain_diagram", "__version__",
 ]

@@ -3,28 +3,361 @@
     adopt(module, ids) -> GPTModel
 
 The seam every function that takes a model goes through (explain, why, generate, eval, diff):
-the book's GPTModel, a reader's copy of it, nanoGPT's GPT, transformers' GPT2LMHeadModel or
-glassgpt's own. Nothing is copied: the returned model's parameters are views of the module's.
+the book's GPTModel (with or without its `mask` buffers) or a reader's copy with the book's
+names, nanoGPT's GPT, transformers' GPT2LMHeadModel (its Conv1D matrices are read transposed),
+or glassgpt's own. Nothing is copied: every parameter of the returned model is a view of the
+module's storage, so it sees the module's weights as they change. The config is read from the
+tensors' shapes and the module's attributes (the head count from `num_heads` / `n_head`).
 
-(Stub: glassgpt's own GPTModel, or an engine running one, passes through; the other kinds are
-issue 24's work.)
+The first time a module is used with a prompt, glassgpt's forward is checked against the
+module's own logits (once per module); a module that computes something else is refused in one
+line that points to `glassgpt.check(model)`, so no number shown is from a model that is not the
+reader's. `adopted_from(model)` is the one line that says which kind was recognised.
 """
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass, field
+from typing import Sequence
+
 import torch
 from torch import nn
 
-from .errors import GlassError
+from .config import GPTConfig
+from .errors import ConfigError, GlassError
 from .model import GPTModel
 
+# The logits check: max |ours - theirs| <= TOLERANCE[dtype] * max(1, max |theirs|). float32 leaves
+# room for F.layer_norm and fused attention, which differ from the book's formulas in the last bits.
+TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
-def adopt(module: nn.Module, ids: torch.Tensor | None = None) -> GPTModel:
-    """`module` as a glassgpt GPTModel sharing its tensors; `ids` (`[b, t]`): a prompt on which,
-    the first time a module is seen, its own logits are checked against glassgpt's forward."""
+LOOKED_FOR = ("the book's names (tok_emb, pos_emb, trf_blocks, final_norm, out_head), nanoGPT's or "
+              "transformers' (transformer.wte, transformer.wpe, transformer.h, transformer.ln_f, lm_head)")
+
+
+@dataclass
+class Layout:
+    """What one kind of module holds, in glassgpt's names: the tensors and where each stage is."""
+
+    kind: str
+    tensors: dict[str, torch.Tensor]
+    n_heads: int | None
+    stages: dict[str, str]             # glassgpt's stage name -> the module's submodule path
+    eps: float = 1e-5
+    drop_rate: float = 0.0
+    exact_gelu: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Adoption:
+    model: GPTModel
+    layout: Layout
+    fingerprint: tuple
+    verdict: str | None = None         # None: not checked yet; "" matched; else the refusal
+
+
+_ADOPTED: "weakref.WeakKeyDictionary[nn.Module, _Adoption]" = weakref.WeakKeyDictionary()
+
+
+def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None) -> GPTModel:
+    """`module` as a glassgpt GPTModel sharing its tensors; `ids` (`[b, t]` or `[t]`): a prompt on
+    which, the first time the module is used with one, its own logits are checked against
+    glassgpt's forward. Raises a one-line GlassError for a module of no known kind, on mixed
+    devices or dtypes, or whose logits glassgpt's forward does not reproduce."""
     if isinstance(module, GPTModel):
         return module
     inner = getattr(module, "model", None)
     if isinstance(inner, GPTModel):  # an engine, compiled or not, runs a GPTModel
         return inner
-    raise GlassError(f"{type(module).__name__} is not a model glassgpt can read yet")
+    if not isinstance(module, nn.Module):
+        raise GlassError(f"a model must be an nn.Module, got {type(module).__name__}")
+    adoption = _adoption(module)
+    if ids is not None and adoption.verdict is None:
+        adoption.verdict = _check_logits(module, adoption, ids)
+    if adoption.verdict:
+        raise GlassError(adoption.verdict)
+    return adoption.model
+
+
+def read_in_place(module: nn.Module) -> tuple[GPTModel, Layout]:
+    """`module` as a GPTModel over its tensors and its Layout, without the logits check (check() uses
+    it to find where a module that fails that check parts from the book's formulas)."""
+    adoption = _adoption(module)
+    return adoption.model, adoption.layout
+
+
+def adopted_from(model: nn.Module) -> str | None:
+    """The one line saying which kind of module `model` was taken from (None: glassgpt's own)."""
+    return getattr(model, "adopted_from", None)
+
+
+def layout_of(module: nn.Module) -> Layout:
+    """The kind of `module` and its tensors in glassgpt's names; a one-line GlassError if none fits."""
+    children = dict(module.named_children())
+    if {"tok_emb", "pos_emb", "trf_blocks", "final_norm", "out_head"} <= set(children):
+        return _book_layout(module)
+    transformer = children.get("transformer")
+    if transformer is not None and {"wte", "wpe", "h", "ln_f"} <= set(dict(transformer.named_children())):
+        return _gpt2_layout(module, transformer)
+    names = ", ".join(children) or "none"
+    raise GlassError(f"{type(module).__name__} is not a GPT-2-shaped model glassgpt can read: it looks for "
+                     f"{LOOKED_FOR}; this module's top-level children are: {names}")
+
+
+# --- the kinds ------------------------------------------------------------------------
+
+def _book_layout(module: nn.Module) -> Layout:
+    """The book's GPTModel or a reader's copy: glassgpt's names already, `mask` buffers left out;
+    or the book's GPTModelFast (one qkv matrix, `proj`, nn.LayerNorm's weight and bias)."""
+    d = module.tok_emb.weight.shape[1]
+    tensors = {}
+    for name, t in module.named_parameters(remove_duplicate=False):
+        tensors.update(_book_names(name, t, d))
+    att = module.trf_blocks[0].att
+    n_heads = _head_count(att, ("num_heads", "n_heads", "n_head"), module)
+    stages = {"tok_emb": "tok_emb", "pos_emb": "pos_emb", "final_norm": "final_norm", "out_head": "out_head"}
+    for i in range(len(module.trf_blocks)):
+        stages.update({f"trf_blocks.{i}{s}": f"trf_blocks.{i}{s}" for s in ("", ".norm1", ".att", ".norm2", ".ff")})
+    ff = module.trf_blocks[0].ff
+    act = ff.layers[1] if isinstance(getattr(ff, "layers", None), nn.Sequential) and len(ff.layers) > 1 else None
+    kind = (f"the book's {type(module).__name__}" if type(module).__module__.startswith("llms_from_scratch")
+            else f"{type(module).__name__} with the book's names (a reader's copy)")
+    return Layout(kind, tensors, n_heads, stages, _eps(module.final_norm), _drop(module, "drop_emb"),
+                  _is_exact_gelu(act))
+
+
+def _book_names(name: str, t: torch.Tensor, d: int) -> dict[str, torch.Tensor]:
+    head, _, leaf = name.rpartition(".")
+    if head.endswith(".att.qkv"):  # one [3d, d] matrix: the queries' rows, then the keys', then the values'
+        return {f"{head[:-3]}{w}.{leaf}": t[j * d:(j + 1) * d] for j, w in enumerate(("W_query", "W_key", "W_value"))}
+    if head.endswith(".att.proj"):
+        return {f"{head[:-4]}out_proj.{leaf}": t}
+    if head.endswith(("norm1", "norm2", "final_norm")) and leaf in ("weight", "bias"):  # nn.LayerNorm's names
+        return {f"{head}.{'scale' if leaf == 'weight' else 'shift'}": t}
+    return {name: t}
+
+
+def _gpt2_layout(module: nn.Module, tr: nn.Module) -> Layout:
+    """nanoGPT's GPT (nn.Linear matrices, [out, in]) or transformers' GPT2LMHeadModel (Conv1D, [in, out])."""
+    d = tr.wte.weight.shape[1]
+    conv1d = tuple(tr.h[0].attn.c_attn.weight.shape) == (d, 3 * d)
+    kind = "transformers' GPT2LMHeadModel" if conv1d else "nanoGPT's GPT"
+
+    def w(linear: nn.Module) -> torch.Tensor:  # as nn.Linear stores it, [out, in]: a transposed view for Conv1D
+        return linear.weight.t() if conv1d else linear.weight
+
+    tensors = {"tok_emb.weight": tr.wte.weight, "pos_emb.weight": tr.wpe.weight,
+               "final_norm.scale": tr.ln_f.weight, "final_norm.shift": tr.ln_f.bias}
+    stages = {"tok_emb": "transformer.wte", "pos_emb": "transformer.wpe", "final_norm": "transformer.ln_f",
+              "out_head": "lm_head"}
+    for i, blk in enumerate(tr.h):
+        p, qkv = f"trf_blocks.{i}", w(blk.attn.c_attn)
+        for j, name in enumerate(("W_query", "W_key", "W_value")):
+            tensors[f"{p}.att.{name}.weight"] = qkv[j * d:(j + 1) * d]
+            if blk.attn.c_attn.bias is not None:
+                tensors[f"{p}.att.{name}.bias"] = blk.attn.c_attn.bias[j * d:(j + 1) * d]
+        tensors.update({
+            f"{p}.att.out_proj.weight": w(blk.attn.c_proj), f"{p}.att.out_proj.bias": blk.attn.c_proj.bias,
+            f"{p}.norm1.scale": blk.ln_1.weight, f"{p}.norm1.shift": blk.ln_1.bias,
+            f"{p}.norm2.scale": blk.ln_2.weight, f"{p}.norm2.shift": blk.ln_2.bias,
+            f"{p}.ff.layers.0.weight": w(blk.mlp.c_fc), f"{p}.ff.layers.0.bias": blk.mlp.c_fc.bias,
+            f"{p}.ff.layers.2.weight": w(blk.mlp.c_proj), f"{p}.ff.layers.2.bias": blk.mlp.c_proj.bias})
+        stages.update({p: f"transformer.h.{i}", f"{p}.norm1": f"transformer.h.{i}.ln_1",
+                       f"{p}.att": f"transformer.h.{i}.attn", f"{p}.norm2": f"transformer.h.{i}.ln_2",
+                       f"{p}.ff": f"transformer.h.{i}.mlp"})
+    head = module.lm_head
+    tensors["out_head.weight"] = head.weight
+    if getattr(head, "bias", None) is not None:
+        tensors["out_head.bias"] = head.bias
+    attn = tr.h[0].attn
+    n_heads = _head_count(attn, ("n_head", "num_heads", "n_heads"), module)
+    act = getattr(tr.h[0].mlp, "gelu", None) or getattr(tr.h[0].mlp, "act", None)
+    tensors = {name: t for name, t in tensors.items() if t is not None}  # bias=False: zeros, in _fill_missing
+    return Layout(kind, tensors, n_heads, stages, _eps(tr.ln_f), _drop(tr, "drop"), _is_exact_gelu(act))
+
+
+def _head_count(att: nn.Module, names: tuple[str, ...], module: nn.Module) -> int | None:
+    for name in names:
+        value = getattr(att, name, None)
+        if isinstance(value, int):
+            return value
+    config = getattr(module, "config", None)
+    for source in (config, getattr(module, "cfg", None)):
+        value = source.get("n_heads") if isinstance(source, dict) else getattr(source, "n_head", None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _eps(norm: nn.Module) -> float:
+    eps = getattr(norm, "eps", 1e-5)
+    return float(eps) if isinstance(eps, (int, float)) else 1e-5
+
+
+def _drop(module: nn.Module, name: str) -> float:
+    drop = getattr(module, name, None)
+    return float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
+
+
+def _is_exact_gelu(act: nn.Module | None) -> bool:
+    return isinstance(act, nn.GELU) and act.approximate == "none"
+
+
+# --- building the GPTModel over the module's tensors -----------------------------------
+
+def _adoption(module: nn.Module) -> _Adoption:
+    fingerprint = tuple((p.data_ptr(), p.dtype, p.device) for p in module.parameters())
+    found = _ADOPTED.get(module)
+    if found is not None and found.fingerprint == fingerprint:
+        return found
+    layout = layout_of(module)
+    _check_placement(module)
+    found = _Adoption(_build(module, layout), layout, fingerprint)
+    _ADOPTED[module] = found
+    return found
+
+
+def _check_placement(module: nn.Module) -> None:
+    params = list(module.parameters())
+    devices = sorted({str(p.device) for p in params})
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in params})
+    if len(devices) > 1:
+        raise GlassError(f"{type(module).__name__}'s tensors are on {' and '.join(devices)}: move it to one "
+                         f"device first (model.to('{devices[0]}'))")
+    if len(dtypes) > 1:
+        raise GlassError(f"{type(module).__name__}'s tensors are in {' and '.join(dtypes)}: give them one dtype "
+                         "first (model.to(torch.float32))")
+
+
+def config_of(module: nn.Module, layout: Layout) -> GPTConfig:
+    """The GPTConfig that `layout`'s tensors and the module's attributes say."""
+    t = layout.tensors
+    vocab, d = t["tok_emb.weight"].shape
+    n_layers = len({k.split(".")[1] for k in t if k.startswith("trf_blocks.")})
+    out_rows = t["out_head.weight"].shape[0]
+    tied = _same_view(t["out_head.weight"], t["tok_emb.weight"])
+    n_heads = layout.n_heads or (d // 64 if d % 64 == 0 else 1)
+    try:
+        return GPTConfig(vocab_size=vocab, context_length=t["pos_emb.weight"].shape[0], emb_dim=d, n_heads=n_heads,
+                         n_layers=n_layers, drop_rate=layout.drop_rate, qkv_bias="trf_blocks.0.att.W_query.bias" in t,
+                         tie_embeddings=tied, num_classes=None if out_rows == vocab and "out_head.bias" not in t
+                         else out_rows)
+    except ConfigError as err:
+        raise GlassError(f"{type(module).__name__}: {err}") from None
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride())
+
+
+def _build(module: nn.Module, layout: Layout) -> GPTModel:
+    cfg = config_of(module, layout)
+    with torch.device("meta"):
+        glass = GPTModel(cfg)
+    for name, tensor in layout.tensors.items():
+        if name == "out_head.weight" and cfg.tie_embeddings:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        target = glass.get_submodule(owner) if _has_submodule(glass, owner) else None
+        expected = getattr(target, leaf, None)
+        if expected is None:
+            raise GlassError(f"{type(module).__name__} has a tensor glassgpt's GPT-2 does not: {name} "
+                             f"{list(tensor.shape)}")
+        if expected.shape != tensor.shape:
+            raise GlassError(f"{type(module).__name__}: {name} is {list(tensor.shape)} but its config "
+                             f"({_config_line(cfg)}) wants {list(expected.shape)}")
+        setattr(target, leaf, nn.Parameter(tensor.detach(), requires_grad=False))  # a view: nothing copied
+    glass.tie_weights()
+    for blk in glass.trf_blocks:
+        blk.norm1.eps = blk.norm2.eps = layout.eps
+        if layout.exact_gelu:  # nanoGPT's nn.GELU(): the exact erf, where the book writes the tanh form
+            blk.ff.layers[1] = nn.GELU()
+    glass.final_norm.eps = layout.eps
+    _fill_missing(glass, module, layout)
+    n_heads = "" if layout.n_heads else f"; n_heads {cfg.n_heads} by GPT-2's rule of 64 per head (none found)"
+    gelu = ", its exact GELU" if layout.exact_gelu else ""
+    glass.adopted_from = "; ".join([f"{layout.kind} ({_config_line(cfg)}{gelu}), read in place{n_heads}"] + layout.notes)
+    return glass.eval()
+
+
+def _has_submodule(glass: GPTModel, path: str) -> bool:
+    try:
+        glass.get_submodule(path)
+        return True
+    except AttributeError:
+        return False
+
+
+def _fill_missing(glass: GPTModel, module: nn.Module, layout: Layout) -> None:
+    """Zeros for the biases and shifts a module was built without (the same computation); any
+    other tensor glassgpt needs and the module lacks is one line naming it."""
+    for name, p in list(glass.named_parameters()):
+        if not p.is_meta:
+            continue
+        if not name.endswith((".bias", ".shift")):
+            raise GlassError(f"{type(module).__name__} has no tensor for glassgpt's {name} {list(p.shape)}: "
+                             f"it looks for {LOOKED_FOR}")
+        like = glass.tok_emb.weight
+        owner, _, leaf = name.rpartition(".")
+        setattr(glass.get_submodule(owner), leaf, nn.Parameter(torch.zeros(p.shape, device=like.device,
+                                                                           dtype=like.dtype), requires_grad=False))
+        note = f"{layout.kind} has no {leaf} on some layers (e.g. {name}): glassgpt adds zeros, the same computation"
+        if not any(n.startswith(f"{layout.kind} has no {leaf}") for n in layout.notes):
+            layout.notes.append(note)
+
+
+def _config_line(cfg: GPTConfig) -> str:
+    head = "tied head" if cfg.tie_embeddings else ("own head" if cfg.num_classes is None
+                                                   else f"{cfg.num_classes}-class head")
+    return (f"vocab_size {cfg.vocab_size}, context_length {cfg.context_length}, emb_dim {cfg.emb_dim}, "
+            f"n_heads {cfg.n_heads}, n_layers {cfg.n_layers}, qkv_bias {cfg.qkv_bias}, {head}")
+
+
+# --- the logits check ------------------------------------------------------------------
+
+def module_logits(module: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """What `module(ids)` returns, as logits `[b, t', V]` (nanoGPT returns the last position's only)."""
+    out = module(ids)
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    return getattr(out, "logits", out)
+
+
+class evaluating_all:
+    """Every submodule of `module` in eval mode inside the block, each in its own mode again after."""
+
+    def __init__(self, module: nn.Module):
+        self.module, self.modes = module, []
+
+    def __enter__(self) -> nn.Module:
+        self.modes = [(m, m.training) for m in self.module.modules()]
+        self.module.eval()
+        return self.module
+
+    def __exit__(self, *exc) -> None:
+        for m, mode in self.modes:
+            m.training = mode
+
+
+def _check_logits(module: nn.Module, adoption: _Adoption, ids) -> str:
+    glass = adoption.model
+    device = glass.tok_emb.weight.device
+    batch = torch.as_tensor(ids, dtype=torch.long, device=device)
+    batch = (batch.unsqueeze(0) if batch.dim() == 1 else batch)[:, -glass.cfg.context_length:]
+    with torch.inference_mode(), evaluating_all(module):
+        theirs = module_logits(module, batch)
+        ours = glass(batch)[:, -theirs.shape[1]:]
+    if ours.shape != theirs.shape:
+        return (f"{adoption.layout.kind} returned logits of shape {list(theirs.shape)} where glassgpt's forward "
+                f"gives {list(ours.shape)}: run glassgpt.check(model) to see where they part")
+    diff = float((ours.double() - theirs.double()).abs().max())
+    tol = TOLERANCE.get(theirs.dtype, 1e-4) * max(1.0, float(theirs.double().abs().max()))
+    if not diff <= tol:  # nan too
+        return (f"glassgpt's forward on {adoption.layout.kind}'s weights does not give its logits (largest "
+                f"difference {diff:.3g}, tolerance {tol:.3g}), so glassgpt would show numbers that are not your "
+                "model's: run glassgpt.check(model) to find the first stage that differs")
+    return ""
+
+

@@ -24,6 +24,7 @@ import torch
 
 from torch import nn
 
+from .adopt import adopt, adopted_from
 from .engine import KVCache, as_engine
 from .model import GPTModel
 from .errors import GlassError, NonFiniteError, PromptError
@@ -42,8 +43,9 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
 
 
 def glass_model(model: nn.Module) -> GPTModel:
-    """The GPTModel itself: `model`, or the one an Engine (compiled or not) runs."""
-    return model if isinstance(model, GPTModel) else model.model
+    """The GPTModel itself: `model`, the one an Engine (compiled or not) runs, or a reader's module
+    read in place (adopt.py)."""
+    return adopt(model)
 
 
 def as_batch(ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
@@ -107,10 +109,10 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     draw from the random generator, so the ids stay those of a run without it.
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p)
-    glass = glass_model(model)
+    glass = adopt(model, ids)  # a reader's module is read in place, its logits checked on this prompt once
     if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
         use_cache = False
-    engine = as_engine(model) if use_cache else None
+    engine = as_engine(glass if adopted_from(glass) else model) if use_cache else None
     device = glass.tok_emb.weight.device
     prompt = as_batch(ids, device)
     if max_new_tokens == 0:

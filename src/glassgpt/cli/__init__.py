@@ -71,7 +71,7 @@ def _optional_modules() -> tuple:
     import importlib
 
     modules = []
-    for name in ("explain", "diff", "train", "finetune", "serve", "export"):
+    for name in ("explain", "diff", "check", "train", "finetune", "serve", "export"):
         try:
             modules.append(importlib.import_module(f"{__name__}.{name}"))
         except ModuleNotFoundError as e:

@@ -34,7 +34,7 @@ from ..formats.book import is_book_spec, is_state_dict_file, side_config
 from ..formats.files import atomic_write
 from ..model import GPTModel
 from ..tokenizer import check_fits, get_tokenizer, train_bpe
-from ..training import TrainConfig, evaluate_loss, plot_run, read_metrics
+from ..training import TrainConfig, evaluate_text, plot_run, read_metrics
 from ..training import book
 from ..training.compute import exact
 from ..training.config import BOOK_DEFAULTS, BOOK_SETTINGS, SMALL_TEXT_FINDING
@@ -362,10 +362,8 @@ def _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg
     if args.split == "val" and not len(val):
         raise GlassError("--val-fraction 0 leaves no validation split: pass --split train or a --val-fraction > 0")
     held = val if args.split == "val" else train
-    task = TextTask(held, held, context, args.batch_size or run_cfg.get("batch_size", 8), seed=0,
-                    eval_batches=args.eval_batches or run_cfg.get("eval_batches", 20))
-    loss = evaluate_loss(model, task, args.dtype)
-    windows = len(task.eval_offsets())
+    loss, windows = evaluate_text(model, held, context, args.batch_size or run_cfg.get("batch_size", 8),
+                                  args.eval_batches or run_cfg.get("eval_batches", 20), args.dtype)
     return {"loss": loss, "perplexity": _ppl(loss), "split": args.split, "windows": windows,
             "context_length": context, "tokens": windows * context, "split_tokens": len(held),
             "windows_text": describe_windows(windows, context, len(held), args.split)}

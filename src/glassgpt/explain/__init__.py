@@ -12,11 +12,15 @@
     text.py      the terminal view of a Trace
     draw.py      boxes, text and lines, measured; written as SVG or PNG
     diagram.py   the Trace's picture, in the style of the book's GPT figure; attention heatmaps
+    verify.py    check(model): a reader's own module against the book's formulas, stage by stage
+    notebook.py  each result's picture and key lines inline in Jupyter; show(model, text)
 """
 
 from . import diagram
 from .check import check_embedding_is_linear
 from .record import Progress
+from .notebook import show  # also gives every result its _repr_html_
 from .trace import About, Stage, Trace, TraceOptions, trace
+from .verify import CheckResult, check
 
-__all__ = ["About", "Progress", "Stage", "Trace", "TraceOptions", "check_embedding_is_linear", "diagram", "trace"]
+__all__ = ["About", "CheckResult", "Progress", "Stage", "Trace", "TraceOptions", "check_embedding_is_linear", "check", "diagram", "show", "trace"]

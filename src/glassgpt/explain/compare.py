@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..adopt import adopt
 from ..device import evaluating
 from ..model import GPTModel
 from ..prompt import encode, fit_prompt, keep_for
@@ -63,8 +64,9 @@ def compare(model_a: GPTModel, model_b: GPTModel, tokenizer: Tokenizer, text: st
             about_b: About | None = None, top_k: int = 10) -> Comparison:
     """Trace `text` through both models and set their next-token distributions side by side."""
     about_a, about_b = about_a or About("A"), about_b or About("B")
-    limit = min(model_a.cfg.context_length, model_b.cfg.context_length)
-    prompt = fit_prompt(encode(tokenizer, text), limit, keep_for(model_a.cfg.num_classes))
+    limit = min(adopt(model_a).cfg.context_length, adopt(model_b).cfg.context_length)
+    prompt = fit_prompt(encode(tokenizer, text), limit, keep_for(adopt(model_a).cfg.num_classes))
+    model_a, model_b = adopt(model_a, prompt.ids), adopt(model_b, prompt.ids)  # a reader's modules, read in place
     options = TraceOptions(top_k=top_k, logit_lens=True, embedding_check=False)
     traces = [trace(m, tokenizer, ids=prompt.ids, options=options, about=ab)
               for m, ab in ((model_a, about_a), (model_b, about_b))]

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..adopt import adopt
 from ..device import evaluating
 from ..errors import PromptError
 from ..model import GPTModel
@@ -53,6 +54,7 @@ class Passage:
 def passage(model: GPTModel, tokenizer: Tokenizer, text: str, about: About | None = None,
             worst: int = WORST) -> Passage:
     """Score every token of `text` (at least two tokens) under `model`; see the module's docstring."""
+    model = adopt(model, encode(tokenizer, text)[:adopt(model).cfg.context_length])
     if model.cfg.num_classes is not None:
         raise PromptError("a classifier predicts no next tokens: give --passage a language model")
     ids = encode(tokenizer, text)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..adopt import adopt, adopted_from
 from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
@@ -126,8 +127,9 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
     Traces of one model may run at the same time in different threads; the model is only read.
     """
     opt, about = options or TraceOptions(), about or About()
-    cfg = model.cfg
+    cfg = adopt(model).cfg
     prompt = _prompt(cfg, tokenizer, text, ids, opt)
+    model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once
     device = model.tok_emb.weight.device
     batch = torch.tensor([prompt.ids], device=device)  # [b=1, t]
     rec = Recorder(_kept_tensors(cfg, opt), cfg.n_layers * (2 if opt.logit_lens else 1) + opt.embedding_check,
@@ -150,7 +152,7 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
         next_token=_next_token(cfg, top_list, text, opt.temperature), modules=table["modules"],
         head=head_products(model, rec.seen["final_norm"][0, -1], logits[0, -1], [t["id"] for t in top_list],
                            prompt.ids, label),
-        notes=[prompt.note] if prompt.note else [])
+        notes=[n for n in (adopted_from(model), prompt.note) if n])
     if opt.attention:
         result.attention = {"shape": [cfg.n_layers, 1, cfg.n_heads, len(prompt.ids), len(prompt.ids)],
                             "tokens": [tk["text"] for tk in result.tokens],

@@ -27,9 +27,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
+import dataclasses
+
 import torch
+from torch import nn
 
 from .. import config as _config, tokenizer as _tokenizer
+from ..adopt import adopt
 from ..config import PRESETS, GPTConfig, init_scheme
 from ..device import resolve_device, resolve_dtype
 from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
@@ -45,7 +49,7 @@ from .hub import download, try_download
 __all__ = ["CHECKPOINT_SUBDIRS", "assign_model", "checkpoint_config", "checkpoint_dir", "download", "export_hf",
            "get_config", "get_tokenizer", "is_random_init", "load_checkpoint", "load_meta", "load_model",
            "load_tokenizer", "local_checkpoint_dir", "model_from_state", "random_model", "read_config",
-           "resolve_checkpoint_dir", "save_model", "upgrade_name"]
+           "resolve_checkpoint_dir", "save_model", "spec_kind", "upgrade_name"]
 
 # What --model takes, for the one line that answers a spec that is none of them.
 SPEC_KINDS = ("a checkpoint or run directory, the book's model.pth (any .pth state dict), its gpt2/124M "
@@ -56,30 +60,84 @@ def is_random_init(spec: str) -> bool:
     return spec in PRESETS or (str(spec).endswith(".json") and Path(spec).is_file())
 
 
-def load_model(spec: str | os.PathLike = "gpt2", device: str | torch.device | None = None,
+def spec_kind(spec: Any) -> str:
+    """Which kind of model `spec` names, the one dispatch every reader of specs goes through:
+    "module" (an nn.Module in memory, read in place by adopt.py), "gguf" (a .gguf file),
+    "random" (a preset or a config .json: random weights), "openai" (the book's gpt2/124M
+    folder), "state_dict" (a .pth state dict such as the book's model.pth), or "checkpoint"
+    (a glassgpt or Hugging Face directory, a run directory, or a hub id)."""
+    if isinstance(spec, nn.Module):
+        return "module"
+    if gguf.is_gguf_file(spec):
+        return "gguf"
+    if is_random_init(str(spec)):
+        return "random"
+    if openai.is_openai_dir(spec):
+        return "openai"
+    return "state_dict" if book.is_state_dict_file(spec) else "checkpoint"
+
+
+# The config fields a file's tensors fix; a config passed with a file must agree on each.
+FIXED_BY_TENSORS = ("vocab_size", "context_length", "emb_dim", "n_layers", "qkv_bias", "tie_embeddings", "num_classes")
+
+
+def load_model(spec: str | os.PathLike | nn.Module = "gpt2", device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, seed: int = 0,
                config: GPTConfig | None = None, n_heads: int | None = None) -> GPTModel:
     """A GPTModel in eval mode from a preset, a local checkpoint, an HF directory, a hub id,
-    or the book's files. `n_heads` sets the head count of a book state dict (.pth), whose
-    shapes cannot tell it (default: the JSON beside it, else GPT-2's 64 per head)."""
+    the book's files, or an nn.Module in memory (read in place, on its own device and dtype).
+    `n_heads` sets the head count of a book state dict (.pth), whose shapes cannot tell it
+    (default: the JSON beside it, else GPT-2's 64 per head). `config` with a preset: random
+    weights of that config; with a file: the file's weights, when the config fits them
+    (FIXED_BY_TENSORS; its n_heads and drop_rate are used), else a ConfigError naming the field."""
+    kind = spec_kind(spec)
+    if kind == "module":
+        return adopt(spec)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     spec = str(spec)
     _check_n_heads(spec, n_heads)
+    if config is not None and kind != "random":
+        return _load_with_config(spec, kind, config, dev, dt, n_heads)
     if config is not None:
         return random_model(config, dev, dt, seed)
-    if gguf.is_gguf_file(spec):
+    if kind == "gguf":
         cfg, tensors = gguf.read_gguf(spec)
         return assign_model(cfg, tensors, dev, dt, source=spec)
-    if is_random_init(spec):
+    if kind == "random":
         warnings.warn(f"{spec} has random weights (a preset, not trained): the shapes are real, the "
                       "probabilities and text are not. Load trained weights from a hub id such as "
                       "openai-community/gpt2 or from a checkpoint directory.", RandomWeightsWarning, stacklevel=2)
         return random_model(read_config(spec), dev, dt, seed, init_scheme(spec), source=spec)
-    if book.is_book_spec(spec):
+    if kind in ("openai", "state_dict"):
         cfg, tensors = _book_source(spec, n_heads)
         return assign_model(cfg, tensors, dev, dt, source=spec)
     return load_checkpoint(checkpoint_dir(spec), dev, dt)
+
+
+def _load_with_config(spec: str, kind: str, config: GPTConfig, dev: torch.device, dt: torch.dtype,
+                      n_heads: int | None) -> GPTModel:
+    """The file's own weights under `config`, or one line naming the first field they disagree on."""
+    if n_heads is not None and n_heads != config.n_heads:
+        raise ConfigError(f"n_heads is {n_heads} but the config says {config.n_heads}: give one of them")
+    heads = config.n_heads if kind == "state_dict" else None  # a state dict's shapes cannot tell the head count
+    file_cfg = read_config(spec, n_heads=heads)
+    model = None
+    if file_cfg is None:  # a hub id not fetched yet: its config comes with it
+        model = load_model(spec, dev, dt)
+        file_cfg = model.cfg
+    for name in FIXED_BY_TENSORS + (() if kind == "state_dict" else ("n_heads",)):
+        if getattr(file_cfg, name) != getattr(config, name):
+            raise ConfigError(f"{spec} holds weights for {name} {getattr(file_cfg, name)!r} but the config says "
+                              f"{getattr(config, name)!r}: fix the config's {name}, or drop config= to use the "
+                              "file's own")
+    model = model or load_model(spec, dev, dt, n_heads=heads)
+    if config.drop_rate != model.cfg.drop_rate:  # not in the tensors: the config's is used
+        model.cfg = dataclasses.replace(model.cfg, drop_rate=config.drop_rate)
+        for module in model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = config.drop_rate
+    return model
 
 
 def checkpoint_dir(spec: str | os.PathLike) -> Path:
@@ -123,9 +181,10 @@ def _near_miss(spec: str) -> str:
 def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
     """The tokenizer of a model spec: the one saved with a checkpoint (tokenizer.json), the OpenAI
     folder's or a GGUF file's own (each checked to be GPT-2's), else GPT-2's."""
-    if openai.is_openai_dir(spec):
+    kind = spec_kind(spec)
+    if kind == "openai":
         return openai.openai_tokenizer(spec)
-    if gguf.is_gguf_file(spec):
+    if kind == "gguf":
         return gguf.gguf_tokenizer(spec)
     ckpt = local_checkpoint_dir(spec)
     if ckpt is not None and (ckpt / "tokenizer.json").is_file():
@@ -157,7 +216,7 @@ def load_meta(spec: str | os.PathLike) -> dict[str, Any]:
 
 def local_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
     """The local checkpoint directory a spec names, or None (a preset, config file, book file or hub id)."""
-    if is_random_init(str(spec)) or book.is_book_spec(spec) or gguf.is_gguf_file(spec):
+    if spec_kind(spec) != "checkpoint":
         return None
     return resolve_checkpoint_dir(spec)
 
@@ -177,22 +236,23 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
     return model.to(device=device, dtype=dtype).eval()
 
 
-def read_config(spec: str | os.PathLike, n_heads: int | None = None) -> GPTConfig | None:
+def read_config(spec: str | os.PathLike | nn.Module, n_heads: int | None = None) -> GPTConfig | None:
     """The GPTConfig that `load_model(spec, n_heads=n_heads)` would build, read without loading
     any weights (a preset, a config .json, a local checkpoint, or the book's files, whose
     tensors are only memory-mapped for their shapes); None for a hub id, whose config.json
     may not be here yet. Lets the CLI check flags against the model before loading it."""
+    kind = spec_kind(spec)
+    if kind == "module":
+        return adopt(spec).cfg
     spec = str(spec)
     _check_n_heads(spec, n_heads)
-    if spec in PRESETS:
-        return PRESETS[spec]
-    if is_random_init(spec):
-        return read_config_file(spec)
-    if gguf.is_gguf_file(spec):
+    if kind == "random":
+        return PRESETS[spec] if spec in PRESETS else read_config_file(spec)
+    if kind == "gguf":
         return gguf.read_gguf(spec, tensors=False)[0]
-    if openai.is_openai_dir(spec):
+    if kind == "openai":
         return openai.openai_config(spec)
-    if book.is_state_dict_file(spec):
+    if kind == "state_dict":
         return book.config_from_state(book.read_state_dict(spec), spec, n_heads)
     ckpt = resolve_checkpoint_dir(spec)
     return checkpoint_config(ckpt)[0] if ckpt is not None else None

@@ -16,7 +16,7 @@
 """
 
 from .config import TrainConfig
-from .loop import Task, evaluate_loss, fit
+from .loop import Task, evaluate_loss, evaluate_text, fit
 from .metrics import plot_run, read_metrics
 
-__all__ = ["Task", "TrainConfig", "evaluate_loss", "fit", "plot_run", "read_metrics"]
+__all__ = ["Task", "TrainConfig", "evaluate_loss", "evaluate_text", "fit", "plot_run", "read_metrics"]

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..adopt import adopt
 from ..engine.loss import cross_entropy
 from ..errors import DataError
 from ..generate import generate
@@ -146,7 +147,9 @@ class BookTask:
 
 def loader_losses(model: nn.Module, task: BookTask, seed: int, dtype: str = "float32") -> dict[str, float]:
     """calc_loss_loader over every batch of the training and of the validation loader, after
-    `torch.manual_seed(seed)` as the notebook seeds them: {"train": ..., "val": ...}."""
+    `torch.manual_seed(seed)` as the notebook seeds them: {"train": ..., "val": ...}. `model`: any
+    model adopt.py reads, checked once on the first training window."""
+    model = adopt(model, task.train[:1, :-1])
     torch.manual_seed(seed)
     train = task._loader(task.train, shuffle=True, limit=None)
     val = task._loader(task.val, shuffle=False, limit=None)
