@@ -134,3 +134,5 @@ def test_the_books_adapters_merge_into_a_plain_model_of_the_books_layout(tiny_co
     copy = lora.merged_model(model)
     assert not lora.has_lora(copy)
     torch.testing.assert_close(copy(ids), model(ids), rtol=1e-4, atol=1e-5)  # B A folded into W: rounding
+    with pytest.raises(GlassError, match="already has LoRA adapters"):
+        lora.replace_linear_with_lora(model, rank=2, alpha=4)

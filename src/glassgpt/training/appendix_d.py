@@ -43,7 +43,7 @@ D4_SETTINGS = {"peak_lr": 0.001, "weight_decay": 0.1, "n_epochs": 15, "warmup_fr
                "min_lr": 1e-5, "eval_freq": 5, "eval_iter": 1, "batch_size": 2, "seed": 123, "orig_book_version": False}
 
 
-def lr_at(global_step: int, peak_lr: float, total_steps: int, warmup_steps: int, initial_lr: float,
+def scheduled_lr(global_step: int, peak_lr: float, total_steps: int, warmup_steps: int, initial_lr: float,
           min_lr: float) -> float:
     """train_model's learning rate at `global_step` (see the module docstring), computed as it does."""
     if global_step < warmup_steps:  # linear warm-up
@@ -98,7 +98,7 @@ def train_model(model: nn.Module, task: BookTask, optimizer: torch.optim.Optimiz
             batch = task.train_batch(global_step + 1, 0, 0, 1)  # the epoch's first batch draws its order
             optimizer.zero_grad()
             global_step += 1
-            lr = lr_at(global_step, peak_lr, total_training_steps, warmup_steps, initial_lr, min_lr)
+            lr = scheduled_lr(global_step, peak_lr, total_training_steps, warmup_steps, initial_lr, min_lr)
             for param_group in optimizer.param_groups:
                 param_group["lr"] = lr
             track_lrs.append(lr)

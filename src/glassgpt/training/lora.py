@@ -84,16 +84,22 @@ def replace_linear_with_lora(model: nn.Module, rank: int, alpha: float) -> nn.Mo
     """The book's replace_linear_with_lora: every nn.Linear below `model` becomes a BookLoRALinear,
     depth first in `named_children` order (the order of the random draws). Returns `model`."""
     _check(rank, alpha)
+    if has_lora(model):
+        raise GlassError("the model already has LoRA adapters: merge them first (merge_lora)")
     if isinstance(model, GPTModel) and model.out_head.weight is model.tok_emb.weight:
         raise GlassError("the book's LoRA adapts out_head too, whose weight is tok_emb's in this model (OpenAI's "
                          "tied layout), so no merged model could hold it: use a model of the book's layout "
                          "(gpt2-book, or the book's model.pth), or glassgpt's LoRA (without --recipe book)")
-    for name, module in model.named_children():
-        if isinstance(module, nn.Linear):
-            setattr(model, name, BookLoRALinear(module, rank, alpha))
-        else:
-            replace_linear_with_lora(module, rank, alpha)
+    _wrap_every_linear(model, rank, alpha)
     return model
+
+
+def _wrap_every_linear(module: nn.Module, rank: int, alpha: float) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, BookLoRALinear(child, rank, alpha))
+        else:
+            _wrap_every_linear(child, rank, alpha)
 
 
 def _lora_modules(model: nn.Module) -> list[tuple[str, LoRALinear]]:
