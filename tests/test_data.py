@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from glassgpt.training import data
-from glassgpt.training.data import (DataError, TextTask, build_tokenizer, load_corpus, resolve_files, split_ids,
-                           token_dtype, tokenize_files)
+from glassgpt.training.data import (EVAL_BATCHES, DataError, TextTask, build_tokenizer, load_corpus, resolve_files,
+                                    split_ids, token_dtype, tokenize_files)
 from glassgpt.tokenizer import CharTokenizer, get_tokenizer, train_bpe
 
 TEXT = "".join(f"line {i}: the quick brown fox, café 🙂 jumps over {i * 7} lazy dogs.\n" for i in range(300))
@@ -226,6 +226,21 @@ def test_eval_windows_are_fixed_and_spread_over_the_validation_split():
     assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(batches, task.eval_batches()))
     starts = torch.cat([b["input_ids"][:, 0] for b in batches])
     assert starts[0] == 4500 and starts[-1] == 5000 - 17  # first and last possible window of val
+
+
+def test_without_a_count_the_eval_windows_score_each_held_out_token_once():
+    """The-verdict's case: 515 validation tokens, context 256, batch 8. Twenty batches of 8 (160
+    windows, 20 forward passes) scored each token ~80 times; the windows that cover the split are 3,
+    in one forward pass, and every target of the split is among them."""
+    train, val = split_ids(np.arange(5150, dtype=np.uint16))
+    assert len(val) == 515
+    task = TextTask(train, val, context_length=256, batch_size=8, eval_batches=None)
+    batches = list(task.eval_batches())
+    assert [tuple(b["input_ids"].shape) for b in batches] == [(3, 256)]
+    assert set(torch.cat([b["targets"].flatten() for b in batches]).tolist()) == set(val[1:].tolist())
+    assert len(list(TextTask(train, val, 256, 8, eval_batches=20).eval_batches())) == 20  # a count is kept
+    long = TextTask(*split_ids(np.arange(50_000) % 60000), context_length=16, batch_size=4, eval_batches=None)
+    assert len(long.eval_offsets()) == EVAL_BATCHES * 4  # 313 windows cover it: at most 20 batches
 
 
 def test_text_too_short_for_one_window_is_refused():

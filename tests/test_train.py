@@ -28,7 +28,8 @@ from glassgpt.errors import RunDirError, TrainError
 from glassgpt.training import TrainConfig, fit, read_metrics
 from glassgpt.training.compute import make_optimizer
 from glassgpt.training.config import grad_accum_for, lr_at
-from glassgpt.formats import load_model, load_tokenizer, random_model
+from glassgpt.formats import load_model, load_tokenizer, random_model, save_model
+from glassgpt.model import GPTModel
 
 WORDS = "the quick brown fox jumps over lazy dog and cat sat on mat".split()
 
@@ -733,6 +734,26 @@ def test_eval_says_how_its_windows_are_drawn(finished_run, corpus, capsys):
                  str(finished_run.parent / "c"), "--eval-batches", "100", "--batch-size", "100"]) == 0
     assert re.search(r"10,000 windows of 16 tokens, evenly spaced over the [\d,]+ val tokens "
                      r"\(so they overlap: 160,000 predictions scored\)", capsys.readouterr().out)
+
+
+def test_eval_of_a_model_without_a_run_scores_each_token_once_in_few_forward_passes(tmp_path, corpus, capsys,
+                                                                                     monkeypatch):
+    """Without a run's --eval-batches, 20 batches of 8 windows over a split that holds far fewer side by
+    side scored each token many times (the-verdict: 160 windows over 515 validation tokens, 4x the time
+    of --recipe book); the windows that cover the split are enough."""
+    tok, _, val = load_corpus(corpus, "char", tmp_path / "c")
+    model = random_model(GPTConfig(vocab_size=tok.n_vocab, context_length=256, emb_dim=32, n_heads=2, n_layers=2),
+                         torch.device("cpu"), torch.float32, 0)
+    save_model(model, tmp_path / "m", tokenizer=tok)
+    forwards = []
+    original = GPTModel.forward
+    monkeypatch.setattr(GPTModel, "forward",
+                        lambda self, ids, *a, **k: forwards.append(tuple(ids.shape)) or original(self, ids, *a, **k))
+    assert main(["eval", "--model", str(tmp_path / "m"), "--data", str(corpus), "--cache-dir", str(tmp_path / "c"),
+                 "--json"]) == 0
+    covering = -(-(len(val) - 1) // 256)
+    assert 1 < covering < 8 and json.loads(capsys.readouterr().out)["windows"] == covering
+    assert forwards == [(covering, 256)]  # one forward pass, where there were 20
 
 
 # --- threads ------------------------------------------------------------------------------------------

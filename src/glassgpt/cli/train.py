@@ -129,7 +129,8 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context-length", type=positive_int, help="window length (default: the run's or the model's)")
     p.add_argument("--stride", type=positive_int, help="--recipe book: tokens between windows (default: the context length)")
     p.add_argument("--batch-size", type=positive_int, help="default: the run's, else 8 (--recipe book: 2)")
-    p.add_argument("--eval-batches", type=positive_int, help="default: the run's, else 20")
+    p.add_argument("--eval-batches", type=positive_int,
+                   help="default: the run's, else the windows that score each token once (at most 20 batches)")
     p.add_argument("--seed", type=nonneg_int, default=None,
                    help=f"--recipe book: torch.manual_seed before the shuffled loader (default {BOOK_DEFAULTS['seed']})")
     p.add_argument("--cache-dir", metavar="DIR", help="where tokenized data is cached (default ~/.cache/glassgpt/tokens)")
@@ -363,7 +364,7 @@ def _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg
         raise GlassError("--val-fraction 0 leaves no validation split: pass --split train or a --val-fraction > 0")
     held = val if args.split == "val" else train
     loss, windows = evaluate_text(model, held, context, args.batch_size or run_cfg.get("batch_size", 8),
-                                  args.eval_batches or run_cfg.get("eval_batches", 20), args.dtype)
+                                  args.eval_batches or run_cfg.get("eval_batches"), args.dtype)
     return {"loss": loss, "perplexity": _ppl(loss), "split": args.split, "windows": windows,
             "context_length": context, "tokens": windows * context, "split_tokens": len(held),
             "windows_text": describe_windows(windows, context, len(held), args.split)}

@@ -11,6 +11,7 @@
     metrics.py      metrics.jsonl (`read_metrics`) and loss.png
     data.py         text files -> cached token ids -> windows (glassgpt's pretraining task)
     book.py         the book's chapter 5: its loaders, evaluation and samples (`--recipe book`)
+    appendix_d.py   the book's appendix D: train_model (warm-up, cosine decay, clipping) on chapter 5's data
     examples.py     what the finetuning tasks share; classify.py (chapter 6), instruct.py (chapter 7)
     lora.py         LoRA adapters (appendix E); finetune.py names the finetuning API in one place
 """

@@ -13,7 +13,9 @@ moving a corpus keeps its cache. Files are joined with `<|endoftext|>` when the
 tokenizer has one. `TextTask` is what `fit` (loop.py) trains on: random windows keyed
 by (seed, step, sample index), so a step's batch is the same on resume and under any
 split of the global batch over ranks and micro-steps; and a fixed, evenly spaced set
-of validation windows, the same for training and for `glassgpt eval`.
+of validation windows, the same for training and for `glassgpt eval`. Without a count
+(`eval_batches=None`) they are as many as score every held-out token once, at most
+`EVAL_BATCHES` batches: on a small split more windows would score the same tokens again.
 
 Leaves out: document-aware packing, shuffled shards, streaming from the network.
 """
@@ -42,6 +44,7 @@ from ..tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, iter_text_b
 
 CACHE_FORMAT = 1
 READ_BYTES = 1 << 20
+EVAL_BATCHES = 20  # the most evaluation batches when no count is given
 
 
 # --- finding and checking files -----------------------------------------------------
@@ -280,6 +283,12 @@ def load_corpus(spec: str | os.PathLike, tokenizer: Tokenizer | str, cache_dir: 
     return tokenizer, train, val
 
 
+def covering_windows(n_tokens: int, context_length: int) -> int:
+    """Windows of `context_length` predictions that, side by side, score every token after the
+    first of `n_tokens` (the targets): ceil((n_tokens - 1) / context_length)."""
+    return -(-(n_tokens - 1) // context_length)
+
+
 def window_batch(ids: np.ndarray, offsets: Iterable[int], length: int) -> dict[str, torch.Tensor]:
     """{"input_ids": [b, t], "targets": [b, t]} int64: windows at `offsets`, targets shifted by one."""
     rows = np.stack([np.asarray(ids[o:o + length + 1], dtype=np.int64) for o in offsets])
@@ -298,7 +307,7 @@ class TextTask:
     """
 
     def __init__(self, train: np.ndarray, val: np.ndarray, context_length: int, batch_size: int,
-                 tokenizer: Tokenizer | None = None, seed: int = 1337, eval_batches: int = 20,
+                 tokenizer: Tokenizer | None = None, seed: int = 1337, eval_batches: int | None = EVAL_BATCHES,
                  sample_tokens: int = 40, sample_prompt: str | None = None):
         self.train, self.val = train, val
         self.context_length, self.batch_size, self.seed = context_length, batch_size, seed
@@ -329,10 +338,14 @@ class TextTask:
         return window_batch(self.train, offsets, self.context_length)
 
     def eval_offsets(self) -> np.ndarray:
-        """`eval_batches * batch_size` window starts spread evenly over the validation split."""
+        """`eval_batches * batch_size` window starts spread evenly over the validation split;
+        without `eval_batches`, the windows that cover it (at most EVAL_BATCHES batches of them)."""
         if not len(self.val):
             return np.zeros(0, dtype=np.int64)
-        n = self.n_eval_batches * self.batch_size
+        if self.n_eval_batches is None:  # the first window starts at 0, the last ends at the split's end
+            n = min(EVAL_BATCHES * self.batch_size, covering_windows(len(self.val), self.context_length))
+        else:
+            n = self.n_eval_batches * self.batch_size
         return np.linspace(0, len(self.val) - self.context_length - 1, n).round().astype(np.int64)
 
     def eval_batches(self) -> Iterable[dict[str, torch.Tensor]]:

@@ -147,11 +147,11 @@ def evaluate_loss(model: nn.Module, task: Task, dtype: str | None = None,
     return total / n if n else None
 
 
-def evaluate_text(model: nn.Module, ids, context_length: int, batch_size: int = 8, eval_batches: int = 20,
+def evaluate_text(model: nn.Module, ids, context_length: int, batch_size: int = 8, eval_batches: int | None = None,
                   dtype: str | None = None) -> tuple[float | None, int]:
-    """The Python function behind `glassgpt eval`: the mean next-token loss over `eval_batches *
-    batch_size` windows of `context_length` tokens evenly spaced over `ids` (a 1-D array of token
-    ids), and how many windows that was. `model` is any model adopt.py reads (glassgpt's, the
+    """The Python function behind `glassgpt eval`: the mean next-token loss over windows of
+    `context_length` tokens of `ids` (a 1-D array of token ids), and how many windows that was:
+    `eval_batches * batch_size` windows evenly spaced, or (None) just enough to cover the text once. `model` is any model adopt.py reads (glassgpt's, the
     book's GPTModel, nanoGPT's, transformers'), checked once on the first window."""
     task = TextTask(ids, ids, context_length, batch_size, seed=0, eval_batches=eval_batches)
     model = adopt(model, [int(i) for i in ids[:context_length]])

@@ -17,6 +17,13 @@ any checkpoint. The training model's own tensors (frozen base weights, unmerged,
 the adapters) go beside it for resume (checkpoint.py). Without adapters
 `merged_model` returns the model itself.
 
+`replace_linear_with_lora` is the book's own (appendix E, `--recipe book`): `BookLoRALinear` on
+every nn.Linear, the classifier head included, in the order the book walks `named_children`, each A
+drawn from torch's global generator as its LoRALayer draws it ([in, r], Kaiming-uniform), B [r, out]
+zeros, and y = linear(x) + alpha * (x @ A @ B): the scale is alpha, not alpha / r. It freezes nothing
+itself (the book freezes every weight before it). Same weights and seed, the book's outputs and,
+after AdamW steps, its weights, bit for bit (tests/test_lora.py).
+
 Leaves out: QLoRA, LoRA on the embeddings, dropout on the adapter input.
 """
 
@@ -54,6 +61,47 @@ class LoRALinear(nn.Module):
         return (self.lora_B @ self.lora_A) * self.scale  # [out, r] @ [r, in] -> [out, in]
 
 
+class BookLoRALinear(LoRALinear):
+    """The book's LinearWithLoRA: y = linear(x) + alpha * (x @ A @ B), A [in, r], B [r, out]."""
+
+    def __init__(self, linear: nn.Linear, rank: int, alpha: float):
+        nn.Module.__init__(self)  # not LoRALinear's: A's shape, its draw and the scale differ
+        self.linear = linear
+        self.rank, self.alpha, self.scale = rank, alpha, alpha
+        w = linear.weight
+        self.lora_A = nn.Parameter(torch.empty(linear.in_features, rank, device=w.device, dtype=w.dtype))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # LoRALayer's: torch's global generator
+        self.lora_B = nn.Parameter(torch.zeros(rank, linear.out_features, device=w.device, dtype=w.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + self.alpha * (x @ self.lora_A @ self.lora_B)  # [.., in] -> [.., r] -> [.., out]
+
+    def delta_weight(self) -> torch.Tensor:
+        return (self.lora_A @ self.lora_B * self.alpha).T  # [in, r] @ [r, out] -> [out, in]
+
+
+def replace_linear_with_lora(model: nn.Module, rank: int, alpha: float) -> nn.Module:
+    """The book's replace_linear_with_lora: every nn.Linear below `model` becomes a BookLoRALinear,
+    depth first in `named_children` order (the order of the random draws). Returns `model`."""
+    _check(rank, alpha)
+    if has_lora(model):
+        raise GlassError("the model already has LoRA adapters: merge them first (merge_lora)")
+    if isinstance(model, GPTModel) and model.out_head.weight is model.tok_emb.weight:
+        raise GlassError("the book's LoRA adapts out_head too, whose weight is tok_emb's in this model (OpenAI's "
+                         "tied layout), so no merged model could hold it: use a model of the book's layout "
+                         "(gpt2-book, or the book's model.pth), or glassgpt's LoRA (without --recipe book)")
+    _wrap_every_linear(model, rank, alpha)
+    return model
+
+
+def _wrap_every_linear(module: nn.Module, rank: int, alpha: float) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, BookLoRALinear(child, rank, alpha))
+        else:
+            _wrap_every_linear(child, rank, alpha)
+
+
 def _lora_modules(model: nn.Module) -> list[tuple[str, LoRALinear]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, LoRALinear)]
 
@@ -68,10 +116,7 @@ def apply_lora(model: GPTModel, rank: int, alpha: float, seed: int = 0) -> GPTMo
     Only the adapters stay trainable, plus `out_head` when the model is a classifier
     (its head is new and has to be learned).
     """
-    if not isinstance(rank, int) or rank < 1:
-        raise GlassError(f"--lora-rank must be a positive integer, got {rank!r}")
-    if not alpha > 0:
-        raise GlassError(f"--lora-alpha must be > 0, got {alpha!r}")
+    _check(rank, alpha)
     if has_lora(model):
         raise GlassError("the model already has LoRA adapters: merge them first (merge_lora)")
     model.requires_grad_(False)
@@ -83,6 +128,13 @@ def apply_lora(model: GPTModel, rank: int, alpha: float, seed: int = 0) -> GPTMo
     if model.cfg.num_classes is not None:
         model.out_head.requires_grad_(True)
     return model
+
+
+def _check(rank: int, alpha: float) -> None:
+    if not isinstance(rank, int) or rank < 1:
+        raise GlassError(f"--lora-rank must be a positive integer, got {rank!r}")
+    if not alpha > 0:
+        raise GlassError(f"--lora-alpha must be > 0, got {alpha!r}")
 
 
 @torch.no_grad()
@@ -117,7 +169,8 @@ def merged_model(model: GPTModel) -> GPTModel:
 
 
 def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters only: {"<module>.lora_A": [r, in], "<module>.lora_B": [out, r], ...}."""
+    """The adapters only: {"<module>.lora_A": [r, in], "<module>.lora_B": [out, r], ...} ([in, r] and
+    [r, out] for the book's)."""
     return {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith("lora_")}
 
 

@@ -1,0 +1,86 @@
+"""training/appendix_d.py against the book's appendix D code (llms_from_scratch.appendix_d), side by side.
+
+Chapter 5's small GPT_CONFIG 64 wide (2 blocks, context 32, dropout 0.1; at 64 the gradient's norm
+is above 1, so clipping acts) on the first 4,000 characters of the-verdict, with the notebook's
+section D.4 settings (AdamW at peak 0.001, a warm-up over 20% of the steps from 1e-5, a cosine to
+1e-5, eval_freq 5 on 1 batch) for 2 epochs of 14 steps: the lines `train_model` prints, the four
+lists it returns and the weights it ends with, bit for bit, with clipping from the end of the
+warm-up and (slow) as the printed book clipped it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import tiktoken
+import torch
+
+import glassgpt
+from glassgpt.config import GPTConfig
+from glassgpt.errors import ConfigError
+from glassgpt.training.appendix_d import in_book_order, run_appendix_d, train_model
+
+from test_book_ch05 import SMALL, TEXT, book_loaders, offline_tiktoken  # noqa: F401 (a module-scoped fixture)
+
+from llms_from_scratch import appendix_d  # noqa: E402
+from llms_from_scratch.ch04 import GPTModel as BookGPTModel  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+EPOCHS = 2
+VERDICT = TEXT[0][:4000]
+CONFIG = {**SMALL, "emb_dim": 64}
+
+
+def book_run(orig_book_version: bool) -> tuple[list[str], tuple, dict]:
+    """Section D.4 as the notebook runs it: loaders, seed, model, AdamW, train_model (printing)."""
+    torch.set_num_threads(1)
+    train_loader, val_loader = book_loaders(VERDICT)
+    torch.manual_seed(123)
+    model = BookGPTModel(CONFIG)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.001, weight_decay=0.1)
+    warmup_steps = int(0.2 * len(train_loader) * EPOCHS)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        results = appendix_d.train_model(
+            model, train_loader, val_loader, optimizer, "cpu", n_epochs=EPOCHS, eval_freq=5, eval_iter=1,
+            start_context="Every effort moves you", tokenizer=tiktoken.get_encoding("gpt2"),
+            warmup_steps=warmup_steps, initial_lr=1e-5, min_lr=1e-5, orig_book_version=orig_book_version)
+    return printed.getvalue().splitlines(), results, model.state_dict()
+
+
+@pytest.mark.parametrize("orig_book_version", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_train_model_prints_the_books_lines_returns_its_lists_and_ends_with_its_weights(orig_book_version,
+                                                                                     monkeypatch):
+    book_lines, book_results, book_state = book_run(orig_book_version)
+    lines, norms = [], []
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: norms.append(float(clip(*a, **k))))
+    model, results = run_appendix_d(GPTConfig(**CONFIG, tie_embeddings=False), VERDICT, glassgpt.get_tokenizer("gpt2"),
+                                    context_length=32, n_epochs=EPOCHS, orig_book_version=orig_book_version,
+                                    log=lines.append)
+    steps = len(results[3])
+    assert steps == 28 and len(norms) == steps - int(0.2 * steps) - orig_book_version and max(norms) > 1.0
+    assert book_lines[0].startswith("Ep 1 (Iter 000000): Train loss ") and len(book_lines) == 6 + EPOCHS
+    assert lines == book_lines  # every evaluation line and both samples, character for character
+    assert results == book_results  # train and val losses, tokens seen, the learning rate of every step
+    different = [name for name, tensor in model.state_dict().items() if not torch.equal(tensor, book_state[name])]
+    assert different == []
+
+
+def test_parameters_in_the_books_order_are_the_book_models_order():
+    """clip_grad_norm_ sums the per-tensor norms in parameter order: the book's, for its total norm."""
+    torch.manual_seed(0)
+    ours = glassgpt.load_model(config=GPTConfig(**SMALL, tie_embeddings=False))
+    names = {id(p): name for name, p in ours.named_parameters()}
+    assert [names[id(p)] for p in in_book_order(ours)] == [name for name, _ in BookGPTModel(SMALL).named_parameters()]
+    assert [names[id(p)] for p in ours.parameters()] != [names[id(p)] for p in in_book_order(ours)]
+
+
+def test_a_warm_up_of_zero_steps_and_an_unknown_setting_are_refused_in_one_line():
+    model = BookGPTModel(SMALL)
+    with pytest.raises(ConfigError, match="divides by warmup_steps, got 0: give 1 or more"):
+        train_model(model, None, torch.optim.AdamW(model.parameters()), 1, 5, warmup_steps=0)
+    with pytest.raises(ConfigError, match="appendix D has no setting 'lr'"):
+        run_appendix_d(GPTConfig(**SMALL), VERDICT, glassgpt.get_tokenizer("gpt2"), context_length=32, lr=0.1)
