@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, DataError
-from ..formats.files import read_json
+from ..formats.files import read_json, special_file
 from ..generate import generate
 from ..engine.loss import cross_entropy
 from ..formats import get_tokenizer
@@ -64,6 +64,9 @@ def resolve_files(spec: str | os.PathLike) -> list[Path]:
         if not files:
             raise DataError(f"{path} holds no .txt files: pass a file, or a glob such as '{path}/**/*.md'")
         return files
+    kind = special_file(path)
+    if kind:
+        raise DataError(f"--data {text} is {kind}, not a text file: pass a file, a folder of .txt files or a glob")
     raise DataError(f"--data {text}: no such file or directory")
 
 
