@@ -326,6 +326,25 @@ def test_a_checkpoint_file_that_is_a_link_is_read_through_and_never_written(trai
     assert not (run / "latest" / "model.safetensors").is_symlink()
 
 
+def test_best_as_a_link_to_a_checkpoint_elsewhere_loads(trained, tmp_path, outside):
+    run = copy_run(trained, tmp_path)
+    shutil.move(run / "best", outside / "best")
+    (run / "best").symlink_to(outside / "best")
+    assert load_model(run).cfg.n_layers == 2 and load_meta(run)["train"]["step"] == 2
+
+
+def test_a_token_cache_lock_that_is_a_link_is_refused_and_nothing_outside_changes(trained, tmp_path, outside,
+                                                                                 capsys):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / ".lock").symlink_to(outside / "victim.txt")
+    before = fingerprint(outside)
+    assert main(["train", "--data", str(trained.parent / "words.txt"), "--out", str(tmp_path / "run"), *TINY,
+                 "--max-steps", "1", "--cache-dir", str(cache)]) == 2
+    assert f"{cache / '.lock'} is a symbolic link" in error_line(capsys)
+    assert fingerprint(outside) == before
+
+
 def test_a_data_folder_of_links_trains(tmp_path, trained):
     data = tmp_path / "data"
     data.mkdir()

@@ -295,6 +295,13 @@ def refuse_link(path: Path, error: type[GlassError] = CheckpointError) -> None:
                     "so that no write leaves the directory it is for; remove the link, or give another directory")
 
 
+def create_file(path: Path) -> BinaryIO:
+    """A new file at `path`, opened to write in binary: exclusive (O_EXCL), so neither an earlier file
+    nor a symbolic link there is ever written through (FileExistsError)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(path, flags, 0o666), "wb")
+
+
 def open_to_write(path: Path, mode: str = "a", error: type[GlassError] = CheckpointError):
     """`open(path, mode)` ("a" or "a+", text) for a file written in place, created if missing. Refused
     with one `error` naming it: a symbolic link (O_NOFOLLOW: the link is never followed), a FIFO,
