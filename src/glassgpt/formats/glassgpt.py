@@ -48,7 +48,7 @@ from .hf import HF, config_from_hf, hf_shapes, hf_to_glassgpt
 CHECKPOINT_SUBDIRS = ("best", ".best.old", "latest", ".latest.old")
 STATE_FORMAT = "glassgpt-train-state/1"
 # What a reader of the model reads of a training checkpoint, and so all it hashes.
-MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "meta.json")
+MODEL_FILES = ("config.json", "model.safetensors")
 # How long a reader waits for a save under way: a 163M model's first save takes 7-20 s.
 SAVE_WAIT_S = 30.0
 T = TypeVar("T")
@@ -88,8 +88,9 @@ def read_checkpoint(spec: str | os.PathLike, read: Callable[[OpenDir], T]) -> T:
             return _read_once(spec, read)
         except _SaveUnderWay as e:
             if time.monotonic() > deadline:
-                raise CheckpointError(f"{spec} was being saved over during every read for {SAVE_WAIT_S:.0f} s "
-                                      f"(the last read: {e.error}): try again") from None
+                raise CheckpointError(f"{spec} was being saved while it was read, and no whole checkpoint was read "
+                                      f"in {SAVE_WAIT_S:.0f} s (the last read: {e.error}): try again once the "
+                                      "save is done") from None
         time.sleep(0.02)
 
 
@@ -136,11 +137,13 @@ def _replaced(spec: str | os.PathLike, ckpt: OpenDir) -> bool:
 
 
 def read_checkpoint_file(spec: str | os.PathLike, name: str, read: Callable[[DirFile], T]) -> T | None:
-    """`read(its file name)` of the checkpoint `spec` names, as `read_checkpoint` reads; None when it has
-    no such file (trusted only while `spec` still names that directory: one being removed after a save
-    loses its files one by one)."""
+    """`read(its file name)` of the checkpoint `spec` names, as `read_checkpoint` reads, checked against
+    the sha256 that a training checkpoint recorded; None when it has no such file (trusted only while
+    `spec` still names that directory: one being removed after a save loses its files one by one)."""
     def read_file(ckpt: OpenDir) -> T | None:
         if (ckpt / name).is_file():
+            if (ckpt / "train_state.json").is_file():
+                verify_checkpoint(ckpt, (name,))
             return read(ckpt / name)
         if _replaced(spec, ckpt):
             raise CheckpointError(f"{ckpt}/{name} went away while it was read")
