@@ -33,7 +33,8 @@ SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 
                       "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
-def read_json(path: "str | os.PathLike | DirFile", error: type[GlassError] = CheckpointError, what: str = "") -> dict[str, Any]:
+def read_json(path: str | os.PathLike | DirFile, error: type[GlassError] = CheckpointError,
+              what: str = "") -> dict[str, Any]:
     """The JSON object in `path`; else one `error` that names the file (and `what` it is for)."""
     path = path if isinstance(path, DirFile) else Path(path)
     label = f"{path}{f' ({what})' if what else ''}"
@@ -66,7 +67,7 @@ class OpenDir:
         self.fd = (os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
                    if os.open in os.supports_dir_fd else None)
 
-    def __truediv__(self, name: str) -> "DirFile":
+    def __truediv__(self, name: str) -> DirFile:
         return DirFile(self, name)
 
     def __str__(self) -> str:
@@ -82,7 +83,7 @@ class OpenDir:
             os.close(self.fd)
             self.fd = None
 
-    def __enter__(self) -> "OpenDir":
+    def __enter__(self) -> OpenDir:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -145,7 +146,7 @@ def special_file(path: str | os.PathLike) -> str | None:
 
 # --- safetensors ------------------------------------------------------------------------------
 
-def safetensors_shapes(path: "Path | DirFile") -> dict[str, tuple[int, ...]]:
+def safetensors_shapes(path: Path | DirFile) -> dict[str, tuple[int, ...]]:
     """{tensor name: shape} from a safetensors file's header, after checking that the header
     fits in the file and that each tensor's data_offsets hold exactly its shape's bytes."""
     try:
@@ -155,7 +156,7 @@ def safetensors_shapes(path: "Path | DirFile") -> dict[str, tuple[int, ...]]:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def _header_shapes(f: BinaryIO, path: "Path | DirFile") -> dict[str, tuple[int, ...]]:
+def _header_shapes(f: BinaryIO, path: Path | DirFile) -> dict[str, tuple[int, ...]]:
     """`safetensors_shapes` of the open file `f` (its size and header read from the same file)."""
     size = os.fstat(f.fileno()).st_size
     try:
@@ -176,7 +177,7 @@ def _header_shapes(f: BinaryIO, path: "Path | DirFile") -> dict[str, tuple[int, 
             for name, entry in header.items() if name != "__metadata__"}
 
 
-def _entry_shape(path: "Path | DirFile", name: str, entry: Any, data_bytes: int) -> tuple[int, ...]:
+def _entry_shape(path: Path | DirFile, name: str, entry: Any, data_bytes: int) -> tuple[int, ...]:
     """The shape of one header entry {"dtype", "shape", "data_offsets"}, checked against the file."""
     if not isinstance(entry, dict):
         raise CheckpointError(f"{path}: header entry {name!r} is not an object: the file is corrupt")
@@ -201,7 +202,7 @@ def _ints(value: Any, low: int) -> bool:
     return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= low for v in value)
 
 
-def read_safetensors(path: "Path | DirFile") -> Iterator[tuple[str, torch.Tensor]]:
+def read_safetensors(path: Path | DirFile) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs of a safetensors file, memory-mapped, read one at a time (so a check
     holds one tensor, not the file), after `safetensors_shapes` has checked its header. The
     file is opened once: the header checked and the tensors mapped are those of one file."""
@@ -210,8 +211,8 @@ def read_safetensors(path: "Path | DirFile") -> Iterator[tuple[str, torch.Tensor
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
     with f:
-        _header_shapes(f, path)
         try:
+            _header_shapes(f, path)
             with safe_open(same_file(f, path), framework="pt", device="cpu") as tensors:
                 for name in list(tensors.keys()):
                     yield name, tensors.get_tensor(name)
@@ -219,7 +220,7 @@ def read_safetensors(path: "Path | DirFile") -> Iterator[tuple[str, torch.Tensor
             raise CheckpointError(f"{path} is truncated or corrupt ({e}): save or download it again") from None
 
 
-def same_file(f: BinaryIO, path: "Path | DirFile") -> str:
+def same_file(f: BinaryIO, path: Path | DirFile) -> str:
     """A path that opens the very file that `f` holds open, even if its name was replaced or removed
     since (Linux's /proc/self/fd, macOS's /dev/fd); elsewhere, `path` itself."""
     for fds in ("/proc/self/fd", "/dev/fd"):
@@ -230,7 +231,7 @@ def same_file(f: BinaryIO, path: "Path | DirFile") -> str:
 
 # --- a checkpoint directory's weights ---------------------------------------------------------
 
-def weights_file(path: "Path | OpenDir") -> "Path | DirFile":
+def weights_file(path: Path | OpenDir) -> Path | DirFile:
     """model.safetensors, else pytorch_model.bin, of a checkpoint directory."""
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (path / name).is_file():
@@ -238,7 +239,7 @@ def weights_file(path: "Path | OpenDir") -> "Path | DirFile":
     raise CheckpointError(f"{path} has config.json but no model.safetensors or pytorch_model.bin")
 
 
-def tensor_shapes(path: "Path | OpenDir") -> dict[str, tuple[int, ...]]:
+def tensor_shapes(path: Path | OpenDir) -> dict[str, tuple[int, ...]]:
     """{name: shape} of a checkpoint directory's weights, read without reading the tensors."""
     file = weights_file(path)
     if file.suffix == ".safetensors":
@@ -246,7 +247,7 @@ def tensor_shapes(path: "Path | OpenDir") -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in _load_bin(file).items()}
 
 
-def checkpoint_tensors(path: "Path | OpenDir") -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_tensors(path: Path | OpenDir) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs from model.safetensors (memory-mapped) or pytorch_model.bin."""
     file = weights_file(path)
     if file.suffix == ".safetensors":
@@ -255,7 +256,7 @@ def checkpoint_tensors(path: "Path | OpenDir") -> Iterator[tuple[str, torch.Tens
         yield from _load_bin(file).items()
 
 
-def _load_bin(file: "Path | DirFile") -> dict[str, torch.Tensor]:
+def _load_bin(file: Path | DirFile) -> dict[str, torch.Tensor]:
     try:
         with file.open("rb") as f:
             state = torch.load(same_file(f, file), map_location="cpu", weights_only=True, mmap=True)
