@@ -26,6 +26,7 @@ from glassgpt.cli import main
 from glassgpt.config import GPTConfig
 from glassgpt.errors import CheckpointError, GlassError
 from glassgpt.formats import load_meta, load_model, load_tokenizer, random_model, read_config
+from glassgpt.formats import glassgpt as glassgpt_format
 from glassgpt.formats.glassgpt import read_checkpoint, _load_model
 from glassgpt.training import checkpoint as checkpoint_mod
 from glassgpt.training.checkpoint import save_checkpoints
@@ -155,6 +156,16 @@ def test_the_first_save_under_way_is_waited_for(tmp_path, monkeypatch):
         assert saved_step(load_model(saver.run)) == 1
     finally:
         timer.join()
+
+
+def test_a_save_that_never_ends_is_waited_for_a_bounded_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(glassgpt_format, "SAVE_WAIT_S", 0.3)
+    run = tmp_path / "run"
+    (run / ".latest.tmp-abc").mkdir(parents=True)  # what a killed run left, and no checkpoint
+    t0 = time.monotonic()
+    with pytest.raises(CheckpointError, match="no whole checkpoint was read in 0 s .*holds no config.json"):
+        load_model(run)
+    assert 0.3 <= time.monotonic() - t0 < 5
 
 
 def test_a_model_reader_does_not_read_the_optimizer_state(saver):
