@@ -42,7 +42,8 @@ from ..tokenizer import Tokenizer
 from . import book, gguf, openai
 from .checks import check_buildable, meta_model
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, model_from_state,
-                       read_config_file, read_meta, read_tokenizer, resolve_checkpoint_dir, save_model, upgrade_name)
+                       read_checkpoint, read_checkpoint_file, read_config_file, read_meta, read_tokenizer,
+                       resolve_checkpoint_dir, save_model, upgrade_name)
 from .hf import export_hf, hf_to_glassgpt
 from .hub import download, try_download
 
@@ -141,18 +142,19 @@ def _load_with_config(spec: str, kind: str, config: GPTConfig, dev: torch.device
 
 
 def checkpoint_dir(spec: str | os.PathLike) -> Path:
-    """The directory of a checkpoint spec: a local one as it is, a hub id fetched into the cache."""
+    """The directory of a checkpoint spec: a local one as it is (a run directory too: its readers pick
+    best/ or latest/ as they read), a hub id fetched into the cache."""
     spec = str(spec)
-    ckpt = resolve_checkpoint_dir(spec)
+    if names_checkpoint(spec):
+        return Path(spec)
+    ckpt, where = None, ""
+    if is_hub_id(spec):
+        ckpt, reason = try_download(spec)
+        where = (f" here or on the Hugging Face hub ({reason}): put its config.json and model.safetensors "
+                 "in a directory and pass that, or")
     if ckpt is None:
-        where = ""
-        if is_hub_id(spec):
-            ckpt, reason = try_download(spec)
-            where = (f" here or on the Hugging Face hub ({reason}): put its config.json and model.safetensors "
-                     "in a directory and pass that, or")
-        if ckpt is None:
-            raise CheckpointError(f"no model {spec!r}{_near_miss(spec)}{where or ':'} use a preset "
-                                  f"({', '.join(PRESETS)}), {SPEC_KINDS}")
+        raise CheckpointError(f"no model {spec!r}{_near_miss(spec)}{where or ':'} use a preset "
+                              f"({', '.join(PRESETS)}), {SPEC_KINDS}")
     return ckpt
 
 
@@ -186,9 +188,10 @@ def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
         return openai.openai_tokenizer(spec)
     if kind == "gguf":
         return gguf.gguf_tokenizer(spec)
-    ckpt = local_checkpoint_dir(spec)
-    if ckpt is not None and (ckpt / "tokenizer.json").is_file():
-        return read_tokenizer(ckpt / "tokenizer.json")
+    if names_checkpoint(spec):
+        saved = read_checkpoint_file(spec, "tokenizer.json", read_tokenizer)
+        if saved is not None:
+            return saved
     return _tokenizer.get_tokenizer("gpt2")
 
 
@@ -208,10 +211,9 @@ def get_config(spec: str | os.PathLike | GPTConfig, **overrides: Any) -> GPTConf
 
 def load_meta(spec: str | os.PathLike) -> dict[str, Any]:
     """Extra facts saved with a checkpoint (label names, training step, ...), or {}."""
-    ckpt = local_checkpoint_dir(spec)
-    if ckpt is None or not (ckpt / "meta.json").is_file():
+    if not names_checkpoint(spec):
         return {}
-    return read_meta(ckpt / "meta.json")
+    return read_checkpoint_file(spec, "meta.json", read_meta) or {}
 
 
 def local_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
@@ -219,6 +221,14 @@ def local_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
     if spec_kind(spec) != "checkpoint":
         return None
     return resolve_checkpoint_dir(spec)
+
+
+def names_checkpoint(spec: str | os.PathLike) -> bool:
+    """Whether `spec` is a local checkpoint or run directory: one that `read_checkpoint` reads (picking
+    best/ or latest/ as it reads, and waiting for a run's first save under way)."""
+    if is_random_init(str(spec)) or book.is_book_spec(spec) or gguf.is_gguf_file(spec):
+        return False
+    return Path(spec).is_dir() or resolve_checkpoint_dir(spec) is not None
 
 
 def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed: int = 0,
@@ -254,8 +264,9 @@ def read_config(spec: str | os.PathLike | nn.Module, n_heads: int | None = None)
         return openai.openai_config(spec)
     if kind == "state_dict":
         return book.config_from_state(book.read_state_dict(spec), spec, n_heads)
-    ckpt = resolve_checkpoint_dir(spec)
-    return checkpoint_config(ckpt)[0] if ckpt is not None else None
+    if not names_checkpoint(spec):
+        return None
+    return read_checkpoint(spec, checkpoint_config)[0]
 
 
 def _check_n_heads(spec: str, n_heads: int | None) -> None:

@@ -3,20 +3,24 @@
 Every reader of a stranger's file goes through here, so that a file that cannot be
 read is one error naming it (never a traceback), and so that nothing is allocated
 before the file shows it holds what it claims: a safetensors header is checked
-against the file's size, tensor by tensor, before any tensor is read. Every writer
-goes through `atomic_write`, so that a crash never leaves a half-written file under
-a real name.
+against the file's size, tensor by tensor, before any tensor is read. A directory
+that another process may replace while it is read (a training run's best/) is opened
+once (`OpenDir`) and its files read relative to that handle. Every writer goes through
+`atomic_write` or `open_to_write`, so that a crash never leaves a half-written file
+under a real name and no write follows a symbolic link out of the directory it is for.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -29,9 +33,10 @@ SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 
                       "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
-def read_json(path: str | os.PathLike, error: type[GlassError] = CheckpointError, what: str = "") -> dict[str, Any]:
+def read_json(path: str | os.PathLike | DirFile, error: type[GlassError] = CheckpointError,
+              what: str = "") -> dict[str, Any]:
     """The JSON object in `path`; else one `error` that names the file (and `what` it is for)."""
-    path = Path(path)
+    path = path if isinstance(path, DirFile) else Path(path)
     label = f"{path}{f' ({what})' if what else ''}"
     try:
         size = path.stat().st_size
@@ -48,24 +53,121 @@ def read_json(path: str | os.PathLike, error: type[GlassError] = CheckpointError
     return value
 
 
+# --- a directory read as one, whatever happens to its path meanwhile ------------------------------
+
+class OpenDir:
+    """A directory opened once (O_DIRECTORY), whose files are opened relative to that handle
+    (openat): a rename of its path while it is read, such as a training run putting a new best/
+    in place, cannot mix the files of two saves. Messages still name the path. Files that are
+    symbolic links are read through (a checkpoint may be links to files kept elsewhere).
+    Where the OS has no openat (Windows), files are opened by path."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.fd = (os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+                   if os.open in os.supports_dir_fd else None)
+
+    def __truediv__(self, name: str) -> DirFile:
+        return DirFile(self, name)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def identity(self) -> tuple[int, int]:
+        """(device, inode) of the directory that was opened, to tell whether its path still names it."""
+        st = os.fstat(self.fd) if self.fd is not None else os.stat(self.path)
+        return st.st_dev, st.st_ino
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> OpenDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class DirFile:
+    """The file `name` of an OpenDir, read through the directory's handle; str() is its path."""
+
+    def __init__(self, directory: OpenDir, name: str) -> None:
+        self.dir, self.name = directory, name
+        self.suffix = Path(name).suffix
+
+    def __str__(self) -> str:
+        return str(self.dir.path / self.name)
+
+    def stat(self) -> os.stat_result:
+        return os.stat(self.name, dir_fd=self.dir.fd) if self.dir.fd is not None else os.stat(self.dir.path / self.name)
+
+    def is_file(self) -> bool:
+        try:
+            return stat.S_ISREG(self.stat().st_mode)
+        except OSError:
+            return False
+
+    def open(self, mode: str = "rb") -> BinaryIO:
+        """Opened to read, in binary; a FIFO or a device in the checkpoint's place is refused, not waited on."""
+        assert mode == "rb", "a checkpoint's files are only read here"
+        if self.dir.fd is None:
+            return open(self.dir.path / self.name, "rb")
+        fd = os.open(self.name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=self.dir.fd)
+        mode_bits = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode_bits):
+            os.close(fd)
+            raise CheckpointError(f"{self} is {path_kind(mode_bits)}, not a file: give a checkpoint of plain files")
+        return os.fdopen(fd, "rb")
+
+    def read_bytes(self) -> bytes:
+        with self.open() as f:
+            return f.read()
+
+
+def path_kind(mode: int) -> str:
+    """What a file's st_mode says it is, in words: 'a FIFO (named pipe)', 'a character device', ..."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a file"), (stat.S_ISLNK, "a symbolic link"),
+             (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((words for test, words in kinds if test(mode)), "not a file")
+
+
+def special_file(path: str | os.PathLike) -> str | None:
+    """'a FIFO (named pipe)', 'a socket', 'a character device' or 'a block device' when `path`
+    (followed through links) is one of those, else None (a file, a directory, or nothing there)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else path_kind(mode)
+
+
 # --- safetensors ------------------------------------------------------------------------------
 
-def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+def safetensors_shapes(path: Path | DirFile) -> dict[str, tuple[int, ...]]:
     """{tensor name: shape} from a safetensors file's header, after checking that the header
     fits in the file and that each tensor's data_offsets hold exactly its shape's bytes."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{path} is {size} bytes: too short for a safetensors file")
-            n = struct.unpack("<Q", head)[0]  # the header's length, then the header, then the data
-            if n > min(size - 8, MAX_HEADER_BYTES):
-                raise CheckpointError(f"{path}: its first 8 bytes say the header is {n:,} bytes, but the file has "
-                                      f"{size - 8:,} after them: it is truncated or not a safetensors file")
-            header = json.loads(f.read(n).decode("utf-8"))
+        with path.open("rb") as f:
+            return _header_shapes(f, path)
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _header_shapes(f: BinaryIO, path: Path | DirFile) -> dict[str, tuple[int, ...]]:
+    """`safetensors_shapes` of the open file `f` (its size and header read from the same file)."""
+    size = os.fstat(f.fileno()).st_size
+    try:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path} is {size} bytes: too short for a safetensors file")
+        n = struct.unpack("<Q", head)[0]  # the header's length, then the header, then the data
+        if n > min(size - 8, MAX_HEADER_BYTES):
+            raise CheckpointError(f"{path}: its first 8 bytes say the header is {n:,} bytes, but the file has "
+                                  f"{size - 8:,} after them: it is truncated or not a safetensors file")
+        header = json.loads(f.read(n).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{path}: its header is not JSON ({e}): the file is corrupt") from None
     if not isinstance(header, dict):
@@ -75,7 +177,7 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             for name, entry in header.items() if name != "__metadata__"}
 
 
-def _entry_shape(path: Path, name: str, entry: Any, data_bytes: int) -> tuple[int, ...]:
+def _entry_shape(path: Path | DirFile, name: str, entry: Any, data_bytes: int) -> tuple[int, ...]:
     """The shape of one header entry {"dtype", "shape", "data_offsets"}, checked against the file."""
     if not isinstance(entry, dict):
         raise CheckpointError(f"{path}: header entry {name!r} is not an object: the file is corrupt")
@@ -100,21 +202,36 @@ def _ints(value: Any, low: int) -> bool:
     return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= low for v in value)
 
 
-def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def read_safetensors(path: Path | DirFile) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs of a safetensors file, memory-mapped, read one at a time (so a check
-    holds one tensor, not the file), after `safetensors_shapes` has checked its header."""
-    safetensors_shapes(path)
+    holds one tensor, not the file), after `safetensors_shapes` has checked its header. The
+    file is opened once: the header checked and the tensors mapped are those of one file."""
     try:
-        with safe_open(path, framework="pt", device="cpu") as f:
-            for name in list(f.keys()):
-                yield name, f.get_tensor(name)
-    except (SafetensorError, OSError, RuntimeError) as e:
-        raise CheckpointError(f"{path} is truncated or corrupt ({e}): save or download it again") from None
+        f = path.open("rb")
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    with f:
+        try:
+            _header_shapes(f, path)
+            with safe_open(same_file(f, path), framework="pt", device="cpu") as tensors:
+                for name in list(tensors.keys()):
+                    yield name, tensors.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise CheckpointError(f"{path} is truncated or corrupt ({e}): save or download it again") from None
+
+
+def same_file(f: BinaryIO, path: Path | DirFile) -> str:
+    """A path that opens the very file that `f` holds open, even if its name was replaced or removed
+    since (Linux's /proc/self/fd, macOS's /dev/fd); elsewhere, `path` itself."""
+    for fds in ("/proc/self/fd", "/dev/fd"):
+        if os.path.isdir(fds):
+            return f"{fds}/{f.fileno()}"
+    return str(path)
 
 
 # --- a checkpoint directory's weights ---------------------------------------------------------
 
-def weights_file(path: Path) -> Path:
+def weights_file(path: Path | OpenDir) -> Path | DirFile:
     """model.safetensors, else pytorch_model.bin, of a checkpoint directory."""
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (path / name).is_file():
@@ -122,7 +239,7 @@ def weights_file(path: Path) -> Path:
     raise CheckpointError(f"{path} has config.json but no model.safetensors or pytorch_model.bin")
 
 
-def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+def tensor_shapes(path: Path | OpenDir) -> dict[str, tuple[int, ...]]:
     """{name: shape} of a checkpoint directory's weights, read without reading the tensors."""
     file = weights_file(path)
     if file.suffix == ".safetensors":
@@ -130,7 +247,7 @@ def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in _load_bin(file).items()}
 
 
-def checkpoint_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_tensors(path: Path | OpenDir) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs from model.safetensors (memory-mapped) or pytorch_model.bin."""
     file = weights_file(path)
     if file.suffix == ".safetensors":
@@ -139,9 +256,10 @@ def checkpoint_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         yield from _load_bin(file).items()
 
 
-def _load_bin(file: Path) -> dict[str, torch.Tensor]:
+def _load_bin(file: Path | DirFile) -> dict[str, torch.Tensor]:
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        with file.open("rb") as f:
+            state = torch.load(same_file(f, file), map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # pickle errors come in many types; none may escape as a traceback
         raise CheckpointError(f"{file} cannot be read safely ({type(e).__name__}: {e}); "
                               "convert it to model.safetensors") from None
@@ -151,9 +269,13 @@ def _load_bin(file: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def atomic_write(dest: Path, write: Callable[[str], Any]) -> None:
+# --- writing: whole files, and never through a link ----------------------------------------------
+
+def atomic_write(dest: Path, write: Callable[[str], Any], error: type[GlassError] = CheckpointError) -> None:
     """`write(tmp)` a temporary file beside `dest`, then rename it into place, with the permissions
-    a plain open() would have given (mkstemp's are owner-only)."""
+    a plain open() would have given (mkstemp's are owner-only). A symbolic link at `dest` is refused
+    (`error`): the rename would replace the link, and the caller meant the file it points to."""
+    refuse_link(Path(dest), error)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -165,6 +287,44 @@ def atomic_write(dest: Path, write: Callable[[str], Any]) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def refuse_link(path: Path, error: type[GlassError] = CheckpointError) -> None:
+    """One `error` naming `path` when it is a symbolic link, where glassgpt is about to write."""
+    if os.path.islink(path):
+        raise error(f"{path} is a symbolic link (to {os.readlink(path)}): glassgpt never writes through a link, "
+                    "so that no write leaves the directory it is for; remove the link, or give another directory")
+
+
+def create_file(path: Path) -> BinaryIO:
+    """A new file at `path`, opened to write in binary: exclusive (O_EXCL), so neither an earlier file
+    nor a symbolic link there is ever written through (FileExistsError)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(path, flags, 0o666), "wb")
+
+
+def open_to_write(path: Path, mode: str = "a", error: type[GlassError] = CheckpointError):
+    """`open(path, mode)` ("a" or "a+", text) for a file written in place, created if missing. Refused
+    with one `error` naming it: a symbolic link (O_NOFOLLOW: the link is never followed), a FIFO,
+    device or socket, and a file with other names (a hard link would carry the write elsewhere)."""
+    flags = os.O_CREAT | os.O_APPEND | (os.O_RDWR if "+" in mode else os.O_WRONLY)
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP or os.path.islink(path):
+            refuse_link(path, error)
+        raise
+    st = os.fstat(fd)
+    problem = (f"{path_kind(st.st_mode)}, not a file" if not stat.S_ISREG(st.st_mode) else
+               f"a file with {st.st_nlink} names (hard links), so writing it would change the others"
+               if st.st_nlink > 1 else None)
+    if problem:
+        os.close(fd)
+        raise error(f"{path} is {problem}: glassgpt writes only plain files of its own there; remove it")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, mode, encoding="utf-8")
 
 
 def _umask() -> int:

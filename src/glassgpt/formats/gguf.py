@@ -80,9 +80,11 @@ def _gguf():
 def is_gguf_file(spec: str | os.PathLike) -> bool:
     """A file that starts with GGUF's magic (whatever it is called)."""
     path = Path(spec)
+    if not path.is_file():  # before open(): opening a FIFO to read would wait for a writer
+        return False
     try:
         with open(path, "rb") as f:
-            return path.is_file() and f.read(4) == MAGIC
+            return f.read(4) == MAGIC
     except OSError:
         return False
 

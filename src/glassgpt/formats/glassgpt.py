@@ -7,6 +7,11 @@
     DIR/train_state.json    only in a training checkpoint (training/checkpoint.py): the loop's
                             state and the sha256 of every other file, checked before loading
 
+A training run replaces best/ and latest/ while others read them (`serve --model RUN_DIR`
+while it trains). `read_checkpoint` reads one whole: the directory is opened once and every
+file read relative to it, a model's reader hashes the model's files only (not the optimizer's
+moments), and a read that fails because a save replaced the directory meanwhile is made again.
+
 `model_from_state` is the one way a model is built from tensors: each name and shape is checked
 against the config (checks.expected_shapes, from a one-block model), then a GPTModel is built on
 the meta device (checks.meta_model) and the tensors are assigned into it, so nothing is copied.
@@ -21,25 +26,32 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 from safetensors.torch import save_file
 
 from ..config import GPTConfig
-from ..errors import CheckpointError, ConfigError, TokenizerError
+from ..errors import CheckpointError, ConfigError, GlassError, TokenizerError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer, tokenizer_from_dict
 from ..version import __version__
 from .checks import GLASSGPT, check_sizes, expected_shapes, meta_model
-from .files import atomic_write, checkpoint_tensors, read_json, read_safetensors, tensor_shapes
+from .files import (DirFile, OpenDir, atomic_write, checkpoint_tensors, read_json, read_safetensors, special_file,
+                    tensor_shapes, weights_file)
 from .hf import HF, config_from_hf, hf_shapes, hf_to_glassgpt
 
 # A run directory's checkpoints, in order of preference; `.NAME.old` is a complete checkpoint
 # that a crash between the two renames of a save left (training/checkpoint.py), read without moving it.
 CHECKPOINT_SUBDIRS = ("best", ".best.old", "latest", ".latest.old")
 STATE_FORMAT = "glassgpt-train-state/1"
+# What a reader of the model reads of a training checkpoint, and so all it hashes.
+MODEL_FILES = ("config.json", "model.safetensors")
+# How long a reader waits for a save under way: a 163M model's first save takes 7-20 s.
+SAVE_WAIT_S = 30.0
+T = TypeVar("T")
 
 
 def resolve_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
@@ -53,18 +65,99 @@ def resolve_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
                 return path / sub
         raise CheckpointError(f"{path} holds no config.json (nor best/ or latest/ checkpoints): "
                               "pass a checkpoint directory or a run directory")
+    moved = path.parent / f".{path.name}.old"
+    if path.name in ("best", "latest") and (moved / "config.json").is_file():
+        return moved  # a save between its two renames: the checkpoint before it, read where it is
+    if special_file(path):
+        raise CheckpointError(f"{path} is {special_file(path)}, not a model file or directory: pass a checkpoint "
+                              "or run directory, a .pth or a .gguf file")
     if path.exists():
         raise CheckpointError(f"{path} is a file: pass the directory that holds config.json and the weights")
     return None
 
 
-def checkpoint_config(path: Path) -> tuple[GPTConfig, bool]:
+def read_checkpoint(spec: str | os.PathLike, read: Callable[[OpenDir], T]) -> T:
+    """`read(ckpt)` of the checkpoint directory that `spec` (a checkpoint or run directory) names,
+    whole, while a training run may be saving over it: the directory is opened once and read
+    through that handle. A read that fails while `spec` has come to name another directory (a
+    save replaced it meanwhile) is made again, and a first save under way is waited for, both up
+    to SAVE_WAIT_S; a read that fails on the directory `spec` still names is raised as it is."""
+    deadline = time.monotonic() + SAVE_WAIT_S
+    while True:
+        try:
+            return _read_once(spec, read)
+        except _SaveUnderWay as e:
+            if time.monotonic() > deadline:
+                raise CheckpointError(f"{spec} was being saved while it was read, and no whole checkpoint was read "
+                                      f"in {SAVE_WAIT_S:.0f} s (the last read: {e.error}): try again once the "
+                                      "save is done") from None
+        time.sleep(0.02)
+
+
+class _SaveUnderWay(Exception):
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _read_once(spec: str | os.PathLike, read: Callable[[OpenDir], T]) -> T:
+    try:
+        path = resolve_checkpoint_dir(spec)
+    except CheckpointError as e:
+        if any(Path(spec).glob(".*.tmp-*")):  # the run's first save, under way
+            raise _SaveUnderWay(e) from None
+        raise
+    if path is None:
+        raise CheckpointError(f"{spec}: no such file or directory")
+    try:
+        ckpt = OpenDir(path)
+    except FileNotFoundError as e:  # removed between being found and being opened
+        raise _SaveUnderWay(e) from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path} ({e.strerror or e})") from None
+    with ckpt:
+        try:
+            return read(ckpt)
+        except (GlassError, OSError) as e:
+            if _replaced(spec, ckpt):
+                raise _SaveUnderWay(e) from None
+            if isinstance(e, OSError):
+                raise CheckpointError(f"cannot read {path}: {e.strerror or e} ({e.filename})") from None
+            raise
+
+
+def _replaced(spec: str | os.PathLike, ckpt: OpenDir) -> bool:
+    """Whether `spec` now names another directory than `ckpt`, the one that was read."""
+    try:
+        now = resolve_checkpoint_dir(spec)
+        st = os.stat(now) if now is not None else None
+    except (GlassError, OSError):
+        return True
+    return st is None or (st.st_dev, st.st_ino) != ckpt.identity()
+
+
+def read_checkpoint_file(spec: str | os.PathLike, name: str, read: Callable[[DirFile], T]) -> T | None:
+    """`read(its file name)` of the checkpoint `spec` names, as `read_checkpoint` reads, checked against
+    the sha256 that a training checkpoint recorded; None when it has no such file (trusted only while
+    `spec` still names that directory: one being removed after a save loses its files one by one)."""
+    def read_file(ckpt: OpenDir) -> T | None:
+        if (ckpt / name).is_file():
+            if (ckpt / "train_state.json").is_file():
+                verify_checkpoint(ckpt, (name,))
+            return read(ckpt / name)
+        if _replaced(spec, ckpt):
+            raise CheckpointError(f"{ckpt}/{name} went away while it was read")
+        return None
+    return read_checkpoint(spec, read_file)
+
+
+def checkpoint_config(path: Path | OpenDir) -> tuple[GPTConfig, bool]:
     """(config, whether the tensors are in Hugging Face's layout) of a checkpoint directory,
     checked against its tensors' shapes (read from the header, not the tensors)."""
     raw = read_json(path / "config.json")
     source = f"{path / 'config.json'}"
     shapes = tensor_shapes(path)
-    weights = str(next(p for p in (path / "model.safetensors", path / "pytorch_model.bin") if p.is_file()))
+    weights = str(weights_file(path))
     if "n_embd" in raw or raw.get("model_type") == "gpt2":
         cfg = config_from_hf(raw, source)
         check_sizes(cfg, hf_shapes(shapes), HF, source, weights)
@@ -88,7 +181,7 @@ def read_config_file(path: str | os.PathLike) -> GPTConfig:
     return config_from_values(read_json(path, ConfigError, "a config file"), str(path), ConfigError)
 
 
-def read_tokenizer(path: str | os.PathLike) -> Tokenizer:
+def read_tokenizer(path: str | os.PathLike | DirFile) -> Tokenizer:
     """A tokenizer saved with `Tokenizer.save` / a checkpoint's tokenizer.json."""
     return tokenizer_from_dict(read_json(path, TokenizerError, "a tokenizer file"), source=str(path))
 
@@ -97,7 +190,7 @@ def read_tokenizer(path: str | os.PathLike) -> Tokenizer:
 META_FIELDS = {"labels": (list, "a list of label names"), "finetune": (dict, "an object"), "data": (dict, "an object")}
 
 
-def read_meta(path: Path) -> dict[str, Any]:
+def read_meta(path: Path | DirFile) -> dict[str, Any]:
     """meta.json, its fields that glassgpt reads checked for their kind."""
     meta = read_json(path)
     for key, (kind, what) in META_FIELDS.items():
@@ -109,15 +202,20 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def load_checkpoint(path: Path, device: torch.device, dtype: torch.dtype) -> GPTModel:
-    if (path / "train_state.json").is_file():  # a training checkpoint: its files' sha256, finite weights
-        verify_checkpoint(path)
-    cfg, hf_layout = checkpoint_config(path)
+def load_checkpoint(spec: str | os.PathLike, device: torch.device, dtype: torch.dtype) -> GPTModel:
+    """The model of the checkpoint that `spec` (a checkpoint or run directory) names, read whole."""
+    return read_checkpoint(spec, lambda ckpt: _load_model(ckpt, device, dtype))
+
+
+def _load_model(ckpt: OpenDir, device: torch.device, dtype: torch.dtype) -> GPTModel:
+    if (ckpt / "train_state.json").is_file():  # a training checkpoint: its files' sha256, finite weights
+        verify_checkpoint(ckpt, MODEL_FILES)
+    cfg, hf_layout = checkpoint_config(ckpt)
     if hf_layout:
-        tensors = hf_to_glassgpt(checkpoint_tensors(path), cfg)
+        tensors = hf_to_glassgpt(checkpoint_tensors(ckpt), cfg)
     else:
-        tensors = ((upgrade_name(name), t) for name, t in checkpoint_tensors(path))
-    return assign_model(cfg, tensors, device, dtype, source=str(path))
+        tensors = ((upgrade_name(name), t) for name, t in checkpoint_tensors(ckpt))
+    return assign_model(cfg, tensors, device, dtype, source=str(ckpt))
 
 
 def upgrade_name(name: str) -> str:
@@ -194,9 +292,15 @@ def save_model(model: GPTModel, path: str | os.PathLike, tokenizer: Tokenizer | 
 
 
 
-def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """train_state.json of a complete checkpoint whose files match their sha256; else CheckpointError."""
-    path = Path(path)
+def verify_checkpoint(path: str | os.PathLike | OpenDir, only: Sequence[str] | None = None) -> dict[str, Any]:
+    """train_state.json of a complete checkpoint whose files match their sha256; else CheckpointError.
+    `only`: check only those of its files (a reader of the model needs not hash the optimizer's)."""
+    if not isinstance(path, OpenDir):
+        if not Path(path).is_dir():
+            raise CheckpointError(f"{path} is not a complete training checkpoint (no train_state.json): "
+                                  "it was not finished being written")
+        with OpenDir(path) as ckpt:
+            return verify_checkpoint(ckpt, only)
     state_file = path / "train_state.json"
     if not state_file.is_file():
         raise CheckpointError(f"{path} is not a complete training checkpoint (no train_state.json): "
@@ -213,13 +317,20 @@ def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(state.get("step"), int) or isinstance(state["step"], bool) or state["step"] < 0:
         raise CheckpointError(f"{state_file}: step must be an integer >= 0, got {state.get('step')!r}")
     for name, digest in files.items():
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path}/{name} is missing: this checkpoint is incomplete")
-        if sha256(path / name) != digest:
+        if only is not None and name not in only:
+            continue
+        try:
+            actual = sha256(path / name)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}/{name} is missing: this checkpoint is incomplete") from None
+        except OSError as e:
+            raise CheckpointError(f"cannot read {path}/{name}: {e.strerror or e}") from None
+        if actual != digest:
             raise CheckpointError(f"{path}/{name} is corrupt (its sha256 differs from the one recorded when "
                                   "it was saved): this checkpoint cannot be used")
     for name in ("model.safetensors", "train_model.safetensors"):
-        if name in files:  # written by a version that saved a diverged run: refuse it by name
+        # written by a version that saved a diverged run: refuse it by name
+        if name in files and (only is None or name in only):
             bad = nonfinite_tensor(read_safetensors(path / name))
             if bad is not None:
                 raise CheckpointError(f"{path}/{name}: tensor {bad!r} holds NaN or infinite values (training "
@@ -245,9 +356,9 @@ def checkpoint_step(path: Path) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def sha256(path: Path) -> str:
+def sha256(path: Path | DirFile) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()

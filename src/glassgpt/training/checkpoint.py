@@ -56,13 +56,16 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from ..formats.glassgpt import (STATE_FORMAT, checkpoint_step, model_from_state, save_model, sha256, upgrade_name,
                                verify_checkpoint)
-from ..formats.files import read_safetensors
+from ..formats.files import atomic_write, read_safetensors, refuse_link
 
 # --- saving ----------------------------------------------------------------------------------
 
 SAVE_BUDGET = 0.1        # a save at an evaluation may cost up to this share of the time trained since the last
 CHEAP_SAVE_S = 1.0       # saves quicker than this are always made
 ESTIMATED_BYTES_PER_S = 250e6  # the first save's cost, until one is measured (this project's CPU: 100-300 MB/s)
+# Called with (NAME, "renamed"): NAME/ moved to .NAME.old, the new one not yet in place; and with (NAME,
+# "published"): the new NAME/ in place, .NAME.old not yet removed. Tests hold a save there to read it.
+save_step_hook: Callable[[str, str], None] | None = None
 
 
 class SavePolicy:
@@ -140,7 +143,8 @@ def _write(path: Path, model: nn.Module, exported: nn.Module, live: dict[str, to
         "rng": _rng_state(), "model_aliases": aliases,
         "files": {p.name: sha256(p) for p in sorted(path.iterdir()) if p.is_file()},
     }
-    (path / "train_state.json").write_text(json.dumps(record, indent=1))  # last: marks the checkpoint whole
+    text = json.dumps(record, indent=1)  # written last: it marks the checkpoint whole
+    atomic_write(path / "train_state.json", lambda tmp: Path(tmp).write_text(text))
 
 
 def _optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
@@ -177,14 +181,19 @@ def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, str
         else:
             seen[key] = name
             unique[name] = t.contiguous()
-    save_file(unique, path, metadata={"format": "pt"})
+    atomic_write(path, lambda tmp: save_file(unique, tmp, metadata={"format": "pt"}))
     return aliases
 
 
 # --- writing a directory whole -----------------------------------------------------------------
 
 def _publish(run_dir: Path, name: str, fill) -> Path:
-    """Write checkpoint NAME whole into a temp dir with `fill(tmp)`, then swap it in by renames."""
+    """Write checkpoint NAME whole into a temp dir with `fill(tmp)`, then swap it in by renames.
+    The temp dir is new (mkdtemp), its files created exclusively (atomic_write), and NAME or
+    .NAME.old as a symbolic link is refused: nothing is written or removed outside RUN_DIR."""
+    final, old = run_dir / name, run_dir / f".{name}.old"
+    refuse_link(final)
+    refuse_link(old)
     tmp = None
     try:
         tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{name}.tmp-"))
@@ -195,13 +204,16 @@ def _publish(run_dir: Path, name: str, fill) -> Path:
         if isinstance(e, (OSError, SafetensorError)):  # a full disk, a file-size limit, a read-only disk
             raise _write_error(run_dir / name, e) from None
         raise
-    final, old = run_dir / name, run_dir / f".{name}.old"
     if old.exists():
         shutil.rmtree(old)
     if final.exists():
         os.replace(final, old)
+    if save_step_hook:
+        save_step_hook(name, "renamed")
     os.replace(tmp, final)  # a crash between the two renames leaves .NAME.old: recover_checkpoints
     _fsync_dir(run_dir)
+    if save_step_hook:
+        save_step_hook(name, "published")
     shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -239,6 +251,8 @@ def recover_checkpoints(run_dir: str | os.PathLike) -> None:
     run_dir = Path(run_dir)
     for name in ("latest", "best"):
         final, old = run_dir / name, run_dir / f".{name}.old"
+        refuse_link(old)
+        refuse_link(final)
         if old.is_dir():
             if final.is_dir():
                 shutil.rmtree(old, ignore_errors=True)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, DataError
-from ..formats.files import read_json
+from ..formats.files import create_file, open_to_write, read_json, special_file
 from ..generate import generate
 from ..engine.loss import cross_entropy
 from ..formats import get_tokenizer
@@ -67,6 +67,9 @@ def resolve_files(spec: str | os.PathLike) -> list[Path]:
         if not files:
             raise DataError(f"{path} holds no .txt files: pass a file, or a glob such as '{path}/**/*.md'")
         return files
+    kind = special_file(path)
+    if kind:
+        raise DataError(f"--data {text} is {kind}, not a text file: pass a file, a folder of .txt files or a glob")
     raise DataError(f"--data {text}: no such file or directory")
 
 
@@ -180,7 +183,7 @@ def _write_cache(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, key: 
     tmp = bin_path.with_name(f".{bin_path.name}.{os.getpid()}.tmp")
     n_tokens = 0
     try:
-        with open(tmp, "wb") as out:
+        with create_file(tmp) as out:
             for i, path in enumerate(files):
                 if i and tokenizer.eot_id is not None:
                     out.write(np.array([tokenizer.eot_id], dtype=dtype).tobytes())
@@ -199,7 +202,8 @@ def _write_cache(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, key: 
               "files": [str(p) for p in files], "tokenizer": tokenizer.to_dict().get("type")}
     tmp_json = bin_path.with_name(f".{bin_path.stem}.json.{os.getpid()}.tmp")
     try:
-        tmp_json.write_text(json.dumps(record, indent=1))
+        with create_file(tmp_json) as out:
+            out.write(json.dumps(record, indent=1).encode())
         os.replace(tmp_json, bin_path.with_suffix(".json"))
     finally:
         tmp_json.unlink(missing_ok=True)
@@ -254,7 +258,7 @@ def _lock(path: Path):
     except ImportError:  # Windows: no lock; the atomic rename still keeps the cache whole
         yield
         return
-    with open(path, "a") as f:
+    with open_to_write(path, "a", DataError) as f:  # never through a link
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TrainError
-from ..formats.files import atomic_write
+from ..formats.files import atomic_write, open_to_write
 
 FILE = "metrics.jsonl"
 
@@ -44,7 +44,7 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
-    with open(run_dir / FILE, "a", encoding="utf-8") as f:
+    with open_to_write(run_dir / FILE, "a", TrainError) as f:  # never through a link
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
@@ -53,7 +53,7 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
     if not (run_dir / FILE).is_file():
         return
     kept = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in read_metrics(run_dir) if r["step"] <= step)
-    atomic_write(run_dir / FILE, lambda tmp: Path(tmp).write_text(kept, encoding="utf-8"))
+    atomic_write(run_dir / FILE, lambda tmp: Path(tmp).write_text(kept, encoding="utf-8"), TrainError)
 
 
 def snapshot_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -84,7 +84,7 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
         _draw_tokens(axes[1], snaps)
     axes[-1].set_xlabel("tokens seen")
     out = Path(out) if out is not None else run_dir / "loss.png"
-    atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=120), TrainError)
     return out
 
 

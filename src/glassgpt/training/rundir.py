@@ -12,8 +12,10 @@ whoever starts the run (the command line, or `fit` when called alone): it checks
 a new run does not overwrite an old one and that a resumed one is there, takes the
 lock, checks again under it (another process may have started a run in between), and
 puts back what a crash during a save left. Under torchrun only rank 0 locks and checks,
-on its machine. Leaves out: Windows (no fcntl; there is no lock there) and shared file
-systems whose `flock` does not reach other machines.
+on its machine. No write leaves the run directory: the lock is opened with O_NOFOLLOW,
+and a symbolic link where the run will write (`WRITTEN`) is refused in one line naming it.
+Leaves out: Windows (no fcntl; there is no lock there) and shared file systems whose
+`flock` does not reach other machines.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import GlassError, RunDirError
-from ..formats.files import read_json
+from ..formats.files import open_to_write, read_json, refuse_link
 from .checkpoint import recover_checkpoints
 from .config import TrainConfig
 
 LOCK_NAME = ".lock"
 
 RUN_MARKERS = ("train_config.json", "metrics.jsonl", "latest", "best")
+# What a run writes, renames or removes in its directory: a symbolic link at any of these is refused.
+WRITTEN = (LOCK_NAME, "train_config.json", "metrics.jsonl", "loss.png", "latest", "best", ".latest.old", ".best.old")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ def open_run_dir(run_dir: str | os.PathLike, resume: bool, is_main: bool = True)
     with lock_run_dir(path) if is_main else contextlib.nullcontext():
         if is_main:
             check_out_dir(path, resume)
+            refuse_links(path)
             if resume:
                 recover_checkpoints(path)
         yield RunDir(path, resume)
@@ -73,6 +78,13 @@ def check_out_dir(run_dir: Path, resume: bool) -> None:
     if found:
         raise RunDirError(f"{run_dir} already holds a training run ({found[0]}): pass --resume {run_dir} "
                           "to continue it, or another --out for a new run")
+
+
+def refuse_links(run_dir: Path) -> None:
+    """Refuse a run directory where a file the run writes is a symbolic link (the run would write
+    through it, or replace it): before training, not at the first save."""
+    for name in WRITTEN:
+        refuse_link(run_dir / name, RunDirError)
 
 
 @contextlib.contextmanager
@@ -96,7 +108,7 @@ def _acquire(run_dir: Path):
     path = run_dir / LOCK_NAME
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        lock_file = open(path, "a+", encoding="utf-8")
+        lock_file = open_to_write(path, "a+", RunDirError)  # never through a link
     except OSError as e:
         raise RunDirError(f"cannot write to {run_dir} ({e.strerror}): give a run directory on a writable "
                           "disk") from None
