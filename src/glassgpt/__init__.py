@@ -29,7 +29,7 @@ import sys as _sys
 from .config import PRESETS, GPTConfig
 from .engine import KVCache
 from .errors import GlassError, RandomWeightsWarning
-from .explain import Trace, diagram as explain_diagram, trace
+from .explain import Trace, Why, diagram as explain_diagram, trace, why
 from .formats import download, export_hf, get_config, get_tokenizer, load_meta, load_model, load_tokenizer, save_model
 from .generate import generate, stream
 from .model import GPTModel
@@ -40,7 +40,7 @@ from .version import __version__
 _sys.modules[__name__ + ".explain_diagram"] = explain_diagram
 
 __all__ = [
-    "GPTConfig", "PRESETS", "Trace", "trace", "get_config", "GlassError", "generate", "stream", "GPTModel", "KVCache",
+    "GPTConfig", "PRESETS", "Trace", "trace", "Why", "why", "get_config", "GlassError", "generate", "stream", "GPTModel", "KVCache",
     "Tokenizer", "get_tokenizer", "download", "export_hf", "load_meta", "load_model",
     "load_tokenizer", "save_model", "RandomWeightsWarning", "explain_diagram", "__version__",
 ]

@@ -11,6 +11,9 @@
     notation.py  how every view writes shapes and tokens
     text.py      the terminal view of a Trace
     draw.py      boxes, text and lines, measured; written as SVG or PNG
+    why.py       why this token: the parts' exact sum, the prompt tokens' shares, activation patching
+    why_view.py  its text, picture and notebook HTML
+    options.py   each analysis option declared once (CLI flag, API field, page control)
     diagram.py   the Trace's picture, in the style of the book's GPT figure; attention heatmaps
 """
 
@@ -18,5 +21,7 @@ from . import diagram
 from .check import check_embedding_is_linear
 from .record import Progress
 from .trace import About, Stage, Trace, TraceOptions, trace
+from .why import Why, why
 
-__all__ = ["About", "Progress", "Stage", "Trace", "TraceOptions", "check_embedding_is_linear", "diagram", "trace"]
+__all__ = ["About", "Progress", "Stage", "Trace", "TraceOptions", "Why", "check_embedding_is_linear", "diagram", "trace",
+           "why"]
