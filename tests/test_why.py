@@ -201,3 +201,22 @@ def test_residual_patching_equals_transformer_lens(tl_pair, tok):
     heads = patching.get_act_patch_attn_head_out_all_pos(bridge, bad, clean_cache, metric)  # [n_layers, h]
     torch.testing.assert_close(torch.tensor(w.patch["heads"]["grid"], dtype=torch.float32), heads.float(),
                                atol=1e-4, rtol=0)
+
+
+def test_explain_why_json_adds_why_to_the_trace(tmp_path, capsys):
+    import json
+    from glassgpt.cli import main
+    path = tmp_path / "book"
+    glassgpt.save_model(small("book"), path)
+    assert main(["explain", PROMPT, "--model", str(path), "--why", "--patch", CORRUPTED, "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    w = data["why"]
+    assert data["stages"][0]["name"] == "tokens" and w["target"]["id"] == data["next_token"]["id"]
+    assert w["versus"] is None and w["patch"]["blocks"][-1] == "final_norm"
+    assert sum(p["value"] for p in w["parts"]) == pytest.approx(w["target"]["logit"], abs=EXACT)
+    assert [s["causal"]["how"] for s in w["sources"]] == ["removed"] * 4
+    assert main(["explain", PROMPT, "--model", str(path), "--versus", " the"]) == 2
+    assert "--versus and --patch belong to --why" in capsys.readouterr().err
+    assert main(["explain", PROMPT, "--model", str(path), "--why", "--versus", " the"]) == 0
+    out = capsys.readouterr().out
+    assert "logit[' the']" in out and "attention weights alone are neither" in out
