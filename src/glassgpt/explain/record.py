@@ -103,26 +103,26 @@ def _install_taps(model: GPTModel) -> None:
                 module.register_forward_hook(tap)
 
 
-def record(model: GPTModel, ids: torch.Tensor, rec: Recorder) -> torch.Tensor:
-    """model(ids) with `rec` as this context's recorder: logits [b, t, V]."""
+def record(model: GPTModel, ids: torch.Tensor, rec: Recorder, last_only: bool = False) -> torch.Tensor:
+    """model(ids) with `rec` as this context's recorder: logits [b, t, V] (last_only: [b, 1, V])."""
     _install_taps(model)
     rec.check()
     token = _RECORDER.set(rec)
     try:
-        return model(ids)  # [b, t] -> [b, t, V]
+        return model(ids, last_only=last_only)  # [b, t] -> [b, t, V]
     finally:
         _RECORDER.reset(token)
 
 
 
 def run_from(model: GPTModel, x: torch.Tensor, start: int, rec: Recorder | None = None) -> torch.Tensor:
-    """The last position's logits `[b, V]` from `x`, the input of block `start` (`[b, t, d]`;
-    start = n_layers: the input of final_norm), with `rec`'s edits applied on the way."""
+    """final_norm's output at the last position `[b, d]` (out_head's input there) from `x`, the input of
+    block `start` (`[b, t, d]`; start = n_layers: the input of final_norm), with `rec`'s edits on the way."""
     _install_taps(model)
     token = _RECORDER.set(rec)
     try:
         for block in model.trf_blocks[start:]:
             x = block(x)
-        return model.out_head(model.final_norm(x[:, -1]))  # [b, d] -> [b, V]
+        return model.final_norm(x[:, -1])  # [b, t, d] -> [b, d]
     finally:
         _RECORDER.reset(token)

@@ -97,18 +97,18 @@ def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: 
     prompt = fit_prompt(ids, cfg.context_length, keep_for(cfg.num_classes))
     label = _labeller(model, tokenizer, labels)
     with evaluating(model):
-        seen, logits = _record(model, prompt.ids, cancel)
+        seen, logits = record_run(model, prompt.ids, cancel)
         last = logits[0, -1].float()  # [V]
         a = int(last.argmax()) if target is None else _check_id(target, cfg.out_dim, "target")
         b = _versus(model, tokenizer, versus, labels, last, a)
-        result = _attribute(model, seen, prompt.ids, a, b)
+        result = attribute(model, seen, prompt.ids, a, b)
         contrast = None
         if b is None and cfg.out_dim > 1:  # why A and not the runner-up: the same sum for the difference
             r = _runner_up(last, a)
             contrast = {"versus": {"id": r, "text": label(r), "logit": float(last[r])},
-                        "parts": _attribute(model, seen, prompt.ids, a, r)["parts"]}
-        sources = _sources(prompt.ids, result["by_source"], _causal(model, prompt.ids, last, a), tokenizer)
-        patched = None if patch is None else _patching(model, tokenizer, seen, prompt.ids, last, patch,
+                        "parts": attribute(model, seen, prompt.ids, a, r)["parts"]}
+        sources = _sources(prompt.ids, result["by_source"], remove_each(model, prompt.ids, last, a), tokenizer)
+        patched = None if patch is None else patch_grid(model, tokenizer, seen, prompt.ids, last, patch,
                                                        b if versus is not None else None, label, cancel)
     top = last.softmax(-1).topk(min(top_k, cfg.out_dim))
     return Why(
@@ -166,7 +166,7 @@ def _versus(model: GPTModel, tokenizer: Tokenizer, versus: str | int | None, lab
     return pieces[0]
 
 
-def _record(model: GPTModel, ids: list[int], cancel: threading.Event | None) -> tuple[dict, torch.Tensor]:
+def record_run(model: GPTModel, ids: list[int], cancel: threading.Event | None) -> tuple[dict, torch.Tensor]:
     """One forward pass, keeping what every analysis here reads, under the stage names."""
     keep = {"tok_emb", "pos_emb"}
     for i in range(model.cfg.n_layers):
@@ -175,7 +175,7 @@ def _record(model: GPTModel, ids: list[int], cancel: threading.Event | None) -> 
                      f"{p}.ff.layers.2"))
     rec = Recorder(frozenset(keep), model.cfg.n_layers, cancel)
     batch = torch.tensor([ids], device=model.tok_emb.weight.device)  # [b=1, t]
-    logits = record(model, batch, rec)  # [1, t, V]
+    logits = record(model, batch, rec, last_only=True)  # [1, 1, V]: only the last position is explained
     return rec.seen, logits
 
 
@@ -187,8 +187,7 @@ def direction(model: GPTModel, x_last: torch.Tensor, a: int, b: int | None) -> t
     below (centering is a projection, so it can move from p onto the direction).
     """
     head, norm = model.out_head, model.final_norm
-    W = head.weight.double()
-    w = W[a] - (W[b] if b is not None else 0)  # [d]
+    w = head.weight[a].double() - (head.weight[b].double() if b is not None else 0)  # [d]: two rows, not all of W
     x = x_last.double()
     sigma = torch.sqrt(x.var(unbiased=False) + norm.eps)
     g = norm.scale.double() * w
@@ -200,7 +199,7 @@ def direction(model: GPTModel, x_last: torch.Tensor, a: int, b: int | None) -> t
     return c, shift, bias
 
 
-def _attribute(model: GPTModel, seen: dict, ids: list[int], a: int, b: int | None) -> dict[str, Any]:
+def attribute(model: GPTModel, seen: dict, ids: list[int], a: int, b: int | None) -> dict[str, Any]:
     """The parts of logit[a] (- logit[b]) at the last position, each head split over the source tokens."""
     cfg = model.cfg
     h, hd = cfg.n_heads, cfg.head_dim
@@ -243,7 +242,7 @@ def _last_row_attention(seen: dict, p: str, h: int) -> torch.Tensor:
     return attention_weights(q, k)[0, :, 0].double()  # the last query sees every source
 
 
-def _causal(model: GPTModel, ids: list[int], last: torch.Tensor, a: int) -> list[dict[str, Any]] | str:
+def remove_each(model: GPTModel, ids: list[int], last: torch.Tensor, a: int) -> list[dict[str, Any]] | str:
     """The prompt run once more with each token removed: the change in the target's probability and logit."""
     t = len(ids)
     if t == 1:
@@ -263,14 +262,14 @@ def _sources(ids: list[int], by_source: list, causal: list | str, tokenizer: Tok
             for j, i in enumerate(ids)]
 
 
-def _patching(model: GPTModel, tokenizer: Tokenizer, clean: dict, ids: list[int], last: torch.Tensor,
+def patch_grid(model: GPTModel, tokenizer: Tokenizer, clean: dict, ids: list[int], last: torch.Tensor,
               corrupted_text: str, versus: int | None, label, cancel) -> dict[str, Any]:
     """The clean run's block inputs (and heads' outputs) copied one at a time into the corrupted run.
 
     m = logit[A] - logit[B], A the clean top token, B the corrupted run's top (or `versus`); each
     value is (m_patched - m_corrupted) / (m_clean - m_corrupted). Row b patches block b's input,
     the last row final_norm's input. The patched runs start from the corrupted run's recorded input
-    of the patched block, so only the blocks from there on run again.
+    of the patched block, so only the blocks from there on run again, and read only out_head's rows A and B.
     """
     cfg = model.cfg
     bad = encode(tokenizer, corrupted_text)
@@ -278,7 +277,7 @@ def _patching(model: GPTModel, tokenizer: Tokenizer, clean: dict, ids: list[int]
         show = lambda xs: " ".join(repr(tokenizer.decode([i])) for i in xs)  # noqa: E731
         raise PromptError(f"--patch needs as many tokens as the prompt: the prompt is {len(ids)} ({show(ids)}), "
                           f"the corrupted prompt {len(bad)} ({show(bad)})")
-    corrupt, bad_logits = _record(model, bad, cancel)
+    corrupt, bad_logits = record_run(model, bad, cancel)
     bad_last = bad_logits[0, -1].float()
     a = int(last.argmax())
     b = int(bad_last.argmax()) if versus is None else versus
@@ -289,8 +288,14 @@ def _patching(model: GPTModel, tokenizer: Tokenizer, clean: dict, ids: list[int]
     if abs(m_clean - m_bad) < 1e-6:
         raise PromptError(f"the clean and the corrupted prompt give the same logit difference ({m_clean:.4g}): "
                           "nothing for patching to restore; choose a corrupted prompt that changes the answer")
-    restored = lambda logits: ((logits[:, a] - logits[:, b]).double() - m_bad) / (m_clean - m_bad)  # noqa: E731
-    grid = [restored(_patched_resid(model, clean, corrupt, i)).tolist() for i in range(cfg.n_layers + 1)]
+    head = model.out_head
+    w = (head.weight[a] - head.weight[b]).double()  # only logit[A] - logit[B] is read: two rows of out_head
+    shift = 0.0 if head.bias is None else float(head.bias[a].double() - head.bias[b].double())
+    restored = lambda h: ((h.double() @ w + shift) - m_bad) / (m_clean - m_bad)  # noqa: E731
+    # Before the first token the prompts differ in, both runs hold the same numbers: copying changes nothing.
+    first = next(j for j, (x, y) in enumerate(zip(ids, bad)) if x != y)
+    grid = [[0.0] * first + restored(_patched_resid(model, clean, corrupt, i, first)).tolist()
+            for i in range(cfg.n_layers + 1)]
     heads = [restored(_patched_heads(model, clean, corrupt, i, cancel)).tolist() for i in range(cfg.n_layers)]
     return {"corrupted": tokenizer.decode(bad), "clean_top": {"id": a, "text": label(a)},
             "versus": {"id": b, "text": label(b)}, "m_clean": m_clean, "m_corrupted": m_bad,
@@ -304,17 +309,20 @@ def _block_input(seen: dict, i: int, n_layers: int) -> torch.Tensor:
     return seen[f"trf_blocks.{i}"][0] if i < n_layers else seen[f"trf_blocks.{n_layers - 1}"][1]
 
 
-def _patched_resid(model: GPTModel, clean: dict, corrupt: dict, i: int) -> torch.Tensor:
-    """Logits [t, V]: row j with the clean input of block i at position j, the rest corrupted."""
+def _patched_resid(model: GPTModel, clean: dict, corrupt: dict, i: int, first: int) -> torch.Tensor:
+    """final_norm's output at the last position, [t - first, d]: run j with the clean input of block i at
+    position first + j, the rest corrupted."""
     n = model.cfg.n_layers
-    x = _block_input(corrupt, i, n).repeat(_block_input(corrupt, i, n).shape[1], 1, 1)  # [t, t, d]: one run per position
+    bad = _block_input(corrupt, i, n)  # [1, t, d]
+    x = bad.repeat(bad.shape[1] - first, 1, 1)  # [t - first, t, d]: one run per patched position
     j = torch.arange(x.shape[0])
-    x[j, j] = _block_input(clean, i, n)[0]
-    return run_from(model, x, i).float()
+    x[j, j + first] = _block_input(clean, i, n)[0, first:]
+    return run_from(model, x, i)
 
 
 def _patched_heads(model: GPTModel, clean: dict, corrupt: dict, i: int, cancel) -> torch.Tensor:
-    """Logits [h, V]: row j with head j's clean output (its context slice, all positions) in block i."""
+    """final_norm's output at the last position, [h, d]: run j with head j's clean output (its context slice,
+    all positions) in block i."""
     h, hd = model.cfg.n_heads, model.cfg.head_dim
     name = f"trf_blocks.{i}.att.out_proj"
     clean_context = clean[name][0]  # [1, t, d]
@@ -328,4 +336,4 @@ def _patched_heads(model: GPTModel, clean: dict, corrupt: dict, i: int, cancel) 
         return out + delta @ W_O.T  # out_proj is linear: patching its input adds delta @ W_O.T
 
     x = _block_input(corrupt, i, model.cfg.n_layers).repeat(h, 1, 1)  # [h, t, d]
-    return run_from(model, x, i, Recorder(frozenset(), 0, cancel, edits={name: edit})).float()
+    return run_from(model, x, i, Recorder(frozenset(), 0, cancel, edits={name: edit}))
