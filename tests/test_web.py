@@ -189,7 +189,7 @@ def test_top_k_sets_how_many_tokens_are_listed(client, k):
 def test_attention_and_logit_lens_cover_every_layer(client):
     tr = explain(client, prompt=PROMPT).json()
     att = tr["attention"]
-    assert att["shape"] == [2, 1, 2, 4, 4] and len(att["layers"]) == 2 and len(att["layers"][0]) == 2
+    assert att["shape"] == [2, 2, 4, 4] and len(att["layers"]) == 2 and len(att["layers"][0]) == 2  # the data's shape
     for head in att["layers"][1]:
         for i, row in enumerate(head):
             assert sum(row) == pytest.approx(1.0, abs=1e-3)  # rounded to 4 decimals

@@ -220,3 +220,18 @@ def test_explain_why_json_adds_why_to_the_trace(tmp_path, capsys):
     assert main(["explain", PROMPT, "--model", str(path), "--why", "--versus", " the"]) == 0
     out = capsys.readouterr().out
     assert "logit[' the']" in out and "attention weights alone are neither" in out
+
+
+def test_the_readers_item_6_fixes(tok):
+    """The text logit lens shows probabilities; the attention JSON's shape is its data's; a classifier's
+    head is counted with its bias (1,538 for GPT-2's width and two classes, as info counts it)."""
+    from glassgpt.explain import TraceOptions, trace
+    import numpy as np
+    model = small("classifier")
+    tr = trace(model, tok, PROMPT, options=TraceOptions(logit_lens=True, attention=True, embedding_check=False))
+    assert list(np.array(tr.attention["layers"]).shape) == tr.attention["shape"] == [2, 4, 4, 4]
+    text = tr.to_text()
+    assert "weight [2, 32] = 64 numbers + bias [2] = 66 parameters" in text
+    lens = text[text.index("logit lens"):]
+    cell = tr.logit_lens["layers"][0]["top"][0]
+    assert f"{cell['text'][:10]!r} " in lens and "%" in lens.splitlines()[2]

@@ -166,6 +166,9 @@ def _transition(stage: "Stage", lines: list[str], c) -> None:
     lines.append(c(tint, "╔" + label + "═" * (width - len(label))))
     body = (f"{stage.name}  {stage.module}  weight {_shape(stage.weight_shape)} = "
             f"{numel(stage.weight_shape):,} numbers")
+    bias = stage.params - numel(stage.weight_shape)
+    if bias > 0:  # a classifier's head has a bias: count it, as info does
+        body += f" + bias [{bias}] = {stage.params:,} parameters"
     lines.append(c(tint, "║ ") + c(BOLD, body))
     lines.append(c(tint, "║ ") + stage.note)
     if stage.shared_with:
@@ -190,13 +193,20 @@ def _block(name: str, tr: "Trace", lines: list[str], c) -> None:
 
 def _logit_lens(tr: "Trace", lines: list[str], c) -> None:
     lines.append("")
-    lines.append(c(BOLD, "logit lens: the top token at each position after each block "
-                         "(out_head(final_norm(residual)))"))
-    header = " ".join(f"{tok['text'][:10]!r:<13}" for tok in tr.tokens)
+    lines.append(c(BOLD, "logit lens: the top token at each position after each block, and its probability "
+                         "(softmax(out_head(final_norm(residual))))"))
+    header = " ".join(f"{tok['text'][:10]!r:<20}" for tok in tr.tokens)
     lines.append(f"  {'after':<14} {header}")
     for layer in tr.logit_lens["layers"]:
-        cells = " ".join(f"{cell['text'][:10]!r:<13}" for cell in layer["top"])
+        cells = " ".join(f"{_lens_cell(cell):<20}" for cell in layer["top"])
         lines.append(f"  trf_blocks.{layer['layer']:<3} {cells}")
+
+
+def _lens_cell(cell: dict) -> str:
+    """' know' 20.2%: two significant digits below 1%, as the page writes them."""
+    p = cell["prob"]
+    prob = f"{100 * p:.1f}%" if p >= 0.1 else f"{100 * p:.2f}%" if p >= 0.01 else f"{100 * p:.2g}%"
+    return f"{cell['text'][:10]!r} {prob}"
 
 
 def _attention(tr: "Trace", layer: int, heatmap: str | None, lines: list[str], c, max_tokens: int = 12) -> None:

@@ -152,7 +152,7 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
                            prompt.ids, label),
         notes=[prompt.note] if prompt.note else [])
     if opt.attention:
-        result.attention = {"shape": [cfg.n_layers, 1, cfg.n_heads, len(prompt.ids), len(prompt.ids)],
+        result.attention = {"shape": [cfg.n_layers, cfg.n_heads, len(prompt.ids), len(prompt.ids)],  # the data's own
                             "tokens": [tk["text"] for tk in result.tokens],
                             "layers": [_attention_of(rec.seen, i, cfg)[0].tolist() for i in range(cfg.n_layers)]}
     if opt.logit_lens:
