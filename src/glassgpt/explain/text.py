@@ -9,14 +9,12 @@ where each token looks most.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..formats.book import layout_note, model_notes
 from ..config import GPTConfig
 from .notation import clip, numel, rank, shape as _shape, token
 
-if TYPE_CHECKING:
-    from .trace import Stage, Trace
+# Annotations name "Trace" and "Stage" (trace.py) as strings: trace.py imports this module for
+# Trace.to_text, and nothing here imports trace.py back.
 
 RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
 BLUE, ORANGE, GREEN, RED = "\033[38;5;33m", "\033[38;5;208m", "\033[38;5;35m", "\033[38;5;160m"

@@ -35,6 +35,7 @@ from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
 from .head import head_products
 from .record import Progress, Recorder, record
+from .text import render_text
 
 VOCAB_TO_HIDDEN = "vocab->hidden"
 HIDDEN_TO_VOCAB = "hidden->vocab"
@@ -104,8 +105,7 @@ class Trace:
         return {k: v for k, v in out.items() if v is not None}
 
     def to_text(self, color: bool = False, attention_layer: int | None = None, heatmap: str | None = None) -> str:
-        """text.render_text(self, ...): the terminal view (kept here for the README's notebooks)."""
-        from .text import render_text
+        """text.render_text(self, ...): the terminal view."""
         return render_text(self, color=color, attention_layer=attention_layer, heatmap=heatmap)
 
 

@@ -38,6 +38,7 @@ from ..model import GPTModel, attention_weights
 from ..prompt import check_ids, encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
 from .record import Recorder, record, run_from
+from .why_view import why_html, why_text
 
 ATTENTION_IS_NOT = ("attention weights alone are neither answer: `direct` weighs each source by what its value "
                     "vector, through W_O and final_norm, adds to the logit; `causal` removes it and runs again")
@@ -72,11 +73,10 @@ class Why:
         return out
 
     def to_text(self, color: bool = False, top: int = 12) -> str:
-        from .why_view import why_text  # the view imports this module, not the other way round
         return why_text(self, color=color, top=top)
 
     def _repr_html_(self) -> str:
-        from .why_view import why_html
+        """A notebook's view: the picture (SVG) and the key lines."""
         return why_html(self)
 
 

@@ -9,14 +9,12 @@ coloured tokens, and the patching grid. HTML: the picture and the key lines, for
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING
 
-from .draw import BLUE, GRAY, INK, MUTED, RED, Drawing, Rect, Text, fit, text_width, to_svg
+from .draw import BLUE, GRAY, INK, MUTED, RED, Drawing, Rect, Text, fit, header, text_width, to_svg
 from .notation import token
 from .text import BOLD, DIM, painter
 
-if TYPE_CHECKING:
-    from .why import Why
+# "Why" (why.py) is named in annotations as a string: why.py imports this module, not the reverse.
 
 CELL = 34  # a heatmap cell, in pixels
 WHAT_SUMS = ("final_norm's scale frozen at the last position (as TransformerLens does), so the parts are an exact "
@@ -120,8 +118,8 @@ def shade(value: float, most: float) -> str:
 
 def why_layout(w: "Why", width: float = 1040) -> Drawing:
     d = Drawing()
-    x0, y = 30, 34
-    d.add(Text(x0, y, fit(headline(w), width - 2 * x0, 16, bold=True), 16, True))
+    x0 = 30
+    y = header(d, f"glassgpt · why {token(w.target['text'], 24)}", [headline(w), WHAT_SUMS], width)
     y = _heatmap(d, w, x0, y + 30)
     y = _strip(d, w, x0, y + 26, width - x0)
     if w.patch is not None:
