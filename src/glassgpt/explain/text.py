@@ -115,7 +115,7 @@ def _head(tr: "Trace", lines: list[str], c) -> None:
     out(f"  h = final_norm's output at the last position [{tr.model['config']['emb_dim']}], |h| = {hd['h_norm']:.3f}; "
         f"W = out_head.weight {_shape(tr.stage('out_head').weight_shape)}, one row per {'class' if is_class else 'token'}")
     if not is_class:
-        out("  " + _tying_line(hd))
+        out("  " + hd["tying_note"])
     untied = "cos_emb_head" in (hd["rows"][0] if hd["rows"] else {})
     header = f"  {'rank':>4}  {'token' if not is_class else 'class':<18} {'id':>6}  {'logit':>9} = {'h · W[id]':>9}"
     header += (f" + {'bias':>7}" if hd["has_bias"] else "") + f"   {'|W[id]|':>7}  {'cos(h, W[id])':>13}"
@@ -134,15 +134,6 @@ def _head(tr: "Trace", lines: list[str], c) -> None:
     if hd.get("prompt_ranks"):
         ranks = " · ".join(f"{token(t['text'], 14)} {rank(t['rank'])}" for t in hd["prompt_ranks"][:8])
         out(f"  the prompt's own tokens rank: {ranks}")
-
-
-def _tying_line(hd: dict) -> str:
-    if hd["tied"]:
-        storage = "one storage" if hd["shares_storage"] else "NOT one storage"
-        return (f"tied: W is tok_emb.weight ({storage}), so W[id] is the very row that embedded id at the input: "
-                "the model predicts the token whose embedding its last vector most resembles (by dot product)")
-    return ("untied (the book's layout): W is its own tensor; tok_emb.weight[id] embedded id at the input, "
-            "out_head.weight[id] scores it at the output, and training sets the two apart")
 
 
 def _row(stage: "Stage", lines: list[str], c) -> None:

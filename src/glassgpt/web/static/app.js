@@ -468,12 +468,7 @@ function renderHead(tr) {
   $("head").replaceChildren(el("table", {}, el("thead", {}, el("tr", {}, ...cols.map((c) => el("th", { text: c })))),
     el("tbody", {}, rows)));
   const notes = [`Checked: every logit equals out_head's output (max |diff| ${hd.max_abs_diff.toExponential(1)}).`];
-  if (!isClass) {
-    notes.push(hd.tied
-      ? "Tied: W is tok_emb.weight, so W[id] is the very row that embedded id at the input; the model predicts " +
-        "the token whose embedding its last vector most resembles."
-      : "Untied (the book's layout): W is out_head's own tensor; tok_emb.weight[id] is another row.");
-  }
+  notes.push(hd.tying_note.charAt(0).toUpperCase() + hd.tying_note.slice(1) + ".");  // the server's one sentence
   notes.push("Nearest to h by cosine: " + hd.nearest.map((t) => `${JSON.stringify(t.text)} ${t.cos.toFixed(3)} ` +
     `(logit rank ${fmt(t.logit_rank)})`).join(", ") + ". Another order than the logits': a longer row wins the " +
     "logits with a smaller cosine.");
