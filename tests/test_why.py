@@ -235,3 +235,15 @@ def test_the_readers_item_6_fixes(tok):
     lens = text[text.index("logit lens"):]
     cell = tr.logit_lens["layers"][0]["top"][0]
     assert f"{cell['text'][:10]!r} " in lens and "%" in lens.splitlines()[2]
+
+
+def test_the_picture_and_the_notebook_view(tok):
+    from glassgpt.explain.draw import Text, text_extent
+    from glassgpt.explain.why_view import why_layout
+    w = why(small("openai", seed=5), tok, PROMPT, patch=CORRUPTED)
+    d = why_layout(w)
+    assert len(d.keyed("head:")) == 2 * 4 and len(d.keyed("ff:")) == 2 and len(d.keyed("source:")) == 4
+    assert len(d.keyed("patch:")) == 3 * 4
+    assert all(text_extent(t)[1] <= d.width for t in d.items if isinstance(t, Text))  # every label inside the canvas
+    html = w._repr_html_()
+    assert html.startswith("<div><svg") and "parts that move" in html and "attention weights alone" in html
