@@ -247,3 +247,12 @@ def test_the_picture_and_the_notebook_view(tok):
     assert all(text_extent(t)[1] <= d.width for t in d.items if isinstance(t, Text))  # every label inside the canvas
     html = w._repr_html_()
     assert html.startswith("<div><svg") and "parts that move" in html and "attention weights alone" in html
+
+
+def test_a_cancelled_why_stops(tok):
+    import threading
+    from glassgpt.errors import TraceCancelled
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(TraceCancelled):
+        why(small("openai"), tok, PROMPT, patch=CORRUPTED, cancel=cancel)

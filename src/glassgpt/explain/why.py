@@ -294,7 +294,7 @@ def patch_grid(model: GPTModel, tokenizer: Tokenizer, clean: dict, ids: list[int
     restored = lambda h: ((h.double() @ w + shift) - m_bad) / (m_clean - m_bad)  # noqa: E731
     # Before the first token the prompts differ in, both runs hold the same numbers: copying changes nothing.
     first = next(j for j, (x, y) in enumerate(zip(ids, bad)) if x != y)
-    grid = [[0.0] * first + restored(_patched_resid(model, clean, corrupt, i, first)).tolist()
+    grid = [[0.0] * first + restored(_patched_resid(model, clean, corrupt, i, first, cancel)).tolist()
             for i in range(cfg.n_layers + 1)]
     heads = [restored(_patched_heads(model, clean, corrupt, i, cancel)).tolist() for i in range(cfg.n_layers)]
     return {"corrupted": tokenizer.decode(bad), "clean_top": {"id": a, "text": label(a)},
@@ -309,7 +309,7 @@ def _block_input(seen: dict, i: int, n_layers: int) -> torch.Tensor:
     return seen[f"trf_blocks.{i}"][0] if i < n_layers else seen[f"trf_blocks.{n_layers - 1}"][1]
 
 
-def _patched_resid(model: GPTModel, clean: dict, corrupt: dict, i: int, first: int) -> torch.Tensor:
+def _patched_resid(model: GPTModel, clean: dict, corrupt: dict, i: int, first: int, cancel) -> torch.Tensor:
     """final_norm's output at the last position, [t - first, d]: run j with the clean input of block i at
     position first + j, the rest corrupted."""
     n = model.cfg.n_layers
@@ -317,7 +317,7 @@ def _patched_resid(model: GPTModel, clean: dict, corrupt: dict, i: int, first: i
     x = bad.repeat(bad.shape[1] - first, 1, 1)  # [t - first, t, d]: one run per patched position
     j = torch.arange(x.shape[0])
     x[j, j + first] = _block_input(clean, i, n)[0, first:]
-    return run_from(model, x, i)
+    return run_from(model, x, i, Recorder(frozenset(), 0, cancel))  # a recorder only to be cancellable
 
 
 def _patched_heads(model: GPTModel, clean: dict, corrupt: dict, i: int, cancel) -> torch.Tensor:
