@@ -604,7 +604,7 @@ def test_every_view_shows_the_dot_products(gpt2_trace):
     d = json.loads(json.dumps(gpt2_trace.to_dict()))
     assert d["head"]["rows"][0]["id"] == gpt2_trace.next_token["id"] and d["head"]["tied"] is True
     picture = texts_of(gpt2_trace)
-    assert "logit[id] = h · W[id]" in picture and "W is tok_emb.weight (tied)" in picture
+    assert "logit[id] = h · W[id]" in picture and "tied: W is tok_emb.weight" in picture  # head.tying_note, as in the text
     assert len(layout(gpt2_trace).keyed("dot_row")) == 3
 
 

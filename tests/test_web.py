@@ -189,7 +189,7 @@ def test_top_k_sets_how_many_tokens_are_listed(client, k):
 def test_attention_and_logit_lens_cover_every_layer(client):
     tr = explain(client, prompt=PROMPT).json()
     att = tr["attention"]
-    assert att["shape"] == [2, 1, 2, 4, 4] and len(att["layers"]) == 2 and len(att["layers"][0]) == 2
+    assert att["shape"] == [2, 2, 4, 4] and len(att["layers"]) == 2 and len(att["layers"][0]) == 2  # the data's shape
     for head in att["layers"][1]:
         for i, row in enumerate(head):
             assert sum(row) == pytest.approx(1.0, abs=1e-3)  # rounded to 4 decimals
@@ -702,3 +702,26 @@ def test_serve_on_a_run_directory_gives_the_page_its_evaluations(tmp_path, monke
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: sockets[0].close())
     assert main(["serve", "--model", str(run), "--port", "0"]) == 0
     assert str(made["run_dir"]) == str(run) and made["model_name"] == str(run)
+
+
+def test_why_over_http_and_its_options_from_one_declaration(client, model, tok):
+    from glassgpt.explain.options import WHY_OPTIONS
+
+    info = client.get("/api/model").json()
+    assert [c["name"] for c in info["controls"]] == [o.name for o in WHY_OPTIONS]  # the page's controls
+    with torch.no_grad():
+        logits = model(torch.tensor([tok.encode(PROMPT)]))[0, -1]
+    second = int(logits.topk(2).indices[1])
+    got = client.post("/api/why", json={"prompt": PROMPT, "target": second}).json()
+    assert got["target"]["id"] == second
+    assert sum(p["value"] for p in got["parts"]) == pytest.approx(float(logits[second]), abs=1e-4)
+    traced = client.post("/api/explain", json={"prompt": PROMPT, "why": True, "versus": " the"}).json()
+    assert traced["why"]["versus"]["text"] == " the" and traced["tokens"][0]["text"] == "Every"
+    bad = client.post("/api/why", json={"prompt": PROMPT, "patch": "Every effort"})
+    assert bad.status_code == 400 and "as many tokens" in bad.json()["error"]
+
+
+def test_why_spam_on_the_classifier_page(classifier):
+    got = classifier.post("/api/why", json={"prompt": "You won a prize"}).json()
+    assert got["kind"] == "class" and {got["target"]["text"], got["versus"]["text"]} == {"ham", "spam"}
+    assert "out_head.bias" in [p["name"] for p in got["parts"]]

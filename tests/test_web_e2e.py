@@ -272,3 +272,49 @@ def test_every_text_of_the_svg_lies_inside_it_as_the_browser_draws_it(open_page,
     assert "two separate tensors (untied)" in labels
     for t in out["texts"]:
         assert t["left"] >= 0 and t["right"] <= out["width"] and t["top"] >= 0 and t["bottom"] <= out["height"], t
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_why_click_a_candidate_then_a_prompt_token(open_page, width):
+    page = open_page(width)
+    settled(page)
+    second = page.locator(".why-candidate").nth(1)
+    target = second.get_attribute("data-id")
+    with page.expect_response("**/api/why") as answer:
+        second.click()
+    assert answer.value.ok
+    settled(page)
+    page.wait_for_selector(f'.why-candidate.chosen[data-id="{target}"]')
+    assert page.locator(".why-cell").count() == 12 * 13  # 12 blocks x (12 heads + the feed-forward)
+    assert "logit[" in page.inner_text("#why-headline")
+    page.locator(".why-source-token").nth(2).click()  # ' moves'
+    page.wait_for_selector('.why-source-token.chosen[data-position="2"]')
+    said = page.inner_text("#why-source")
+    assert "' moves'" in said.replace('"', "'") and "direct share" in said and "removed" in said
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"web-e2e-why-{width}.png"), full_page=True)
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    # every cell of the grid is inside the screen (the grid shrinks, it does not scroll)
+    right = page.evaluate("Math.max(...[...document.querySelectorAll('.why-cell')].map(e => e.getBoundingClientRect().right))")
+    assert right <= width
+
+
+def test_the_lens_prediction_column_and_the_params_last_column_are_in_view(open_page):
+    page = open_page(390)
+    settled(page)
+    box = page.locator(".lens tbody tr").first.locator("td.last").bounding_box()
+    assert box["x"] + box["width"] <= 390, box  # sticky at the card's right edge, not behind the sideways scroll
+    page = open_page(1280)
+    settled(page)
+    clipped = page.evaluate("""(() => { const box = document.querySelector('#params').getBoundingClientRect();
+        return [...document.querySelectorAll('table.params td:last-child')].filter(td => td.getBoundingClientRect().right > box.right + 1).length; })()""")
+    assert clipped == 0
+
+
+def test_the_first_paint_says_it_is_tracing(browser, server_url):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.route("**/api/explain", lambda route: None)  # hold the first trace: the page as it looks before it
+    page.goto(server_url + "/")
+    assert "tracing" in page.inner_text("#status") and "tracing" in page.inner_text("#tokens")
+    context.close()

@@ -32,7 +32,7 @@ from .adopt import adopt
 from .config import PRESETS, GPTConfig
 from .engine import KVCache
 from .errors import GlassError, RandomWeightsWarning
-from .explain import Trace, check, diagram as explain_diagram, show, trace
+from .explain import Trace, Why, check, diagram as explain_diagram, show, trace, why
 from .formats import download, export_hf, get_config, get_tokenizer, load_meta, load_model, load_tokenizer, save_model
 from .generate import generate, stream
 from .model import GPTModel
@@ -43,7 +43,8 @@ from .version import __version__
 _sys.modules[__name__ + ".explain_diagram"] = explain_diagram
 
 __all__ = [
-    "GPTConfig", "PRESETS", "Trace", "adopt", "check", "show", "trace", "get_config", "GlassError", "generate", "stream", "GPTModel", "KVCache",
+    "GPTConfig", "PRESETS", "Trace", "Why", "adopt", "check", "show", "trace", "why", "get_config", "GlassError",
+    "generate", "stream", "GPTModel", "KVCache",
     "Tokenizer", "get_tokenizer", "download", "export_hf", "load_meta", "load_model",
     "load_tokenizer", "save_model", "RandomWeightsWarning", "explain_diagram", "__version__",
 ]

@@ -1,5 +1,6 @@
 """`glassgpt explain`: the live trace of one prompt, as text, JSON, SVG or PNG; `--passage` scores
-every token of a text; `--compare B` sets a second model's next tokens beside the first's."""
+every token of a text; `--compare B` sets a second model's next tokens beside the first's; `--why`
+attributes the next token to the model's parts and the prompt's tokens (flags from explain/options.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from ..explain import About, TraceOptions, trace
 from ..explain import draw
 from ..explain.compare import compare, comparison_layout, comparison_text
 from ..explain.diagram import layout, save_attention_png
+from ..explain.options import WHY_OPTIONS, add_flags
 from ..explain.passage import passage, passage_layout, passage_text
+from ..explain.why import why
+from ..explain.why_view import why_layout
 from ..explain.text import embedding_section
 from ..formats import is_random_init, load_meta, load_model, load_tokenizer, read_config
 from ..model import GPTModel
@@ -58,6 +62,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", metavar="SPEC",
                    help="a second model (any --model spec) traced on the same prompt: both next-token "
                         "distributions side by side, their KL divergence, and each block's logit lens")
+    add_flags(p, WHY_OPTIONS)
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the text view (default: auto, when stdout is a terminal)")
     p.set_defaults(run=run_explain)
@@ -70,6 +75,8 @@ def about(spec: str) -> About:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    if (args.versus is not None or args.patch is not None) and not args.why:
+        raise GlassError("--versus and --patch belong to --why: add --why")
     if args.passage is not None:
         return _run_passage(args)
     cfg = read_config(args.model)
@@ -79,6 +86,8 @@ def run_explain(args: argparse.Namespace) -> int:
     _check_layers(args, model.cfg.n_layers)
     if args.compare:
         return _run_compare(args, model, tok)
+    if args.why:
+        return _run_why(args, model, tok)
     options = TraceOptions(top_k=args.top_k, temperature=args.temperature, block=args.block,
                            logit_lens=args.logit_lens, attention=args.attention)
     tr = trace(model, tok, args.prompt, options=options, about=about(args.model))
@@ -109,6 +118,18 @@ def _run_compare(args: argparse.Namespace, model: GPTModel, tok: Tokenizer) -> i
     other, _ = load_second(args, args.compare, tok)
     result = compare(model, other, tok, args.prompt, about(args.model), about(args.compare), top_k=args.top_k)
     return _show(args, result.to_dict(), lambda: comparison_layout(result), lambda color: comparison_text(result))
+
+
+def _run_why(args: argparse.Namespace, model: GPTModel, tok: Tokenizer) -> int:
+    """The attribution; its JSON is the trace's with `why` added."""
+    spec = about(args.model)
+    result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, labels=spec.labels, top_k=args.top_k)
+    data = None
+    if args.format == "json":
+        data = trace(model, tok, args.prompt, options=TraceOptions(top_k=args.top_k, embedding_check=False),
+                     about=spec).to_dict()
+        data["why"] = result.to_dict()
+    return _show(args, data, lambda: why_layout(result), lambda color: result.to_text(color=color))
 
 
 def load_second(args: argparse.Namespace, spec: str, tok: Tokenizer) -> tuple[GPTModel, Tokenizer]:

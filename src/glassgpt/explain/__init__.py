@@ -11,6 +11,9 @@
     notation.py  how every view writes shapes and tokens
     text.py      the terminal view of a Trace
     draw.py      boxes, text and lines, measured; written as SVG or PNG
+    why.py       why this token: the parts' exact sum, the prompt tokens' shares, activation patching
+    why_view.py  its text, picture and notebook HTML
+    options.py   each analysis option declared once (CLI flag, API field, page control)
     diagram.py   the Trace's picture, in the style of the book's GPT figure; attention heatmaps
     verify.py    check(model): a reader's own module against the book's formulas, stage by stage
     notebook.py  each result's picture and key lines inline in Jupyter; show(model, text)
@@ -22,5 +25,7 @@ from .record import Progress
 from .notebook import show  # also gives every result its _repr_html_
 from .trace import About, Stage, Trace, TraceOptions, trace
 from .verify import CheckResult, check
+from .why import Why, why
 
-__all__ = ["About", "CheckResult", "Progress", "Stage", "Trace", "TraceOptions", "check_embedding_is_linear", "check", "diagram", "show", "trace"]
+__all__ = ["About", "CheckResult", "Progress", "Stage", "Trace", "TraceOptions", "Why", "check_embedding_is_linear", "check",
+           "diagram", "show", "trace", "why"]

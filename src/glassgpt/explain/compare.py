@@ -26,7 +26,7 @@ from ..device import evaluating
 from ..model import GPTModel
 from ..prompt import encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
-from .draw import GRAY, MUTED, ORANGE, PURPLE, Drawing, Line, Rect, Text, wrap
+from .draw import GRAY, MUTED, ORANGE, PURPLE, Drawing, Line, Rect, Text, header
 from .notation import token
 from .trace import About, TraceOptions, trace
 
@@ -125,14 +125,10 @@ def comparison_text(c: Comparison) -> str:
 def comparison_layout(c: Comparison, width: float = 1040) -> Drawing:
     """Both models' top tokens as bars from 0 to 1, each with a tick at the other model's probability."""
     d = Drawing()
-    d.add(Text(30, 34, f"glassgpt · A = {c.a['name']} · B = {c.b['name']}", 18, True))
-    y = 34
     kl = (f"KL(A || B) = {c.kl_ab:.4f} nats · KL(B || A) = {c.kl_ba:.4f} nats" if c.kl_ab is not None
           else "no KL divergence: the two heads score different things")
-    for line in [f"prompt “{c.prompt}”", kl] + [f"note: {n}" for n in c.notes]:
-        for part in wrap(line, width - 60, 12):
-            y += 18
-            d.add(Text(30, y, part, 12, color=MUTED))
+    y = header(d, f"glassgpt · A = {c.a['name']} · B = {c.b['name']}",
+               [f"prompt “{c.prompt}”", kl] + [f"note: {n}" for n in c.notes], width)
     return d.fit_canvas(width, bar_columns(d, c, y + 30, width) + 10)
 
 

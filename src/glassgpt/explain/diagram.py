@@ -271,13 +271,8 @@ def _dot_products(pen: Pen, tr: "Trace") -> None:
         extra = f"{row['cos_emb_head']:>+25.4f}" if untied else ""
         pen.text(FLOW_X + 12, y, f"{clip(repr(row['text']), 15):<16}{row['logit']:>9.3f}{row['w_norm']:>10.3f}"
                                  f"{row['cos']:>15.4f}{extra}", SMALL, mono=True, key="dot_row")
-    if hd["kind"] == "tokens":
-        tying = ("W is tok_emb.weight (tied): W[id] is the very row that embedded id at the input" if hd["tied"]
-                 else "W is out_head's own tensor (untied): tok_emb.weight[id] is another row")
-    else:
-        tying = "W is the classifier's own [classes, d] weight"
     near = ", ".join(token(t["text"], 14) for t in hd["nearest"][:4])
-    for text, color in ((tying, MUTED), (f"checked: every logit equals out_head's (max |diff| {hd['max_abs_diff']:.0e})",
+    for text, color in ((hd["tying_note"], MUTED), (f"checked: every logit equals out_head's (max |diff| {hd['max_abs_diff']:.0e})",
                                          GREEN), (f"nearest to h by cosine (not the logits' order): {near}", MUTED)):
         y += 18
         pen.text(FLOW_X + 12, y, fit(text, FLOW_W - 24, SMALL), SMALL, color=color)

@@ -26,7 +26,7 @@ from ..adopt import adopt
 from ..config import GPTConfig
 from ..errors import GlassError
 from ..model import GPTModel
-from .draw import GRAY, INK, MUTED, ORANGE, Drawing, Rect, Text, wrap
+from .draw import GRAY, INK, MUTED, ORANGE, Drawing, Rect, Text, header, wrap
 from .compare import bar_columns
 from .notation import shape
 
@@ -211,13 +211,9 @@ CELL_W, CELL_H, LABEL_W = 44, 20, 130
 def diff_layout(d: WeightDiff, comparison=None, width: float = 1040) -> Drawing:
     """The grid of changes (and, given a Comparison, both models' next tokens below it)."""
     out = Drawing()
-    out.add(Text(30, 34, f"glassgpt diff · A = {d.a} · B = {d.b}", 18, True))
-    y = 34
-    for line in ["||B - A|| / ||A|| per tensor, as the book draws the model; darker is a larger change, "
-                 "blank: did not move at all"] + [f"note: {n}" for n in d.notes]:
-        for part in wrap(line, width - 60, 12):
-            y += 18
-            out.add(Text(30, y, part, 12, color=MUTED))
+    y = header(out, f"glassgpt diff · A = {d.a} · B = {d.b}",
+               ["||B - A|| / ||A|| per tensor, as the book draws the model; darker is a larger change, "
+                "blank: did not move at all"] + [f"note: {n}" for n in d.notes], width)
     moved = [t.rel_change for t in d.tensors if t.moved and t.rel_change]
     scale = (math.log10(min(moved)), math.log10(max(moved))) if moved else (0.0, 0.0)
     y = _grid(out, d, 30, y + 30, scale)

@@ -150,6 +150,17 @@ def wrap(text: str, width: float, size: float, bold: bool = False, max_lines: in
 _DRAWABLE = {c: repr(chr(c))[1:-1] for c in (*range(0x20), 0x7F, *range(0xD800, 0xE000), 0xFFFE, 0xFFFF)}
 
 
+def header(d: Drawing, title: str, lines: list[str], width: float, x0: float = 30, y: float = 34) -> float:
+    """A picture's header, the same for every picture: the title, then each line wrapped to the canvas,
+    muted. Returns the y of the last line."""
+    d.add(Text(x0, y, title, 18, True))
+    for line in lines:
+        for part in wrap(line, width - 2 * x0, 12):
+            y += 18
+            d.add(Text(x0, y, part, 12, color=MUTED))
+    return y
+
+
 def drawable(text: str) -> str:
     """`text` with every control character, and every character XML forbids, written as its escape."""
     return text.translate(_DRAWABLE)

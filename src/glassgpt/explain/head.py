@@ -48,7 +48,20 @@ def head_products(model: GPTModel, h: torch.Tensor, logits: torch.Tensor, top_id
     }
     if model.cfg.num_classes is None:
         out.update(_tying(model, W, prompt_ids, logits, rows, label))
+    out["tying_note"] = tying_note(out)
     return out
+
+
+def tying_note(hd: dict[str, Any]) -> str:
+    """What W is, in the one sentence every view (text, picture, page) shows."""
+    if hd["kind"] == "classes":
+        return "W is the classifier's own [classes, d] weight"
+    if hd["tied"]:
+        storage = "one storage" if hd["shares_storage"] else "NOT one storage"
+        return (f"tied: W is tok_emb.weight ({storage}), so W[id] is the very row that embedded id at the input: "
+                "the model predicts the token whose embedding its last vector most resembles (by dot product)")
+    return ("untied (the book's layout): W is its own tensor; tok_emb.weight[id] embedded id at the input, "
+            "out_head.weight[id] scores it at the output, and training sets the two apart")
 
 
 def _row_norms(weight: torch.Tensor) -> torch.Tensor:

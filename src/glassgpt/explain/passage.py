@@ -27,7 +27,7 @@ from ..errors import PromptError
 from ..model import GPTModel
 from ..prompt import encode
 from ..tokenizer import Tokenizer
-from .draw import GRAY, INK, MUTED, ORANGE, RED, Drawing, Rect, Text, fit, text_width, wrap
+from .draw import GRAY, INK, MUTED, ORANGE, RED, Drawing, Rect, Text, fit, header, text_width
 from .notation import token
 from .trace import About
 
@@ -140,12 +140,9 @@ def passage_layout(p: Passage, width: float = 1040) -> Drawing:
     """Tokens as chips coloured by probability, wrapped like text, then the worst positions."""
     d = Drawing()
     x0, y, right = 30, 34, width - 30
-    d.add(Text(x0, y, f"glassgpt · {p.model['name']} · how likely each true next token was", 18, True))
-    for line in [f"{len(p.tokens):,} tokens · loss {p.loss:.3f} nats per token · perplexity {p.perplexity:,.1f}"] + \
-            [f"note: {n}" for n in p.notes]:
-        for part in wrap(line, right - x0, 12):
-            y += 18
-            d.add(Text(x0, y, part, 12, color=MUTED))
+    y = header(d, f"glassgpt · {p.model['name']} · how likely each true next token was",
+               [f"{len(p.tokens):,} tokens · loss {p.loss:.3f} nats per token · perplexity {p.perplexity:,.1f}"]
+               + [f"note: {n}" for n in p.notes], width, x0, y)
     y += 16
     x = x0
     for k, (_, label, _, fill) in enumerate(BANDS):

@@ -7,6 +7,10 @@ of one shared model can run side by side in threads, each recording its own tens
 every other use of the model (generation, training, torch.compile) passes through taps
 that return at once. A recorder can be cancelled from another thread: the next tap raises
 `TraceCancelled`, which ends the forward pass early.
+
+Taps are named by the stage names the views use (`trf_blocks.3.att.W_query`, `.att.out_proj`,
+`.ff.layers.2`, ...). A recorder may also carry `edits`: functions that replace a module's output
+in this context only, which is how activation patching intervenes without touching the shared model.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Recorder:
     progress: Progress | None = None
     done_steps: int = 0
     seen: dict[str, Any] = field(default_factory=dict)
+    edits: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = field(default_factory=dict)
 
     def check(self) -> None:
         if self.cancel is not None and self.cancel.is_set():
@@ -61,7 +66,7 @@ class _Tap:
     def __init__(self, name: str, inputs: bool = False, step: bool = False) -> None:
         self.name, self.inputs, self.step = name, inputs, step
 
-    def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+    def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
         if torch.compiler.is_compiling():
             return  # compiled code never records; reading a ContextVar there would break the graph
         rec = _RECORDER.get()
@@ -73,17 +78,20 @@ class _Tap:
             rec.step(self.name)
         else:
             rec.check()
+        edit = rec.edits.get(self.name)
+        return None if edit is None else edit(args[0], output)  # a hook's return value replaces the output
 
 
 def _tap_points(model: GPTModel) -> list[tuple[nn.Module, _Tap]]:
     points = [(model.tok_emb, _Tap("tok_emb")), (model.pos_emb, _Tap("pos_emb")), (model.drop_emb, _Tap("embeddings"))]
     for i, blk in enumerate(model.trf_blocks):
-        points += [(blk, _Tap(f"trf_blocks.{i}", inputs=True, step=True)), (blk.att.W_query, _Tap(f"{i}.q")),
-                   (blk.att.W_key, _Tap(f"{i}.k")), (blk.att.W_value, _Tap(f"{i}.v")),
-                   (blk.att.out_proj, _Tap(f"{i}.out_proj", inputs=True))]
+        p = f"trf_blocks.{i}"
+        points += [(blk, _Tap(p, inputs=True, step=True)), (blk.att.W_query, _Tap(f"{p}.att.W_query")),
+                   (blk.att.W_key, _Tap(f"{p}.att.W_key")), (blk.att.W_value, _Tap(f"{p}.att.W_value")),
+                   (blk.att.out_proj, _Tap(f"{p}.att.out_proj", inputs=True))]
         for name, module in (("norm1", blk.norm1), ("norm2", blk.norm2), ("ff.layers.0", blk.ff.layers[0]),
                              ("ff.layers.1", blk.ff.layers[1]), ("ff.layers.2", blk.ff.layers[2])):
-            points.append((module, _Tap(f"{i}.{name}", inputs=True)))
+            points.append((module, _Tap(f"{p}.{name}", inputs=True)))
     return points + [(model.final_norm, _Tap("final_norm")), (model.out_head, _Tap("out_head"))]
 
 
@@ -95,13 +103,26 @@ def _install_taps(model: GPTModel) -> None:
                 module.register_forward_hook(tap)
 
 
-def record(model: GPTModel, ids: torch.Tensor, rec: Recorder) -> torch.Tensor:
-    """model(ids) with `rec` as this context's recorder: logits [b, t, V]."""
+def record(model: GPTModel, ids: torch.Tensor, rec: Recorder, last_only: bool = False) -> torch.Tensor:
+    """model(ids) with `rec` as this context's recorder: logits [b, t, V] (last_only: [b, 1, V])."""
     _install_taps(model)
     rec.check()
     token = _RECORDER.set(rec)
     try:
-        return model(ids)  # [b, t] -> [b, t, V]
+        return model(ids, last_only=last_only)  # [b, t] -> [b, t, V]
     finally:
         _RECORDER.reset(token)
 
+
+
+def run_from(model: GPTModel, x: torch.Tensor, start: int, rec: Recorder | None = None) -> torch.Tensor:
+    """final_norm's output at the last position `[b, d]` (out_head's input there) from `x`, the input of
+    block `start` (`[b, t, d]`; start = n_layers: the input of final_norm), with `rec`'s edits on the way."""
+    _install_taps(model)
+    token = _RECORDER.set(rec)
+    try:
+        for block in model.trf_blocks[start:]:
+            x = block(x)
+        return model.final_norm(x[:, -1])  # [b, t, d] -> [b, d]
+    finally:
+        _RECORDER.reset(token)

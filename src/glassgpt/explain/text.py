@@ -9,14 +9,12 @@ where each token looks most.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..formats.book import layout_note, model_notes
 from ..config import GPTConfig
 from .notation import clip, numel, rank, shape as _shape, token
 
-if TYPE_CHECKING:
-    from .trace import Stage, Trace
+# Annotations name "Trace" and "Stage" (trace.py) as strings: trace.py imports this module for
+# Trace.to_text, and nothing here imports trace.py back.
 
 RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
 BLUE, ORANGE, GREEN, RED = "\033[38;5;33m", "\033[38;5;208m", "\033[38;5;35m", "\033[38;5;160m"
@@ -117,7 +115,7 @@ def _head(tr: "Trace", lines: list[str], c) -> None:
     out(f"  h = final_norm's output at the last position [{tr.model['config']['emb_dim']}], |h| = {hd['h_norm']:.3f}; "
         f"W = out_head.weight {_shape(tr.stage('out_head').weight_shape)}, one row per {'class' if is_class else 'token'}")
     if not is_class:
-        out("  " + _tying_line(hd))
+        out("  " + hd["tying_note"])
     untied = "cos_emb_head" in (hd["rows"][0] if hd["rows"] else {})
     header = f"  {'rank':>4}  {'token' if not is_class else 'class':<18} {'id':>6}  {'logit':>9} = {'h · W[id]':>9}"
     header += (f" + {'bias':>7}" if hd["has_bias"] else "") + f"   {'|W[id]|':>7}  {'cos(h, W[id])':>13}"
@@ -136,15 +134,6 @@ def _head(tr: "Trace", lines: list[str], c) -> None:
     if hd.get("prompt_ranks"):
         ranks = " · ".join(f"{token(t['text'], 14)} {rank(t['rank'])}" for t in hd["prompt_ranks"][:8])
         out(f"  the prompt's own tokens rank: {ranks}")
-
-
-def _tying_line(hd: dict) -> str:
-    if hd["tied"]:
-        storage = "one storage" if hd["shares_storage"] else "NOT one storage"
-        return (f"tied: W is tok_emb.weight ({storage}), so W[id] is the very row that embedded id at the input: "
-                "the model predicts the token whose embedding its last vector most resembles (by dot product)")
-    return ("untied (the book's layout): W is its own tensor; tok_emb.weight[id] embedded id at the input, "
-            "out_head.weight[id] scores it at the output, and training sets the two apart")
 
 
 def _row(stage: "Stage", lines: list[str], c) -> None:
@@ -166,6 +155,9 @@ def _transition(stage: "Stage", lines: list[str], c) -> None:
     lines.append(c(tint, "╔" + label + "═" * (width - len(label))))
     body = (f"{stage.name}  {stage.module}  weight {_shape(stage.weight_shape)} = "
             f"{numel(stage.weight_shape):,} numbers")
+    bias = stage.params - numel(stage.weight_shape)
+    if bias > 0:  # a classifier's head has a bias: count it, as info does
+        body += f" + bias [{bias}] = {stage.params:,} parameters"
     lines.append(c(tint, "║ ") + c(BOLD, body))
     lines.append(c(tint, "║ ") + stage.note)
     if stage.shared_with:
@@ -190,13 +182,20 @@ def _block(name: str, tr: "Trace", lines: list[str], c) -> None:
 
 def _logit_lens(tr: "Trace", lines: list[str], c) -> None:
     lines.append("")
-    lines.append(c(BOLD, "logit lens: the top token at each position after each block "
-                         "(out_head(final_norm(residual)))"))
-    header = " ".join(f"{tok['text'][:10]!r:<13}" for tok in tr.tokens)
+    lines.append(c(BOLD, "logit lens: the top token at each position after each block, and its probability "
+                         "(softmax(out_head(final_norm(residual))))"))
+    header = " ".join(f"{tok['text'][:10]!r:<20}" for tok in tr.tokens)
     lines.append(f"  {'after':<14} {header}")
     for layer in tr.logit_lens["layers"]:
-        cells = " ".join(f"{cell['text'][:10]!r:<13}" for cell in layer["top"])
+        cells = " ".join(f"{_lens_cell(cell):<20}" for cell in layer["top"])
         lines.append(f"  trf_blocks.{layer['layer']:<3} {cells}")
+
+
+def _lens_cell(cell: dict) -> str:
+    """' know' 20.2%: two significant digits below 1%, as the page writes them."""
+    p = cell["prob"]
+    prob = f"{100 * p:.1f}%" if p >= 0.1 else f"{100 * p:.2f}%" if p >= 0.01 else f"{100 * p:.2g}%"
+    return f"{cell['text'][:10]!r} {prob}"
 
 
 def _attention(tr: "Trace", layer: int, heatmap: str | None, lines: list[str], c, max_tokens: int = 12) -> None:

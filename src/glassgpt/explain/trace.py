@@ -36,6 +36,7 @@ from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
 from .head import head_products
 from .record import Progress, Recorder, record
+from .text import render_text
 
 VOCAB_TO_HIDDEN = "vocab->hidden"
 HIDDEN_TO_VOCAB = "hidden->vocab"
@@ -105,8 +106,7 @@ class Trace:
         return {k: v for k, v in out.items() if v is not None}
 
     def to_text(self, color: bool = False, attention_layer: int | None = None, heatmap: str | None = None) -> str:
-        """text.render_text(self, ...): the terminal view (kept here for the README's notebooks)."""
-        from .text import render_text
+        """text.render_text(self, ...): the terminal view."""
         return render_text(self, color=color, attention_layer=attention_layer, heatmap=heatmap)
 
 
@@ -154,7 +154,7 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
                            prompt.ids, label),
         notes=[n for n in (adopted_from(model), prompt.note) if n])
     if opt.attention:
-        result.attention = {"shape": [cfg.n_layers, 1, cfg.n_heads, len(prompt.ids), len(prompt.ids)],
+        result.attention = {"shape": [cfg.n_layers, cfg.n_heads, len(prompt.ids), len(prompt.ids)],  # the data's own
                             "tokens": [tk["text"] for tk in result.tokens],
                             "layers": [_attention_of(rec.seen, i, cfg)[0].tolist() for i in range(cfg.n_layers)]}
     if opt.logit_lens:
@@ -180,11 +180,12 @@ def _kept_tensors(cfg: GPTConfig, opt: TraceOptions) -> frozenset[str]:
     """The taps whose tensors this trace keeps: the flow, the opened block, and the attention asked for."""
     b = opt.block
     keep = {"tok_emb", "pos_emb", "embeddings", "final_norm",
-            f"{b}.norm1", f"{b}.norm2", f"{b}.ff.layers.0", f"{b}.ff.layers.1", f"{b}.ff.layers.2"}
+            f"trf_blocks.{b}.norm1", f"trf_blocks.{b}.norm2", f"trf_blocks.{b}.ff.layers.0",
+            f"trf_blocks.{b}.ff.layers.1", f"trf_blocks.{b}.ff.layers.2"}
     for i in range(cfg.n_layers):
         keep.add(f"trf_blocks.{i}")
         if opt.attention or i == b:
-            keep.update((f"{i}.q", f"{i}.k", f"{i}.v", f"{i}.out_proj"))
+            keep.update(f"trf_blocks.{i}.att.{name}" for name in ("W_query", "W_key", "W_value", "out_proj"))
     return frozenset(keep)
 
 
@@ -279,7 +280,7 @@ def _block_stages(model: GPTModel, seen: dict, opt: TraceOptions) -> list[Stage]
 
 def _attention_of(seen: dict, i: int, cfg: GPTConfig) -> torch.Tensor:
     """Block i's attention weights from its tapped projections, by the model's own formula: [b, h, t, t]."""
-    q, k = seen[f"{i}.q"].float(), seen[f"{i}.k"].float()
+    q, k = seen[f"trf_blocks.{i}.att.W_query"].float(), seen[f"trf_blocks.{i}.att.W_key"].float()
     b, t, _ = q.shape
     q = q.view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
     k = k.view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2)
@@ -289,18 +290,17 @@ def _attention_of(seen: dict, i: int, cfg: GPTConfig) -> torch.Tensor:
 def _opened_block(blk: nn.Module, i: int, seen: dict, cfg: GPTConfig) -> list[Stage]:
     """The inside of one block, each stage from its tapped tensor."""
     p = f"trf_blocks.{i}"
-    q = seen[f"{i}.q"]
+    q = seen[f"{p}.att.W_query"]
     b, t, d = q.shape
     h, hd = cfg.n_heads, cfg.head_dim
     attn = _attention_of(seen, i, cfg)
-    context_in, out_proj_out = seen[f"{i}.out_proj"]
-    v = seen[f"{i}.v"].float().view(b, t, h, hd).transpose(1, 2)
+    context_in, out_proj_out = seen[f"{p}.att.out_proj"]
+    v = seen[f"{p}.att.W_value"].float().view(b, t, h, hd).transpose(1, 2)
     # The recomputed weights must reproduce what the model gave out_proj: a check, not a decoration.
     attn_error = float(((attn @ v).transpose(1, 2).reshape(b, t, d) - context_in.float()).abs().max())
-    x_in = seen[p][0]
-    inside = [_weight_stage(f"{p}.norm1", blk.norm1, seen[f"{i}.norm1"][1], parent=p)]
-    for name, key, what in (("W_query", "q", "queries"), ("W_key", "k", "keys"), ("W_value", "v", "values")):
-        inside.append(_weight_stage(f"{p}.att.{name}", getattr(blk.att, name), seen[f"{i}.{key}"], parent=p, note=what))
+    inside = [_weight_stage(f"{p}.norm1", blk.norm1, seen[f"{p}.norm1"][1], parent=p)]
+    for name, what in (("W_query", "queries"), ("W_key", "keys"), ("W_value", "values")):
+        inside.append(_weight_stage(f"{p}.att.{name}", getattr(blk.att, name), seen[f"{p}.att.{name}"], parent=p, note=what))
     inside += [
         Stage(f"{p}.att.heads", "view + transpose", [b, h, t, hd], _dtype(q), parent=p, input_shape=[b, t, d],
               note=f"q, k, v each split into {h} heads of {hd}"),
@@ -310,14 +310,15 @@ def _opened_block(blk: nn.Module, i: int, seen: dict, cfg: GPTConfig) -> list[St
         _tensor_stage(f"{p}.att.context", "attn_weights @ v, heads merged", context_in, parent=p,
                       input_shape=[b, h, t, hd], note="[b, h, t, hd] -> [b, t, d]"),
         _weight_stage(f"{p}.att.out_proj", blk.att.out_proj, out_proj_out, parent=p),
-        _tensor_stage(f"{p}.shortcut1", "x + att(norm1(x))", x_in, parent=p, note="residual connection"),
-        _weight_stage(f"{p}.norm2", blk.norm2, seen[f"{i}.norm2"][1], parent=p),
-        _weight_stage(f"{p}.ff.layers.0", blk.ff.layers[0], seen[f"{i}.ff.layers.0"][1], parent=p,
+        _tensor_stage(f"{p}.shortcut1", "x + att(norm1(x))", seen[f"{p}.norm2"][0], parent=p,
+                      note="residual connection (what norm2 reads)"),
+        _weight_stage(f"{p}.norm2", blk.norm2, seen[f"{p}.norm2"][1], parent=p),
+        _weight_stage(f"{p}.ff.layers.0", blk.ff.layers[0], seen[f"{p}.ff.layers.0"][1], parent=p,
                       note=f"expand to 4 x {d} = {4 * d}"),
-        _weight_stage(f"{p}.ff.layers.1", blk.ff.layers[1], seen[f"{i}.ff.layers.1"][1], parent=p),
-        _weight_stage(f"{p}.ff.layers.2", blk.ff.layers[2], seen[f"{i}.ff.layers.2"][1], parent=p,
+        _weight_stage(f"{p}.ff.layers.1", blk.ff.layers[1], seen[f"{p}.ff.layers.1"][1], parent=p),
+        _weight_stage(f"{p}.ff.layers.2", blk.ff.layers[2], seen[f"{p}.ff.layers.2"][1], parent=p,
                       note=f"project back to {d}"),
-        _tensor_stage(f"{p}.shortcut2", "x + ff(norm2(x))", x_in, parent=p,
+        _tensor_stage(f"{p}.shortcut2", "x + ff(norm2(x))", seen[p][1], parent=p,
                       note="residual connection; the block's output"),
     ]
     return inside

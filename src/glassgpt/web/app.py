@@ -8,6 +8,7 @@
                             ({"ids": [...]} instead of "prompt" traces token ids as they are)
     POST /api/append        {"ids": [...], "token": 2300} -> the trace of ids + [token]
     POST /api/diagram.svg   same body as /api/explain -> the trace drawn as SVG
+    POST /api/why           same body + "target": id -> which parts and prompt tokens made that token
     GET  /api/snapshots     served on a run directory: its evaluations, each with its snapshot
 
 The rules (which prompts, which limits, what a trace holds) are the service's; this module
@@ -55,7 +56,7 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .guards import LOOPBACK_HOSTS, BodyLimit, HostCheck
 from .guards import error_response as _error
-from .service import MAX_BODY_BYTES, AppendRequest, ExplainRequest, ExplainService
+from .service import MAX_BODY_BYTES, AppendRequest, ExplainRequest, ExplainService, WhyRequest
 
 # Each trace already uses every core for its matmuls; more at once would only share them out.
 MAX_CONCURRENT_TRACES = 4
@@ -115,6 +116,10 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
     @app.post("/api/append")
     async def append(req: AppendRequest, request: Request) -> Any:
         return await traced(request, service.append, req)
+
+    @app.post("/api/why")
+    async def why(req: WhyRequest, request: Request) -> Any:
+        return await run_watched(request, partial(service.why, req), limiter)
 
     @app.post("/api/diagram.svg")
     async def diagram(req: ExplainRequest, request: Request) -> Response:

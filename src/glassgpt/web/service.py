@@ -4,6 +4,7 @@
     service.explain(ExplainRequest(prompt="Every effort moves you"))   -> the trace as JSON
     service.append(AppendRequest(ids=[...], token=2300))               -> the trace of ids + [token]
     service.diagram(ExplainRequest(...))                              -> the trace drawn as SVG
+    service.why(WhyRequest(prompt=..., target=2300))                  -> why that token (explain/why.py)
     service.info(), service.snapshots()
 
 app.py wires these to routes and adds what only HTTP needs (streaming, cancelling when the
@@ -17,11 +18,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..errors import GlassError
 from ..explain import About, Progress, TraceOptions, trace
 from ..explain.diagram import to_svg
+from ..explain.options import WHY_OPTIONS, api_fields, controls
+from ..explain.why import why
 from ..explain.trace import model_facts
 from ..formats import CHECKPOINT_SUBDIRS
 from ..model import GPTModel
@@ -35,7 +38,7 @@ MAX_TOP_K = 100
 MAX_ATTENTION_WEIGHTS = 1_000_000
 
 
-class ExplainRequest(BaseModel):
+class TraceRequest(BaseModel):
     """What the page asks for. Give `prompt` (text) or `ids` (token ids), not both."""
 
     model_config = ConfigDict(extra="forbid")
@@ -50,8 +53,16 @@ class ExplainRequest(BaseModel):
     embedding_check: bool = False
 
 
+# The attribution's fields (why, versus, patch) come from their one declaration in explain/options.py.
+ExplainRequest = create_model("ExplainRequest", __base__=TraceRequest, **api_fields(WHY_OPTIONS))
+
+
 class AppendRequest(ExplainRequest):
     token: int = Field(ge=0)
+
+
+class WhyRequest(ExplainRequest):
+    target: int | None = Field(None, ge=0)  # the candidate to explain (default: the top one)
 
 
 def public_name(spec: str) -> str:
@@ -92,7 +103,7 @@ class ExplainService:
                        "tied": model.tied},
             "limits": {"max_prompt_tokens": self.limit, "max_top_k": MAX_TOP_K, "max_body_bytes": self.max_body_bytes,
                        "max_attention_weights": MAX_ATTENTION_WEIGHTS},
-            "run": self.run_dir is not None,
+            "run": self.run_dir is not None, "controls": controls(WHY_OPTIONS),
         }
 
     def explain(self, req: ExplainRequest, cancel: threading.Event | None = None,
@@ -116,6 +127,20 @@ class ExplainService:
                    progress=progress)
         tr.notes = [prompt.note] if prompt.note else tr.notes
         return to_svg(tr)
+
+    def why(self, req: WhyRequest, cancel: threading.Event | None = None,
+            progress: Progress | None = None) -> dict[str, Any]:
+        """POST /api/why: which parts and prompt tokens made `target` (default: the top token)."""
+        prompt = self._fit(self._ids(req))
+        return self._why(req, prompt.ids, cancel)
+
+    def _why(self, req: ExplainRequest, ids: list[int], cancel) -> dict[str, Any]:
+        versus = req.versus or None
+        if versus is not None and versus.lstrip("-").isdigit() and self.is_classifier:
+            versus = int(versus)
+        result = why(self.model, self.tokenizer, ids=ids, versus=versus, patch=req.patch or None,
+                     target=getattr(req, "target", None), labels=self.about.labels, top_k=req.top_k, cancel=cancel)
+        return result.to_dict()
 
     def snapshots(self) -> dict[str, Any]:
         """GET /api/snapshots: each evaluation of the run the model came from, with its snapshot."""
@@ -151,6 +176,8 @@ class ExplainService:
                     progress=progress).to_dict()
         if prompt.note:
             out["notes"] = [prompt.note]
+        if req.why:
+            out["why"] = self._why(req, prompt.ids, cancel)
         if with_attention:
             out["attention"]["layers"] = _rounded(out["attention"]["layers"])
         elif req.attention:

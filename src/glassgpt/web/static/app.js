@@ -15,7 +15,22 @@ const state = {
   snapshots: null, // GET /api/snapshots, on a server started on a run directory
   inflight: null,  // AbortController of the request in flight
   busy: false,
+  why: null,       // the last attribution (POST /api/why, or the trace's `why`)
+  source: null,    // the prompt position whose share the why grid shows, or null for the heads' own terms
+  rng: seeded(123), // sampling draws from a seeded generator, so a page reloaded with the same clicks draws the same tokens
 };
+
+// mulberry32: a small seeded generator of uniform numbers in [0, 1).
+function seeded(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
 
 // --- formatting -----------------------------------------------------------------
 
@@ -123,6 +138,7 @@ function requestBody(extra = {}) {
     attention: true,
     logit_lens: true,
     embedding_check: $("embedding-check").checked,
+    ...whyOptions(),
     ...extra,
   };
   if (!("ids" in body) && !("prompt" in body)) Object.assign(body, promptPart());
@@ -154,6 +170,8 @@ async function explain(extra = {}, path = "/api/explain") {
     state.chosen = result.data.next_token.id;
     $("prompt").value = result.data.prompt;
     $("status").textContent = `traced ${fmt(state.ids.length)} token${state.ids.length === 1 ? "" : "s"} in ${Math.round(result.ms)} ms`;
+    state.why = result.data.why || null;
+    state.source = null;
     render();
   } else {
     $("status").textContent = "";  // the error box says what went wrong
@@ -421,7 +439,7 @@ function renderNext(tr) {
 function sampleTopK(tr) {
   const top = tr.next_token.top;
   const total = top.reduce((a, t) => a + t.prob, 0);
-  let r = Math.random() * total;
+  let r = state.rng() * total;
   for (const t of top) { r -= t.prob; if (r <= 0) return t.id; }
   return top[top.length - 1].id;
 }
@@ -450,12 +468,7 @@ function renderHead(tr) {
   $("head").replaceChildren(el("table", {}, el("thead", {}, el("tr", {}, ...cols.map((c) => el("th", { text: c })))),
     el("tbody", {}, rows)));
   const notes = [`Checked: every logit equals out_head's output (max |diff| ${hd.max_abs_diff.toExponential(1)}).`];
-  if (!isClass) {
-    notes.push(hd.tied
-      ? "Tied: W is tok_emb.weight, so W[id] is the very row that embedded id at the input; the model predicts " +
-        "the token whose embedding its last vector most resembles."
-      : "Untied (the book's layout): W is out_head's own tensor; tok_emb.weight[id] is another row.");
-  }
+  notes.push(hd.tying_note.charAt(0).toUpperCase() + hd.tying_note.slice(1) + ".");  // the server's one sentence
   notes.push("Nearest to h by cosine: " + hd.nearest.map((t) => `${JSON.stringify(t.text)} ${t.cos.toFixed(3)} ` +
     `(logit rank ${fmt(t.logit_rank)})`).join(", ") + ". Another order than the logits': a longer row wins the " +
     "logits with a smaller cosine.");
@@ -623,10 +636,118 @@ function renderLens(tr) {
       const alpha = Math.min(1, 0.08 + 0.92 * Math.sqrt(p.prob));
       return el("td", {
         class: i === layer.top.length - 1 ? "last" : "", title: `id ${p.id}: ${pct(p.prob)}`,
-        style: { background: `rgba(217, 99, 30, ${alpha.toFixed(3)})`, color: alpha > 0.55 ? "#fff" : "#1f2937" },
+        // Opaque (orange blended into white): the sticky last column must hide what scrolls under it.
+        style: { background: `rgb(${[217, 99, 30].map((c) => Math.round(255 + (c - 255) * alpha)).join(",")})`,
+          color: alpha > 0.55 ? "#fff" : "#1f2937" },
       }, tokenNode(label(p)), el("span", { class: "lens-p", text: pct(p.prob) }));
     })));
   $("lens").replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, rows)));
+}
+
+// --- why this token ---------------------------------------------------------------------
+// The controls come from the server's list (GET /api/model's `controls`), the one declaration
+// that also makes the CLI's --why, --versus and --patch and the API's fields.
+
+function renderControls(list) {
+  $("why-controls").replaceChildren(...list.map((c) => c.control === "checkbox"
+    ? el("label", { class: "control check", title: c.help },
+      el("input", { type: "checkbox", id: `opt-${c.name}`, "data-option": c.name, checked: Boolean(c.default) }),
+      c.name === "why" ? "explain why with every trace" : c.name)
+    : el("label", { class: "control", title: c.help }, c.name,
+      el("input", { type: "text", id: `opt-${c.name}`, "data-option": c.name, placeholder: c.placeholder || "",
+        value: c.default || "", spellcheck: "false" }))));
+}
+
+function whyOptions() {
+  const out = {};
+  for (const input of document.querySelectorAll("[data-option]")) {
+    out[input.dataset.option] = input.type === "checkbox" ? input.checked : (input.value.trim() ? input.value : null);
+  }
+  return out;
+}
+
+async function whyFor(target) {
+  $("why-headline").textContent = "attributing…";
+  const result = await api("/api/why", requestBody({ ids: state.ids, target }));
+  if (!result) { $("why-headline").textContent = ""; return; }
+  state.why = result.data;
+  state.source = null;
+  renderWhy();
+}
+
+function whyColor(v, most) {
+  const t = most > 0 ? Math.min(1, Math.abs(v) / most) : 0;
+  const end = v >= 0 ? [31, 111, 209] : [185, 28, 28];
+  return `rgb(${end.map((e) => Math.round(255 + (e - 255) * t)).join(",")})`;
+}
+
+function renderWhy() {
+  const tr = state.trace, w = state.why;
+  if (!tr) return;
+  const chosen = w ? w.target.id : null;
+  $("why-candidates").replaceChildren(el("span", { class: "muted", text: "candidates: " }), ...tr.next_token.top.map((t) =>
+    el("button", { type: "button", class: "chip why-candidate" + (t.id === chosen ? " chosen" : ""), "data-id": t.id,
+      "data-focus": `why-${t.id}`, title: `${pct(t.prob)}: click to see what made it`,
+      onclick: () => whyFor(t.id) }, tokenNode(t.text))));
+  if (!w) {
+    $("why-headline").textContent = "click a candidate to see which blocks, heads and prompt tokens made it";
+    for (const id of ["why-grid", "why-sources", "why-patch"]) $(id).replaceChildren();
+    $("why-source").textContent = "";
+    return;
+  }
+  const metric = w.versus ? `logit[${JSON.stringify(w.target.text)}] − logit[${JSON.stringify(w.versus.text)}]`
+    : `logit[${JSON.stringify(w.target.text)}]`;
+  $("why-headline").textContent = `${metric} = ${w.metric.toFixed(3)}: the largest parts are ` +
+    [...w.parts].sort((a, b) => Math.abs(b.value) - Math.abs(a.value)).slice(0, 3)
+      .map((p) => `${p.name} ${p.value >= 0 ? "+" : ""}${p.value.toFixed(3)}`).join(", ");
+  renderWhyGrid(w);
+  renderWhySources(w);
+  renderWhyPatch(w.patch);
+}
+
+function renderWhyGrid(w) {
+  const src = state.source;
+  const value = (i, h) => (src === null ? w.heads[i][h] : w.by_source[i][h][src]);
+  const nHeads = w.heads[0].length;
+  const cells = w.heads.flatMap((row, i) => row.map((_, h) => value(i, h)));
+  const most = Math.max(...cells.map(Math.abs), ...(src === null ? w.ff.map(Math.abs) : [0]));
+  const grid = $("why-grid");
+  grid.style.setProperty("--why-cols", nHeads + 1);
+  const header = [el("span", { class: "why-label" }), ...Array.from({ length: nHeads }, (_, h) => el("span", { class: "why-col", text: `h${h}` })),
+    el("span", { class: "why-col", text: "ff" })];
+  const rows = w.heads.flatMap((row, i) => [el("span", { class: "why-label", text: `block ${i}` }),
+    ...row.map((_, h) => el("span", { class: "why-cell", "data-cell": `${i}.${h}`, title: `trf_blocks.${i}.att.head.${h}: ${value(i, h).toFixed(4)}`,
+      style: { background: whyColor(value(i, h), most) } })),
+    el("span", { class: "why-cell ff", title: src === null ? `trf_blocks.${i}.ff: ${w.ff[i].toFixed(4)}` : "a feed-forward reads no other position",
+      style: { background: src === null ? whyColor(w.ff[i], most) : "#f3f4f6" } })]);
+  grid.replaceChildren(...header, ...rows);
+}
+
+function renderWhySources(w) {
+  const most = Math.max(...w.sources.map((s) => Math.abs(s.direct)));
+  $("why-sources").replaceChildren(el("span", { class: "muted", text: "prompt: " }), ...w.sources.map((s) =>
+    el("button", { type: "button", class: "chip why-source-token" + (s.position === state.source ? " chosen" : ""),
+      "data-position": s.position, "data-focus": `src-${s.position}`, style: { background: whyColor(s.direct, most) },
+      title: `position ${s.position}: click to see what it did`,
+      onclick: keepingFocus(() => { state.source = state.source === s.position ? null : s.position; renderWhy(); }) },
+    tokenNode(s.text))));
+  const s = state.source === null ? null : w.sources[state.source];
+  $("why-source").textContent = s === null
+    ? "The grid shows each head's term and each feed-forward's. Click a prompt token to split the heads' terms over it."
+    : `${JSON.stringify(s.text)} at position ${s.position}: direct share (through attention, all heads) ` +
+      `${s.direct >= 0 ? "+" : ""}${s.direct.toFixed(4)}; causal: ` + (s.causal.prob_change === null ? s.causal.how
+        : `${s.causal.how}, the probability changes by ${(100 * s.causal.prob_change).toFixed(2)} points and the logit by ` +
+          `${s.causal.logit_change.toFixed(3)}`) + ". The grid now shows what each head carried from this token.";
+}
+
+function renderWhyPatch(patch) {
+  if (!patch) { $("why-patch").replaceChildren(); return; }
+  const head = el("tr", {}, el("th", { text: "patched" }), ...patch.positions.map((t) => el("th", {}, tokenNode(t))));
+  const rows = patch.blocks.map((name, i) => el("tr", {}, el("th", { class: "layer", text: name }),
+    ...patch.grid[i].map((v) => el("td", { class: "num", style: { background: whyColor(v, 1) }, text: v.toFixed(2) }))));
+  $("why-patch").replaceChildren(el("p", { class: "caption", text: `Activation patching from ${JSON.stringify(patch.corrupted)}: ` +
+    `the fraction of logit[${JSON.stringify(patch.clean_top.text)}] − logit[${JSON.stringify(patch.versus.text)}] restored by the clean input of each block at each position.` }),
+  el("table", { class: "why-patch" }, el("thead", {}, head), el("tbody", {}, rows)));
 }
 
 // --- parameters -----------------------------------------------------------------------
@@ -634,7 +755,8 @@ function renderLens(tr) {
 function renderParams(tr) {
   const p = tr.params;
   const rows = (tr.modules || []).map((m) => el("tr", {},
-    el("td", { class: "mono", text: m.name }), el("td", { class: "mono", text: m.shape }),
+    el("td", { class: "mono" }, ...m.name.split(".").flatMap((part, i) => (i ? [el("wbr"), "." + part] : [part]))),
+    el("td", { class: "mono", text: m.shape }),
     el("td", { class: "num", text: fmt(m.params) }), el("td", { text: m.note })));
   $("params").replaceChildren(
     el("p", {}, el("strong", { text: `${fmt(p.total)} parameters` }),
@@ -658,6 +780,7 @@ function render() {
   renderAttention(tr);
   renderLens(tr);
   renderParams(tr);
+  renderWhy();
   updateButtons();
 }
 
@@ -705,6 +828,7 @@ async function start() {
   if (!info) return;
   state.model = info.data;
   renderModel(state.model);
+  renderControls(state.model.controls || []);
   if (state.model.run) {
     const snaps = await api("/api/snapshots");
     if (snaps) renderSnapshots(snaps.data);

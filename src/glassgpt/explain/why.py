@@ -1,0 +1,339 @@
+"""Why this token: which parts of the model, and which prompt tokens, made the chosen logit.
+
+    why(model, tokenizer, "Every effort moves you") -> Why
+
+The last position's final vector is final_norm(x), and x is the sum of what every part wrote
+into the residual stream: tok_emb, pos_emb, and in each block its attention (one term per
+head, each head's slice of out_proj, plus out_proj's bias) and its feed-forward. With
+final_norm's scale frozen at that position (its 1 / sqrt(var + eps), as TransformerLens's
+`apply_ln_to_stack` freezes it), each logit is an exact sum: one term per part, plus
+final_norm's shift and out_head's bias. `parts` lists those terms for logit[target], or for
+logit[target] - logit[versus].
+
+Which prompt tokens, two answers, each what it says:
+- direct: a head's output at the last position is sum_src attn[src] * (v[src] @ W_O[head]),
+  so its term splits exactly over the source tokens (attention weights alone are not this:
+  they leave out what each value vector carries and where W_O sends it);
+- causal: the prompt with each token removed, run again: the change in the target's
+  probability and logit.
+
+Activation patching (`patch`, a corrupted prompt of the same length): the clean residual
+stream at each (block input, position) copied into the corrupted run, and each head's output
+(all positions) likewise; the value is the fraction of the clean logit difference restored.
+Everything is computed from one recording of each run (record.py, under the stage names);
+the patched runs start from the corrupted run's recorded block inputs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..adopt import adopt
+from ..device import evaluating
+from ..errors import PromptError
+from ..model import GPTModel, attention_weights
+from ..prompt import check_ids, encode, fit_prompt, keep_for
+from ..tokenizer import Tokenizer
+from .record import Recorder, record, run_from
+from .why_view import why_html, why_text
+
+ATTENTION_IS_NOT = ("attention weights alone are neither answer: `direct` weighs each source by what its value "
+                    "vector, through W_O and final_norm, adds to the logit; `causal` removes it and runs again")
+
+
+@dataclass
+class Why:
+    """One attribution, as plain data; `to_dict()` is the JSON's `why`."""
+
+    prompt: str
+    tokens: list[dict[str, Any]]
+    kind: str                                   # "token" or "class"
+    target: dict[str, Any]                      # {"id", "text", "logit"}
+    versus: dict[str, Any] | None
+    parts: list[dict[str, Any]]                 # [{"name", "value"}], summing to the metric
+    heads: list[list[float]]                    # [n_layers][n_heads]: each head's term
+    ff: list[float]                             # [n_layers]: each feed-forward's term
+    by_source: list[list[list[float]]]          # [n_layers][n_heads][t]: each head's term split over sources
+    sources: list[dict[str, Any]]
+    metric: float                               # the true logit, or the true logit difference
+    candidates: list[dict[str, Any]] = field(default_factory=list)  # the top tokens, to ask about another
+    contrast: dict[str, Any] | None = None      # without versus: {"versus", "parts"} of logit[target] - logit[runner-up]
+    patch: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in ("prompt", "tokens", "kind", "target", "versus", "metric", "parts",
+                                             "sources", "heads", "ff", "by_source", "candidates", "contrast",
+                                             "notes")}
+        if self.patch is not None:
+            out["patch"] = self.patch
+        return out
+
+    def to_text(self, color: bool = False, top: int = 12) -> str:
+        return why_text(self, color=color, top=top)
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the picture (SVG) and the key lines."""
+        return why_html(self)
+
+
+@torch.inference_mode()
+def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: str | int | None = None,
+        patch: str | None = None, *, ids: list[int] | None = None, target: int | None = None,
+        labels: list[str] | None = None, top_k: int = 10, cancel: threading.Event | None = None) -> Why:
+    """Attribute the top next token's logit (or `target`'s, an id) to the model's parts and the prompt's tokens.
+
+    versus: a token (text, or an id) to explain logit[target] - logit[versus] instead; a
+    classifier is always explained against a second class (the runner-up by default).
+    patch: a corrupted prompt with as many tokens, for the activation-patching grids.
+    """
+    cfg = adopt(model).cfg
+    ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)
+    prompt = fit_prompt(ids, cfg.context_length, keep_for(cfg.num_classes))
+    model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once
+    label = _labeller(model, tokenizer, labels)
+    with evaluating(model):
+        seen, logits = record_run(model, prompt.ids, cancel)
+        last = logits[0, -1].float()  # [V]
+        a = int(last.argmax()) if target is None else _check_id(target, cfg.out_dim, "target")
+        b = _versus(model, tokenizer, versus, labels, last, a)
+        result = attribute(model, seen, prompt.ids, a, b)
+        contrast = None
+        if b is None and cfg.out_dim > 1:  # why A and not the runner-up: the same sum for the difference
+            r = _runner_up(last, a)
+            contrast = {"versus": {"id": r, "text": label(r), "logit": float(last[r])},
+                        "parts": attribute(model, seen, prompt.ids, a, r)["parts"]}
+        sources = _sources(prompt.ids, result["by_source"], remove_each(model, prompt.ids, last, a), tokenizer)
+        patched = None if patch is None else patch_grid(model, tokenizer, seen, prompt.ids, last, patch,
+                                                       b if versus is not None else None, label, cancel)
+    top = last.softmax(-1).topk(min(top_k, cfg.out_dim))
+    return Why(
+        prompt=tokenizer.decode(prompt.ids), tokens=[{"id": i, "text": tokenizer.decode([i])} for i in prompt.ids],
+        kind="class" if cfg.num_classes is not None else "token",
+        target={"id": a, "text": label(a), "logit": float(last[a])},
+        versus=None if b is None else {"id": b, "text": label(b), "logit": float(last[b])},
+        parts=result["parts"], heads=result["heads"], ff=result["ff"], by_source=result["by_source"],
+        sources=sources, metric=float(last[a] - (last[b] if b is not None else 0.0)),
+        candidates=[{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)],
+        contrast=contrast, patch=patched, notes=([prompt.note] if prompt.note else []) + [ATTENTION_IS_NOT])
+
+
+def _labeller(model: GPTModel, tokenizer: Tokenizer, labels: list[str] | None):
+    if model.cfg.num_classes is None:
+        return lambda i: tokenizer.decode([i])
+    return lambda i: labels[i] if labels and i < len(labels) else f"class {i}"
+
+
+def _check_id(i: int, n: int, what: str) -> int:
+    if not 0 <= int(i) < n:
+        raise PromptError(f"{what} id {i} does not exist: choose 0..{n - 1:,}")
+    return int(i)
+
+
+def _runner_up(last: torch.Tensor, a: int) -> int:
+    """The highest-scoring id other than a."""
+    others = last.clone()
+    others[a] = -torch.inf
+    return int(others.argmax())
+
+
+def _versus(model: GPTModel, tokenizer: Tokenizer, versus: str | int | None, labels: list[str] | None,
+            last: torch.Tensor, a: int) -> int | None:
+    """The id of B in logit[A] - logit[B]: as given, or for a classifier the runner-up class."""
+    cfg = model.cfg
+    if versus is None:
+        if cfg.num_classes is None:
+            return None
+        return _runner_up(last, a)
+    if isinstance(versus, int):
+        return _check_id(versus, cfg.out_dim, "--versus")
+    if cfg.num_classes is not None:
+        names = labels or [f"class {i}" for i in range(cfg.num_classes)]
+        if versus in names:
+            return names.index(versus)
+        if versus.isdigit():
+            return _check_id(int(versus), cfg.out_dim, "--versus")
+        raise PromptError(f"--versus {versus!r} is not a class of this classifier: choose one of {names}")
+    pieces = tokenizer.encode(versus)
+    if len(pieces) != 1:
+        split = " + ".join(repr(tokenizer.decode([i])) for i in pieces) or "no tokens"
+        raise PromptError(f"--versus {versus!r} is {len(pieces)} tokens ({split}), not one: give a single token, "
+                          "e.g. with its leading space (' know')")
+    return pieces[0]
+
+
+def record_run(model: GPTModel, ids: list[int], cancel: threading.Event | None) -> tuple[dict, torch.Tensor]:
+    """One forward pass, keeping what every analysis here reads, under the stage names."""
+    keep = {"tok_emb", "pos_emb"}
+    for i in range(model.cfg.n_layers):
+        p = f"trf_blocks.{i}"
+        keep.update((p, f"{p}.att.W_query", f"{p}.att.W_key", f"{p}.att.W_value", f"{p}.att.out_proj",
+                     f"{p}.ff.layers.2"))
+    rec = Recorder(frozenset(keep), model.cfg.n_layers, cancel)
+    batch = torch.tensor([ids], device=model.tok_emb.weight.device)  # [b=1, t]
+    logits = record(model, batch, rec, last_only=True)  # [1, 1, V]: only the last position is explained
+    return rec.seen, logits
+
+
+def direction(model: GPTModel, x_last: torch.Tensor, a: int, b: int | None) -> tuple[torch.Tensor, float, float]:
+    """(c, shift term, bias term) with logit[a] - logit[b] = part . c summed over the parts, + the two terms.
+
+    final_norm(x) = scale * (x - mean x) / sigma + shift with sigma frozen at x_last, so a part p
+    adds scale * (p - mean p) / sigma . w, with w = W[a] - W[b]: that is p . c for the centred c
+    below (centering is a projection, so it can move from p onto the direction).
+    """
+    head, norm = model.out_head, model.final_norm
+    w = head.weight[a].double() - (head.weight[b].double() if b is not None else 0)  # [d]: two rows, not all of W
+    x = x_last.double()
+    sigma = torch.sqrt(x.var(unbiased=False) + norm.eps)
+    g = norm.scale.double() * w
+    c = (g - g.mean()) / sigma  # [d]
+    shift = float(norm.shift.double() @ w)
+    bias = 0.0
+    if head.bias is not None:
+        bias = float(head.bias[a].double() - (head.bias[b].double() if b is not None else 0))
+    return c, shift, bias
+
+
+def attribute(model: GPTModel, seen: dict, ids: list[int], a: int, b: int | None) -> dict[str, Any]:
+    """The parts of logit[a] (- logit[b]) at the last position, each head split over the source tokens."""
+    cfg = model.cfg
+    h, hd = cfg.n_heads, cfg.head_dim
+    x_last = seen[f"trf_blocks.{cfg.n_layers - 1}"][1][0, -1]  # final_norm's input there, [d]
+    c, shift, bias = direction(model, x_last, a, b)
+    parts = [{"name": "tok_emb", "value": float(seen["tok_emb"][0, -1].double() @ c)},
+             {"name": "pos_emb", "value": float(seen["pos_emb"][-1].double() @ c)}]
+    heads, ff, by_source = [], [], []
+    for i, blk in enumerate(model.trf_blocks):
+        p = f"trf_blocks.{i}"
+        wc = blk.att.out_proj.weight.double().T @ c  # [d]: what each context unit adds, through W_O
+        attn = _last_row_attention(seen, p, h)  # [h, t]
+        v = _split(seen[f"{p}.att.W_value"], h)[0].double()  # [h, t, hd]
+        per_source = attn.unsqueeze(-1) * (v * wc.view(h, 1, hd))  # [h, t, hd]
+        shares = per_source.sum(-1)  # [h, t]
+        context = seen[f"{p}.att.out_proj"][0][0, -1].double().view(h, hd)  # the model's own context, [h, hd]
+        head_terms = (context * wc.view(h, hd)).sum(-1)  # [h]
+        ff_term = float(seen[f"{p}.ff.layers.2"][1][0, -1].double() @ c)
+        parts += [{"name": f"{p}.att.head.{j}", "value": float(head_terms[j])} for j in range(h)]
+        parts.append({"name": f"{p}.att.bias", "value": float(blk.att.out_proj.bias.double() @ c)})
+        parts.append({"name": f"{p}.ff", "value": ff_term})
+        heads.append([float(x) for x in head_terms])
+        ff.append(ff_term)
+        by_source.append(shares.tolist())
+    parts.append({"name": "final_norm.shift", "value": shift})
+    if model.out_head.bias is not None:
+        parts.append({"name": "out_head.bias", "value": bias})
+    return {"parts": parts, "heads": heads, "ff": ff, "by_source": by_source}
+
+
+def _split(x: torch.Tensor, h: int) -> torch.Tensor:
+    b, t, d = x.shape
+    return x.view(b, t, h, d // h).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
+
+
+def _last_row_attention(seen: dict, p: str, h: int) -> torch.Tensor:
+    """The last query's attention weights over the sources, by the model's own formula: [h, t]."""
+    q = _split(seen[f"{p}.att.W_query"][:, -1:], h).float()  # [1, h, 1, hd]
+    k = _split(seen[f"{p}.att.W_key"], h).float()  # [1, h, t, hd]
+    return attention_weights(q, k)[0, :, 0].double()  # the last query sees every source
+
+
+def remove_each(model: GPTModel, ids: list[int], last: torch.Tensor, a: int) -> list[dict[str, Any]] | str:
+    """The prompt run once more with each token removed: the change in the target's probability and logit."""
+    t = len(ids)
+    if t == 1:
+        return "the prompt is one token: there is nothing to remove"
+    batch = torch.tensor([ids[:j] + ids[j + 1:] for j in range(t)], device=model.tok_emb.weight.device)  # [t, t-1]
+    removed = model(batch, last_only=True)[:, -1].float()  # [t, V]
+    prob = last.softmax(-1)[a]
+    return [{"how": "removed", "prob_change": float(removed[j].softmax(-1)[a] - prob),
+             "logit_change": float(removed[j, a] - last[a])} for j in range(t)]
+
+
+def _sources(ids: list[int], by_source: list, causal: list | str, tokenizer: Tokenizer) -> list[dict[str, Any]]:
+    direct = torch.tensor(by_source, dtype=torch.float64).sum(dim=(0, 1))  # [n_layers, h, t] -> [t]
+    return [{"position": j, "id": i, "text": tokenizer.decode([i]), "direct": float(direct[j]),
+             "causal": causal[j] if isinstance(causal, list) else {"how": causal, "prob_change": None,
+                                                                    "logit_change": None}}
+            for j, i in enumerate(ids)]
+
+
+def patch_grid(model: GPTModel, tokenizer: Tokenizer, clean: dict, ids: list[int], last: torch.Tensor,
+              corrupted_text: str, versus: int | None, label, cancel) -> dict[str, Any]:
+    """The clean run's block inputs (and heads' outputs) copied one at a time into the corrupted run.
+
+    m = logit[A] - logit[B], A the clean top token, B the corrupted run's top (or `versus`); each
+    value is (m_patched - m_corrupted) / (m_clean - m_corrupted). Row b patches block b's input,
+    the last row final_norm's input. The patched runs start from the corrupted run's recorded input
+    of the patched block, so only the blocks from there on run again, and read only out_head's rows A and B.
+    """
+    cfg = model.cfg
+    bad = encode(tokenizer, corrupted_text)
+    if len(bad) != len(ids):
+        show = lambda xs: " ".join(repr(tokenizer.decode([i])) for i in xs)  # noqa: E731
+        raise PromptError(f"--patch needs as many tokens as the prompt: the prompt is {len(ids)} ({show(ids)}), "
+                          f"the corrupted prompt {len(bad)} ({show(bad)})")
+    corrupt, bad_logits = record_run(model, bad, cancel)
+    bad_last = bad_logits[0, -1].float()
+    a = int(last.argmax())
+    b = int(bad_last.argmax()) if versus is None else versus
+    if a == b:
+        raise PromptError(f"both prompts' top token is {label(a)!r}, so logit[A] - logit[B] is 0 on both: "
+                          "pass --versus TOKEN to measure against another token")
+    m_clean, m_bad = float(last[a] - last[b]), float(bad_last[a] - bad_last[b])
+    if abs(m_clean - m_bad) < 1e-6:
+        raise PromptError(f"the clean and the corrupted prompt give the same logit difference ({m_clean:.4g}): "
+                          "nothing for patching to restore; choose a corrupted prompt that changes the answer")
+    head = model.out_head
+    w = (head.weight[a] - head.weight[b]).double()  # only logit[A] - logit[B] is read: two rows of out_head
+    shift = 0.0 if head.bias is None else float(head.bias[a].double() - head.bias[b].double())
+    restored = lambda h: ((h.double() @ w + shift) - m_bad) / (m_clean - m_bad)  # noqa: E731
+    # Before the first token the prompts differ in, both runs hold the same numbers: copying changes nothing.
+    first = next(j for j, (x, y) in enumerate(zip(ids, bad)) if x != y)
+    grid = [[0.0] * first + restored(_patched_resid(model, clean, corrupt, i, first, cancel)).tolist()
+            for i in range(cfg.n_layers + 1)]
+    heads = [restored(_patched_heads(model, clean, corrupt, i, cancel)).tolist() for i in range(cfg.n_layers)]
+    return {"corrupted": tokenizer.decode(bad), "clean_top": {"id": a, "text": label(a)},
+            "versus": {"id": b, "text": label(b)}, "m_clean": m_clean, "m_corrupted": m_bad,
+            "blocks": [f"trf_blocks.{i}" for i in range(cfg.n_layers)] + ["final_norm"],
+            "positions": [tokenizer.decode([i]) for i in ids], "grid": grid,
+            "heads": {"blocks": [f"trf_blocks.{i}" for i in range(cfg.n_layers)], "grid": heads}}
+
+
+def _block_input(seen: dict, i: int, n_layers: int) -> torch.Tensor:
+    """The recorded input of block i, or for i = n_layers the input of final_norm: [1, t, d]."""
+    return seen[f"trf_blocks.{i}"][0] if i < n_layers else seen[f"trf_blocks.{n_layers - 1}"][1]
+
+
+def _patched_resid(model: GPTModel, clean: dict, corrupt: dict, i: int, first: int, cancel) -> torch.Tensor:
+    """final_norm's output at the last position, [t - first, d]: run j with the clean input of block i at
+    position first + j, the rest corrupted."""
+    n = model.cfg.n_layers
+    bad = _block_input(corrupt, i, n)  # [1, t, d]
+    x = bad.repeat(bad.shape[1] - first, 1, 1)  # [t - first, t, d]: one run per patched position
+    j = torch.arange(x.shape[0])
+    x[j, j + first] = _block_input(clean, i, n)[0, first:]
+    return run_from(model, x, i, Recorder(frozenset(), 0, cancel))  # a recorder only to be cancellable
+
+
+def _patched_heads(model: GPTModel, clean: dict, corrupt: dict, i: int, cancel) -> torch.Tensor:
+    """final_norm's output at the last position, [h, d]: run j with head j's clean output (its context slice,
+    all positions) in block i."""
+    h, hd = model.cfg.n_heads, model.cfg.head_dim
+    name = f"trf_blocks.{i}.att.out_proj"
+    clean_context = clean[name][0]  # [1, t, d]
+    W_O = model.trf_blocks[i].att.out_proj.weight  # [d, d]
+
+    def edit(context: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        delta = torch.zeros_like(context)  # [h, t, d]
+        for j in range(h):
+            s = slice(j * hd, (j + 1) * hd)
+            delta[j, :, s] = clean_context[0, :, s] - context[j, :, s]
+        return out + delta @ W_O.T  # out_proj is linear: patching its input adds delta @ W_O.T
+
+    x = _block_input(corrupt, i, model.cfg.n_layers).repeat(h, 1, 1)  # [h, t, d]
+    return run_from(model, x, i, Recorder(frozenset(), 0, cancel, edits={name: edit}))
