@@ -56,6 +56,21 @@ def test_parts_sum_to_the_true_logit_on_every_model_kind(kind, tok):
         assert total == pytest.approx(float(logits[a]), abs=EXACT)
 
 
+@pytest.mark.parametrize("kind", ["book", "nanogpt", "hf"])
+def test_parts_sum_to_the_modules_own_logit_on_a_readers_module(kind, tok):
+    """why() on the reader's own module, taken through adopt: the parts sum to *its* logit."""
+    from readers import NanoGPT, book_model
+    module = {"book": book_model, "nanogpt": lambda: randomize_(NanoGPT(), 0, 0.3),
+              "hf": lambda: make_hf_model(seed=0, vocab_size=50257)}[kind]().eval()
+    ids = tok.encode(PROMPT)
+    with torch.no_grad():
+        out = module(torch.tensor([ids]))
+    logits = getattr(out, "logits", out[0] if isinstance(out, tuple) else out)[0, -1]
+    w = why(module, tok, ids=ids)
+    assert w.target["id"] == int(logits.argmax())
+    assert sum(p["value"] for p in w.parts) == pytest.approx(float(logits[w.target["id"]]), abs=EXACT)
+
+
 @pytest.mark.parametrize("kind", ["openai", "book"])
 def test_why_a_and_not_b_sums_to_the_logit_difference(kind, tok):
     model = small(kind, seed=1)
