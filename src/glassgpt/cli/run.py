@@ -4,9 +4,10 @@
       -> the run directory claimed once: checked, locked, recovered (training.rundir)
       -> on --resume: the checkpoint to continue and the run's saved settings, said where from
       -> this process's rank (training.distributed: WORLD_SIZE is read there, once)
-      -> setup(args, start): the command's own part (model, tokenizer, task, TrainConfig, meta)
+      -> setup(args, start): the command's own part (model, tokenizer, task, TrainConfig, meta, the
+         recipe's own loop if it brings one): a `Prepared`
       -> fit(..., log=Printer): the progress bar, the evaluation lines and the samples
-      -> report(result): the command's summary; a signal ends in 128 + its number
+      -> report(result, ..., model): the command's summary; a signal ends in 128 + its number
 
 The TrainConfig flags come from TrainConfig's fields (training/config.py: each field's
 type, default, check and help are declared there once). Their defaults here are None, so a
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 from ..engine import autotune
 from ..errors import GlassError
-from ..training import TrainConfig, fit
+from ..training import TrainConfig, fit, recipes
 from ..training.checkpoint import checkpoint_bytes, resume_checkpoint
 from ..training.config import setting_type
 from ..training.distributed import Distributed, setup_distributed
@@ -99,11 +100,23 @@ class Start:
     saved: dict[str, Any] | None = None  # the run's TrainConfig values
 
 
-Setup = Callable[[argparse.Namespace, Start], tuple[Any, Any, Any, TrainConfig, dict]]
+@dataclass
+class Prepared:
+    """What a command's setup hands the lifecycle: the run to fit, and the recipe's own loop if it has one."""
+
+    model: Any
+    tokenizer: Any
+    task: Any
+    cfg: TrainConfig
+    meta: dict[str, Any]
+    loop: Callable[[Any], None] | None = None  # recipes.Recipe.loop
+
+
+Setup = Callable[[argparse.Namespace, Start], Prepared]
 
 
 def run_training(args: argparse.Namespace, command: str, setup: Setup,
-                 report: Callable[[dict, TrainConfig, Any, Any], None]) -> int:
+                 report: Callable[[dict, TrainConfig, Any, Any, Any], None]) -> int:
     """Claim the run directory, set up (the command's `setup`), fit, report: see the module docstring."""
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         raise GlassError("--resume RUN_DIR writes to RUN_DIR: drop --out")
@@ -114,14 +127,16 @@ def run_training(args: argparse.Namespace, command: str, setup: Setup,
         device = args.device or (start.saved or {}).get("device")
         start.ranks = setup_distributed(device)
         try:
-            model, tokenizer, task, cfg, meta = setup(args, start)
+            prepared = setup(args, start)
+            model, tokenizer, task, cfg = prepared.model, prepared.tokenizer, prepared.task, prepared.cfg
             set_threads(args.threads, model.cfg.emb_dim, file=sys.stdout)
             if model.tok_emb.weight.device.type == "cpu":
                 say(autotune.training_note())
             _checkpoint_note(model, cfg)
-            printer = Printer(progress=not args.no_progress, recipe=cfg.recipe)
+            printer = Printer(progress=not args.no_progress, book=recipes.book_trained(cfg))
             try:
-                result = fit(model, task, cfg, tokenizer, log=printer, meta=meta, run_dir=run_dir, ranks=start.ranks)
+                result = fit(model, task, cfg, tokenizer, log=printer, meta=prepared.meta, run_dir=run_dir,
+                             ranks=start.ranks, loop=prepared.loop)
             finally:
                 printer.close()  # (a run that ends in an error leaves no bar behind)
         finally:
@@ -131,7 +146,7 @@ def run_training(args: argparse.Namespace, command: str, setup: Setup,
             f"{command} --resume {cfg.out}", file=sys.stderr)
         return 128 + int(result["signal"])
     if is_main_rank():
-        report(result, cfg, task, tokenizer)
+        report(result, cfg, task, tokenizer, model)
     return 0
 
 

@@ -10,13 +10,16 @@
     faults.py       signals, divergence, disks that refuse a write
     metrics.py      metrics.jsonl (`read_metrics`) and loss.png
     data.py         text files -> cached token ids -> windows (glassgpt's pretraining task)
+    task.py         Task, the base class of what the loop trains on; recipes.py the recipes' registry
     book.py         the book's chapter 5: its loaders, evaluation and samples (`--recipe book`)
+    book_ch06.py    the book's chapter 6 (`finetune classify --recipe book`); book_ch07.py its chapter 7
     examples.py     what the finetuning tasks share; classify.py (chapter 6), instruct.py (chapter 7)
     lora.py         LoRA adapters (appendix E); finetune.py names the finetuning API in one place
 """
 
 from .config import TrainConfig
-from .loop import Task, evaluate_loss, fit
+from .loop import evaluate_loss, fit
+from .task import Task
 from .metrics import plot_run, read_metrics
 
 __all__ = ["Task", "TrainConfig", "evaluate_loss", "fit", "plot_run", "read_metrics"]

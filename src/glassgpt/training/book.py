@@ -35,6 +35,7 @@ from ..errors import DataError
 from ..generate import generate
 from ..tokenizer import Tokenizer
 from .loop import evaluate_loss
+from .task import Task
 
 START_CONTEXT = "Every effort moves you"  # the book's start_context
 SAMPLE_TOKENS = 50                        # generate_and_print_sample's max_new_tokens
@@ -58,6 +59,16 @@ def windows(tokenizer: Tokenizer, text: str, context_length: int, stride: int, p
     return torch.tensor([ids[s:s + context_length + 1] for s in starts], dtype=torch.long)
 
 
+def read_windows(files: list, tokenizer: Tokenizer, val_fraction: float, context_length: int, stride: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The notebook's text -> split -> windows: (train windows, val windows, characters, training characters).
+    Several files are joined with <|endoftext|>."""
+    text = "<|endoftext|>".join(p.read_text(encoding="utf-8") for p in files)
+    train_text, val_text = split_text(text, val_fraction)
+    return (windows(tokenizer, train_text, context_length, stride, "training"),
+            windows(tokenizer, val_text, context_length, stride, "validation"), len(text), len(train_text))
+
+
 def loader_seed() -> int:
     """What a new DataLoader iterator draws from the global generator: its base seed (one int64)."""
     return int(torch.empty((), dtype=torch.int64).random_().item())
@@ -78,7 +89,7 @@ def book_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return loss(logits.flatten(0, 1), batch["targets"].flatten())
 
 
-class BookTask:
+class BookTask(Task):
     """Chapter 5's loaders, evaluation and samples for `fit` (see the module docstring)."""
 
     perplexity = True

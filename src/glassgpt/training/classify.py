@@ -236,6 +236,3 @@ class ClassificationTask(ExampleStream):
         right = sum(p == a for p, a in zip(predicted, actual))
         return {"val_accuracy": right / max(1, len(predicted))}
 
-    def sample(self, model: nn.Module) -> str | None:
-        return None
-

@@ -111,7 +111,7 @@ class TrainConfig:
     device: str | None = setting(None, "cpu, cuda, cuda:N or auto (under torchrun cuda:LOCAL_RANK)", shown="auto")
     fsdp: bool = setting(False, "under torchrun: shard the model over the ranks (FSDP2) instead of replicating it",
                          shown="off")
-    plot: bool = setting(True, "draw RUN_DIR/loss.png at the end", flag="--no-plot", shown="draw it")
+    plot: bool = setting(True, "do not draw RUN_DIR/loss.png at the end", flag="--no-plot", shown="it is drawn")
 
     def __post_init__(self) -> None:
         if self.dtype in ("fp32", "bf16", "fp16"):  # the short spellings older runs saved

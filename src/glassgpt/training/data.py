@@ -39,6 +39,7 @@ from ..generate import generate
 from ..engine.loss import cross_entropy
 from ..formats import get_tokenizer
 from ..tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, iter_text_blocks
+from .task import Task
 
 CACHE_FORMAT = 1
 READ_BYTES = 1 << 20
@@ -287,7 +288,7 @@ def window_batch(ids: np.ndarray, offsets: Iterable[int], length: int) -> dict[s
     return {"input_ids": rows[:, :-1], "targets": rows[:, 1:]}
 
 
-class TextTask:
+class TextTask(Task):
     """Next-token prediction on windows of a token array (see loop.Task).
 
     Training sample `i` of step `s` starts at a random offset drawn from a generator

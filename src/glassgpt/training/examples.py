@@ -25,6 +25,7 @@ from ..errors import DataError, GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .lora import merged_model
+from .task import Task
 
 
 # --- reading data files --------------------------------------------------------------
@@ -43,9 +44,10 @@ class Records:
     problems: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (index, why) of unparsed lines
 
     def where(self, i: int) -> str:
-        """'data.csv:7 (record 5)': what an error message names."""
+        """What an error message names: 'data.csv:7', the line as the file counts it (from 1), or
+        'data.json record 3 of 40' inside a JSON list (counting from 1 too)."""
         line = self.lines[i]
-        return f"{self.path}:{line} (record {i})" if line is not None else f"{self.path} record {i}"
+        return f"{self.path}:{line}" if line is not None else f"{self.path} record {i + 1} of {len(self.values)}"
 
 
 def read_records(path: str | Path) -> Records:
@@ -203,7 +205,7 @@ def steps_per_epoch(n: int, batch_size: int, grad_accum: int = 1, world: int = 1
     return max(1, math.ceil(n / (batch_size * grad_accum * world)))
 
 
-class ExampleStream:
+class ExampleStream(Task):
     """What both tasks share: global micro-batch numbers, evaluation batches, checkpoints."""
 
     n_train: int

@@ -1,6 +1,7 @@
 """Finetuning: a classifier head (the book's chapter 6), instruction following (chapter 7), LoRA
 (appendix E), each in its own module; this one names them all in one place, as
-`glassgpt.training.finetune` (what earlier versions had in one file).
+`glassgpt.training.finetune`. The book's own chapters, run as its code runs them, are
+book_ch06.py and book_ch07.py.
 
     examples.py   what both tasks share: data files, the validation hold-out, padding,
                   batches in shuffled epochs, which weights train (`freeze`), the lr

@@ -105,7 +105,7 @@ def encode_instructions(tokenizer: Tokenizer, records: Sequence[dict[str, Any]],
                 raise
             index = rec.get("index", k)
             if on_bad == "error":
-                raise DataError(f"record {index}: {e}; or pass --on-bad-record skip") from None
+                raise DataError(f"record {index + 1}: {e}; or pass --on-bad-record skip") from None
             problems.append((index, str(e).split(":")[0]))
     return examples, problems
 
@@ -164,7 +164,7 @@ class InstructionTask(ExampleStream):
         return {}
 
     def sample(self, model: nn.Module) -> str | None:
-        if self.tokenizer is None or not self.sample_records:
+        if self.tokenizer is None or not self.sample_records or not self.sample_tokens:
             return None
         rec = self.sample_records[0]
         with evaluating(model):

@@ -63,7 +63,7 @@ class Run:
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.policy = SavePolicy(cfg.save_every, checkpoint_bytes(self.model))
         self.stop = StopRequests()
-        self.perplexity = getattr(task, "perplexity", True)
+        self.perplexity = task.perplexity
         self.step = self.start_step = self.tokens = 0
         self.elapsed, self.best_val = 0.0, math.inf
         self.last_val: float | None = None
@@ -226,10 +226,10 @@ class Run:
                           "next_lr": lr_at(self.step, cfg)},
             "scaler": self.compute.scaler.state_dict() if self.compute.scaler else None,
             "train_config": cfg.to_dict(),
-            "task": self.task.state_dict() if hasattr(self.task, "state_dict") else None,
+            "task": self.task.state_dict(),
         }
         save_checkpoints(self.run_dir, names, self.model, self.optimizer, state, tokenizer=self.tokenizer,
-                         meta=meta, export=getattr(self.task, "checkpoint_model", None), fsdp=cfg.fsdp,
+                         meta=meta, export=self.task.checkpoint_model, fsdp=cfg.fsdp,
                          is_main=self.ranks.is_main)
         self.ranks.barrier()
 
@@ -237,7 +237,7 @@ class Run:
         state = load_checkpoint(self.run_dir, self.model, self.optimizer)
         if self.compute.scaler and state.get("scaler"):
             self.compute.scaler.load_state_dict(state["scaler"])
-        if state.get("task") and hasattr(self.task, "load_state_dict"):
+        if state.get("task"):
             self.task.load_state_dict(state["task"])
         self.step, self.tokens = state["step"], state["tokens"]
         self.elapsed = state.get("elapsed_s", 0.0)
