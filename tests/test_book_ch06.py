@@ -203,3 +203,19 @@ def test_a_resumed_run_ends_with_the_same_weights(files, glass_run, tmp_path):
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
     assert [x for x in printed.getvalue().splitlines() if x.startswith(BOOK_LINES)] == \
         [x for x in glass_run[0] if x.startswith(BOOK_LINES)][-7:]  # epoch 1 accuracy on: steps 6, 9, epoch 2, the three
+
+
+def test_the_recipe_runs_from_python_with_no_command_line(files, book_run, tmp_path):
+    """The same recipe as `finetune classify --recipe book`, called as functions: prepare, train_config, fit."""
+    from glassgpt.training import fit, recipes
+    from glassgpt.training.book_ch06 import accuracy_lines, prepare
+    recipe = recipes.recipe("finetune classify", "book")
+    cfg = recipe.train_config({"eval_every": EVAL_FREQ}, {"out": str(tmp_path / "run"), "plot": False})
+    model = glassgpt.load_model(files["model"], device="cpu", dtype="float32")
+    model, task = prepare(model, glassgpt.load_tokenizer(files["model"]), files["train"], files["val"])
+    cfg.max_steps = EPOCHS * task.steps_per_epoch
+    lines = []
+    fit(model, task, cfg, log=lambda event: lines.append(event))
+    assert all(torch.equal(t, book_run[1].state_dict()[k]) for k, t in model.state_dict().items())
+    assert sum("train_eval_loss" in e for e in lines) == 4
+    assert accuracy_lines(task.final_accuracies(model)) == book_run[0][-3:-1]  # training and validation

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -89,6 +90,11 @@ def new_head(model: GPTModel, num_classes: int, seed: int) -> GPTModel:
     return model_from_state(cfg, state, "the classifier").train(model.training)
 
 
+def freeze_as_chapter_6(model: GPTModel) -> None:
+    """Every weight frozen, then the last block, final_norm and the head trainable."""
+    freeze(model, "last-block")
+
+
 def last_position_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """model(input_batch)[:, -1, :]: [b, t] -> [b, C]."""
     return model(ids)[:, -1, :]
@@ -144,11 +150,13 @@ class BookClassifierTask(BookTask):
 
 def prepare(model: GPTModel, tokenizer: Tokenizer, data: str | Path, val: str | Path, test: str | Path | None = None,
             max_length: int | None = None, seed: int = 123, batch_size: int = 8, eval_batches: int = 5,
-            new: bool = True) -> tuple[GPTModel, BookClassifierTask]:
+            new: bool = True, adapt: Callable[[GPTModel], Any] | None = None) -> tuple[GPTModel, BookClassifierTask]:
     """The notebook's chapter 6 up to `train_classifier_simple`: the three SpamDatasets, the new head
     after `torch.manual_seed(seed)`, every weight frozen but the last block, final_norm and the head,
     and `torch.manual_seed(seed)` again, as the notebook seeds before its optimizer and loop.
-    `new=False`: `model` is the run's classifier, resumed (its generator comes from the checkpoint)."""
+    `new=False`: `model` is the run's classifier, resumed (its generator comes from the checkpoint).
+    `adapt(model)` sets, in place, which weights train, after the head and before the second seed
+    (default: chapter 6's freezing; appendix E's LoRA is another)."""
     csvs = {"train": read_book_csv(data), "val": read_book_csv(val), **({"test": read_book_csv(test)} if test else {})}
     if len(csvs["train"].texts) < batch_size:
         raise DataError(f"{data} has {len(csvs['train'].texts)} texts, fewer than one batch of {batch_size} (the "
@@ -163,7 +171,7 @@ def prepare(model: GPTModel, tokenizer: Tokenizer, data: str | Path, val: str | 
             ids[part] = pad_texts(tokenizer, csvs[part].texts, length)
     if new:
         model = new_head(model, len(LABELS), seed)
-    freeze(model, "last-block")
+    (adapt or freeze_as_chapter_6)(model)
     if new:
         torch.manual_seed(seed)
     task = BookClassifierTask({part: (ids[part], csvs[part].labels) for part in csvs}, batch_size, eval_batches,
