@@ -176,8 +176,10 @@ def _setup(args: argparse.Namespace, start: Start, kind: str):
     tokenizer = load_tokenizer(source or settings["model"])
     check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
     max_length = min(settings["max_length"] or model.cfg.context_length, model.cfg.context_length)
-    setup = _classification_setup if kind == "classify" else _instruction_setup
-    model, data, make_task = setup(model, tokenizer, settings, max_length, seed)
+    prepare = ft.prepare_classifier if kind == "classify" else ft.prepare_instructions
+    model, data, make_task, lines = prepare(model, tokenizer, settings, max_length, seed)
+    for line in lines:
+        say(line, file=sys.stderr if line.startswith("skipped") else sys.stdout)
     world = start.ranks.world
     cfg = _train_config(args, kind, len(data["train"]), model.cfg.emb_dim, start.saved, world)
     task = make_task(cfg)
@@ -308,55 +310,17 @@ def _resume_settings(args: argparse.Namespace, kind: str, start: Start) -> dict[
 
 def _train_config(args: argparse.Namespace, kind: str, n_train: int, emb_dim: int, saved: dict | None,
                   world: int) -> TrainConfig:
-    """The run's TrainConfig: a resumed run's own, or the flags over this kind's DEFAULTS.
-
-    --epochs sets max_steps (at least one); --max-steps sets it directly (cli/run.py refuses
-    both). Warm-up is a tenth of the steps (at most 100); one evaluation per epoch.
-    """
+    """The run's TrainConfig: a resumed run's own, or the flags over glassgpt's finetuning defaults
+    (ft.finetune_defaults); --epochs sets max_steps, --max-steps sets it directly (cli/run.py refuses both)."""
     if saved is not None:
         return train_config_from_args(args, saved)
-    d = DEFAULTS[kind]
-    per_epoch = ft.steps_per_epoch(n_train, args.batch_size or default("batch_size"), args.grad_accum or 1, world)
-    max_steps = args.max_steps or max(1, math.ceil((args.epochs or d["epochs"]) * per_epoch))
-    base = {"out": args.out, "lr": ft.default_lr(emb_dim), "max_steps": max_steps, "warmup_steps": min(100, max_steps // 10),
-            "eval_every": min(100, per_epoch), "sample_tokens": 0 if kind == "classify" else 64}
-    return train_config_from_args(args, base)
+    base = ft.finetune_defaults(n_train, emb_dim, args.batch_size or default("batch_size"), args.grad_accum or 1,
+                                world, args.epochs or DEFAULTS[kind]["epochs"], args.max_steps,
+                                sample_tokens=0 if kind == "classify" else 64)
+    return train_config_from_args(args, {"out": args.out, **base})
 
 
 # --- classification ------------------------------------------------------------------------
-
-def _classification_setup(model, tokenizer, settings, max_length, seed):
-    """(classifier, {"train", "val"} data, cfg -> ClassificationTask); prints what the data holds."""
-    cols = dict(text_column=settings["text_column"], label_column=settings["label_column"])
-    if settings["val"]:
-        train = ft.load_classification_data(settings["data"], **cols)
-        val = ft.load_classification_data(settings["val"], label_names=train.label_names, **cols)
-    else:
-        train, val = ft.split_validation(ft.load_classification_data(settings["data"], **cols),
-                                         settings["val_fraction"], seed)
-    if settings.get("labels") and settings["labels"] != train.label_names:
-        raise GlassError(f"the data's labels {train.label_names} differ from the run's {settings['labels']}: "
-                         "resume with the data the run was started with")
-    settings["labels"] = train.label_names
-    if settings.get("names") and len(settings["names"]) != len(train.label_names):
-        raise GlassError(f"--labels names {len(settings['names'])} classes, but the data has {len(train.label_names)}: "
-                         f"{train.label_names}: give one name for each, in that order")
-    train_ids = ft.encode_texts(tokenizer, train.texts, max_length)
-    val_ids = ft.encode_texts(tokenizer, val.texts, max_length)
-    model = ft.to_classifier(model, len(train.label_names), seed)
-    _set_trainable(model, settings, seed)
-    counts = [train.labels.count(k) for k in range(len(train.label_names))]
-    longest = max(len(tokenizer.encode(t)) for t in train.texts + val.texts)
-    say(f"data: {len(train.texts):,} train, {len(val.texts):,} val texts; {len(train.label_names)} labels "
-         + ", ".join(f"{name} ({n:,})" for name, n in zip(train.label_names, counts))
-         + f"; longest text {longest:,} tokens, max_length {max_length:,}")
-
-    def make_task(cfg: TrainConfig) -> ft.ClassificationTask:
-        return ft.ClassificationTask(train_ids, train.labels, val_ids, val.labels, train.label_names,
-                                     ft.pad_id_of(tokenizer), cfg.batch_size, cfg.grad_accum, cfg.seed,
-                                     cfg.eval_batches)
-    return model, {"train": train_ids, "val": val_ids}, make_task
-
 
 def _report_classification(model, task: ft.ClassificationTask, run_dir: Path) -> None:
     metrics = task.evaluate(model, everything=True)
@@ -402,13 +366,6 @@ def save_confusion_png(matrix: list[list[int]], labels: list[str], path: Path) -
     ax.set_ylabel("actual")
     fig.savefig(path, dpi=120)
     return path
-
-
-def _set_trainable(model, settings, seed) -> None:
-    if settings["lora_rank"]:
-        lora.apply_lora(model, settings["lora_rank"], settings["lora_alpha"], seed)
-    else:
-        ft.freeze(model, settings["trainable"])
 
 
 def _parameter_summary(model, settings) -> str:
@@ -485,45 +442,6 @@ def _classify_as_book(args: argparse.Namespace, model, tokenizer, trained: dict)
 
 
 # --- instructions ----------------------------------------------------------------------------
-
-def _instruction_setup(model, tokenizer, settings, max_length, seed):
-    """(model, {"train", "val"} examples, cfg -> InstructionTask); lists the records it skips."""
-    if model.cfg.num_classes is not None:
-        raise GlassError(f"{settings['model']} is a classifier: instruction finetuning needs a language model")
-    on_bad = settings["on_bad_record"]
-    records, problems = ft.load_instruction_records(settings["data"], on_bad)
-    if settings["val"]:
-        val_records, val_problems = ft.load_instruction_records(settings["val"], on_bad)
-        _report_bad(settings["val"], val_problems)
-    else:
-        train_idx, val_idx = ft.holdout(len(records), settings["val_fraction"], seed)
-        records, val_records = [records[i] for i in train_idx], [records[i] for i in val_idx]
-    train, long_train = ft.encode_instructions(tokenizer, records, max_length, on_bad)
-    val, long_val = ft.encode_instructions(tokenizer, val_records, max_length, on_bad)
-    _report_bad(settings["data"], sorted(problems + long_train + (long_val if not settings["val"] else [])))
-    if settings["val"]:
-        _report_bad(settings["val"], long_val)
-    if not train or not val:
-        raise GlassError("no training or no validation record is left after skipping bad ones: fix the data")
-    _set_trainable(model, settings, seed)
-    response_tokens = sum(len(ids) - p for ids, p in train)
-    cut = sum(ids[-1] != tokenizer.eot_id for ids, _ in train + val)
-    say(f"data: {len(train):,} train, {len(val):,} val records; {response_tokens:,} response tokens "
-         f"to learn; max_length {max_length:,}" + (f" ({cut:,} responses cut to fit)" if cut else ""))
-
-    def make_task(cfg: TrainConfig) -> ft.InstructionTask:
-        return ft.InstructionTask(train, val, tokenizer.eot_id, cfg.batch_size, cfg.grad_accum, cfg.seed,
-                                  cfg.eval_batches, tokenizer, val_records[:1], cfg.sample_tokens)
-    return model, {"train": train, "val": val}, make_task
-
-
-def _report_bad(path, problems) -> None:
-    if not problems:
-        return
-    shown = "; ".join(f"record {i + 1} ({why})" for i, why in problems[:5])  # counting from 1
-    more = f"; and {len(problems) - 5:,} more" if len(problems) > 5 else ""
-    say(f"skipped {len(problems):,} malformed record(s) of {path}: {shown}{more}", file=sys.stderr)
-
 
 def run_chat(args: argparse.Namespace) -> int:
     if args.model is None:

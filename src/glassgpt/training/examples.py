@@ -24,7 +24,7 @@ import torch
 from ..errors import DataError, GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
-from .lora import merged_model
+from .lora import apply_lora, merged_model
 from .task import Task
 
 
@@ -177,6 +177,24 @@ def freeze(model: GPTModel, trainable: str = "last-block") -> None:
         block.requires_grad_(True)
     model.final_norm.requires_grad_(True)
     model.out_head.requires_grad_(True)
+
+
+def set_trainable(model: GPTModel, settings: dict[str, Any], seed: int) -> None:
+    """LoRA adapters (settings' lora_rank, lora_alpha), or `freeze` to settings' trainable."""
+    if settings["lora_rank"]:
+        apply_lora(model, settings["lora_rank"], settings["lora_alpha"], seed)
+    else:
+        freeze(model, settings["trainable"])
+
+
+def finetune_defaults(n_train: int, emb_dim: int, batch_size: int, grad_accum: int, world: int, epochs: float,
+                      max_steps: int | None, sample_tokens: int) -> dict[str, Any]:
+    """glassgpt's finetuning settings for a run: `epochs` of steps (unless `max_steps`), lr by
+    `default_lr`, a tenth of the steps (at most 100) of warm-up, one evaluation per epoch (at most 100 steps)."""
+    per_epoch = steps_per_epoch(n_train, batch_size, grad_accum, world)
+    max_steps = max_steps or max(1, math.ceil(epochs * per_epoch))
+    return {"lr": default_lr(emb_dim), "max_steps": max_steps, "warmup_steps": min(100, max_steps // 10),
+            "eval_every": min(100, per_epoch), "sample_tokens": sample_tokens}
 
 
 # --- batches that depend only on (step, micro, rank, world) ---------------------------
