@@ -37,6 +37,7 @@ from ..training import finetune as ft
 from ..formats.book import is_state_dict_file, side_labels
 from ..training import book_ch06, book_ch07, lora, recipes
 from ..training.compute import exact
+from ..training.metrics import save_confusion_png
 from ..training.config import default
 from ..prompt import fit_prompt
 from ..training.data import scan_file
@@ -330,7 +331,7 @@ def _report_classification(model, task: ft.ClassificationTask, run_dir: Path) ->
     record = {"labels": labels, "matrix": matrix, "accuracy": metrics["val_accuracy"], "n": task.n_val,
               "rows": "actual", "columns": "predicted"}
     (run_dir / "confusion.json").write_text(json.dumps(record, indent=1))
-    png = save_confusion_png(matrix, labels, run_dir / "confusion.png")
+    png = save_confusion_png(matrix, labels, run_dir / "confusion.png")  # (None: no matplotlib)
     print(f"confusion matrix: {run_dir / 'confusion.json'}" + (f", {png}" if png else ""))
 
 
@@ -344,28 +345,6 @@ def format_confusion(matrix: list[list[int]], labels: list[str]) -> str:
     for name, row in zip(names, matrix):
         lines.append(f"{name:<{head}}  " + "  ".join(f"{v:>{width},}" for v in row))
     return "\n".join(lines)
-
-
-def save_confusion_png(matrix: list[list[int]], labels: list[str], path: Path) -> Path | None:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return None
-    n = len(labels)
-    fig = Figure(figsize=(1.2 + 0.7 * n, 1.0 + 0.6 * n), layout="constrained")
-    ax = fig.add_subplot()
-    ax.imshow(matrix, cmap="Blues")
-    top = max(max(row) for row in matrix) or 1
-    for a in range(n):
-        for p in range(n):
-            ax.text(p, a, f"{matrix[a][p]:,}", ha="center", va="center",
-                    color="white" if matrix[a][p] > top / 2 else "black")
-    ax.set_xticks(range(n), labels, rotation=45 if n > 4 else 0)
-    ax.set_yticks(range(n), labels)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("actual")
-    fig.savefig(path, dpi=120)
-    return path
 
 
 def _parameter_summary(model, settings) -> str:

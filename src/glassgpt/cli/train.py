@@ -31,11 +31,10 @@ from ..errors import GlassError
 from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir
 from ..formats.book import is_book_spec, is_state_dict_file, side_config
 from ..formats.files import atomic_write
-from ..model import GPTModel
 from ..tokenizer import check_fits, get_tokenizer, train_bpe
 from ..training import TrainConfig, evaluate_loss, plot_run, read_metrics
 from ..training import book, recipes
-from ..training.compute import exact
+from ..training.compute import exact, with_dropout
 from ..training.config import SMALL_TEXT_FINDING, default
 from ..training.data import TextTask, build_tokenizer, cache_key, resolve_files, scan_file, split_ids, tokenize_files
 from ..training.metrics import snapshot_records
@@ -226,7 +225,7 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: re
         say(f"note: {args.init} is a state dict, which cannot record dropout: training assumes drop_rate "
             f"{BOOK_DROP_RATE}, the book's GPT_CONFIG_124M (--drop-rate P to change)", file=sys.stderr)
     if drop_rate is not None:
-        model = _with_dropout(model, drop_rate)
+        model = with_dropout(model, drop_rate)
     recipe.seed_before_training(args.seed if args.seed is not None else recipe.defaults.get("seed", default("seed")))
     context = args.context_length or model.cfg.context_length
     if context > model.cfg.context_length:
@@ -304,12 +303,6 @@ def _book_task(files, tokenizer, data: dict, cfg: TrainConfig, expect: str | Non
         f"windows ({task.steps_per_epoch:,} batches of {cfg.batch_size} per epoch) and {len(val):,} validation "
         f"windows of {context:,} tokens at stride {stride:,}, as the book's create_dataloader_v1 makes them")
     return task, fingerprint
-
-
-def _with_dropout(model, drop_rate: float):
-    new = GPTModel(dataclasses.replace(model.cfg, drop_rate=drop_rate))
-    new.load_state_dict(model.state_dict())
-    return new
 
 
 # --- eval, plot, tokenizer --------------------------------------------------------------

@@ -8,7 +8,7 @@
     checkpoint.py   latest/ and best/, written whole, when to write them, resumed exactly
     rundir.py       one process at a time in a run directory; new run or resume, checked once
     faults.py       signals, divergence, disks that refuse a write
-    metrics.py      metrics.jsonl (`read_metrics`) and loss.png
+    metrics.py      metrics.jsonl (`read_metrics`), loss.png and a classifier's confusion.png
     data.py         text files -> cached token ids -> windows (glassgpt's pretraining task)
     task.py         Task, the base class of what the loop trains on; recipes.py the recipes' registry
     book.py         the book's chapter 5: its loaders, evaluation and samples (`--recipe book`)

@@ -17,6 +17,7 @@ parameters); everything else runs the fused kernel, glassgpt's recipe decaying m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 from torch import nn
@@ -61,6 +62,13 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, **kind)
     except (RuntimeError, TypeError):  # a dtype/device the fused kernel does not cover
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas)
+
+
+def with_dropout(model: nn.Module, drop_rate: float) -> nn.Module:
+    """The same weights in a model whose dropout is `drop_rate` (a state dict cannot record it)."""
+    new = type(model)(dataclasses.replace(model.cfg, drop_rate=drop_rate))
+    new.load_state_dict(model.state_dict())
+    return new
 
 
 def exact(cfg: TrainConfig) -> bool:
