@@ -191,7 +191,7 @@ def _setup(args: argparse.Namespace, start: Start, kind: str):
     meta = {"finetune": settings}
     if kind == "classify":
         meta["labels"] = settings.get("names") or settings["labels"]
-    return Prepared(model, tokenizer, task, cfg, meta, recipe.loop)
+    return Prepared(model, tokenizer, task, cfg, meta, recipe)
 
 
 def _book_setup(args: argparse.Namespace, start: Start, recipe: recipes.Recipe, settings: dict | None, kind: str):
@@ -229,7 +229,7 @@ def _book_setup(args: argparse.Namespace, start: Start, recipe: recipes.Recipe, 
         f"{task.steps_per_epoch:,} batches of {cfg.batch_size}), AdamW lr {cfg.lr:g}, weight decay "
         f"{cfg.weight_decay:g}, as {recipe.summary}")
     meta = {"finetune": settings, **({"labels": book_ch06.LABELS} if kind == "classify" else {})}
-    return Prepared(model, tokenizer, task, cfg, meta, recipe.loop)
+    return Prepared(model, tokenizer, task, cfg, meta, recipe)
 
 
 def _report(result: dict, cfg: TrainConfig, task, tokenizer, model, kind: str) -> None:

@@ -5,7 +5,7 @@
       -> on --resume: the checkpoint to continue and the run's saved settings, said where from
       -> this process's rank (training.distributed: WORLD_SIZE is read there, once)
       -> setup(args, start): the command's own part (model, tokenizer, task, TrainConfig, meta, the
-         recipe's own loop if it brings one): a `Prepared`
+         recipe, whose loop it runs and whose lines it prints): a `Prepared`
       -> fit(..., log=Printer): the progress bar, the evaluation lines and the samples
       -> report(result, ..., model): the command's summary; a signal ends in 128 + its number
 
@@ -102,14 +102,14 @@ class Start:
 
 @dataclass
 class Prepared:
-    """What a command's setup hands the lifecycle: the run to fit, and the recipe's own loop if it has one."""
+    """What a command's setup hands the lifecycle: the run to fit, and its recipe (its loop, its lines)."""
 
     model: Any
     tokenizer: Any
     task: Any
     cfg: TrainConfig
     meta: dict[str, Any]
-    loop: Callable[[Any], None] | None = None  # recipes.Recipe.loop
+    recipe: recipes.Recipe
 
 
 Setup = Callable[[argparse.Namespace, Start], Prepared]
@@ -133,10 +133,10 @@ def run_training(args: argparse.Namespace, command: str, setup: Setup,
             if model.tok_emb.weight.device.type == "cpu":
                 say(autotune.training_note())
             _checkpoint_note(model, cfg)
-            printer = Printer(progress=not args.no_progress, book=recipes.book_trained(cfg))
+            printer = Printer(progress=not args.no_progress, line=prepared.recipe.log_line)
             try:
                 result = fit(model, task, cfg, tokenizer, log=printer, meta=prepared.meta, run_dir=run_dir,
-                             ranks=start.ranks, loop=prepared.loop)
+                             ranks=start.ranks, loop=prepared.recipe.loop)
             finally:
                 printer.close()  # (a run that ends in an error leaves no bar behind)
         finally:

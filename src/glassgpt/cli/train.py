@@ -190,7 +190,7 @@ def _new_setup(args: argparse.Namespace, start: Start):
     if not recipe.seeds_globally and len(task.train) < SMALL_TEXT_WINDOWS * task.context_length:
         say(f"note: {small_text_note(len(task.train), task.context_length)}", file=sys.stderr)
     meta = {"data": data, "tokenizer": args.tokenizer or ("checkpoint" if args.init else "gpt2"), "init": args.init}
-    return Prepared(model, tokenizer, task, cfg, meta, recipe.loop)
+    return Prepared(model, tokenizer, task, cfg, meta, recipe)
 
 
 SMALL_TEXT_WINDOWS = 1000  # a training split under this many windows' worth of tokens is small enough to memorise
@@ -268,7 +268,7 @@ def _resume_setup(args: argparse.Namespace, start: Start):
     _check_recipe_flags(args, recipe, start.ranks.world)
     task, _ = _task(resolve_files(data["path"]), tokenizer, data, cfg, start.run_dir.path,
                     expect=data.get("fingerprint"))
-    return Prepared(model, tokenizer, task, _with_epochs(args, cfg, task, start.ranks.world, None), meta, recipe.loop)
+    return Prepared(model, tokenizer, task, _with_epochs(args, cfg, task, start.ranks.world, None), meta, recipe)
 
 
 def _task(files, tokenizer, data: dict, cfg: TrainConfig, run_dir: Path, expect: str | None = None):

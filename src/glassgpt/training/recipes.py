@@ -1,8 +1,9 @@
 """Recipes: how a run trains, one object per regime, looked up by name in one registry.
 
 A `Recipe` owns the settings it fixes (a flag for one of them is refused by name), its defaults
-(a flag may change them), its epochs, and optionally its own loop function; the task it trains
-on (its data, seeding and log lines) is built by its module:
+(a flag may change them), its epochs, its seeding, its evaluation line, and optionally its own
+loop function; the task it trains on (its data, evaluation and per-epoch lines) is built by its
+module:
 
     train             glassgpt   nanoGPT's: random windows, warm-up, cosine, clipping (data.py)
     train             book       the book's chapter 5, `train_model_simple` (book.py)
@@ -27,7 +28,7 @@ from ..config import GPTConfig
 from ..errors import GlassError
 from ..formats import random_model
 from ..model import GPTModel
-from . import book_ch06, book_ch07
+from . import book, book_ch06, book_ch07
 from .config import BOOK_DEFAULTS, BOOK_SETTINGS, TrainConfig
 
 
@@ -43,6 +44,8 @@ class Recipe:
     one_process: bool = False                        # refused under torchrun
     refused: tuple[str, ...] = ()                    # other flags (dest names) it does not take
     chapter: int | None = None                       # the book's chapter it runs as the book's code does
+    log_line: str | None = None                      # its evaluation line, formatted with the step's record
+                                                     # and global_step (None: glassgpt's `step N: ...`)
 
     @property
     def seeds_globally(self) -> bool:
@@ -128,12 +131,12 @@ BOOK_CH06 = "chapter 6 trains: train_classifier_simple, a constant lr, no warm-u
 
 register(Recipe("glassgpt", "train", "nanoGPT's loop: random windows, warm-up, cosine, clipping"))
 register(Recipe("book", "train", BOOK_CH05, BOOK_SETTINGS, BOOK_DEFAULTS, epochs=10, one_process=True,
-                chapter=5))
+                chapter=5, log_line=book.LINE))
 register(Recipe("glassgpt", "finetune classify", "a classifier head on the last real token", epochs=5))
 register(Recipe("book", "finetune classify", BOOK_CH06, BOOK_SETTINGS, book_ch06.DEFAULTS, epochs=book_ch06.EPOCHS,
                 one_process=True, refused=("trainable", "lora_rank", "lora_alpha", "val_fraction", "text_column",
-                                           "label_column", "labels"), chapter=6))
+                                           "label_column", "labels"), chapter=6, log_line=book.LINE))
 register(Recipe("glassgpt", "finetune instruct", "Alpaca records, the loss on the response tokens", epochs=2))
 register(Recipe("book", "finetune instruct", BOOK_CH07, BOOK_SETTINGS, book_ch07.DEFAULTS, epochs=book_ch07.EPOCHS,
                 one_process=True, refused=("trainable", "lora_rank", "lora_alpha", "val", "val_fraction", "max_length",
-                                           "on_bad_record"), chapter=7))
+                                           "on_bad_record"), chapter=7, log_line=book.LINE))
