@@ -35,7 +35,7 @@ from ..tokenizer import check_fits, get_tokenizer, train_bpe
 from ..training import TrainConfig, evaluate_loss, plot_run, read_metrics
 from ..training import book, recipes
 from ..training.compute import exact, with_dropout
-from ..training.config import SMALL_TEXT_FINDING, default
+from ..training.config import SMALL_TEXT_FINDING, default, runs_as_book
 from ..training.data import TextTask, build_tokenizer, cache_key, resolve_files, scan_file, split_ids, tokenize_files
 from ..training.metrics import snapshot_records
 from ..training.rundir import saved_train_config
@@ -156,7 +156,7 @@ def _setup(args: argparse.Namespace, start: Start):
         f"vocab {c.vocab_size:,}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     accum = "auto" if cfg.batch_tokens else cfg.grad_accum
     say(f"batch: {cfg.batch_size} x {task.context_length} tokens x {accum} accumulation x {world} rank(s); "
-        f"{cfg.max_steps:,} steps, lr {cfg.lr:g}, {cfg.dtype}" + (", the book's recipe" if recipes.book_trained(cfg) else ""))
+        f"{cfg.max_steps:,} steps, lr {cfg.lr:g}, {cfg.dtype}" + (", the book's recipe" if runs_as_book(cfg) else ""))
     return prepared
 
 
@@ -324,7 +324,7 @@ def run_eval(args: argparse.Namespace) -> int:
         result = _book_eval(args, model, tokenizer, files, context, val_fraction)
     else:
         result = _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg)
-        if is_book_spec(args.model) or recipes.book_trained(run_cfg):
+        if is_book_spec(args.model) or runs_as_book(run_cfg):
             say("note: these are glassgpt's evaluation windows, evenly spaced over the split; the book scores the "
                 "windows its loaders cut (every context_length tokens from the start), the very ones a chapter-5 "
                 "model memorised, so it reports a much lower loss: --recipe book scores those", file=sys.stderr)

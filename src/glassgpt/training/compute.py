@@ -26,7 +26,7 @@ from ..device import resolve_dtype
 from ..engine.fused import fused
 from ..engine.mixed import LowPrecisionCopy
 from ..errors import TrainError
-from .config import TrainConfig
+from .config import TrainConfig, runs_as_book
 from .distributed import Distributed
 
 
@@ -52,7 +52,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
     betas = (cfg.beta1, cfg.beta2)
     if exact(cfg):  # torch.optim.AdamW(model.parameters(), lr=0.0004, weight_decay=0.1), torch's own kernel
         return torch.optim.AdamW([p for _, p in named], lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
-    if cfg.recipe == "book":  # the book's decay on every parameter, on the fused kernel
+    if runs_as_book(cfg):  # the book's decay on every parameter, on the fused kernel
         groups = [{"params": [p for _, p in named], "weight_decay": cfg.weight_decay}]
     else:
         groups = [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": cfg.weight_decay},
@@ -73,7 +73,7 @@ def with_dropout(model: nn.Module, drop_rate: float) -> nn.Module:
 
 def exact(cfg: TrainConfig) -> bool:
     """Whether the step runs model.py's own kernels: the book's recipe in float32, uncompiled."""
-    return cfg.recipe == "book" and cfg.dtype == "float32" and not cfg.compile
+    return runs_as_book(cfg) and cfg.dtype == "float32" and not cfg.compile
 
 
 class Compute:

@@ -89,23 +89,17 @@ class Recipe:
         """The run's TrainConfig: `given` settings (None: not given) over `base`, over the recipe's own."""
         self.refuse_fixed(given)
         values = {**self.defaults, **self.fixed, **(base or {}), "recipe": self.config_name}
-        values.update({k: v for k, v in given.items() if v is not None})
+        values.update({k: v for k, v in given.items() if v is not None and k != "recipe"})  # (the name: this one)
         return TrainConfig.from_dict(values)
 
     @property
     def config_name(self) -> str:
         """TrainConfig.recipe: how the loop's machinery runs (config.RECIPES): the book's chapters share one."""
-        return "book" if self.name.startswith("book") else "glassgpt"
+        return BOOK if self.chapter is not None else "glassgpt"
 
 
 REGISTRY: dict[tuple[str, str], Recipe] = {}
 BOOK = "book"  # the name --recipe gives the book's chapters (each command runs its own chapter)
-
-
-def book_trained(cfg: TrainConfig | dict[str, Any]) -> bool:
-    """Whether a run's settings (a TrainConfig, or its saved values) are one of the book's recipes'."""
-    name = cfg.get("recipe") if isinstance(cfg, dict) else cfg.recipe
-    return name == recipe("train", BOOK).config_name
 
 
 def register(recipe: Recipe) -> Recipe:
@@ -130,13 +124,13 @@ BOOK_CH07 = "chapter 7 trains: train_model_simple on every weight, a constant lr
 BOOK_CH06 = "chapter 6 trains: train_classifier_simple, a constant lr, no warm-up, no clipping, one process"
 
 register(Recipe("glassgpt", "train", "nanoGPT's loop: random windows, warm-up, cosine, clipping"))
-register(Recipe("book", "train", BOOK_CH05, BOOK_SETTINGS, BOOK_DEFAULTS, epochs=10, one_process=True,
+register(Recipe(BOOK, "train", BOOK_CH05, BOOK_SETTINGS, BOOK_DEFAULTS, epochs=10, one_process=True,
                 chapter=5, log_line=book.LINE))
 register(Recipe("glassgpt", "finetune classify", "a classifier head on the last real token", epochs=5))
-register(Recipe("book", "finetune classify", BOOK_CH06, BOOK_SETTINGS, book_ch06.DEFAULTS, epochs=book_ch06.EPOCHS,
+register(Recipe(BOOK, "finetune classify", BOOK_CH06, BOOK_SETTINGS, book_ch06.DEFAULTS, epochs=book_ch06.EPOCHS,
                 one_process=True, refused=("trainable", "lora_rank", "lora_alpha", "val_fraction", "text_column",
                                            "label_column", "labels"), chapter=6, log_line=book.LINE))
 register(Recipe("glassgpt", "finetune instruct", "Alpaca records, the loss on the response tokens", epochs=2))
-register(Recipe("book", "finetune instruct", BOOK_CH07, BOOK_SETTINGS, book_ch07.DEFAULTS, epochs=book_ch07.EPOCHS,
+register(Recipe(BOOK, "finetune instruct", BOOK_CH07, BOOK_SETTINGS, book_ch07.DEFAULTS, epochs=book_ch07.EPOCHS,
                 one_process=True, refused=("trainable", "lora_rank", "lora_alpha", "val", "val_fraction", "max_length",
                                            "on_bad_record"), chapter=7, log_line=book.LINE))
