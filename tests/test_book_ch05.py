@@ -235,3 +235,28 @@ def test_init_from_a_state_dict_says_it_cannot_record_dropout(text, tmp_path, ca
     err = capsys.readouterr().err
     assert "is a state dict, which cannot record dropout: training assumes drop_rate 0.1" in err
     assert glassgpt.load_model(tmp_path / "r").cfg.drop_rate == 0.1
+
+
+def test_a_recipe_that_brings_its_own_loop_runs_it_under_the_command_line(book_run, text, tmp_path):
+    """The registry's seam for appendix D: a recipe registered with `loop` is a --recipe of train, and
+    fit runs its loop (here chapter 5's own, counted) with the run's machinery around it."""
+    import dataclasses as dc
+    from glassgpt.training import loop as training_loop, recipes
+    calls = []
+
+    def counted(run):
+        calls.append(run.cfg.max_steps)
+        training_loop.train(run)
+
+    own = dc.replace(recipes.recipe("train", "book"), name="book-own-loop", loop=counted)
+    recipes.register(own)
+    try:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(["train", "--recipe", own.name, "--data", str(text), "--out", str(tmp_path / "run"),
+                         "--epochs", "2", *FLAGS]) == 0
+    finally:
+        del recipes.REGISTRY[("train", own.name)]
+    assert calls == [verify_step(tmp_path / "run")]
+    assert [line for line in printed.getvalue().splitlines() if line.startswith("Ep ")] == \
+        [line for line in book_run[0] if line.startswith("Ep ")]

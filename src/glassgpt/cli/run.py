@@ -38,15 +38,16 @@ from .progress import Printer
 
 
 def add_train_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), shown: dict[str, str] | None = None,
-                   epochs: str = "none: --max-steps") -> None:
+                   epochs: str = "none: --max-steps", choices: dict[str, list[str]] | None = None) -> None:
     """Every TrainConfig field as a flag (but `exclude`), with --resume, --epochs, --no-progress, --threads.
 
-    `shown` replaces the default that help states for some fields (finetuning has its own)."""
+    `shown` replaces the default that help states for some fields (finetuning has its own); `choices`
+    the values a flag takes (--recipe: the registry's names)."""
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR/latest exactly where it stopped (RUN_DIR/best "
                                                        "if latest/ is gone; default: start a new run)")
     for f in dataclasses.fields(TrainConfig):
         if f.name not in exclude:
-            _add_setting(p, f, (shown or {}).get(f.name))
+            _add_setting(p, f, (shown or {}).get(f.name), (choices or {}).get(f.name))
     p.add_argument("--epochs", type=positive_float, help=f"passes over the training data (default {epochs}); give this "
                                                          "or --max-steps, not both")
     p.add_argument("--no-progress", action="store_true",
@@ -55,7 +56,8 @@ def add_train_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), sh
     add_threads_arg(p)
 
 
-def _add_setting(p: argparse.ArgumentParser, f: dataclasses.Field, shown: str | None) -> None:
+def _add_setting(p: argparse.ArgumentParser, f: dataclasses.Field, shown: str | None,
+                 choices: list[str] | None = None) -> None:
     m = f.metadata
     shown = shown if shown is not None else m["shown"] if m["shown"] is not None else f"{f.default}"
     text = m["help"] + (f" (default {shown})" if shown else "")
@@ -63,8 +65,8 @@ def _add_setting(p: argparse.ArgumentParser, f: dataclasses.Field, shown: str | 
     kind = setting_type(f.name)
     if kind is bool:
         p.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true", default=None, help=text)
-    elif m["choices"]:
-        p.add_argument(flag, dest=f.name, choices=m["choices"], default=None, help=text)
+    elif choices or m["choices"]:
+        p.add_argument(flag, dest=f.name, choices=choices or m["choices"], default=None, help=text)
     else:
         check = m["check"]
         parse = functools.partial(_number, kind=kind, ok=check or (lambda v: True),

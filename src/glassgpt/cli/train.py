@@ -87,7 +87,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sample-prompt", metavar="TEXT",
                    help="prompt of the samples and snapshots at each evaluation (default: the first tokens of the "
                         f"val split; --recipe book: {book.START_CONTEXT!r})")
-    add_train_args(p, epochs="none, --max-steps says; --recipe book: 10, the book's")
+    add_train_args(p, epochs="none, --max-steps says; --recipe book: 10, the book's",
+                   choices={"recipe": recipes.names("train")})
     p.set_defaults(run=run_train)
     _add_eval_parser(sub)
 
