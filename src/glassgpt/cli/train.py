@@ -34,9 +34,9 @@ from ..formats.files import atomic_write
 from ..tokenizer import check_fits, get_tokenizer, train_bpe
 from ..training import TrainConfig, evaluate_loss, plot_run, read_metrics
 from ..training import book, recipes
-from ..training.compute import exact, with_dropout
+from ..training.compute import with_dropout
 from ..training.config import SMALL_TEXT_FINDING, default, runs_as_book
-from ..training.data import TextTask, build_tokenizer, cache_key, resolve_files, scan_file, split_ids, tokenize_files
+from ..training.data import TextTask, build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
 from ..training.metrics import snapshot_records
 from ..training.rundir import saved_train_config
 from .common import add_threads_arg, fraction, nonneg_float, nonneg_int, positive_int, require_language_model, say, set_threads
@@ -186,7 +186,8 @@ def _new_setup(args: argparse.Namespace, start: Start):
             "context_length": context, "stride": args.stride or context, "sample_prompt": args.sample_prompt}
     cfg = recipe.train_config({f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)},
                               {"out": args.out})
-    task, data["fingerprint"] = _task(files, tokenizer, data, cfg, Path(args.out))
+    task, data["fingerprint"], line = recipe.task(files, tokenizer, data, cfg, Path(args.out))
+    say(line)
     cfg = _with_epochs(args, cfg, task, start.ranks.world, default=recipe.epochs)
     if not recipe.seeds_globally and len(task.train) < SMALL_TEXT_WINDOWS * task.context_length:
         say(f"note: {small_text_note(len(task.train), task.context_length)}", file=sys.stderr)
@@ -267,43 +268,10 @@ def _resume_setup(args: argparse.Namespace, start: Start):
     tokenizer = load_tokenizer(start.checkpoint)
     recipe = recipes.recipe("train", data.get("recipe"))
     _check_recipe_flags(args, recipe, start.ranks.world)
-    task, _ = _task(resolve_files(data["path"]), tokenizer, data, cfg, start.run_dir.path,
-                    expect=data.get("fingerprint"))
+    task, _, line = recipe.task(resolve_files(data["path"]), tokenizer, data, cfg, start.run_dir.path,
+                                data.get("fingerprint"))
+    say(line)
     return Prepared(model, tokenizer, task, _with_epochs(args, cfg, task, start.ranks.world, None), meta, recipe)
-
-
-def _task(files, tokenizer, data: dict, cfg: TrainConfig, run_dir: Path, expect: str | None = None):
-    """(the task: glassgpt's random windows or the book's loaders, the data's fingerprint)."""
-    if recipes.recipe("train", data.get("recipe")).chapter == 5:
-        return _book_task(files, tokenizer, data, cfg, expect)
-    t0 = time.perf_counter()
-    # A run records its cache relative to itself; older runs recorded it relative to where they started.
-    cache_dir = run_dir / data["cache_dir"] if "fingerprint" in data or data["cache_dir"] == "cache" else data["cache_dir"]
-    cache = tokenize_files(files, tokenizer, cache_dir, expect_key=expect)
-    train, val = split_ids(cache.ids(), data["val_fraction"])
-    say(f"data: {len(files)} file(s), {cache.n_tokens:,} tokens ({len(train):,} train, {len(val):,} val), "
-        f"tokenizer {tokenizer.name} ({tokenizer.n_vocab:,} tokens), cached in {cache.path} "
-        f"({time.perf_counter() - t0:.1f} s)")
-    task = TextTask(train, val, data["context_length"], cfg.batch_size, tokenizer=tokenizer, seed=cfg.seed,
-                    eval_batches=cfg.eval_batches, sample_tokens=cfg.sample_tokens,
-                    sample_prompt=data.get("sample_prompt"))
-    return task, cache.key
-
-
-def _book_task(files, tokenizer, data: dict, cfg: TrainConfig, expect: str | None) -> tuple[book.BookTask, str]:
-    fingerprint = cache_key([scan_file(p) for p in files], tokenizer)
-    if expect is not None and fingerprint != expect:
-        raise GlassError("the data changed since the run started (its sha256 differs from the run's record), so "
-                         "--resume could not continue it exactly: restore the files, or start a new run from its "
-                         "weights with --init RUN_DIR")
-    context, stride = data["context_length"], data["stride"]
-    train, val, n_chars, n_train_chars = book.read_windows(files, tokenizer, data["val_fraction"], context, stride)
-    task = book.BookTask(train, val, cfg.batch_size, cfg.eval_batches, tokenizer, cfg.sample_tokens, exact(cfg),
-                         data.get("sample_prompt") or book.START_CONTEXT)
-    say(f"data: {len(files)} file(s), {n_chars:,} characters split at {n_train_chars:,}: {len(train):,} training "
-        f"windows ({task.steps_per_epoch:,} batches of {cfg.batch_size} per epoch) and {len(val):,} validation "
-        f"windows of {context:,} tokens at stride {stride:,}, as the book's create_dataloader_v1 makes them")
-    return task, fingerprint
 
 
 # --- eval, plot, tokenizer --------------------------------------------------------------

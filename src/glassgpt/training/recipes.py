@@ -28,7 +28,7 @@ from ..config import GPTConfig
 from ..errors import GlassError
 from ..formats import random_model
 from ..model import GPTModel
-from . import book, book_ch06, book_ch07
+from . import book, book_ch06, book_ch07, data
 from .config import BOOK_DEFAULTS, BOOK_SETTINGS, TrainConfig
 
 
@@ -46,6 +46,8 @@ class Recipe:
     chapter: int | None = None                       # the book's chapter it runs as the book's code does
     log_line: str | None = None                      # its evaluation line, formatted with the step's record
                                                      # and global_step (None: glassgpt's `step N: ...`)
+    task: Callable[..., Any] | None = None           # train's: (files, tokenizer, data, cfg, run_dir, expect)
+                                                     # -> (task, fingerprint, the line on the data)
 
     @property
     def seeds_globally(self) -> bool:
@@ -123,9 +125,9 @@ BOOK_CH05 = "chapter 5 trains: a constant lr, no warm-up, no clipping, one proce
 BOOK_CH07 = "chapter 7 trains: train_model_simple on every weight, a constant lr, one process"
 BOOK_CH06 = "chapter 6 trains: train_classifier_simple, a constant lr, no warm-up, no clipping, one process"
 
-register(Recipe("glassgpt", "train", "nanoGPT's loop: random windows, warm-up, cosine, clipping"))
+register(Recipe("glassgpt", "train", "nanoGPT's loop: random windows, warm-up, cosine, clipping", task=data.text_task))
 register(Recipe(BOOK, "train", BOOK_CH05, BOOK_SETTINGS, BOOK_DEFAULTS, epochs=10, one_process=True,
-                chapter=5, log_line=book.LINE))
+                chapter=5, log_line=book.LINE, task=book.book_task))
 register(Recipe("glassgpt", "finetune classify", "a classifier head on the last real token", epochs=5))
 register(Recipe(BOOK, "finetune classify", BOOK_CH06, BOOK_SETTINGS, book_ch06.DEFAULTS, epochs=book_ch06.EPOCHS,
                 one_process=True, refused=("trainable", "lora_rank", "lora_alpha", "val_fraction", "text_column",
