@@ -219,3 +219,12 @@ def test_the_recipe_runs_from_python_with_no_command_line(files, book_run, tmp_p
     assert all(torch.equal(t, book_run[1].state_dict()[k]) for k, t in model.state_dict().items())
     assert sum("train_eval_loss" in e for e in lines) == 4
     assert accuracy_lines(task.final_accuracies(model)) == book_run[0][-3:-1]  # training and validation
+
+
+def test_explain_names_the_classes_the_json_beside_a_pth_gives(files, book_run):
+    from glassgpt.cli.explain import about
+    (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4, "labels": ["ham", "spam"]}))
+    try:
+        assert about(str(files["root"] / "review_classifier.pth")).labels == ["ham", "spam"]
+    finally:
+        (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4}))

@@ -16,7 +16,7 @@ from ..explain.compare import compare, comparison_layout, comparison_text
 from ..explain.diagram import layout, save_attention_png
 from ..explain.passage import passage, passage_layout, passage_text
 from ..explain.text import embedding_section
-from ..formats import is_random_init, load_meta, load_model, load_tokenizer, read_config
+from ..formats import class_labels, is_random_init, load_model, load_tokenizer, read_config
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .common import add_model_args, load, nonneg_int, positive_float, positive_int
@@ -66,7 +66,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def about(spec: str) -> About:
     """What the CLI knows of a --model spec that its weights cannot say."""
     random = is_random_init(spec)
-    return About(spec, random, init_scheme(spec) if random else None, load_meta(spec).get("labels"))
+    return About(spec, random, init_scheme(spec) if random else None, class_labels(spec))
 
 
 def run_explain(args: argparse.Namespace) -> int:

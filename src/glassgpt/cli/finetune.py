@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GlassError
-from ..formats import load_meta, load_model, load_tokenizer
+from ..formats import class_labels, load_meta, load_model, load_tokenizer
 from ..tokenizer import check_fits
 from ..training import TrainConfig
 from ..training import finetune as ft
-from ..formats.book import is_state_dict_file, side_labels
+from ..formats.book import is_state_dict_file
 from ..training import book_ch06, book_ch07, lora, recipes
 from ..training.compute import exact
 from ..training.metrics import save_confusion_png
@@ -371,7 +371,7 @@ def run_classify(args: argparse.Namespace) -> int:
     meta = load_meta(args.model)
     trained = meta.get("finetune") or {}
     book = recipes.BOOK in (args.recipe, trained.get("recipe"))
-    labels = _class_names(args.model, meta, model.cfg.num_classes, book)
+    labels = _class_names(args.model, model.cfg.num_classes, book)
     if book:
         probs = _classify_as_book(args, model, tokenizer, trained)
     else:
@@ -396,9 +396,9 @@ def run_classify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _class_names(spec: str, meta: dict, num_classes: int, book: bool) -> list[str]:
+def _class_names(spec: str, num_classes: int, book: bool) -> list[str]:
     """The run's labels, or {"labels": [...]} beside a .pth, or the book's "not spam"/"spam", or the indices."""
-    labels = meta.get("labels") or (side_labels(spec) if is_state_dict_file(spec) else None)
+    labels = class_labels(spec)
     if labels is not None and len(labels) != num_classes:
         raise GlassError(f"{spec} has {num_classes} classes but its labels name {len(labels)} ({labels}): give one "
                          "name for each class")
