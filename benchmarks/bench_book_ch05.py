@@ -149,6 +149,26 @@ def report(results: dict, threads: int) -> None:
               f"(train <= {GOAL['train']}, val <= {GOAL['val']}): {'yes' if ok else 'NO'}")
 
 
+def side_by_side(results: dict, key: str) -> None:
+    """Each side's `key` lines, line by line under the book's, marked equal or not (chapters 6 and 7)."""
+    sides = list(results)
+    for i in range(max(len(results[s][key]) for s in sides)):
+        for s in sides:
+            line = results[s][key][i] if i < len(results[s][key]) else ""
+            same = i < len(results["book"][key]) and line == results["book"][key][i]
+            print(f"{s:>5}  {line[:100]}" + ("" if s == "book" else "  (= book)" if same else "  (differs)"))
+        print()
+
+
+def run_sides(results: dict, command, check, skip_exact: bool, env: dict, keep) -> None:
+    """glassgpt's exact and fast sides after the book's: `command(side, fast)`, `keep(output lines)`,
+    `check(run_dir)` (what equals the book's), each added to `results`."""
+    for side in (("fast",) if skip_exact else ("exact", "fast")):
+        cmd, run = command(side, side == "fast")
+        seconds, lines = timed(cmd, env)
+        results[side] = {"seconds": seconds, "lines": keep(lines), **check(run)}
+
+
 ABLATIONS = [  # (what differs from glassgpt's defaults, flags)
     ("glassgpt's defaults (the book's initialisation, as gpt2-book draws it)", []),
     ("  + GPT-2's initialisation (N(0, 0.02), scaled residual projections)", ["--model", "GPT2_INIT"]),

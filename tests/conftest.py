@@ -10,6 +10,7 @@ when ../shared is absent (a bare clone), so that every test still runs.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -140,3 +141,30 @@ def one_thread():
 @pytest.fixture(name="shared_data")
 def shared_data_fixture():
     return shared_data
+
+
+GPT2_URLS = {  # where tiktoken's gpt2() reads its two files: the same files are glassgpt's vocab/
+    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+}
+
+
+@pytest.fixture(scope="session")
+def offline_tiktoken(tmp_path_factory):
+    """The book's code calls tiktoken.get_encoding("gpt2"): built here from the
+    files glassgpt ships, once (tiktoken keeps it), with no network."""
+    import tiktoken
+    import tiktoken.load
+    from importlib import resources
+    cache = tmp_path_factory.mktemp("tiktoken_cache")
+    vocab = resources.files("glassgpt").joinpath("vocab")
+    for name, url in GPT2_URLS.items():
+        (cache / hashlib.sha1(url.encode()).hexdigest()).write_bytes(vocab.joinpath(name).read_bytes())
+    saved_env, saved_read = os.environ.get("TIKTOKEN_CACHE_DIR"), tiktoken.load.read_file
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
+    tiktoken.load.read_file = lambda blobpath: pytest.fail(f"tiktoken tried to download {blobpath}")
+    try:
+        tiktoken.get_encoding("gpt2").encode_ordinary("warm up")
+    finally:
+        tiktoken.load.read_file = saved_read
+        os.environ.pop("TIKTOKEN_CACHE_DIR") if saved_env is None else os.environ.__setitem__("TIKTOKEN_CACHE_DIR", saved_env)

@@ -11,7 +11,6 @@ of an epoch; and what a reader who brings the book's model.pth runs into. The fu
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -37,34 +36,7 @@ from llms_from_scratch.ch05 import calc_loss_loader, train_model_simple  # noqa:
 SMALL = dict(vocab_size=50257, context_length=32, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.1, qkv_bias=False)
 FLAGS = ["--model", "gpt2-book", "--n-layers", "2", "--emb-dim", "32", "--n-heads", "4", "--context-length", "32",
          "--threads", "1", "--no-progress"]
-GPT2_URLS = {  # where tiktoken's gpt2() reads its two files: the same files are glassgpt's vocab/
-    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
-    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def offline_tiktoken(tmp_path_factory):
-    """The book's create_dataloader_v1 calls tiktoken.get_encoding("gpt2"): built here from the
-    files glassgpt ships, once (tiktoken keeps it), with no network."""
-    import tiktoken
-    import tiktoken.load
-    from importlib import resources
-    cache = tmp_path_factory.mktemp("tiktoken_cache")
-    vocab = resources.files("glassgpt").joinpath("vocab")
-    for name, url in GPT2_URLS.items():
-        (cache / hashlib.sha1(url.encode()).hexdigest()).write_bytes(vocab.joinpath(name).read_bytes())
-    saved_env, saved_read = os.environ.get("TIKTOKEN_CACHE_DIR"), tiktoken.load.read_file
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
-    tiktoken.load.read_file = lambda blobpath: pytest.fail(f"tiktoken tried to download {blobpath}")
-    try:
-        tiktoken.get_encoding("gpt2").encode_ordinary("warm up")
-    finally:
-        tiktoken.load.read_file = saved_read
-        os.environ.pop("TIKTOKEN_CACHE_DIR") if saved_env is None else os.environ.__setitem__("TIKTOKEN_CACHE_DIR", saved_env)
-
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "offline_tiktoken")
 
 
 TEXT = [shared_data("the-verdict.txt").read_text(encoding="utf-8")[:6000]]  # (its stand-in when ../shared is absent)
@@ -261,3 +233,28 @@ def test_init_from_a_state_dict_says_it_cannot_record_dropout(text, tmp_path, ca
     err = capsys.readouterr().err
     assert "is a state dict, which cannot record dropout: training assumes drop_rate 0.1" in err
     assert glassgpt.load_model(tmp_path / "r").cfg.drop_rate == 0.1
+
+
+def test_a_recipe_that_brings_its_own_loop_runs_it_under_the_command_line(book_run, text, tmp_path):
+    """The registry's seam for appendix D: a recipe registered with `loop` is a --recipe of train, and
+    fit runs its loop (here chapter 5's own, counted) with the run's machinery around it."""
+    import dataclasses as dc
+    from glassgpt.training import loop as training_loop, recipes
+    calls = []
+
+    def counted(run):
+        calls.append(run.cfg.max_steps)
+        training_loop.train(run)
+
+    own = dc.replace(recipes.recipe("train", "book"), name="book-own-loop", loop=counted)
+    recipes.register(own)
+    try:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(["train", "--recipe", own.name, "--data", str(text), "--out", str(tmp_path / "run"),
+                         "--epochs", "2", *FLAGS]) == 0
+    finally:
+        del recipes.REGISTRY[("train", own.name)]
+    assert calls == [verify_step(tmp_path / "run")]
+    assert [line for line in printed.getvalue().splitlines() if line.startswith("Ep ")] == \
+        [line for line in book_run[0] if line.startswith("Ep ")]

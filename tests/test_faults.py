@@ -143,6 +143,25 @@ def test_a_second_process_on_a_run_directory_is_refused_naming_the_holder(saved_
     assert main(["train", "--resume", str(saved_run), "--max-steps", "10", "--no-progress"]) == 0
 
 
+def test_a_refused_run_leaves_its_directory_as_it_found_it(tmp_path, corpus, capsys):
+    """The issue's two cases: a new directory is not created, an empty one gets no .lock."""
+    import torch
+    from glassgpt import GPTModel, get_config
+    pth = tmp_path / "model.pth"
+    torch.save(GPTModel(get_config("gpt2-book", n_layers=1, emb_dim=64, n_heads=1, context_length=32)).state_dict(), pth)
+    new = tmp_path / "new"
+    assert main(["train", "--init", str(pth), "--context-length", "1024", "--data", str(corpus), "--out", str(new),
+                 "--no-progress"]) == 2
+    assert "--context-length 1024 is longer" in capsys.readouterr().err and not new.exists()
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\na fine day,pos\nwhat,\nbad day,neg\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["finetune", "classify", "--model", str(pth), "--data", str(data), "--out", str(empty),
+                 "--no-progress"]) == 2
+    assert f"{data}:3 has no usable label" in capsys.readouterr().err and list(empty.iterdir()) == []
+
+
 # --- signals -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

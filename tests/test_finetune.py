@@ -63,7 +63,7 @@ def test_custom_columns_are_read(tmp_path):
     ("text,label\n", "no rows"),
     ("words,label\n\"a\",x\n\"b\",y\n", "column 'text' is missing"),
     ("text,label\n\"a\",x\n\"b\",x\n", "at least two classes"),
-    ("text,label\n\"\",x\n\"b\",y\n", r"d.csv:2 \(record 0\) has an empty"),
+    ("text,label\n\"\",x\n\"b\",y\n", r"d.csv:2 has an empty"),
 ])
 def test_bad_classification_files_fail_with_one_clear_error(tmp_path, content, message):
     path = tmp_path / "d.csv"
@@ -74,14 +74,14 @@ def test_bad_classification_files_fail_with_one_clear_error(tmp_path, content, m
 
 def test_unknown_label_in_validation_data_is_refused(tmp_path):
     path = write_csv(tmp_path / "val.csv", [("a", "pos"), ("b", "maybe")])
-    with pytest.raises(DataError, match=r"val.csv:3 \(record 1\) has the label 'maybe'.*\['neg', 'pos'\]"):
+    with pytest.raises(DataError, match=r"val.csv:3 has the label 'maybe'.*\['neg', 'pos'\]"):
         ft.load_classification_data(path, label_names=["neg", "pos"])
 
 
 def test_invalid_jsonl_line_is_named(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"text": "a", "label": 1}\n{oops\n')
-    with pytest.raises(DataError, match=r"d.jsonl:2 \(record 1\) is not valid JSON"):
+    with pytest.raises(DataError, match=r"d.jsonl:2 is not valid JSON"):
         ft.load_classification_data(path)
 
 
@@ -219,7 +219,7 @@ def test_malformed_records_are_reported_with_their_index(tmp_path):
     good, bad = ft.load_instruction_records(path, on_bad="skip")
     assert [r["instruction"] for r in good] == ["a", "f"] and good[1]["input"] == ""
     assert [i for i, _ in bad] == [1, 2, 3, 4] and "missing 'output'" in bad[0][1]
-    with pytest.raises(DataError, match=r"record 1 is malformed \(missing 'output'\); 4 bad"):
+    with pytest.raises(DataError, match=r"data.json record 2 of 6 is malformed \(missing 'output'\); 4 bad"):
         ft.load_instruction_records(path, on_bad="error")
 
 
@@ -418,7 +418,7 @@ def test_finetune_instruct_skips_bad_records_and_chat_answers(gpt2_tok_base, tmp
                    "--max-steps", "3", "--batch-size", "4", "--lr", "1e-3", "--sample-tokens", "4", "--no-progress"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    assert "skipped 1 malformed record(s)" in captured.err and "3 (missing 'output')" in captured.err
+    assert "skipped 1 malformed record(s)" in captured.err and "record 4 (missing 'output')" in captured.err
     assert glassgpt.load_meta(run)["finetune"]["kind"] == "instruct"
     from glassgpt.training import read_metrics
     evals = [r for r in read_metrics(run) if "val_loss" in r]  # a snapshot of the first val record's prompt
@@ -433,7 +433,7 @@ def test_finetune_instruct_skips_bad_records_and_chat_answers(gpt2_tok_base, tmp
     assert capsys.readouterr().out == "<Repeat the word red.>\n<Repeat the word cat.>\n"
     rc = cli_main(["finetune", "instruct", "--model", str(gpt2_tok_base), "--data", str(path),
                    "--out", str(tmp_path / "run2"), "--on-bad-record", "error", "--no-progress"])
-    assert rc == 2 and "record 3 is malformed (missing 'output')" in capsys.readouterr().err
+    assert rc == 2 and "record 4 of 20 is malformed (missing 'output')" in capsys.readouterr().err
 
 
 def test_respond_stops_at_eot_and_returns_only_the_answer(gpt2_tok_base):
@@ -451,9 +451,9 @@ def test_respond_stops_at_eot_and_returns_only_the_answer(gpt2_tok_base):
 @pytest.mark.parametrize("content, message", [
     ('text,label\n"a fine day",pos\n"a bad day",neg,really\n', r"d.csv:3: the row has 3 fields but the header has 2"),
     ('text,label\n"a fine day",pos\n"no label here"\n', r"d.csv:3: the row has 1 fields but the header has 2"),
-    ('text,label\n"a fine day",pos\n"what",NaN\n"b",neg\n', r"d.csv:3 \(record 1\) has no usable label in 'label' \('NaN'\)"),
-    ('{"text": "a", "label": 1}\n\n{"text": "b", "label": NaN}\n', r"d.jsonl:3 \(record 1\) has no usable label .*\(nan\)"),
-    ('[{"text": "a", "label": "x"}, {"text": "b", "label": null}]', r"d.json record 1 has no usable label"),
+    ('text,label\n"a fine day",pos\n"what",NaN\n"b",neg\n', r"d.csv:3 has no usable label in 'label' \('NaN'\)"),
+    ('{"text": "a", "label": 1}\n\n{"text": "b", "label": NaN}\n', r"d.jsonl:3 has no usable label .*\(nan\)"),
+    ('[{"text": "a", "label": "x"}, {"text": "b", "label": null}]', r"d.json record 2 of 2 has no usable label"),
 ])
 def test_a_ragged_row_or_a_missing_label_is_an_error_naming_file_and_line(tmp_path, content, message):
     path = tmp_path / ("d.csv" if content.startswith("text") else "d.jsonl" if content.startswith("{") else "d.json")

@@ -39,7 +39,7 @@ from .model import GPTModel
 from .tokenizer import Tokenizer
 from .version import __version__
 
-# `glassgpt.explain_diagram.to_svg(trace)` (the README's) keeps working, imported or not.
+# `import glassgpt.explain_diagram` is a documented import path: the picture module under its public name.
 _sys.modules[__name__ + ".explain_diagram"] = explain_diagram
 
 __all__ = [

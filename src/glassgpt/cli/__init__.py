@@ -55,29 +55,15 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def build_parser() -> ArgumentParser:
-    from . import core
+    from . import check, core, diff, explain, export, finetune, serve, train
 
     parser = ArgumentParser(prog="glassgpt", description="GPT-2 from scratch, and a way to see it.")
     parser.add_argument("--version", action="version", version=f"glassgpt {__import__('glassgpt').__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     sub.required = True
-    for module in (core,) + _optional_modules():
+    for module in (core, explain, diff, check, train, finetune, serve, export):
         module.add_parsers(sub)
     return parser
-
-
-def _optional_modules() -> tuple:
-    """Command groups added by later parts of glassgpt (training, finetuning, the web page)."""
-    import importlib
-
-    modules = []
-    for name in ("explain", "diff", "check", "train", "finetune", "serve", "export"):
-        try:
-            modules.append(importlib.import_module(f"{__name__}.{name}"))
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-    return tuple(modules)
 
 
 def main(argv: list[str] | None = None) -> int:

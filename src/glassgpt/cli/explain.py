@@ -20,7 +20,7 @@ from ..explain.passage import passage, passage_layout, passage_text
 from ..explain.why import why
 from ..explain.why_view import why_layout
 from ..explain.text import embedding_section
-from ..formats import is_random_init, load_meta, load_model, load_tokenizer, read_config
+from ..formats import class_labels, is_random_init, load_model, load_tokenizer, read_config
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .common import add_model_args, load, nonneg_int, positive_float, positive_int
@@ -71,7 +71,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def about(spec: str) -> About:
     """What the CLI knows of a --model spec that its weights cannot say."""
     random = is_random_init(spec)
-    return About(spec, random, init_scheme(spec) if random else None, load_meta(spec).get("labels"))
+    return About(spec, random, init_scheme(spec) if random else None, class_labels(spec))
 
 
 def run_explain(args: argparse.Namespace) -> int:

@@ -1,12 +1,15 @@
 """`glassgpt finetune classify|instruct`, `glassgpt classify`, `glassgpt chat`.
 
     glassgpt finetune classify --model SPEC --data train.csv [--val val.csv] --out RUN_DIR
-                               [--text-column text] [--label-column label] [--max-length N]
+                               [--text-column text] [--label-column label] [--labels A,B] [--max-length N]
                                [--trainable last-block|last-N-blocks|head|all]
                                [--lora-rank R --lora-alpha A] [training flags of glassgpt train]
     glassgpt finetune instruct --model SPEC --data data.json --out RUN_DIR [--on-bad-record skip|error] ...
+    glassgpt finetune classify --recipe book --model SPEC --data train.csv --val validation.csv
+                               [--test test.csv] --out RUN_DIR          (the book's chapter 6)
     glassgpt finetune classify|instruct --resume RUN_DIR [--max-steps S]
     glassgpt classify "TEXT" --model RUN_DIR [--json]
+    glassgpt classify "TEXT" --model review_classifier.pth --recipe book --max-length N
     glassgpt chat ["INSTRUCTION"] --model RUN_DIR        (no instruction: one per line of stdin)
 
 The training flags, the run lifecycle and the loop are `glassgpt train`'s (cli/run.py, `fit`). What
@@ -18,6 +21,7 @@ needs nothing else, works from any directory, and refuses data that changed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -26,21 +30,24 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GlassError
-from ..formats import load_meta, load_model, load_tokenizer
+from ..formats import class_labels, load_meta, load_model, load_tokenizer
 from ..tokenizer import check_fits
 from ..training import TrainConfig
 from ..training import finetune as ft
-from ..training import lora
+from ..formats.book import is_state_dict_file
+from ..training import book_ch06, book_ch07, lora, recipes
+from ..training.compute import exact
+from ..training.metrics import save_confusion_png
 from ..training.config import default
 from ..prompt import fit_prompt
 from ..training.data import scan_file
 from .common import (add_model_args, fraction, load, nonneg_float, nonneg_int, positive_float, positive_int, probability,
                      require_language_model, say)
-from .run import Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
+from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
 
 # Flags that describe what a run is made of; --resume takes them from the run instead.
-SETTINGS = ("model", "data", "val", "val_fraction", "text_column", "label_column", "max_length", "trainable",
-            "lora_rank", "lora_alpha", "on_bad_record")
+SETTINGS = ("model", "data", "val", "test", "val_fraction", "text_column", "label_column", "labels", "max_length",
+            "trainable", "lora_rank", "lora_alpha", "on_bad_record", "recipe")
 # Each kind's defaults (the book's), what --help shows and a run uses; the lr is finetune.default_lr.
 DEFAULTS = {
     "classify": {"epochs": 5, "trainable": "last-block"},
@@ -60,6 +67,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _add_common(c, "classify")
     c.add_argument("--text-column", metavar="NAME", help="column with the text (default text)")
     c.add_argument("--label-column", metavar="NAME", help="column with the label (default label)")
+    c.add_argument("--labels", type=_names, metavar="A,B",
+                   help="the class names, in the order of the data's sorted labels (default: the labels themselves)")
+    c.add_argument("--test", metavar="FILE", help="--recipe book: the book's test.csv, scored at the end "
+                                                  "(default: none)")
     c.set_defaults(run=run_finetune)
 
     i = fsub.add_parser("instruct", help="teach a model to follow instructions (Alpaca records)",
@@ -74,6 +85,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     k.add_argument("text", help="the text to label")
     add_model_args(k, default=None)
     k.add_argument("--json", action="store_true", help='print {"label": ..., "prob": ...} (default: label<TAB>prob)')
+    k.add_argument("--recipe", choices=[recipes.BOOK], help="book: read the model as the book's classify_review does, "
+                                                       "the text padded to --max-length and the last position read "
+                                                       "(default: as it was trained)")
+    k.add_argument("--max-length", type=positive_int, metavar="N",
+                   help="--recipe book: the padded length it was trained at (the book's train_dataset.max_length)")
     k.set_defaults(run=run_classify)
 
     h = sub.add_parser("chat", help="answer an instruction with an instruction-finetuned model")
@@ -85,11 +101,27 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--top-k", type=positive_int, default=None, help="sample from the k likeliest tokens (default: all)")
     h.add_argument("--top-p", type=probability, default=None,
                    help="sample from the smallest set of tokens with this much probability (default: all)")
+    h.add_argument("--recipe", choices=[recipes.BOOK], help="book: the prompt of the book's format_input, answered as "
+                                                       "its chapter 7 answers the test set (default: glassgpt's "
+                                                       "Alpaca prompt)")
     h.set_defaults(run=run_chat)
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if len(names) < 2 or not all(names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"give two or more distinct class names, comma-separated, got {text!r}")
+    return names
 
 
 def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
     d = DEFAULTS[kind]
+    p.add_argument("--recipe", choices=recipes.names(f"finetune {kind}"),
+                   help="glassgpt: glassgpt's own; book: the book's chapter 6, exactly (train_classifier_simple, "
+                        "its settings as defaults, its lines) (default glassgpt)" if kind == "classify" else
+                        "glassgpt: glassgpt's own; book: the book's chapter 7, exactly (its 85/10/5 split, "
+                        "custom_collate_fn, train_model_simple's lines, the test set's responses written as "
+                        f"RUN_DIR/{book_ch07.RESPONSES_FILE}) (default glassgpt)")
     p.add_argument("--model", metavar="SPEC", help="the model to start from: checkpoint or run directory, "
                                                    "hub id (openai-community/gpt2), or a preset (random weights); "
                                                    "required for a new run")
@@ -127,9 +159,17 @@ def run_finetune(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace, start: Start, kind: str):
-    if start.checkpoint:
-        settings, source, seed = _resume_settings(args, kind, start), start.checkpoint, start.saved["seed"]
+    settings = _resume_settings(args, kind, start) if start.checkpoint else None
+    recipe = recipes.recipe(f"finetune {kind}", settings.get("recipe") if settings else args.recipe)
+    if start.ranks.world > 1 and recipe.one_process:
+        raise GlassError(f"--recipe {recipe.name} trains in one process, as the book's code does: run it without torchrun")
+    if recipe.chapter is not None:
+        return _book_setup(args, start, recipe, settings, kind)
+    if settings is not None:
+        source, seed = start.checkpoint, start.saved["seed"]
     else:  # the split and the initialisation of a new head follow the seed
+        if getattr(args, "test", None) is not None:
+            raise GlassError("--test is --recipe book's (the book's test.csv): drop it, or add --recipe book")
         settings, source, seed = _new_settings(args, kind), None, args.seed if args.seed is not None else default("seed")
     if settings["lora_rank"] and args.fsdp:
         raise GlassError("--fsdp shards plain weights; LoRA adapters are small enough to replicate: drop --fsdp")
@@ -137,8 +177,10 @@ def _setup(args: argparse.Namespace, start: Start, kind: str):
     tokenizer = load_tokenizer(source or settings["model"])
     check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
     max_length = min(settings["max_length"] or model.cfg.context_length, model.cfg.context_length)
-    setup = _classification_setup if kind == "classify" else _instruction_setup
-    model, data, make_task = setup(model, tokenizer, settings, max_length, seed)
+    prepare = ft.prepare_classifier if kind == "classify" else ft.prepare_instructions
+    model, data, make_task, lines = prepare(model, tokenizer, settings, max_length, seed)
+    for line in lines:
+        say(line, file=sys.stderr if line.startswith("skipped") else sys.stdout)
     world = start.ranks.world
     cfg = _train_config(args, kind, len(data["train"]), model.cfg.emb_dim, start.saved, world)
     task = make_task(cfg)
@@ -148,12 +190,61 @@ def _setup(args: argparse.Namespace, start: Start, kind: str):
         f"{cfg.batch_size} x {cfg.grad_accum} accumulation x {world} rank(s), lr {cfg.lr:g}, {cfg.dtype}")
     meta = {"finetune": settings}
     if kind == "classify":
-        meta["labels"] = settings["labels"]
-    return model, tokenizer, task, cfg, meta
+        meta["labels"] = settings.get("names") or settings["labels"]
+    return Prepared(model, tokenizer, task, cfg, meta, recipe)
 
 
-def _report(result: dict, cfg: TrainConfig, task, tokenizer, kind: str) -> None:
+def _book_setup(args: argparse.Namespace, start: Start, recipe: recipes.Recipe, settings: dict | None, kind: str):
+    """The book's chapter 6 or 7 (training/book_ch06.py, book_ch07.py): its data, seeds and settings."""
+    if settings is not None:
+        cfg = train_config_from_args(args, start.saved)
+    else:
+        recipe.refuse_flags(vars(args))
+        if kind == "classify" and args.val is None:
+            raise GlassError("--recipe book reads the book's validation.csv as well: pass --val validation.csv")
+        settings = _new_settings(args, kind)
+        cfg = recipe.train_config({f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)},
+                                  {"out": args.out})
+    source = start.checkpoint or settings["model"]
+    model, tokenizer = load_model(source, device="cpu", dtype="float32"), load_tokenizer(source)
+    check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
+    new = start.checkpoint is None
+    if kind == "classify":
+        model, task = book_ch06.prepare(model, tokenizer, settings["data"], settings["val"], settings["test"],
+                                        settings["max_length"], cfg.seed, cfg.batch_size, cfg.eval_batches, new)
+        settings.update(padded_length=task.max_length, labels=book_ch06.LABELS)
+        sets = f"{len(task.train):,} train, {len(task.val):,} val" + (
+            f", {len(task.test):,} test" if task.test is not None else "")
+        say(f"data: {sets} texts padded with 50256 to {task.max_length:,} tokens (the longest training text, or "
+            f"--max-length), as SpamDataset pads them; the classifier reads {book_ch06.POSITION}")
+    else:
+        model, task = book_ch07.prepare(model, tokenizer, settings["data"], cfg.seed, cfg.batch_size,
+                                        cfg.eval_batches, cfg.sample_tokens, exact(cfg), new)
+        say(f"data: {len(task.train):,} train, {len(task.test_records):,} test, {len(task.val):,} val records (the "
+            "book's 85/10/5 split), formatted by format_input and padded by custom_collate_fn")
+    if new:
+        cfg.max_steps = args.max_steps or max(1, math.ceil((args.epochs or recipe.epochs) * task.steps_per_epoch))
+    say(_parameter_summary(model, settings))
+    say(f"training: {cfg.max_steps:,} steps ({cfg.max_steps / task.steps_per_epoch:.2f} epochs of "
+        f"{task.steps_per_epoch:,} batches of {cfg.batch_size}), AdamW lr {cfg.lr:g}, weight decay "
+        f"{cfg.weight_decay:g}, as {recipe.summary}")
+    meta = {"finetune": settings, **({"labels": book_ch06.LABELS} if kind == "classify" else {})}
+    return Prepared(model, tokenizer, task, cfg, meta, recipe)
+
+
+def _report(result: dict, cfg: TrainConfig, task, tokenizer, model, kind: str) -> None:
     run_dir = cfg.out
+    if isinstance(task, book_ch06.BookClassifierTask):  # the notebook's last cell, on the weights it ended with
+        for line in book_ch06.accuracy_lines(task.final_accuracies(model)):
+            print(line)
+        print(f"model: {run_dir}   try: glassgpt classify \"...\" --model {run_dir}")
+        return
+    if isinstance(task, book_ch07.BookInstructionTask):  # the notebook's responses to the test set
+        path = book_ch07.write_responses(model, tokenizer, task.test_records, Path(run_dir) / book_ch07.RESPONSES_FILE,
+                                         exact(cfg))
+        print(f"responses: {path} ({len(task.test_records):,} test records, as the book writes them)")
+        print(f"model: {run_dir}   try: glassgpt chat \"...\" --model {run_dir} --recipe book")
+        return
     if result["val_loss"] is not None:
         print(f"done: step {result['step']:,}, val loss {result['val_loss']:.4f} "
               f"(best {result['best_val_loss']:.4f}), {result['elapsed_s']:.0f} s of training")
@@ -174,7 +265,8 @@ def _new_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         raise GlassError("--lora-alpha needs --lora-rank R")
     if args.lora_rank is not None and args.trainable is not None:
         raise GlassError("with --lora-rank only the adapters (and a classifier head) train: drop --trainable")
-    for path in (args.data, args.val):
+    test = getattr(args, "test", None)  # (classify's)
+    for path in (args.data, args.val, test):
         if path is not None and not Path(path).is_file():
             raise GlassError(f"{path}: no such file")
     absolute = lambda p: str(Path(p).resolve()) if p else None
@@ -184,12 +276,14 @@ def _new_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
                 # The files' sha256: --resume refuses data that changed (it could not continue exactly).
                 "data_sha256": scan_file(Path(args.data)), "val_sha256": scan_file(Path(args.val)) if args.val else None,
                 "val_fraction": 0.1 if args.val_fraction is None else args.val_fraction,
-                "max_length": args.max_length,
+                "max_length": args.max_length, "recipe": args.recipe or "glassgpt",
+                "test": absolute(test), "test_sha256": scan_file(Path(test)) if test else None,
                 "trainable": None if args.lora_rank else (args.trainable or DEFAULTS[kind]["trainable"]),
                 "lora_rank": args.lora_rank,
                 "lora_alpha": (args.lora_alpha or float(args.lora_rank)) if args.lora_rank else None}
     if kind == "classify":
-        settings.update(text_column=args.text_column or "text", label_column=args.label_column or "label")
+        settings.update(text_column=args.text_column or "text", label_column=args.label_column or "label",
+                        names=args.labels)
     else:
         settings["on_bad_record"] = args.on_bad_record or "skip"
     return settings
@@ -206,7 +300,7 @@ def _resume_settings(args: argparse.Namespace, kind: str, start: Start) -> dict[
     if not settings or settings.get("kind") != kind:
         made = f"glassgpt finetune {settings['kind']}" if settings else "glassgpt train"
         raise GlassError(f"{run_dir} was made by {made}, not glassgpt finetune {kind}: resume it with that")
-    for name in ("data", "val"):
+    for name in ("data", "val", "test"):
         recorded = settings.get(f"{name}_sha256")
         if recorded and scan_file(Path(settings[name])) != recorded:
             raise GlassError(f"{settings[name]} changed since the run started (its sha256 differs from the run's "
@@ -217,52 +311,17 @@ def _resume_settings(args: argparse.Namespace, kind: str, start: Start) -> dict[
 
 def _train_config(args: argparse.Namespace, kind: str, n_train: int, emb_dim: int, saved: dict | None,
                   world: int) -> TrainConfig:
-    """The run's TrainConfig: a resumed run's own, or the flags over this kind's DEFAULTS.
-
-    --epochs sets max_steps (at least one); --max-steps sets it directly (cli/run.py refuses
-    both). Warm-up is a tenth of the steps (at most 100); one evaluation per epoch.
-    """
+    """The run's TrainConfig: a resumed run's own, or the flags over glassgpt's finetuning defaults
+    (ft.finetune_defaults); --epochs sets max_steps, --max-steps sets it directly (cli/run.py refuses both)."""
     if saved is not None:
         return train_config_from_args(args, saved)
-    d = DEFAULTS[kind]
-    per_epoch = ft.steps_per_epoch(n_train, args.batch_size or default("batch_size"), args.grad_accum or 1, world)
-    max_steps = args.max_steps or max(1, math.ceil((args.epochs or d["epochs"]) * per_epoch))
-    base = {"out": args.out, "lr": ft.default_lr(emb_dim), "max_steps": max_steps, "warmup_steps": min(100, max_steps // 10),
-            "eval_every": min(100, per_epoch), "sample_tokens": 0 if kind == "classify" else 64}
-    return train_config_from_args(args, base)
+    base = ft.finetune_defaults(n_train, emb_dim, args.batch_size or default("batch_size"), args.grad_accum or 1,
+                                world, args.epochs or DEFAULTS[kind]["epochs"], args.max_steps,
+                                sample_tokens=0 if kind == "classify" else 64)
+    return train_config_from_args(args, {"out": args.out, **base})
 
 
 # --- classification ------------------------------------------------------------------------
-
-def _classification_setup(model, tokenizer, settings, max_length, seed):
-    """(classifier, {"train", "val"} data, cfg -> ClassificationTask); prints what the data holds."""
-    cols = dict(text_column=settings["text_column"], label_column=settings["label_column"])
-    if settings["val"]:
-        train = ft.load_classification_data(settings["data"], **cols)
-        val = ft.load_classification_data(settings["val"], label_names=train.label_names, **cols)
-    else:
-        train, val = ft.split_validation(ft.load_classification_data(settings["data"], **cols),
-                                         settings["val_fraction"], seed)
-    if settings.get("labels") and settings["labels"] != train.label_names:
-        raise GlassError(f"the data's labels {train.label_names} differ from the run's {settings['labels']}: "
-                         "resume with the data the run was started with")
-    settings["labels"] = train.label_names
-    train_ids = ft.encode_texts(tokenizer, train.texts, max_length)
-    val_ids = ft.encode_texts(tokenizer, val.texts, max_length)
-    model = ft.to_classifier(model, len(train.label_names), seed)
-    _set_trainable(model, settings, seed)
-    counts = [train.labels.count(k) for k in range(len(train.label_names))]
-    longest = max(len(tokenizer.encode(t)) for t in train.texts + val.texts)
-    say(f"data: {len(train.texts):,} train, {len(val.texts):,} val texts; {len(train.label_names)} labels "
-         + ", ".join(f"{name} ({n:,})" for name, n in zip(train.label_names, counts))
-         + f"; longest text {longest:,} tokens, max_length {max_length:,}")
-
-    def make_task(cfg: TrainConfig) -> ft.ClassificationTask:
-        return ft.ClassificationTask(train_ids, train.labels, val_ids, val.labels, train.label_names,
-                                     ft.pad_id_of(tokenizer), cfg.batch_size, cfg.grad_accum, cfg.seed,
-                                     cfg.eval_batches)
-    return model, {"train": train_ids, "val": val_ids}, make_task
-
 
 def _report_classification(model, task: ft.ClassificationTask, run_dir: Path) -> None:
     metrics = task.evaluate(model, everything=True)
@@ -272,7 +331,7 @@ def _report_classification(model, task: ft.ClassificationTask, run_dir: Path) ->
     record = {"labels": labels, "matrix": matrix, "accuracy": metrics["val_accuracy"], "n": task.n_val,
               "rows": "actual", "columns": "predicted"}
     (run_dir / "confusion.json").write_text(json.dumps(record, indent=1))
-    png = save_confusion_png(matrix, labels, run_dir / "confusion.png")
+    png = save_confusion_png(matrix, labels, run_dir / "confusion.png")  # (None: no matplotlib)
     print(f"confusion matrix: {run_dir / 'confusion.json'}" + (f", {png}" if png else ""))
 
 
@@ -286,35 +345,6 @@ def format_confusion(matrix: list[list[int]], labels: list[str]) -> str:
     for name, row in zip(names, matrix):
         lines.append(f"{name:<{head}}  " + "  ".join(f"{v:>{width},}" for v in row))
     return "\n".join(lines)
-
-
-def save_confusion_png(matrix: list[list[int]], labels: list[str], path: Path) -> Path | None:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return None
-    n = len(labels)
-    fig = Figure(figsize=(1.2 + 0.7 * n, 1.0 + 0.6 * n), layout="constrained")
-    ax = fig.add_subplot()
-    ax.imshow(matrix, cmap="Blues")
-    top = max(max(row) for row in matrix) or 1
-    for a in range(n):
-        for p in range(n):
-            ax.text(p, a, f"{matrix[a][p]:,}", ha="center", va="center",
-                    color="white" if matrix[a][p] > top / 2 else "black")
-    ax.set_xticks(range(n), labels, rotation=45 if n > 4 else 0)
-    ax.set_yticks(range(n), labels)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("actual")
-    fig.savefig(path, dpi=120)
-    return path
-
-
-def _set_trainable(model, settings, seed) -> None:
-    if settings["lora_rank"]:
-        lora.apply_lora(model, settings["lora_rank"], settings["lora_alpha"], seed)
-    else:
-        ft.freeze(model, settings["trainable"])
 
 
 def _parameter_summary(model, settings) -> str:
@@ -339,14 +369,25 @@ def run_classify(args: argparse.Namespace) -> int:
         raise GlassError(f"{args.model} is a language model (no classifier head): make a classifier with "
                          "glassgpt finetune classify")
     meta = load_meta(args.model)
-    labels = meta.get("labels") or [str(k) for k in range(model.cfg.num_classes)]
-    max_length = (meta.get("finetune") or {}).get("max_length")
-    limit = min(max_length or model.cfg.context_length, model.cfg.context_length)
-    why = "the --max-length it was finetuned with" if limit != model.cfg.context_length else "its context_length"
-    cut = fit_prompt(tokenizer.encode(args.text), limit, keep="first", why=why)  # as predict() cuts it
-    if cut.note:
-        print(f"note: {cut.note}", file=sys.stderr)
-    probs = ft.predict(model, tokenizer, [args.text], max_length)[0]
+    trained = meta.get("finetune") or {}
+    book = recipes.BOOK in (args.recipe, trained.get("recipe"))
+    labels = _class_names(args.model, model.cfg.num_classes, book)
+    if book:
+        probs = _classify_as_book(args, model, tokenizer, trained)
+    else:
+        if args.max_length is not None:
+            raise GlassError("--max-length is --recipe book's (the length the book padded to): drop it, or add "
+                             "--recipe book")
+        max_length = trained.get("max_length")
+        limit = min(max_length or model.cfg.context_length, model.cfg.context_length)
+        why = "the --max-length it was finetuned with" if limit != model.cfg.context_length else "its context_length"
+        cut = fit_prompt(tokenizer.encode(args.text), limit, keep="first", why=why)  # as predict() cuts it
+        if cut.note:
+            print(f"note: {cut.note}", file=sys.stderr)
+        hint = (": a classifier trained by the book's code reads the last position of its padded length (pass "
+                "--recipe book --max-length N)" if is_state_dict_file(args.model) else "")
+        print(f"note: reads the last real token (no padding){hint}", file=sys.stderr)
+        probs = ft.predict(model, tokenizer, [args.text], max_length)[0]
     k = int(probs.argmax())
     if args.json:
         print(json.dumps({"label": labels[k], "prob": float(probs[k])}))
@@ -355,52 +396,40 @@ def run_classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _class_names(spec: str, num_classes: int, book: bool) -> list[str]:
+    """The run's labels, or {"labels": [...]} beside a .pth, or the book's "not spam"/"spam", or the indices."""
+    labels = class_labels(spec)
+    if labels is not None and len(labels) != num_classes:
+        raise GlassError(f"{spec} has {num_classes} classes but its labels name {len(labels)} ({labels}): give one "
+                         "name for each class")
+    if labels is None and book and num_classes == len(book_ch06.LABELS):
+        labels = book_ch06.LABELS
+    return labels or [str(k) for k in range(num_classes)]
+
+
+def _classify_as_book(args: argparse.Namespace, model, tokenizer, trained: dict):
+    """classify_review's probabilities: padded to the length it was trained at, the last position read."""
+    length = args.max_length or trained.get("padded_length")
+    if length is None:
+        raise GlassError(f"{args.model} does not record the length the book padded its texts to: pass --max-length N "
+                         "(train_dataset.max_length in the book's notebook)")
+    if trained and trained.get("recipe") != recipes.BOOK:
+        print(f"note: {args.model} was finetuned by glassgpt's recipe, on the last real token; --recipe book reads "
+              "the last position, padding included", file=sys.stderr)
+    print(f"note: reads {book_ch06.POSITION} (the text cut or padded to {length:,} tokens)", file=sys.stderr)
+    return book_ch06.classify_padded(model, tokenizer, args.text, length)
+
+
 # --- instructions ----------------------------------------------------------------------------
-
-def _instruction_setup(model, tokenizer, settings, max_length, seed):
-    """(model, {"train", "val"} examples, cfg -> InstructionTask); lists the records it skips."""
-    if model.cfg.num_classes is not None:
-        raise GlassError(f"{settings['model']} is a classifier: instruction finetuning needs a language model")
-    on_bad = settings["on_bad_record"]
-    records, problems = ft.load_instruction_records(settings["data"], on_bad)
-    if settings["val"]:
-        val_records, val_problems = ft.load_instruction_records(settings["val"], on_bad)
-        _report_bad(settings["val"], val_problems)
-    else:
-        train_idx, val_idx = ft.holdout(len(records), settings["val_fraction"], seed)
-        records, val_records = [records[i] for i in train_idx], [records[i] for i in val_idx]
-    train, long_train = ft.encode_instructions(tokenizer, records, max_length, on_bad)
-    val, long_val = ft.encode_instructions(tokenizer, val_records, max_length, on_bad)
-    _report_bad(settings["data"], sorted(problems + long_train + (long_val if not settings["val"] else [])))
-    if settings["val"]:
-        _report_bad(settings["val"], long_val)
-    if not train or not val:
-        raise GlassError("no training or no validation record is left after skipping bad ones: fix the data")
-    _set_trainable(model, settings, seed)
-    response_tokens = sum(len(ids) - p for ids, p in train)
-    cut = sum(ids[-1] != tokenizer.eot_id for ids, _ in train + val)
-    say(f"data: {len(train):,} train, {len(val):,} val records; {response_tokens:,} response tokens "
-         f"to learn; max_length {max_length:,}" + (f" ({cut:,} responses cut to fit)" if cut else ""))
-
-    def make_task(cfg: TrainConfig) -> ft.InstructionTask:
-        return ft.InstructionTask(train, val, tokenizer.eot_id, cfg.batch_size, cfg.grad_accum, cfg.seed,
-                                  cfg.eval_batches, tokenizer, val_records[:1], cfg.sample_tokens)
-    return model, {"train": train, "val": val}, make_task
-
-
-def _report_bad(path, problems) -> None:
-    if not problems:
-        return
-    shown = "; ".join(f"{i} ({why})" for i, why in problems[:5])
-    more = f"; and {len(problems) - 5:,} more" if len(problems) > 5 else ""
-    say(f"skipped {len(problems):,} malformed record(s) of {path}: {shown}{more}", file=sys.stderr)
-
 
 def run_chat(args: argparse.Namespace) -> int:
     if args.model is None:
         raise GlassError("glassgpt chat needs --model RUN_DIR (a run of glassgpt finetune instruct)")
     if args.instruction is not None and not args.instruction.strip():
         raise GlassError("the instruction is empty: say what the model should do")
+    if args.recipe == recipes.BOOK and (args.temperature or args.top_k or args.top_p):
+        raise GlassError("--recipe book answers greedily, as the book's chapter 7 does: drop --temperature, --top-k "
+                         "and --top-p")
     model, tokenizer = load(args)
     require_language_model(model, args.model)
     if tokenizer.eot_id is None:
@@ -418,6 +447,10 @@ def run_chat(args: argparse.Namespace) -> int:
         cut = fit_prompt(tokenizer.encode(ft.format_prompt(instruction, args.input)), model.cfg.context_length)
         if cut.note:  # generation reads the window's last tokens, as it does for every prompt
             print(f"note: {cut.note}", file=sys.stderr)
+        if args.recipe == recipes.BOOK:
+            print(book_ch07.respond(model, tokenizer, {"instruction": instruction, "input": args.input},
+                                    args.max_new_tokens), flush=True)
+            continue
         print(ft.respond(model, tokenizer, instruction, args.input, args.max_new_tokens, args.temperature,
                          args.top_k, args.top_p, args.seed), flush=True)
     return 0

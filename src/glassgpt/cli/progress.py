@@ -14,15 +14,14 @@ import sys
 import time
 from typing import Any
 
-from ..training.book import LINE as BOOK_LINE
 
 NOT_METRICS = {"event", "step", "tokens", "train_loss", "lr", "tokens_per_s", "elapsed_s", "grad_norm", "sample",
                "snapshot", "max_steps", "epoch"}
 
 
 class Printer:
-    def __init__(self, progress: bool = True, recipe: str = "glassgpt"):
-        self.progress, self.recipe = progress, recipe
+    def __init__(self, progress: bool = True, line: str | None = None):
+        self.progress, self.line = progress, line  # line: a recipe's own evaluation line (the book's), else glassgpt's
         self.bar = None
         self.last_step, self.last_time, self.every, self.total = 0, time.monotonic(), 1, 0
 
@@ -54,7 +53,7 @@ class Printer:
             self.write(self.evaluation_line(record))
         if record.get("sample") is not None:
             text = record["sample"]
-            self.write(text.replace("\n", " ") if self.recipe == "book" else
+            self.write(text.replace("\n", " ") if self.line else
                        "  sample: " + text.replace("\n", "\n          "))
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{record['lr']:.2e}",
@@ -64,8 +63,8 @@ class Printer:
             self._plain_line(record)
 
     def evaluation_line(self, record: dict[str, Any]) -> str:
-        if self.recipe == "book":
-            return BOOK_LINE.format(global_step=record["step"] - 1, **record)
+        if self.line:  # (the book's loops count global_step from 0)
+            return self.line.format(global_step=record["step"] - 1, **record)
         metrics = "  ".join(f"{k} {v:.4f}" if v is not None else f"{k} -"
                             for k, v in record.items() if k not in NOT_METRICS)
         return f"step {record['step']:,}: {metrics}"

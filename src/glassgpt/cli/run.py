@@ -4,9 +4,10 @@
       -> the run directory claimed once: checked, locked, recovered (training.rundir)
       -> on --resume: the checkpoint to continue and the run's saved settings, said where from
       -> this process's rank (training.distributed: WORLD_SIZE is read there, once)
-      -> setup(args, start): the command's own part (model, tokenizer, task, TrainConfig, meta)
+      -> setup(args, start): the command's own part (model, tokenizer, task, TrainConfig, meta, the
+         recipe, whose loop it runs and whose lines it prints): a `Prepared`
       -> fit(..., log=Printer): the progress bar, the evaluation lines and the samples
-      -> report(result): the command's summary; a signal ends in 128 + its number
+      -> report(result, ..., model): the command's summary; a signal ends in 128 + its number
 
 The TrainConfig flags come from TrainConfig's fields (training/config.py: each field's
 type, default, check and help are declared there once). Their defaults here are None, so a
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 from ..engine import autotune
 from ..errors import GlassError
-from ..training import TrainConfig, fit
+from ..training import TrainConfig, fit, recipes
 from ..training.checkpoint import checkpoint_bytes, resume_checkpoint
 from ..training.config import setting_type
 from ..training.distributed import Distributed, setup_distributed
@@ -37,15 +38,16 @@ from .progress import Printer
 
 
 def add_train_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), shown: dict[str, str] | None = None,
-                   epochs: str = "none: --max-steps") -> None:
+                   epochs: str = "none: --max-steps", choices: dict[str, list[str]] | None = None) -> None:
     """Every TrainConfig field as a flag (but `exclude`), with --resume, --epochs, --no-progress, --threads.
 
-    `shown` replaces the default that help states for some fields (finetuning has its own)."""
+    `shown` replaces the default that help states for some fields (finetuning has its own); `choices`
+    the values a flag takes (--recipe: the registry's names)."""
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR/latest exactly where it stopped (RUN_DIR/best "
                                                        "if latest/ is gone; default: start a new run)")
     for f in dataclasses.fields(TrainConfig):
         if f.name not in exclude:
-            _add_setting(p, f, (shown or {}).get(f.name))
+            _add_setting(p, f, (shown or {}).get(f.name), (choices or {}).get(f.name))
     p.add_argument("--epochs", type=positive_float, help=f"passes over the training data (default {epochs}); give this "
                                                          "or --max-steps, not both")
     p.add_argument("--no-progress", action="store_true",
@@ -54,7 +56,8 @@ def add_train_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), sh
     add_threads_arg(p)
 
 
-def _add_setting(p: argparse.ArgumentParser, f: dataclasses.Field, shown: str | None) -> None:
+def _add_setting(p: argparse.ArgumentParser, f: dataclasses.Field, shown: str | None,
+                 choices: list[str] | None = None) -> None:
     m = f.metadata
     shown = shown if shown is not None else m["shown"] if m["shown"] is not None else f"{f.default}"
     text = m["help"] + (f" (default {shown})" if shown else "")
@@ -62,8 +65,8 @@ def _add_setting(p: argparse.ArgumentParser, f: dataclasses.Field, shown: str | 
     kind = setting_type(f.name)
     if kind is bool:
         p.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true", default=None, help=text)
-    elif m["choices"]:
-        p.add_argument(flag, dest=f.name, choices=m["choices"], default=None, help=text)
+    elif choices or m["choices"]:
+        p.add_argument(flag, dest=f.name, choices=choices or m["choices"], default=None, help=text)
     else:
         check = m["check"]
         parse = functools.partial(_number, kind=kind, ok=check or (lambda v: True),
@@ -99,11 +102,23 @@ class Start:
     saved: dict[str, Any] | None = None  # the run's TrainConfig values
 
 
-Setup = Callable[[argparse.Namespace, Start], tuple[Any, Any, Any, TrainConfig, dict]]
+@dataclass
+class Prepared:
+    """What a command's setup hands the lifecycle: the run to fit, and its recipe (its loop, its lines)."""
+
+    model: Any
+    tokenizer: Any
+    task: Any
+    cfg: TrainConfig
+    meta: dict[str, Any]
+    recipe: recipes.Recipe
+
+
+Setup = Callable[[argparse.Namespace, Start], Prepared]
 
 
 def run_training(args: argparse.Namespace, command: str, setup: Setup,
-                 report: Callable[[dict, TrainConfig, Any, Any], None]) -> int:
+                 report: Callable[[dict, TrainConfig, Any, Any, Any], None]) -> int:
     """Claim the run directory, set up (the command's `setup`), fit, report: see the module docstring."""
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         raise GlassError("--resume RUN_DIR writes to RUN_DIR: drop --out")
@@ -114,14 +129,16 @@ def run_training(args: argparse.Namespace, command: str, setup: Setup,
         device = args.device or (start.saved or {}).get("device")
         start.ranks = setup_distributed(device)
         try:
-            model, tokenizer, task, cfg, meta = setup(args, start)
+            prepared = setup(args, start)
+            model, tokenizer, task, cfg = prepared.model, prepared.tokenizer, prepared.task, prepared.cfg
             set_threads(args.threads, model.cfg.emb_dim, file=sys.stdout)
             if model.tok_emb.weight.device.type == "cpu":
                 say(autotune.training_note())
             _checkpoint_note(model, cfg)
-            printer = Printer(progress=not args.no_progress, recipe=cfg.recipe)
+            printer = Printer(progress=not args.no_progress, line=prepared.recipe.log_line)
             try:
-                result = fit(model, task, cfg, tokenizer, log=printer, meta=meta, run_dir=run_dir, ranks=start.ranks)
+                result = fit(model, task, cfg, tokenizer, log=printer, meta=prepared.meta, run_dir=run_dir,
+                             ranks=start.ranks, loop=prepared.recipe.loop)
             finally:
                 printer.close()  # (a run that ends in an error leaves no bar behind)
         finally:
@@ -131,7 +148,7 @@ def run_training(args: argparse.Namespace, command: str, setup: Setup,
             f"{command} --resume {cfg.out}", file=sys.stderr)
         return 128 + int(result["signal"])
     if is_main_rank():
-        report(result, cfg, task, tokenizer)
+        report(result, cfg, task, tokenizer, model)
     return 0
 
 

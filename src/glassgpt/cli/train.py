@@ -25,24 +25,22 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from ..config import PRESETS, init_scheme
+from ..engine import native
 from ..errors import GlassError
-from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir, random_model
+from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir
 from ..formats.book import is_book_spec, is_state_dict_file, side_config
 from ..formats.files import atomic_write
-from ..model import GPTModel
 from ..tokenizer import check_fits, get_tokenizer, train_bpe
 from ..training import TrainConfig, evaluate_text, plot_run, read_metrics
-from ..training import book
-from ..training.compute import exact
-from ..training.config import BOOK_DEFAULTS, BOOK_SETTINGS, SMALL_TEXT_FINDING
-from ..training.data import TextTask, build_tokenizer, cache_key, resolve_files, scan_file, split_ids, tokenize_files
+from ..training import book, recipes
+from ..training.compute import with_dropout
+from ..training.config import SMALL_TEXT_FINDING, default, runs_as_book
+from ..training.data import build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
 from ..training.metrics import snapshot_records
 from ..training.rundir import saved_train_config
 from .common import add_threads_arg, fraction, nonneg_float, nonneg_int, positive_int, require_language_model, say, set_threads
-from .run import Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
+from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16", "auto"]
 MODEL_FLAGS = ("data", "tokenizer", "model", "init", "n_layers", "n_heads", "emb_dim", "context_length",
@@ -89,7 +87,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sample-prompt", metavar="TEXT",
                    help="prompt of the samples and snapshots at each evaluation (default: the first tokens of the "
                         f"val split; --recipe book: {book.START_CONTEXT!r})")
-    add_train_args(p, epochs="none, --max-steps says; --recipe book: 10, the book's")
+    add_train_args(p, epochs="none, --max-steps says; --recipe book: 10, the book's",
+                   choices={"recipe": recipes.names("train")})
     p.set_defaults(run=run_train)
     _add_eval_parser(sub)
 
@@ -122,7 +121,7 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
                                                                  "(required)")
     p.add_argument("--tokenizer", metavar="gpt2|char|FILE", help="default: the model's (gpt2 for presets)")
     p.add_argument("--split", choices=["val", "train"], default="val", help="which part of the data (default val)")
-    p.add_argument("--recipe", choices=["glassgpt", "book"], default="glassgpt",
+    p.add_argument("--recipe", choices=recipes.names("train"), default="glassgpt",
                    help="glassgpt: the evenly spaced windows training evaluates; book: the book's loaders, every "
                         "window at --stride from the start (default glassgpt)")
     p.add_argument("--val-fraction", type=fraction, help="default: the run's, else 0.1")
@@ -132,8 +131,9 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-batches", type=positive_int,
                    help="default: the run's, else the windows that score each token once (at most 20 batches)")
     p.add_argument("--seed", type=nonneg_int, default=None,
-                   help=f"--recipe book: torch.manual_seed before the shuffled loader (default {BOOK_DEFAULTS['seed']})")
-    p.add_argument("--cache-dir", metavar="DIR", help="where tokenized data is cached (default ~/.cache/glassgpt/tokens)")
+                   help=f"--recipe book: torch.manual_seed before the shuffled loader (default {recipes.recipe('train', recipes.BOOK).defaults['seed']})")
+    p.add_argument("--cache-dir", metavar="DIR", help="where tokenized data is cached (default $XDG_CACHE_HOME/glassgpt/tokens, "
+                                                        "~/.cache/glassgpt/tokens without it)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default auto)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="autocast precision (default float32)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (default: one line of text)")
@@ -151,22 +151,24 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace, start: Start):
-    model, tokenizer, task, cfg, meta = (_resume_setup if start.checkpoint else _new_setup)(args, start)
+    prepared = (_resume_setup if start.checkpoint else _new_setup)(args, start)
+    model, task, cfg = prepared.model, prepared.task, prepared.cfg
     c, world = model.cfg, start.ranks.world
     say(f"model: {c.n_layers} layers, {c.n_heads} heads, emb_dim {c.emb_dim}, context {c.context_length}, "
         f"vocab {c.vocab_size:,}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     accum = "auto" if cfg.batch_tokens else cfg.grad_accum
     say(f"batch: {cfg.batch_size} x {task.context_length} tokens x {accum} accumulation x {world} rank(s); "
-        f"{cfg.max_steps:,} steps, lr {cfg.lr:g}, {cfg.dtype}" + (", the book's recipe" if cfg.recipe == "book" else ""))
-    return model, tokenizer, task, cfg, meta
+        f"{cfg.max_steps:,} steps, lr {cfg.lr:g}, {cfg.dtype}" + (", the book's recipe" if runs_as_book(cfg) else ""))
+    return prepared
 
 
-def _report(result: dict, cfg: TrainConfig, task, tokenizer) -> None:
+def _report(result: dict, cfg: TrainConfig, task, tokenizer, model) -> None:
     val, run_dir = result["val_loss"], cfg.out
     summary = f"done: step {result['step']:,}, {result['tokens']:,} tokens"
     if val is not None:
         best = result["best_val_loss"]
-        summary += f", val loss {val:.4f} (perplexity {math.exp(val):.2f})" + (f", best {best:.4f}" if best else "")
+        ppl = f"perplexity {result['val_ppl']:.2f}" if result["val_ppl"] is not None else "perplexity overflows"
+        summary += f", val loss {val:.4f} ({ppl})" + (f", best {best:.4f}" if best else "")
     say(summary + f", {result['elapsed_s']:.0f} s of training")
     say(f"model: {run_dir}   try: glassgpt generate \"...\" --model {run_dir}   |   "
         f"glassgpt explain \"...\" --model {run_dir}")
@@ -175,23 +177,23 @@ def _report(result: dict, cfg: TrainConfig, task, tokenizer) -> None:
 
 
 def _new_setup(args: argparse.Namespace, start: Start):
-    recipe = args.recipe or "glassgpt"
-    if recipe == "book":
-        _check_book_flags(args, start.ranks.world)
+    recipe = recipes.recipe("train", args.recipe)
+    _check_recipe_flags(args, recipe, start.ranks.world)
     files = resolve_files(args.data)
     model, tokenizer, context = _model_and_tokenizer(args, files, recipe)
-    data = {"path": os.path.abspath(args.data), "files": len(files), "recipe": recipe,
+    data = {"path": os.path.abspath(args.data), "files": len(files), "recipe": recipe.name,
             "val_fraction": args.val_fraction if args.val_fraction is not None else 0.1,
             "cache_dir": os.path.abspath(args.cache_dir) if args.cache_dir else "cache",
             "context_length": context, "stride": args.stride or context, "sample_prompt": args.sample_prompt}
-    base = {"out": args.out, **({**BOOK_DEFAULTS, **BOOK_SETTINGS, "recipe": "book"} if recipe == "book" else {})}
-    cfg = train_config_from_args(args, base)
-    task, data["fingerprint"] = _task(files, tokenizer, data, cfg, Path(args.out))
-    cfg = _with_epochs(args, cfg, task, start.ranks.world, default=10 if recipe == "book" else None)
-    if recipe == "glassgpt" and len(task.train) < SMALL_TEXT_WINDOWS * task.context_length:
+    cfg = recipe.train_config({f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)},
+                              {"out": args.out})
+    task, data["fingerprint"], line = recipe.task(files, tokenizer, data, cfg, Path(args.out))
+    say(line)
+    cfg = _with_epochs(args, cfg, task, start.ranks.world, default=recipe.epochs)
+    if not recipe.seeds_globally and len(task.train) < SMALL_TEXT_WINDOWS * task.context_length:
         say(f"note: {small_text_note(len(task.train), task.context_length)}", file=sys.stderr)
     meta = {"data": data, "tokenizer": args.tokenizer or ("checkpoint" if args.init else "gpt2"), "init": args.init}
-    return model, tokenizer, task, cfg, meta
+    return Prepared(model, tokenizer, task, cfg, meta, recipe)
 
 
 SMALL_TEXT_WINDOWS = 1000  # a training split under this many windows' worth of tokens is small enough to memorise
@@ -202,7 +204,7 @@ def small_text_note(tokens: int, context: int) -> str:
             f"this small, {SMALL_TEXT_FINDING}")
 
 
-def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: str):
+def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: recipes.Recipe):
     """(model, tokenizer, context length) for a new run: --init's weights, or a random --model."""
     arch = [f for f in ("model", "n_layers", "n_heads", "emb_dim") if getattr(args, f) is not None]
     if args.init and arch:
@@ -215,16 +217,8 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: st
         gcfg = get_config(args.model or "gpt2", vocab_size=tokenizer.n_vocab, n_layers=args.n_layers,
                           n_heads=args.n_heads, emb_dim=args.emb_dim, context_length=args.context_length,
                           drop_rate=args.drop_rate)
-        seed = args.seed if args.seed is not None else (BOOK_DEFAULTS if recipe == "book" else {}).get("seed", 1337)
-        if recipe == "book" and init_scheme(args.model or "gpt2") == "book":
-            # The notebook's torch.manual_seed(123); model = GPTModel(cfg): the book's initialisation, and
-            # torch's generator left where its code leaves it when train_model_simple starts.
-            torch.manual_seed(seed)
-            return GPTModel(gcfg), tokenizer, gcfg.context_length
-        model = random_model(gcfg, torch.device("cpu"), torch.float32, seed, init_scheme(args.model or "gpt2"))
-        if recipe == "book":
-            torch.manual_seed(seed)  # GPT-2's initialisation draws from its own generator: then the seed, as the book
-        return model, tokenizer, gcfg.context_length
+        seed = args.seed if args.seed is not None else recipe.defaults.get("seed", default("seed"))
+        return recipe.new_model(gcfg, init_scheme(args.model or "gpt2"), seed), tokenizer, gcfg.context_length
     model = load_model(args.init, device="cpu", dtype="float32")
     tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else load_tokenizer(args.init)
     check_fits(tokenizer, model.cfg.vocab_size, f"use {args.init}'s own tokenizer (drop --tokenizer)")
@@ -234,9 +228,8 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: st
         say(f"note: {args.init} is a state dict, which cannot record dropout: training assumes drop_rate "
             f"{BOOK_DROP_RATE}, the book's GPT_CONFIG_124M (--drop-rate P to change)", file=sys.stderr)
     if drop_rate is not None:
-        model = _with_dropout(model, drop_rate)
-    if recipe == "book":  # the weights are loaded: the book's code would seed, then train
-        torch.manual_seed(args.seed if args.seed is not None else BOOK_DEFAULTS["seed"])
+        model = with_dropout(model, drop_rate)
+    recipe.seed_before_training(args.seed if args.seed is not None else recipe.defaults.get("seed", default("seed")))
     context = args.context_length or model.cfg.context_length
     if context > model.cfg.context_length:
         raise GlassError(f"--context-length {context} is longer than {args.init}'s context_length "
@@ -244,14 +237,11 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: st
     return model, tokenizer, context
 
 
-def _check_book_flags(args: argparse.Namespace, world: int) -> None:
-    fixed = given_flags(args, BOOK_SETTINGS)
-    if fixed:
-        name = fixed[0][2:].replace("-", "_")
-        raise GlassError(f"--recipe book sets {fixed[0]} itself ({BOOK_SETTINGS[name]}, as chapter 5 trains: a "
-                         "constant lr, no warm-up, no clipping, one process): drop it, or train without --recipe book")
-    if world > 1:
-        raise GlassError("--recipe book trains in one process, as the book's code does: run it without torchrun")
+def _check_recipe_flags(args: argparse.Namespace, recipe: recipes.Recipe, world: int) -> None:
+    recipe.refuse_flags(vars(args))
+    if world > 1 and recipe.one_process:
+        raise GlassError(f"--recipe {recipe.name} trains in one process, as the book's code does: run it without "
+                         "torchrun")
 
 
 def _with_epochs(args: argparse.Namespace, cfg: TrainConfig, task, world: int, default: float | None) -> TrainConfig:
@@ -269,8 +259,6 @@ def _resume_setup(args: argparse.Namespace, start: Start):
         raise GlassError(f"--resume continues a run with its own data and model: drop {given[0]} "
                          "(training flags such as --max-steps may change)")
     cfg = train_config_from_args(args, start.saved)
-    if cfg.recipe == "book":
-        _check_book_flags(args, start.ranks.world)
     meta = load_meta(start.checkpoint)
     meta.pop("train", None)
     data = meta.get("data")
@@ -279,52 +267,12 @@ def _resume_setup(args: argparse.Namespace, start: Start):
                          "made by glassgpt train")
     model = load_model(start.checkpoint, device="cpu", dtype="float32")
     tokenizer = load_tokenizer(start.checkpoint)
-    task, _ = _task(resolve_files(data["path"]), tokenizer, data, cfg, start.run_dir.path,
-                    expect=data.get("fingerprint"))
-    return model, tokenizer, task, _with_epochs(args, cfg, task, start.ranks.world, None), meta
-
-
-def _task(files, tokenizer, data: dict, cfg: TrainConfig, run_dir: Path, expect: str | None = None):
-    """(the task: glassgpt's random windows or the book's loaders, the data's fingerprint)."""
-    if data.get("recipe") == "book":
-        return _book_task(files, tokenizer, data, cfg, expect)
-    t0 = time.perf_counter()
-    # A run records its cache relative to itself; older runs recorded it relative to where they started.
-    cache_dir = run_dir / data["cache_dir"] if "fingerprint" in data or data["cache_dir"] == "cache" else data["cache_dir"]
-    cache = tokenize_files(files, tokenizer, cache_dir, expect_key=expect)
-    train, val = split_ids(cache.ids(), data["val_fraction"])
-    say(f"data: {len(files)} file(s), {cache.n_tokens:,} tokens ({len(train):,} train, {len(val):,} val), "
-        f"tokenizer {tokenizer.name} ({tokenizer.n_vocab:,} tokens), cached in {cache.path} "
-        f"({time.perf_counter() - t0:.1f} s)")
-    task = TextTask(train, val, data["context_length"], cfg.batch_size, tokenizer=tokenizer, seed=cfg.seed,
-                    eval_batches=cfg.eval_batches, sample_tokens=cfg.sample_tokens,
-                    sample_prompt=data.get("sample_prompt"))
-    return task, cache.key
-
-
-def _book_task(files, tokenizer, data: dict, cfg: TrainConfig, expect: str | None) -> tuple[book.BookTask, str]:
-    fingerprint = cache_key([scan_file(p) for p in files], tokenizer)
-    if expect is not None and fingerprint != expect:
-        raise GlassError("the data changed since the run started (its sha256 differs from the run's record), so "
-                         "--resume could not continue it exactly: restore the files, or start a new run from its "
-                         "weights with --init RUN_DIR")
-    text = "<|endoftext|>".join(p.read_text(encoding="utf-8") for p in files)
-    train_text, val_text = book.split_text(text, data["val_fraction"])
-    context, stride = data["context_length"], data["stride"]
-    train = book.windows(tokenizer, train_text, context, stride, "training")
-    val = book.windows(tokenizer, val_text, context, stride, "validation")
-    task = book.BookTask(train, val, cfg.batch_size, cfg.eval_batches, tokenizer, cfg.sample_tokens, exact(cfg),
-                         data.get("sample_prompt") or book.START_CONTEXT)
-    say(f"data: {len(files)} file(s), {len(text):,} characters split at {len(train_text):,}: {len(train):,} training "
-        f"windows ({task.steps_per_epoch:,} batches of {cfg.batch_size} per epoch) and {len(val):,} validation "
-        f"windows of {context:,} tokens at stride {stride:,}, as the book's create_dataloader_v1 makes them")
-    return task, fingerprint
-
-
-def _with_dropout(model, drop_rate: float):
-    new = GPTModel(dataclasses.replace(model.cfg, drop_rate=drop_rate))
-    new.load_state_dict(model.state_dict())
-    return new
+    recipe = recipes.recipe("train", data.get("recipe"))
+    _check_recipe_flags(args, recipe, start.ranks.world)
+    task, _, line = recipe.task(resolve_files(data["path"]), tokenizer, data, cfg, start.run_dir.path,
+                                data.get("fingerprint"))
+    say(line)
+    return Prepared(model, tokenizer, task, _with_epochs(args, cfg, task, start.ranks.world, None), meta, recipe)
 
 
 # --- eval, plot, tokenizer --------------------------------------------------------------
@@ -342,23 +290,24 @@ def run_eval(args: argparse.Namespace) -> int:
     if context > model.cfg.context_length:
         raise GlassError(f"--context-length {context} is longer than the model's {model.cfg.context_length}")
     val_fraction = args.val_fraction if args.val_fraction is not None else run_data.get("val_fraction", 0.1)
-    if args.recipe == "book":
+    if recipes.recipe("train", args.recipe).chapter == 5:
         result = _book_eval(args, model, tokenizer, files, context, val_fraction)
     else:
         result = _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg)
-        if is_book_spec(args.model) or run_cfg.get("recipe") == "book":
+        if is_book_spec(args.model) or runs_as_book(run_cfg):
             say("note: these are glassgpt's evaluation windows, evenly spaced over the split; the book scores the "
                 "windows its loaders cut (every context_length tokens from the start), the very ones a chapter-5 "
                 "model memorised, so it reports a much lower loss: --recipe book scores those", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{args.split} loss {result['loss']:.4f}   perplexity {result['perplexity']:.2f}   ({result['windows_text']})")
+        ppl = f"{result['perplexity']:.2f}" if result["perplexity"] is not None else "overflows (loss >= 700)"
+        print(f"{args.split} loss {result['loss']:.4f}   perplexity {ppl}   ({result['windows_text']})")
     return 0
 
 
 def _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg) -> dict:
-    cache = tokenize_files(files, tokenizer, args.cache_dir or _default_cache_dir())
+    cache = tokenize_files(files, tokenizer, args.cache_dir or native.cache_dir() / "tokens")
     train, val = split_ids(cache.ids(), val_fraction)
     if args.split == "val" and not len(val):
         raise GlassError("--val-fraction 0 leaves no validation split: pass --split train or a --val-fraction > 0")
@@ -371,13 +320,11 @@ def _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg
 
 
 def _book_eval(args, model, tokenizer, files, context, val_fraction) -> dict:
-    text = "<|endoftext|>".join(p.read_text(encoding="utf-8") for p in files)
-    train_text, val_text = book.split_text(text, val_fraction)
     stride = args.stride or context
-    parts = {"train": book.windows(tokenizer, train_text, context, stride, "training"),
-             "val": book.windows(tokenizer, val_text, context, stride, "validation")}
-    task = book.BookTask(parts["train"], parts["val"], args.batch_size or BOOK_DEFAULTS["batch_size"], 1, tokenizer)
-    seed = args.seed if args.seed is not None else BOOK_DEFAULTS["seed"]
+    parts = dict(zip(("train", "val"), book.read_windows(files, tokenizer, val_fraction, context, stride)))
+    defaults = recipes.recipe("train", recipes.BOOK).defaults
+    task = book.BookTask(parts["train"], parts["val"], args.batch_size or defaults["batch_size"], 1, tokenizer)
+    seed = args.seed if args.seed is not None else defaults["seed"]
     loss = book.loader_losses(model, task, seed, args.dtype)[args.split]
     n = len(parts[args.split])
     used = n - n % task.batch_size if args.split == "train" else n  # the training loader drops a last short batch
@@ -387,8 +334,9 @@ def _book_eval(args, model, tokenizer, files, context, val_fraction) -> dict:
                             f"from the start of the {args.split} text"}
 
 
-def _ppl(loss: float) -> float:
-    return math.exp(loss) if loss < 700 else math.inf
+def _ppl(loss: float) -> float | None:
+    """exp(loss), or None where it would overflow (as Run.ppl says it)."""
+    return math.exp(loss) if loss < 700 else None
 
 
 def describe_windows(windows: int, context: int, split_tokens: int, split: str) -> str:
@@ -415,11 +363,6 @@ def _run_settings(spec: str) -> tuple[dict, dict]:
     if note:
         print(f"note: {note}", file=sys.stderr)
     return run_cfg, load_meta(ckpt).get("data") or {}
-
-
-def _default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "glassgpt" / "tokens"
 
 
 def run_plot(args: argparse.Namespace) -> int:

@@ -40,8 +40,9 @@ _status = "not loaded yet"
 
 
 def cache_dir() -> Path:
-    """Where glassgpt keeps what it builds and measures once per machine: ~/.cache/glassgpt."""
-    return Path.home() / ".cache" / "glassgpt"
+    """Where glassgpt keeps what it builds, measures and tokenizes once per machine:
+    $XDG_CACHE_HOME/glassgpt, by default ~/.cache/glassgpt (the one cache root)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glassgpt"
 
 
 @functools.lru_cache(maxsize=1)

@@ -216,6 +216,15 @@ def load_meta(spec: str | os.PathLike) -> dict[str, Any]:
     return read_checkpoint_file(spec, "meta.json", read_meta) or {}
 
 
+def class_labels(spec: str | os.PathLike) -> list[str] | None:
+    """A classifier's class names: those its checkpoint records (meta.json), or those of
+    `{"labels": [...]}` in the .json beside a .pth state dict; None if neither says."""
+    labels = load_meta(spec).get("labels")
+    if labels is None and book.is_state_dict_file(spec):
+        labels = book.side_labels(spec)
+    return labels
+
+
 def local_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
     """The local checkpoint directory a spec names, or None (a preset, config file, book file or hub id)."""
     if spec_kind(spec) != "checkpoint":

@@ -179,6 +179,19 @@ def side_config(source: str | Path) -> tuple[dict[str, Any], Path | None]:
     return {}, None
 
 
+def side_labels(source: str | Path) -> list[str] | None:
+    """The class names in the .json beside a .pth (`{"labels": ["ham", "spam"]}`), or None."""
+    path = Path(source).with_suffix(".json")
+    if not path.is_file():
+        return None
+    labels = read_json(path, what=f"the cfg beside {Path(source).name}").get("labels")
+    if labels is None:
+        return None
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) and x for x in labels):
+        raise CheckpointError(f"{path}: \"labels\" must be a list of class names, got {labels!r}")
+    return labels
+
+
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when torch.save kept one tensor under two names (a tied model's state dict)."""
     return (a.shape == b.shape and a.storage_offset() == b.storage_offset()

@@ -35,7 +35,10 @@ from ..engine.loss import cross_entropy
 from ..errors import DataError
 from ..generate import generate
 from ..tokenizer import Tokenizer
+from .compute import exact
+from .data import cache_key, scan_file
 from .loop import evaluate_loss
+from .task import Task
 
 START_CONTEXT = "Every effort moves you"  # the book's start_context
 SAMPLE_TOKENS = 50                        # generate_and_print_sample's max_new_tokens
@@ -59,6 +62,16 @@ def windows(tokenizer: Tokenizer, text: str, context_length: int, stride: int, p
     return torch.tensor([ids[s:s + context_length + 1] for s in starts], dtype=torch.long)
 
 
+def read_windows(files: list, tokenizer: Tokenizer, val_fraction: float, context_length: int, stride: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The notebook's text -> split -> windows: (train windows, val windows, characters, training characters).
+    Several files are joined with <|endoftext|>."""
+    text = "<|endoftext|>".join(p.read_text(encoding="utf-8") for p in files)
+    train_text, val_text = split_text(text, val_fraction)
+    return (windows(tokenizer, train_text, context_length, stride, "training"),
+            windows(tokenizer, val_text, context_length, stride, "validation"), len(text), len(train_text))
+
+
 def loader_seed() -> int:
     """What a new DataLoader iterator draws from the global generator: its base seed (one int64)."""
     return int(torch.empty((), dtype=torch.int64).random_().item())
@@ -79,7 +92,7 @@ def book_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return loss(logits.flatten(0, 1), batch["targets"].flatten())
 
 
-class BookTask:
+class BookTask(Task):
     """Chapter 5's loaders, evaluation and samples for `fit` (see the module docstring)."""
 
     perplexity = True
@@ -143,6 +156,26 @@ class BookTask:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.order = int(state["epoch"]), [int(i) for i in state["order"]]
+
+
+def book_task(files: list, tokenizer: Tokenizer, data: dict, cfg, run_dir=None, expect: str | None = None
+              ) -> tuple[BookTask, str, str]:
+    """Chapter 5's task for a run: (BookTask, the data's fingerprint, the line that says what the data
+    holds). `data`: the run's record (val_fraction, context_length, stride, sample_prompt); `expect`:
+    on a resume, the fingerprint the data must still have."""
+    fingerprint = cache_key([scan_file(p) for p in files], tokenizer)
+    if expect is not None and fingerprint != expect:
+        raise DataError("the data changed since the run started (its sha256 differs from the run's record), so "
+                        "--resume could not continue it exactly: restore the files, or start a new run from its "
+                        "weights with --init RUN_DIR")
+    context, stride = data["context_length"], data["stride"]
+    train, val, n_chars, n_train_chars = read_windows(files, tokenizer, data["val_fraction"], context, stride)
+    task = BookTask(train, val, cfg.batch_size, cfg.eval_batches, tokenizer, cfg.sample_tokens, exact(cfg),
+                    data.get("sample_prompt") or START_CONTEXT)
+    line = (f"data: {len(files)} file(s), {n_chars:,} characters split at {n_train_chars:,}: {len(train):,} training "
+            f"windows ({task.steps_per_epoch:,} batches of {cfg.batch_size} per epoch) and {len(val):,} validation "
+            f"windows of {context:,} tokens at stride {stride:,}, as the book's create_dataloader_v1 makes them")
+    return task, fingerprint, line
 
 
 def loader_losses(model: nn.Module, task: BookTask, seed: int, dtype: str = "float32") -> dict[str, float]:

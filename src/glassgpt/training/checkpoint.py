@@ -110,7 +110,7 @@ def save_checkpoints(run_dir: Path, names: Sequence[str], model: nn.Module, opti
     calls this, since under FSDP gathering the weights takes all of them.
     """
     live: dict[str, torch.Tensor] = {}
-    if fsdp or export is not None:  # gathered on every rank under FSDP
+    if fsdp:  # gathered on every rank
         live = {k: full_tensor(v) for k, v in model.state_dict().items()}
     optim = _optimizer_tensors(model, optimizer)
     if not is_main:
@@ -119,6 +119,8 @@ def save_checkpoints(run_dir: Path, names: Sequence[str], model: nn.Module, opti
         exported = model_from_state(model.cfg, live)  # a plain CPU model of the gathered weights
     else:
         exported = export(model) if export else model
+        if exported is not model:  # the training model's own tensors, kept beside it for --resume
+            live = {k: full_tensor(v) for k, v in model.state_dict().items()}
     written: Path | None = None
     for name in names:
         if written is None:

@@ -27,7 +27,7 @@ from ..errors import DataError
 from ..formats.glassgpt import model_from_state
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
-from .examples import ExampleStream, holdout, pad_batch, pad_id_of, read_records
+from .examples import ExampleStream, holdout, pad_batch, pad_id_of, read_records, set_trainable
 
 
 # --- classification: data ------------------------------------------------------------
@@ -236,6 +236,39 @@ class ClassificationTask(ExampleStream):
         right = sum(p == a for p, a in zip(predicted, actual))
         return {"val_accuracy": right / max(1, len(predicted))}
 
-    def sample(self, model: nn.Module) -> str | None:
-        return None
 
+# --- classification: glassgpt's run, set up -------------------------------------------
+
+def prepare_classifier(model: GPTModel, tokenizer: Tokenizer, settings: dict[str, Any], max_length: int, seed: int):
+    """glassgpt's classification run: (classifier, {"train", "val"} ids, cfg -> ClassificationTask, the
+    lines that say what the data holds). `settings`: data, val, val_fraction, text_column,
+    label_column, trainable or lora_rank/lora_alpha, and on a resumed run its labels."""
+    cols = dict(text_column=settings["text_column"], label_column=settings["label_column"])
+    if settings["val"]:
+        train = load_classification_data(settings["data"], **cols)
+        val = load_classification_data(settings["val"], label_names=train.label_names, **cols)
+    else:
+        train, val = split_validation(load_classification_data(settings["data"], **cols),
+                                      settings["val_fraction"], seed)
+    if settings.get("labels") and settings["labels"] != train.label_names:
+        raise DataError(f"the data's labels {train.label_names} differ from the run's {settings['labels']}: "
+                        "resume with the data the run was started with")
+    settings["labels"] = train.label_names
+    if settings.get("names") and len(settings["names"]) != len(train.label_names):
+        raise DataError(f"--labels names {len(settings['names'])} classes, but the data has {len(train.label_names)}: "
+                        f"{train.label_names}: give one name for each, in that order")
+    train_ids = encode_texts(tokenizer, train.texts, max_length)
+    val_ids = encode_texts(tokenizer, val.texts, max_length)
+    model = to_classifier(model, len(train.label_names), seed)
+    set_trainable(model, settings, seed)
+    counts = [train.labels.count(k) for k in range(len(train.label_names))]
+    longest = max(len(tokenizer.encode(t)) for t in train.texts + val.texts)
+    line = (f"data: {len(train.texts):,} train, {len(val.texts):,} val texts; {len(train.label_names)} labels "
+            + ", ".join(f"{name} ({n:,})" for name, n in zip(train.label_names, counts))
+            + f"; longest text {longest:,} tokens, max_length {max_length:,}")
+
+    def make_task(cfg) -> ClassificationTask:
+        return ClassificationTask(train_ids, train.labels, val_ids, val.labels, train.label_names,
+                                  pad_id_of(tokenizer), cfg.batch_size, cfg.grad_accum, cfg.seed,
+                                  cfg.eval_batches)
+    return model, {"train": train_ids, "val": val_ids}, make_task, [line]

@@ -17,6 +17,7 @@ parameters); everything else runs the fused kernel, glassgpt's recipe decaying m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ from ..device import resolve_dtype
 from ..engine.fused import fused
 from ..engine.mixed import LowPrecisionCopy
 from ..errors import TrainError
-from .config import TrainConfig
+from .config import TrainConfig, runs_as_book
 from .distributed import Distributed
 
 
@@ -51,7 +52,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
     betas = (cfg.beta1, cfg.beta2)
     if exact(cfg):  # torch.optim.AdamW(model.parameters(), lr=0.0004, weight_decay=0.1), torch's own kernel
         return torch.optim.AdamW([p for _, p in named], lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
-    if cfg.recipe == "book":  # the book's decay on every parameter, on the fused kernel
+    if runs_as_book(cfg):  # the book's decay on every parameter, on the fused kernel
         groups = [{"params": [p for _, p in named], "weight_decay": cfg.weight_decay}]
     else:
         groups = [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": cfg.weight_decay},
@@ -63,9 +64,16 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas)
 
 
+def with_dropout(model: nn.Module, drop_rate: float) -> nn.Module:
+    """The same weights in a model whose dropout is `drop_rate` (a state dict cannot record it)."""
+    new = type(model)(dataclasses.replace(model.cfg, drop_rate=drop_rate))
+    new.load_state_dict(model.state_dict())
+    return new
+
+
 def exact(cfg: TrainConfig) -> bool:
     """Whether the step runs model.py's own kernels: the book's recipe in float32, uncompiled."""
-    return cfg.recipe == "book" and cfg.dtype == "float32" and not cfg.compile
+    return runs_as_book(cfg) and cfg.dtype == "float32" and not cfg.compile
 
 
 class Compute:

@@ -111,7 +111,7 @@ class TrainConfig:
     device: str | None = setting(None, "cpu, cuda, cuda:N or auto (under torchrun cuda:LOCAL_RANK)", shown="auto")
     fsdp: bool = setting(False, "under torchrun: shard the model over the ranks (FSDP2) instead of replicating it",
                          shown="off")
-    plot: bool = setting(True, "draw RUN_DIR/loss.png at the end", flag="--no-plot", shown="draw it")
+    plot: bool = setting(True, "do not draw RUN_DIR/loss.png at the end", flag="--no-plot", shown="it is drawn")
 
     def __post_init__(self) -> None:
         if self.dtype in ("fp32", "bf16", "fp16"):  # the short spellings older runs saved
@@ -154,10 +154,17 @@ BOOK_DEFAULTS = {"lr": 4e-4, "weight_decay": 0.1, "batch_size": 2, "eval_every":
                  "beta1": 0.9, "beta2": 0.999, "sample_tokens": 50}
 
 
+def runs_as_book(cfg: TrainConfig | dict[str, Any]) -> bool:
+    """Whether a run (its TrainConfig, or the values it saved) trains as the book's loops do: a
+    constant lr, evaluations when global_step % eval_freq == 0, AdamW decaying every parameter, and
+    torch's global generator run on (every one of the book's recipes, recipes.py)."""
+    return (cfg.get("recipe") if isinstance(cfg, dict) else cfg.recipe) == "book"
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of optimizer step `step` (0-based): linear warm-up, then cosine to min_lr
     (nanoGPT's schedule); the book's recipe keeps lr constant."""
-    if cfg.recipe == "book":
+    if runs_as_book(cfg):
         return cfg.lr
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
@@ -176,7 +183,7 @@ def evaluation_due(step: int, cfg: TrainConfig) -> bool:
     """Whether the `step`-th optimizer step (counting from 1) ends with an evaluation: every
     eval_every steps and at the last (glassgpt); the book's loop evaluates when its global_step,
     counted from 0, is a multiple of eval_freq: after the 1st, 6th, 11th, ... step, not at the end."""
-    if cfg.recipe == "book":
+    if runs_as_book(cfg):
         return (step - 1) % cfg.eval_every == 0
     return step % cfg.eval_every == 0 or step == cfg.max_steps
 

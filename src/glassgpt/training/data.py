@@ -28,6 +28,7 @@ import glob
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -41,6 +42,7 @@ from ..generate import generate
 from ..engine.loss import cross_entropy
 from ..formats import get_tokenizer
 from ..tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, iter_text_blocks
+from .task import Task
 
 CACHE_FORMAT = 1
 READ_BYTES = 1 << 20
@@ -300,7 +302,26 @@ def window_batch(ids: np.ndarray, offsets: Iterable[int], length: int) -> dict[s
     return {"input_ids": rows[:, :-1], "targets": rows[:, 1:]}
 
 
-class TextTask:
+def text_task(files: list[Path], tokenizer: Tokenizer, data: dict, cfg, run_dir: Path, expect: str | None = None
+              ) -> tuple["TextTask", str, str]:
+    """glassgpt's pretraining task for a run: (TextTask, the data's fingerprint, the line that says what
+    the data holds). `data`: the run's record (cache_dir, val_fraction, context_length, sample_prompt);
+    `expect`: on a resume, the fingerprint the data must still have."""
+    t0 = time.perf_counter()
+    # A run records its cache relative to itself; older runs recorded it relative to where they started.
+    cache_dir = run_dir / data["cache_dir"] if "fingerprint" in data or data["cache_dir"] == "cache" else data["cache_dir"]
+    cache = tokenize_files(files, tokenizer, cache_dir, expect_key=expect)
+    train, val = split_ids(cache.ids(), data["val_fraction"])
+    line = (f"data: {len(files)} file(s), {cache.n_tokens:,} tokens ({len(train):,} train, {len(val):,} val), "
+            f"tokenizer {tokenizer.name} ({tokenizer.n_vocab:,} tokens), cached in {cache.path} "
+            f"({time.perf_counter() - t0:.1f} s)")
+    task = TextTask(train, val, data["context_length"], cfg.batch_size, tokenizer=tokenizer, seed=cfg.seed,
+                    eval_batches=cfg.eval_batches, sample_tokens=cfg.sample_tokens,
+                    sample_prompt=data.get("sample_prompt"))
+    return task, cache.key, line
+
+
+class TextTask(Task):
     """Next-token prediction on windows of a token array (see loop.Task).
 
     Training sample `i` of step `s` starts at a random offset drawn from a generator

@@ -24,7 +24,8 @@ import torch
 from ..errors import DataError, GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
-from .lora import merged_model
+from .lora import apply_lora, merged_model
+from .task import Task
 
 
 # --- reading data files --------------------------------------------------------------
@@ -43,9 +44,10 @@ class Records:
     problems: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (index, why) of unparsed lines
 
     def where(self, i: int) -> str:
-        """'data.csv:7 (record 5)': what an error message names."""
+        """What an error message names: 'data.csv:7', the line as the file counts it (from 1), or
+        'data.json record 3 of 40' inside a JSON list (counting from 1 too)."""
         line = self.lines[i]
-        return f"{self.path}:{line} (record {i})" if line is not None else f"{self.path} record {i}"
+        return f"{self.path}:{line}" if line is not None else f"{self.path} record {i + 1} of {len(self.values)}"
 
 
 def read_records(path: str | Path) -> Records:
@@ -177,6 +179,24 @@ def freeze(model: GPTModel, trainable: str = "last-block") -> None:
     model.out_head.requires_grad_(True)
 
 
+def set_trainable(model: GPTModel, settings: dict[str, Any], seed: int) -> None:
+    """LoRA adapters (settings' lora_rank, lora_alpha), or `freeze` to settings' trainable."""
+    if settings["lora_rank"]:
+        apply_lora(model, settings["lora_rank"], settings["lora_alpha"], seed)
+    else:
+        freeze(model, settings["trainable"])
+
+
+def finetune_defaults(n_train: int, emb_dim: int, batch_size: int, grad_accum: int, world: int, epochs: float,
+                      max_steps: int | None, sample_tokens: int) -> dict[str, Any]:
+    """glassgpt's finetuning settings for a run: `epochs` of steps (unless `max_steps`), lr by
+    `default_lr`, a tenth of the steps (at most 100) of warm-up, one evaluation per epoch (at most 100 steps)."""
+    per_epoch = steps_per_epoch(n_train, batch_size, grad_accum, world)
+    max_steps = max_steps or max(1, math.ceil(epochs * per_epoch))
+    return {"lr": default_lr(emb_dim), "max_steps": max_steps, "warmup_steps": min(100, max_steps // 10),
+            "eval_every": min(100, per_epoch), "sample_tokens": sample_tokens}
+
+
 # --- batches that depend only on (step, micro, rank, world) ---------------------------
 
 @functools.lru_cache(maxsize=8)
@@ -203,7 +223,7 @@ def steps_per_epoch(n: int, batch_size: int, grad_accum: int = 1, world: int = 1
     return max(1, math.ceil(n / (batch_size * grad_accum * world)))
 
 
-class ExampleStream:
+class ExampleStream(Task):
     """What both tasks share: global micro-batch numbers, evaluation batches, checkpoints."""
 
     n_train: int

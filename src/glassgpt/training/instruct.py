@@ -22,7 +22,7 @@ from ..errors import DataError, GlassError
 from ..generate import generate
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
-from .examples import ExampleStream, read_records
+from .examples import ExampleStream, holdout, read_records, set_trainable
 
 ALPACA_PREAMBLE = ("Below is an instruction that describes a task. "
                    "Write a response that appropriately completes the request.")
@@ -105,7 +105,7 @@ def encode_instructions(tokenizer: Tokenizer, records: Sequence[dict[str, Any]],
                 raise
             index = rec.get("index", k)
             if on_bad == "error":
-                raise DataError(f"record {index}: {e}; or pass --on-bad-record skip") from None
+                raise DataError(f"record {index + 1}: {e}; or pass --on-bad-record skip") from None
             problems.append((index, str(e).split(":")[0]))
     return examples, problems
 
@@ -164,7 +164,7 @@ class InstructionTask(ExampleStream):
         return {}
 
     def sample(self, model: nn.Module) -> str | None:
-        if self.tokenizer is None or not self.sample_records:
+        if self.tokenizer is None or not self.sample_records or not self.sample_tokens:
             return None
         rec = self.sample_records[0]
         with evaluating(model):
@@ -184,3 +184,45 @@ def respond(model: GPTModel, tokenizer: Tokenizer, instruction: str, input: str 
         out = out[:out.index(tokenizer.eot_id)]
     return tokenizer.decode(out).strip()
 
+
+def prepare_instructions(model: GPTModel, tokenizer: Tokenizer, settings: dict[str, Any], max_length: int, seed: int):
+    """glassgpt's instruction run: (model, {"train", "val"} examples, cfg -> InstructionTask, the lines
+    that say what the data holds and which records were skipped). `settings`: data, val, val_fraction,
+    on_bad_record, trainable or lora_rank/lora_alpha."""
+    if model.cfg.num_classes is not None:
+        raise DataError(f"{settings['model']} is a classifier: instruction finetuning needs a language model")
+    on_bad = settings["on_bad_record"]
+    records, problems = load_instruction_records(settings["data"], on_bad)
+    lines = []
+    if settings["val"]:
+        val_records, val_problems = load_instruction_records(settings["val"], on_bad)
+        lines += skipped_line(settings["val"], val_problems)
+    else:
+        train_idx, val_idx = holdout(len(records), settings["val_fraction"], seed)
+        records, val_records = [records[i] for i in train_idx], [records[i] for i in val_idx]
+    train, long_train = encode_instructions(tokenizer, records, max_length, on_bad)
+    val, long_val = encode_instructions(tokenizer, val_records, max_length, on_bad)
+    lines += skipped_line(settings["data"], sorted(problems + long_train + (long_val if not settings["val"] else [])))
+    if settings["val"]:
+        lines += skipped_line(settings["val"], long_val)
+    if not train or not val:
+        raise DataError("no training or no validation record is left after skipping bad ones: fix the data")
+    set_trainable(model, settings, seed)
+    response_tokens = sum(len(ids) - p for ids, p in train)
+    cut = sum(ids[-1] != tokenizer.eot_id for ids, _ in train + val)
+    lines.append(f"data: {len(train):,} train, {len(val):,} val records; {response_tokens:,} response tokens "
+                 f"to learn; max_length {max_length:,}" + (f" ({cut:,} responses cut to fit)" if cut else ""))
+
+    def make_task(cfg) -> InstructionTask:
+        return InstructionTask(train, val, tokenizer.eot_id, cfg.batch_size, cfg.grad_accum, cfg.seed,
+                                  cfg.eval_batches, tokenizer, val_records[:1], cfg.sample_tokens)
+    return model, {"train": train, "val": val}, make_task, lines
+
+
+def skipped_line(path, problems: list[tuple[int, str]]) -> list[str]:
+    """The line that lists the malformed records skipped in `path` (none: no line); records count from 1."""
+    if not problems:
+        return []
+    shown = "; ".join(f"record {i + 1} ({why})" for i, why in problems[:5])
+    more = f"; and {len(problems) - 5:,} more" if len(problems) > 5 else ""
+    return [f"skipped {len(problems):,} malformed record(s) of {path}: {shown}{more}"]

@@ -16,7 +16,7 @@ a progress bar and prints the evaluations and samples from it; tests keep a list
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -31,38 +31,13 @@ from .data import TextTask
 from .distributed import Distributed
 from .run import Run
 from .rundir import RunDir
-
-
-class Task(Protocol):
-    """What to train on. The loop knows nothing of text, labels or instructions."""
-
-    def train_batch(self, step: int, micro: int, rank: int, world: int) -> dict[str, torch.Tensor]:
-        """Micro-batch `micro` of step `step` for `rank` of `world`."""
-
-    def eval_batches(self) -> Iterable[dict[str, torch.Tensor]]:
-        """The validation batches of one evaluation (empty: no validation)."""
-
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """A scalar loss; `batch` is already on the model's device."""
-
-    def tokens(self, batch: dict[str, torch.Tensor]) -> int:
-        """Tokens in a batch: for tokens/s and the x-axis of plots."""
-
-    def evaluate(self, model: nn.Module) -> dict[str, Any]:
-        """Metrics beside the validation loss at an evaluation ({} if none), e.g. accuracy."""
-
-    def sample(self, model: nn.Module) -> str | None:
-        """A short generated sample, or None."""
-
-    # Optional: `sample_due(step, evaluated)` (default: at the evaluations), `sample_prompt_ids`
-    # (the prompt of the snapshots), `perplexity = False` (a loss that is not per-token
-    # cross-entropy), `checkpoint_model(model)` (what to save as the loadable model: LoRA's
-    # merged one), `state_dict()`/`load_state_dict()` (a task with state to resume: the book's).
+from .task import Task
 
 
 def fit(model: nn.Module, task: Task, cfg: TrainConfig, tokenizer: Tokenizer | None = None, *,
         log: Callable[[dict[str, Any]], None] | None = None, meta: dict[str, Any] | None = None,
-        resume: bool = False, run_dir: RunDir | None = None, ranks: Distributed | None = None) -> dict[str, Any]:
+        resume: bool = False, run_dir: RunDir | None = None, ranks: Distributed | None = None,
+        loop: Callable[[Run], None] | None = None) -> dict[str, Any]:
     """Train `model` on `task` as `cfg` says; return the final metrics.
 
     `log(event)` receives {"event": "start" | "step" | "note" | "end", ...}: a "step" event is
@@ -71,10 +46,11 @@ def fit(model: nn.Module, task: Task, cfg: TrainConfig, tokenizer: Tokenizer | N
     cfg.out/latest exactly. `run_dir` is a directory the caller has claimed (rundir.open_run_dir;
     else fit claims cfg.out itself) and `ranks` its place in a torchrun job (else read here).
     Returns {"step", "tokens", "train_loss", "val_loss", "val_ppl", "best_val_loss", "elapsed_s",
-    "interrupted", "signal", "run_dir", "plot"}.
+    "interrupted", "signal", "run_dir", "plot"}. `loop`: a recipe's own loop over the `Run`
+    (recipes.Recipe.loop), in place of `train`.
     """
     with Run.open(model, task, cfg, tokenizer, meta or {}, log, resume, run_dir, ranks) as run:
-        train(run)
+        (loop or train)(run)
     return run.result
 
 
@@ -96,7 +72,7 @@ def train(run: Run) -> None:
         evaluated = evaluation_due(run.step, cfg)
         if evaluated:
             record.update(evaluate(run))  # evaluate_model
-        if sample_due(task, run.step, evaluated):
+        if task.sample_due(run.step, evaluated):
             record["sample"] = sample(run)  # generate_and_print_sample
         run.log(record)
         run.save(evaluated)
@@ -113,20 +89,13 @@ def evaluate(run: Run) -> dict[str, Any]:
         metrics = task.evaluate(model)  # first: the book's evaluate_model draws its training batches first
         val = evaluate_loss(model, task)
         out = {**(run.validation(val) if val is not None else {}), **metrics}
-        prompt = getattr(task, "sample_prompt_ids", None)
+        prompt = task.sample_prompt_ids
         if prompt and run.tokenizer is not None and model.cfg.num_classes is None:  # a language model's
-            out["snapshot"] = snapshot(model, run.tokenizer, prompt, new_tokens=getattr(task, "sample_tokens", 0))
+            out["snapshot"] = snapshot(model, run.tokenizer, prompt, new_tokens=task.sample_tokens)
     return out
 
 
-def sample_due(task: Task, step: int, evaluated: bool) -> bool:
-    """At the evaluations, unless the task says otherwise (the book's: after each epoch)."""
-    return task.sample_due(step, evaluated) if hasattr(task, "sample_due") else evaluated
-
-
 def sample(run: Run) -> str | None:
-    if not run.cfg.sample_tokens:
-        return None
     model = run.compute.eval_model
     with evaluating(model), run.compute.autocast(), run.diverges_on_nonfinite("the sample's scores"):
         return run.task.sample(model)

@@ -10,7 +10,8 @@ and on evaluation steps also
 `read_metrics` is what every reader uses (plot, resume, the web page's slider); lines
 that are not a record (a half-written last line, bytes a disk or an editor damaged) are
 skipped. `plot_run` draws the loss against tokens seen and, when the run has snapshots,
-the probability of every token that was ever in the sample prompt's top 5.
+the probability of every token that was ever in the sample prompt's top 5;
+`save_confusion_png` a classifier's confusion matrix (confusion.png).
 """
 
 from __future__ import annotations
@@ -139,3 +140,26 @@ def _draw_tokens(ax, snaps: list[dict[str, Any]], labelled: int = 8) -> None:
     ax.set_ylim(min(fifth) / 2, 1.5)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
+
+
+def save_confusion_png(matrix: list[list[int]], labels: list[str], path: Path) -> Path | None:
+    """A classifier's confusion matrix as a picture (rows actual, columns predicted); None without matplotlib."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    n = len(labels)
+    fig = Figure(figsize=(1.2 + 0.7 * n, 1.0 + 0.6 * n), layout="constrained")
+    ax = fig.add_subplot()
+    ax.imshow(matrix, cmap="Blues")
+    top = max(max(row) for row in matrix) or 1
+    for a in range(n):
+        for p in range(n):
+            ax.text(p, a, f"{matrix[a][p]:,}", ha="center", va="center",
+                    color="white" if matrix[a][p] > top / 2 else "black")
+    ax.set_xticks(range(n), labels, rotation=45 if n > 4 else 0)
+    ax.set_yticks(range(n), labels)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("actual")
+    fig.savefig(path, dpi=120)
+    return path

@@ -42,7 +42,7 @@ from ..formats.glassgpt import nonfinite_tensor
 from ..tokenizer import Tokenizer
 from .checkpoint import SavePolicy, checkpoint_bytes, load_checkpoint, save_checkpoints
 from .compute import Compute, make_optimizer
-from .config import TrainConfig, grad_accum_for, lr_at
+from .config import TrainConfig, grad_accum_for, lr_at, runs_as_book
 from .distributed import Distributed, setup_distributed
 from .faults import StopRequests, diverged, writing
 from .metrics import append_metrics, plot_run, truncate_metrics
@@ -63,7 +63,7 @@ class Run:
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.policy = SavePolicy(cfg.save_every, checkpoint_bytes(self.model))
         self.stop = StopRequests()
-        self.perplexity = getattr(task, "perplexity", True)
+        self.perplexity = task.perplexity
         self.step = self.start_step = self.tokens = 0
         self.elapsed, self.best_val = 0.0, math.inf
         self.last_val: float | None = None
@@ -124,7 +124,7 @@ class Run:
         cfg, rank = self.cfg, self.ranks.rank
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        if cfg.recipe != "book":  # the book's recipe runs torch's generator on, as its code does
+        if not runs_as_book(cfg):  # the book's recipes run torch's generator on, as its code does
             # (torch.manual_seed would also queue seeds for every absent accelerator, each step)
             seed = int(np.random.SeedSequence([cfg.seed, step, rank]).generate_state(1)[0])
             torch.default_generator.manual_seed(seed)
@@ -221,15 +221,15 @@ class Run:
             "step": self.step, "tokens": self.tokens, "elapsed_s": self.elapsed,
             "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
             "last_val_loss": self.last_val, "world_size": self.ranks.world, "grad_accum": cfg.grad_accum,
-            "scheduler": {"kind": "constant" if cfg.recipe == "book" else "warmup_cosine", "lr": cfg.lr,
+            "scheduler": {"kind": "constant" if runs_as_book(cfg) else "warmup_cosine", "lr": cfg.lr,
                           "min_lr": cfg.min_lr, "warmup_steps": cfg.warmup_steps, "max_steps": cfg.max_steps,
                           "next_lr": lr_at(self.step, cfg)},
             "scaler": self.compute.scaler.state_dict() if self.compute.scaler else None,
             "train_config": cfg.to_dict(),
-            "task": self.task.state_dict() if hasattr(self.task, "state_dict") else None,
+            "task": self.task.state_dict(),
         }
         save_checkpoints(self.run_dir, names, self.model, self.optimizer, state, tokenizer=self.tokenizer,
-                         meta=meta, export=getattr(self.task, "checkpoint_model", None), fsdp=cfg.fsdp,
+                         meta=meta, export=self.task.checkpoint_model, fsdp=cfg.fsdp,
                          is_main=self.ranks.is_main)
         self.ranks.barrier()
 
@@ -237,7 +237,7 @@ class Run:
         state = load_checkpoint(self.run_dir, self.model, self.optimizer)
         if self.compute.scaler and state.get("scaler"):
             self.compute.scaler.load_state_dict(state["scaler"])
-        if state.get("task") and hasattr(self.task, "load_state_dict"):
+        if state.get("task"):
             self.task.load_state_dict(state["task"])
         self.step, self.tokens = state["step"], state["tokens"]
         self.elapsed = state.get("elapsed_s", 0.0)

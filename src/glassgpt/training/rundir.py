@@ -5,7 +5,8 @@ writes who holds it (pid, host, start time, command) into that file. A second
 process that asks for the same run directory is refused with a `RunDirError`
 naming the holder. The operating system drops the lock when the holding process
 ends, however it ends (SIGKILL, a crash, a reboot), so there is no stale lock to
-clean up: the file may stay behind, the lock does not.
+clean up. A run that is refused (or fails before writing anything) leaves the directory
+as it found it: the lock file, and the directory itself, are removed if it made them.
 
 `open_run_dir(RUN_DIR, resume)` is a run's whole claim on its directory, taken once by
 whoever starts the run (the command line, or `fit` when called alone): it checks that
@@ -93,11 +94,27 @@ def lock_run_dir(run_dir: str | os.PathLike) -> Iterator[Path]:
     run_dir = Path(run_dir)
     if run_dir.is_file():
         raise RunDirError(f"{run_dir} is a file: give a directory for the run")
+    had_dir, had_lock = run_dir.is_dir(), (run_dir / LOCK_NAME).exists()
     lock_file = _acquire(run_dir)
     try:
         yield run_dir
+    except BaseException:
+        _leave_as_found(run_dir, had_dir, had_lock)  # a refused run leaves no trace
+        raise
     finally:
         lock_file.close()  # closing the file releases the lock
+
+
+def _leave_as_found(run_dir: Path, had_dir: bool, had_lock: bool) -> None:
+    """Remove the lock file (and the directory) this process created, if the run wrote nothing
+    else there. Done while the lock is held, so no other process holds the removed file."""
+    try:
+        if not had_lock and [p.name for p in run_dir.iterdir()] == [LOCK_NAME]:
+            (run_dir / LOCK_NAME).unlink()
+        if not had_dir and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+    except OSError:  # a directory that cannot be tidied keeps a harmless, unlocked .lock
+        pass
 
 
 def _acquire(run_dir: Path):

@@ -1,0 +1,230 @@
+"""`glassgpt finetune classify --recipe book` against the book's own chapter-6 code (llms_from_scratch.ch06).
+
+A small random model in the book's layout (2 blocks 32 wide, context 64, BASE_CONFIG's drop_rate 0.0)
+and made-up CSVs in the book's layout (Label, Text): the notebook's seeds, head, freezing, AdamW and
+`train_classifier_simple` for 2 epochs, side by side with glassgpt's recipe. The lines it prints
+(evaluations, the accuracies after each epoch and the three at the end) are equal character for
+character and the weights bit for bit (torch.equal); `classify --recipe book` gives `classify_review`'s
+label on the book's own review_classifier.pth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+import tiktoken
+import torch
+
+import glassgpt
+from glassgpt.cli import main
+
+ch06 = pytest.importorskip("llms_from_scratch.ch06", reason="the README's test command installs llms-from-scratch")
+from llms_from_scratch.ch04 import GPTModel as BookGPTModel  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread", "offline_tiktoken")
+
+SMALL = dict(vocab_size=50257, context_length=64, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0, qkv_bias=False)
+HAM = ["are we still on for lunch?", "see you at 6 then", "ok, call me when you get home tonight",
+       "can you pick up some milk on the way back", "I'll be late, the bus broke down again", "thanks for yesterday!",
+       "what time is the game", "happy birthday, have a lovely day"]
+SPAM = ["You won a free cruise! Call now", "URGENT: your account is locked, reply with your PIN to unlock it",
+        "Claim your 1000 prize today, text WIN to 80085", "Free entry in a weekly draw, txt FREE to 12345",
+        "Congratulations! You have been selected for a cash award", "Cheap loans approved in minutes, call 0800 now"]
+EPOCHS, EVAL_FREQ = 2, 3
+
+
+def write_csv(path: Path, n: int, offset: int) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        out.writerow(["Label", "Text"])
+        for i in range(n):
+            spam = (i + offset) % 3 == 0
+            pool = SPAM if spam else HAM
+            out.writerow([int(spam), pool[(i * 5 + offset) % len(pool)] + (" !" * ((i + offset) % 4))])
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("ch06")
+    torch.manual_seed(7)
+    model = BookGPTModel(SMALL)
+    torch.save(model.state_dict(), root / "model.pth")
+    (root / "model.json").write_text(json.dumps({"n_heads": 4}))
+    return {"root": root, "model": root / "model.pth", "train": write_csv(root / "train.csv", 40, 0),
+            "val": write_csv(root / "validation.csv", 12, 1), "test": write_csv(root / "test.csv", 10, 2)}
+
+
+@pytest.fixture(scope="module")
+def book_run(files):
+    """The notebook, cell by cell: datasets, loaders, model, frozen weights, head, seed, AdamW, training, accuracies."""
+    torch.set_num_threads(1)
+    tokenizer = tiktoken.get_encoding("gpt2")
+    train_ds = ch06.SpamDataset(files["train"], tokenizer, max_length=None)
+    val_ds = ch06.SpamDataset(files["val"], tokenizer, max_length=train_ds.max_length)
+    test_ds = ch06.SpamDataset(files["test"], tokenizer, max_length=train_ds.max_length)
+    torch.manual_seed(123)
+    loader = lambda ds, train: torch.utils.data.DataLoader(ds, batch_size=8, shuffle=train, num_workers=0,
+                                                            drop_last=train)
+    train_loader, val_loader, test_loader = loader(train_ds, True), loader(val_ds, False), loader(test_ds, False)
+    model = BookGPTModel(SMALL)
+    model.load_state_dict(torch.load(files["model"], weights_only=True))
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad = False
+    torch.manual_seed(123)
+    model.out_head = torch.nn.Linear(SMALL["emb_dim"], 2)
+    for p in [*model.trf_blocks[-1].parameters(), *model.final_norm.parameters()]:
+        p.requires_grad = True
+    torch.manual_seed(123)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        ch06.train_classifier_simple(model, train_loader, val_loader, optimizer, "cpu", num_epochs=EPOCHS,
+                                     eval_freq=EVAL_FREQ, eval_iter=5)
+        for name, data_loader in (("Training", train_loader), ("Validation", val_loader), ("Test", test_loader)):
+            print(f"{name} accuracy: {ch06.calc_accuracy_loader(data_loader, model, 'cpu') * 100:.2f}%")
+    torch.save(model.state_dict(), files["root"] / "review_classifier.pth")
+    (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4}))
+    return printed.getvalue().splitlines(), model, train_ds.max_length
+
+
+def finetune(files, out: Path, *extra: str) -> list[str]:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["finetune", "classify", "--recipe", "book", "--model", str(files["model"]), "--data",
+                     str(files["train"]), "--val", str(files["val"]), "--out", str(out), "--threads", "1",
+                     "--no-progress", *extra])
+    assert code == 0
+    return printed.getvalue().splitlines()
+
+
+@pytest.fixture(scope="module")
+def glass_run(files, tmp_path_factory):
+    torch.set_num_threads(1)
+    run = tmp_path_factory.mktemp("glass") / "run"
+    lines = finetune(files, run, "--test", str(files["test"]), "--epochs", str(EPOCHS), "--eval-every", str(EVAL_FREQ))
+    return lines, run
+
+
+BOOK_LINES = ("Ep ", "Training accuracy", "Validation accuracy", "Test accuracy")
+
+
+def test_the_lines_are_train_classifier_simples_character_for_character(book_run, glass_run):
+    book_lines = book_run[0]
+    assert book_lines[0].startswith("Ep 1 (Step 000000): Train loss ") and len(book_lines) == 4 + EPOCHS + 3
+    assert [line for line in glass_run[0] if line.startswith(BOOK_LINES)] == book_lines
+
+
+def test_the_weights_after_two_epochs_equal_the_books_bit_for_bit(book_run, glass_run):
+    book_state = book_run[1].state_dict()
+    ours = glassgpt.load_model(glass_run[1] / "latest").state_dict()
+    different = [name for name, tensor in ours.items() if not torch.equal(tensor, book_state[name])]
+    assert sorted(ours) and different == []
+
+
+@pytest.mark.parametrize("text", ["are we still on for lunch?", "You won a free cruise! Call now"])
+def test_classify_recipe_book_gives_classify_reviews_label_on_the_books_pth(book_run, files, text, capsys):
+    model, max_length = book_run[1], book_run[2]
+    expected = ch06.classify_review(text, model, tiktoken.get_encoding("gpt2"), "cpu", max_length=max_length)
+    with torch.no_grad():
+        ids = tiktoken.get_encoding("gpt2").encode(text)
+        probs = model(torch.tensor([ids + [50256] * (max_length - len(ids))]))[:, -1, :].softmax(-1)[0]
+    assert main(["classify", text, "--model", str(files["root"] / "review_classifier.pth"), "--recipe", "book",
+                 "--max-length", str(max_length), "--json"]) == 0
+    out, err = capsys.readouterr()
+    answer = json.loads(out)
+    assert answer["label"] == expected and answer["prob"] == pytest.approx(float(probs.max()), abs=1e-6)
+    assert "reads the last position, padding included" in err
+
+
+def test_a_run_of_the_recipe_is_read_at_its_padded_length_with_the_books_names(book_run, glass_run, capsys):
+    text = "Claim your 1000 prize today"
+    model, max_length = book_run[1], book_run[2]
+    expected = ch06.classify_review(text, model, tiktoken.get_encoding("gpt2"), "cpu", max_length=max_length)
+    assert main(["classify", text, "--model", str(glass_run[1]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] == expected
+
+
+def test_labels_beside_a_pth_name_the_classes(files, book_run, capsys):
+    (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4, "labels": ["ham", "spam"]}))
+    try:
+        assert main(["classify", "see you at 6", "--model", str(files["root"] / "review_classifier.pth"),
+                     "--recipe", "book", "--max-length", str(book_run[2]), "--json"]) == 0
+    finally:
+        (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4}))
+    assert json.loads(capsys.readouterr().out)["label"] in ("ham", "spam")
+
+
+def test_a_pth_without_the_padded_length_is_refused_in_one_line(files, book_run, capsys):
+    assert main(["classify", "hi", "--model", str(files["root"] / "review_classifier.pth"), "--recipe", "book"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "pass --max-length N" in errors[0]
+
+
+@pytest.mark.parametrize("row, why", [(["2", "hello"], "the Label is '2'"), (["1", ""], "the Text is empty")])
+def test_a_bad_row_names_its_file_and_line_and_leaves_no_run_behind(files, tmp_path, capsys, row, why):
+    bad = tmp_path / "train.csv"
+    text = files["train"].read_text(encoding="utf-8").splitlines()
+    text.insert(5, ",".join(row))
+    bad.write_text("\n".join(text) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["finetune", "classify", "--recipe", "book", "--model", str(files["model"]), "--data", str(bad),
+                 "--val", str(files["val"]), "--out", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:6: {why}" in err and not run.exists()
+
+
+@pytest.mark.parametrize("flag", [["--warmup-steps", "5"], ["--grad-clip", "1"], ["--trainable", "all"],
+                                  ["--lora-rank", "4"]])
+def test_a_flag_the_recipe_fixes_is_refused_by_name(files, tmp_path, capsys, flag):
+    run = tmp_path / "run"
+    assert main(["finetune", "classify", "--recipe", "book", "--model", str(files["model"]), "--data",
+                 str(files["train"]), "--val", str(files["val"]), "--out", str(run), *flag]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --recipe book ") and flag[0] in err and len(err.splitlines()) == 1
+    assert not run.exists()
+
+
+def test_a_resumed_run_ends_with_the_same_weights(files, glass_run, tmp_path):
+    run = tmp_path / "run"
+    finetune(files, run, "--test", str(files["test"]), "--max-steps", "4", "--eval-every", str(EVAL_FREQ))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["finetune", "classify", "--resume", str(run), "--max-steps", str(EPOCHS * 5), "--threads", "1",
+                     "--no-progress"]) == 0
+    whole = glassgpt.load_model(glass_run[1] / "latest").state_dict()
+    resumed = glassgpt.load_model(run / "latest").state_dict()
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert [x for x in printed.getvalue().splitlines() if x.startswith(BOOK_LINES)] == \
+        [x for x in glass_run[0] if x.startswith(BOOK_LINES)][-7:]  # epoch 1 accuracy on: steps 6, 9, epoch 2, the three
+
+
+def test_the_recipe_runs_from_python_with_no_command_line(files, book_run, tmp_path):
+    """The same recipe as `finetune classify --recipe book`, called as functions: prepare, train_config, fit."""
+    from glassgpt.training import fit, recipes
+    from glassgpt.training.book_ch06 import accuracy_lines, prepare
+    recipe = recipes.recipe("finetune classify", "book")
+    cfg = recipe.train_config({"eval_every": EVAL_FREQ}, {"out": str(tmp_path / "run"), "plot": False})
+    model = glassgpt.load_model(files["model"], device="cpu", dtype="float32")
+    model, task = prepare(model, glassgpt.load_tokenizer(files["model"]), files["train"], files["val"])
+    cfg.max_steps = EPOCHS * task.steps_per_epoch
+    lines = []
+    fit(model, task, cfg, log=lambda event: lines.append(event))
+    assert all(torch.equal(t, book_run[1].state_dict()[k]) for k, t in model.state_dict().items())
+    assert sum("train_eval_loss" in e for e in lines) == 4
+    assert accuracy_lines(task.final_accuracies(model)) == book_run[0][-3:-1]  # training and validation
+
+
+def test_explain_names_the_classes_the_json_beside_a_pth_gives(files, book_run):
+    from glassgpt.cli.explain import about
+    (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4, "labels": ["ham", "spam"]}))
+    try:
+        assert about(str(files["root"] / "review_classifier.pth")).labels == ["ham", "spam"]
+    finally:
+        (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4}))
