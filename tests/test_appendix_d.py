@@ -22,12 +22,12 @@ from glassgpt.config import GPTConfig
 from glassgpt.errors import ConfigError
 from glassgpt.training.appendix_d import in_book_order, run_appendix_d, train_model
 
-from test_book_ch05 import SMALL, TEXT, book_loaders, offline_tiktoken  # noqa: F401 (a module-scoped fixture)
+from test_book_ch05 import SMALL, TEXT, book_loaders
 
 from llms_from_scratch import appendix_d  # noqa: E402
 from llms_from_scratch.ch04 import GPTModel as BookGPTModel  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "offline_tiktoken")
 EPOCHS = 2
 VERDICT = TEXT[0][:4000]
 CONFIG = {**SMALL, "emb_dim": 64}

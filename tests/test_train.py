@@ -762,7 +762,8 @@ def test_thread_rule_gives_small_models_one_thread_and_wide_ones_every_core():
     from glassgpt.device import pick_threads
     assert pick_threads(128, 8) == (1, "small model, emb_dim 128 < 512")
     assert pick_threads(511, 8)[0] == 1
-    assert pick_threads(512, 8)[0] == 8 and pick_threads(768, 2)[0] == 2
+    assert pick_threads(512, 8, busy=0.0)[0] == 8 and pick_threads(768, 2, busy=0.0)[0] == 2
+    assert pick_threads(768, 2, busy=1.0) == (1, "2 cores, 1.0 busy with other work now")  # a shared core stalls all
 
 
 @pytest.mark.parametrize("flags, threads, why", [([], 1, "small model"), (["--threads", "3"], 3, "--threads")])
