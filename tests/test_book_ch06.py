@@ -228,3 +228,32 @@ def test_explain_names_the_classes_the_json_beside_a_pth_gives(files, book_run):
         assert about(str(files["root"] / "review_classifier.pth")).labels == ["ham", "spam"]
     finally:
         (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4}))
+
+
+@pytest.mark.parametrize("text", ["are we still on for lunch?", "You won a free cruise! Call now"])
+def test_explain_why_and_the_page_read_a_run_of_the_recipe_as_classify_and_classify_review_do(book_run, glass_run,
+                                                                                             text, capsys):
+    """The run records its padded length: every view reads the last position of the padded text, as trained."""
+    from glassgpt.cli.explain import about
+    from glassgpt.web.service import ExplainRequest, ExplainService
+    model, max_length = book_run[1], book_run[2]
+    expected = ch06.classify_review(text, model, tiktoken.get_encoding("gpt2"), "cpu", max_length=max_length)
+    with torch.no_grad():  # classify_review's own probability, which it does not return
+        ids = tiktoken.get_encoding("gpt2").encode(text)
+        book_prob = float(model(torch.tensor([ids + [50256] * (max_length - len(ids))]))[:, -1, :].softmax(-1).max())
+    assert main(["classify", text, "--model", str(glass_run[1]), "--json"]) == 0
+    classified = json.loads(capsys.readouterr().out)
+    assert main(["explain", text, "--model", str(glass_run[1]), "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    explained = json.loads(out)["next_token"]
+    assert main(["explain", text, "--model", str(glass_run[1]), "--why", "--format", "json"]) == 0
+    why = json.loads(capsys.readouterr().out)["why"]
+    served = ExplainService(glassgpt.load_model(glass_run[1]), glassgpt.load_tokenizer(glass_run[1]),
+                            about(str(glass_run[1]))).explain(ExplainRequest(prompt=text, attention=False))
+    assert classified["label"] == expected == explained["text"] == why["target"]["text"] == \
+        served["next_token"]["text"]
+    # float32 on one machine: the same ids through the same forward give the same probability to 1e-6
+    for prob in (classified["prob"], explained["prob"], why["candidates"][0]["prob"], served["next_token"]["prob"]):
+        assert prob == pytest.approx(book_prob, abs=1e-6)
+    assert f"reads the last position, padding included (position {max_length - 1})" in err
+    assert any("padding included" in n for n in served["notes"])

@@ -31,7 +31,7 @@ from ..device import evaluating
 from ..errors import PromptError
 from ..memory import parameter_table
 from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights
-from ..prompt import check_ids, encode, fit_prompt, keep_for
+from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
 from .head import head_products
@@ -65,6 +65,8 @@ class About:
     random_weights: bool = False
     init: str | None = None        # a random model's initialisation: a key of model.INIT_SCHEMES
     labels: list[str] | None = None  # class names, for a classifier
+    reading: Reading | None = None   # where a classifier reads a text, as its checkpoint records it was trained
+    trained: dict[str, str] | None = None  # each part's "trained" / "frozen" / "lora" in its finetuning run
 
 
 @dataclass
@@ -128,7 +130,7 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
     """
     opt, about = options or TraceOptions(), about or About()
     cfg = adopt(model).cfg
-    prompt = _prompt(cfg, tokenizer, text, ids, opt)
+    prompt = _prompt(cfg, tokenizer, text, ids, opt, about.reading)
     model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once
     device = model.tok_emb.weight.device
     batch = torch.tensor([prompt.ids], device=device)  # [b=1, t]
@@ -152,7 +154,7 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
         next_token=_next_token(cfg, top_list, text, opt.temperature), modules=table["modules"],
         head=head_products(model, rec.seen["final_norm"][0, -1], logits[0, -1], [t["id"] for t in top_list],
                            prompt.ids, label),
-        notes=[n for n in (adopted_from(model), prompt.note) if n])
+        notes=[n for n in (adopted_from(model), prompt.note, reading_line(cfg.num_classes, about.reading, prompt)) if n])
     if opt.attention:
         result.attention = {"shape": [cfg.n_layers, cfg.n_heads, len(prompt.ids), len(prompt.ids)],  # the data's own
                             "tokens": [tk["text"] for tk in result.tokens],
@@ -166,14 +168,16 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
     return result
 
 
-def _prompt(cfg: GPTConfig, tokenizer: Tokenizer, text: str | None, ids: list[int] | None, opt: TraceOptions):
-    """The ids to trace, cut to context_length as every command cuts them; the options checked."""
+def _prompt(cfg: GPTConfig, tokenizer: Tokenizer, text: str | None, ids: list[int] | None, opt: TraceOptions,
+            reading: Reading | None):
+    """The ids to trace, cut to context_length as every command cuts them (and a classifier's padded as
+    it was trained); the options checked."""
     ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)
     if not 0 <= opt.block < cfg.n_layers:
         raise PromptError(f"block {opt.block} does not exist: choose 0..{cfg.n_layers - 1}")
     if not 0 < opt.temperature < math.inf:
         raise PromptError(f"temperature must be a positive number for the probabilities, got {opt.temperature}")
-    return fit_prompt(ids, cfg.context_length, keep_for(cfg.num_classes))
+    return fit_for(ids, cfg.context_length, cfg.num_classes, reading)
 
 
 def _kept_tensors(cfg: GPTConfig, opt: TraceOptions) -> frozenset[str]:
