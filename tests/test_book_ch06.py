@@ -257,3 +257,25 @@ def test_explain_why_and_the_page_read_a_run_of_the_recipe_as_classify_and_class
         assert prob == pytest.approx(book_prob, abs=1e-6)
     assert f"reads the last position, padding included (position {max_length - 1})" in err
     assert any("padding included" in n for n in served["notes"])
+
+
+def test_the_run_records_what_chapter_6_trained_and_explain_marks_it(glass_run, capsys):
+    """The last block, final_norm and the head trained; the rest frozen: in the record, the trace's data,
+    its text (one line) and the picture (a legend and a mark per part)."""
+    trained = {"tok_emb": "frozen", "pos_emb": "frozen", "trf_blocks.0": "frozen", "trf_blocks.1": "trained",
+               "final_norm": "trained", "out_head": "trained"}
+    assert glassgpt.load_meta(glass_run[1])["trained"] == trained
+    assert main(["explain", "hi", "--model", str(glass_run[1]), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["trained"]["parts"] == trained
+    assert main(["explain", "hi", "--model", str(glass_run[1])]) == 0
+    line = "trained: trf_blocks.1, final_norm, out_head; frozen: tok_emb, pos_emb, trf_blocks.0"
+    assert sum(line in x for x in capsys.readouterr().out.splitlines()) == 1
+    from glassgpt.cli.explain import about
+    from glassgpt.explain import trace
+    from glassgpt.explain.diagram import layout, to_svg
+    tr = trace(glassgpt.load_model(glass_run[1]), glassgpt.load_tokenizer(glass_run[1]), "hi",
+               about=about(str(glass_run[1])))
+    marks = {item.key for item in layout(tr).keyed("trained:") if item.key != "trained:blocks"}
+    assert marks == {f"trained:{part}:{state}" for part, state in trained.items()}
+    svg = to_svg(tr)
+    assert "its training run, marked beside each part:" in svg and line in svg

@@ -62,6 +62,8 @@ def _header(tr: "Trace", lines: list[str], c) -> None:
         out(c(DIM, m["layout"]))  # OpenAI's layout, or a classifier's
     for note in tr.notes:
         out(c(ORANGE, f"note: {note}"))
+    if m.get("trained"):
+        out(c(GREEN, f"its training run (as its checkpoint records): {m['trained']['line']}"))
     out("")
 
 

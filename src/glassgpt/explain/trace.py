@@ -35,6 +35,7 @@ from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
 from .head import head_products
+from .notation import trained_line
 from .record import Progress, Recorder, record
 from .text import render_text
 
@@ -200,7 +201,8 @@ def _labeller(cfg: GPTConfig, tokenizer: Tokenizer, labels: list[str] | None):
 
 
 def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str, Any]:
-    """What a trace says of its model: its name, config, dtype, layout, and a random model's initialisation."""
+    """What a trace says of its model: its name, config, dtype, layout, a random model's initialisation,
+    and which parts its training run trained and left frozen."""
     cfg = model.cfg
     facts = {"name": about.name, "random_weights": about.random_weights, "config": cfg.to_dict(),
              "dtype": _dtype(model.tok_emb.weight), "device": str(model.tok_emb.weight.device),
@@ -208,6 +210,8 @@ def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str
              "layout": layout_line(cfg)}
     if about.random_weights and about.init in INIT_SCHEMES:
         facts["init"] = INIT_SCHEMES[about.init]
+    if about.trained:  # as the run that finetuned it recorded
+        facts["trained"] = {"parts": about.trained, "line": trained_line(about.trained)}
     return facts
 
 
