@@ -104,10 +104,13 @@ def save_png(tr: "Trace", path: str, scale: float = 2.0) -> tuple[int, int]:
 def _title(pen: Pen, tr: "Trace") -> None:
     cfg, m, p = tr.model["config"], tr.model, tr.params
     untied = f" ({p['total_untied']:,} if untied)" if p["tied"] else ""
-    pen.text(30, 0, f"glassgpt · {m['name']} · {p['total']:,} parameters{untied}", TITLE, bold=True)
+    own = " (its own)" if p.get("note") else ""
+    pen.text(30, 0, f"glassgpt · {m['name']} · {p['total']:,} parameters{own}{untied}", TITLE, bold=True)
     lines = [(f"vocab_size {cfg['vocab_size']:,} · emb_dim {cfg['emb_dim']} · context_length {cfg['context_length']:,}"
               f" · n_heads {cfg['n_heads']} · n_layers {cfg['n_layers']} · {m['dtype']}", MUTED, False),
              (m["layout"], MUTED, False)]
+    if p.get("note"):  # a reader's module built without some biases: what the count leaves out
+        lines.append((p["note"], MUTED, False))
     if m["random_weights"]:
         lines.append(("random weights: the shapes are real, the probabilities are not", RED, True))
         if m.get("init"):

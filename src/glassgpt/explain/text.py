@@ -255,6 +255,8 @@ def _params(tr: "Trace", lines: list[str], c) -> None:
     lines.append(c(BOLD, "parameters"))
     lines.append(f"  total as stored      {p['total']:>15,}" + ("   (out_head.weight is tok_emb.weight)" if p["tied"] else ""))
     lines.append(f"  total if untied      {p['total_untied']:>15,}")
+    if p.get("note"):
+        lines.append(c(DIM, f"  {p['note']}"))
 
 
 def _answers(tr: "Trace", lines: list[str], c) -> None:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..adopt import adopt, adopted_from
+from ..adopt import adopt, adopted_from, adopted_kind, is_added, own_parameters
 from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
@@ -129,10 +129,13 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
 
     Traces of one model may run at the same time in different threads; the model is only read.
     """
-    opt, about = options or TraceOptions(), about or About()
+    opt, named = options or TraceOptions(), about
+    about = about or About()
     cfg = adopt(model).cfg
     prompt = _prompt(cfg, tokenizer, text, ids, opt, about.reading)
     model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once
+    if named is None and adopted_kind(model):
+        about = replace(about, name=adopted_kind(model))
     device = model.tok_emb.weight.device
     batch = torch.tensor([prompt.ids], device=device)  # [b=1, t]
     rec = Recorder(_kept_tensors(cfg, opt), cfg.n_layers * (2 if opt.logit_lens else 1) + opt.embedding_check,
@@ -147,12 +150,11 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
     top_list = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
     stages.append(_pick_stage(cfg, top_list[0]))
     text = tokenizer.decode(prompt.ids)
-    table = parameter_table(model.cfg)
     result = Trace(
         model=model_facts(model, tokenizer, about), prompt=text,
         tokens=[{"id": i, "text": tokenizer.decode([i])} for i in prompt.ids], stages=stages,
-        params={"total": table["total"], "total_untied": table["total_untied"], "tied": table["tied"]},
-        next_token=_next_token(cfg, top_list, text, opt.temperature), modules=table["modules"],
+        params=_params(model), next_token=_next_token(cfg, top_list, text, opt.temperature),
+        modules=parameter_table(model.cfg)["modules"],
         head=head_products(model, rec.seen["final_norm"][0, -1], logits[0, -1], [t["id"] for t in top_list],
                            prompt.ids, label),
         notes=[n for n in (adopted_from(model), prompt.note, reading_line(cfg.num_classes, about.reading, prompt)) if n])
@@ -194,6 +196,18 @@ def _kept_tensors(cfg: GPTConfig, opt: TraceOptions) -> frozenset[str]:
     return frozenset(keep)
 
 
+def _params(model: GPTModel) -> dict[str, Any]:
+    """The totals with and without tying; for a reader's module built without some biases, its own
+    tensors only (the zeros glassgpt added are not its parameters), and a note that says so."""
+    table = parameter_table(model.cfg)
+    params = {"total": table["total"], "total_untied": table["total_untied"], "tied": table["tied"]}
+    added = model.num_parameters() - own_parameters(model)
+    if added:
+        params.update(total=params["total"] - added, total_untied=params["total_untied"] - added,
+                      note=f"the module's own tensors: not the {added:,} zero biases glassgpt added where it has none")
+    return params
+
+
 def _labeller(cfg: GPTConfig, tokenizer: Tokenizer, labels: list[str] | None):
     if cfg.num_classes is None:
         return lambda i: tokenizer.decode([i])
@@ -233,7 +247,7 @@ def _module_name(module: nn.Module) -> str:
     if isinstance(module, nn.Embedding):
         return f"nn.Embedding({module.num_embeddings}, {module.embedding_dim})"
     if isinstance(module, nn.Linear):
-        bias = "" if module.bias is not None else ", bias=False"
+        bias = "" if module.bias is not None and not is_added(module.bias) else ", bias=False"
         return f"nn.Linear({module.in_features}, {module.out_features}{bias})"
     if isinstance(module, LayerNorm):
         return f"LayerNorm({module.scale.shape[0]})"
@@ -253,7 +267,7 @@ def _tensor_stage(name: str, module: str, t: torch.Tensor, **kw: Any) -> Stage:
 def _weight_stage(name: str, module: nn.Module, out: torch.Tensor, **kw: Any) -> Stage:
     weight = getattr(module, "weight", None)
     return _tensor_stage(name, _module_name(module), out, weight_shape=list(weight.shape) if weight is not None else None,
-                         params=sum(p.numel() for p in module.parameters()), **kw)
+                         params=own_parameters(module), **kw)
 
 
 def _input_stages(model: GPTModel, tokenizer: Tokenizer, seen: dict, bt: torch.Size) -> list[Stage]:
@@ -278,7 +292,7 @@ def _block_stages(model: GPTModel, seen: dict, opt: TraceOptions) -> list[Stage]
     for i, blk in enumerate(model.trf_blocks):
         x_in, x_out = seen[f"trf_blocks.{i}"]
         stages.append(_tensor_stage(f"trf_blocks.{i}", "TransformerBlock", x_out,
-                                    params=sum(p.numel() for p in blk.parameters()), input_shape=list(x_in.shape),
+                                    params=own_parameters(blk), input_shape=list(x_in.shape),
                                     note=f"x + att(norm1(x)), then x + ff(norm2(x)): the width stays "
                                          f"{model.cfg.emb_dim}"))
         if i == opt.block:
