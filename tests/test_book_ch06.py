@@ -221,6 +221,13 @@ def test_the_recipe_runs_from_python_with_no_command_line(files, book_run, tmp_p
     assert accuracy_lines(task.final_accuracies(model)) == book_run[0][-3:-1]  # training and validation
 
 
+def test_explain_of_the_books_pth_says_it_reads_the_last_real_token_and_how_to_read_it_as_the_book(files, book_run,
+                                                                                                   capsys):
+    assert main(["explain", "hi", "--model", str(files["root"] / "review_classifier.pth"), "--format", "json"]) == 0
+    err = capsys.readouterr().err
+    assert "reads the last real token (position 0)" in err and "classify --recipe book --max-length N" in err
+
+
 def test_explain_names_the_classes_the_json_beside_a_pth_gives(files, book_run):
     from glassgpt.cli.explain import about
     (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4, "labels": ["ham", "spam"]}))

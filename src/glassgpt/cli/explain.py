@@ -20,9 +20,10 @@ from ..explain.passage import passage, passage_layout, passage_text
 from ..explain.why import why
 from ..explain.why_view import why_layout
 from ..explain.text import embedding_section
+from ..formats.book import is_state_dict_file
 from ..formats import class_labels, is_random_init, load_meta, load_model, load_tokenizer, read_config
 from ..model import GPTModel
-from ..prompt import classifier_reading
+from ..prompt import BOOK_FILE_HINT, classifier_reading
 from ..tokenizer import Tokenizer
 from .common import add_model_args, load, nonneg_int, positive_float, positive_int
 
@@ -93,9 +94,12 @@ def run_explain(args: argparse.Namespace) -> int:
         return _run_why(args, model, tok)
     options = TraceOptions(top_k=args.top_k, temperature=args.temperature, block=args.block,
                            logit_lens=args.logit_lens, attention=args.attention)
-    tr = trace(model, tok, args.prompt, options=options, about=about(args.model))
+    spec = about(args.model)
+    tr = trace(model, tok, args.prompt, options=options, about=spec)
     for note in tr.notes:
         print(f"note: {note}", file=sys.stderr)
+    if model.cfg.num_classes is not None and not spec.reading.padded and is_state_dict_file(args.model):
+        print(f"note: {BOOK_FILE_HINT}", file=sys.stderr)
     heat = None
     if args.attention:
         heat = args.attention_out or f"attention-L{args.layer}.png"

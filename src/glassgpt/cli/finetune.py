@@ -39,7 +39,7 @@ from ..training import book_ch06, book_ch07, lora, recipes
 from ..training.compute import exact
 from ..training.metrics import save_confusion_png
 from ..training.config import default
-from ..prompt import classifier_reading, fit_prompt
+from ..prompt import BOOK_FILE_HINT, classifier_reading, fit_prompt
 from ..training.data import scan_file
 from .common import (add_model_args, fraction, load, nonneg_float, nonneg_int, positive_float, positive_int, probability,
                      require_language_model, say)
@@ -375,8 +375,7 @@ def run_classify(args: argparse.Namespace) -> int:
     reading, notes = classifier_reading(trained, args.recipe == recipes.BOOK, args.max_length)
     labels = _class_names(args.model, model.cfg.num_classes, reading.padded)
     prompt = reading.fit(tokenizer.encode(args.text), model.cfg.context_length)
-    hint = (": a classifier trained by the book's code reads the last position of its padded length (pass "
-            "--recipe book --max-length N)" if not reading.padded and is_state_dict_file(args.model) else "")
+    hint = f": {BOOK_FILE_HINT}" if not reading.padded and is_state_dict_file(args.model) else ""
     for note in [f"{args.model}: {n}" for n in notes] + [prompt.note, reading.line(prompt) + hint]:
         if note:
             print(f"note: {note}", file=sys.stderr)
