@@ -63,6 +63,20 @@ def test_nanogpt_built_without_biases_gets_zeros_and_says_so():
     assert not glass.cfg.qkv_bias
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_trace_counts_the_modules_own_parameters_and_names_its_kind(bias):
+    """nanoGPT's bias=False: the zeros glassgpt adds for the missing biases are not the reader's parameters."""
+    module = NanoGPT(bias=bias).eval()
+    tr = glassgpt.trace(module, glassgpt.get_tokenizer("gpt2"), "Every effort moves you")
+    assert tr.params["total"] == sum(p.numel() for p in module.parameters())  # a tied matrix once, as here
+    assert tr.stage("trf_blocks.0").params == sum(p.numel() for p in module.transformer.h[0].parameters())
+    assert tr.stage("trf_blocks.0.att.out_proj").module.endswith("bias=False)") is not bias
+    assert ("zero biases glassgpt added" in tr.params.get("note", "")) is not bias
+    assert tr.model["name"] == "nanoGPT's GPT" and "model nanoGPT's GPT" in tr.to_text()
+    assert glassgpt.trace(module, glassgpt.get_tokenizer("gpt2"), "Every",
+                          about=glassgpt.explain.About("mine")).model["name"] == "mine"
+
+
 def test_a_copy_with_a_tensor_glassgpt_does_not_have_is_one_line():
     module = book_model()
     module.trf_blocks[0].att.gate = nn.Parameter(torch.ones(4))

@@ -221,6 +221,13 @@ def test_the_recipe_runs_from_python_with_no_command_line(files, book_run, tmp_p
     assert accuracy_lines(task.final_accuracies(model)) == book_run[0][-3:-1]  # training and validation
 
 
+def test_explain_of_the_books_pth_says_it_reads_the_last_real_token_and_how_to_read_it_as_the_book(files, book_run,
+                                                                                                   capsys):
+    assert main(["explain", "hi", "--model", str(files["root"] / "review_classifier.pth"), "--format", "json"]) == 0
+    err = capsys.readouterr().err
+    assert "reads the last real token (position 0)" in err and "classify --recipe book --max-length N" in err
+
+
 def test_explain_names_the_classes_the_json_beside_a_pth_gives(files, book_run):
     from glassgpt.cli.explain import about
     (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4, "labels": ["ham", "spam"]}))
@@ -228,3 +235,54 @@ def test_explain_names_the_classes_the_json_beside_a_pth_gives(files, book_run):
         assert about(str(files["root"] / "review_classifier.pth")).labels == ["ham", "spam"]
     finally:
         (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4}))
+
+
+@pytest.mark.parametrize("text", ["are we still on for lunch?", "You won a free cruise! Call now"])
+def test_explain_why_and_the_page_read_a_run_of_the_recipe_as_classify_and_classify_review_do(book_run, glass_run,
+                                                                                             text, capsys):
+    """The run records its padded length: every view reads the last position of the padded text, as trained."""
+    from glassgpt.cli.explain import about
+    from glassgpt.web.service import ExplainRequest, ExplainService
+    model, max_length = book_run[1], book_run[2]
+    expected = ch06.classify_review(text, model, tiktoken.get_encoding("gpt2"), "cpu", max_length=max_length)
+    with torch.no_grad():  # classify_review's own probability, which it does not return
+        ids = tiktoken.get_encoding("gpt2").encode(text)
+        book_prob = float(model(torch.tensor([ids + [50256] * (max_length - len(ids))]))[:, -1, :].softmax(-1).max())
+    assert main(["classify", text, "--model", str(glass_run[1]), "--json"]) == 0
+    classified = json.loads(capsys.readouterr().out)
+    assert main(["explain", text, "--model", str(glass_run[1]), "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    explained = json.loads(out)["next_token"]
+    assert main(["explain", text, "--model", str(glass_run[1]), "--why", "--format", "json"]) == 0
+    why = json.loads(capsys.readouterr().out)["why"]
+    served = ExplainService(glassgpt.load_model(glass_run[1]), glassgpt.load_tokenizer(glass_run[1]),
+                            about(str(glass_run[1]))).explain(ExplainRequest(prompt=text, attention=False))
+    assert classified["label"] == expected == explained["text"] == why["target"]["text"] == \
+        served["next_token"]["text"]
+    # float32 on one machine: the same ids through the same forward give the same probability to 1e-6
+    for prob in (classified["prob"], explained["prob"], why["candidates"][0]["prob"], served["next_token"]["prob"]):
+        assert prob == pytest.approx(book_prob, abs=1e-6)
+    assert f"reads the last position, padding included (position {max_length - 1})" in err
+    assert any("padding included" in n for n in served["notes"])
+
+
+def test_the_run_records_what_chapter_6_trained_and_explain_marks_it(glass_run, capsys):
+    """The last block, final_norm and the head trained; the rest frozen: in the record, the trace's data,
+    its text (one line) and the picture (a legend and a mark per part)."""
+    trained = {"tok_emb": "frozen", "pos_emb": "frozen", "trf_blocks.0": "frozen", "trf_blocks.1": "trained",
+               "final_norm": "trained", "out_head": "trained"}
+    assert glassgpt.load_meta(glass_run[1])["trained"] == trained
+    assert main(["explain", "hi", "--model", str(glass_run[1]), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["trained"]["parts"] == trained
+    assert main(["explain", "hi", "--model", str(glass_run[1])]) == 0
+    line = "trained: trf_blocks.1, final_norm, out_head; frozen: tok_emb, pos_emb, trf_blocks.0"
+    assert sum(line in x for x in capsys.readouterr().out.splitlines()) == 1
+    from glassgpt.cli.explain import about
+    from glassgpt.explain import trace
+    from glassgpt.explain.diagram import layout, to_svg
+    tr = trace(glassgpt.load_model(glass_run[1]), glassgpt.load_tokenizer(glass_run[1]), "hi",
+               about=about(str(glass_run[1])))
+    marks = {item.key for item in layout(tr).keyed("trained:") if item.key != "trained:blocks"}
+    assert marks == {f"trained:{part}:{state}" for part, state in trained.items()}
+    svg = to_svg(tr)
+    assert "its training run, marked beside each part:" in svg and line in svg

@@ -293,6 +293,10 @@ def test_classifier_reaches_high_accuracy_on_a_separable_task(classify_run):
     assert (classify_run / "best" / "config.json").is_file() and (classify_run / "latest" / "config.json").is_file()
 
 
+def test_a_run_records_that_trainable_all_trained_every_part(classify_run):
+    assert set(glassgpt.load_meta(classify_run)["trained"].values()) == {"trained"}
+
+
 def test_classify_json_prints_the_label_and_its_probability(classify_run, capsys):
     assert cli_main(["classify", "abcyfed", "--model", str(classify_run), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -397,6 +401,9 @@ def test_finetune_classify_with_lora_prints_both_parameter_counts_and_resumes(ch
     assert "done: step 4" in capsys.readouterr().out
     assert glassgpt.load_meta(run)["finetune"]["lora_rank"] == 2
     assert glassgpt.load_model(run, device="cpu").cfg.num_classes == 3
+    # what explain marks: the adapters trained the blocks' linears, the new head trained, the rest stayed frozen
+    assert glassgpt.load_meta(run)["trained"] == {"tok_emb": "frozen", "pos_emb": "frozen", "trf_blocks.0": "lora",
+                                                  "trf_blocks.1": "lora", "final_norm": "frozen", "out_head": "trained"}
 
 
 @pytest.fixture(scope="module")

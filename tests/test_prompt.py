@@ -10,7 +10,7 @@ import pytest
 import glassgpt
 from glassgpt.cli import main
 from glassgpt.errors import PromptError
-from glassgpt.prompt import check_ids, encode, fit_prompt
+from glassgpt.prompt import PAD_ID, Reading, check_ids, classifier_reading, encode, fit_for, fit_prompt
 
 CTX = 16
 CFG = glassgpt.GPTConfig(vocab_size=50257, context_length=CTX, emb_dim=8, n_heads=2, n_layers=1)
@@ -26,6 +26,28 @@ def test_fit_keeps_the_last_or_the_first_tokens_and_says_which():
     first = fit_prompt(ids, 16, keep="first")
     assert first.ids == ids[:16] and first.note.endswith("it saw the first 16 (tokens 0..15)")
     assert fit_prompt(ids[:16], 16).note is None and fit_prompt(ids[:16], 16).ids == ids[:16]
+
+
+def test_a_classifier_is_read_as_its_record_says_padded_to_the_book_s_length_or_at_its_last_real_token():
+    book, notes = classifier_reading({"recipe": "book", "padded_length": 6})
+    assert book == Reading(6, padded=True) and notes == []
+    padded = book.fit([5, 6, 7], CTX)
+    assert padded.ids == [5, 6, 7, PAD_ID, PAD_ID, PAD_ID] and padded.padding == 3
+    assert "last position, padding included (position 5)" in book.line(padded)
+    assert book.fit(list(range(10)), CTX).ids == list(range(6))  # cut at the padded length, as SpamDataset cuts
+    glass, _ = classifier_reading({"recipe": "glassgpt", "max_length": 4})
+    cut = glass.fit(list(range(10)), CTX)
+    assert not glass.padded and cut.ids == [0, 1, 2, 3] and "last real token (position 3)" in glass.line(cut)
+    assert fit_for(list(range(40)), CTX, None, book).ids == list(range(24, 40))  # a language model: no reading
+
+
+def test_reading_a_glassgpt_classifier_as_the_book_says_so_and_a_missing_length_is_refused():
+    reading, notes = classifier_reading({"recipe": "glassgpt", "max_length": None}, padded=True, length=8)
+    assert reading == Reading(8, padded=True) and "finetuned by glassgpt's recipe, on the last real token" in notes[0]
+    with pytest.raises(PromptError, match="pass --max-length N"):
+        classifier_reading(None, padded=True)
+    with pytest.raises(PromptError, match="more than its context_length 16"):
+        Reading(32, padded=True).fit([1, 2], CTX)
 
 
 def test_bad_prompts_are_refused_with_what_to_do():

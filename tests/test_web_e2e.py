@@ -69,6 +69,10 @@ def snapshot(step: int, top: str, prob: float) -> dict:
             "lens": [{"layer": i, "id": 760, "text": top, "prob": prob * (i + 1) / 2} for i in range(2)]}
 
 
+TRAINED = {"tok_emb": "frozen", "pos_emb": "frozen", "trf_blocks.0": "frozen", "trf_blocks.1": "trained",
+           "final_norm": "trained", "out_head": "trained"}  # as a run that finetuned the last block records it
+
+
 @pytest.fixture(scope="module")
 def run_url(tmp_path_factory):
     """A run directory's page: an untied model of the book's layout, and three evaluations by hand."""
@@ -82,7 +86,7 @@ def run_url(tmp_path_factory):
     cfg = GPTConfig(vocab_size=50257, context_length=64, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=False,
                     tie_embeddings=False)
     model = random_model(cfg, torch.device("cpu"), torch.float32, seed=0)
-    app = create_app(model, load_tokenizer("gpt2"), model_name=str(run.resolve()), run_dir=run)
+    app = create_app(model, load_tokenizer("gpt2"), model_name=str(run.resolve()), run_dir=run, trained=TRAINED)
     with serving(app) as url:
         yield url
 
@@ -240,6 +244,16 @@ def test_the_slider_moves_through_the_runs_evaluations(open_page, run_url):
     assert view.locator(".snap-lens tbody tr").count() == 2  # one logit-lens row per block
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "web-e2e-run.png"), full_page=True)
+
+
+def test_the_flow_marks_which_parts_the_run_trained_and_which_stayed_frozen(open_page, run_url):
+    page = open_page(1400, run_url)
+    page.wait_for_selector("#flow li[data-trained]")
+    marked = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#flow li[data-trained]')]
+                                  .map((li) => [li.dataset.stage, li.dataset.trained]))""")
+    assert marked == TRAINED  # block 0 is opened; block 1 is its own group
+    assert page.locator('#flow li[data-stage="trf_blocks.1"] .trained-mark').inner_text() == "trained"
+    assert "frozen: tok_emb, pos_emb, trf_blocks.0" in page.inner_text("#model-trained")
 
 
 def test_the_head_card_shows_the_dot_products(open_page, run_url):

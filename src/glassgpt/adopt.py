@@ -93,6 +93,22 @@ def adopted_from(model: nn.Module) -> str | None:
     return getattr(model, "adopted_from", None)
 
 
+def adopted_kind(model: nn.Module) -> str | None:
+    """The name of the kind `model` was taken from, e.g. "nanoGPT's GPT" (None: glassgpt's own)."""
+    return getattr(model, "adopted_kind", None)
+
+
+def is_added(p: torch.Tensor) -> bool:
+    """Whether `p` is a zero bias or shift glassgpt added where the reader's module has none."""
+    return getattr(p, "added_by_glassgpt", False)
+
+
+def own_parameters(module: nn.Module) -> int:
+    """The parameters of `module` (a model or one of its parts) without those glassgpt added: the
+    count the reader's own module has (parameters() yields a tied matrix once)."""
+    return sum(p.numel() for p in module.parameters() if not is_added(p))
+
+
 def layout_of(module: nn.Module) -> Layout:
     """The kind of `module` and its tensors in glassgpt's names; a one-line GlassError if none fits."""
     children = dict(module.named_children())
@@ -279,6 +295,7 @@ def _build(module: nn.Module, layout: Layout) -> GPTModel:
     n_heads = "" if layout.n_heads else f"; n_heads {cfg.n_heads} by GPT-2's rule of 64 per head (none found)"
     gelu = ", its exact GELU" if layout.exact_gelu else ""
     glass.adopted_from = "; ".join([f"{layout.kind} ({_config_line(cfg)}{gelu}), read in place{n_heads}"] + layout.notes)
+    glass.adopted_kind = layout.kind
     return glass.eval()
 
 
@@ -301,8 +318,9 @@ def _fill_missing(glass: GPTModel, module: nn.Module, layout: Layout) -> None:
                              f"it looks for {LOOKED_FOR}")
         like = glass.tok_emb.weight
         owner, _, leaf = name.rpartition(".")
-        setattr(glass.get_submodule(owner), leaf, nn.Parameter(torch.zeros(p.shape, device=like.device,
-                                                                           dtype=like.dtype), requires_grad=False))
+        zeros = nn.Parameter(torch.zeros(p.shape, device=like.device, dtype=like.dtype), requires_grad=False)
+        zeros.added_by_glassgpt = True  # not the reader's: parameter counts leave it out (own_parameters)
+        setattr(glass.get_submodule(owner), leaf, zeros)
         note = f"{layout.kind} has no {leaf} on some layers (e.g. {name}): glassgpt adds zeros, the same computation"
         if not any(n.startswith(f"{layout.kind} has no {leaf}") for n in layout.notes):
             layout.notes.append(note)

@@ -20,8 +20,10 @@ from ..explain.passage import passage, passage_layout, passage_text
 from ..explain.why import why
 from ..explain.why_view import why_layout
 from ..explain.text import embedding_section
-from ..formats import class_labels, is_random_init, load_model, load_tokenizer, read_config
+from ..formats.book import is_state_dict_file
+from ..formats import class_labels, is_random_init, load_meta, load_model, load_tokenizer, read_config
 from ..model import GPTModel
+from ..prompt import BOOK_FILE_HINT, classifier_reading
 from ..tokenizer import Tokenizer
 from .common import add_model_args, load, nonneg_int, positive_float, positive_int
 
@@ -69,9 +71,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def about(spec: str) -> About:
-    """What the CLI knows of a --model spec that its weights cannot say."""
+    """What the CLI knows of a --model spec that its weights cannot say (from its checkpoint's record)."""
     random = is_random_init(spec)
-    return About(spec, random, init_scheme(spec) if random else None, class_labels(spec))
+    meta = load_meta(spec)
+    return About(spec, random, init_scheme(spec) if random else None, class_labels(spec),
+                 classifier_reading(meta.get("finetune"))[0], meta.get("trained"))
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -90,9 +94,12 @@ def run_explain(args: argparse.Namespace) -> int:
         return _run_why(args, model, tok)
     options = TraceOptions(top_k=args.top_k, temperature=args.temperature, block=args.block,
                            logit_lens=args.logit_lens, attention=args.attention)
-    tr = trace(model, tok, args.prompt, options=options, about=about(args.model))
+    spec = about(args.model)
+    tr = trace(model, tok, args.prompt, options=options, about=spec)
     for note in tr.notes:
         print(f"note: {note}", file=sys.stderr)
+    if model.cfg.num_classes is not None and not spec.reading.padded and is_state_dict_file(args.model):
+        print(f"note: {BOOK_FILE_HINT}", file=sys.stderr)
     heat = None
     if args.attention:
         heat = args.attention_out or f"attention-L{args.layer}.png"
@@ -123,7 +130,10 @@ def _run_compare(args: argparse.Namespace, model: GPTModel, tok: Tokenizer) -> i
 def _run_why(args: argparse.Namespace, model: GPTModel, tok: Tokenizer) -> int:
     """The attribution; its JSON is the trace's with `why` added."""
     spec = about(args.model)
-    result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, labels=spec.labels, top_k=args.top_k)
+    result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, labels=spec.labels, top_k=args.top_k,
+                 reading=spec.reading)
+    for note in result.notes[:-1]:  # the last, on attention, is in every view
+        print(f"note: {note}", file=sys.stderr)
     data = None
     if args.format == "json":
         data = trace(model, tok, args.prompt, options=TraceOptions(top_k=args.top_k, embedding_check=False),

@@ -39,7 +39,7 @@ from ..training import book_ch06, book_ch07, lora, recipes
 from ..training.compute import exact
 from ..training.metrics import save_confusion_png
 from ..training.config import default
-from ..prompt import fit_prompt
+from ..prompt import BOOK_FILE_HINT, classifier_reading, fit_prompt
 from ..training.data import scan_file
 from .common import (add_model_args, fraction, load, nonneg_float, nonneg_int, positive_float, positive_int, probability,
                      require_language_model, say)
@@ -368,26 +368,18 @@ def run_classify(args: argparse.Namespace) -> int:
     if model.cfg.num_classes is None:
         raise GlassError(f"{args.model} is a language model (no classifier head): make a classifier with "
                          "glassgpt finetune classify")
-    meta = load_meta(args.model)
-    trained = meta.get("finetune") or {}
-    book = recipes.BOOK in (args.recipe, trained.get("recipe"))
-    labels = _class_names(args.model, model.cfg.num_classes, book)
-    if book:
-        probs = _classify_as_book(args, model, tokenizer, trained)
-    else:
-        if args.max_length is not None:
-            raise GlassError("--max-length is --recipe book's (the length the book padded to): drop it, or add "
-                             "--recipe book")
-        max_length = trained.get("max_length")
-        limit = min(max_length or model.cfg.context_length, model.cfg.context_length)
-        why = "the --max-length it was finetuned with" if limit != model.cfg.context_length else "its context_length"
-        cut = fit_prompt(tokenizer.encode(args.text), limit, keep="first", why=why)  # as predict() cuts it
-        if cut.note:
-            print(f"note: {cut.note}", file=sys.stderr)
-        hint = (": a classifier trained by the book's code reads the last position of its padded length (pass "
-                "--recipe book --max-length N)" if is_state_dict_file(args.model) else "")
-        print(f"note: reads the last real token (no padding){hint}", file=sys.stderr)
-        probs = ft.predict(model, tokenizer, [args.text], max_length)[0]
+    trained = load_meta(args.model).get("finetune") or {}
+    if args.max_length is not None and args.recipe != recipes.BOOK and "padded_length" not in trained:
+        raise GlassError("--max-length is --recipe book's (the length the book padded to): drop it, or add "
+                         "--recipe book")
+    reading, notes = classifier_reading(trained, args.recipe == recipes.BOOK, args.max_length)
+    labels = _class_names(args.model, model.cfg.num_classes, reading.padded)
+    prompt = reading.fit(tokenizer.encode(args.text), model.cfg.context_length)
+    hint = f": {BOOK_FILE_HINT}" if not reading.padded and is_state_dict_file(args.model) else ""
+    for note in [f"{args.model}: {n}" for n in notes] + [prompt.note, reading.line(prompt) + hint]:
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+    probs = book_ch06.class_probs(model, prompt.ids)
     k = int(probs.argmax())
     if args.json:
         print(json.dumps({"label": labels[k], "prob": float(probs[k])}))
@@ -405,19 +397,6 @@ def _class_names(spec: str, num_classes: int, book: bool) -> list[str]:
     if labels is None and book and num_classes == len(book_ch06.LABELS):
         labels = book_ch06.LABELS
     return labels or [str(k) for k in range(num_classes)]
-
-
-def _classify_as_book(args: argparse.Namespace, model, tokenizer, trained: dict):
-    """classify_review's probabilities: padded to the length it was trained at, the last position read."""
-    length = args.max_length or trained.get("padded_length")
-    if length is None:
-        raise GlassError(f"{args.model} does not record the length the book padded its texts to: pass --max-length N "
-                         "(train_dataset.max_length in the book's notebook)")
-    if trained and trained.get("recipe") != recipes.BOOK:
-        print(f"note: {args.model} was finetuned by glassgpt's recipe, on the last real token; --recipe book reads "
-              "the last position, padding included", file=sys.stderr)
-    print(f"note: reads {book_ch06.POSITION} (the text cut or padded to {length:,} tokens)", file=sys.stderr)
-    return book_ch06.classify_padded(model, tokenizer, args.text, length)
 
 
 # --- instructions ----------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..config import init_scheme
 from ..errors import GlassError
-from ..formats import is_random_init, load_meta
 from .common import add_model_args, load, nonneg_int, positive_int
+from .explain import about
 
 WEB_EXTRA = "the web page needs FastAPI and uvicorn: pip install 'glassgpt[web]'"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -54,9 +54,10 @@ def run_serve(args: argparse.Namespace) -> int:
     model, tok = load(args)
     hosts = allowed_hosts(args.host, args.allowed_hosts, LOOPBACK_HOSTS)
     run_dir = Path(args.model) if (Path(args.model) / "metrics.jsonl").is_file() else None
-    app = create_app(model, tok, model_name=args.model, random_weights=is_random_init(args.model),
-                     labels=load_meta(args.model).get("labels"), max_prompt_tokens=args.max_prompt_tokens,
-                     allowed_hosts=hosts, init=init_scheme(args.model), run_dir=run_dir)
+    spec = about(args.model)  # what explain knows of the model that its weights cannot say
+    app = create_app(model, tok, model_name=args.model, random_weights=spec.random_weights, labels=spec.labels,
+                     max_prompt_tokens=args.max_prompt_tokens, allowed_hosts=hosts, init=init_scheme(args.model),
+                     run_dir=run_dir, reading=spec.reading, trained=spec.trained)
     # Bind the socket ourselves so that --port 0 can print the port it got.
     sock = _bind(args.host, args.port)
     port = sock.getsockname()[1]

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Callable
 
 from ..errors import GlassError
 from . import draw
-from .draw import (BLUE, BLUE_BG, GRAY, GRAY_BG, GREEN, MUTED, ORANGE, ORANGE_BG, RED, Drawing, Line, Rect, Text,
-                   drawable, fit, wrap)
-from .notation import clip, shape as _shape, token
+from .draw import (BLUE, BLUE_BG, GRAY, GRAY_BG, GREEN, MUTED, ORANGE, ORANGE_BG, PURPLE, RED, Drawing, Line, Rect,
+                   Text, drawable, fit, wrap)
+from .notation import TRAINED_STATES, clip, shape as _shape, token, trained_line
 
 if TYPE_CHECKING:
     from .trace import Stage, Trace
@@ -35,6 +35,8 @@ TIE_X = SIDE_X + WEIGHT_W + 25      # the line that joins the two weights
 ROW_H, ROW2_H, GAP = 30, 44, 14     # a one-line row, a two-line row, the arrow between rows
 TITLE, LABEL, BODY, SMALL, TINY = 18, 13, 12, 11, 10  # font sizes in pixels
 BAR_LABEL_W, BAR_END_PAD = 200, 90  # the bars: token labels on the left, the p = 1 scale on the right
+MARK_X = 13                         # how far left of the flow a part's trained/frozen mark sits
+STATE_COLORS = {"trained": GREEN, "lora": PURPLE, "partly trained": ORANGE, "frozen": GRAY}
 
 
 class Pen:
@@ -78,7 +80,9 @@ def layout(tr: "Trace") -> Drawing:
                            [_lookup_row, _one_hot_row, _pos_row, _dropout_row], tr)
     _blocks(pen, tr)
     pen.arrow(20)
+    top = pen.y
     pen.row(f"Final LayerNorm · final_norm → {_shape(tr.stage('final_norm').shape)}")
+    _mark(pen, tr, "final_norm", top)
     head = tr.stage("out_head")
     head_y = transition_box(pen, head, "OUTPUT", ORANGE, ORANGE_BG, "out_head.weight",
                             [_head_row, _dot_products, _last_row, _softmax_row, _bars, _how_picked, _picked_row], tr)
@@ -100,10 +104,13 @@ def save_png(tr: "Trace", path: str, scale: float = 2.0) -> tuple[int, int]:
 def _title(pen: Pen, tr: "Trace") -> None:
     cfg, m, p = tr.model["config"], tr.model, tr.params
     untied = f" ({p['total_untied']:,} if untied)" if p["tied"] else ""
-    pen.text(30, 0, f"glassgpt · {m['name']} · {p['total']:,} parameters{untied}", TITLE, bold=True)
+    own = " (its own)" if p.get("note") else ""
+    pen.text(30, 0, f"glassgpt · {m['name']} · {p['total']:,} parameters{own}{untied}", TITLE, bold=True)
     lines = [(f"vocab_size {cfg['vocab_size']:,} · emb_dim {cfg['emb_dim']} · context_length {cfg['context_length']:,}"
               f" · n_heads {cfg['n_heads']} · n_layers {cfg['n_layers']} · {m['dtype']}", MUTED, False),
              (m["layout"], MUTED, False)]
+    if p.get("note"):  # a reader's module built without some biases: what the count leaves out
+        lines.append((p["note"], MUTED, False))
     if m["random_weights"]:
         lines.append(("random weights: the shapes are real, the probabilities are not", RED, True))
         if m.get("init"):
@@ -113,7 +120,38 @@ def _title(pen: Pen, tr: "Trace") -> None:
         for line in wrap(text, MIN_WIDTH - 60, BODY, bold):
             pen.y += 18
             pen.text(30, 0, line, BODY, color=color, bold=bold, key="title")
+    _legend(pen, tr)
     pen.y += 26
+
+
+def _legend(pen: Pen, tr: "Trace") -> None:
+    """What the marks at the left of tok_emb, pos_emb, final_norm and out_head, and beside the blocks, say:
+    what the model's training run did to each part, as its checkpoint records it."""
+    trained = tr.model.get("trained")
+    if not trained:
+        return
+    pen.y += 22
+    title = "its training run, marked beside each part:"
+    pen.text(30, 0, title, BODY, bold=True, key="legend")
+    x = 30 + draw.text_width(title, BODY, bold=True) + 16
+    for state, label in TRAINED_STATES.items():
+        if state in trained["parts"].values():
+            pen.d.add(Rect(x, pen.y - 10, 6, 12, STATE_COLORS[state], STATE_COLORS[state], width=0, key="legend"))
+            pen.text(x + 12, 0, label, BODY, key="legend")
+            x += 12 + draw.text_width(label, BODY) + 16
+    for line in wrap(trained["line"], MIN_WIDTH - 60, SMALL):
+        pen.y += 16
+        pen.text(30, 0, line, SMALL, color=MUTED, key="legend")
+
+
+def _mark(pen: Pen, tr: "Trace", part: str, top: float, bottom: float | None = None) -> None:
+    """The mark of one part's state in its training run, beside its box from `top` to `bottom` (the pen's y)."""
+    trained = tr.model.get("trained")
+    state = trained["parts"].get(part) if trained else None
+    if state is not None:
+        color = STATE_COLORS[state]
+        pen.d.add(Rect(FLOW_X - MARK_X, top, 6, (pen.y if bottom is None else bottom) - top, color, color, width=0,
+                       key=f"trained:{part}:{state}"))
 
 
 def _prompt(pen: Pen, tr: "Trace") -> None:
@@ -176,9 +214,10 @@ def _weight_box(d: Drawing, x: float, y: float, dims: list[int] | None, name: st
 # Input rows.
 
 def _lookup_row(pen: Pen, tr: "Trace") -> None:
-    emb = tr.stage("tok_emb")
+    emb, top = tr.stage("tok_emb"), pen.y
     pen.row(f"Token embedding layer · tok_emb = {emb.module}", f"row i of W for token id i → {_shape(emb.shape)}",
             BLUE, bold=True)
+    _mark(pen, tr, "tok_emb", top)
 
 
 def _one_hot_row(pen: Pen, tr: "Trace") -> None:
@@ -201,8 +240,9 @@ def _one_hot_row(pen: Pen, tr: "Trace") -> None:
 
 
 def _pos_row(pen: Pen, tr: "Trace") -> None:
-    pos = tr.stage("pos_emb")
+    pos, top = tr.stage("pos_emb"), pen.y
     pen.row(f"+ positional embedding pos_emb {_shape(pos.shape)} · weight {_shape(pos.weight_shape)}")
+    _mark(pen, tr, "pos_emb", top)
 
 
 def _dropout_row(pen: Pen, tr: "Trace") -> None:
@@ -240,14 +280,33 @@ def _blocks(pen: Pen, tr: "Trace") -> None:
     frame.h = pen.y - top
     pen.d.add(Text(SIDE_X, top + frame.h / 2 - 8, f"width stays {cfg['emb_dim']}", BODY, True, MUTED))
     pen.d.add(Text(SIDE_X, top + frame.h / 2 + 10, f"{blk.params:,} params per block", SMALL, color=MUTED))
+    _block_marks(pen, tr, top + frame.h / 2 + 22)
+
+
+def _block_marks(pen: Pen, tr: "Trace", y: float) -> None:
+    """One mark per block beside the frame (trf_blocks.0 first, rows of 20), then what they say in words."""
+    trained = tr.model.get("trained")
+    if not trained:
+        return
+    n = tr.model["config"]["n_layers"]
+    for i in range(n):
+        state = trained["parts"].get(f"trf_blocks.{i}", "frozen")
+        color = STATE_COLORS[state]
+        pen.d.add(Rect(SIDE_X + 10 * (i % 20), y + 12 * (i // 20), 7, 9, color, color, width=0,
+                       key=f"trained:trf_blocks.{i}:{state}"))
+    y += 12 * -(-n // 20) + 12
+    blocks = {p: s for p, s in trained["parts"].items() if p.startswith("trf_blocks.")}
+    for k, line in enumerate(wrap(trained_line(blocks), TIE_X - SIDE_X - 10, SMALL, max_lines=4)):
+        pen.d.add(Text(SIDE_X, y + 15 * k, line, SMALL, color=MUTED, key="trained:blocks"))
 
 
 # Output rows.
 
 def _head_row(pen: Pen, tr: "Trace") -> None:
-    head = tr.stage("out_head")
+    head, top = tr.stage("out_head"), pen.y
     pen.row(f"Linear output layer · out_head = {head.module}", f"x @ W.T → logits {_shape(head.shape)}", ORANGE,
             bold=True)
+    _mark(pen, tr, "out_head", top)
 
 
 def _dot_products(pen: Pen, tr: "Trace") -> None:

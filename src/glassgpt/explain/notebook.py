@@ -46,7 +46,8 @@ def trace_html(tr: Trace) -> str:
     lines = list(tr.notes) + [
         f"prompt {tr.prompt!r}: {len(tr.tokens)} tokens",
         f"next token: id {nt['id']} {nt['text']!r}" + (f"  (top: {top})" if top else ""),
-        f"parameters: {tr.params['total']:,} as stored, {tr.params['total_untied']:,} if untied",
+        f"parameters: {tr.params['total']:,} as stored, {tr.params['total_untied']:,} if untied"
+        + (f" ({tr.params['note']})" if tr.params.get("note") else ""),
         "trace.to_text() for every stage; trace.to_dict() for the JSON"]
     return figure_html(diagram.layout(tr), lines)
 

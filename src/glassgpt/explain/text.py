@@ -62,6 +62,8 @@ def _header(tr: "Trace", lines: list[str], c) -> None:
         out(c(DIM, m["layout"]))  # OpenAI's layout, or a classifier's
     for note in tr.notes:
         out(c(ORANGE, f"note: {note}"))
+    if m.get("trained"):
+        out(c(GREEN, f"its training run (as its checkpoint records): {m['trained']['line']}"))
     out("")
 
 
@@ -253,6 +255,8 @@ def _params(tr: "Trace", lines: list[str], c) -> None:
     lines.append(c(BOLD, "parameters"))
     lines.append(f"  total as stored      {p['total']:>15,}" + ("   (out_head.weight is tok_emb.weight)" if p["tied"] else ""))
     lines.append(f"  total if untied      {p['total_untied']:>15,}")
+    if p.get("note"):
+        lines.append(c(DIM, f"  {p['note']}"))
 
 
 def _answers(tr: "Trace", lines: list[str], c) -> None:

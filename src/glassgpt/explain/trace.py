@@ -19,22 +19,23 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..adopt import adopt, adopted_from
+from ..adopt import adopt, adopted_from, adopted_kind, is_added, own_parameters
 from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
 from ..memory import parameter_table
 from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights
-from ..prompt import check_ids, encode, fit_prompt, keep_for
+from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
 from .head import head_products
+from .notation import trained_line
 from .record import Progress, Recorder, record
 from .text import render_text
 
@@ -65,6 +66,8 @@ class About:
     random_weights: bool = False
     init: str | None = None        # a random model's initialisation: a key of model.INIT_SCHEMES
     labels: list[str] | None = None  # class names, for a classifier
+    reading: Reading | None = None   # where a classifier reads a text, as its checkpoint records it was trained
+    trained: dict[str, str] | None = None  # each part's "trained" / "frozen" / "lora" in its finetuning run
 
 
 @dataclass
@@ -126,10 +129,13 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
 
     Traces of one model may run at the same time in different threads; the model is only read.
     """
-    opt, about = options or TraceOptions(), about or About()
+    opt, named = options or TraceOptions(), about
+    about = about or About()
     cfg = adopt(model).cfg
-    prompt = _prompt(cfg, tokenizer, text, ids, opt)
+    prompt = _prompt(cfg, tokenizer, text, ids, opt, about.reading)
     model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once
+    if named is None and adopted_kind(model):
+        about = replace(about, name=adopted_kind(model))
     device = model.tok_emb.weight.device
     batch = torch.tensor([prompt.ids], device=device)  # [b=1, t]
     rec = Recorder(_kept_tensors(cfg, opt), cfg.n_layers * (2 if opt.logit_lens else 1) + opt.embedding_check,
@@ -144,15 +150,14 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
     top_list = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
     stages.append(_pick_stage(cfg, top_list[0]))
     text = tokenizer.decode(prompt.ids)
-    table = parameter_table(model.cfg)
     result = Trace(
         model=model_facts(model, tokenizer, about), prompt=text,
         tokens=[{"id": i, "text": tokenizer.decode([i])} for i in prompt.ids], stages=stages,
-        params={"total": table["total"], "total_untied": table["total_untied"], "tied": table["tied"]},
-        next_token=_next_token(cfg, top_list, text, opt.temperature), modules=table["modules"],
+        params=_params(model), next_token=_next_token(cfg, top_list, text, opt.temperature),
+        modules=parameter_table(model.cfg)["modules"],
         head=head_products(model, rec.seen["final_norm"][0, -1], logits[0, -1], [t["id"] for t in top_list],
                            prompt.ids, label),
-        notes=[n for n in (adopted_from(model), prompt.note) if n])
+        notes=[n for n in (adopted_from(model), prompt.note, reading_line(cfg.num_classes, about.reading, prompt)) if n])
     if opt.attention:
         result.attention = {"shape": [cfg.n_layers, cfg.n_heads, len(prompt.ids), len(prompt.ids)],  # the data's own
                             "tokens": [tk["text"] for tk in result.tokens],
@@ -166,14 +171,16 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
     return result
 
 
-def _prompt(cfg: GPTConfig, tokenizer: Tokenizer, text: str | None, ids: list[int] | None, opt: TraceOptions):
-    """The ids to trace, cut to context_length as every command cuts them; the options checked."""
+def _prompt(cfg: GPTConfig, tokenizer: Tokenizer, text: str | None, ids: list[int] | None, opt: TraceOptions,
+            reading: Reading | None):
+    """The ids to trace, cut to context_length as every command cuts them (and a classifier's padded as
+    it was trained); the options checked."""
     ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)
     if not 0 <= opt.block < cfg.n_layers:
         raise PromptError(f"block {opt.block} does not exist: choose 0..{cfg.n_layers - 1}")
     if not 0 < opt.temperature < math.inf:
         raise PromptError(f"temperature must be a positive number for the probabilities, got {opt.temperature}")
-    return fit_prompt(ids, cfg.context_length, keep_for(cfg.num_classes))
+    return fit_for(ids, cfg.context_length, cfg.num_classes, reading)
 
 
 def _kept_tensors(cfg: GPTConfig, opt: TraceOptions) -> frozenset[str]:
@@ -189,6 +196,18 @@ def _kept_tensors(cfg: GPTConfig, opt: TraceOptions) -> frozenset[str]:
     return frozenset(keep)
 
 
+def _params(model: GPTModel) -> dict[str, Any]:
+    """The totals with and without tying; for a reader's module built without some biases, its own
+    tensors only (the zeros glassgpt added are not its parameters), and a note that says so."""
+    table = parameter_table(model.cfg)
+    params = {"total": table["total"], "total_untied": table["total_untied"], "tied": table["tied"]}
+    added = model.num_parameters() - own_parameters(model)
+    if added:
+        params.update(total=params["total"] - added, total_untied=params["total_untied"] - added,
+                      note=f"the module's own tensors: not the {added:,} zero biases glassgpt added where it has none")
+    return params
+
+
 def _labeller(cfg: GPTConfig, tokenizer: Tokenizer, labels: list[str] | None):
     if cfg.num_classes is None:
         return lambda i: tokenizer.decode([i])
@@ -196,7 +215,8 @@ def _labeller(cfg: GPTConfig, tokenizer: Tokenizer, labels: list[str] | None):
 
 
 def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str, Any]:
-    """What a trace says of its model: its name, config, dtype, layout, and a random model's initialisation."""
+    """What a trace says of its model: its name, config, dtype, layout, a random model's initialisation,
+    and which parts its training run trained and left frozen."""
     cfg = model.cfg
     facts = {"name": about.name, "random_weights": about.random_weights, "config": cfg.to_dict(),
              "dtype": _dtype(model.tok_emb.weight), "device": str(model.tok_emb.weight.device),
@@ -204,6 +224,8 @@ def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str
              "layout": layout_line(cfg)}
     if about.random_weights and about.init in INIT_SCHEMES:
         facts["init"] = INIT_SCHEMES[about.init]
+    if about.trained:  # as the run that finetuned it recorded
+        facts["trained"] = {"parts": about.trained, "line": trained_line(about.trained)}
     return facts
 
 
@@ -225,7 +247,7 @@ def _module_name(module: nn.Module) -> str:
     if isinstance(module, nn.Embedding):
         return f"nn.Embedding({module.num_embeddings}, {module.embedding_dim})"
     if isinstance(module, nn.Linear):
-        bias = "" if module.bias is not None else ", bias=False"
+        bias = "" if module.bias is not None and not is_added(module.bias) else ", bias=False"
         return f"nn.Linear({module.in_features}, {module.out_features}{bias})"
     if isinstance(module, LayerNorm):
         return f"LayerNorm({module.scale.shape[0]})"
@@ -245,7 +267,7 @@ def _tensor_stage(name: str, module: str, t: torch.Tensor, **kw: Any) -> Stage:
 def _weight_stage(name: str, module: nn.Module, out: torch.Tensor, **kw: Any) -> Stage:
     weight = getattr(module, "weight", None)
     return _tensor_stage(name, _module_name(module), out, weight_shape=list(weight.shape) if weight is not None else None,
-                         params=sum(p.numel() for p in module.parameters()), **kw)
+                         params=own_parameters(module), **kw)
 
 
 def _input_stages(model: GPTModel, tokenizer: Tokenizer, seen: dict, bt: torch.Size) -> list[Stage]:
@@ -270,7 +292,7 @@ def _block_stages(model: GPTModel, seen: dict, opt: TraceOptions) -> list[Stage]
     for i, blk in enumerate(model.trf_blocks):
         x_in, x_out = seen[f"trf_blocks.{i}"]
         stages.append(_tensor_stage(f"trf_blocks.{i}", "TransformerBlock", x_out,
-                                    params=sum(p.numel() for p in blk.parameters()), input_shape=list(x_in.shape),
+                                    params=own_parameters(blk), input_shape=list(x_in.shape),
                                     note=f"x + att(norm1(x)), then x + ff(norm2(x)): the width stays "
                                          f"{model.cfg.emb_dim}"))
         if i == opt.block:

@@ -36,7 +36,7 @@ from ..adopt import adopt
 from ..device import evaluating
 from ..errors import PromptError
 from ..model import GPTModel, attention_weights
-from ..prompt import check_ids, encode, fit_prompt, keep_for
+from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .record import Recorder, record, run_from
 from .why_view import why_html, why_text
@@ -84,16 +84,18 @@ class Why:
 @torch.inference_mode()
 def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: str | int | None = None,
         patch: str | None = None, *, ids: list[int] | None = None, target: int | None = None,
-        labels: list[str] | None = None, top_k: int = 10, cancel: threading.Event | None = None) -> Why:
+        labels: list[str] | None = None, top_k: int = 10, cancel: threading.Event | None = None,
+        reading: Reading | None = None) -> Why:
     """Attribute the top next token's logit (or `target`'s, an id) to the model's parts and the prompt's tokens.
 
     versus: a token (text, or an id) to explain logit[target] - logit[versus] instead; a
     classifier is always explained against a second class (the runner-up by default).
     patch: a corrupted prompt with as many tokens, for the activation-patching grids.
+    reading: where a classifier reads a text (prompt.Reading; the book's recipe pads), as trace's About says.
     """
     cfg = adopt(model).cfg
     ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)
-    prompt = fit_prompt(ids, cfg.context_length, keep_for(cfg.num_classes))
+    prompt = fit_for(ids, cfg.context_length, cfg.num_classes, reading)
     model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once
     label = _labeller(model, tokenizer, labels)
     with evaluating(model):
@@ -119,7 +121,8 @@ def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: 
         parts=result["parts"], heads=result["heads"], ff=result["ff"], by_source=result["by_source"],
         sources=sources, metric=float(last[a] - (last[b] if b is not None else 0.0)),
         candidates=[{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)],
-        contrast=contrast, patch=patched, notes=([prompt.note] if prompt.note else []) + [ATTENTION_IS_NOT])
+        contrast=contrast, patch=patched,
+        notes=[n for n in (prompt.note, reading_line(cfg.num_classes, reading, prompt)) if n] + [ATTENTION_IS_NOT])
 
 
 def _labeller(model: GPTModel, tokenizer: Tokenizer, labels: list[str] | None):

@@ -184,14 +184,11 @@ def accuracy_lines(accuracies: dict[str, float]) -> list[str]:
     return [f"{names[k]} accuracy: {v * 100:.2f}%" for k, v in accuracies.items()]
 
 
-def classify_padded(model: nn.Module, tokenizer: Tokenizer, text: str, max_length: int,
-                    pad_id: int = 50256) -> torch.Tensor:
-    """classify_review's probabilities: the text cut and padded to `max_length`, the last position read: [C]."""
+def class_probs(model: nn.Module, ids: list[int]) -> torch.Tensor:
+    """classify_review's probabilities of one text's ids (prompt.Reading's: cut, and padded for the
+    book's reading), the last position read: [t] -> [C]."""
     model.eval()
-    ids = tokenizer.encode(text)[:min(max_length, model.cfg.context_length)]
-    ids += [pad_id] * (max_length - len(ids))
     device = next(model.parameters()).device
     with torch.no_grad():
         logits = last_position_logits(model, torch.tensor([ids], device=device))
     return logits[0].float().softmax(-1).cpu()
-

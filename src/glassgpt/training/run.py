@@ -44,6 +44,7 @@ from .checkpoint import SavePolicy, checkpoint_bytes, load_checkpoint, save_chec
 from .compute import Compute, make_optimizer
 from .config import TrainConfig, grad_accum_for, lr_at, runs_as_book
 from .distributed import Distributed, setup_distributed
+from .examples import trained_parts
 from .faults import StopRequests, diverged, writing
 from .metrics import append_metrics, plot_run, truncate_metrics
 from .rundir import RunDir, open_run_dir
@@ -57,6 +58,7 @@ class Run:
                  meta: dict[str, Any], log: Log | None, ranks: Distributed, run_dir: Path):
         self.task, self.cfg, self.tokenizer, self.meta, self.ranks = task, cfg, tokenizer, meta, ranks
         self.emit, self.run_dir = log or (lambda event: None), run_dir
+        self.trained = trained_parts(model)  # what this run trains and what it leaves frozen, before placement
         self.compute = Compute(model, cfg, ranks)  # placed (and sharded): the master weights
         self.model = self.compute.model
         self.optimizer = make_optimizer(self.model, cfg, ranks.device)
@@ -215,7 +217,7 @@ class Run:
         """Write checkpoints `names`. Every rank calls this (FSDP gathers)."""
         self.check_weights_finite()
         cfg = self.cfg
-        meta = {**self.meta, "train": {"step": self.step, "tokens": self.tokens, "val_loss": self.last_val,
+        meta = {**self.meta, "trained": self.trained, "train": {"step": self.step, "tokens": self.tokens, "val_loss": self.last_val,
                                        "train_loss": self.last_train}}
         state = {
             "step": self.step, "tokens": self.tokens, "elapsed_s": self.elapsed,

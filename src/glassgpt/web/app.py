@@ -53,6 +53,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from ..errors import GlassError, TraceCancelled
 from ..explain import About, Progress
 from ..model import GPTModel
+from ..prompt import Reading
 from ..tokenizer import Tokenizer
 from .guards import LOOPBACK_HOSTS, BodyLimit, HostCheck
 from .guards import error_response as _error
@@ -78,7 +79,8 @@ SECURITY_HEADERS = {
 def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom", random_weights: bool = False,
                labels: list[str] | None = None, max_prompt_tokens: int | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
-               init: str | None = None, run_dir: str | Path | None = None) -> FastAPI:
+               init: str | None = None, run_dir: str | Path | None = None, reading: Reading | None = None,
+               trained: dict[str, str] | None = None) -> FastAPI:
     """The FastAPI app serving the page for `model` (read-only, shared by every request).
 
     model_name: how the page names the model (a path is shown by its file's name only).
@@ -87,9 +89,11 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
     allowed_hosts: the names (with any port) that the Host header may hold; "*" allows any.
     init: a random model's initialisation (a key of model.INIT_SCHEMES).
     run_dir: the training run the model came from: the page gets a slider over its evaluations.
+    reading, trained: a classifier's reading (prompt.Reading) and which parts its finetuning trained,
+    as its checkpoint records them (explain's About).
     """
-    service = ExplainService(model, tokenizer, About(model_name, random_weights, init, labels), max_prompt_tokens,
-                             max_body_bytes, run_dir)
+    about = About(model_name, random_weights, init, labels, reading, trained)
+    service = ExplainService(model, tokenizer, about, max_prompt_tokens, max_body_bytes, run_dir)
     app = FastAPI(title="glassgpt", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(GZipMiddleware, minimum_size=2048)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)

@@ -14,6 +14,7 @@ it for every command, and the answer's `notes` say what was kept.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from ..explain.why import why
 from ..explain.trace import model_facts
 from ..formats import CHECKPOINT_SUBDIRS
 from ..model import GPTModel
-from ..prompt import check_ids, encode, fit_prompt, keep_for
+from ..prompt import check_ids, encode, fit_for
 from ..tokenizer import Tokenizer, check_fits
 
 MAX_BODY_BYTES = 256 * 1024  # a full 1,024-token prompt is a few KiB of JSON
@@ -88,7 +89,7 @@ class ExplainService:
         check_fits(tokenizer, cfg.vocab_size, "they do not belong together")
         about = about or About()
         self.model, self.tokenizer, self.limit = model, tokenizer, limit
-        self.about = About(public_name(about.name), about.random_weights, about.init, about.labels)
+        self.about = dataclasses.replace(about, name=public_name(about.name))
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.is_classifier = cfg.num_classes is not None
         self.max_body_bytes = max_body_bytes
@@ -125,7 +126,7 @@ class ExplainService:
         options = TraceOptions(top_k=req.top_k, temperature=req.temperature, block=req.block, timing=False)
         tr = trace(self.model, self.tokenizer, ids=prompt.ids, options=options, about=self.about, cancel=cancel,
                    progress=progress)
-        tr.notes = [prompt.note] if prompt.note else tr.notes
+        tr.notes = [prompt.note, *tr.notes] if prompt.note else tr.notes
         return to_svg(tr)
 
     def why(self, req: WhyRequest, cancel: threading.Event | None = None,
@@ -139,7 +140,8 @@ class ExplainService:
         if versus is not None and versus.lstrip("-").isdigit() and self.is_classifier:
             versus = int(versus)
         result = why(self.model, self.tokenizer, ids=ids, versus=versus, patch=req.patch or None,
-                     target=getattr(req, "target", None), labels=self.about.labels, top_k=req.top_k, cancel=cancel)
+                     target=getattr(req, "target", None), labels=self.about.labels, top_k=req.top_k, cancel=cancel,
+                     reading=self.about.reading)
         return result.to_dict()
 
     def snapshots(self) -> dict[str, Any]:
@@ -160,8 +162,9 @@ class ExplainService:
         return encode(self.tokenizer, req.prompt)
 
     def _fit(self, ids: list[int]):
-        why = "its context_length" if self.limit == self.model.cfg.context_length else "this server's --max-prompt-tokens"
-        return fit_prompt(ids, self.limit, keep_for(self.model.cfg.num_classes), why)
+        cfg = self.model.cfg
+        why = None if self.limit == cfg.context_length else "this server's --max-prompt-tokens"
+        return fit_for(ids, cfg.context_length, cfg.num_classes, self.about.reading, self.limit, why)
 
     def _trace_json(self, req: ExplainRequest, ids: list[int], cancel, progress) -> dict[str, Any]:
         cfg = self.model.cfg
@@ -175,7 +178,7 @@ class ExplainService:
         out = trace(self.model, self.tokenizer, ids=prompt.ids, options=options, about=self.about, cancel=cancel,
                     progress=progress).to_dict()
         if prompt.note:
-            out["notes"] = [prompt.note]
+            out["notes"] = [prompt.note, *out["notes"]]
         if req.why:
             out["why"] = self._why(req, prompt.ids, cancel)
         if with_attention:

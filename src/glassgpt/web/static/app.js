@@ -235,6 +235,8 @@ function renderModel(m) {
     `${c.n_layers} blocks × ${c.n_heads} heads · d = ${fmt(c.emb_dim)} · V = ${fmt(c.vocab_size)} · `,
     `context ${fmt(c.context_length)} · ${m.dtype} on ${m.device}`);
   $("model-layout").textContent = m.layout;
+  $("model-trained").hidden = !m.trained;  // which parts its training run trained, as its checkpoint records
+  if (m.trained) $("model-trained").textContent = `Its training run (marked on each part below): ${m.trained.line}.`;
   const banner = $("random-banner");
   banner.hidden = !m.random_weights;
   if (m.random_weights) {
@@ -280,25 +282,39 @@ function renderFlow(tr) {
     summaryStep(c.num_classes ? "class scores" : "logits", outHead.shape));
 
   const items = [];
+  const parts = (tr.model.trained || {}).parts || {};  // each part's state in its training run, if recorded
   let group = [];
   const flush = () => {
     if (!group.length) return;
-    items.push(blockGroup(group));
+    items.push(markTrained(blockGroup(group), parts[group[0].name]));
     group = [];
   };
   for (const s of stages) {
     if (s.parent) continue;  // drawn inside their block
     if (/^trf_blocks\.\d+$/.test(s.name)) {
       const inner = stages.filter((x) => x.parent === s.name);
-      if (inner.length) { flush(); items.push(openedBlock(s, inner, maxWidth)); }
-      else group.push(s);
+      if (inner.length) { flush(); items.push(markTrained(openedBlock(s, inner, maxWidth), parts[s.name])); }
+      else {
+        if (group.length && parts[group[0].name] !== parts[s.name]) flush();  // one group per state
+        group.push(s);
+      }
       continue;
     }
     flush();
-    items.push(s.transition ? transitionStage(s, tr, maxWidth) : stageRow(s, maxWidth));
+    items.push(markTrained(s.transition ? transitionStage(s, tr, maxWidth) : stageRow(s, maxWidth), parts[s.name]));
   }
   flush();
   $("flow").replaceChildren(...items);
+}
+
+const TRAINED_LABELS = { trained: "trained", frozen: "frozen", lora: "trained through LoRA", "partly trained": "partly trained" };
+
+function markTrained(row, state) {
+  if (!state) return row;
+  row.classList.add(`part-${state.replace(" ", "-")}`);
+  row.dataset.trained = state;
+  row.querySelector(".name").append(el("span", { class: "trained-mark", text: TRAINED_LABELS[state] }));
+  return row;
 }
 
 function summaryStep(label, shape) {
