@@ -190,6 +190,8 @@ def _new_setup(args: argparse.Namespace, start: Start):
     task, data["fingerprint"], line = recipe.task(files, tokenizer, data, cfg, Path(args.out))
     say(line)
     cfg = _with_epochs(args, cfg, task, start.ranks.world, default=recipe.epochs)
+    if recipe.settle:
+        cfg = recipe.settle(cfg, task.steps_per_epoch)
     if not recipe.seeds_globally and len(task.train) < SMALL_TEXT_WINDOWS * task.context_length:
         say(f"note: {small_text_note(len(task.train), task.context_length)}", file=sys.stderr)
     meta = {"data": data, "tokenizer": args.tokenizer or ("checkpoint" if args.init else "gpt2"), "init": args.init}
