@@ -184,7 +184,8 @@ class GPTModel(nn.Module):
 
     @property
     def tied(self) -> bool:
-        return self.out_head.weight is self.tok_emb.weight
+        # (a head wrapped by the book's LoRA has no weight of its own, and is never tied)
+        return getattr(self.out_head, "weight", None) is self.tok_emb.weight
 
     def reset_parameters(self, seed: int | None = None, scheme: str = "gpt2") -> None:
         """Draw random weights by `scheme` (INIT_SCHEMES), seeded, whatever the RNG's state.

@@ -8,7 +8,8 @@ module:
     train             glassgpt   nanoGPT's: random windows, warm-up, cosine, clipping (data.py)
     train             book       the book's chapter 5, `train_model_simple` (book.py)
     finetune classify glassgpt   a classifier on the last real token (classify.py)
-    finetune classify book       the book's chapter 6, `train_classifier_simple` (book_ch06.py)
+    finetune classify book       the book's chapter 6, `train_classifier_simple` (book_ch06.py);
+                                 with --lora-rank, appendix E's replace_linear_with_lora (lora.py)
     finetune instruct glassgpt   Alpaca records, the loss on the response (instruct.py)
     finetune instruct book       the book's chapter 7, `train_model_simple` (book_ch07.py)
     train             book-appendix-d  the book's appendix D, `train_model` (appendix_d.py), its own loop
@@ -139,7 +140,7 @@ register(Recipe("book-appendix-d", "train", BOOK_APPENDIX_D, appendix_d.RECIPE_S
                 task=book.book_task, settle=appendix_d.settle))
 register(Recipe("glassgpt", "finetune classify", "a classifier head on the last real token", epochs=5))
 register(Recipe(BOOK, "finetune classify", BOOK_CH06, BOOK_SETTINGS, book_ch06.DEFAULTS, epochs=book_ch06.EPOCHS,
-                one_process=True, refused=("trainable", "lora_rank", "lora_alpha", "val_fraction", "text_column",
+                one_process=True, refused=("trainable", "val_fraction", "text_column",
                                            "label_column", "labels"), chapter=6, log_line=book.LINE))
 register(Recipe("glassgpt", "finetune instruct", "Alpaca records, the loss on the response tokens", epochs=2))
 register(Recipe(BOOK, "finetune instruct", BOOK_CH07, BOOK_SETTINGS, book_ch07.DEFAULTS, epochs=book_ch07.EPOCHS,
