@@ -37,7 +37,7 @@ from ..training import finetune as ft
 from ..formats.book import is_state_dict_file
 from ..training import book_ch06, book_ch07, lora, recipes
 from ..training.compute import exact
-from ..training.metrics import save_confusion_png
+from ..training.metrics import save_confusion, save_confusion_png
 from ..training.config import default
 from ..prompt import fit_prompt
 from ..training.data import scan_file
@@ -332,7 +332,7 @@ def _report_classification(model, task: ft.ClassificationTask, run_dir: Path) ->
     print(format_confusion(matrix, labels))
     record = {"labels": labels, "matrix": matrix, "accuracy": metrics["val_accuracy"], "n": task.n_val,
               "rows": "actual", "columns": "predicted"}
-    (run_dir / "confusion.json").write_text(json.dumps(record, indent=1))
+    save_confusion(record, run_dir / "confusion.json")
     png = save_confusion_png(matrix, labels, run_dir / "confusion.png")  # (None: no matplotlib)
     print(f"confusion matrix: {run_dir / 'confusion.json'}" + (f", {png}" if png else ""))
 
