@@ -30,7 +30,7 @@ from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
 from ..memory import parameter_table
-from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights
+from ..model import INIT_SCHEMES, GPTModel, init_name, LayerNorm, attention_weights
 from ..prompt import check_ids, encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
@@ -202,8 +202,8 @@ def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str
              "dtype": _dtype(model.tok_emb.weight), "device": str(model.tok_emb.weight.device),
              "tokenizer": tokenizer.name, "n_vocab": tokenizer.n_vocab, "labels": about.labels,
              "layout": layout_line(cfg)}
-    if about.random_weights and about.init in INIT_SCHEMES:
-        facts["init"] = INIT_SCHEMES[about.init]
+    if about.random_weights and init_name(about.init or "") in INIT_SCHEMES:
+        facts["init"] = INIT_SCHEMES[init_name(about.init)]
     return facts
 
 

@@ -29,7 +29,7 @@ import torch
 from ..config import GPTConfig
 from ..errors import GlassError
 from ..formats import random_model
-from ..model import GPTModel
+from ..model import GPTModel, init_name
 from . import appendix_d, book, book_ch06, book_ch07, data
 from .config import BOOK_DEFAULTS, BOOK_SETTINGS, TrainConfig
 
@@ -63,7 +63,7 @@ class Recipe:
         """A random model for a new run: the book's `torch.manual_seed(seed); GPTModel(cfg)` for the
         book's initialisation under the book's recipes; else drawn from its own generator (and then
         the seed, as the book's code seeds before training)."""
-        if self.seeds_globally and scheme == "book":
+        if self.seeds_globally and init_name(scheme) == "pytorch-default":
             torch.manual_seed(seed)  # and torch's generator left where the notebook leaves it for training
             return GPTModel(cfg)
         model = random_model(cfg, torch.device("cpu"), torch.float32, seed, scheme)
