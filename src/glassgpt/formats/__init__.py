@@ -43,7 +43,8 @@ from . import book, gguf, openai
 from .checks import check_buildable, meta_model
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, model_from_state,
                        read_checkpoint, read_checkpoint_file, read_config_file, read_meta, read_tokenizer,
-                       resolve_checkpoint_dir, save_model, upgrade_name)
+                       resolve_checkpoint_dir, save_model)
+from .files import upgrade_name
 from .hf import export_hf, hf_to_glassgpt
 from .hub import download, try_download
 
