@@ -121,6 +121,13 @@ def test_train_recipe_book_appendix_d_prints_train_models_lines_and_ends_with_it
     assert [r["val_loss"] for r in evals] == book_results[1] and [r["tokens"] for r in evals] == book_results[2]
     saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert (saved["warmup_steps"], saved["lr"], saved["min_lr"], saved["grad_clip"]) == (5, 0.001, 1e-5, 1.0)
+    files = lambda: {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run").iterdir() if p.name != ".lock"}  # noqa: E731
+    before = files()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):  # train_model has no place to resume: refused by name, the run as it was
+        assert main(["train", "--resume", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert "--recipe book-appendix-d does not take --resume" in err.getvalue()
+    assert files() == before
 
 
 @pytest.mark.parametrize("flags, message", [
