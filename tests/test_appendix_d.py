@@ -5,24 +5,29 @@ is above 1, so clipping acts) on the first 4,000 characters of the-verdict, with
 section D.4 settings (AdamW at peak 0.001, a warm-up over 20% of the steps from 1e-5, a cosine to
 1e-5, eval_freq 5 on 1 batch) for 2 epochs of 14 steps: the lines `train_model` prints, the four
 lists it returns and the weights it ends with, bit for bit, with clipping from the end of the
-warm-up and (slow) as the printed book clipped it.
+warm-up and (slow) as the printed book clipped it; then the same under `glassgpt train --recipe
+book-appendix-d`, and the flags it refuses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
+import json
 
 import pytest
 import tiktoken
 import torch
 
 import glassgpt
+from glassgpt.cli import main
 from glassgpt.config import GPTConfig
 from glassgpt.errors import ConfigError
 from glassgpt.training.appendix_d import in_book_order, run_appendix_d, train_model
 
-from test_book_ch05 import SMALL, TEXT, book_loaders
+from glassgpt.training import read_metrics
+from test_book_ch05 import FLAGS, SMALL, TEXT, _one_line_error, book_loaders
 
 from llms_from_scratch import appendix_d  # noqa: E402
 from llms_from_scratch.ch04 import GPTModel as BookGPTModel  # noqa: E402
@@ -33,6 +38,7 @@ VERDICT = TEXT[0][:4000]
 CONFIG = {**SMALL, "emb_dim": 64}
 
 
+@functools.lru_cache(maxsize=None)
 def book_run(orig_book_version: bool) -> tuple[list[str], tuple, dict]:
     """Section D.4 as the notebook runs it: loaders, seed, model, AdamW, train_model (printing)."""
     torch.set_num_threads(1)
@@ -84,3 +90,56 @@ def test_a_warm_up_of_zero_steps_and_an_unknown_setting_are_refused_in_one_line(
         train_model(model, None, torch.optim.AdamW(model.parameters()), 1, 5, warmup_steps=0)
     with pytest.raises(ConfigError, match="appendix D has no setting 'lr'"):
         run_appendix_d(GPTConfig(**SMALL), VERDICT, glassgpt.get_tokenizer("gpt2"), context_length=32, lr=0.1)
+
+
+# --- glassgpt train --recipe book-appendix-d ------------------------------------------------------------
+
+CLI_FLAGS = [*FLAGS, "--emb-dim", "64"]  # (the last --emb-dim wins: CONFIG's)
+
+
+@pytest.fixture
+def verdict(tmp_path) -> str:
+    path = tmp_path / "verdict-4000.txt"
+    path.write_text(VERDICT, encoding="utf-8")
+    return str(path)
+
+
+def test_train_recipe_book_appendix_d_prints_train_models_lines_and_ends_with_its_weights(verdict, tmp_path):
+    """The recipe's defaults are section D.4's (peak 0.001, 20% warm-up from 1e-5, cosine to 1e-5,
+    eval_freq 5 on 1 batch, seed 123), so two epochs need only --epochs 2."""
+    book_lines, book_results, book_state = book_run(False)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["train", "--recipe", "book-appendix-d", "--data", verdict, "--out", str(tmp_path / "run"),
+                     "--epochs", str(EPOCHS), *CLI_FLAGS]) == 0
+    ours = [line for line in printed.getvalue().splitlines() if line.startswith(("Ep ", "Every effort moves you"))]
+    assert ours == book_lines  # every evaluation line and both samples, character for character
+    model = glassgpt.load_model(tmp_path / "run" / "latest")
+    different = [name for name, tensor in model.state_dict().items() if not torch.equal(tensor, book_state[name])]
+    assert different == []
+    evals = read_metrics(tmp_path / "run")
+    assert [r["val_loss"] for r in evals] == book_results[1] and [r["tokens"] for r in evals] == book_results[2]
+    saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert (saved["warmup_steps"], saved["lr"], saved["min_lr"], saved["grad_clip"]) == (5, 0.001, 1e-5, 1.0)
+    files = lambda: {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run").iterdir() if p.name != ".lock"}  # noqa: E731
+    before = files()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):  # train_model has no place to resume: refused by name, the run as it was
+        assert main(["train", "--resume", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert "--recipe book-appendix-d does not take --resume" in err.getvalue()
+    assert files() == before
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--grad-clip", "0.5"], "--recipe book-appendix-d sets --grad-clip itself (1.0, as appendix D trains"),
+    (["--grad-accum", "2"], "--recipe book-appendix-d sets --grad-accum itself (1, as appendix D trains"),
+    (["--max-steps", "3"], "--recipe book-appendix-d does not take --max-steps"),
+    (["--save-every", "3"], "--recipe book-appendix-d does not take --save-every"),
+    (["--epochs", "1.5"], "train_model runs whole epochs of 14 steps, and 21 steps are not"),
+])
+def test_flags_appendix_d_fixes_or_has_no_place_for_are_refused_by_name(verdict, tmp_path, capsys, flags, message):
+    run = tmp_path / "r"
+    assert main(["train", "--recipe", "book-appendix-d", "--data", verdict, "--out", str(run), *CLI_FLAGS,
+                 *flags]) == 2
+    assert message in _one_line_error(capsys)
+    assert not run.exists() or sorted(p.name for p in run.iterdir()) == []  # left as it was found, lock included

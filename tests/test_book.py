@@ -3,7 +3,7 @@
 Random-weight `llms_from_scratch.ch04.GPTModel`s saved with `torch.save(model.state_dict())`
 load into glassgpt with logits within an absolute 1e-5 (TOL), and draw the same greedy and
 seeded tokens as `llms_from_scratch.ch05.generate`; a chapter 6 classifier head gives the same
-class scores; `glassgpt export --format book` loads strictly into GPTModel. TensorFlow
+class scores; `glassgpt export --format pth` loads strictly into GPTModel. TensorFlow
 checkpoints in OpenAI's layout, written by real TensorFlow, load without TensorFlow and give
 the logits that the book's `load_gpt2_params_from_tf_ckpt` + `load_weights_into_gpt` give.
 Every bad file is one line and exit code 2, with nothing written.
@@ -217,7 +217,7 @@ def test_a_classifier_pth_labels_a_text_on_the_command_line(tmp_path, capsys):
     assert 0.0 <= json.loads(out)["prob"] <= 1.0
 
 
-# --- back to the book: glassgpt export --format book ----------------------------------------------
+# --- back to the book: glassgpt export --format pth ----------------------------------------------
 
 @pytest.mark.parametrize("spec", ["tied-gpt2-shape", "classifier"])
 def test_export_book_loads_strictly_into_the_books_gptmodel_with_the_same_logits(tmp_path, capsys, spec):
@@ -226,7 +226,7 @@ def test_export_book_loads_strictly_into_the_books_gptmodel_with_the_same_logits
         cfg = glassgpt.GPTConfig(**{**cfg.to_dict(), "tie_embeddings": False, "num_classes": 3})
     glass = randomize_(glassgpt.load_model("gpt2", config=cfg))
     ckpt = glassgpt.save_model(glass, tmp_path / "ckpt")
-    code, out, err = run(["export", str(ckpt), "--format", "book", "--out", str(tmp_path / "model.pth")], capsys)
+    code, out, err = run(["export", str(ckpt), "--format", "pth", "--out", str(tmp_path / "model.pth")], capsys)
     assert code == 0, err
     book_dict = json.loads((tmp_path / "model.json").read_text())
     assert book_dict == book_cfg(cfg) and f"cfg = {book_dict!r}" in out
@@ -251,7 +251,7 @@ def test_export_hf_writes_what_export_hf_writes(tmp_path, capsys):
 
 
 def test_book_round_trip_keeps_the_head_count(tmp_path, capsys):
-    """glassgpt -> export --format book -> glassgpt: the .json beside the .pth carries n_heads."""
+    """glassgpt -> export --format book (the alias) -> glassgpt: the .json beside the .pth carries n_heads."""
     glass = randomize_(glassgpt.load_model("gpt2", config=glassgpt.GPTConfig(
         vocab_size=97, context_length=24, emb_dim=48, n_heads=4, n_layers=1)))
     ckpt = glassgpt.save_model(glass, tmp_path / "ckpt")

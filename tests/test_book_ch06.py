@@ -181,7 +181,7 @@ def test_a_bad_row_names_its_file_and_line_and_leaves_no_run_behind(files, tmp_p
 
 
 @pytest.mark.parametrize("flag", [["--warmup-steps", "5"], ["--grad-clip", "1"], ["--trainable", "all"],
-                                  ["--lora-rank", "4"]])
+                                  ["--text-column", "Text"]])
 def test_a_flag_the_recipe_fixes_is_refused_by_name(files, tmp_path, capsys, flag):
     run = tmp_path / "run"
     assert main(["finetune", "classify", "--recipe", "book", "--model", str(files["model"]), "--data",
@@ -286,3 +286,78 @@ def test_the_run_records_what_chapter_6_trained_and_explain_marks_it(glass_run, 
     assert marks == {f"trained:{part}:{state}" for part, state in trained.items()}
     svg = to_svg(tr)
     assert "its training run, marked beside each part:" in svg and line in svg
+
+
+# --- appendix E: the same notebook with LoRA ---------------------------------------------------------
+
+RANK, ALPHA = 4, 8
+
+
+@pytest.fixture(scope="module")
+def book_lora_run(files):
+    """Appendix E's notebook on chapter 6's data: the head after torch.manual_seed(123), the accuracy cell
+    of the untrained classifier (its loaders draw from torch's generator), every weight frozen,
+    replace_linear_with_lora on every nn.Linear, torch.manual_seed(123), AdamW, train_classifier_simple."""
+    from llms_from_scratch import appendix_e
+    torch.set_num_threads(1)
+    tokenizer = tiktoken.get_encoding("gpt2")
+    train_ds = ch06.SpamDataset(files["train"], tokenizer, max_length=None)
+    val_ds = ch06.SpamDataset(files["val"], tokenizer, max_length=train_ds.max_length)
+    test_ds = ch06.SpamDataset(files["test"], tokenizer, max_length=train_ds.max_length)
+    torch.manual_seed(123)
+    loader = lambda ds, train: torch.utils.data.DataLoader(ds, batch_size=8, shuffle=train, num_workers=0,
+                                                            drop_last=train)
+    train_loader, val_loader, test_loader = loader(train_ds, True), loader(val_ds, False), loader(test_ds, False)
+    model = BookGPTModel(SMALL)
+    model.load_state_dict(torch.load(files["model"], weights_only=True))
+    model.eval()
+    torch.manual_seed(123)
+    model.out_head = torch.nn.Linear(SMALL["emb_dim"], 2)
+    torch.manual_seed(123)
+    for data_loader in (train_loader, val_loader, test_loader):
+        ch06.calc_accuracy_loader(data_loader, model, "cpu", num_batches=10)
+    for p in model.parameters():
+        p.requires_grad = False
+    appendix_e.replace_linear_with_lora(model, rank=RANK, alpha=ALPHA)
+    torch.manual_seed(123)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        ch06.train_classifier_simple(model, train_loader, val_loader, optimizer, "cpu", num_epochs=EPOCHS,
+                                     eval_freq=EVAL_FREQ, eval_iter=5)
+        for name, data_loader in (("Training", train_loader), ("Validation", val_loader), ("Test", test_loader)):
+            print(f"{name} accuracy: {ch06.calc_accuracy_loader(data_loader, model, 'cpu') * 100:.2f}%")
+    return printed.getvalue().splitlines(), model
+
+
+def test_appendix_e_under_the_recipe_prints_the_books_lines_and_ends_with_its_adapters(files, book_lora_run,
+                                                                                         tmp_path):
+    from safetensors.torch import load_file
+    run = tmp_path / "run"
+    lines = finetune(files, run, "--test", str(files["test"]), "--epochs", str(EPOCHS), "--eval-every",
+                     str(EVAL_FREQ), "--lora-rank", str(RANK), "--lora-alpha", str(ALPHA))
+    book_lines, book_model = book_lora_run
+    assert book_lines[0].startswith("Ep 1 (Step 000000): Train loss ") and len(book_lines) == 4 + EPOCHS + 3
+    assert [line for line in lines if line.startswith(BOOK_LINES)] == book_lines
+    book_state = {k.replace(".lora.A", ".lora_A").replace(".lora.B", ".lora_B"): v
+                  for k, v in book_model.state_dict().items() if not k.endswith(".mask")}  # (its causal masks)
+    trained = load_file(run / "latest" / "train_model.safetensors")  # the training model: base and adapters
+    assert sum(k.endswith("lora_B") for k in trained) == 6 * SMALL["n_layers"] + 1  # every nn.Linear, the head's too
+    different = [k for k in book_state if not torch.equal(trained[k], book_state[k])]
+    assert sorted(trained) == sorted(book_state) and different == []
+    merged = glassgpt.load_model(run / "latest").state_dict()  # the loadable model: the adapters folded in
+    head = book_model.out_head
+    assert torch.equal(merged["out_head.weight"], head.linear.weight + (head.lora.A @ head.lora.B * ALPHA).T)
+
+
+def test_a_resumed_appendix_e_run_ends_with_the_same_adapters(files, tmp_path):
+    from safetensors.torch import load_file
+    lora = ("--lora-rank", str(RANK), "--lora-alpha", str(ALPHA), "--eval-every", str(EVAL_FREQ), "--test",
+            str(files["test"]))
+    finetune(files, tmp_path / "whole", *lora, "--max-steps", str(EPOCHS * 5))
+    finetune(files, tmp_path / "run", *lora, "--max-steps", "4")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["finetune", "classify", "--resume", str(tmp_path / "run"), "--max-steps", str(EPOCHS * 5),
+                     "--threads", "1", "--no-progress"]) == 0
+    whole, resumed = (load_file(tmp_path / r / "latest" / "train_model.safetensors") for r in ("whole", "run"))
+    assert sorted(whole) == sorted(resumed) and all(torch.equal(whole[k], resumed[k]) for k in whole)

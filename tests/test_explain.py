@@ -620,7 +620,7 @@ def test_the_picture_and_the_text_say_which_layout():
     assert "OpenAI's GPT-2 layout" in openai.to_text() and "the book's GPT_CONFIG_124M layout" in book.to_text()
 
 
-@pytest.mark.parametrize("spec, scheme", [("gpt2-book", "book"), ("gpt2", "gpt2")])
+@pytest.mark.parametrize("spec, scheme", [("gpt2-book", "pytorch-default"), ("gpt2", "gpt2")])
 def test_explain_says_which_initialisation_a_random_model_has(capsys, monkeypatch, spec, scheme):
     from glassgpt.model import INIT_SCHEMES
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -560,3 +561,24 @@ def test_eval_and_generate_refuse_a_classifier_run(classify_run, capsys):
     assert cli_main(["generate", "abc", "--model", str(classify_run)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("is a classifier (3 classes") == 2 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["confusion.json", "confusion.png"])
+def test_a_confusion_file_that_is_a_link_is_refused_and_nothing_outside_changes(classify_run, tmp_path, capsys,
+                                                                                 name):
+    if name.endswith(".png"):
+        pytest.importorskip("matplotlib")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("not glassgpt's\n")
+    run = tmp_path / "run"
+    shutil.copytree(classify_run, run, symlinks=True)
+    (run / ".lock").unlink(missing_ok=True)
+    (run / name).unlink()
+    (run / name).symlink_to(outside / "victim.txt")
+    assert cli_main(["finetune", "classify", "--resume", str(run), "--max-steps", "101", "--no-progress",
+                     "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / name} is a symbolic link" in err and "Traceback" not in err
+    assert (outside / "victim.txt").read_text() == "not glassgpt's\n" and sorted(outside.iterdir()) == [
+        outside / "victim.txt"]

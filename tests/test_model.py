@@ -284,3 +284,13 @@ def test_gpt2_124m_matches_transformers_block_by_block(hf_124m):
     assert model.num_parameters() == 124_439_808
     ids = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(0))
     assert_matches_hf(hf, model, ids)
+
+
+def test_the_initialisation_once_called_book_is_pytorch_default_by_either_name():
+    from glassgpt.model import INIT_SCHEMES
+    cfg = GPTConfig(vocab_size=97, context_length=8, emb_dim=16, n_heads=2, n_layers=1, tie_embeddings=False)
+    models = [GPTModel(cfg) for _ in range(2)]
+    models[0].reset_parameters(5, "pytorch-default")
+    models[1].reset_parameters(5, "book")
+    assert "book" not in INIT_SCHEMES and "PyTorch's defaults" in INIT_SCHEMES["pytorch-default"]
+    assert all(torch.equal(a, b) for a, b in zip(models[0].state_dict().values(), models[1].state_dict().values()))

@@ -95,10 +95,10 @@ PRESETS.update(BOOK_PRESETS)
 
 
 def init_scheme(spec: str) -> str:
-    """How a preset's random weights are drawn (model.INIT_SCHEMES): "book" for the book's
+    """How a preset's random weights are drawn (model.INIT_SCHEMES): "pytorch-default" for the book's
     presets, as `torch.manual_seed(seed); GPTModel(cfg)` draws them in its code, so that the
     untrained model prints the book's text; "gpt2" (GPT-2's) for every other preset or config."""
-    return "book" if str(spec) in BOOK_PRESETS else "gpt2"
+    return "pytorch-default" if str(spec) in BOOK_PRESETS else "gpt2"
 
 
 def get_config(name: str | GPTConfig, **overrides: Any) -> GPTConfig:

@@ -46,9 +46,15 @@ SQRT_2_OVER_PI = torch.sqrt(torch.tensor(2.0 / torch.pi, dtype=torch.float32))
 INIT_SCHEMES = {
     "gpt2": "GPT-2's initialisation: N(0, 0.02) weights, zero biases, residual projections scaled by "
             "1/sqrt(2 * n_layers)",
-    "book": "the book's initialisation, torch.manual_seed(seed); GPTModel(cfg): PyTorch's defaults, N(0, 1) "
-            "embeddings and Kaiming-uniform linear layers",
+    "pytorch-default": "PyTorch's defaults, the book's initialisation, torch.manual_seed(seed); GPTModel(cfg): "
+                       "N(0, 1) embeddings and Kaiming-uniform linear layers",
 }
+INIT_ALIASES = {"book": "pytorch-default"}  # the name it had before: a web client or a reader may still say it
+
+
+def init_name(scheme: str) -> str:
+    """The INIT_SCHEMES key `scheme` names (an alias, or itself)."""
+    return INIT_ALIASES.get(scheme, scheme)
 
 
 class LayerNorm(nn.Module):
@@ -184,7 +190,8 @@ class GPTModel(nn.Module):
 
     @property
     def tied(self) -> bool:
-        return self.out_head.weight is self.tok_emb.weight
+        # (a head wrapped by the book's LoRA has no weight of its own, and is never tied)
+        return getattr(self.out_head, "weight", None) is self.tok_emb.weight
 
     def reset_parameters(self, seed: int | None = None, scheme: str = "gpt2") -> None:
         """Draw random weights by `scheme` (INIT_SCHEMES), seeded, whatever the RNG's state.
@@ -192,12 +199,13 @@ class GPTModel(nn.Module):
         "gpt2": N(0, 0.02) weights, zero biases, LayerNorm scale 1 and shift 0, and residual
         projections scaled by 1/sqrt(2 * n_layers) so the residual stream's variance does not
         grow with depth.
-        "book": what `torch.manual_seed(seed); GPTModel(cfg)` draws in the book's code: each
+        "pytorch-default": what `torch.manual_seed(seed); GPTModel(cfg)` draws in the book's code: each
         nn.Embedding's and nn.Linear's own default initialisation, in the order the book builds
         them (the same order as here), from the CPU generator: N(0, 1) embeddings, Kaiming-uniform
         weights and uniform biases. The weights must be on the CPU.
         """
-        if scheme == "book":
+        scheme = init_name(scheme)
+        if scheme == "pytorch-default":
             if self.tok_emb.weight.device.type != "cpu":
                 raise ValueError("the book's initialisation draws from the CPU generator: build on the CPU, then move")
             with torch.random.fork_rng(devices=[]):

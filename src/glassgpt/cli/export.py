@@ -1,4 +1,4 @@
-"""`glassgpt export`: hand a model to the book's code (`--format book`), to transformers (`--format hf`),
+"""`glassgpt export`: hand a model to the book's code (`--format pth`), to transformers (`--format hf`),
 or to llama.cpp (`--format gguf`)."""
 
 from __future__ import annotations
@@ -17,9 +17,17 @@ from ..formats.gguf import write_gguf
 from .common import positive_int
 
 
+FORMATS = ("pth", "hf", "gguf")
+FORMAT_ALIASES = {"book": "pth"}  # its name before: the README's readers may still type it
+
+
+def export_format(text: str) -> str:
+    return FORMAT_ALIASES.get(text, text)
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a model for the book's GPTModel, Hugging Face transformers or llama.cpp",
-                       description="Load MODEL (any --model spec) and write it in another layout: 'book' is a "
+                       description="Load MODEL (any --model spec) and write it in another layout: 'pth' is a "
                                    "state dict that the book's GPTModel(cfg).load_state_dict("
                                    "torch.load(PATH, weights_only=True)) accepts, with its cfg in a .json beside "
                                    "it; 'hf' is a directory that transformers' GPT2LMHeadModel.from_pretrained loads; "
@@ -28,11 +36,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="preset, checkpoint or run directory, Hugging Face-layout "
                                                   "directory, hub id, .pth state dict, OpenAI gpt2/124M folder, "
                                                   "or .gguf file")
-    p.add_argument("--format", choices=("book", "hf", "gguf"), required=True,
-                   help="book: one .pth file (+ its cfg .json); hf: a directory with config.json + model.safetensors; "
-                        "gguf: one .gguf file for llama.cpp")
+    p.add_argument("--format", type=export_format, choices=FORMATS, required=True,
+                   help="pth: one .pth state dict for the book's GPTModel (+ its cfg .json; 'book' names it too); "
+                        "hf: a directory with config.json + model.safetensors; gguf: one .gguf file for llama.cpp")
     p.add_argument("--out", required=True, metavar="PATH",
-                   help="the .pth file (book), directory (hf) or .gguf file (gguf) to write")
+                   help="the .pth file (pth), directory (hf) or .gguf file (gguf) to write")
     p.add_argument("--dtype", choices=("f32", "bf16", "q8_0"), default="f32",
                    help="gguf only: how the matrices are stored: f32 (exact), bf16 (half the bytes), q8_0 "
                         "(llama.cpp's 8-bit blocks of 32 weights, a quarter) (default: f32)")
@@ -45,7 +53,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if args.format == "book" and (out.is_dir() or out.suffix == ".json"):
+    if args.format == "pth" and (out.is_dir() or out.suffix == ".json"):
         raise GlassError(f"--out {out} must be a file name such as model.pth (its cfg goes beside it, as .json)")
     if args.format == "gguf" and out.is_dir():
         raise GlassError(f"--out {out} is a directory: give a file name such as model.gguf")

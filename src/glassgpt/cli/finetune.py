@@ -37,7 +37,7 @@ from ..training import finetune as ft
 from ..formats.book import is_state_dict_file
 from ..training import book_ch06, book_ch07, lora, recipes
 from ..training.compute import exact
-from ..training.metrics import save_confusion_png
+from ..training.metrics import save_confusion, save_confusion_png
 from ..training.config import default
 from ..prompt import BOOK_FILE_HINT, classifier_reading, fit_prompt
 from ..training.data import scan_file
@@ -136,7 +136,8 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
                         f"(default {d['trainable']})")
     p.add_argument("--lora-rank", type=positive_int, metavar="R",
                    help="train rank-R LoRA adapters instead of the weights (default: no LoRA)")
-    p.add_argument("--lora-alpha", type=positive_float, metavar="A", help="LoRA scale is A / R (default: A = R)")
+    p.add_argument("--lora-alpha", type=positive_float, metavar="A", help="LoRA scale is A / R; --recipe book: A, as appendix E's LoRALayer scales it, "
+                        "on every nn.Linear (default: A = R)")
     add_train_args(p, exclude=("batch_tokens", "recipe"), epochs=str(d["epochs"]), shown={
         "lr": f"{ft.BOOK_LR:g} x max(1, 768 / emb_dim): the book's at GPT-2's widths, more for narrower models",
         "max_steps": "from --epochs; not with --epochs",
@@ -210,8 +211,9 @@ def _book_setup(args: argparse.Namespace, start: Start, recipe: recipes.Recipe, 
     check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
     new = start.checkpoint is None
     if kind == "classify":
+        adapt = book_ch06.book_lora(settings["lora_rank"], settings["lora_alpha"]) if settings["lora_rank"] else None
         model, task = book_ch06.prepare(model, tokenizer, settings["data"], settings["val"], settings["test"],
-                                        settings["max_length"], cfg.seed, cfg.batch_size, cfg.eval_batches, new)
+                                        settings["max_length"], cfg.seed, cfg.batch_size, cfg.eval_batches, new, adapt)
         settings.update(padded_length=task.max_length, labels=book_ch06.LABELS)
         sets = f"{len(task.train):,} train, {len(task.val):,} val" + (
             f", {len(task.test):,} test" if task.test is not None else "")
@@ -330,7 +332,7 @@ def _report_classification(model, task: ft.ClassificationTask, run_dir: Path) ->
     print(format_confusion(matrix, labels))
     record = {"labels": labels, "matrix": matrix, "accuracy": metrics["val_accuracy"], "n": task.n_val,
               "rows": "actual", "columns": "predicted"}
-    (run_dir / "confusion.json").write_text(json.dumps(record, indent=1))
+    save_confusion(record, run_dir / "confusion.json")
     png = save_confusion_png(matrix, labels, run_dir / "confusion.png")  # (None: no matplotlib)
     print(f"confusion matrix: {run_dir / 'confusion.json'}" + (f", {png}" if png else ""))
 

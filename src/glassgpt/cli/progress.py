@@ -29,6 +29,8 @@ class Printer:
         kind = event["event"]
         if kind == "start":
             self._open(event["step"], event["max_steps"])
+        elif kind == "line":
+            self.write(event["text"])
         elif kind == "note":
             self.write(f"note: {event['text']}", sys.stderr)
         elif kind == "step":

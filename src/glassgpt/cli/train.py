@@ -28,8 +28,8 @@ from pathlib import Path
 from ..config import PRESETS, init_scheme
 from ..engine import native
 from ..errors import GlassError
-from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir
-from ..formats.book import is_book_spec, is_state_dict_file, side_config
+from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir, spec_kind
+from ..formats.book import is_state_dict_file, side_config
 from ..formats.files import atomic_write
 from ..tokenizer import check_fits, get_tokenizer, train_bpe
 from ..training import TrainConfig, evaluate_text, plot_run, read_metrics
@@ -190,6 +190,8 @@ def _new_setup(args: argparse.Namespace, start: Start):
     task, data["fingerprint"], line = recipe.task(files, tokenizer, data, cfg, Path(args.out))
     say(line)
     cfg = _with_epochs(args, cfg, task, start.ranks.world, default=recipe.epochs)
+    if recipe.settle:
+        cfg = recipe.settle(cfg, task.steps_per_epoch)
     if not recipe.seeds_globally and len(task.train) < SMALL_TEXT_WINDOWS * task.context_length:
         say(f"note: {small_text_note(len(task.train), task.context_length)}", file=sys.stderr)
     meta = {"data": data, "tokenizer": args.tokenizer or ("checkpoint" if args.init else "gpt2"), "init": args.init}
@@ -294,7 +296,7 @@ def run_eval(args: argparse.Namespace) -> int:
         result = _book_eval(args, model, tokenizer, files, context, val_fraction)
     else:
         result = _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg)
-        if is_book_spec(args.model) or runs_as_book(run_cfg):
+        if spec_kind(args.model) in ("state_dict", "openai") or runs_as_book(run_cfg):
             say("note: these are glassgpt's evaluation windows, evenly spaced over the split; the book scores the "
                 "windows its loaders cut (every context_length tokens from the start), the very ones a chapter-5 "
                 "model memorised, so it reports a much lower loss: --recipe book scores those", file=sys.stderr)

@@ -30,7 +30,7 @@ from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
 from ..memory import parameter_table
-from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights
+from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights, init_name
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
@@ -222,8 +222,8 @@ def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str
              "dtype": _dtype(model.tok_emb.weight), "device": str(model.tok_emb.weight.device),
              "tokenizer": tokenizer.name, "n_vocab": tokenizer.n_vocab, "labels": about.labels,
              "layout": layout_line(cfg)}
-    if about.random_weights and about.init in INIT_SCHEMES:
-        facts["init"] = INIT_SCHEMES[about.init]
+    if about.random_weights and init_name(about.init or "") in INIT_SCHEMES:
+        facts["init"] = INIT_SCHEMES[init_name(about.init)]
     if about.trained:  # as the run that finetuned it recorded
         facts["trained"] = {"parts": about.trained, "line": trained_line(about.trained)}
     return facts

@@ -37,13 +37,14 @@ from ..adopt import adopt
 from ..config import PRESETS, GPTConfig, init_scheme
 from ..device import resolve_device, resolve_dtype
 from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
-from ..model import GPTModel
+from ..model import GPTModel, init_name
 from ..tokenizer import Tokenizer
 from . import book, gguf, openai
 from .checks import check_buildable, meta_model
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, model_from_state,
                        read_checkpoint, read_checkpoint_file, read_config_file, read_meta, read_tokenizer,
-                       resolve_checkpoint_dir, save_model, upgrade_name)
+                       resolve_checkpoint_dir, save_model)
+from .files import upgrade_name
 from .hf import export_hf, hf_to_glassgpt
 from .hub import download, try_download
 
@@ -235,7 +236,7 @@ def local_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
 def names_checkpoint(spec: str | os.PathLike) -> bool:
     """Whether `spec` is a local checkpoint or run directory: one that `read_checkpoint` reads (picking
     best/ or latest/ as it reads, and waiting for a run's first save under way)."""
-    if is_random_init(str(spec)) or book.is_book_spec(spec) or gguf.is_gguf_file(spec):
+    if spec_kind(spec) != "checkpoint":
         return False
     return Path(spec).is_dir() or resolve_checkpoint_dir(spec) is not None
 
@@ -244,12 +245,12 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
                  init: str = "gpt2", source: str | None = None) -> GPTModel:
     """A GPTModel of `cfg` with random weights drawn by `init` (model.INIT_SCHEMES), in eval mode.
 
-    The same seed gives the same weights whatever the RNG's state; "book" draws on the CPU
+    The same seed gives the same weights whatever the RNG's state; "pytorch-default" draws on the CPU
     (as the book's code does) and then moves the weights to `device`. A config too big for this
     machine's memory is refused before anything is allocated."""
     check_buildable(cfg, dtype, device, source or "the config")
     model = meta_model(cfg)
-    model.to_empty(device="cpu" if init == "book" else device)
+    model.to_empty(device="cpu" if init_name(init) == "pytorch-default" else device)
     model.tie_weights()
     model.reset_parameters(seed, init)
     return model.to(device=device, dtype=dtype).eval()

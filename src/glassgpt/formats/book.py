@@ -9,8 +9,9 @@
   shapes; the head count, which no shape shows, follows GPT-2's rule (64 per head) unless
   `n_heads` is given or a JSON file beside the weights (`model.json` beside `model.pth`,
   or `config.json`) holds `n_heads`. Read with `torch.load(weights_only=True)` only.
-- The OpenAI folder (`gpt2/124M/`) is openai.py's; `is_book_spec` names both.
-- Back to the book: `book_state_dict(model)` and `book_cfg(cfg)`, for `glassgpt export --format book`.
+- The OpenAI folder (`gpt2/124M/`) is openai.py's. Which kind a spec is ("state_dict", "openai", ...)
+  is formats.spec_kind's to say.
+- Back to the book: `book_state_dict(model)` and `book_cfg(cfg)`, for `glassgpt export --format pth`.
 """
 
 from __future__ import annotations
@@ -35,17 +36,13 @@ GPT2_HEAD_DIM = 64  # every GPT-2 size has heads of 64: the rule for a head coun
 BOOK_CFG_KEYS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
 
 
-# --- which spec is the book's ---------------------------------------------------------------
+# --- which spec is a state dict ---------------------------------------------------------------
 
 def is_state_dict_file(spec: str | Path) -> bool:
     """A file that is not a config .json: a state dict saved with torch.save. (A preset's
     name stays a preset, whatever lies in the working directory.)"""
     path = Path(spec)
     return str(spec) not in PRESETS and path.is_file() and path.suffix not in (".json", ".gguf")
-
-
-def is_book_spec(spec: str | Path) -> bool:
-    return is_state_dict_file(spec) or is_openai_dir(spec)
 
 
 # --- state dicts ----------------------------------------------------------------------------

@@ -146,12 +146,23 @@ def special_file(path: str | os.PathLike) -> str | None:
 
 # --- safetensors ------------------------------------------------------------------------------
 
+def upgrade_name(name: str) -> str:
+    """A tensor name of a checkpoint saved before glassgpt's LayerNorms took the book's names
+    (`norm1.weight`/`.bias` -> `norm1.scale`/`.shift`, also in an optimizer's `NAME/exp_avg`);
+    other names unchanged. Every reader of tensor files here applies it, so no caller needs to."""
+    name, slash, field = name.partition("/")
+    head, _, leaf = name.rpartition(".")
+    if head.endswith(("norm1", "norm2", "final_norm")) and leaf in ("weight", "bias"):
+        name = f"{head}.{'scale' if leaf == 'weight' else 'shift'}"
+    return name + slash + field
+
+
 def safetensors_shapes(path: Path | DirFile) -> dict[str, tuple[int, ...]]:
     """{tensor name: shape} from a safetensors file's header, after checking that the header
     fits in the file and that each tensor's data_offsets hold exactly its shape's bytes."""
     try:
         with path.open("rb") as f:
-            return _header_shapes(f, path)
+            return {upgrade_name(name): shape for name, shape in _header_shapes(f, path).items()}
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
 
@@ -215,7 +226,7 @@ def read_safetensors(path: Path | DirFile) -> Iterator[tuple[str, torch.Tensor]]
             _header_shapes(f, path)
             with safe_open(same_file(f, path), framework="pt", device="cpu") as tensors:
                 for name in list(tensors.keys()):
-                    yield name, tensors.get_tensor(name)
+                    yield upgrade_name(name), tensors.get_tensor(name)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise CheckpointError(f"{path} is truncated or corrupt ({e}): save or download it again") from None
 
@@ -266,7 +277,7 @@ def _load_bin(file: Path | DirFile) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{file} holds a {type(state).__name__} of other things than tensors, "
                               "not a state dict: convert it to model.safetensors")
-    return state
+    return {upgrade_name(name): tensor for name, tensor in state.items()}
 
 
 # --- writing: whole files, and never through a link ----------------------------------------------

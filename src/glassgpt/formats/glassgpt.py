@@ -163,7 +163,7 @@ def checkpoint_config(path: Path | OpenDir) -> tuple[GPTConfig, bool]:
         check_sizes(cfg, hf_shapes(shapes), HF, source, weights)
         return cfg, True
     cfg = config_from_values(raw, source)
-    check_sizes(cfg, {upgrade_name(k): v for k, v in shapes.items()}, GLASSGPT, source, weights)
+    check_sizes(cfg, shapes, GLASSGPT, source, weights)
     return cfg, False
 
 
@@ -214,17 +214,8 @@ def _load_model(ckpt: OpenDir, device: torch.device, dtype: torch.dtype) -> GPTM
     if hf_layout:
         tensors = hf_to_glassgpt(checkpoint_tensors(ckpt), cfg)
     else:
-        tensors = ((upgrade_name(name), t) for name, t in checkpoint_tensors(ckpt))
+        tensors = checkpoint_tensors(ckpt)
     return assign_model(cfg, tensors, device, dtype, source=str(ckpt))
-
-
-def upgrade_name(name: str) -> str:
-    """A tensor name of a checkpoint saved before glassgpt's LayerNorms took the book's names
-    (`norm1.weight`/`.bias` -> `norm1.scale`/`.shift`); other names unchanged."""
-    head, _, leaf = name.rpartition(".")
-    if head.endswith(("norm1", "norm2", "final_norm")) and leaf in ("weight", "bias"):
-        return f"{head}.{'scale' if leaf == 'weight' else 'shift'}"
-    return name
 
 
 # --- the one way a model is built from tensors ---------------------------------------------------

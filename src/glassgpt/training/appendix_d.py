@@ -15,13 +15,17 @@ torch's global generator, `evaluate_model`, `generate_and_print_sample`), so wit
 initialisation, AdamW and the same windows the run prints the book's lines and ends with its
 weights, bit for bit, on the same machine and thread count (tests/test_appendix_d.py).
 `peak_lr` is the optimizer's lr, as the book reads it. `run_appendix_d` is the notebook's
-section D.4 on a text. Leaves out glassgpt's machinery (checkpoints, resume, precision, ranks).
+section D.4 on a text; `train_run` runs train_model as `glassgpt train --recipe book-appendix-d`
+(recipes.py) inside a run's lifecycle (its directory, lock, metrics and final checkpoint). The book's
+loop has no place for mid-run checkpoints, resume, a stop that saves, other precisions or ranks,
+so neither has the recipe.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+import dataclasses
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -31,7 +35,10 @@ from ..errors import ConfigError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
 from .book import LINE, START_CONTEXT, BookTask, book_loss, split_text, windows
+from .config import TrainConfig
+from .faults import writing
 from .loop import evaluate_loss
+from .metrics import append_metrics
 
 # The book's TransformerBlock registers att, ff, norm1, norm2; glassgpt's norm1, att, norm2, ff.
 BOOK_BLOCK_ORDER = ("att", "ff", "norm1", "norm2")
@@ -158,3 +165,53 @@ def run_appendix_d(model: GPTModel | GPTConfig, text: str, tokenizer: Tokenizer,
     warmup_steps = s["warmup_steps"] if "warmup_steps" in s else int(s["warmup_fraction"] * total_steps)
     return model, train_model(model, task, optimizer, s["n_epochs"], s["eval_freq"], warmup_steps, s["initial_lr"],
                               s["min_lr"], s["orig_book_version"], log)
+
+
+# --- as a recipe: `glassgpt train --recipe book-appendix-d` ------------------------------------------
+
+# What the recipe sets itself: train_model clips at max_norm 1.0 after the warm-up, on one batch a
+# step, in float32 on the model's own kernels, in one process.
+RECIPE_SETTINGS = {"grad_clip": 1.0, "grad_accum": 1, "batch_tokens": None, "dtype": "float32", "compile": False,
+                   "fsdp": False}
+# ... and section D.4's choices, which a flag may change (warmup_steps None: 20% of the steps).
+RECIPE_DEFAULTS = {"lr": D4_SETTINGS["peak_lr"], "min_lr": D4_SETTINGS["min_lr"], "warmup_steps": None,
+                   "weight_decay": D4_SETTINGS["weight_decay"], "batch_size": D4_SETTINGS["batch_size"],
+                   "eval_every": D4_SETTINGS["eval_freq"], "eval_batches": D4_SETTINGS["eval_iter"],
+                   "seed": D4_SETTINGS["seed"], "beta1": 0.9, "beta2": 0.999, "sample_tokens": 50}
+
+
+def settle(cfg: TrainConfig, steps_per_epoch: int) -> TrainConfig:
+    """The settings that depend on the data: whole epochs (train_model's n_epochs), and the warm-up,
+    20% of the steps as section D.4 computes it unless --warmup-steps was given."""
+    if cfg.max_steps % steps_per_epoch:
+        raise ConfigError(f"appendix D's train_model runs whole epochs of {steps_per_epoch:,} steps, and "
+                          f"{cfg.max_steps:,} steps are not: give --epochs as a whole number")
+    warmup = cfg.warmup_steps
+    if warmup is None:
+        warmup = int(D4_SETTINGS["warmup_fraction"] * cfg.max_steps)
+    if warmup < 1:
+        raise ConfigError(f"appendix D's train_model divides by warmup_steps, which is {warmup} for "
+                          f"{cfg.max_steps:,} steps: give --warmup-steps 1 or more, or more --epochs")
+    return dataclasses.replace(cfg, warmup_steps=warmup)
+
+
+def train_run(run: Any) -> None:
+    """train_model on a `Run` (run.py): its model, task and AdamW (the book's: lr the peak, decay on
+    every parameter), each line the book prints handed to `run.say`; then its evaluations written to
+    metrics.jsonl and the model saved as latest/ and best/. A signal stops it at once, with no
+    checkpoint: train_model has no place to stop and save."""
+    cfg, task = run.cfg, run.task
+    run.stop.abort_at_once()
+    train_losses, val_losses, tokens_seen, lrs = train_model(
+        run.model, task, run.optimizer, cfg.max_steps // task.steps_per_epoch, cfg.eval_every, cfg.warmup_steps,
+        D4_SETTINGS["initial_lr"], cfg.final_lr, log=run.say)
+    for k, (train_loss, val_loss, tokens) in enumerate(zip(train_losses, val_losses, tokens_seen)):
+        step = k * cfg.eval_every + 1  # after global_step k * eval_freq, counted from 1
+        record = {"step": step, "tokens": tokens, "lr": lrs[step - 1], "epoch": (step - 1) // task.steps_per_epoch + 1,
+                  "train_eval_loss": train_loss, **run.validation(val_loss)}
+        if run.ranks.is_main:
+            with writing(run.run_dir, "metrics.jsonl"):
+                append_metrics(run.run_dir, record)
+    run.step, run.tokens = cfg.max_steps, cfg.max_steps * cfg.batch_size * task.context_length
+    run.last_train = train_losses[-1] if train_losses else None
+    run.save(evaluated=bool(val_losses))

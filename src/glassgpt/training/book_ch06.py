@@ -13,6 +13,11 @@ as `train_classifier_simple` prints it. `new_head` is the notebook's `torch.manu
 model.out_head = torch.nn.Linear(emb_dim, num_classes)`. With the book's recipe (plain AdamW,
 lr 5e-5, weight decay 0.1 on every parameter that trains) the run prints the book's lines and
 ends with its weights, bit for bit, on the same machine and thread count.
+
+Appendix E (`--lora-rank R --lora-alpha A`) is the same notebook with `book_lora` in place of the
+freezing: after the head and the accuracy cell of the untrained classifier (whose loaders draw from
+torch's generator), every weight frozen, then `replace_linear_with_lora` on every nn.Linear, the
+head included (lora.py), its A matrices drawn where the notebook draws them.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from ..errors import DataError
 from ..formats.glassgpt import model_from_state
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
-from .book import BookTask
+from .book import BookTask, loader_seed, shuffled
 from .examples import freeze, read_records
+from .lora import merged_model, replace_linear_with_lora
 
 LABELS = ["not spam", "spam"]  # what classify_review prints for class 0 and class 1
 POSITION = "the last position, padding included, as the book's classify_review reads it"
@@ -95,6 +101,26 @@ def freeze_as_chapter_6(model: GPTModel) -> None:
     freeze(model, "last-block")
 
 
+def book_lora(rank: int, alpha: float) -> Callable[[GPTModel], None]:
+    """Appendix E's cells after the head: every weight frozen, then replace_linear_with_lora(model,
+    rank, alpha) on every nn.Linear (only the adapters train): an `adapt` for `prepare`."""
+    def adapt(model: GPTModel) -> None:
+        model.requires_grad_(False)
+        replace_linear_with_lora(model, rank, alpha)
+    return adapt
+
+
+def accuracy_cell_draws(seed: int, with_test: bool) -> None:
+    """What the notebook's accuracy cell on the untrained classifier draws from torch's generator:
+    torch.manual_seed(seed), then a new iterator over the training loader (shuffled), the validation
+    and the test loader. Appendix E draws LoRA's A matrices next, from where this leaves it."""
+    torch.manual_seed(seed)
+    shuffled(1)
+    loader_seed()
+    if with_test:
+        loader_seed()
+
+
 def last_position_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """model(input_batch)[:, -1, :]: [b, t] -> [b, C]."""
     return model(ids)[:, -1, :]
@@ -139,6 +165,10 @@ class BookClassifierTask(BookTask):
         val = self.accuracy(model, self.val, shuffle=False, limit=self.n_eval_batches)
         return f"Training accuracy: {train * 100:.2f}% | Validation accuracy: {val * 100:.2f}%"
 
+    def checkpoint_model(self, model: nn.Module) -> nn.Module:
+        """Appendix E's adapters folded into their weights (lora.merged_model); else the model."""
+        return merged_model(model)
+
     def final_accuracies(self, model: nn.Module) -> dict[str, float]:
         """The notebook's last cell: calc_accuracy_loader over every batch of each loader."""
         out = {"train": self.accuracy(model, self.train, shuffle=True, limit=None),
@@ -155,8 +185,8 @@ def prepare(model: GPTModel, tokenizer: Tokenizer, data: str | Path, val: str | 
     after `torch.manual_seed(seed)`, every weight frozen but the last block, final_norm and the head,
     and `torch.manual_seed(seed)` again, as the notebook seeds before its optimizer and loop.
     `new=False`: `model` is the run's classifier, resumed (its generator comes from the checkpoint).
-    `adapt(model)` sets, in place, which weights train, after the head and before the second seed
-    (default: chapter 6's freezing; appendix E's LoRA is another)."""
+    `adapt(model)` sets, in place, which weights train, after the head (and the accuracy cell's
+    draws) and before the second seed (default: chapter 6's freezing; appendix E's: `book_lora`)."""
     csvs = {"train": read_book_csv(data), "val": read_book_csv(val), **({"test": read_book_csv(test)} if test else {})}
     if len(csvs["train"].texts) < batch_size:
         raise DataError(f"{data} has {len(csvs['train'].texts)} texts, fewer than one batch of {batch_size} (the "
@@ -171,6 +201,7 @@ def prepare(model: GPTModel, tokenizer: Tokenizer, data: str | Path, val: str | 
             ids[part] = pad_texts(tokenizer, csvs[part].texts, length)
     if new:
         model = new_head(model, len(LABELS), seed)
+        accuracy_cell_draws(seed, "test" in csvs)
     (adapt or freeze_as_chapter_6)(model)
     if new:
         torch.manual_seed(seed)

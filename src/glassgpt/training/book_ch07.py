@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import DataError
+from ..errors import DataError, TrainError
+from ..formats.files import atomic_write
 from ..generate import generate
 from ..tokenizer import Tokenizer
 from .book import BookTask
@@ -120,8 +121,8 @@ def write_responses(model: nn.Module, tokenizer: Tokenizer, test: list[dict[str,
                     exact: bool = True) -> Path:
     """The test records with their "model_response", as the notebook's json.dump(test_data, file, indent=4)."""
     answered = [{**entry, "model_response": respond(model, tokenizer, entry, exact=exact)} for entry in test]
-    path = Path(path)
-    path.write_text(json.dumps(answered, indent=4))
+    path, text = Path(path), json.dumps(answered, indent=4)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text), TrainError)  # never through a link
     return path
 
 

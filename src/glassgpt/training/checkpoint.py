@@ -54,9 +54,9 @@ from torch import nn
 from ..errors import CheckpointError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
-from ..formats.glassgpt import (STATE_FORMAT, checkpoint_step, model_from_state, save_model, sha256, upgrade_name,
+from ..formats.glassgpt import (STATE_FORMAT, checkpoint_step, model_from_state, save_model, sha256,
                                verify_checkpoint)
-from ..formats.files import atomic_write, read_safetensors, refuse_link
+from ..formats.files import atomic_write, read_safetensors, refuse_link, upgrade_name
 
 # --- saving ----------------------------------------------------------------------------------
 
@@ -300,10 +300,10 @@ def load_checkpoint(run_dir: str | os.PathLike, model: nn.Module, optimizer: tor
     run_dir = Path(run_dir)
     recover_checkpoints(run_dir)
     path, _ = resume_checkpoint(run_dir)
-    state = verify_checkpoint(path)
+    state = _upgraded(verify_checkpoint(path))
     source = path / "train_model.safetensors"
-    tensors = {upgrade_name(k): v for k, v in _load_tensors(source if source.is_file() else path / "model.safetensors").items()}
-    aliases = {upgrade_name(a): upgrade_name(n) for a, n in (state.get("model_aliases") or {}).items()}
+    tensors = _load_tensors(source if source.is_file() else path / "model.safetensors")  # (names upgraded as read)
+    aliases = dict(state.get("model_aliases") or {})
     own = model.state_dict()
     if isinstance(model, GPTModel) and model.tied:
         aliases.setdefault("out_head.weight", "tok_emb.weight")  # save_model stores a tied matrix once
@@ -320,7 +320,7 @@ def _load_optimizer(path: Path, state: dict[str, Any], model: nn.Module, optimiz
     """Optimizer state saved by parameter name, mapped back to this optimizer's parameters."""
     names = {id(p): n for n, p in model.named_parameters()}
     params = dict(model.named_parameters())
-    saved = [{**g, "params": [upgrade_name(n) for n in g["params"]]} for g in state["optimizer"]["param_groups"]]
+    saved = state["optimizer"]["param_groups"]
     current = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     if [g["params"] for g in saved] != current:
         raise CheckpointError(f"{path}: the optimizer was saved for other trainable parameters than "
@@ -333,11 +333,18 @@ def _load_optimizer(path: Path, state: dict[str, Any], model: nn.Module, optimiz
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in _load_tensors(path / "optimizer.safetensors").items():
         name, field = key.rsplit("/", 1)
-        name = upgrade_name(name)
         if hasattr(params[name], "device_mesh") and value.dim() > 0:
             value = _shard_like(value, params[name])
         per_param.setdefault(index[name], {})[field] = value
     optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+
+
+def _upgraded(state: dict[str, Any]) -> dict[str, Any]:
+    """train_state.json with the parameter names it records (the optimizer's groups, the model's
+    aliases) as the tensor files' readers upgrade them (files.upgrade_name)."""
+    groups = [{**g, "params": [upgrade_name(n) for n in g["params"]]} for g in state["optimizer"]["param_groups"]]
+    aliases = {upgrade_name(a): upgrade_name(n) for a, n in (state.get("model_aliases") or {}).items()}
+    return {**state, "optimizer": {**state["optimizer"], "param_groups": groups}, "model_aliases": aliases}
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:

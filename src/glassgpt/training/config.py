@@ -79,7 +79,8 @@ class TrainConfig:
                              "with --resume: RUN_DIR)", shown="", metavar="RUN_DIR")
     recipe: str = setting("glassgpt", "glassgpt: nanoGPT's loop (random windows, warm-up, cosine, clipping); "
                                       "book: the book's chapter 5 exactly (its loaders, constant lr, no "
-                                      "clipping, the model's own kernels in float32). On a text as small as "
+                                      "clipping, the model's own kernels in float32); book-appendix-d: the "
+                                      "book's appendix D, train_model (warm-up, cosine, clipping). On a text as small as "
                                       f"the book's, {SMALL_TEXT_FINDING}; GPT-2's initialisation (an "
                                       "OpenAI-layout --model) loses under both", choices=RECIPES)
     batch_size: int = setting(8, "sequences per micro-batch and rank", POSITIVE_INT)

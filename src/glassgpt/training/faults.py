@@ -41,6 +41,10 @@ class StopRequests:
             raise KeyboardInterrupt
         self.requested, self.signal = True, signum
 
+    def abort_at_once(self) -> None:
+        """For a loop with no place to stop and save (appendix D's train_model): the first signal aborts."""
+        self.requested = True
+
     def __exit__(self, *exc) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)

@@ -11,7 +11,8 @@ and on evaluation steps also
 that are not a record (a half-written last line, bytes a disk or an editor damaged) are
 skipped. `plot_run` draws the loss against tokens seen and, when the run has snapshots,
 the probability of every token that was ever in the sample prompt's top 5;
-`save_confusion_png` a classifier's confusion matrix (confusion.png).
+`save_confusion` and `save_confusion_png` a classifier's confusion matrix (confusion.json, .png);
+every file written whole and never through a symbolic link (formats/files.py).
 """
 
 from __future__ import annotations
@@ -142,8 +143,16 @@ def _draw_tokens(ax, snaps: list[dict[str, Any]], labelled: int = 8) -> None:
     ax.legend(fontsize=8, ncol=2)
 
 
+def save_confusion(record: dict[str, Any], path: Path) -> Path:
+    """A classifier's confusion matrix as JSON (RUN_DIR/confusion.json), never through a link."""
+    text = json.dumps(record, indent=1)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), TrainError)
+    return path
+
+
 def save_confusion_png(matrix: list[list[int]], labels: list[str], path: Path) -> Path | None:
-    """A classifier's confusion matrix as a picture (rows actual, columns predicted); None without matplotlib."""
+    """A classifier's confusion matrix as a picture (rows actual, columns predicted), never through a
+    link; None without matplotlib."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -161,5 +170,5 @@ def save_confusion_png(matrix: list[list[int]], labels: list[str], path: Path) -
     ax.set_yticks(range(n), labels)
     ax.set_xlabel("predicted")
     ax.set_ylabel("actual")
-    fig.savefig(path, dpi=120)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120), TrainError)
     return path

@@ -8,9 +8,11 @@ module:
     train             glassgpt   nanoGPT's: random windows, warm-up, cosine, clipping (data.py)
     train             book       the book's chapter 5, `train_model_simple` (book.py)
     finetune classify glassgpt   a classifier on the last real token (classify.py)
-    finetune classify book       the book's chapter 6, `train_classifier_simple` (book_ch06.py)
+    finetune classify book       the book's chapter 6, `train_classifier_simple` (book_ch06.py);
+                                 with --lora-rank, appendix E's replace_linear_with_lora (lora.py)
     finetune instruct glassgpt   Alpaca records, the loss on the response (instruct.py)
     finetune instruct book       the book's chapter 7, `train_model_simple` (book_ch07.py)
+    train             book-appendix-d  the book's appendix D, `train_model` (appendix_d.py), its own loop
 
 `register` adds one (a recipe that brings its own loop passes `loop`, a function of the `Run`
 that `fit` hands it, in place of loop.train). The command line derives its flags from
@@ -27,8 +29,8 @@ import torch
 from ..config import GPTConfig
 from ..errors import GlassError
 from ..formats import random_model
-from ..model import GPTModel
-from . import book, book_ch06, book_ch07, data
+from ..model import GPTModel, init_name
+from . import appendix_d, book, book_ch06, book_ch07, data
 from .config import BOOK_DEFAULTS, BOOK_SETTINGS, TrainConfig
 
 
@@ -48,6 +50,8 @@ class Recipe:
                                                      # and global_step (None: glassgpt's `step N: ...`)
     task: Callable[..., Any] | None = None           # train's: (files, tokenizer, data, cfg, run_dir, expect)
                                                      # -> (task, fingerprint, the line on the data)
+    settle: Callable[[TrainConfig, int], TrainConfig] | None = None  # the settings that depend on the
+                                                     # data, from its steps per epoch (appendix D's warm-up)
 
     @property
     def seeds_globally(self) -> bool:
@@ -59,7 +63,7 @@ class Recipe:
         """A random model for a new run: the book's `torch.manual_seed(seed); GPTModel(cfg)` for the
         book's initialisation under the book's recipes; else drawn from its own generator (and then
         the seed, as the book's code seeds before training)."""
-        if self.seeds_globally and scheme == "book":
+        if self.seeds_globally and init_name(scheme) == "pytorch-default":
             torch.manual_seed(seed)  # and torch's generator left where the notebook leaves it for training
             return GPTModel(cfg)
         model = random_model(cfg, torch.device("cpu"), torch.float32, seed, scheme)
@@ -123,14 +127,20 @@ def names(command: str) -> list[str]:
 
 BOOK_CH05 = "chapter 5 trains: a constant lr, no warm-up, no clipping, one process"
 BOOK_CH07 = "chapter 7 trains: train_model_simple on every weight, a constant lr, one process"
+BOOK_APPENDIX_D = ("appendix D trains: train_model, a warm-up, a cosine to min_lr, clipping after the warm-up, "
+                   "one process, whole epochs, the model saved at the end (no mid-run checkpoints, no resume)")
 BOOK_CH06 = "chapter 6 trains: train_classifier_simple, a constant lr, no warm-up, no clipping, one process"
 
 register(Recipe("glassgpt", "train", "nanoGPT's loop: random windows, warm-up, cosine, clipping", task=data.text_task))
 register(Recipe(BOOK, "train", BOOK_CH05, BOOK_SETTINGS, BOOK_DEFAULTS, epochs=10, one_process=True,
                 chapter=5, log_line=book.LINE, task=book.book_task))
+register(Recipe("book-appendix-d", "train", BOOK_APPENDIX_D, appendix_d.RECIPE_SETTINGS, appendix_d.RECIPE_DEFAULTS,
+                epochs=appendix_d.D4_SETTINGS["n_epochs"], loop=appendix_d.train_run, one_process=True,
+                refused=("max_steps", "save_every", "log_every", "resume"), chapter=5, log_line=appendix_d.ITER_LINE,
+                task=book.book_task, settle=appendix_d.settle))
 register(Recipe("glassgpt", "finetune classify", "a classifier head on the last real token", epochs=5))
 register(Recipe(BOOK, "finetune classify", BOOK_CH06, BOOK_SETTINGS, book_ch06.DEFAULTS, epochs=book_ch06.EPOCHS,
-                one_process=True, refused=("trainable", "lora_rank", "lora_alpha", "val_fraction", "text_column",
+                one_process=True, refused=("trainable", "val_fraction", "text_column",
                                            "label_column", "labels"), chapter=6, log_line=book.LINE))
 register(Recipe("glassgpt", "finetune instruct", "Alpaca records, the loss on the response tokens", epochs=2))
 register(Recipe(BOOK, "finetune instruct", BOOK_CH07, BOOK_SETTINGS, book_ch07.DEFAULTS, epochs=book_ch07.EPOCHS,

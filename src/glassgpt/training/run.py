@@ -117,6 +117,11 @@ class Run:
             self.note(f"{self.run_dir} is already at step {self.step:,} of max_steps {cfg.max_steps:,}: "
                       "pass a larger --max-steps to train further")
 
+    def say(self, line: str) -> None:
+        """A line a recipe's own loop prints where the book's code prints it (stdout)."""
+        if self.ranks.is_main:
+            self.emit({"event": "line", "text": line})
+
     def note(self, text: str) -> None:
         if self.ranks.is_main:
             self.emit({"event": "note", "text": text})
