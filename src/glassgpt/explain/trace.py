@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, make_dataclass
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from ..prompt import check_ids, encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
 from .head import head_products
+from .options import TRACE_OPTIONS, check
 from .record import Progress, Recorder, record
 from .text import render_text
 
@@ -44,17 +45,19 @@ HIDDEN_TO_CLASSES = "hidden->classes"
 OPENAI_LAYOUT = "OpenAI's GPT-2 layout: qkv biases, and out_head is tok_emb.weight (tied)"
 
 
-@dataclass(frozen=True)
-class TraceOptions:
-    """What a trace records besides the flow."""
+# What a trace records besides the flow: one field per option of options.TRACE_OPTIONS (top_k, temperature,
+# block, logit_lens, attention, embedding_check), with its declared default, and `timing`: whether the
+# embedding check also times the lookup and the matmul (the terminal's; the page only compares).
+TraceOptions = make_dataclass(
+    "TraceOptions", [(o.name, o.kind, field(default=o.default)) for o in TRACE_OPTIONS if not o.view_only]
+    + [("timing", bool, field(default=True))], frozen=True)
+TraceOptions.__module__ = __name__
+TraceOptions.__doc__ = "What a trace records besides the flow (explain/options.py declares each field)."
 
-    top_k: int = 10                # next tokens (or classes) listed, each with its dot product
-    temperature: float = 1.0       # divides the last logits before the softmax (the `probs` stage)
-    block: int = 0                 # which of the trf_blocks is opened up
-    logit_lens: bool = False       # the top token at every position after every block
-    attention: bool = False        # every layer's attention weights
-    embedding_check: bool = True   # tok_emb(ids) == one_hot(ids) @ W, on this prompt
-    timing: bool = True            # time the embedding check's lookup and matmul (off: only compare)
+
+def trace_options(values: Any, **changes: Any) -> TraceOptions:
+    """TraceOptions from an object that holds the options under their names (parsed flags, a web request)."""
+    return TraceOptions(**{o.name: getattr(values, o.name) for o in TRACE_OPTIONS if not o.view_only} | changes)
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ def _prompt(cfg: GPTConfig, tokenizer: Tokenizer, text: str | None, ids: list[in
         raise PromptError(f"block {opt.block} does not exist: choose 0..{cfg.n_layers - 1}")
     if not 0 < opt.temperature < math.inf:
         raise PromptError(f"temperature must be a positive number for the probabilities, got {opt.temperature}")
+    check(TRACE_OPTIONS, opt)
     return fit_prompt(ids, cfg.context_length, keep_for(cfg.num_classes))
 
 
