@@ -115,11 +115,11 @@ class Trace:
 
 # --- the trace --------------------------------------------------------------------
 
-@torch.inference_mode()
 def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
           options: TraceOptions | None = None, about: About | None = None,
           cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace:
     """Run `text` (or token `ids`) through `model` once and record every stage from the real tensors.
+    (trace_with_logits: the same, and the last position's logits from the same forward pass.)
 
     ids: token ids instead of text, e.g. a prompt extended one generated token at a time
     (re-encoding the decoded text could merge pieces differently).
@@ -129,6 +129,16 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
 
     Traces of one model may run at the same time in different threads; the model is only read.
     """
+    return trace_with_logits(model, tokenizer, text, ids=ids, options=options, about=about, cancel=cancel,
+                             progress=progress)[0]
+
+
+@torch.inference_mode()
+def trace_with_logits(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *,
+                      ids: list[int] | None = None, options: TraceOptions | None = None, about: About | None = None,
+                      cancel: threading.Event | None = None, progress: Progress | None = None
+                      ) -> tuple[Trace, torch.Tensor]:
+    """trace(...), and the last position's logits `[V]` (or `[classes]`) of its one forward pass."""
     opt, about = options or TraceOptions(), about or About()
     cfg = adopt(model).cfg
     prompt = _prompt(cfg, tokenizer, text, ids, opt)
@@ -166,7 +176,7 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
         rec.check()
         result.embedding_check = check_embedding_is_linear(model, batch, timing=opt.timing)
         rec.step("embedding_check")
-    return result
+    return result, logits[0, -1]
 
 
 def _prompt(cfg: GPTConfig, tokenizer: Tokenizer, text: str | None, ids: list[int] | None, opt: TraceOptions):
