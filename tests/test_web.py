@@ -212,6 +212,13 @@ def test_embedding_check_by_default_and_left_out_on_request(client):
     assert "lookup_ms" not in check  # the page only compares; the terminal also times
 
 
+def test_embedding_check_past_the_budget_is_left_out_with_a_reason(client, monkeypatch):
+    monkeypatch.setattr(web_service, "MAX_ONE_HOT_NUMBERS", 3 * 50257)  # 3 tokens fit, 4 do not
+    assert explain(client, prompt="Every effort moves").json()["embedding_check"]["equal_one_hot_matmul"]
+    check = explain(client, prompt=PROMPT).json()["embedding_check"]
+    assert "equal_one_hot_matmul" not in check and "up to 3 tokens" in check["omitted"]
+
+
 def test_diagram_is_the_traces_svg(client):
     r = client.post("/api/diagram.svg", json={"prompt": PROMPT})
     assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml")

@@ -4,9 +4,10 @@
     TRACE_OPTIONS: top_k, temperature, block, logit_lens, attention, layer, embedding_check
     WHY_OPTIONS:   why, versus, patch   (explain --why [--versus TOKEN] [--patch CORRUPTED_PROMPT])
 
-`add_flags(parser, options)` adds `--name` flags (`--no-name` for one on by default); `api_fields(options)` gives the web request's
-field definitions; `controls(options)` is the list the page reads to draw its controls (GET
-/api/model's `controls`); `check(options, values)` holds values to the declared bounds.
+`add_flags(parser, options)` adds `--name` flags (`--no-name` for one on by default);
+`api_fields(options)` gives the web request's field definitions; `controls(options)` is the list
+the page reads to draw its controls (GET /api/model's `controls`); `check(options, values)` holds
+values to the declared bounds.
 """
 
 from __future__ import annotations

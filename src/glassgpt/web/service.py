@@ -35,6 +35,9 @@ MAX_BODY_BYTES = 256 * 1024  # a full 1,024-token prompt is a few KiB of JSON
 # Attention weights are n_layers x n_heads x t x t numbers; past this many the page
 # would receive tens of MB per step, so the trace leaves them out and says why.
 MAX_ATTENTION_WEIGHTS = 1_000_000
+# The embedding check builds a [t, V] one-hot matrix (and its int64 indices first): 2**24 numbers is
+# 64 MB in float32, up to 333 of GPT-2's tokens; past it the check is left out and says why.
+MAX_ONE_HOT_NUMBERS = 2 ** 24
 
 
 class TraceRequest(BaseModel):
@@ -118,7 +121,8 @@ class ExplainService:
                 progress: Progress | None = None) -> str:
         """POST /api/diagram.svg: the same trace, drawn."""
         prompt = self._fit(self._ids(req))
-        options = trace_options(req, timing=False)
+        with_check = req.embedding_check and len(prompt.ids) * self.model.cfg.vocab_size <= MAX_ONE_HOT_NUMBERS
+        options = trace_options(req, embedding_check=with_check, timing=False)  # the picture says when it was left out
         tr = trace(self.model, self.tokenizer, ids=prompt.ids, options=options, about=self.about, cancel=cancel,
                    progress=progress)
         tr.notes = [prompt.note] if prompt.note else tr.notes
@@ -165,11 +169,18 @@ class ExplainService:
         t = len(prompt.ids)
         n_weights = cfg.n_layers * cfg.n_heads * t ** 2
         with_attention = req.attention and n_weights <= MAX_ATTENTION_WEIGHTS
-        options = trace_options(req, attention=with_attention, timing=False)
+        with_check = req.embedding_check and t * cfg.vocab_size <= MAX_ONE_HOT_NUMBERS
+        options = trace_options(req, attention=with_attention, embedding_check=with_check, timing=False)
         out = trace(self.model, self.tokenizer, ids=prompt.ids, options=options, about=self.about, cancel=cancel,
                     progress=progress).to_dict()
         if prompt.note:
             out["notes"] = [prompt.note]
+        if req.embedding_check and not with_check:
+            most = MAX_ONE_HOT_NUMBERS // cfg.vocab_size
+            out["embedding_check"] = {
+                "omitted": f"{t:,} tokens make a one-hot matrix of {t * cfg.vocab_size:,} numbers ({t} x "
+                           f"{cfg.vocab_size:,}); the page checks prompts of up to {most} tokens (the terminal checks "
+                           "any: glassgpt explain)"}
         if req.why:
             out["why"] = self._why(req, prompt.ids, cancel)
         if with_attention:

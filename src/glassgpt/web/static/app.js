@@ -355,6 +355,7 @@ function transitionStage(s, tr, maxWidth) {
 }
 
 function embeddingCheck(e) {
+  if (e.omitted) return el("div", { class: "check", text: `The embedding check was left out: ${e.omitted}.` });
   const ok = e.equal_one_hot_matmul && e.equal_linear;
   return el("div", { class: `check ${ok ? "ok" : "bad"}` },
     el("strong", { text: ok ? "✓ tok_emb(ids) == one_hot(ids) @ W, exactly" : "✗ the lookup and the matmul differ" }),
