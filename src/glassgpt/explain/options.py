@@ -117,8 +117,8 @@ def add_flags(parser: argparse.ArgumentParser, options: tuple[Option, ...]) -> N
     for o in options:
         if o.kind is bool and o.default:
             off = "--no-" + o.flag[2:]
-            parser.add_argument(off, dest=o.name, action="store_false", help=f"{o.help}; {off} leaves it out "
-                                                                             "(default: True, on)")
+            parser.add_argument(off, dest=o.name, action="store_false",
+                                help=f"leave out what is on by default: {o.help} (default: True, on)")
         elif o.kind is bool:
             parser.add_argument(o.flag, action="store_true", help=f"{o.help} (default: off)")
         else:
