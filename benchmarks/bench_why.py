@@ -4,7 +4,8 @@ does not depend on the values) and one 16-token prompt.
     plain trace     glassgpt.trace with TraceOptions(embedding_check=False): the flow, as `explain` records it
     record          why's one recording of the clean run (the taps it keeps, one forward pass)
     attribution     record + the exact parts and the per-source split (the direct answer): the issue's <= 3x
-    + causal        + the prompt run again with each token removed (16 prompts of 15 tokens, one batch)
+    + causal        + the prompt run again with each token removed: only the tokens after the removed one, on the
+                    clean run's keys and values before it, packed in one pass (120 tokens, not 16 x 15 = 240)
     why             glassgpt.why(...) as the CLI calls it (attribution, causal, the runner-up's contrast)
     + patch         glassgpt.why(..., patch=...): the corrupted run recorded once, then the residual grid
                     (13 rows x 16 positions) and the per-head grid, each run starting from the corrupted
@@ -56,12 +57,12 @@ def main() -> None:
     def attribution():
         with torch.inference_mode():
             seen, logits = record_run(model, ids, None)
-            return attribute(model, seen, ids, int(logits[0, -1].argmax()), None), logits
+            return attribute(model, seen, ids, int(logits[0, -1].argmax()), None), seen, logits
 
     def with_causal():
-        result, logits = attribution()
+        result, seen, logits = attribution()
         with torch.inference_mode():
-            return remove_each(model, ids, logits[0, -1].float(), int(logits[0, -1].argmax()))
+            return remove_each(model, seen, ids, logits[0, -1].float(), int(logits[0, -1].argmax()))
 
     rows = [("plain trace", lambda: glassgpt.trace(model, tok, ids=ids, options=opt)),
             ("record", lambda: torch.inference_mode()(record_run)(model, ids, None)),

@@ -772,6 +772,21 @@ def test_compare_a_model_with_itself_has_no_divergence_and_with_another_the_kl_o
     assert len(c.a["lens_last"]) == 2 and c.b["lens_last"][-1]["id"] == c.b["next_token"]["id"]
 
 
+def test_compare_runs_each_model_once():
+    """The trace's one forward pass gives the next-token distribution too: no second pass for the KL."""
+    from glassgpt.explain.compare import compare
+
+    a, b = book_small(seed=1), book_small(seed=2)
+    passes = []
+    hooks = [m.tok_emb.register_forward_hook(lambda module, args, out, m=m: passes.append(m)) for m in (a, b)]
+    try:
+        compare(a, b, glassgpt.get_tokenizer("gpt2"), PROMPT)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert passes == [a, b]
+
+
 def test_cli_explain_compare_overlays_two_models(tmp_path, capsys):
     paths = []
     for seed in (1, 2):

@@ -187,7 +187,7 @@ def test_top_k_sets_how_many_tokens_are_listed(client, k):
 
 
 def test_attention_and_logit_lens_cover_every_layer(client):
-    tr = explain(client, prompt=PROMPT).json()
+    tr = explain(client, prompt=PROMPT, attention=True, logit_lens=True).json()
     att = tr["attention"]
     assert att["shape"] == [2, 2, 4, 4] and len(att["layers"]) == 2 and len(att["layers"][0]) == 2  # the data's shape
     for head in att["layers"][1]:
@@ -200,15 +200,23 @@ def test_attention_and_logit_lens_cover_every_layer(client):
 
 def test_attention_past_the_budget_is_left_out_with_a_reason(client, monkeypatch):
     monkeypatch.setattr(web_service, "MAX_ATTENTION_WEIGHTS", 2 * 2 * 3 * 3)  # 3 tokens fit, 4 do not
-    assert "layers" in explain(client, prompt="Every effort moves").json()["attention"]
-    att = explain(client, prompt=PROMPT).json()["attention"]
+    assert "layers" in explain(client, prompt="Every effort moves", attention=True).json()["attention"]
+    att = explain(client, prompt=PROMPT, attention=True).json()["attention"]
     assert "layers" not in att and "up to 3 tokens" in att["omitted"]
 
 
-def test_embedding_check_on_request(client):
-    assert "embedding_check" not in explain(client, prompt=PROMPT).json()
-    check = explain(client, prompt=PROMPT, embedding_check=True).json()["embedding_check"]
+def test_embedding_check_by_default_and_left_out_on_request(client):
+    assert "embedding_check" not in explain(client, prompt=PROMPT, embedding_check=False).json()
+    check = explain(client, prompt=PROMPT).json()["embedding_check"]  # on by default, as in the terminal
     assert check["equal_one_hot_matmul"] and check["weight_shape"] == [50257, 8]
+    assert "lookup_ms" not in check  # the page only compares; the terminal also times
+
+
+def test_embedding_check_past_the_budget_is_left_out_with_a_reason(client, monkeypatch):
+    monkeypatch.setattr(web_service, "MAX_ONE_HOT_NUMBERS", 3 * 50257)  # 3 tokens fit, 4 do not
+    assert explain(client, prompt="Every effort moves").json()["embedding_check"]["equal_one_hot_matmul"]
+    check = explain(client, prompt=PROMPT).json()["embedding_check"]
+    assert "equal_one_hot_matmul" not in check and "up to 3 tokens" in check["omitted"]
 
 
 def test_diagram_is_the_traces_svg(client):
@@ -349,11 +357,11 @@ def test_concurrent_requests_from_threads_are_all_correct(model, tok):
     prompts = ["Every effort moves you", "Hello", "The cat sat on the mat", "One two three four five six",
                "GPT-2 has 124M parameters", "a b", "Where does 50,257 become 768?", "x"]
     with local_client(create_app(model, tok)) as c:
-        want = {p: explain(c, prompt=p, top_k=3).json() for p in prompts}
+        want = {p: explain(c, prompt=p, top_k=3, attention=True).json() for p in prompts}
 
         def ask(i: int) -> tuple[str, dict]:
             p = prompts[i % len(prompts)]
-            return p, explain(c, prompt=p, top_k=3).json()
+            return p, explain(c, prompt=p, top_k=3, attention=True).json()
 
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(ask, range(48)))
@@ -454,8 +462,8 @@ def ndjson(client, path: str, body: dict) -> list[dict]:
 
 
 def test_ndjson_streams_progress_then_the_same_trace(client):
-    lines = ndjson(client, "/api/explain", {"prompt": PROMPT})
-    assert lines[-1]["trace"] == explain(client, prompt=PROMPT).json()
+    lines = ndjson(client, "/api/explain", {"prompt": PROMPT, "logit_lens": True, "embedding_check": False})
+    assert lines[-1]["trace"] == explain(client, prompt=PROMPT, logit_lens=True, embedding_check=False).json()
     steps = [line["progress"] for line in lines[:-1]]
     assert steps, "no progress was reported"
     assert all(p["total"] == 2 * CFG.n_layers for p in steps)  # the blocks, then the logit lens
@@ -708,7 +716,7 @@ def test_why_over_http_and_its_options_from_one_declaration(client, model, tok):
     from glassgpt.explain.options import WHY_OPTIONS
 
     info = client.get("/api/model").json()
-    assert [c["name"] for c in info["controls"]] == [o.name for o in WHY_OPTIONS]  # the page's controls
+    assert [c["name"] for c in info["controls"]["why"]] == [o.name for o in WHY_OPTIONS]  # the page's controls
     with torch.no_grad():
         logits = model(torch.tensor([tok.encode(PROMPT)]))[0, -1]
     second = int(logits.topk(2).indices[1])
@@ -725,3 +733,25 @@ def test_why_spam_on_the_classifier_page(classifier):
     got = classifier.post("/api/why", json={"prompt": "You won a prize"}).json()
     assert got["kind"] == "class" and {got["target"]["text"], got["versus"]["text"]} == {"ham", "spam"}
     assert "out_head.bias" in [p["name"] for p in got["parts"]]
+
+
+def test_each_trace_option_is_declared_once_and_every_surface_follows(client):
+    """The flag, its default and bounds; the API field, its default and bounds; TraceOptions' field; the page's control."""
+    from glassgpt.cli import build_parser
+    from glassgpt.explain.options import TRACE_OPTIONS
+    from glassgpt.web.service import ExplainRequest
+
+    explain_parser = next(a for a in build_parser()._actions if a.dest == "command").choices["explain"]
+    args = explain_parser.parse_args([])
+    controls = {c["name"]: c for c in client.get("/api/model").json()["controls"]["trace"]}
+    for o in TRACE_OPTIONS:
+        assert getattr(args, o.name) == o.default, o.name
+        if o.view_only:  # --layer: the text's choice of attention layer; the page and the JSON show every layer
+            assert o.name not in ExplainRequest.model_fields and not hasattr(TraceOptions(), o.name)
+            continue
+        assert ExplainRequest.model_fields[o.name].default == o.default and getattr(TraceOptions(), o.name) == o.default
+        assert (o.name in controls) == (o.page != "none") and controls.get(o.name, {}).get("default", o.default) == o.default
+    assert controls["top_k"]["max"] == 100 and controls["temperature"]["min"] == pytest.approx(0.05)
+    assert_error(explain(client, prompt=PROMPT, top_k=101), 422, "top_k", "100")  # the API holds the declared bound
+    with pytest.raises(SystemExit):
+        explain_parser.parse_args(["--top-k", "101"])  # and so does the flag

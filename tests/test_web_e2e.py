@@ -148,6 +148,19 @@ def test_page_shows_the_shapes_and_steps_through_generation(open_page):
     assert page.locator("#bars .bar-row[data-id]").count() == 10
     assert page.is_visible("#heatmap") and page.locator("#att-layer option").count() == 12
     assert page.locator("#lens tbody tr").count() == 12
+    # the trace's controls, drawn from their one declaration (explain/options.py), with its defaults
+    assert page.input_value("#opt-top_k") == "10" and page.locator("#opt-block option").count() == 12
+    assert page.is_checked("#opt-embedding_check") and "one_hot" in page.inner_text("#flow")
+    page.fill("#opt-top_k", "5")
+    with page.expect_response("**/api/explain"):
+        page.dispatch_event("#opt-top_k", "change")
+    settled(page)
+    page.wait_for_function("document.querySelectorAll('#bars .bar-row[data-id]').length === 5")
+    page.fill("#opt-top_k", "10")
+    with page.expect_response("**/api/explain"):
+        page.dispatch_event("#opt-top_k", "change")
+    settled(page)
+    page.wait_for_function("document.querySelectorAll('#bars .bar-row[data-id]').length === 10")
 
     greedy = int(page.get_attribute("#bars .bar-row.chosen", "data-id"))
     page.focus("#append")

@@ -24,9 +24,9 @@ KINDS = {"openai": (True, True, None), "book": (False, False, None), "untied": (
          "tied_no_bias": (False, True, None), "classifier": (False, False, 2)}
 
 
-def small(kind: str, seed: int = 0) -> glassgpt.GPTModel:
+def small(kind: str, seed: int = 0, context_length: int = 32) -> glassgpt.GPTModel:
     qkv_bias, tie, classes = KINDS[kind]
-    cfg = GPTConfig(vocab_size=50257, context_length=32, emb_dim=32, n_heads=4, n_layers=2, qkv_bias=qkv_bias,
+    cfg = GPTConfig(vocab_size=50257, context_length=context_length, emb_dim=32, n_heads=4, n_layers=2, qkv_bias=qkv_bias,
                     tie_embeddings=tie, num_classes=classes)
     model = glassgpt.load_model("gpt2", device="cpu", dtype="float32", seed=seed, config=cfg)
     return randomize_(model, seed, 0.3).eval()
@@ -125,6 +125,52 @@ def test_the_token_that_decides_the_next_ranks_first():
     assert max(w.sources, key=lambda s: s["direct"])["position"] == 1
     assert min(w.sources, key=lambda s: s["causal"]["logit_change"])["position"] == 1
     assert min(w.sources, key=lambda s: s["causal"]["prob_change"])["position"] == 1
+
+
+LONG = "Every effort moves you, and every step forward is a step closer to the end"  # 16 tokens
+
+
+def removals_rerun(model, ids):
+    """The causal answer the plain way: each shortened prompt run again from its first token."""
+    t = len(ids)
+    return model(torch.tensor([ids[:j] + ids[j + 1:] for j in range(t)]), last_only=True)[:, -1].float()  # [t, V]
+
+
+@pytest.mark.parametrize("kind", ["openai", "book", "classifier"])
+@pytest.mark.parametrize("context_length", [32, 128])  # 120 tokens to run: five packs, or one
+def test_removals_from_the_clean_runs_keys_and_values_equal_the_plain_rerun(kind, context_length, tok):
+    from glassgpt.explain.why import record_run, remove_each
+    model, ids = small(kind, seed=5, context_length=context_length), tok.encode(LONG)
+    with torch.inference_mode():
+        seen, logits = record_run(model, ids, None)
+        last = logits[0, -1].float()
+        a = int(last.argmax())
+        got = remove_each(model, seen, ids, last, a)
+        ref = removals_rerun(model, ids)
+    # float32 throughout: the same sums in another order (a pack, a batch of another shape), within 1e-5
+    assert [g["logit_change"] for g in got] == pytest.approx((ref[:, a] - last[a]).tolist(), abs=1e-5)
+    assert [g["prob_change"] for g in got] == pytest.approx((ref.softmax(-1)[:, a] - last.softmax(-1)[a]).tolist(),
+                                                            abs=1e-5)
+
+
+@pytest.mark.parametrize("context_length, passes", [(32, 5), (128, 1)])
+def test_removals_feed_only_the_tokens_after_each_removed_one(context_length, passes, tok):
+    """16 tokens: the plain re-run feeds 16 prompts of 15 tokens (240); with the clean run's keys and values
+    for the tokens before the removed one, 15 + 14 + ... + 1 = 120, packed into passes of at most
+    context_length tokens (without the last token, the clean run's position 14 is the answer)."""
+    from glassgpt.explain.why import record_run, remove_each
+    model, ids = small("openai", context_length=context_length), tok.encode(LONG)
+    fed = []
+    hook = model.tok_emb.register_forward_hook(lambda module, args, out: fed.append(args[0].numel()))
+    try:
+        with torch.inference_mode():
+            seen, logits = record_run(model, ids, None)
+            fed.clear()
+            remove_each(model, seen, ids, logits[0, -1].float(), 0)
+    finally:
+        hook.remove()
+    assert len(ids) == 16 and sum(fed) == 16 * 15 // 2 and len(fed) == passes
+    assert max(fed) <= context_length
 
 
 def test_patching_grid_fractions_and_their_ends(tok):

@@ -11,21 +11,22 @@ from pathlib import Path
 
 from ..config import init_scheme
 from ..errors import GlassError
-from ..explain import About, TraceOptions, trace
+from ..explain import About, trace
 from ..explain import draw
 from ..explain.compare import compare, comparison_layout, comparison_text
 from ..explain.diagram import layout, save_attention_png
-from ..explain.options import WHY_OPTIONS, add_flags
+from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
 from ..explain.passage import passage, passage_layout, passage_text
 from ..explain.why import why
 from ..explain.why_view import why_layout
 from ..explain.text import embedding_section
+from ..explain.trace import trace_options
 from ..formats.book import is_state_dict_file
 from ..formats import class_labels, is_random_init, load_meta, load_model, load_tokenizer, read_config
 from ..model import GPTModel
 from ..prompt import BOOK_FILE_HINT, classifier_reading
 from ..tokenizer import Tokenizer
-from .common import add_model_args, load, nonneg_int, positive_float, positive_int
+from .common import add_model_args, load
 
 DEFAULT_PROMPT = "Every effort moves you"
 
@@ -40,22 +41,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("txt", "json", "svg", "png"), default="txt",
                    help="txt: the flow in the terminal; json: the whole trace; svg/png: the picture (default: txt)")
     p.add_argument("--out", metavar="FILE", help="write to FILE (default: explain.png for png, else stdout)")
-    p.add_argument("--top-k", type=positive_int, default=10, help="how many next tokens to list (default: 10)")
-    p.add_argument("--temperature", type=positive_float, default=1.0,
-                   help="divides the last logits before the softmax that gives probs (default: 1)")
-    p.add_argument("--block", type=nonneg_int, default=0,
-                   help="which of the trf_blocks the flow opens up to show its norms, heads and feed-forward "
-                        "(default: 0); --layer picks the attention that --attention shows")
+    add_flags(p, TRACE_OPTIONS)
     p.add_argument("--embedding-vs-linear", action="store_true",
                    help="print only the proof that tok_emb(ids) == one_hot(ids) @ tok_emb.weight, with timings "
                         "(default: off)")
-    p.add_argument("--logit-lens", action="store_true",
-                   help="also the top token at every position after every block (default: off)")
-    p.add_argument("--attention", action="store_true",
-                   help="also one layer's attention (--layer): a per-head table in the text, every layer's weights "
-                        "in the JSON, and a heatmap PNG (default: off)")
-    p.add_argument("--layer", type=nonneg_int, default=0,
-                   help="which block's attention --attention shows (default: 0); independent of --block")
     p.add_argument("--attention-out", metavar="FILE",
                    help="where --attention writes the heatmap PNG (default: attention-L<layer>.png)")
     p.add_argument("--passage", nargs="?", const="", default=None, metavar="FILE",
@@ -92,8 +81,7 @@ def run_explain(args: argparse.Namespace) -> int:
         return _run_compare(args, model, tok)
     if args.why:
         return _run_why(args, model, tok)
-    options = TraceOptions(top_k=args.top_k, temperature=args.temperature, block=args.block,
-                           logit_lens=args.logit_lens, attention=args.attention)
+    options = trace_options(args, embedding_check=args.embedding_check or args.embedding_vs_linear)
     spec = about(args.model)
     tr = trace(model, tok, args.prompt, options=options, about=spec)
     for note in tr.notes:
@@ -136,7 +124,7 @@ def _run_why(args: argparse.Namespace, model: GPTModel, tok: Tokenizer) -> int:
         print(f"note: {note}", file=sys.stderr)
     data = None
     if args.format == "json":
-        data = trace(model, tok, args.prompt, options=TraceOptions(top_k=args.top_k, embedding_check=False),
+        data = trace(model, tok, args.prompt, options=trace_options(args, embedding_check=False),
                      about=spec).to_dict()
         data["why"] = result.to_dict()
     return _show(args, data, lambda: why_layout(result), lambda color: result.to_text(color=color))

@@ -22,13 +22,12 @@ from typing import Any
 import torch
 
 from ..adopt import adopt
-from ..device import evaluating
 from ..model import GPTModel
 from ..prompt import encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
 from .draw import GRAY, MUTED, ORANGE, PURPLE, Drawing, Line, Rect, Text, header
 from .notation import token
-from .trace import About, TraceOptions, trace
+from .trace import About, TraceOptions, trace_with_logits
 
 BAR_W = 300
 
@@ -47,14 +46,6 @@ class Comparison:
         return asdict(self)
 
 
-@torch.inference_mode()
-def next_token_log_probs(model: GPTModel, ids: list[int]) -> torch.Tensor:
-    """log softmax of the last position's logits, in float64: [V] (or [classes])."""
-    x = torch.tensor([ids], device=model.tok_emb.weight.device)
-    with evaluating(model):
-        return model(x, last_only=True)[0, -1].double().log_softmax(-1).cpu()
-
-
 def kl_divergence(log_p: torch.Tensor, log_q: torch.Tensor) -> float:
     """KL(P || Q) = sum p (log p - log q), in nats, from log probabilities over the same ids."""
     return float((log_p.exp() * (log_p - log_q)).sum().clamp_min(0.0))
@@ -68,9 +59,10 @@ def compare(model_a: GPTModel, model_b: GPTModel, tokenizer: Tokenizer, text: st
     prompt = fit_prompt(encode(tokenizer, text), limit, keep_for(adopt(model_a).cfg.num_classes))
     model_a, model_b = adopt(model_a, prompt.ids), adopt(model_b, prompt.ids)  # a reader's modules, read in place
     options = TraceOptions(top_k=top_k, logit_lens=True, embedding_check=False)
-    traces = [trace(m, tokenizer, ids=prompt.ids, options=options, about=ab)
-              for m, ab in ((model_a, about_a), (model_b, about_b))]
-    logps = [next_token_log_probs(m, prompt.ids) for m in (model_a, model_b)]
+    runs = [trace_with_logits(m, tokenizer, ids=prompt.ids, options=options, about=ab)  # one forward pass each
+            for m, ab in ((model_a, about_a), (model_b, about_b))]
+    traces = [tr for tr, _ in runs]
+    logps = [last.double().log_softmax(-1).cpu() for _, last in runs]
     same_ids = logps[0].shape == logps[1].shape
     notes = [prompt.note] if prompt.note else []
     if not same_ids:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, make_dataclass, replace
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
 from .head import head_products
 from .notation import trained_line
+from .options import TRACE_OPTIONS, check
 from .record import Progress, Recorder, record
 from .text import render_text
 
@@ -45,17 +46,19 @@ HIDDEN_TO_CLASSES = "hidden->classes"
 OPENAI_LAYOUT = "OpenAI's GPT-2 layout: qkv biases, and out_head is tok_emb.weight (tied)"
 
 
-@dataclass(frozen=True)
-class TraceOptions:
-    """What a trace records besides the flow."""
+# What a trace records besides the flow: one field per option of options.TRACE_OPTIONS (top_k, temperature,
+# block, logit_lens, attention, embedding_check), with its declared default, and `timing`: whether the
+# embedding check also times the lookup and the matmul (the terminal's; the page only compares).
+TraceOptions = make_dataclass(
+    "TraceOptions", [(o.name, o.kind, field(default=o.default)) for o in TRACE_OPTIONS if not o.view_only]
+    + [("timing", bool, field(default=True))], frozen=True)
+TraceOptions.__module__ = __name__
+TraceOptions.__doc__ = "What a trace records besides the flow (explain/options.py declares each field)."
 
-    top_k: int = 10                # next tokens (or classes) listed, each with its dot product
-    temperature: float = 1.0       # divides the last logits before the softmax (the `probs` stage)
-    block: int = 0                 # which of the trf_blocks is opened up
-    logit_lens: bool = False       # the top token at every position after every block
-    attention: bool = False        # every layer's attention weights
-    embedding_check: bool = True   # tok_emb(ids) == one_hot(ids) @ W, on this prompt
-    timing: bool = True            # time the embedding check's lookup and matmul (off: only compare)
+
+def trace_options(values: Any, **changes: Any) -> TraceOptions:
+    """TraceOptions from an object that holds the options under their names (parsed flags, a web request)."""
+    return TraceOptions(**{o.name: getattr(values, o.name) for o in TRACE_OPTIONS if not o.view_only} | changes)
 
 
 @dataclass(frozen=True)
@@ -115,11 +118,11 @@ class Trace:
 
 # --- the trace --------------------------------------------------------------------
 
-@torch.inference_mode()
 def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
           options: TraceOptions | None = None, about: About | None = None,
           cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace:
     """Run `text` (or token `ids`) through `model` once and record every stage from the real tensors.
+    (trace_with_logits: the same, and the last position's logits from the same forward pass.)
 
     ids: token ids instead of text, e.g. a prompt extended one generated token at a time
     (re-encoding the decoded text could merge pieces differently).
@@ -129,6 +132,16 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
 
     Traces of one model may run at the same time in different threads; the model is only read.
     """
+    return trace_with_logits(model, tokenizer, text, ids=ids, options=options, about=about, cancel=cancel,
+                             progress=progress)[0]
+
+
+@torch.inference_mode()
+def trace_with_logits(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *,
+                      ids: list[int] | None = None, options: TraceOptions | None = None, about: About | None = None,
+                      cancel: threading.Event | None = None, progress: Progress | None = None
+                      ) -> tuple[Trace, torch.Tensor]:
+    """trace(...), and the last position's logits `[V]` (or `[classes]`) of its one forward pass."""
     opt, named = options or TraceOptions(), about
     about = about or About()
     cfg = adopt(model).cfg
@@ -168,7 +181,7 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
         rec.check()
         result.embedding_check = check_embedding_is_linear(model, batch, timing=opt.timing)
         rec.step("embedding_check")
-    return result
+    return result, logits[0, -1]
 
 
 def _prompt(cfg: GPTConfig, tokenizer: Tokenizer, text: str | None, ids: list[int] | None, opt: TraceOptions,
@@ -180,6 +193,7 @@ def _prompt(cfg: GPTConfig, tokenizer: Tokenizer, text: str | None, ids: list[in
         raise PromptError(f"block {opt.block} does not exist: choose 0..{cfg.n_layers - 1}")
     if not 0 < opt.temperature < math.inf:
         raise PromptError(f"temperature must be a positive number for the probabilities, got {opt.temperature}")
+    check(TRACE_OPTIONS, opt)
     return fit_for(ids, cfg.context_length, cfg.num_classes, reading)
 
 

@@ -15,7 +15,8 @@ Which prompt tokens, two answers, each what it says:
   so its term splits exactly over the source tokens (attention weights alone are not this:
   they leave out what each value vector carries and where W_O sends it);
 - causal: the prompt with each token removed, run again: the change in the target's
-  probability and logit.
+  probability and logit. Only the tokens after the removed one run again, on the clean run's
+  keys and values before it.
 
 Activation patching (`patch`, a corrupted prompt of the same length): the clean residual
 stream at each (block input, position) copied into the corrupted run, and each head's output
@@ -109,7 +110,8 @@ def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: 
             r = _runner_up(last, a)
             contrast = {"versus": {"id": r, "text": label(r), "logit": float(last[r])},
                         "parts": attribute(model, seen, prompt.ids, a, r)["parts"]}
-        sources = _sources(prompt.ids, result["by_source"], remove_each(model, prompt.ids, last, a), tokenizer)
+        sources = _sources(prompt.ids, result["by_source"], remove_each(model, seen, prompt.ids, last, a, cancel),
+                           tokenizer)
         patched = None if patch is None else patch_grid(model, tokenizer, seen, prompt.ids, last, patch,
                                                        b if versus is not None else None, label, cancel)
     top = last.softmax(-1).topk(min(top_k, cfg.out_dim))
@@ -245,16 +247,73 @@ def _last_row_attention(seen: dict, p: str, h: int) -> torch.Tensor:
     return attention_weights(q, k)[0, :, 0].double()  # the last query sees every source
 
 
-def remove_each(model: GPTModel, ids: list[int], last: torch.Tensor, a: int) -> list[dict[str, Any]] | str:
-    """The prompt run once more with each token removed: the change in the target's probability and logit."""
+def remove_each(model: GPTModel, seen: dict, ids: list[int], last: torch.Tensor, a: int,
+                cancel: threading.Event | None = None) -> list[dict[str, Any]] | str:
+    """The prompt run once more with each token removed: the change in the target's probability and logit.
+
+    Without token j, positions 0..j-1 hold what they held in the clean run, so only the tokens
+    after j run again, at positions j, j+1, ..., attending to the clean run's recorded keys and
+    values before j and to their own. The shortened prompts' remaining tokens run packed in one
+    sequence (several, past context_length): t(t-1)/2 tokens instead of t(t-1). Without the last
+    token, the clean run's position t-2 is the answer.
+    """
     t = len(ids)
     if t == 1:
         return "the prompt is one token: there is nothing to remove"
-    batch = torch.tensor([ids[:j] + ids[j + 1:] for j in range(t)], device=model.tok_emb.weight.device)  # [t, t-1]
-    removed = model(batch, last_only=True)[:, -1].float()  # [t, V]
+    packs, size = [[]], 0
+    for j in range(t - 1):  # greedily, each pack at most context_length tokens
+        if size + t - 1 - j > model.cfg.context_length:
+            packs, size = packs + [[]], 0
+        packs[-1].append(j)
+        size += t - 1 - j
+    without_last = seen[f"trf_blocks.{model.cfg.n_layers - 1}"][1][0, -2:-1]  # the clean run's position t-2, [1, d]
+    x = torch.cat([_run_without(model, seen, ids, js, cancel) for js in packs] + [without_last])  # [t, d]
+    removed = model.out_head(model.final_norm(x)).float()  # [t, V]
     prob = last.softmax(-1)[a]
     return [{"how": "removed", "prob_change": float(removed[j].softmax(-1)[a] - prob),
              "logit_change": float(removed[j, a] - last[a])} for j in range(t)]
+
+
+def _run_without(model: GPTModel, seen: dict, ids: list[int], removed: list[int], cancel) -> torch.Tensor:
+    """final_norm's input at the last position `[len(removed), d]` of the prompt without token j, for each j in
+    `removed`: one forward pass over their remaining tokens packed side by side, each at its own positions,
+    an edit of each block's attention (record.py's edits, as patching uses them) giving each its own context."""
+    t, device, n = len(ids), model.tok_emb.weight.device, model.cfg.n_layers
+    spans, tokens, positions = [], [], []
+    for j in removed:
+        spans.append((len(tokens), j))  # prompt j's tokens start here in the pack
+        tokens += ids[j + 1:]
+        positions += range(j, t - 1)
+    pack, pos = torch.tensor([tokens], device=device), torch.tensor(positions, device=device)
+    x = model.drop_emb(model.tok_emb(pack) + model.pos_emb(pos))  # [1, T, d]: the embeddings, as forward adds them
+    att = [f"trf_blocks.{i}.att" for i in range(n)]
+    keep = {f"trf_blocks.{n - 1}"} | {f"{p}.{w}" for p in att for w in ("W_query", "W_key", "W_value")}
+    rec = Recorder(frozenset(keep), n, cancel)
+    for p, blk in zip(att, model.trf_blocks):
+        rec.edits[f"{p}.out_proj"] = _own_attention(rec, seen, p, blk.att.out_proj, spans, t, model.cfg.n_heads)
+    run_from(model, x, 0, rec)
+    ends = [s + t - 2 - j for s, j in spans]  # each shortened prompt's last position in the pack
+    return rec.seen[f"trf_blocks.{n - 1}"][1][0, ends]
+
+
+def _own_attention(rec: Recorder, clean: dict, p: str, out_proj: torch.nn.Linear, spans: list, t: int, h: int):
+    """An edit of out_proj: the context each packed prompt's queries get from the clean run's keys and values
+    before its removed token and from its own, by the model's formula, in place of the pack's plain causal one.
+
+    Every shortened prompt has t-1 positions: the clean run's before j, the pack's from j on. Gathered so
+    from the two runs (`src`, into their concatenation), the prompts attend as one batch under the usual
+    causal mask; `back` picks the pack's positions out again (those before j are the clean run's, unused)."""
+    device = out_proj.weight.device
+    src = torch.tensor([[i if i < j else t + s + i - j for i in range(t - 1)] for s, j in spans], device=device)
+    back = torch.tensor([r * (t - 1) + i for r, (s, j) in enumerate(spans) for i in range(j, t - 1)], device=device)
+
+    def edit(context: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        q, k, v = (torch.cat([_split(clean[f"{p}.{w}"], h)[0], _split(rec.seen[f"{p}.{w}"], h)[0]], 1)[:, src]
+                   for w in ("W_query", "W_key", "W_value"))  # [h, t + T, hd] -> [h, n, t-1, hd]
+        own = (attention_weights(q, k) @ v).flatten(1, 2)[:, back]  # [h, n, t-1, hd] -> [h, T, hd]
+        own = own.transpose(0, 1).reshape(context.shape)  # [h, T, hd] -> [1, T, d]
+        return torch.nn.functional.linear(own, out_proj.weight, out_proj.bias)  # not out_proj(): its tap would run
+    return edit
 
 
 def _sources(ids: list[int], by_source: list, causal: list | str, tokenizer: Tokenizer) -> list[dict[str, Any]]:

@@ -22,21 +22,23 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..errors import GlassError
-from ..explain import About, Progress, TraceOptions, trace
+from ..explain import About, Progress, trace
 from ..explain.diagram import to_svg
-from ..explain.options import WHY_OPTIONS, api_fields, controls
+from ..explain.options import MAX_TOP_K, TRACE_OPTIONS, WHY_OPTIONS, api_fields, controls
 from ..explain.why import why
-from ..explain.trace import model_facts
+from ..explain.trace import model_facts, trace_options
 from ..formats import CHECKPOINT_SUBDIRS
 from ..model import GPTModel
 from ..prompt import check_ids, encode, fit_for
 from ..tokenizer import Tokenizer, check_fits
 
 MAX_BODY_BYTES = 256 * 1024  # a full 1,024-token prompt is a few KiB of JSON
-MAX_TOP_K = 100
 # Attention weights are n_layers x n_heads x t x t numbers; past this many the page
 # would receive tens of MB per step, so the trace leaves them out and says why.
 MAX_ATTENTION_WEIGHTS = 1_000_000
+# The embedding check builds a [t, V] one-hot matrix (and its int64 indices first): 2**24 numbers is
+# 64 MB in float32, up to 333 of GPT-2's tokens; past it the check is left out and says why.
+MAX_ONE_HOT_NUMBERS = 2 ** 24
 
 
 class TraceRequest(BaseModel):
@@ -46,16 +48,13 @@ class TraceRequest(BaseModel):
 
     prompt: str | None = None
     ids: list[int] | None = None
-    top_k: int = Field(10, ge=1, le=MAX_TOP_K)
-    temperature: float = Field(1.0, gt=0, le=100, allow_inf_nan=False)
-    block: int = Field(0, ge=0)
-    attention: bool = True
-    logit_lens: bool = True
-    embedding_check: bool = False
 
 
-# The attribution's fields (why, versus, patch) come from their one declaration in explain/options.py.
-ExplainRequest = create_model("ExplainRequest", __base__=TraceRequest, **api_fields(WHY_OPTIONS))
+# Every option's field (top_k, temperature, block, logit_lens, attention, embedding_check; why, versus,
+# patch) comes from its one declaration in explain/options.py, with its default and its bounds.
+ExplainRequest = create_model("ExplainRequest", __base__=TraceRequest, **{
+    name: (kind, Field(default, **bounds)) for name, (kind, default, bounds) in
+    api_fields(TRACE_OPTIONS + WHY_OPTIONS).items()})
 
 
 class AppendRequest(ExplainRequest):
@@ -104,7 +103,7 @@ class ExplainService:
                        "tied": model.tied},
             "limits": {"max_prompt_tokens": self.limit, "max_top_k": MAX_TOP_K, "max_body_bytes": self.max_body_bytes,
                        "max_attention_weights": MAX_ATTENTION_WEIGHTS},
-            "run": self.run_dir is not None, "controls": controls(WHY_OPTIONS),
+            "run": self.run_dir is not None, "controls": {"trace": controls(TRACE_OPTIONS), "why": controls(WHY_OPTIONS)},
         }
 
     def explain(self, req: ExplainRequest, cancel: threading.Event | None = None,
@@ -123,7 +122,8 @@ class ExplainService:
                 progress: Progress | None = None) -> str:
         """POST /api/diagram.svg: the same trace, drawn."""
         prompt = self._fit(self._ids(req))
-        options = TraceOptions(top_k=req.top_k, temperature=req.temperature, block=req.block, timing=False)
+        with_check = req.embedding_check and len(prompt.ids) * self.model.cfg.vocab_size <= MAX_ONE_HOT_NUMBERS
+        options = trace_options(req, embedding_check=with_check, timing=False)  # the picture says when it was left out
         tr = trace(self.model, self.tokenizer, ids=prompt.ids, options=options, about=self.about, cancel=cancel,
                    progress=progress)
         tr.notes = [prompt.note, *tr.notes] if prompt.note else tr.notes
@@ -172,13 +172,18 @@ class ExplainService:
         t = len(prompt.ids)
         n_weights = cfg.n_layers * cfg.n_heads * t ** 2
         with_attention = req.attention and n_weights <= MAX_ATTENTION_WEIGHTS
-        options = TraceOptions(top_k=req.top_k, temperature=req.temperature, block=req.block,
-                               logit_lens=req.logit_lens, attention=with_attention,
-                               embedding_check=req.embedding_check, timing=False)
+        with_check = req.embedding_check and t * cfg.vocab_size <= MAX_ONE_HOT_NUMBERS
+        options = trace_options(req, attention=with_attention, embedding_check=with_check, timing=False)
         out = trace(self.model, self.tokenizer, ids=prompt.ids, options=options, about=self.about, cancel=cancel,
                     progress=progress).to_dict()
         if prompt.note:
             out["notes"] = [prompt.note, *out["notes"]]
+        if req.embedding_check and not with_check:
+            most = MAX_ONE_HOT_NUMBERS // cfg.vocab_size
+            out["embedding_check"] = {
+                "omitted": f"{t:,} tokens make a one-hot matrix of {t * cfg.vocab_size:,} numbers ({t} x "
+                           f"{cfg.vocab_size:,}); the page checks prompts of up to {most} tokens (the terminal checks "
+                           "any: glassgpt explain)"}
         if req.why:
             out["why"] = self._why(req, prompt.ids, cancel)
         if with_attention:

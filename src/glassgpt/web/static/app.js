@@ -131,16 +131,7 @@ function promptPart() {
 }
 
 function requestBody(extra = {}) {
-  const body = {
-    top_k: Number($("top-k").value),
-    temperature: Number($("temperature").value),
-    block: Number($("block").value || 0),
-    attention: true,
-    logit_lens: true,
-    embedding_check: $("embedding-check").checked,
-    ...whyOptions(),
-    ...extra,
-  };
+  const body = { ...optionValues(), ...extra };
   if (!("ids" in body) && !("prompt" in body)) Object.assign(body, promptPart());
   return body;
 }
@@ -247,8 +238,6 @@ function renderModel(m) {
       el("code", { text: "glassgpt serve --model openai-community/gpt2" }), ".",
       m.init ? el("span", { class: "init", text: ` Initialisation: ${m.init}.` }) : null);
   }
-  $("block").replaceChildren(...Array.from({ length: c.n_layers }, (_, i) => el("option", { value: i, text: `trf_blocks.${i}` })));
-  $("top-k").max = m.limits.max_top_k;
   $("prompt").setAttribute("aria-describedby", "status");
   // A classifier's output is a class, not a token: there is nothing to append.
   $("append").hidden = $("sample").hidden = m.kind === "classifier";
@@ -382,6 +371,7 @@ function transitionStage(s, tr, maxWidth) {
 }
 
 function embeddingCheck(e) {
+  if (e.omitted) return el("div", { class: "check", text: `The embedding check was left out: ${e.omitted}.` });
   const ok = e.equal_one_hot_matmul && e.equal_linear;
   return el("div", { class: `check ${ok ? "ok" : "bad"}` },
     el("strong", { text: ok ? "✓ tok_emb(ids) == one_hot(ids) @ W, exactly" : "✗ the lookup and the matmul differ" }),
@@ -660,27 +650,58 @@ function renderLens(tr) {
   $("lens").replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, rows)));
 }
 
-// --- why this token ---------------------------------------------------------------------
-// The controls come from the server's list (GET /api/model's `controls`), the one declaration
-// that also makes the CLI's --why, --versus and --patch and the API's fields.
+// --- the options -----------------------------------------------------------------------
+// The controls come from the server's list (GET /api/model's `controls`): each option's one
+// declaration (explain/options.py) also makes the CLI's flag and the API's field.
 
-function renderControls(list) {
-  $("why-controls").replaceChildren(...list.map((c) => c.control === "checkbox"
-    ? el("label", { class: "control check", title: c.help },
-      el("input", { type: "checkbox", id: `opt-${c.name}`, "data-option": c.name, checked: Boolean(c.default) }),
-      c.name === "why" ? "explain why with every trace" : c.name)
-    : el("label", { class: "control", title: c.help }, c.name,
-      el("input", { type: "text", id: `opt-${c.name}`, "data-option": c.name, placeholder: c.placeholder || "",
-        value: c.default || "", spellcheck: "false" }))));
+function control(c, nLayers) {
+  const attrs = { id: `opt-${c.name}`, "data-option": c.name };
+  const labelled = (...kids) => el("label", { class: "control", title: c.help }, c.label, ...kids);
+  switch (c.control) {
+    case "checkbox":
+      return el("label", { class: "control check", title: c.help },
+        el("input", { type: "checkbox", ...attrs, checked: Boolean(c.default) }), c.label);
+    case "number":
+      return labelled(el("input", { type: "number", ...attrs, min: c.min, max: c.max, value: c.default }));
+    case "range":
+      return labelled(el("input", { type: "range", ...attrs, min: c.min, max: c.max, step: c.step, value: c.default }),
+        el("output", { id: `opt-${c.name}-value`, for: attrs.id, text: Number(c.default).toFixed(2) }));
+    case "blocks":
+      return labelled(el("select", attrs, ...Array.from({ length: nLayers },
+        (_, i) => el("option", { value: i, text: `trf_blocks.${i}`, selected: i === c.default }))));
+    default:
+      return labelled(el("input", { type: "text", ...attrs, placeholder: c.placeholder || "", value: c.default || "",
+        spellcheck: "false" }));
+  }
 }
 
-function whyOptions() {
+function renderControls(lists, nLayers, rerun) {
+  const drawn = (list) => list.filter((c) => c.control !== "always").map((c) => control(c, nLayers));
+  $("trace-controls").replaceChildren(...drawn(lists.trace));
+  $("why-controls").replaceChildren(...drawn(lists.why));
+  for (const c of lists.trace.filter((c) => c.control !== "always")) {
+    const input = $(`opt-${c.name}`);
+    input.addEventListener(c.control === "range" ? "input" : "change", () => {
+      if (c.control === "range") $(`opt-${c.name}-value`).textContent = Number(input.value).toFixed(2);
+      rerun();
+    });
+  }
+}
+
+// Each option's value as the API takes it; "always": the page shows it in a panel of its own, so it asks every time.
+function optionValues() {
   const out = {};
-  for (const input of document.querySelectorAll("[data-option]")) {
-    out[input.dataset.option] = input.type === "checkbox" ? input.checked : (input.value.trim() ? input.value : null);
+  for (const c of [...state.model.controls.trace, ...state.model.controls.why]) {
+    const input = $(`opt-${c.name}`);
+    if (c.control === "always") out[c.name] = true;
+    else if (c.control === "checkbox") out[c.name] = input.checked;
+    else if (c.control === "input") out[c.name] = input.value.trim() ? input.value : null;
+    else out[c.name] = Number(input.value);
   }
   return out;
 }
+
+// --- why this token ---------------------------------------------------------------------
 
 async function whyFor(target) {
   $("why-headline").textContent = "attributing…";
@@ -825,10 +846,6 @@ async function start() {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); state.edited = true; explain(); }
   });
   const rerun = debounce(() => { if (state.trace) explain(); }, 250);
-  $("temperature").addEventListener("input", () => { $("temperature-value").textContent = Number($("temperature").value).toFixed(2); rerun(); });
-  $("top-k").addEventListener("change", rerun);
-  $("block").addEventListener("change", rerun);
-  $("embedding-check").addEventListener("change", rerun);
   // After an edit, the chosen token is appended to the edited text, not to the trace on screen.
   $("append").addEventListener("click", () => explain({ ...promptPart(), token: state.chosen }, "/api/append"));
   $("sample").addEventListener("click", () => explain({ ...promptPart(), token: sampleTopK(state.trace) }, "/api/append"));
@@ -844,7 +861,7 @@ async function start() {
   if (!info) return;
   state.model = info.data;
   renderModel(state.model);
-  renderControls(state.model.controls || []);
+  renderControls(state.model.controls, state.model.config.n_layers, rerun);
   if (state.model.run) {
     const snaps = await api("/api/snapshots");
     if (snaps) renderSnapshots(snaps.data);
