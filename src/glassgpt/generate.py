@@ -24,7 +24,7 @@ import torch
 
 from torch import nn
 
-from .engine import KVCache, as_engine
+from .engine import Engine, KVCache, as_engine
 from .model import GPTModel
 from .errors import GlassError, NonFiniteError, PromptError
 from .tokenizer import Tokenizer
@@ -42,8 +42,8 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
 
 
 def glass_model(model: nn.Module) -> GPTModel:
-    """The GPTModel itself: `model`, or the one an Engine (compiled or not) runs."""
-    return model if isinstance(model, GPTModel) else model.model
+    """The GPTModel itself: `model`, or the one an Engine runs."""
+    return model.model if isinstance(model, Engine) else model
 
 
 def as_batch(ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
@@ -133,10 +133,9 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
         """Logits `[b, V]` after seq[:, :length]: one new token through the cache, else the window."""
         if cache is None:  # the book's loop: the last ctx tokens through the glass model
             return glass(seq[:, max(0, length - ctx):length])[:, -1]
-        if cache.pos == 0 or cache.pos == cache.max_len:  # first call, or the window is full: refill
-            cache.reset()
-            return engine(seq[:, max(0, length - ctx):length], cache, last_only=True)[:, -1]
-        return engine(seq[:, length - 1:length], cache, last_only=True)[:, -1]
+        if length == t or cache.pos == cache.max_len:  # the prompt, or the window is full: refill
+            return engine.prefill(seq[:, max(0, length - ctx):length], cache)
+        return engine.decode_one(seq[:, length - 1], cache)
 
     length = t
     logits = last_logits(length)
