@@ -36,7 +36,10 @@ KINDS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
 HEADER, LAYER_FIELDS = 32, 24
 HEADER_FIELDS = ("kind", "params_bf16", "layers", "d", "heads", "vocab", "max_len", "batch", "group", "tok_emb",
                  "pos_emb", "fn_scale", "fn_shift", "head_w", "head_s", "head_b", "x", "q", "att", "ff", "logits",
-                 "scratch", "scratch_bytes", "eps_bits")
+                 "scratch", "scratch_bytes", "eps_bits", "profile")
+# Where one thread's time goes, with `profile()` on (kernels/step.cpp's Phase, in order).
+PHASES = ("embedding", "LayerNorm and rounding inputs", "q/k/v products and cache write", "attention",
+          "output projection", "feed-forward up + GELU", "feed-forward down", "head", "waiting for the other threads")
 LINEARS = ("att.W_query", "att.W_key", "att.W_value", "att.out_proj", "ff.layers.0", "ff.layers.2")
 
 
@@ -119,6 +122,7 @@ class NativeStep:
         header["scratch"] = (header["scratch"] + 63) // 64 * 64
         head = self.linear(model.out_head)
         header.update(head_w=head[0], head_s=head[1], head_b=head[2])
+        header["profile"] = 0
         plan = [header[name] for name in HEADER_FIELDS] + [0] * (HEADER - len(HEADER_FIELDS))
         for i, block in enumerate(model.trf_blocks):
             fields = [self.addr(t) for t in (block.norm1.scale, block.norm1.shift, block.norm2.scale, block.norm2.shift)]
@@ -143,6 +147,12 @@ class NativeStep:
         if isinstance(m, Int8Linear):
             return [self.addr(m.weight), self.addr(m.scales), self.addr(m.bias)]
         return [self.addr(m.weight), 0, self.addr(m.bias)]
+
+    def profile(self) -> torch.Tensor:
+        """Seconds per phase (`PHASES`) of the first thread, added up by every later step (benchmarks/decode_profile.py)."""
+        self.phases = torch.zeros(len(PHASES), dtype=torch.float64)
+        self.plan[HEADER_FIELDS.index("profile")] = self.phases.data_ptr()
+        return self.phases
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """ids `[b]` at position `cache.pos` -> logits `[b, V]` float32, in a buffer the next step overwrites."""

@@ -25,7 +25,24 @@ enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_Q8 = 2, KIND_Q4 = 3 };
 enum Header {
     H_KIND, H_PARAMS_BF16, H_LAYERS, H_D, H_HEADS, H_VOCAB, H_MAXLEN, H_BATCH, H_GROUP, H_TOK_EMB, H_POS_EMB,
     H_FN_SCALE, H_FN_SHIFT, H_HEAD_W, H_HEAD_S, H_HEAD_B, H_X, H_Q, H_ATT, H_FF, H_LOGITS, H_SCRATCH,
-    H_SCRATCH_BYTES, H_EPS_BITS, HEADER = 32
+    H_SCRATCH_BYTES, H_EPS_BITS, H_PROFILE, HEADER = 32
+};
+
+// Where thread 0's time goes, when plan[H_PROFILE] points at PHASES doubles (seconds, added up;
+// benchmarks/decode_profile.py reads them): its own share of each phase, and its waits for the others.
+enum Phase { P_EMBED, P_NORM, P_QKV, P_ATTENTION, P_OUT, P_FF1, P_FF2, P_HEAD, P_WAIT, PHASES };
+
+struct Clock {
+    double* total;  // null: not profiling
+    double last;
+    Clock(const int64_t* plan) : total(omp_get_thread_num() == 0 ? (double*)plan[H_PROFILE] : nullptr),
+                                 last(total ? omp_get_wtime() : 0) {}
+    void tick(int phase) {
+        if (!total) return;
+        const double now = omp_get_wtime();
+        total[phase] += now - last;
+        last = now;
+    }
 };
 enum Layer {
     L_LN1_SCALE, L_LN1_SHIFT, L_LN2_SCALE, L_LN2_SHIFT, L_Q, L_K = L_Q + 3, L_V = L_K + 3, L_O = L_V + 3,
@@ -226,6 +243,11 @@ static void step(const int64_t* plan, const int64_t* ids, int64_t pos) {
     Input in{h, (bf16*)(h + B * f), (int16_t*)(h + B * f), (float*)(h + 2 * B * f), (int8_t*)(h + B * f),
              (float*)(h + 2 * B * f), (float*)(h + 2 * B * f) + B * f};
     float* scores = (float*)(h + 3 * B * f) + B * f;
+    Clock clock(plan);
+    auto barrier = [&] {
+#pragma omp barrier
+        clock.tick(P_WAIT);
+    };
     Input attin = in, ffin = in;  // the same scratch, prepared from the shared att and ff
     attin.f = att;
     ffin.f = ff;
@@ -238,25 +260,32 @@ static void step(const int64_t* plan, const int64_t* ids, int64_t pos) {
         for (int64_t b = 0; b < B; b++)
             for (int64_t k = lo; k < hi; k++) x[b * d + k] = load1(te, ids[b] * d + k) + load1(pe, pos * d + k);
     }
-#pragma omp barrier
+    clock.tick(P_EMBED);
+    barrier();
     for (int64_t l = 0; l < nl; l++) {
         const int64_t* lp = plan + HEADER + l * LAYER_FIELDS;
         T* kc = (T*)lp[L_KCACHE];
         T* vc = (T*)lp[L_VCACHE];
         layer_norm(x, ptr<T>(lp, L_LN1_SCALE), ptr<T>(lp, L_LN1_SHIFT), h, B, d, eps);
         prepare(kind, in, B, d, gs);
+        clock.tick(P_NORM);
         linear<T>(lp, L_Q, kind, in, B, d, d, gs, [&](int64_t m, int64_t n, float v) { q[m * d + n] = v; });
         auto cache_at = [&](int64_t m, int64_t n) { return ((m * H + n / hd) * L + pos) * hd + n % hd; };
         linear<T>(lp, L_K, kind, in, B, d, d, gs, [&](int64_t m, int64_t n, float v) { store1(kc, cache_at(m, n), v); });
         linear<T>(lp, L_V, kind, in, B, d, d, gs, [&](int64_t m, int64_t n, float v) { store1(vc, cache_at(m, n), v); });
-#pragma omp barrier
+        clock.tick(P_QKV);
+        barrier();
         attention(q, (const T*)kc, (const T*)vc, att, scores, B, H, L, hd, pos);
-#pragma omp barrier
+        clock.tick(P_ATTENTION);
+        barrier();
         prepare(kind, attin, B, d, gs);
+        clock.tick(P_NORM);
         linear<T>(lp, L_O, kind, attin, B, d, d, gs, [&](int64_t m, int64_t n, float v) { x[m * d + n] += v; });
-#pragma omp barrier
+        clock.tick(P_OUT);
+        barrier();
         layer_norm(x, ptr<T>(lp, L_LN2_SCALE), ptr<T>(lp, L_LN2_SHIFT), h, B, d, eps);
         prepare(kind, in, B, d, gs);
+        clock.tick(P_NORM);
         linear<T>(lp, L_FF1, kind, in, B, f, d, gs, [&](int64_t m, int64_t n, float v) { ff[m * f + n] = v; });
         {  // GELU on the rows this thread wrote (the dense kernels share rows, the 4-bit one blocks of 16)
             int64_t lo, hi;
@@ -269,14 +298,20 @@ static void step(const int64_t* plan, const int64_t* ids, int64_t pos) {
             }
             gelu_rows(ff, B, f, lo, hi);
         }
-#pragma omp barrier
+        clock.tick(P_FF1);
+        barrier();
         prepare(kind, ffin, B, f, gs);
+        clock.tick(P_NORM);
         linear<T>(lp, L_FF2, kind, ffin, B, d, f, gs, [&](int64_t m, int64_t n, float v) { x[m * d + n] += v; });
-#pragma omp barrier
+        clock.tick(P_FF2);
+        barrier();
     }
     layer_norm(x, ptr<T>(plan, H_FN_SCALE), ptr<T>(plan, H_FN_SHIFT), h, B, d, eps);
     prepare(kind, in, B, d, gs);
+    clock.tick(P_NORM);
     linear<T>(plan, H_HEAD_W, kind, in, B, V, d, gs, [&](int64_t m, int64_t n, float v) { logits[m * V + n] = v; });
+    clock.tick(P_HEAD);
+    barrier();  // thread 0's clock then covers the whole step
 }
 
 }  // namespace
