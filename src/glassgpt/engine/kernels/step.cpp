@@ -96,6 +96,42 @@ static void layer_norm(const float* x, const T* scale, const T* shift, float* y,
     }
 }
 
+#ifdef __AVX512VNNI__
+// int8 weights x int8 activations, for the step's int8 products: x rounded to int8 per group of
+// Q8_GROUP columns (one scale each, as llama.cpp's q8_0 activations), 64 products per vpdpbusd.
+// vpdpbusd multiplies unsigned by signed bytes, so each weight's sign moves onto x (|w| x +-x);
+// its int32 lanes 0-7 sum one group and 8-15 the next, scaled into float32 by their own scales.
+// R rows of W against MB rows of x.
+#define Q8_GROUP 32
+template <int R, int MB>
+static void q8x8_rows(const int8_t* W, const int8_t* x, const float* xs, int64_t K, float (*out)[4]) {
+    __m512 acc[MB][R];
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t k = 0; k < K; k += 64) {
+        __m512i w[R];
+        __mmask64 neg[R];
+        for (int r = 0; r < R; r++) {
+            const __m512i v = _mm512_loadu_si512(W + r * K + k);
+            neg[r] = _mm512_movepi8_mask(v);
+            w[r] = _mm512_abs_epi8(v);
+        }
+        for (int m = 0; m < MB; m++) {
+            const __m512i xv = _mm512_loadu_si512(x + m * K + k);
+            const float* g = xs + m * (K / Q8_GROUP) + k / Q8_GROUP;
+            const __m512 s = _mm512_insertf32x8(_mm512_set1_ps(g[0]), _mm256_set1_ps(g[1]), 1);
+            for (int r = 0; r < R; r++) {
+                const __m512i i = _mm512_dpbusd_epi32(zero, w[r], _mm512_mask_sub_epi8(xv, neg[r], zero, xv));
+                acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[m][r]);
+            }
+        }
+    }
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < R; r++) out[m][r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+#endif
+
 // A product's input as its kernel reads it, in this thread's scratch.
 struct Input {
     const float* f;          // float32 [M, K]
@@ -112,6 +148,12 @@ static void prepare(int kind, Input& in, int64_t M, int64_t K, int64_t gs) {
         for (int64_t i = 0; i < M * K; i++) in.b[i] = f32_to_bf16(in.f[i]);
 #endif
     } else if (kind == KIND_Q8) {
+#ifdef __AVX512VNNI__
+        if (K % 64 == 0) {
+            quantize_groups(in.f, M, K, Q8_GROUP, in.i8, in.s8, in.sum8);
+            return;
+        }
+#endif
         quantize_rows(in.f, M, K, in.i16, in.s16);
     } else if (kind == KIND_Q4) {
         quantize_groups(in.f, M, K, gs, in.i8, in.s8, in.sum8);
@@ -144,6 +186,14 @@ static void linear(const int64_t* plan, int at, int kind, const Input& in, int64
 #endif
     } else if (kind == KIND_Q8) {
         const int8_t* W = ptr<int8_t>(plan, at);
+#ifdef __AVX512VNNI__
+        if (K % 64 == 0) {
+            row_loop(N, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
+                q8x8_rows<R.value, MB.value>(W + n * K, in.i8 + m0 * K, in.s8 + m0 * (K / Q8_GROUP), K, out);
+            }, [&](int64_t m, int64_t n, float v) { finish(m, n, v * load1(scales, n)); });
+            return;
+        }
+#endif
         row_loop(N, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
             q8_rows<R.value, MB.value>(W + n * K, in.i16 + m0 * K, K, K, out);
         }, [&](int64_t m, int64_t n, float v) { finish(m, n, v * in.s16[m] * load1(scales, n)); });
