@@ -132,6 +132,33 @@ static void q8x8_rows(const int8_t* W, const int8_t* x, const float* xs, int64_t
 }
 #endif
 
+// One row of W against one x, four accumulators over consecutive steps: for a batch of one, a
+// thread streams one row at a time (gemv.h's 4-row loop streams four at once, for x rows > 1).
+template <class D>
+static inline float dot_row(const typename D::WT* w, const typename D::XT* x, int64_t K) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t k = 0;
+    for (; k + 4 * D::STEP <= K; k += 4 * D::STEP)
+        for (int u = 0; u < 4; u++)
+            acc[u] = D::mac(acc[u], D::load_w(w + k + u * D::STEP, D::STEP), D::load_x(x + k + u * D::STEP, D::STEP));
+    for (; k < K; k += D::STEP) acc[0] = D::mac(acc[0], D::load_w(w + k, K - k), D::load_x(x + k, K - k));
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+template <class D, class Finish>
+static inline void dense(const typename D::WT* W, const typename D::XT* x, int64_t M, int64_t N, int64_t K,
+                         Finish finish) {
+    if (M == 1) {
+        int64_t lo, hi;
+        share(N, &lo, &hi);
+        for (int64_t n = lo; n < hi; n++) finish(0, n, dot_row<D>(W + n * K, x, K));
+        return;
+    }
+    row_loop(N, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
+        float_rows<D, R.value, MB.value>(W + n * K, x + m0 * K, K, K, out);
+    }, finish);
+}
+
 // A product's input as its kernel reads it, in this thread's scratch.
 struct Input {
     const float* f;          // float32 [M, K]
@@ -169,20 +196,12 @@ static void linear(const int64_t* plan, int at, int kind, const Input& in, int64
     const T* scales = ptr<T>(plan, at + 1);
     auto finish = [&](int64_t m, int64_t n, float v) { store(m, n, v + (bias ? load1(bias, n) : 0.f)); };
     if (kind == KIND_F32) {
-        const float* W = ptr<float>(plan, at);
-        row_loop(N, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
-            float_rows<F32, R.value, MB.value>(W + n * K, in.f + m0 * K, K, K, out);
-        }, finish);
+        dense<F32>(ptr<float>(plan, at), in.f, M, N, K, finish);
     } else if (kind == KIND_BF16) {
-        const bf16* W = ptr<bf16>(plan, at);
 #ifdef __AVX512BF16__
-        row_loop(N, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
-            float_rows<BF16, R.value, MB.value>(W + n * K, in.b + m0 * K, K, K, out);
-        }, finish);
+        dense<BF16>(ptr<bf16>(plan, at), in.b, M, N, K, finish);
 #else
-        row_loop(N, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
-            float_rows<BF16Widened, R.value, MB.value>(W + n * K, in.f + m0 * K, K, K, out);
-        }, finish);
+        dense<BF16Widened>(ptr<bf16>(plan, at), in.f, M, N, K, finish);
 #endif
     } else if (kind == KIND_Q8) {
         const int8_t* W = ptr<int8_t>(plan, at);
