@@ -209,7 +209,7 @@ def linear_candidates(shape: tuple[int, int], precision: str, ops) -> dict:
     """{candidate: a call of one layer of `shape` on one row}; zero weights (the time does not depend on them)."""
     out, inp = shape
     dtype = torch.float32 if precision == "float32" else torch.bfloat16
-    linear = nn.Linear(inp, out, dtype=dtype, device="meta").to_empty(device="cpu").requires_grad_(False)
+    linear = GemvLinear(inp, out, dtype=dtype, device="meta").to_empty(device="cpu").requires_grad_(False)
     linear.weight.zero_()
     linear.bias.zero_()
     if precision == "int8":
@@ -218,7 +218,6 @@ def linear_candidates(shape: tuple[int, int], precision: str, ops) -> dict:
         layer, kernel = Int4Linear(linear, dtype=dtype), None if ops is None else ops.gemv_q4
     else:
         layer, kernel = linear, None if ops is None else ops.gemv
-        layer.__class__ = GemvLinear
     if precision == "int4" and inp % layer.group_size:
         return {}
     x = torch.randn(1, inp).to(dtype)
