@@ -52,6 +52,10 @@ from .step import NativeStep, why_not
 PRECISIONS = ("float32", "bfloat16", "int8", "int4")
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 BUDGET_S = 0.05  # timing per candidate and shape: a handful of calls
+# A decoding step: at least STEP_REPEATS calls of each path, up to STEP_BUDGET_S. The native step
+# meets the other thread at ~5 barriers per block, so a run during which another process holds a
+# core is several times slower; the least disturbed of more runs is what the machine gives.
+STEP_BUDGET_S, STEP_REPEATS = 0.5, 7
 
 
 @dataclass
@@ -148,7 +152,8 @@ def native_step_chosen(engine: nn.Module, cache: KVCache) -> bool:
         with torch.inference_mode():
             engine.run(token[:, None], scratch, True)  # position 0 filled: each candidate decodes position 1
             measure(choices, "step", {"native": at(1, lambda: native(token)),
-                                      "engine": at(1, lambda: engine.run(token[:, None], scratch, True))})
+                                      "engine": at(1, lambda: engine.run(token[:, None], scratch, True))},
+                    STEP_BUDGET_S, STEP_REPEATS)
         if choices.path is not None:
             _write(choices.path, choices.key, {"winners": choices.winners, "ms": choices.ms})
     return choices.winners["step"] == "native"
@@ -247,7 +252,8 @@ def attention_candidates(cfg: GPTConfig, precision: str) -> dict:
 
 
 @torch.inference_mode()
-def measure(choices: Choices, decision: str, candidates: dict) -> None:
+def measure(choices: Choices, decision: str, candidates: dict, budget_s: float = BUDGET_S,
+            min_repeats: int = 3) -> None:
     """Time the candidates round-robin (a busy machine slows each alike); keep the fastest."""
     if not candidates:
         return
@@ -256,7 +262,7 @@ def measure(choices: Choices, decision: str, candidates: dict) -> None:
     start = time.perf_counter()
     next(iter(candidates.values()))()
     once = max(time.perf_counter() - start, 1e-6)
-    repeats = max(3, min(50, int(BUDGET_S / once)))
+    repeats = max(min_repeats, min(50, int(budget_s / once)))
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(repeats):
         for name, call in candidates.items():
