@@ -208,3 +208,23 @@ def test_without_the_kernels_the_engine_decodes_and_the_tokens_are_the_same(trai
     decode_with(engine, "native")
     assert generate(engine, x, 10).tolist() == want.tolist()
     assert engine.step is None
+
+
+@pytest.mark.parametrize("n_heads", [4, 8])  # head_dim 16: heads split between threads; 8: 4-bit rows by blocks
+def test_two_threads_split_the_heads_and_rows_and_give_one_threads_logits(trained, n_heads):
+    needs_step()
+    cfg = dataclasses.replace(layouts()["openai"], n_heads=n_heads)
+    model = model_of(cfg)
+    for make in (lambda m: m, lambda m: quantize_int4(copy_of(m))):
+        m = make(model)
+        ids = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(0))
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            engine = Engine(m)
+            decode_with(engine, "native")
+            cache = KVCache(cfg, 3, 12, dtype=m.tok_emb.weight.dtype)
+            with torch.inference_mode():  # every position through the step (a prefill's kernels differ per thread count)
+                outs.append(torch.stack([engine.decode_one(ids[:, t], cache).clone() for t in range(12)]))
+        torch.set_num_threads(1)
+        torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)

@@ -199,9 +199,7 @@ static void quantize_rows(const T* x, int64_t M, int64_t K, int16_t* xq, float* 
 template <int V> using I = std::integral_constant<int, V>;
 
 template <class Rows, class Finish>
-static inline void row_loop(int64_t N, int64_t M, Rows rows, Finish finish) {
-    int64_t lo, hi;
-    share(N, &lo, &hi);
+static inline void row_range(int64_t lo, int64_t hi, int64_t M, Rows rows, Finish finish) {
     float out[MAXM][4];
     for (int64_t n = lo; n < hi;) {
         if (hi - n >= 4) {
@@ -225,6 +223,14 @@ static inline void row_loop(int64_t N, int64_t M, Rows rows, Finish finish) {
             n += 1;
         }
     }
+}
+
+// This thread's share of N rows.
+template <class Rows, class Finish>
+static inline void row_loop(int64_t N, int64_t M, Rows rows, Finish finish) {
+    int64_t lo, hi;
+    share(N, &lo, &hi);
+    row_range(lo, hi, M, rows, finish);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -146,15 +146,13 @@ static inline float dot_row(const typename D::WT* w, const typename D::XT* x, in
 }
 
 template <class D, class Finish>
-static inline void dense(const typename D::WT* W, const typename D::XT* x, int64_t M, int64_t N, int64_t K,
-                         Finish finish) {
+static inline void dense(const typename D::WT* W, const typename D::XT* x, int64_t M, int64_t lo, int64_t hi,
+                         int64_t K, Finish finish) {
     if (M == 1) {
-        int64_t lo, hi;
-        share(N, &lo, &hi);
         for (int64_t n = lo; n < hi; n++) finish(0, n, dot_row<D>(W + n * K, x, K));
         return;
     }
-    row_loop(N, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
+    row_range(lo, hi, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
         float_rows<D, R.value, MB.value>(W + n * K, x + m0 * K, K, K, out);
     }, finish);
 }
@@ -213,41 +211,40 @@ static void prepare(int kind, Input& in, int64_t M, int64_t K, int64_t gs) {
     }
 }
 
-// This thread's share of y = x W^T * scales + bias for a Linear at plan[at..at+2] (weight, scales,
-// bias) of N x K; `store(m, n, v)` takes each result.
+// Rows [lo, hi) of y = x W^T * scales + bias for a Linear at plan[at..at+2] (weight, scales, bias) of
+// N x K (for 4-bit weights lo is a multiple of 16, and so is hi unless it is N); `store(m, n, v)`
+// takes each result. `linear` below: this thread's share of the N rows.
 template <typename T, class Store>
-static void linear(const int64_t* plan, int at, int kind, const Input& in, int64_t M, int64_t N, int64_t K,
-                   int64_t gs, Store store) {
+static void linear_rows(const int64_t* plan, int at, int kind, const Input& in, int64_t M, int64_t N, int64_t K,
+                        int64_t gs, int64_t lo, int64_t hi, Store store) {
     const T* bias = ptr<T>(plan, at + 2);
     const T* scales = ptr<T>(plan, at + 1);
     auto finish = [&](int64_t m, int64_t n, float v) { store(m, n, v + (bias ? load1(bias, n) : 0.f)); };
     if (kind == KIND_F32) {
-        dense<F32>(ptr<float>(plan, at), in.f, M, N, K, finish);
+        dense<F32>(ptr<float>(plan, at), in.f, M, lo, hi, K, finish);
     } else if (kind == KIND_BF16) {
 #ifdef __AVX512BF16__
-        dense<BF16>(ptr<bf16>(plan, at), in.b, M, N, K, finish);
+        dense<BF16>(ptr<bf16>(plan, at), in.b, M, lo, hi, K, finish);
 #else
-        dense<BF16Widened>(ptr<bf16>(plan, at), in.f, M, N, K, finish);
+        dense<BF16Widened>(ptr<bf16>(plan, at), in.f, M, lo, hi, K, finish);
 #endif
     } else if (kind == KIND_Q8) {
         const int8_t* W = ptr<int8_t>(plan, at);
 #ifdef __AVX512VNNI__
         if (K % 64 == 0) {
-            row_loop(N, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
+            row_range(lo, hi, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
                 q8x8_rows<R.value, MB.value>(W + n * K, in.i8 + m0 * K, in.s8 + m0 * (K / Q8_GROUP), K, out);
             }, [&](int64_t m, int64_t n, float v) { finish(m, n, v * load1(scales, n)); });
             return;
         }
 #endif
-        row_loop(N, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
+        row_range(lo, hi, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
             q8_rows<R.value, MB.value>(W + n * K, in.i16 + m0 * K, K, K, out);
         }, [&](int64_t m, int64_t n, float v) { finish(m, n, v * in.s16[m] * load1(scales, n)); });
     } else {
         const uint8_t* P = ptr<uint8_t>(plan, at);
-        const int64_t G = K / gs, NB = (N + 15) / 16;
-        int64_t lo, hi;
-        share(NB, &lo, &hi);
-        for (int64_t nb = lo; nb < hi; nb++)
+        const int64_t G = K / gs;
+        for (int64_t nb = lo / 16; nb < (hi + 15) / 16; nb++)
             for (int64_t m0 = 0; m0 < M; m0 += MAXM) {
                 const int64_t mb = M - m0 < MAXM ? M - m0 : MAXM;
                 __m512 out[MAXM];
@@ -270,16 +267,30 @@ static void linear(const int64_t* plan, int at, int kind, const Input& in, int64
     }
 }
 
-// This thread's share of the (sequence, head) pairs: q [B, d] against the cache's positions
-// 0..pos of [B, H, L, hd], softmax in float32, the context into att [B, d].
+// This thread's share of linear_rows: rows for dense weights, blocks of 16 rows for 4-bit ones.
+template <typename T, class Store>
+static void linear(const int64_t* plan, int at, int kind, const Input& in, int64_t M, int64_t N, int64_t K,
+                   int64_t gs, Store store) {
+    int64_t lo, hi;
+    if (kind == KIND_Q4) {
+        share((N + 15) / 16, &lo, &hi);
+        lo *= 16;
+        hi = hi * 16 < N ? hi * 16 : N;
+    } else {
+        share(N, &lo, &hi);
+    }
+    linear_rows<T>(plan, at, kind, in, M, N, K, gs, lo, hi, store);
+}
+
+// Heads [h0, h1) of every sequence: q [B, d] against the cache's positions 0..pos of [B, H, L, hd],
+// softmax in float32, the context into att [B, d].
 template <typename T>
 static void attention(const float* q, const T* kc, const T* vc, float* att, float* scores, int64_t B, int64_t H,
-                      int64_t L, int64_t hd, int64_t pos) {
-    int64_t lo, hi;
-    share(B * H, &lo, &hi);
+                      int64_t L, int64_t hd, int64_t pos, int64_t h0, int64_t h1) {
     const float scale = 1.f / sqrtf((float)hd);
-    for (int64_t bh = lo; bh < hi; bh++) {
-        const int64_t b = bh / H, h = bh % H;
+    for (int64_t b = 0; b < B; b++)
+    for (int64_t h = h0; h < h1; h++) {
+        const int64_t bh = b * H + h;
         const float* qv = q + b * H * hd + h * hd;
         const T* k = kc + bh * L * hd;
         const T* v = vc + bh * L * hd;
@@ -357,6 +368,9 @@ static void step(const int64_t* plan, const int64_t* ids, int64_t pos) {
     }
     clock.tick(P_EMBED);
     barrier();
+    int64_t h0, h1;  // this thread's heads
+    share(H, &h0, &h1);
+    const bool by_head = kind != KIND_Q4 || hd % 16 == 0;
     for (int64_t l = 0; l < nl; l++) {
         const int64_t* lp = plan + HEADER + l * LAYER_FIELDS;
         T* kc = (T*)lp[L_KCACHE];
@@ -364,13 +378,25 @@ static void step(const int64_t* plan, const int64_t* ids, int64_t pos) {
         layer_norm(x, ptr<T>(lp, L_LN1_SCALE), ptr<T>(lp, L_LN1_SHIFT), h, B, d, eps);
         prepare(kind, in, B, d, gs);
         clock.tick(P_NORM);
-        linear<T>(lp, L_Q, kind, in, B, d, d, gs, [&](int64_t m, int64_t n, float v) { q[m * d + n] = v; });
+        // Each thread its own heads: their rows of q, k and v, then their attention, with no barrier
+        // between (4-bit weights come in blocks of 16 rows, so heads must be whole blocks).
         auto cache_at = [&](int64_t m, int64_t n) { return ((m * H + n / hd) * L + pos) * hd + n % hd; };
-        linear<T>(lp, L_K, kind, in, B, d, d, gs, [&](int64_t m, int64_t n, float v) { store1(kc, cache_at(m, n), v); });
-        linear<T>(lp, L_V, kind, in, B, d, d, gs, [&](int64_t m, int64_t n, float v) { store1(vc, cache_at(m, n), v); });
-        clock.tick(P_QKV);
-        barrier();
-        attention(q, (const T*)kc, (const T*)vc, att, scores, B, H, L, hd, pos);
+        auto q_at = [&](int64_t m, int64_t n, float v) { q[m * d + n] = v; };
+        auto k_at = [&](int64_t m, int64_t n, float v) { store1(kc, cache_at(m, n), v); };
+        auto v_at = [&](int64_t m, int64_t n, float v) { store1(vc, cache_at(m, n), v); };
+        if (by_head) {
+            linear_rows<T>(lp, L_Q, kind, in, B, d, d, gs, h0 * hd, h1 * hd, q_at);
+            linear_rows<T>(lp, L_K, kind, in, B, d, d, gs, h0 * hd, h1 * hd, k_at);
+            linear_rows<T>(lp, L_V, kind, in, B, d, d, gs, h0 * hd, h1 * hd, v_at);
+            clock.tick(P_QKV);
+        } else {
+            linear<T>(lp, L_Q, kind, in, B, d, d, gs, q_at);
+            linear<T>(lp, L_K, kind, in, B, d, d, gs, k_at);
+            linear<T>(lp, L_V, kind, in, B, d, d, gs, v_at);
+            clock.tick(P_QKV);
+            barrier();
+        }
+        attention(q, (const T*)kc, (const T*)vc, att, scores, B, H, L, hd, pos, h0, h1);
         clock.tick(P_ATTENTION);
         barrier();
         prepare(kind, attin, B, d, gs);
