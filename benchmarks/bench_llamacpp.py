@@ -111,6 +111,7 @@ def main() -> None:
     prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_len), generator=gen)
     long = torch.randint(0, cfg.vocab_size, (1, args.prefill), generator=gen)
     reference = generate(fp32, prompt, n)[0, args.prompt_len:].tolist()
+    int4_tokens = generate(ours["glassgpt int4"][1], prompt, n)[0, args.prompt_len:].tolist()
     with tempfile.TemporaryDirectory() as tmp:
         runners = {}
         for kind in GGUF_TYPES:
@@ -136,8 +137,12 @@ def main() -> None:
             decode[name] = lambda r=runner, ids=ids: r.greedy(ids, n)
             prefill[name] = lambda r=runner: r.prefill(long[0].tolist())
             meta[name] = (precision, False, True)
-            same = next((i for i, (a, b) in enumerate(zip(runner.greedy(ids, n), reference)) if a != b), n)
+            theirs = runner.greedy(ids, n)
+            same = next((i for i, (a, b) in enumerate(zip(theirs, reference)) if a != b), n)
             notes[name] = f"{same}/{n} tokens = glassgpt float32's"
+            if precision == "int4":  # q4_0 (one scale per 32) against glassgpt's int4 (a scale and a minimum per 32)
+                same = next((i for i, (a, b) in enumerate(zip(theirs, int4_tokens)) if a != b), n)
+                notes[name] += f", {same}/{n} = glassgpt int4's"
         fp32_bytes = weight_bytes_per_token(fp32)
         with torch.inference_mode():
             decode_s = time_rows(decode, device, args.repeats)

@@ -92,6 +92,11 @@ def trained(one_thread):
     return trained_model()
 
 
+def decode_with(engine: Engine, step: str) -> None:
+    """Make the engine decode with `step` ("native": step.py; "engine": its PyTorch forward), this engine only."""
+    engine.choices = dataclasses.replace(engine.choices, winners={**engine.choices.winners, "step": step}, path=None)
+
+
 def copy_of(model: glassgpt.GPTModel, dtype: torch.dtype = torch.float32) -> glassgpt.GPTModel:
     clone = random_model(model.cfg, torch.device("cpu"), torch.float32)
     clone.load_state_dict(model.state_dict())
@@ -359,6 +364,7 @@ def test_compiled_greedy_tokens_equal_eager_tokens(trained):
     torch._dynamo.reset()
     counters.clear()
     compiled = compile_for_generation(copy_of(model))
+    decode_with(compiled, "engine")  # the compiled forward decodes too (not the native step)
     other = prompts(ids, n=3, length=7)
     # Twice: the second call runs the already-compiled prompt and step graphs.
     assert torch.equal(generate(compiled, prompt, 12), generate(model, prompt, 12))
@@ -385,6 +391,7 @@ def test_compiled_int8_greedy_tokens_equal_float32_tokens(trained):
     torch._dynamo.reset()
     counters.clear()
     compiled = compile_for_generation(quantize_int8(copy_of(model)))
+    decode_with(compiled, "engine")
     assert torch.equal(generate(compiled, prompt, 20), generate(model, prompt, 20))
     assert not counters["graph_break"]
     assert counters["stats"]["unique_graphs"] == 2
@@ -613,8 +620,9 @@ def choose_all(engine: Engine, linear: str, attention: str) -> None:
     """Make every decision of the engine's autotune `linear` ("glassgpt"/"torch") and `attention`."""
     cfg = engine.cfg
     winners = {f"linear {o}x{i}": linear for o, i in autotune.linear_shapes(cfg)}
-    winners.update({"attention decode": attention, "attention prompt": attention})
-    autotune.apply(engine.fast, autotune.Choices("test", autotune.precision_of(engine.fast), winners))
+    winners.update({"attention decode": attention, "attention prompt": attention, "step": "engine"})
+    engine.choices = autotune.Choices("test", autotune.precision_of(engine.fast), winners)
+    autotune.apply(engine.fast, engine.choices)
 
 
 @pytest.mark.parametrize("linear, attention", [("glassgpt", "blocks"), ("glassgpt", "sdpa"), ("torch", "sdpa"),
@@ -674,7 +682,7 @@ def test_compiled_kernels_give_the_eager_kernels_tokens(trained):
     torch._dynamo.reset()
     counters.clear()
     compiled = compile_for_generation(quantize_int8(copy_of(model)))
-    choose_all(compiled._orig_mod, "glassgpt", "sdpa")
+    choose_all(compiled, "glassgpt", "sdpa")
     eager = Engine(quantize_int8(copy_of(model)))
     choose_all(eager, "glassgpt", "sdpa")
     assert torch.equal(generate(compiled, prompt, 20), generate(eager, prompt, 20))

@@ -135,10 +135,9 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
         """Logits `[b, V]` after seq[:, :length]: one new token through the cache, else the window."""
         if cache is None:  # the book's loop: the last ctx tokens through the glass model
             return glass(seq[:, max(0, length - ctx):length])[:, -1]
-        if cache.pos == 0 or cache.pos == cache.max_len:  # first call, or the window is full: refill
-            cache.reset()
-            return engine(seq[:, max(0, length - ctx):length], cache, last_only=True)[:, -1]
-        return engine(seq[:, length - 1:length], cache, last_only=True)[:, -1]
+        if length == t or cache.pos == cache.max_len:  # the prompt, or the window is full: refill
+            return engine.prefill(seq[:, max(0, length - ctx):length], cache)
+        return engine.decode_one(seq[:, length - 1], cache)
 
     length = t
     logits = last_logits(length)

@@ -41,9 +41,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "hf: a directory with config.json + model.safetensors; gguf: one .gguf file for llama.cpp")
     p.add_argument("--out", required=True, metavar="PATH",
                    help="the .pth file (pth), directory (hf) or .gguf file (gguf) to write")
-    p.add_argument("--dtype", choices=("f32", "bf16", "q8_0"), default="f32",
+    p.add_argument("--dtype", choices=("f32", "bf16", "q8_0", "q4_0"), default="f32",
                    help="gguf only: how the matrices are stored: f32 (exact), bf16 (half the bytes), q8_0 "
-                        "(llama.cpp's 8-bit blocks of 32 weights, a quarter) (default: f32)")
+                        "(llama.cpp's 8-bit blocks of 32 weights, a quarter), q4_0 (4-bit blocks of 32 with one "
+                        "scale, about an eighth: the layout ollama users pull most) (default: f32)")
     p.add_argument("--force", action="store_true", help="write over an existing --out (default: refuse)")
     p.add_argument("--n-heads", type=positive_int, default=None, metavar="H",
                    help="attention heads, if MODEL is a .pth state dict (default: n_heads in the .json beside "

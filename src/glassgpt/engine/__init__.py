@@ -8,16 +8,19 @@ the glass model (the same greedy tokens in float32; stated tolerances in bfloat1
                   that shares the model's weights
     cache.py      the KV cache: keys and values of earlier tokens, written in place
     decode.py     Engine(model): the glass model's forward on the fused twin, with the cache
-                  and the head on the last position; compile_for_generation (torch.compile)
+                  and the head on the last position; the decoding seam (prefill, decode_one,
+                  decode_n) that generate.py calls; compile_for_generation (torch.compile)
+    step.py       the native decoding step: one C++ call per new token for the whole model
+                  (kernels/step.cpp), over the model's own tensors
     attention.py  the causal attention over cached keys: SDPA, or written out in blocks
                   of queries where that measured faster on a CPU
     linear.py     a Linear whose product at a few rows runs glassgpt's matrix-vector kernel
     int8.py       int8 weight-only Linear layers for CPU decoding
     int4.py       4-bit group-wise Linear layers for CPU decoding
-    native.py     glassgpt's C++ kernels (kernels/gemv.cpp, ops.cpp): built once per machine
+    native.py     glassgpt's C++ kernels (kernels/gemv.cpp, step.cpp, ops.cpp): built once per machine
                   with the system's g++, loaded as torch operators; PyTorch's where they cannot be
-    autotune.py   which kernel and attention path run here: timed once for the model's shapes,
-                  the choice kept per CPU
+    autotune.py   which kernel, attention path and decoding step run here: timed once for the
+                  model's shapes, the choice kept per CPU
     loss.py       cross-entropy a few rows at a time (no float32 copy of the logits)
     mixed.py      bfloat16 training with a float32 master copy (no casts per activation)
 

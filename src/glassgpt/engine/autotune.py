@@ -14,6 +14,9 @@ next, and the attention written out in blocks won on one and lost on another
                      for int4)
     attention decode one query over min(256, context) cached keys: "blocks" or "sdpa"
     attention prompt min(512, context) queries, no cache: "blocks" or "sdpa"
+    step             a decoding step of the model itself, batch 1: "native" (step.py, one C++ call)
+                     or "engine" (the forward in PyTorch, on the winners above); timed at the
+                     first decoding step, where the native step covers the model
 
 The choice is saved in `native.cache_dir()/autotune.json` under a key that names the CPU
 (model name and instruction-set flags), torch's version, the thread count, the precision,
@@ -39,14 +42,20 @@ from ..config import GPTConfig
 from ..device import cpu_flags
 from . import native
 from .attention import PATHS, attend
+from .cache import KVCache
 from .fused import FusedAttention
 from .int4 import Int4Linear, is_int4
 from .int8 import Int8Linear, is_quantized
 from .linear import GemvLinear
+from .step import NativeStep, why_not
 
 PRECISIONS = ("float32", "bfloat16", "int8", "int4")
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 BUDGET_S = 0.05  # timing per candidate and shape: a handful of calls
+# A decoding step: at least STEP_REPEATS calls of each path, up to STEP_BUDGET_S. The native step
+# meets the other thread at ~5 barriers per block, so a run during which another process holds a
+# core is several times slower; the least disturbed of more runs is what the machine gives.
+STEP_BUDGET_S, STEP_REPEATS = 0.5, 7
 
 
 @dataclass
@@ -57,6 +66,8 @@ class Choices:
     winners: dict[str, str] = field(default_factory=dict)
     ms: dict[str, dict[str, float]] = field(default_factory=dict)  # decision -> candidate -> ms per call
     cached: bool = False
+    key: str = ""  # where in `path` it is kept
+    path: Path | None = None
 
 
 def precision_of(model: nn.Module) -> str:
@@ -76,8 +87,8 @@ def machine_key() -> str:
 def tune(twin: nn.Module) -> Choices | None:
     """Choose (measuring if needed) and apply the kernels for the fused twin of a model; None off the CPU."""
     params = next(twin.parameters(), None)
-    if params is None or params.device.type != "cpu" or twin.training:
-        return None
+    if params is None or params.device.type != "cpu" or twin.training or precision_of(twin) not in PRECISIONS:
+        return None  # (float16 on a CPU: PyTorch's operators)
     choices = choose(twin.cfg, precision_of(twin))
     apply(twin, choices)
     return choices
@@ -98,9 +109,9 @@ def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices
         return _memo[key]
     saved = _read(cache).get(key)
     if saved is not None:
-        choices = Choices(machine, precision, saved["winners"], saved["ms"], cached=True)
+        choices = Choices(machine, precision, saved["winners"], saved["ms"], cached=True, key=key, path=cache)
     else:
-        choices = Choices(machine, precision)
+        choices = Choices(machine, precision, key=key, path=cache)
         with torch.random.fork_rng(devices=[]):  # the inputs are random: a seeded run draws the same with or without a measurement
             for shape in shapes:
                 measure(choices, f"linear {shape[0]}x{shape[1]}", linear_candidates(shape, precision, ops))
@@ -122,6 +133,30 @@ def apply(twin: nn.Module, choices: Choices) -> None:
         elif isinstance(module, FusedAttention):
             module.decode_path = choices.winners.get("attention decode", FusedAttention.decode_path)
             module.prompt_path = choices.winners.get("attention prompt", FusedAttention.prompt_path)
+
+
+def native_step_chosen(engine: nn.Module, cache: KVCache) -> bool:
+    """Whether `engine` decodes with the native step here (timed once, on its own weights, then kept)."""
+    choices = engine.choices
+    if "step" not in choices.winners:
+        if why_not(engine.model, cache) is not None:
+            return False
+        scratch = KVCache(engine.cfg, 1, 4, dtype=cache.k[0].dtype)
+        native, token = NativeStep(engine.model, scratch), torch.zeros(1, dtype=torch.long)
+
+        def at(pos: int, call):
+            def run():
+                scratch.pos = pos
+                call()
+            return run
+        with torch.inference_mode():
+            engine.run(token[:, None], scratch, True)  # position 0 filled: each candidate decodes position 1
+            measure(choices, "step", {"native": at(1, lambda: native(token)),
+                                      "engine": at(1, lambda: engine.run(token[:, None], scratch, True))},
+                    STEP_BUDGET_S, STEP_REPEATS)
+        if choices.path is not None:
+            _write(choices.path, choices.key, {"winners": choices.winners, "ms": choices.ms})
+    return choices.winners["step"] == "native"
 
 
 def describe(choices: Choices, cfg: GPTConfig) -> str:
@@ -146,8 +181,13 @@ def describe(choices: Choices, cfg: GPTConfig) -> str:
     attention = ", ".join(f"{kind} {paths[choices.winners.get(f'attention {kind}', 'sdpa')]}"
                           for kind in ("decode", "prompt"))
     where = "cached" if choices.cached else "measured now"
-    return (f"kernels: {choices.precision} matrix-vector products {linear}; attention: {attention} "
-            f"({where} for {choices.machine})")
+    ms = choices.ms.get("step", {})
+    speed = f"{ms['engine'] / ms['native']:.2f}x" if ms.get("native") and ms.get("engine") else None
+    step = {"native": f"the native step, one C++ call per token ({speed} the PyTorch engine's speed)",
+            "engine": f"the PyTorch engine (the native step measured {speed} its speed)"}.get(
+        choices.winners.get("step", ""), "timed at the first decoding step")
+    return (f"kernels: {choices.precision} matrix-vector products {linear}; attention: {attention}; "
+            f"decoding: {step} ({where} for {choices.machine})")
 
 
 def training_note() -> str:
@@ -174,7 +214,7 @@ def linear_candidates(shape: tuple[int, int], precision: str, ops) -> dict:
     """{candidate: a call of one layer of `shape` on one row}; zero weights (the time does not depend on them)."""
     out, inp = shape
     dtype = torch.float32 if precision == "float32" else torch.bfloat16
-    linear = nn.Linear(inp, out, dtype=dtype, device="meta").to_empty(device="cpu").requires_grad_(False)
+    linear = GemvLinear(inp, out, dtype=dtype, device="meta").to_empty(device="cpu").requires_grad_(False)
     linear.weight.zero_()
     linear.bias.zero_()
     if precision == "int8":
@@ -183,7 +223,6 @@ def linear_candidates(shape: tuple[int, int], precision: str, ops) -> dict:
         layer, kernel = Int4Linear(linear, dtype=dtype), None if ops is None else ops.gemv_q4
     else:
         layer, kernel = linear, None if ops is None else ops.gemv
-        layer.__class__ = GemvLinear
     if precision == "int4" and inp % layer.group_size:
         return {}
     x = torch.randn(1, inp).to(dtype)
@@ -213,7 +252,8 @@ def attention_candidates(cfg: GPTConfig, precision: str) -> dict:
 
 
 @torch.inference_mode()
-def measure(choices: Choices, decision: str, candidates: dict) -> None:
+def measure(choices: Choices, decision: str, candidates: dict, budget_s: float = BUDGET_S,
+            min_repeats: int = 3) -> None:
     """Time the candidates round-robin (a busy machine slows each alike); keep the fastest."""
     if not candidates:
         return
@@ -222,7 +262,7 @@ def measure(choices: Choices, decision: str, candidates: dict) -> None:
     start = time.perf_counter()
     next(iter(candidates.values()))()
     once = max(time.perf_counter() - start, 1e-6)
-    repeats = max(3, min(50, int(BUDGET_S / once)))
+    repeats = max(min_repeats, min(50, int(budget_s / once)))
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(repeats):
         for name, call in candidates.items():

@@ -1,6 +1,14 @@
-"""The engine's forward pass: the glass model's own forward, on fused kernels, with a KV cache.
+"""The engine: the glass model's own forward on fused kernels with a KV cache, and the decoding seam.
 
     Engine(model)(ids, cache, last_only=True) -> logits [b, 1, V]
+    engine.prefill(ids [b, t], cache)         -> logits [b, V] after the prompt (the cache refilled)
+    engine.decode_one(ids [b], cache)         -> logits [b, V] after one more token
+    engine.decode_n(ids [b], cache, n, pick)  -> the next n ids, each picked from decode_one's logits
+
+The seam is gpt-fast's (`prefill`, `decode_one_token`, `decode_n_tokens`): generate.stream calls
+it and only samples. `decode_one` runs the native step (step.py: one C++ call for the whole
+model) where autotune.py measured it faster on this machine and it covers the model; else the
+forward below, one token through the cache.
 
 `Engine` holds a `GPTModel` and its fused twin (fused.py), which shares its weights, so
 int8 layers swapped into the model (int8.py) run here too. The forward pass is
@@ -15,16 +23,22 @@ tests/test_engine.py proves it equal to `GPTModel.forward`.
 from __future__ import annotations
 
 import types
+import warnings
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
 from ..config import GPTConfig
+from ..errors import KernelWarning
 from ..model import GPTModel
 from . import autotune
 from .cache import KVCache
 from .fused import fused
 from .int8 import is_quantized
+from .step import NativeStep, why_not
+
+_said: set[str] = set()  # the reasons the native step did not run, each said once per process
 
 
 class Engine(nn.Module):
@@ -36,11 +50,14 @@ class Engine(nn.Module):
     own). The twin takes the model's train/eval mode when the Engine is made.
     """
 
+    compiled = None  # compile_for_generation's torch.compile of `run`
+
     def __init__(self, model: GPTModel):
         super().__init__()
         self.model = model
         self.fast = fused(model)
         self.choices = autotune.tune(self.fast)  # the kernels measured fastest here (None off the CPU)
+        self.step: NativeStep | None = None  # the native step over the last cache decode_one was given
 
     @property
     def cfg(self) -> GPTConfig:
@@ -52,16 +69,56 @@ class Engine(nn.Module):
         With a `cache`, `in_idx` holds only the new tokens, placed at positions
         `cache.pos ...`, and the cache advances by t.
         """
+        return (self.compiled or self.run)(in_idx, cache, last_only)
+
+    def run(self, in_idx: torch.Tensor, cache: KVCache | None, last_only: bool) -> torch.Tensor:
+        """`forward` in PyTorch: GPTModel.forward on the fused twin."""
         return self.fast(in_idx, cache, last_only)
 
+    def prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The prompt `[b, t]` through an emptied `cache` -> the last position's logits `[b, V]`."""
+        cache.reset()
+        return self(ids, cache, last_only=True)[:, -1]
 
-def as_engine(model: nn.Module) -> nn.Module:
+    def decode_one(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One new token per row, `[b]` at `cache.pos` -> its logits `[b, V]` (the cache advances by one).
+
+        The native step's logits are float32 in a buffer that the next step overwrites."""
+        step = self.native_step(cache)
+        if step is not None:
+            return step(ids)
+        return self(ids[:, None], cache, last_only=True)[:, -1]
+
+    def decode_n(self, ids: torch.Tensor, cache: KVCache, n: int,
+                 pick: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[torch.Tensor]:
+        """The next `n` ids `[b]` after `ids` `[b]`, each `pick(logits)`; stops where the cache is full."""
+        for _ in range(min(n, cache.max_len - cache.pos)):
+            ids = pick(self.decode_one(ids, cache))
+            yield ids
+
+    def native_step(self, cache: KVCache) -> NativeStep | None:
+        """The native step over `cache`, where autotune chose it here and it covers this model; else None."""
+        if self.step is not None and self.step.cache is cache:
+            return self.step
+        self.step = None
+        reason = why_not(self.model, cache)
+        if reason is None and self.choices is not None and autotune.native_step_chosen(self, cache):
+            self.step = NativeStep(self.model, cache)
+        elif reason is not None and reason not in _said and cache.k[0].device.type == "cpu" and \
+                "kernels are not available" not in reason:  # that one native.py says
+            _said.add(reason)
+            warnings.warn(f"glassgpt's native decoding step does not run here: {reason}; the PyTorch engine runs "
+                          "instead", KernelWarning, stacklevel=3)
+        return self.step
+
+
+def as_engine(model: nn.Module) -> Engine:
     """`model` if it is already an Engine (compiled or not), else an Engine over it."""
-    return Engine(model) if isinstance(model, GPTModel) else model
+    return model if isinstance(model, Engine) else Engine(model)
 
 
-def compile_for_generation(model: GPTModel) -> nn.Module:
-    """An Engine over `model`, wrapped by torch.compile for `generate`/`stream` (same results).
+def compile_for_generation(model: GPTModel) -> Engine:
+    """An Engine over `model` whose forward runs through torch.compile, for `generate`/`stream` (same results).
 
     The first call compiles twice (the prompt, then the one-token step, whose cache
     position stays symbolic), which takes tens of seconds on a CPU; later steps run
@@ -94,9 +151,9 @@ def compile_for_generation(model: GPTModel) -> nn.Module:
     # Dynamo keeps its graphs on the code object they were traced from, and without guards on
     # the modules a second compiled model with inputs of the same shapes would run the first
     # one's graphs (an int4 model the int8 model's, reading weights it does not have). Each
-    # compiled engine gets a copy of the forward code of its own.
-    forward = Engine.forward
-    engine.forward = types.MethodType(types.FunctionType(
-        forward.__code__.replace(), forward.__globals__, forward.__name__, forward.__defaults__,
-        forward.__closure__), engine)
-    return torch.compile(engine, options=options)
+    # compiled engine gets a copy of the code of its own.
+    run = Engine.run
+    engine.compiled = torch.compile(types.MethodType(types.FunctionType(
+        run.__code__.replace(), run.__globals__, run.__name__, run.__defaults__, run.__closure__), engine),
+        options=options)
+    return engine

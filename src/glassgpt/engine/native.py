@@ -1,10 +1,12 @@
 """glassgpt's own CPU kernels (kernels/gemv.cpp, kernels/ops.cpp): built once per machine, then loaded.
 
     ops = native.load()        # torch.ops.glassgpt, or None where they cannot be had
+    lib = native.library()     # the same build as a ctypes library (gg_step: kernels/step.cpp), or None
     native.status()            # one line: what was built and where, or why there is none
 
 The kernels are matrix-vector products for decoding (float32, bfloat16, int8 and 4-bit
-weights) written for AVX-512. The first call compiles them with the system's C++ compiler
+weights) written for AVX-512, and a whole decoding step over them (step.cpp). The first call
+compiles them with the system's C++ compiler
 (g++, as Debian ships it) against the installed torch's headers, in about 10 seconds, into
 `cache_dir()/kernels/` under a name that holds a hash of the sources, the compiler flags and
 the torch version; later processes load that file in milliseconds. A CPU without AVX-512, a
@@ -37,6 +39,7 @@ OPTIONAL = {"avx512_vnni": "-mavx512vnni", "avx512_bf16": "-mavx512bf16"}  # use
 BUILD_SECONDS = 300
 
 _status = "not loaded yet"
+_library: list[ctypes.CDLL] = []  # the library this process loaded (one per process)
 
 
 def cache_dir() -> Path:
@@ -101,7 +104,7 @@ def _load(flags: frozenset[str], directory: Path | None):
     try:
         path = build(isa, directory or cache_dir() / "kernels")
         if not hasattr(torch.ops.glassgpt, "gemv"):  # else registered already: one library per process
-            ctypes.CDLL(str(path))  # its error names what is wrong (torch's says only "could not load")
+            _library.append(ctypes.CDLL(str(path)))  # its error names what is wrong (torch's says only "could not load")
             torch.ops.load_library(str(path))
         _register_fakes()
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
@@ -110,6 +113,20 @@ def _load(flags: frozenset[str], directory: Path | None):
         return None
     _status = f"built for {' '.join(f.removeprefix('-m') for f in isa)}, in {path}"
     return torch.ops.glassgpt
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels as a ctypes library, for the calls that pass raw addresses (engine/step.py); None without them."""
+    if _load_once() is None or not _library:
+        return None
+    lib = _library[0]
+    if not hasattr(lib, "_glassgpt_typed"):
+        lib.gg_step.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+        lib.gg_step.restype = None
+        lib.gg_step_scratch_bytes.argtypes = [ctypes.c_int64] * 3
+        lib.gg_step_scratch_bytes.restype = ctypes.c_int64
+        lib._glassgpt_typed = True
+    return lib
 
 
 def build(isa: list[str], directory: Path) -> Path:
@@ -125,8 +142,8 @@ def build(isa: list[str], directory: Path) -> Path:
     kernel_cmd = ["-O3", "-std=c++17", "-fPIC", "-fopenmp", *isa]
     ops_cmd = ["-O2", "-std=c++20", "-fPIC", abi, *includes]
     key = hashlib.sha256()
-    for part in (SOURCES / "gemv.cpp", SOURCES / "ops.cpp"):
-        key.update(part.read_bytes())
+    for part in sorted(SOURCES.iterdir()):
+        key.update(part.name.encode() + part.read_bytes())
     key.update(" ".join([*kernel_cmd, abi, torch.__version__, sys.version]).encode())
     path = directory / f"glassgpt_kernels-{key.hexdigest()[:16]}.so"
     if path.exists():
@@ -134,8 +151,9 @@ def build(isa: list[str], directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         steps = [[compiler, *kernel_cmd, "-c", str(SOURCES / "gemv.cpp"), "-o", f"{tmp}/gemv.o"],
+                 [compiler, *kernel_cmd, "-c", str(SOURCES / "step.cpp"), "-o", f"{tmp}/step.o"],
                  [compiler, *ops_cmd, "-c", str(SOURCES / "ops.cpp"), "-o", f"{tmp}/ops.o"],
-                 [compiler, "-shared", f"{tmp}/gemv.o", f"{tmp}/ops.o", "-o", f"{tmp}/lib.so", "-fopenmp",
+                 [compiler, "-shared", f"{tmp}/gemv.o", f"{tmp}/step.o", f"{tmp}/ops.o", "-o", f"{tmp}/lib.so", "-fopenmp",
                   f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]]
         for cmd in steps:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_SECONDS)

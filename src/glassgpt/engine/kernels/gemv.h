@@ -1,0 +1,310 @@
+#pragma once
+// The inner loops of glassgpt's matrix-vector products, shared by gemv.cpp (one product per call,
+// torch.ops.glassgpt.gemv*) and step.cpp (a whole decoding step per call). Header only: each .cpp
+// that includes it is compiled for the CPU's AVX-512 flags by engine/native.py.
+//
+// Matrix-vector products for decoding on an AVX-512 CPU: y[m] = W x[m] (+ b) for a few rows x[m].
+//
+// Generating one token reads every weight once and does two flops with it, so a step's time
+// is the time to stream the weights from memory. These loops do only that: each thread
+// streams its own contiguous slice of W's rows, 4 rows at a time, against the few input rows
+// held in L1. No torch headers here: ops.cpp makes these functions torch operators
+// (torch.ops.glassgpt.*), and engine/native.py compiles both with the system's g++ at first use.
+//
+//   f32   W float32 [N, K]                      x, b, y float32
+//   bf16  W bfloat16 [N, K]                     x, b, y bfloat16; vdpbf16ps (AVX512-BF16),
+//                                               or widened to float32 (AVX-512F only)
+//   q8    W int8 [N, K], one scale per row      x, b, y, scales float32 or bfloat16; x rounded
+//                                               to int16 (one scale per row of x), int16 x int8
+//                                               products summed in int32 (VNNI vpdpwssd, or
+//                                               vpmaddwd + vpaddd)
+//   q4    W 4-bit in blocks of 16 rows (int4.py's layout), a scale and a minimum per row and
+//         group of `gs` columns; x rounded to int8 per group, u4 x int8 products summed in int32
+//         (VNNI vpdpbusd, or vpmaddubsw + vpmaddwd)
+//
+// Each kernel takes `nt`, the number of OpenMP threads (torch's own pool: the process has one
+// libgomp), and splits W's rows evenly between them.
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <omp.h>
+
+#include <type_traits>
+
+// native.py compiles this file for AVX-512F/BW/VL/DQ, and for AVX512-VNNI and AVX512-BF16 where the
+// CPU has them (-mavx512vnni, -mavx512bf16): one build per instruction set, nothing chosen at run
+// time in here. gg_features() says what a build holds.
+
+typedef uint16_t bf16;
+
+static inline float bf16_to_f32(bf16 v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline bf16 f32_to_bf16(float f) {  // round to nearest even, as torch does
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+template <typename T> static inline float load1(const T* p, int64_t i);
+template <> inline float load1<float>(const float* p, int64_t i) { return p[i]; }
+template <> inline float load1<bf16>(const bf16* p, int64_t i) { return bf16_to_f32(p[i]); }
+template <typename T> static inline void store1(T* p, int64_t i, float v);
+template <> inline void store1<float>(float* p, int64_t i, float v) { p[i] = v; }
+template <> inline void store1<bf16>(bf16* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
+
+// This thread's share [lo, hi) of `n` units.
+static inline void share(int64_t n, int64_t* lo, int64_t* hi) {
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    int64_t per = n / nt, extra = n % nt;
+    *lo = t * per + (t < extra ? t : extra);
+    *hi = *lo + per + (t < extra ? 1 : 0);
+}
+
+static inline __mmask16 tail16(int64_t left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
+static inline __mmask32 tail32(int64_t left) { return left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1); }
+
+// ---------------------------------------------------------------------------------------------
+// Float products: R rows of W against MB rows of x, STEP columns at a time, summed in float32.
+// A kind says how a step's weights and inputs are loaded (masked past the end) and multiplied.
+
+struct F32 {  // float32 weights and inputs: one FMA per 16 products
+    static constexpr int STEP = 16;
+    using WT = float;
+    using XT = float;
+    using V = __m512;
+    static V load_w(const float* p, int64_t left) { return _mm512_maskz_loadu_ps(tail16(left), p); }
+    static V load_x(const float* p, int64_t left) { return _mm512_maskz_loadu_ps(tail16(left), p); }
+    static __m512 mac(__m512 acc, V w, V x) { return _mm512_fmadd_ps(w, x, acc); }
+};
+
+#ifdef __AVX512BF16__
+struct BF16 {  // bfloat16 weights and inputs: vdpbf16ps, 32 products per instruction
+    static constexpr int STEP = 32;
+    using WT = bf16;
+    using XT = bf16;
+    using V = __m512i;
+    static V load_w(const bf16* p, int64_t left) { return _mm512_maskz_loadu_epi16(tail32(left), p); }
+    static V load_x(const bf16* p, int64_t left) { return _mm512_maskz_loadu_epi16(tail32(left), p); }
+    static __m512 mac(__m512 acc, V w, V x) {
+        // (inline assembly: GCC 12's intrinsic copies the accumulator to another register and back)
+        asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+        return acc;
+    }
+};
+#endif
+
+struct BF16Widened {  // bfloat16 weights on AVX-512F alone: each widened to float32 (a shift), x widened once
+    static constexpr int STEP = 16;
+    using WT = bf16;
+    using XT = float;
+    using V = __m512;
+    static V load_w(const bf16* p, int64_t left) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(tail16(left), p)), 16));
+    }
+    static V load_x(const float* p, int64_t left) { return _mm512_maskz_loadu_ps(tail16(left), p); }
+    static __m512 mac(__m512 acc, V w, V x) { return _mm512_fmadd_ps(w, x, acc); }
+};
+
+template <class D, int R, int MB>
+static void float_rows(const typename D::WT* W, const typename D::XT* x, int64_t K, int64_t ldx, float (*out)[4]) {
+    __m512 acc[MB][R];
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += D::STEP) {
+        typename D::V w[R];
+        for (int r = 0; r < R; r++) w[r] = D::load_w(W + r * K + k, K - k);
+        for (int m = 0; m < MB; m++) {
+            typename D::V xv = D::load_x(x + m * ldx + k, K - k);
+            for (int r = 0; r < R; r++) acc[m][r] = D::mac(acc[m][r], w[r], xv);
+        }
+    }
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < R; r++) out[m][r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// int8 weights x int16 activations. vpdpwssd adds two int16 x int16 products into each int32
+// lane; |w| <= 127 and |x16| <= 32767, so a lane holds 2 * 127 * 32767 * 64 < 2^31 after 64
+// steps: the int32 sums are moved into float32 every FLUSH steps.
+
+#define FLUSH 64
+
+// (vpdpwssd as inline assembly, as vdpbf16ps above.)
+static inline __m512i dot16(__m512i acc, __m512i a, __m512i b) {
+#ifdef __AVX512VNNI__
+    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+// Columns [k0, k1) of R rows, at most FLUSH steps of 32: int32 sums, then added into acc. (A
+// chunk per call, with no flush test inside the loop, keeps every sum in a register.)
+template <int R, int MB>
+static inline void q8_chunk(const int8_t* W, const int16_t* x, int64_t K, int64_t ldx, int64_t k0, int64_t k1,
+                            __m512 (&acc)[MB][R]) {
+    __m512i iacc[MB][R];
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < R; r++) iacc[m][r] = _mm512_setzero_si512();
+    for (int64_t k = k0; k < k1; k += 32) {
+        __mmask32 mask = tail32(k1 - k);
+        __m512i w[R];
+        for (int r = 0; r < R; r++) w[r] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, W + r * K + k));
+        for (int m = 0; m < MB; m++) {
+            __m512i xv = _mm512_maskz_loadu_epi16(mask, x + m * ldx + k);
+            for (int r = 0; r < R; r++) iacc[m][r] = dot16(iacc[m][r], w[r], xv);
+        }
+    }
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < R; r++) acc[m][r] = _mm512_add_ps(acc[m][r], _mm512_cvtepi32_ps(iacc[m][r]));
+}
+
+template <int R, int MB>
+static void q8_rows(const int8_t* W, const int16_t* x, int64_t K, int64_t ldx, float (*out)[4]) {
+    __m512 acc[MB][R];
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t k0 = 0; k0 < K; k0 += FLUSH * 32)
+        q8_chunk<R, MB>(W, x, K, ldx, k0, k0 + FLUSH * 32 < K ? k0 + FLUSH * 32 : K, acc);
+    for (int m = 0; m < MB; m++)
+        for (int r = 0; r < R; r++) out[m][r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+// x [M, K] in T -> int16 [M, K] with one scale per row (|x16| <= 32767); returns via xs.
+template <typename T>
+static void quantize_rows(const T* x, int64_t M, int64_t K, int16_t* xq, float* xs) {
+    for (int64_t m = 0; m < M; m++) {
+        float amax = 0.f;
+        for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(load1(x, m * K + k)));
+        float s = amax > 0.f ? amax / 32767.f : 1.f, inv = 1.f / s;
+        for (int64_t k = 0; k < K; k++) xq[m * K + k] = (int16_t)lrintf(load1(x, m * K + k) * inv);
+        xs[m] = s;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loop over rows, shared by the row-major kernels. `rows(R, MB, n, m0, out)` computes rows
+// n..n+R-1 of W against rows m0..m0+MB-1 of x into out[m][r]; `finish(m, n, v)` stores one result.
+
+#define MAXM 4
+template <int V> using I = std::integral_constant<int, V>;
+
+template <class Rows, class Finish>
+static inline void row_range(int64_t lo, int64_t hi, int64_t M, Rows rows, Finish finish) {
+    float out[MAXM][4];
+    for (int64_t n = lo; n < hi;) {
+        if (hi - n >= 4) {
+            for (int64_t m0 = 0; m0 < M; m0 += MAXM) {
+                int64_t mb = M - m0 < MAXM ? M - m0 : MAXM;
+                switch (mb) {
+                    case 1: rows(I<4>{}, I<1>{}, n, m0, out); break;
+                    case 2: rows(I<4>{}, I<2>{}, n, m0, out); break;
+                    case 3: rows(I<4>{}, I<3>{}, n, m0, out); break;
+                    default: rows(I<4>{}, I<4>{}, n, m0, out); break;
+                }
+                for (int64_t m = 0; m < mb; m++)
+                    for (int64_t i = 0; i < 4; i++) finish(m0 + m, n + i, out[m][i]);
+            }
+            n += 4;
+        } else {
+            for (int64_t m = 0; m < M; m++) {
+                rows(I<1>{}, I<1>{}, n, m, out);
+                finish(m, n, out[0][0]);
+            }
+            n += 1;
+        }
+    }
+}
+
+// This thread's share of N rows.
+template <class Rows, class Finish>
+static inline void row_loop(int64_t N, int64_t M, Rows rows, Finish finish) {
+    int64_t lo, hi;
+    share(N, &lo, &hi);
+    row_range(lo, hi, M, rows, finish);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4-bit weights, blocks of 16 rows. Block `nb` holds K/8 units of 64 bytes; unit u, byte 4j + i
+// (j < 16 the row in the block, i < 4): low nibble = q[16 nb + j, 8u + i], high nibble =
+// q[16 nb + j, 8u + 4 + i]. Masked to bytes, the low nibbles of a unit are, lane by lane, the
+// four columns k..k+3 that vpdpbusd multiplies (unsigned q x signed x) with one broadcast
+// quadruple of x, so each int32 lane sums one row; the high nibbles take k+4..k+7. The value of a
+// weight is q * scale + min, per row and group of gs columns: sm [NB, K/gs, 2, 16] holds the 16
+// rows' scales, then their minimums. x is rounded to int8 per group of gs columns (llama.cpp's
+// q8_0 does the same per 32), so that a group's sum is sum_k q x8 * scale * xscale + min * sum_k x.
+
+static inline __m512i dot8(__m512i acc, __m512i q, __m512i x) {
+#ifdef __AVX512VNNI__
+    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(q), "v"(x));
+    return acc;
+#else  // q <= 15 and |x| <= 127: vpmaddubsw's int16 pair sums cannot saturate
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(q, x), _mm512_set1_epi16(1)));
+#endif
+}
+
+// x [M, K] in T -> int8 per group of gs columns: xq, xscale [M, K/gs], xsum [M, K/gs] (sum of x as rounded).
+template <typename T>
+static void quantize_groups(const T* x, int64_t M, int64_t K, int64_t gs, int8_t* xq, float* xscale, float* xsum) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t g = 0; g < K / gs; g++) {
+            const int64_t k0 = m * K + g * gs;
+            float amax = 0.f;
+            for (int64_t k = 0; k < gs; k++) amax = fmaxf(amax, fabsf(load1(x, k0 + k)));
+            float s = amax > 0.f ? amax / 127.f : 1.f, inv = 1.f / s;
+            int32_t sum = 0;
+            for (int64_t k = 0; k < gs; k++) {
+                int32_t v = (int32_t)lrintf(load1(x, k0 + k) * inv);
+                xq[k0 + k] = (int8_t)v;
+                sum += v;
+            }
+            xscale[m * (K / gs) + g] = s;
+            xsum[m * (K / gs) + g] = s * (float)sum;
+        }
+}
+
+static inline __m512 widen16(const bf16* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+static inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
+
+template <typename T, int MB>
+static void q4_block(const uint8_t* P, const T* sm, const int8_t* xq, const float* xscale, const float* xsum,
+                     int64_t K, int64_t gs, __m512 out[MB]) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    const int64_t G = K / gs, units = gs / 8;
+    __m512 acc[MB];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m512i iacc[MB];
+        for (int m = 0; m < MB; m++) iacc[m] = _mm512_setzero_si512();
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t k = g * gs + 8 * u;
+            __m512i v = _mm512_loadu_si512((const void*)(P + (k / 8) * 64));
+            __m512i qlo = _mm512_and_si512(v, low), qhi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            for (int m = 0; m < MB; m++) {
+                int32_t x0, x1;
+                memcpy(&x0, xq + m * K + k, 4);
+                memcpy(&x1, xq + m * K + k + 4, 4);
+                iacc[m] = dot8(iacc[m], qlo, _mm512_set1_epi32(x0));
+                iacc[m] = dot8(iacc[m], qhi, _mm512_set1_epi32(x1));
+            }
+        }
+        const __m512 scale = widen16(sm + g * 32), mins = widen16(sm + g * 32 + 16);
+        for (int m = 0; m < MB; m++) {
+            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xscale[m * G + g])),
+                                     _mm512_cvtepi32_ps(iacc[m]), acc[m]);
+            acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[m * G + g]), acc[m]);
+        }
+    }
+    for (int m = 0; m < MB; m++) out[m] = acc[m];
+}

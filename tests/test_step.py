@@ -1,0 +1,230 @@
+"""The native decoding step (engine/step.py, kernels/step.cpp) gives the glass model's answers.
+
+One C++ call per new token runs the whole model; `Engine.decode_one` uses it where autotune chose
+it. Each test here forces the choice (`decode_with`), so both paths are checked whatever this
+machine measured. Stated tolerances, each against the reference named:
+
+- float32: logits within 1e-5 of the glass model's (model.py, the whole window), relative to the
+  row's largest logit (the same sums in another order); greedy tokens identical to model.py's
+  and to transformers', on the book's layout and OpenAI's, tied and untied, batch 1 and 8, and
+  past `context_length` (the window slides: the engine refills the cache, then steps again).
+- bfloat16, int8, int4: the step keeps the residual stream, LayerNorm, attention and GELU in
+  float32 where the PyTorch engine rounds each to bfloat16, so logits are within 3% of the row's
+  largest logit of the PyTorch engine's on the same weights (int4: 4%), and greedy tokens on a
+  model that has learnt its text are those of the PyTorch engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+import glassgpt
+from glassgpt.engine import Engine, KVCache, native, quantize_int4, quantize_int8
+from glassgpt.engine import decode
+from glassgpt.engine import step as step_module
+from glassgpt.errors import KernelWarning
+from glassgpt.formats import random_model
+from glassgpt.generate import generate
+
+from conftest import make_hf_model, randomize_, save_hf_model
+from test_engine import copy_of, decode_with, prompts, trained_model
+
+
+def needs_step():
+    if native.library() is None:
+        pytest.skip(f"glassgpt's kernels are not available here: {native.status()}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return trained_model()
+
+
+def layouts():
+    """The book's layout (no qkv bias, untied head) and OpenAI's (qkv bias, tied), small."""
+    base = glassgpt.GPTConfig(vocab_size=97, context_length=24, emb_dim=64, n_heads=4, n_layers=2)
+    book = dataclasses.replace(base, qkv_bias=False, tie_embeddings=False)
+    openai = dataclasses.replace(base, qkv_bias=True, tie_embeddings=True)
+    return {"book": book, "openai": openai}
+
+
+def model_of(cfg: glassgpt.GPTConfig) -> glassgpt.GPTModel:
+    model = glassgpt.load_model("gpt2", device="cpu", dtype="float32", seed=0, config=cfg)
+    return randomize_(model, seed=0, std=0.3).eval()
+
+
+@pytest.mark.parametrize("layout", ["book", "openai"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_float32_step_logits_equal_the_glass_models(layout, batch):
+    needs_step()
+    model = model_of(layouts()[layout])
+    assert model.tied == (layout == "openai")
+    engine = Engine(model)
+    decode_with(engine, "native")
+    ids = torch.randint(0, 97, (batch, 20), generator=torch.Generator().manual_seed(batch))
+    cache = KVCache(model.cfg, batch, 20)
+    with torch.inference_mode():
+        engine.prefill(ids[:, :4], cache)
+        for t in range(4, 20):
+            got = engine.decode_one(ids[:, t], cache)
+            want = model(ids[:, :t + 1])[:, -1]
+            assert engine.step is not None and engine.step.cache is cache  # the native step ran
+            scale = want.abs().amax(dim=-1, keepdim=True)
+            assert ((got - want).abs() / scale).max() < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["book", "openai"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_float32_greedy_tokens_equal_the_books_loop_past_the_window(layout, batch):
+    needs_step()
+    model = model_of(layouts()[layout])
+    engine = Engine(model)
+    decode_with(engine, "native")
+    prompt = torch.randint(0, 97, (batch, 6), generator=torch.Generator().manual_seed(0))
+    ours = generate(engine, prompt, 40)  # 46 tokens through a 24-token window: it slides
+    assert ours.tolist() == generate(model, prompt, 40, use_cache=False).tolist()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_float32_greedy_tokens_equal_transformers(tmp_path, tied):
+    needs_step()
+    hf = make_hf_model(seed=0 if tied else 1, tie_word_embeddings=tied)
+    model = glassgpt.load_model(save_hf_model(hf, tmp_path / "hf"))
+    assert model.tied == tied
+    engine = Engine(model)
+    decode_with(engine, "native")
+    prompt = torch.tensor([[5, 17, 42, 3, 99, 0, 64, 23], [1, 2, 3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=50, min_new_tokens=50,
+                             do_sample=False, pad_token_id=0)
+    assert generate(engine, prompt, 50).tolist() == theirs.tolist()
+
+
+QUANTIZED = {"bfloat16": (lambda m: copy_of(m, torch.bfloat16), 0.03), "int8": (lambda m: quantize_int8(copy_of(m)), 0.03),
+             "int4": (lambda m: quantize_int4(copy_of(m)), 0.04)}
+
+
+@pytest.mark.parametrize("precision", list(QUANTIZED))
+@pytest.mark.parametrize("batch", [1, 8])
+def test_low_precision_step_logits_are_within_the_stated_tolerance_of_the_engines(trained, precision, batch):
+    needs_step()
+    model, ids = trained
+    make, tolerance = QUANTIZED[precision]
+    quantized = make(model)
+    native_engine, torch_engine = Engine(quantized), Engine(quantized)
+    decode_with(native_engine, "native")
+    decode_with(torch_engine, "engine")
+    x = prompts(ids, n=batch, length=24)
+    caches = [KVCache(model.cfg, batch, 24, dtype=quantized.tok_emb.weight.dtype) for _ in range(2)]
+    with torch.inference_mode():
+        native_engine.prefill(x[:, :4], caches[0])
+        torch_engine.prefill(x[:, :4], caches[1])
+        for t in range(4, 24):
+            got = native_engine.decode_one(x[:, t], caches[0]).float()
+            want = torch_engine.decode_one(x[:, t], caches[1]).float()
+            assert native_engine.step is not None and torch_engine.step is None
+            scale = want.abs().amax(dim=-1, keepdim=True)
+            assert ((got - want).abs() / scale).max() < tolerance
+
+
+@pytest.mark.parametrize("precision", list(QUANTIZED))
+def test_low_precision_greedy_tokens_equal_the_pytorch_engines(trained, precision):
+    needs_step()
+    model, ids = trained
+    quantized = QUANTIZED[precision][0](model)
+    native_engine, torch_engine = Engine(quantized), Engine(quantized)
+    decode_with(native_engine, "native")
+    decode_with(torch_engine, "engine")
+    x = prompts(ids, n=4)
+    assert torch.equal(generate(native_engine, x, 30), generate(torch_engine, x, 30))
+
+
+def test_the_step_allocates_nothing_per_token_and_reads_the_models_own_weights():
+    needs_step()
+    model = model_of(layouts()["openai"])
+    engine = Engine(model)
+    decode_with(engine, "native")
+    cache = KVCache(model.cfg, 2, 16)
+    ids = torch.zeros(2, dtype=torch.long)
+    with torch.inference_mode():
+        engine.prefill(torch.zeros(2, 3, dtype=torch.long), cache)
+        first = engine.decode_one(ids, cache).data_ptr()
+        step = engine.step
+        addresses = set(step.plan.tolist())
+        assert all(engine.decode_one(ids, cache).data_ptr() == first for _ in range(5))  # the same buffer
+        assert engine.step is step and cache.pos == 9
+    weights = [model.tok_emb.weight, model.pos_emb.weight, model.trf_blocks[0].att.W_query.weight, model.out_head.weight]
+    assert all(w.data_ptr() in addresses for w in weights)  # no copy: the plan points at the model's tensors
+    assert cache.k[1].data_ptr() in addresses
+
+
+def test_decode_n_picks_each_next_id_from_decode_ones_logits(trained):
+    needs_step()
+    model, ids = trained
+    engine = Engine(model)
+    decode_with(engine, "native")
+    x = prompts(ids, n=2)
+    cache = KVCache(model.cfg, 2, 40)
+    with torch.inference_mode():
+        first = engine.prefill(x, cache).argmax(-1)
+        steps = list(engine.decode_n(first, cache, 10, lambda logits: logits.argmax(-1)))
+    assert torch.stack([first, *steps], dim=1).tolist() == generate(model, x, 11, use_cache=False)[:, 12:].tolist()
+
+
+def test_a_batch_the_step_does_not_cover_runs_the_engine_with_one_note(trained, monkeypatch):
+    model, ids = trained
+    engine = Engine(model)
+    decode_with(engine, "native")
+    x = prompts(ids, n=step_module.MAX_BATCH + 1, length=6)
+    monkeypatch.setattr(decode, "_said", set())  # the notes said so far in this process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = generate(engine, x, 5)
+        generate(engine, x, 5)
+    notes = [str(w.message) for w in caught if issubclass(w.category, KernelWarning)]
+    assert len(notes) == 1 and "batches of 1 to 8, not 9" in notes[0] and "\n" not in notes[0]
+    assert engine.step is None
+    assert out.tolist() == generate(model, x, 5, use_cache=False).tolist()
+
+
+def test_without_the_kernels_the_engine_decodes_and_the_tokens_are_the_same(trained, monkeypatch):
+    model, ids = trained
+    x = prompts(ids, n=2)
+    want = generate(model, x, 10, use_cache=False)
+    monkeypatch.setattr(native, "library", lambda: None)
+    engine = Engine(model)
+    decode_with(engine, "native")
+    assert generate(engine, x, 10).tolist() == want.tolist()
+    assert engine.step is None
+
+
+@pytest.mark.parametrize("n_heads", [4, 8])  # head_dim 16: heads split between threads; 8: 4-bit rows by blocks
+def test_two_threads_split_the_heads_and_rows_and_give_one_threads_logits(trained, n_heads):
+    needs_step()
+    cfg = dataclasses.replace(layouts()["openai"], n_heads=n_heads)
+    model = model_of(cfg)
+    for make in (lambda m: m, lambda m: quantize_int4(copy_of(m))):
+        m = make(model)
+        ids = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(0))
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            engine = Engine(m)
+            decode_with(engine, "native")
+            cache = KVCache(cfg, 3, 12, dtype=m.tok_emb.weight.dtype)
+            with torch.inference_mode():  # every position through the step (a prefill's kernels differ per thread count)
+                outs.append(torch.stack([engine.decode_one(ids[:, t], cache).clone() for t in range(12)]))
+        torch.set_num_threads(1)
+        torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
