@@ -60,9 +60,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
             "val": write_csv(root / "validation.csv", 12, 1), "test": write_csv(root / "test.csv", 10, 2)}
 
 
-@pytest.fixture(scope="module")
-def book_run(files):
-    """The notebook, cell by cell: datasets, loaders, model, frozen weights, head, seed, AdamW, training, accuracies."""
+def notebook_loaders_and_model(files):
+    """The notebook's first cells: SpamDataset padded to the longest training text, torch.manual_seed(123),
+    the three loaders (batch 8; shuffle and drop_last on train), GPTModel with the pretrained weights, eval."""
     torch.set_num_threads(1)
     tokenizer = tiktoken.get_encoding("gpt2")
     train_ds = ch06.SpamDataset(files["train"], tokenizer, max_length=None)
@@ -75,6 +75,13 @@ def book_run(files):
     model = BookGPTModel(SMALL)
     model.load_state_dict(torch.load(files["model"], weights_only=True))
     model.eval()
+    return train_loader, val_loader, test_loader, model
+
+
+@pytest.fixture(scope="module")
+def book_run(files):
+    """The notebook, cell by cell: datasets, loaders, model, frozen weights, head, seed, AdamW, training, accuracies."""
+    train_loader, val_loader, test_loader, model = notebook_loaders_and_model(files)
     for p in model.parameters():
         p.requires_grad = False
     torch.manual_seed(123)
@@ -91,7 +98,7 @@ def book_run(files):
             print(f"{name} accuracy: {ch06.calc_accuracy_loader(data_loader, model, 'cpu') * 100:.2f}%")
     torch.save(model.state_dict(), files["root"] / "review_classifier.pth")
     (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4}))
-    return printed.getvalue().splitlines(), model, train_ds.max_length
+    return printed.getvalue().splitlines(), model, train_loader.dataset.max_length
 
 
 def finetune(files, out: Path, *extra: str) -> list[str]:
@@ -299,18 +306,7 @@ def book_lora_run(files):
     of the untrained classifier (its loaders draw from torch's generator), every weight frozen,
     replace_linear_with_lora on every nn.Linear, torch.manual_seed(123), AdamW, train_classifier_simple."""
     from llms_from_scratch import appendix_e
-    torch.set_num_threads(1)
-    tokenizer = tiktoken.get_encoding("gpt2")
-    train_ds = ch06.SpamDataset(files["train"], tokenizer, max_length=None)
-    val_ds = ch06.SpamDataset(files["val"], tokenizer, max_length=train_ds.max_length)
-    test_ds = ch06.SpamDataset(files["test"], tokenizer, max_length=train_ds.max_length)
-    torch.manual_seed(123)
-    loader = lambda ds, train: torch.utils.data.DataLoader(ds, batch_size=8, shuffle=train, num_workers=0,
-                                                            drop_last=train)
-    train_loader, val_loader, test_loader = loader(train_ds, True), loader(val_ds, False), loader(test_ds, False)
-    model = BookGPTModel(SMALL)
-    model.load_state_dict(torch.load(files["model"], weights_only=True))
-    model.eval()
+    train_loader, val_loader, test_loader, model = notebook_loaders_and_model(files)
     torch.manual_seed(123)
     model.out_head = torch.nn.Linear(SMALL["emb_dim"], 2)
     torch.manual_seed(123)
