@@ -78,6 +78,20 @@ def notebook_loaders_and_model(files):
     return train_loader, val_loader, test_loader, model
 
 
+def notebook_training(model, train_loader, val_loader, test_loader) -> list[str]:
+    """The notebook's training cells: torch.manual_seed(123), AdamW(5e-5, weight decay 0.1),
+    train_classifier_simple, then the three accuracies; the lines they print."""
+    torch.manual_seed(123)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        ch06.train_classifier_simple(model, train_loader, val_loader, optimizer, "cpu", num_epochs=EPOCHS,
+                                     eval_freq=EVAL_FREQ, eval_iter=5)
+        for name, data_loader in (("Training", train_loader), ("Validation", val_loader), ("Test", test_loader)):
+            print(f"{name} accuracy: {ch06.calc_accuracy_loader(data_loader, model, 'cpu') * 100:.2f}%")
+    return printed.getvalue().splitlines()
+
+
 @pytest.fixture(scope="module")
 def book_run(files):
     """The notebook, cell by cell: datasets, loaders, model, frozen weights, head, seed, AdamW, training, accuracies."""
@@ -88,17 +102,10 @@ def book_run(files):
     model.out_head = torch.nn.Linear(SMALL["emb_dim"], 2)
     for p in [*model.trf_blocks[-1].parameters(), *model.final_norm.parameters()]:
         p.requires_grad = True
-    torch.manual_seed(123)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.1)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        ch06.train_classifier_simple(model, train_loader, val_loader, optimizer, "cpu", num_epochs=EPOCHS,
-                                     eval_freq=EVAL_FREQ, eval_iter=5)
-        for name, data_loader in (("Training", train_loader), ("Validation", val_loader), ("Test", test_loader)):
-            print(f"{name} accuracy: {ch06.calc_accuracy_loader(data_loader, model, 'cpu') * 100:.2f}%")
+    printed = notebook_training(model, train_loader, val_loader, test_loader)
     torch.save(model.state_dict(), files["root"] / "review_classifier.pth")
     (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4}))
-    return printed.getvalue().splitlines(), model, train_loader.dataset.max_length
+    return printed, model, train_loader.dataset.max_length
 
 
 def finetune(files, out: Path, *extra: str) -> list[str]:
@@ -315,15 +322,8 @@ def book_lora_run(files):
     for p in model.parameters():
         p.requires_grad = False
     appendix_e.replace_linear_with_lora(model, rank=RANK, alpha=ALPHA)
-    torch.manual_seed(123)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.1)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        ch06.train_classifier_simple(model, train_loader, val_loader, optimizer, "cpu", num_epochs=EPOCHS,
-                                     eval_freq=EVAL_FREQ, eval_iter=5)
-        for name, data_loader in (("Training", train_loader), ("Validation", val_loader), ("Test", test_loader)):
-            print(f"{name} accuracy: {ch06.calc_accuracy_loader(data_loader, model, 'cpu') * 100:.2f}%")
-    return printed.getvalue().splitlines(), model
+    printed = notebook_training(model, train_loader, val_loader, test_loader)
+    return printed, model
 
 
 def test_appendix_e_under_the_recipe_prints_the_books_lines_and_ends_with_its_adapters(files, book_lora_run,
