@@ -6,6 +6,7 @@ does not depend on the values) and one 16-token prompt.
     attribution     record + the exact parts and the per-source split (the direct answer): the issue's <= 3x
     + causal        + the prompt run again with each token removed: only the tokens after the removed one, on the
                     clean run's keys and values before it, packed in one pass (120 tokens, not 16 x 15 = 240)
+                    on the fused twin (engine/fused.py)
     why             glassgpt.why(...) as the CLI calls it (attribution, causal, the runner-up's contrast)
     + patch         glassgpt.why(..., patch=...): the corrupted run recorded once, then the residual grid
                     (13 rows x 16 positions) and the per-head grid, each run starting from the corrupted

@@ -4,6 +4,7 @@ decides the next one on a model built so that one does."""
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -154,21 +155,22 @@ def test_removals_from_the_clean_runs_keys_and_values_equal_the_plain_rerun(kind
 
 
 @pytest.mark.parametrize("context_length, passes", [(32, 5), (128, 1)])
-def test_removals_feed_only_the_tokens_after_each_removed_one(context_length, passes, tok):
+def test_removals_feed_only_the_tokens_after_each_removed_one(context_length, passes, tok, monkeypatch):
     """16 tokens: the plain re-run feeds 16 prompts of 15 tokens (240); with the clean run's keys and values
     for the tokens before the removed one, 15 + 14 + ... + 1 = 120, packed into passes of at most
     context_length tokens (without the last token, the clean run's position 14 is the answer)."""
-    from glassgpt.explain.why import record_run, remove_each
+    why_module = importlib.import_module("glassgpt.explain.why")  # the module: glassgpt.explain.why is the function
     model, ids = small("openai", context_length=context_length), tok.encode(LONG)
-    fed = []
-    hook = model.tok_emb.register_forward_hook(lambda module, args, out: fed.append(args[0].numel()))
-    try:
-        with torch.inference_mode():
-            seen, logits = record_run(model, ids, None)
-            fed.clear()
-            remove_each(model, seen, ids, logits[0, -1].float(), 0)
-    finally:
-        hook.remove()
+    fed, twin_of = [], why_module.fused
+
+    def counted_twin(m):  # the removals run on the fused twin: count what its tok_emb is fed
+        twin = twin_of(m)
+        twin.tok_emb.register_forward_hook(lambda module, args, out: fed.append(args[0].numel()))
+        return twin
+    monkeypatch.setattr(why_module, "fused", counted_twin)
+    with torch.inference_mode():
+        seen, logits = why_module.record_run(model, ids, None)
+        why_module.remove_each(model, seen, ids, logits[0, -1].float(), 0)
     assert len(ids) == 16 and sum(fed) == 16 * 15 // 2 and len(fed) == passes
     assert max(fed) <= context_length
 
@@ -317,3 +319,21 @@ def test_a_cancelled_why_stops(tok):
     cancel.set()
     with pytest.raises(TraceCancelled):
         why(small("openai"), tok, PROMPT, patch=CORRUPTED, cancel=cancel)
+
+
+@pytest.mark.parametrize("stage", ["removals", "patching"])
+def test_a_why_cancelled_after_its_recording_stops_in_the_reruns(stage, tok):
+    """The removals and the patched runs run on a twin without taps: they check the cancel flag block by block."""
+    import threading
+    from glassgpt.errors import TraceCancelled
+    from glassgpt.explain.why import patch_grid, record_run, remove_each
+    model, ids, cancel = small("openai"), tok.encode(PROMPT), threading.Event()
+    with torch.inference_mode():
+        seen, logits = record_run(model, ids, cancel)
+        last = logits[0, -1].float()
+        cancel.set()
+        with pytest.raises(TraceCancelled):
+            if stage == "removals":
+                remove_each(model, seen, ids, last, int(last.argmax()), cancel)
+            else:
+                patch_grid(model, tok, seen, ids, last, CORRUPTED, None, str, cancel)

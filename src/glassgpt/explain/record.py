@@ -9,8 +9,8 @@ that return at once. A recorder can be cancelled from another thread: the next t
 `TraceCancelled`, which ends the forward pass early.
 
 Taps are named by the stage names the views use (`trf_blocks.3.att.W_query`, `.att.out_proj`,
-`.ff.layers.2`, ...). A recorder may also carry `edits`: functions that replace a module's output
-in this context only, which is how activation patching intervenes without touching the shared model.
+`.ff.layers.2`, ...). Taps only read: analyses that run the model again with a change (why.py's
+removals and patching) do it on a twin of their own (engine/fused.py), never on the shared model.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ class Recorder:
     progress: Progress | None = None
     done_steps: int = 0
     seen: dict[str, Any] = field(default_factory=dict)
-    edits: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = field(default_factory=dict)
 
     def check(self) -> None:
         if self.cancel is not None and self.cancel.is_set():
@@ -66,7 +65,7 @@ class _Tap:
     def __init__(self, name: str, inputs: bool = False, step: bool = False) -> None:
         self.name, self.inputs, self.step = name, inputs, step
 
-    def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+    def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
         if torch.compiler.is_compiling():
             return  # compiled code never records; reading a ContextVar there would break the graph
         rec = _RECORDER.get()
@@ -78,8 +77,6 @@ class _Tap:
             rec.step(self.name)
         else:
             rec.check()
-        edit = rec.edits.get(self.name)
-        return None if edit is None else edit(args[0], output)  # a hook's return value replaces the output
 
 
 def _tap_points(model: GPTModel) -> list[tuple[nn.Module, _Tap]]:
@@ -110,19 +107,5 @@ def record(model: GPTModel, ids: torch.Tensor, rec: Recorder, last_only: bool = 
     token = _RECORDER.set(rec)
     try:
         return model(ids, last_only=last_only)  # [b, t] -> [b, t, V]
-    finally:
-        _RECORDER.reset(token)
-
-
-
-def run_from(model: GPTModel, x: torch.Tensor, start: int, rec: Recorder | None = None) -> torch.Tensor:
-    """final_norm's output at the last position `[b, d]` (out_head's input there) from `x`, the input of
-    block `start` (`[b, t, d]`; start = n_layers: the input of final_norm), with `rec`'s edits on the way."""
-    _install_taps(model)
-    token = _RECORDER.set(rec)
-    try:
-        for block in model.trf_blocks[start:]:
-            x = block(x)
-        return model.final_norm(x[:, -1])  # [b, t, d] -> [b, d]
     finally:
         _RECORDER.reset(token)

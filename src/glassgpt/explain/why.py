@@ -16,7 +16,7 @@ Which prompt tokens, two answers, each what it says:
   they leave out what each value vector carries and where W_O sends it);
 - causal: the prompt with each token removed, run again: the change in the target's
   probability and logit. Only the tokens after the removed one run again, on the clean run's
-  keys and values before it.
+  keys and values before it, and on the engine's fused kernels.
 
 Activation patching (`patch`, a corrupted prompt of the same length): the clean residual
 stream at each (block input, position) copied into the corrupted run, and each head's output
@@ -35,11 +35,12 @@ import torch
 
 from ..adopt import adopt
 from ..device import evaluating
-from ..errors import PromptError
+from ..engine.fused import fused
+from ..errors import PromptError, TraceCancelled
 from ..model import GPTModel, attention_weights
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
-from .record import Recorder, record, run_from
+from .record import Recorder, record
 from .why_view import why_html, why_text
 
 ATTENTION_IS_NOT = ("attention weights alone are neither answer: `direct` weighs each source by what its value "
@@ -254,8 +255,9 @@ def remove_each(model: GPTModel, seen: dict, ids: list[int], last: torch.Tensor,
     Without token j, positions 0..j-1 hold what they held in the clean run, so only the tokens
     after j run again, at positions j, j+1, ..., attending to the clean run's recorded keys and
     values before j and to their own. The shortened prompts' remaining tokens run packed in one
-    sequence (several, past context_length): t(t-1)/2 tokens instead of t(t-1). Without the last
-    token, the clean run's position t-2 is the answer.
+    sequence (several, past context_length): t(t-1)/2 tokens instead of t(t-1), on the fused twin
+    (equal to the model within float rounding; tests/test_why.py holds them to a plain re-run within
+    1e-5). Without the last token, the clean run's position t-2 is the answer.
     """
     t = len(ids)
     if t == 1:
@@ -276,8 +278,11 @@ def remove_each(model: GPTModel, seen: dict, ids: list[int], last: torch.Tensor,
 
 def _run_without(model: GPTModel, seen: dict, ids: list[int], removed: list[int], cancel) -> torch.Tensor:
     """final_norm's input at the last position `[len(removed), d]` of the prompt without token j, for each j in
-    `removed`: one forward pass over their remaining tokens packed side by side, each at its own positions,
-    an edit of each block's attention (record.py's edits, as patching uses them) giving each its own context."""
+    `removed`: one forward pass over their remaining tokens packed side by side, each at its own positions.
+
+    The pass runs on the engine's fused twin of the model (engine/fused.py: the same weights, F.layer_norm
+    and F.gelu for the book's formulas, equal within float rounding), whose attention is swapped, block by
+    block, for `_own_attention`: each packed prompt attends to the clean run's keys and values and its own."""
     t, device, n = len(ids), model.tok_emb.weight.device, model.cfg.n_layers
     spans, tokens, positions = [], [], []
     for j in removed:
@@ -285,35 +290,31 @@ def _run_without(model: GPTModel, seen: dict, ids: list[int], removed: list[int]
         tokens += ids[j + 1:]
         positions += range(j, t - 1)
     pack, pos = torch.tensor([tokens], device=device), torch.tensor(positions, device=device)
-    x = model.drop_emb(model.tok_emb(pack) + model.pos_emb(pos))  # [1, T, d]: the embeddings, as forward adds them
-    att = [f"trf_blocks.{i}.att" for i in range(n)]
-    keep = {f"trf_blocks.{n - 1}"} | {f"{p}.{w}" for p in att for w in ("W_query", "W_key", "W_value")}
-    rec = Recorder(frozenset(keep), n, cancel)
-    for p, blk in zip(att, model.trf_blocks):
-        rec.edits[f"{p}.out_proj"] = _own_attention(rec, seen, p, blk.att.out_proj, spans, t, model.cfg.n_heads)
-    run_from(model, x, 0, rec)
+    twin = fused(model)  # shares every weight; has no taps, and its own modules to swap `attend` on
+    x = twin.drop_emb(twin.tok_emb(pack) + twin.pos_emb(pos))  # [1, T, d]: the embeddings, as forward adds them
+    for i, block in enumerate(twin.trf_blocks):
+        block.att.attend = _own_attention(seen, f"trf_blocks.{i}.att", spans, t, model.cfg.n_heads, device)
+    x = _through(twin, x, 0, cancel)  # [1, T, d]
     ends = [s + t - 2 - j for s, j in spans]  # each shortened prompt's last position in the pack
-    return rec.seen[f"trf_blocks.{n - 1}"][1][0, ends]
+    return x[0, ends]
 
 
-def _own_attention(rec: Recorder, clean: dict, p: str, out_proj: torch.nn.Linear, spans: list, t: int, h: int):
-    """An edit of out_proj: the context each packed prompt's queries get from the clean run's keys and values
-    before its removed token and from its own, by the model's formula, in place of the pack's plain causal one.
+def _own_attention(clean: dict, p: str, spans: list, t: int, h: int, device: torch.device):
+    """An `attend` for the pack: the context each packed prompt's queries get from the clean run's keys and
+    values before its removed token and from its own, by the model's formula, in place of the pack's plain
+    causal attention.
 
     Every shortened prompt has t-1 positions: the clean run's before j, the pack's from j on. Gathered so
     from the two runs (`src`, into their concatenation), the prompts attend as one batch under the usual
     causal mask; `back` picks the pack's positions out again (those before j are the clean run's, unused)."""
-    device = out_proj.weight.device
     src = torch.tensor([[i if i < j else t + s + i - j for i in range(t - 1)] for s, j in spans], device=device)
     back = torch.tensor([r * (t - 1) + i for r, (s, j) in enumerate(spans) for i in range(j, t - 1)], device=device)
 
-    def edit(context: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        q, k, v = (torch.cat([_split(clean[f"{p}.{w}"], h)[0], _split(rec.seen[f"{p}.{w}"], h)[0]], 1)[:, src]
-                   for w in ("W_query", "W_key", "W_value"))  # [h, t + T, hd] -> [h, n, t-1, hd]
-        own = (attention_weights(q, k) @ v).flatten(1, 2)[:, back]  # [h, n, t-1, hd] -> [h, T, hd]
-        own = own.transpose(0, 1).reshape(context.shape)  # [h, T, hd] -> [1, T, d]
-        return torch.nn.functional.linear(own, out_proj.weight, out_proj.bias)  # not out_proj(): its tap would run
-    return edit
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # each [1, h, T, hd]
+        q, k, v = (torch.cat([_split(clean[f"{p}.{w}"], h)[0], own[0]], 1)[:, src]
+                   for w, own in (("W_query", q), ("W_key", k), ("W_value", v)))  # [h, t + T, hd] -> [h, n, t-1, hd]
+        return (attention_weights(q, k) @ v).flatten(1, 2)[:, back].unsqueeze(0)  # [h, n, t-1, hd] -> [1, h, T, hd]
+    return attend
 
 
 def _sources(ids: list[int], by_source: list, causal: list | str, tokenizer: Tokenizer) -> list[dict[str, Any]]:
@@ -331,7 +332,8 @@ def patch_grid(model: GPTModel, tokenizer: Tokenizer, clean: dict, ids: list[int
     m = logit[A] - logit[B], A the clean top token, B the corrupted run's top (or `versus`); each
     value is (m_patched - m_corrupted) / (m_clean - m_corrupted). Row b patches block b's input,
     the last row final_norm's input. The patched runs start from the corrupted run's recorded input
-    of the patched block, so only the blocks from there on run again, and read only out_head's rows A and B.
+    of the patched block, so only the blocks from there on run again (on the fused twin, as the
+    removals do), and read only out_head's rows A and B.
     """
     cfg = model.cfg
     bad = encode(tokenizer, corrupted_text)
@@ -379,23 +381,32 @@ def _patched_resid(model: GPTModel, clean: dict, corrupt: dict, i: int, first: i
     x = bad.repeat(bad.shape[1] - first, 1, 1)  # [t - first, t, d]: one run per patched position
     j = torch.arange(x.shape[0])
     x[j, j + first] = _block_input(clean, i, n)[0, first:]
-    return run_from(model, x, i, Recorder(frozenset(), 0, cancel))  # a recorder only to be cancellable
+    twin = fused(model)
+    return twin.final_norm(_through(twin, x, i, cancel)[:, -1])  # [t - first, d]
 
 
 def _patched_heads(model: GPTModel, clean: dict, corrupt: dict, i: int, cancel) -> torch.Tensor:
-    """final_norm's output at the last position, [h, d]: run j with head j's clean output (its context slice,
-    all positions) in block i."""
-    h, hd = model.cfg.n_heads, model.cfg.head_dim
-    name = f"trf_blocks.{i}.att.out_proj"
-    clean_context = clean[name][0]  # [1, t, d]
-    W_O = model.trf_blocks[i].att.out_proj.weight  # [d, d]
+    """final_norm's output at the last position, [h, d]: run j with head j's clean context (its slice of
+    out_proj's input, all positions) in block i."""
+    h = model.cfg.n_heads
+    twin = fused(model)
+    att = twin.trf_blocks[i].att
+    clean_context = _split(clean[f"trf_blocks.{i}.att.out_proj"][0], h)[0]  # [1, t, d] -> [h, t, hd]
 
-    def edit(context: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        delta = torch.zeros_like(context)  # [h, t, d]
-        for j in range(h):
-            s = slice(j * hd, (j + 1) * hd)
-            delta[j, :, s] = clean_context[0, :, s] - context[j, :, s]
-        return out + delta @ W_O.T  # out_proj is linear: patching its input adds delta @ W_O.T
-
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        context = type(att).attend(att, q, k, v)  # [h runs, h heads, t, hd]: the corrupted run's
+        heads = torch.arange(h)
+        context[heads, heads] = clean_context  # run j: head j's context from the clean run
+        return context
+    att.attend = attend
     x = _block_input(corrupt, i, model.cfg.n_layers).repeat(h, 1, 1)  # [h, t, d]
-    return run_from(model, x, i, Recorder(frozenset(), 0, cancel, edits={name: edit}))
+    return twin.final_norm(_through(twin, x, i, cancel)[:, -1])  # [h, d]
+
+
+def _through(twin: torch.nn.Module, x: torch.Tensor, start: int, cancel) -> torch.Tensor:
+    """The blocks from `start` on (start = n_layers: none) of the fused twin, from `x`, their input `[b, t, d]`."""
+    for block in twin.trf_blocks[start:]:
+        if cancel is not None and cancel.is_set():
+            raise TraceCancelled("the trace was cancelled")
+        x = block(x)
+    return x
