@@ -738,6 +738,32 @@ def test_a_passage_longer_than_the_context_is_scored_in_overlapping_windows(smal
             assert p.tokens[pos]["prob"] == pytest.approx(float(probs[pos - start - 1, ids[pos]]), rel=1e-5), pos
 
 
+def test_a_long_passage_reports_its_progress_block_by_block_and_can_be_cancelled(small):
+    """Each window is one recording: n_layers steps each, 5 windows here; a set cancel flag stops it."""
+    from glassgpt.explain.passage import passage
+
+    model, tok = small
+    text = "the quick brown fox jumps over the lazy dog"
+    steps = []
+    passage(model, tok, text, progress=lambda step, done, total: steps.append((step, done, total)))
+    n = model.cfg.n_layers
+    assert [d for _, d, _ in steps] == list(range(1, 5 * n + 1)) and {t for _, _, t in steps} == {5 * n}
+    assert steps[0][0] == "trf_blocks.0" and steps[-1][0] == f"trf_blocks.{n - 1}"
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(TraceCancelled):
+        passage(model, tok, text, cancel=cancel)
+
+
+def test_the_cli_step_bar_stays_silent_off_a_terminal(capsys):
+    from glassgpt.cli.progress import StepBar
+
+    with StepBar("passage") as bar:  # pytest's stderr is no terminal: a file gets no bar lines
+        for done in range(1, 11):
+            bar("trf_blocks.0", done, 10)
+    assert bar.bar is None and capsys.readouterr().err == ""
+
+
 def test_cli_passage_text_and_picture(tmp_path, capsys):
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(GPTConfig(vocab_size=50257, context_length=16, emb_dim=8, n_heads=2,

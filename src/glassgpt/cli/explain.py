@@ -27,6 +27,7 @@ from ..model import GPTModel
 from ..prompt import BOOK_FILE_HINT, classifier_reading
 from ..tokenizer import Tokenizer
 from .common import add_model_args, load
+from .progress import StepBar
 
 DEFAULT_PROMPT = "Every effort moves you"
 
@@ -105,7 +106,8 @@ def run_explain(args: argparse.Namespace) -> int:
 def _run_passage(args: argparse.Namespace) -> int:
     text = args.prompt if not args.passage else _read_text(args.passage)
     model, tok = load(args)
-    result = passage(model, tok, text, about=about(args.model), worst=args.top_k)
+    with StepBar("passage") as bar:  # a long text runs window after window
+        result = passage(model, tok, text, about=about(args.model), worst=args.top_k, progress=bar)
     return _show(args, result.to_dict(), lambda: passage_layout(result), lambda color: passage_text(result, color))
 
 

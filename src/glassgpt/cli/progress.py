@@ -97,3 +97,25 @@ def duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class StepBar:
+    """The progress of one long explain pass, as `progress(step, done, total)` callbacks: a tqdm bar on
+    stderr when it is a terminal, shown once the pass has taken half a second; nothing otherwise."""
+
+    def __init__(self, desc: str, unit: str = "block"):
+        self.desc, self.unit, self.bar = desc, unit, None
+
+    def __enter__(self) -> "StepBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        if self.bar is None and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, desc=self.desc, unit=self.unit, delay=0.5, dynamic_ncols=True, leave=False)
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)

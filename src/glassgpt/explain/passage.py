@@ -7,7 +7,9 @@ tokens 0..i-1, gave the token that really came next (the first token has none). 
 of -log p is the text's cross-entropy, the loss training lowers; exp of it the perplexity.
 A text longer than context_length is read in windows that overlap by half, and each token
 is scored in the window where it has at least half a context before it, as strided
-perplexity is computed (so no token is scored with only a few tokens of context).
+perplexity is computed (so no token is scored with only a few tokens of context). Each window is
+one recording (record.py) that keeps nothing but the logits, so a long passage reports its progress
+block by block and can be cancelled, as a trace can.
 
 Views: `passage_text` (the text with each token marked by its probability, then the
 positions the model got most wrong) and `passage_layout` (the same as a picture).
@@ -16,6 +18,7 @@ positions the model got most wrong) and `passage_layout` (the same as a picture)
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,6 +32,7 @@ from ..prompt import encode
 from ..tokenizer import Tokenizer
 from .draw import GRAY, INK, MUTED, ORANGE, RED, Drawing, Rect, Text, fit, header, text_width
 from .notation import token
+from .record import Progress, Recorder, record
 from .trace import About
 
 # Probability bands, shared by the text and the picture: (lower bound, name, ANSI colour, fill colour).
@@ -51,9 +55,11 @@ class Passage:
 
 
 @torch.inference_mode()
-def passage(model: GPTModel, tokenizer: Tokenizer, text: str, about: About | None = None,
-            worst: int = WORST) -> Passage:
-    """Score every token of `text` (at least two tokens) under `model`; see the module's docstring."""
+def passage(model: GPTModel, tokenizer: Tokenizer, text: str, about: About | None = None, worst: int = WORST,
+            progress: Progress | None = None, cancel: threading.Event | None = None) -> Passage:
+    """Score every token of `text` (at least two tokens) under `model`; see the module's docstring.
+
+    progress(step, done, total) is called after each block of each window; `cancel`, once set, stops it."""
     model = adopt(model, encode(tokenizer, text)[:adopt(model).cfg.context_length])
     if model.cfg.num_classes is not None:
         raise PromptError("a classifier predicts no next tokens: give --passage a language model")
@@ -61,7 +67,7 @@ def passage(model: GPTModel, tokenizer: Tokenizer, text: str, about: About | Non
     if len(ids) < 2:
         raise PromptError("the passage is one token: give a text of two tokens or more (each is scored on those before)")
     about = about or About()
-    scored, notes = _score(model, ids)
+    scored, notes = _score(model, ids, progress, cancel)
     tokens = [{"id": ids[0], "text": tokenizer.decode([ids[0]]), "prob": None, "expected": None}]
     for i in range(1, len(ids)):
         prob, top_id, top_prob = scored[i]
@@ -74,7 +80,8 @@ def passage(model: GPTModel, tokenizer: Tokenizer, text: str, about: About | Non
                    tokens, loss, math.exp(loss), order, notes)
 
 
-def _score(model: GPTModel, ids: list[int]) -> tuple[dict[int, tuple[float, int, float]], list[str]]:
+def _score(model: GPTModel, ids: list[int], progress: Progress | None,
+           cancel: threading.Event | None) -> tuple[dict[int, tuple[float, int, float]], list[str]]:
     """{position: (p of the true token, the top id, its p)} for positions 1.., window by window."""
     ctx, n = model.cfg.context_length, len(ids)
     device = model.tok_emb.weight.device
@@ -84,11 +91,12 @@ def _score(model: GPTModel, ids: list[int]) -> tuple[dict[int, tuple[float, int,
         end = min(n, windows[-1][1] + stride)
         windows.append((end - ctx, end, windows[-1][1]))
     scored: dict[int, tuple[float, int, float]] = {}
+    rec = Recorder(frozenset(), len(windows) * model.cfg.n_layers, cancel, progress)  # keeps only the logits
     with evaluating(model):
         for start, end, first in windows:
             x = torch.tensor([ids[start:end]], device=device)
             # The logits at the positions just before each scored one: [t, V] -> [scored, V].
-            logits = model(x)[0, first - start - 1:end - start - 1].float()
+            logits = record(model, x, rec)[0, first - start - 1:end - start - 1].float()
             target = x[0, first - start:end - start]
             lse = logits.logsumexp(dim=-1)
             prob = (logits.gather(1, target[:, None])[:, 0] - lse).exp()
