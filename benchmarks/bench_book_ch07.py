@@ -21,6 +21,9 @@ equal the book's, and the wall-time ratio fast / book (goal <= 0.5). Run it unde
     flock /tmp/glassgpt-bench.lock python benchmarks/bench_book_ch07.py [--threads 1] [--small]
 
 `--small` runs a 2-block, 64-wide model on the first 60 records for 1 epoch, to try the script in a minute.
+`--responses N` answers only the first N of the 110 test records on every side (the notebook shows 3 before
+it answers all): the book's generate runs the whole sequence again for each new token, so at 124M on 2
+cores its 110 x 256 tokens alone would take hours.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def write_inputs(root: Path, small: bool) -> None:
     (root / "model.json").write_text('{"n_heads": %d}' % (SMALL if small else BASE_CFG)["n_heads"])
 
 
-def book_side(root: Path, epochs: int, small: bool, threads: int) -> None:
+def book_side(root: Path, epochs: int, small: bool, threads: int, responses: int | None) -> None:
     """The notebook's chapter-7 cells, with llms_from_scratch's functions (run in a process of its own)."""
     import tiktoken
     import torch
@@ -80,6 +83,7 @@ def book_side(root: Path, epochs: int, small: bool, threads: int) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.00005, weight_decay=0.1)
     train_model_simple(model, train_loader, val_loader, optimizer, "cpu", num_epochs=epochs, eval_freq=5,
                        eval_iter=5, start_context=format_input(val_data[0]), tokenizer=tokenizer)
+    test_data = test_data[:responses]
     for entry in test_data:
         input_text = format_input(entry)
         token_ids = generate(model=model, idx=text_to_token_ids(input_text, tokenizer), max_new_tokens=256,
@@ -91,11 +95,12 @@ def book_side(root: Path, epochs: int, small: bool, threads: int) -> None:
     torch.save(model.state_dict(), root / "book-model.pth")
 
 
-def glassgpt_command(root: Path, run_dir: Path, epochs: int, threads: int, fast: bool) -> list[str]:
+def glassgpt_command(root: Path, run_dir: Path, epochs: int, threads: int, fast: bool,
+                     responses: int | None) -> list[str]:
     return [sys.executable, "-m", "glassgpt", "finetune", "instruct", "--recipe", "book", "--model",
             str(root / "model.pth"), "--data", str(root / "instruction-data.json"), "--epochs", str(epochs),
             "--out", str(run_dir), "--threads", str(threads), "--no-progress",
-            *(["--dtype", "bfloat16"] if fast else [])]
+            *(["--dtype", "bfloat16"] if fast else []), *(["--responses", str(responses)] if responses else [])]
 
 
 def lines_of(output: list[str]) -> list[str]:
@@ -133,21 +138,24 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=None, help="default 2, the book's (--small: 1)")
     p.add_argument("--small", action="store_true", help="a 2-block, 64-wide model on 60 records: try the script")
     p.add_argument("--skip-exact", action="store_true", help="only the book and the fast run")
+    p.add_argument("--responses", type=int, default=None, help="answer only the first N test records (default all)")
     p.add_argument("--side", choices=["book"], help=argparse.SUPPRESS)  # (the book's own process)
     p.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     epochs = args.epochs or (1 if args.small else 2)
     if args.side == "book":
-        return book_side(args.root, epochs, args.small, args.threads)
+        return book_side(args.root, epochs, args.small, args.threads, args.responses)
     with tempfile.TemporaryDirectory(prefix="bench-ch07-") as tmp:
         root = Path(tmp)
         (root / "tiktoken").mkdir()
         env = tiktoken_env(root / "tiktoken")
         write_inputs(root, args.small)
-        flags = ["--threads", str(args.threads), "--epochs", str(epochs), *(["--small"] if args.small else [])]
+        flags = ["--threads", str(args.threads), "--epochs", str(epochs), *(["--small"] if args.small else []),
+                 *(["--responses", str(args.responses)] if args.responses else [])]
         seconds, lines = timed([sys.executable, __file__, "--side", "book", "--root", str(root), *flags], env)
         results = {"book": {"seconds": seconds, "lines": lines_of(lines)}}
-        run_sides(results, lambda side, fast: (glassgpt_command(root, root / side, epochs, args.threads, fast),
+        run_sides(results, lambda side, fast: (glassgpt_command(root, root / side, epochs, args.threads, fast,
+                                                                 args.responses),
                                                 root / side),
                   lambda run: {"weights": weights_equal(root / "book-model.pth", run),
                                "note": "; " + same_responses(root / RESPONSES, run / RESPONSES)},

@@ -141,3 +141,33 @@ def test_a_flag_the_recipe_fixes_is_refused_by_name(files, tmp_path, capsys):
     assert main(["finetune", "instruct", "--recipe", "book", "--model", str(files["model"]), "--data",
                  str(files["data"]), "--out", str(run), "--val-fraction", "0.2"]) == 2
     assert "--recipe book does not take --val-fraction" in capsys.readouterr().err and not run.exists()
+
+
+def test_responses_n_answers_the_first_n_test_records_as_the_book_does(book_run, files, tmp_path):
+    run = tmp_path / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["finetune", "instruct", "--recipe", "book", "--model", str(files["model"]), "--data",
+                     str(files["data"]), "--out", str(run), "--threads", "1", "--no-progress",
+                     "--eval-every", str(EVAL_FREQ), "--responses", "1"]) == 0
+    first = json.loads(book_run[2].read_text())[:1]
+    assert (run / "instruction-data-with-response.json").read_text() == json.dumps(first, indent=4)
+
+
+def test_the_responses_report_progress_and_never_write_through_a_link(book_run, glass_run, tmp_path):
+    from glassgpt.errors import TrainError
+    from glassgpt.training import book_ch07
+    model, tok = glassgpt.load_model(glass_run[1] / "latest"), glassgpt.get_tokenizer("gpt2")
+    test = json.loads(book_run[2].read_text())
+    steps = []
+    path = book_ch07.write_responses(model, tok, test, tmp_path / "answers.json",
+                                     progress=lambda step, done, total: steps.append((done, total)))
+    assert steps == [(k, len(test)) for k in range(1, len(test) + 1)]
+    assert path.read_text() == book_run[2].read_text()
+    outside = tmp_path / "outside.json"
+    outside.write_text("keep")
+    link = tmp_path / "run-responses.json"
+    link.symlink_to(outside)
+    with pytest.raises(TrainError, match="is a symbolic link"):
+        book_ch07.write_responses(model, tok, test, link)
+    assert outside.read_text() == "keep" and link.is_symlink()

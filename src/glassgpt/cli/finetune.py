@@ -43,6 +43,7 @@ from ..prompt import BOOK_FILE_HINT, classifier_reading, fit_prompt
 from ..training.data import scan_file
 from .common import (add_model_args, fraction, load, nonneg_float, nonneg_int, positive_float, positive_int, probability,
                      require_language_model, say)
+from .progress import StepBar
 from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
 
 # Flags that describe what a run is made of; --resume takes them from the run instead.
@@ -79,6 +80,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _add_common(i, "instruct")
     i.add_argument("--on-bad-record", choices=("skip", "error"),
                    help="malformed records: skip them (listed on stderr; default skip) or stop at the first")
+    i.add_argument("--responses", type=positive_int, metavar="N",
+                   help=f"--recipe book: answer only the first N test records in RUN_DIR/{book_ch07.RESPONSES_FILE} "
+                        "(the notebook shows 3 before it answers them all; default: all)")
     i.set_defaults(run=run_finetune)
 
     k = sub.add_parser("classify", help="label a text with a finetuned classifier")
@@ -224,6 +228,9 @@ def _book_setup(args: argparse.Namespace, start: Start, recipe: recipes.Recipe, 
                                         cfg.eval_batches, cfg.sample_tokens, exact(cfg), new)
         say(f"data: {len(task.train):,} train, {len(task.test_records):,} test, {len(task.val):,} val records (the "
             "book's 85/10/5 split), formatted by format_input and padded by custom_collate_fn")
+        if args.responses is not None and args.responses < len(task.test_records):
+            task.test_records = task.test_records[:args.responses]
+            say(f"responses: the first {args.responses:,} test records only (--responses)")
     if new:
         cfg.max_steps = args.max_steps or max(1, math.ceil((args.epochs or recipe.epochs) * task.steps_per_epoch))
     say(_parameter_summary(model, settings))
@@ -242,8 +249,9 @@ def _report(result: dict, cfg: TrainConfig, task, tokenizer, model, kind: str) -
         print(f"model: {run_dir}   try: glassgpt classify \"...\" --model {run_dir}")
         return
     if isinstance(task, book_ch07.BookInstructionTask):  # the notebook's responses to the test set
-        path = book_ch07.write_responses(model, tokenizer, task.test_records, Path(run_dir) / book_ch07.RESPONSES_FILE,
-                                         exact(cfg))
+        with StepBar("responses", unit="record") as bar:  # 256 greedy tokens each, at most
+            path = book_ch07.write_responses(model, tokenizer, task.test_records,
+                                             Path(run_dir) / book_ch07.RESPONSES_FILE, exact(cfg), bar)
         print(f"responses: {path} ({len(task.test_records):,} test records, as the book writes them)")
         print(f"model: {run_dir}   try: glassgpt chat \"...\" --model {run_dir} --recipe book")
         return

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -118,9 +118,15 @@ def respond(model: nn.Module, tokenizer: Tokenizer, entry: dict[str, str], max_n
 
 
 def write_responses(model: nn.Module, tokenizer: Tokenizer, test: list[dict[str, Any]], path: str | Path,
-                    exact: bool = True) -> Path:
-    """The test records with their "model_response", as the notebook's json.dump(test_data, file, indent=4)."""
-    answered = [{**entry, "model_response": respond(model, tokenizer, entry, exact=exact)} for entry in test]
+                    exact: bool = True, progress: Callable[[str, int, int], None] | None = None) -> Path:
+    """The test records with their "model_response", as the notebook's json.dump(test_data, file, indent=4).
+
+    progress(step, done, total) after each record, as the notebook's tqdm over the test set."""
+    answered = []
+    for k, entry in enumerate(test, 1):
+        answered.append({**entry, "model_response": respond(model, tokenizer, entry, exact=exact)})
+        if progress is not None:
+            progress(f"record {k}", k, len(test))
     path, text = Path(path), json.dumps(answered, indent=4)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text), TrainError)  # never through a link
     return path
