@@ -132,6 +132,18 @@ def test_train_recipe_book_appendix_d_prints_train_models_lines_and_ends_with_it
     assert files() == before
 
 
+def test_the_recipe_reports_every_step_to_the_progress_display(verdict, tmp_path):
+    """train_model prints only its evaluation lines; the run's progress (a bar on a terminal, a plain line
+    every tenth of the run elsewhere) follows each of its optimizer steps, up to the last."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert main(["train", "--recipe", "book-appendix-d", "--data", verdict, "--out", str(tmp_path / "run"),
+                     "--epochs", "1", *[f for f in CLI_FLAGS if f != "--no-progress"]]) == 0
+    steps = json.loads((tmp_path / "run" / "train_config.json").read_text())["max_steps"]
+    progress = [line for line in err.getvalue().splitlines() if line.startswith("train: step ")]
+    assert steps > 1 and progress and progress[-1].startswith(f"train: step {steps:,}/{steps:,} ")
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--grad-clip", "0.5"], "--recipe book-appendix-d sets --grad-clip itself (1.0, as appendix D trains"),
     (["--grad-accum", "2"], "--recipe book-appendix-d sets --grad-accum itself (1, as appendix D trains"),

@@ -24,6 +24,7 @@ so neither has the recipe.
 from __future__ import annotations
 
 import math
+import time
 import dataclasses
 from typing import Any, Callable
 
@@ -86,11 +87,15 @@ def evaluate_model(model: nn.Module, task: BookTask) -> tuple[float, float]:
 
 def train_model(model: nn.Module, task: BookTask, optimizer: torch.optim.Optimizer, n_epochs: int, eval_freq: int,
                 warmup_steps: int, initial_lr: float = 3e-05, min_lr: float = 1e-6, orig_book_version: bool = False,
-                log: Callable[[str], None] | None = None) -> tuple[list[float], list[float], list[int], list[float]]:
+                log: Callable[[str], None] | None = None,
+                on_step: Callable[[int, float, float, int], None] | None = None
+                ) -> tuple[list[float], list[float], list[int], list[float]]:
     """Appendix D's train_model on `task`, which holds what the book passes beside the model:
     train_loader and val_loader (its windows and batch size), eval_iter (`task.n_eval_batches`),
     start_context and tokenizer (its samples); the device is the model's. `log` gets each line the
-    book prints. Returns (train_losses, val_losses, track_tokens_seen, track_lrs), as the book's."""
+    book prints; `on_step(steps done, loss, lr, tokens seen)` follows each optimizer step (a progress
+    bar's; the book's loop has none, and it changes no number). Returns (train_losses, val_losses,
+    track_tokens_seen, track_lrs), as the book's."""
     if warmup_steps < 1:
         raise ConfigError(f"appendix D's train_model divides by warmup_steps, got {warmup_steps}: give 1 or more")
     train_losses, val_losses, track_tokens_seen, track_lrs = [], [], [], []
@@ -115,6 +120,8 @@ def train_model(model: nn.Module, task: BookTask, optimizer: torch.optim.Optimiz
                 torch.nn.utils.clip_grad_norm_(parameters, max_norm=1.0)
             optimizer.step()
             tokens_seen += task.tokens(batch)
+            if on_step is not None:
+                on_step(global_step + 1, loss.item(), lr, tokens_seen)
             if global_step % eval_freq == 0:
                 train_loss, val_loss = evaluate_model(model, task)
                 train_losses.append(train_loss)
@@ -202,9 +209,16 @@ def train_run(run: Any) -> None:
     checkpoint: train_model has no place to stop and save."""
     cfg, task = run.cfg, run.task
     run.stop.abort_at_once()
+    start = time.perf_counter()
+
+    def progress(step: int, loss: float, lr: float, tokens: int) -> None:  # the progress bar's step events
+        if run.ranks.is_main:
+            seconds = time.perf_counter() - start
+            run.emit({"event": "step", "max_steps": cfg.max_steps, "step": step, "tokens": tokens, "train_loss": loss,
+                      "lr": lr, "tokens_per_s": tokens / max(seconds, 1e-9), "elapsed_s": round(seconds, 3)})
     train_losses, val_losses, tokens_seen, lrs = train_model(
         run.model, task, run.optimizer, cfg.max_steps // task.steps_per_epoch, cfg.eval_every, cfg.warmup_steps,
-        D4_SETTINGS["initial_lr"], cfg.final_lr, log=run.say)
+        D4_SETTINGS["initial_lr"], cfg.final_lr, log=run.say, on_step=progress)
     for k, (train_loss, val_loss, tokens) in enumerate(zip(train_losses, val_losses, tokens_seen)):
         step = k * cfg.eval_every + 1  # after global_step k * eval_freq, counted from 1
         record = {"step": step, "tokens": tokens, "lr": lrs[step - 1], "epoch": (step - 1) // task.steps_per_epoch + 1,
