@@ -165,6 +165,35 @@ def test_a_run_of_the_recipe_is_read_at_its_padded_length_with_the_books_names(b
     assert json.loads(capsys.readouterr().out)["label"] == expected
 
 
+@pytest.mark.parametrize("why", [False, True])
+def test_explain_recipe_book_reads_the_books_pth_as_classify_review_does(book_run, files, capsys, why):
+    """explain (and --why) on the book's own review_classifier.pth: the text padded to --max-length, the last
+    position read, the classes named as classify_review names them; its probabilities are the book model's."""
+    text = "You won a free cruise! Call now"
+    model, max_length = book_run[1], book_run[2]
+    expected = ch06.classify_review(text, model, tiktoken.get_encoding("gpt2"), "cpu", max_length=max_length)
+    with torch.no_grad():
+        ids = tiktoken.get_encoding("gpt2").encode(text)
+        probs = model(torch.tensor([ids + [50256] * (max_length - len(ids))]))[:, -1, :].softmax(-1)[0]
+    assert main(["explain", text, "--model", str(files["root"] / "review_classifier.pth"), "--recipe", "book",
+                 "--max-length", str(max_length), "--format", "json", *(["--why"] if why else [])]) == 0
+    out, err = capsys.readouterr()
+    trace = json.loads(out)
+    assert len(trace["tokens"]) == max_length and trace["tokens"][-1]["id"] == 50256
+    assert trace["next_token"]["text"] == expected
+    assert trace["next_token"]["prob"] == pytest.approx(float(probs.max()), abs=1e-6)
+    assert "padding included" in err and "classify and explain read it so" not in err
+    if why:
+        assert trace["why"]["target"]["text"] == expected and {trace["why"]["versus"]["text"], expected} == {
+            "not spam", "spam"}
+
+
+def test_explain_recipe_book_on_a_language_model_is_refused_in_one_line(files, capsys):
+    assert main(["explain", "hi", "--model", str(files["model"]), "--recipe", "book", "--max-length", "8"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "is a language model" in errors[0]
+
+
 def test_labels_beside_a_pth_name_the_classes(files, book_run, capsys):
     (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4, "labels": ["ham", "spam"]}))
     try:
@@ -239,7 +268,7 @@ def test_explain_of_the_books_pth_says_it_reads_the_last_real_token_and_how_to_r
                                                                                                    capsys):
     assert main(["explain", "hi", "--model", str(files["root"] / "review_classifier.pth"), "--format", "json"]) == 0
     err = capsys.readouterr().err
-    assert "reads the last real token (position 0)" in err and "classify --recipe book --max-length N" in err
+    assert "reads the last real token (position 0)" in err and "explain read it so with --recipe book --max-length N" in err
 
 
 def test_explain_names_the_classes_the_json_beside_a_pth_gives(files, book_run):

@@ -29,7 +29,7 @@ EXAMPLE = "\"Every effort moves you\""
 PAD_ID = 50256  # <|endoftext|>: what the book's SpamDataset and classify_review pad with
 # Said of a classifier in a .pth, which records nothing of how it was trained.
 BOOK_FILE_HINT = ("a classifier trained by the book's code reads the last position of its padded length (glassgpt "
-                  "classify --recipe book --max-length N reads it so)")
+                  "classify and explain read it so with --recipe book --max-length N)")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..config import init_scheme
@@ -26,7 +27,8 @@ from ..formats import class_labels, is_random_init, load_meta, load_model, load_
 from ..model import GPTModel
 from ..prompt import BOOK_FILE_HINT, classifier_reading
 from ..tokenizer import Tokenizer
-from .common import add_model_args, load
+from ..training import book_ch06, recipes
+from .common import add_model_args, load, positive_int
 from .progress import StepBar
 
 DEFAULT_PROMPT = "Every effort moves you"
@@ -55,6 +57,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="a second model (any --model spec) traced on the same prompt: both next-token "
                         "distributions side by side, their KL divergence, and each block's logit lens")
     add_flags(p, WHY_OPTIONS)
+    add_reading_args(p)
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the text view (default: auto, when stdout is a terminal)")
     p.set_defaults(run=run_explain)
@@ -68,6 +71,35 @@ def about(spec: str) -> About:
                  classifier_reading(meta.get("finetune"))[0], meta.get("trained"))
 
 
+def add_reading_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe", choices=[recipes.BOOK],
+                   help="book: read a classifier as the book's classify_review does, the text padded with 50256 to "
+                        "--max-length and the last position read (default: as its checkpoint records it was trained)")
+    p.add_argument("--max-length", type=positive_int, metavar="N",
+                   help="--recipe book: the padded length it was trained at (the book's train_dataset.max_length)")
+
+
+def read_as(args: argparse.Namespace, spec: About, model: GPTModel) -> About:
+    """`spec` with `--recipe book` / `--max-length`: a classifier the book's code saved, read at its padded length
+    and named "not spam" / "spam" as classify_review names its classes (unless its .json names them)."""
+    if args.recipe is None and args.max_length is None:
+        return spec
+    if model.cfg.num_classes is None:
+        raise GlassError(f"--recipe book and --max-length read a classifier as the book's classify_review does, and "
+                         f"{args.model} is a language model: drop them")
+    trained = load_meta(args.model).get("finetune") or {}
+    if args.recipe is None and "padded_length" not in trained:
+        raise GlassError("--max-length is --recipe book's (the length the book padded to): drop it, or add "
+                         "--recipe book")
+    reading, notes = classifier_reading(trained, args.recipe == recipes.BOOK, args.max_length)
+    for note in notes:
+        print(f"note: {args.model}: {note}", file=sys.stderr)
+    labels = spec.labels
+    if labels is None and model.cfg.num_classes == len(book_ch06.LABELS):
+        labels = book_ch06.LABELS
+    return replace(spec, reading=reading, labels=labels)
+
+
 def run_explain(args: argparse.Namespace) -> int:
     if (args.versus is not None or args.patch is not None) and not args.why:
         raise GlassError("--versus and --patch belong to --why: add --why")
@@ -78,12 +110,12 @@ def run_explain(args: argparse.Namespace) -> int:
         _check_layers(args, cfg.n_layers)
     model, tok = load(args)
     _check_layers(args, model.cfg.n_layers)
+    spec = read_as(args, about(args.model), model)
     if args.compare:
-        return _run_compare(args, model, tok)
+        return _run_compare(args, model, tok, spec)
     if args.why:
-        return _run_why(args, model, tok)
+        return _run_why(args, model, tok, spec)
     options = trace_options(args, embedding_check=args.embedding_check or args.embedding_vs_linear)
-    spec = about(args.model)
     tr = trace(model, tok, args.prompt, options=options, about=spec)
     for note in tr.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -111,15 +143,14 @@ def _run_passage(args: argparse.Namespace) -> int:
     return _show(args, result.to_dict(), lambda: passage_layout(result), lambda color: passage_text(result, color))
 
 
-def _run_compare(args: argparse.Namespace, model: GPTModel, tok: Tokenizer) -> int:
+def _run_compare(args: argparse.Namespace, model: GPTModel, tok: Tokenizer, spec: About) -> int:
     other, _ = load_second(args, args.compare, tok)
-    result = compare(model, other, tok, args.prompt, about(args.model), about(args.compare), top_k=args.top_k)
+    result = compare(model, other, tok, args.prompt, spec, about(args.compare), top_k=args.top_k)
     return _show(args, result.to_dict(), lambda: comparison_layout(result), lambda color: comparison_text(result))
 
 
-def _run_why(args: argparse.Namespace, model: GPTModel, tok: Tokenizer) -> int:
+def _run_why(args: argparse.Namespace, model: GPTModel, tok: Tokenizer, spec: About) -> int:
     """The attribution; its JSON is the trace's with `why` added."""
-    spec = about(args.model)
     result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, labels=spec.labels, top_k=args.top_k,
                  reading=spec.reading)
     for note in result.notes[:-1]:  # the last, on attention, is in every view
