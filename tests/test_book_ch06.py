@@ -188,6 +188,19 @@ def test_explain_recipe_book_reads_the_books_pth_as_classify_review_does(book_ru
             "not spam", "spam"}
 
 
+def test_serve_recipe_book_hands_the_page_the_books_reading(book_run, files, monkeypatch, capsys):
+    import uvicorn
+    import glassgpt.web as web
+    seen = {}
+    monkeypatch.setattr(web, "create_app", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: sockets[0].close())
+    monkeypatch.setattr("glassgpt.web.server.make_server", lambda app: uvicorn.Server(uvicorn.Config(app)))
+    assert main(["serve", "--model", str(files["root"] / "review_classifier.pth"), "--port", "0", "--recipe", "book",
+                 "--max-length", str(book_run[2])]) == 0
+    assert seen["reading"].padded and seen["reading"].length == book_run[2]
+    assert seen["labels"] == ["not spam", "spam"]
+
+
 def test_explain_recipe_book_on_a_language_model_is_refused_in_one_line(files, capsys):
     assert main(["explain", "hi", "--model", str(files["model"]), "--recipe", "book", "--max-length", "8"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..config import init_scheme
 from ..errors import GlassError
 from .common import add_model_args, load, nonneg_int, positive_int
-from .explain import about
+from .explain import about, add_reading_args, read_as
 
 WEB_EXTRA = "the web page needs FastAPI and uvicorn: pip install 'glassgpt[web]'"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -39,6 +39,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "keeps other web sites from reaching the page through DNS rebinding")
     p.add_argument("--max-prompt-tokens", type=positive_int, default=None,
                    help="longest prompt the page accepts (default: the model's context_length)")
+    add_reading_args(p)
     p.set_defaults(run=run_serve)
 
 
@@ -54,7 +55,7 @@ def run_serve(args: argparse.Namespace) -> int:
     model, tok = load(args)
     hosts = allowed_hosts(args.host, args.allowed_hosts, LOOPBACK_HOSTS)
     run_dir = Path(args.model) if (Path(args.model) / "metrics.jsonl").is_file() else None
-    spec = about(args.model)  # what explain knows of the model that its weights cannot say
+    spec = read_as(args, about(args.model), model)  # what explain knows of the model that its weights cannot say
     app = create_app(model, tok, model_name=args.model, random_weights=spec.random_weights, labels=spec.labels,
                      max_prompt_tokens=args.max_prompt_tokens, allowed_hosts=hosts, init=init_scheme(args.model),
                      run_dir=run_dir, reading=spec.reading, trained=spec.trained)
