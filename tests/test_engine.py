@@ -40,8 +40,9 @@ from glassgpt.cli import main
 from glassgpt.engine import (Engine, KVCache, autotune, compile_for_generation, fused, is_fused, native,
                              quantize_int4, quantize_int8)
 from glassgpt.engine.int4 import Int4Linear, pack, quantize_groups, unpack
-from glassgpt.model import GELU, LayerNorm, MultiHeadAttention
-from glassgpt.engine.attention import ATTENTION_BLOCK, attention_in_blocks
+from glassgpt.model import GELU, GPTModel, LayerNorm, MultiHeadAttention
+from glassgpt.engine.attention import ATTENTION_BLOCK, PATHS, attend, attention_in_blocks
+from glassgpt.engine.fused import FusedAttention
 from glassgpt.engine.int8 import INT8_KERNEL_MAX_ROWS, Int8Linear, is_quantized
 from glassgpt.errors import PromptError
 from glassgpt.generate import generate, stream
@@ -233,6 +234,39 @@ def test_attention_in_blocks_equals_fused_attention(t, dtype, atol):
     got = attention_in_blocks(q.to(dtype), k.to(dtype), v.to(dtype))
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expected, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("t", [2, 72, 128])
+def test_the_training_path_written_out_has_sdpas_output_and_gradients(t):
+    """attend(train_path="blocks") with gradients (training's short sequences): the same context and the
+    same gradients of q, k and v as SDPA's, within float32 rounding."""
+    torch.manual_seed(0)
+    leaves = [torch.randn(2, 3, t, 16, requires_grad=True) for _ in range(3)]
+    grad_out = torch.randn(2, 3, t, 16)
+    results = []
+    for path in ("sdpa", "blocks"):
+        for x in leaves:
+            x.grad = None
+        out = attend(*leaves, 0.0, "blocks", "sdpa", path)
+        out.backward(grad_out)
+        results.append([out.detach()] + [x.grad.clone() for x in leaves])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_tune_training_sets_the_twins_attention_path_and_keeps_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(autotune, "_training_memo", {})
+    model = GPTModel(GPTConfig(vocab_size=96, context_length=32, emb_dim=64, n_heads=4, n_layers=2)).train()
+    twin = fused(model)
+    path = autotune.tune_training(twin)
+    assert path in PATHS and all(m.train_path == path for m in twin.modules() if isinstance(m, FusedAttention))
+    saved = json.loads((tmp_path / "autotune.json").read_text())
+    [(key, entry)] = [(k, v) for k, v in saved.items() if "| training |" in k]
+    assert key.endswith("h 4, hd 16, t 32") and set(entry["ms"]["attention train"]) == set(PATHS)
+    monkeypatch.setattr(autotune, "_training_memo", {})
+    monkeypatch.setattr(autotune, "measure", lambda *a, **kw: pytest.fail("measured again"))
+    assert autotune.tune_training(fused(model)) == path  # read back from the file
 
 
 @pytest.mark.parametrize("start, t", [(5, 1), (37, 1), (40, 300), (7, 128)])

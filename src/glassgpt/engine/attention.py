@@ -11,8 +11,11 @@ earlier ones come from a KV cache) and returns the same context as the glass mod
     are softmaxed in float32.
 Which is faster depends on the CPU (benchmarks/RESULTS.md: the blocks won long bfloat16
 prompts on an AMD EPYC and lost them on a Xeon), so on a CPU, without dropout, a decoding
-step takes `decode_path` and a prompt of `ATTENTION_BLOCK`+ tokens without gradients
-`prompt_path`, both measured per machine by autotune.py; everything else runs SDPA.
+step takes `decode_path`, a prompt of `ATTENTION_BLOCK`+ tokens without gradients
+`prompt_path`, and a sequence of up to `ATTENTION_BLOCK` tokens with gradients (training)
+`train_path`, each measured per machine by autotune.py (on a Xeon, SDPA's bfloat16 backward
+took 12 ms where the written-out sums took 3.5 ms, for 8 sequences of 72 tokens); everything
+else runs SDPA.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ PATHS = ("sdpa", "blocks")
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
-           decode_path: str = "blocks", prompt_path: str = "sdpa") -> torch.Tensor:
+           decode_path: str = "blocks", prompt_path: str = "sdpa", train_path: str = "sdpa") -> torch.Tensor:
     """Causal attention of `q` `[b, h, t, hd]`, the last t positions of `k`, `v` `[b, h, start + t, hd]`."""
     t = q.shape[-2]
     start = k.shape[-2] - t
     if q.device.type == "cpu" and dropout_p == 0.0 and (
             (t == 1 and decode_path == "blocks")
-            or (t >= ATTENTION_BLOCK and prompt_path == "blocks" and not torch.is_grad_enabled())):
+            or (t >= ATTENTION_BLOCK and prompt_path == "blocks" and not torch.is_grad_enabled())
+            or (1 < t <= ATTENTION_BLOCK and train_path == "blocks" and torch.is_grad_enabled())):
         return attention_in_blocks(q, k, v)
     # One new query sees every cached key: no mask. Several see up to their own position.
     # (Plain `if`s, `t` tested first: a one-token step never looks at the cache position,

@@ -14,6 +14,9 @@ next, and the attention written out in blocks won on one and lost on another
                      for int4)
     attention decode one query over min(256, context) cached keys: "blocks" or "sdpa"
     attention prompt min(512, context) queries, no cache: "blocks" or "sdpa"
+    attention train  training's: forward and backward of 8 sequences of min(128, context) tokens,
+                     for the sequences of up to 128 tokens (longer ones keep SDPA): "blocks" or "sdpa"
+                     (`tune_training`, on the fused twin a training run steps with)
     step             a decoding step of the model itself, batch 1: "native" (step.py, one C++ call)
                      or "engine" (the forward in PyTorch, on the winners above); timed at the
                      first decoding step, where the native step covers the model
@@ -22,7 +25,7 @@ The choice is saved in `native.cache_dir()/autotune.json` under a key that names
 (model name and instruction-set flags), torch's version, the thread count, the precision,
 the shapes and whether glassgpt's kernels could be built, so another CPU, another torch,
 another thread count or a newly installed compiler measures again.
-Off the CPU, and in training, nothing is chosen: PyTorch's operators run.
+Off the CPU nothing is chosen: PyTorch's operators run; in training, only the attention's path.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from torch import nn
 from ..config import GPTConfig
 from ..device import cpu_flags
 from . import native
-from .attention import PATHS, attend
+from .attention import ATTENTION_BLOCK, PATHS, attend
 from .cache import KVCache
 from .fused import FusedAttention
 from .int4 import Int4Linear, is_int4
@@ -95,6 +98,7 @@ def tune(twin: nn.Module) -> Choices | None:
 
 
 _memo: dict[str, Choices] = {}
+_training_memo: dict[str, str] = {}  # tune_training's key -> the winning path
 
 
 def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices:
@@ -120,6 +124,45 @@ def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices
         _write(cache, key, {"winners": choices.winners, "ms": choices.ms})
     _memo[key] = choices
     return choices
+
+
+def tune_training(twin: nn.Module) -> str | None:
+    """The attention path a training run's fused twin takes for short sequences with gradients (timed
+    once per machine, thread count, precision and head shape, then kept); None off the CPU."""
+    params = next(twin.parameters(), None)
+    if params is None or params.device.type != "cpu" or precision_of(twin) not in ("float32", "bfloat16"):
+        return None
+    cfg, precision = twin.cfg, precision_of(twin)
+    t = min(ATTENTION_BLOCK, cfg.context_length)
+    key = f"{machine_key()} | {precision} | training | h {cfg.n_heads}, hd {cfg.head_dim}, t {t}"
+    cache = native.cache_dir() / "autotune.json"
+    if key not in _training_memo:
+        saved = _read(cache).get(key)
+        if saved is None:
+            choices = Choices(machine_key(), precision, key=key, path=cache)
+            with torch.random.fork_rng(devices=[]):
+                measure(choices, "attention train", training_attention_candidates(cfg, precision, t))
+            saved = {"winners": choices.winners, "ms": choices.ms}
+            _write(cache, key, saved)
+        _training_memo[key] = saved["winners"].get("attention train", FusedAttention.train_path)
+    path = _training_memo[key]
+    for module in twin.modules():
+        if isinstance(module, FusedAttention):
+            module.train_path = path
+    return path
+
+
+def training_attention_candidates(cfg: GPTConfig, precision: str, t: int) -> dict:
+    """{path: forward and backward of the attention of 8 sequences of t tokens} with the model's head shape."""
+    dtype = torch.float32 if precision == "float32" else torch.bfloat16
+    q, k, v = (torch.randn(8, cfg.n_heads, t, cfg.head_dim).to(dtype).requires_grad_() for _ in range(3))
+
+    def run(path: str):
+        def call():
+            with torch.inference_mode(False), torch.enable_grad():  # (measure times under inference mode)
+                attend(q, k, v, 0.0, "blocks", "sdpa", path).sum().backward()
+        return call
+    return {path: run(path) for path in PATHS}
 
 
 def apply(twin: nn.Module, choices: Choices) -> None:
@@ -195,8 +238,9 @@ def training_note() -> str:
     which glassgpt's kernels do not compute."""
     kernels = "glassgpt's kernels where they measured faster" if native.load() is not None else \
         f"PyTorch's ({native.status()})"
-    return (f"kernels: training runs PyTorch's matmuls and SDPA (forward and backward); its text samples "
-            f"decode with {kernels}")
+    return (f"kernels: training runs PyTorch's matmuls, and SDPA or the attention written out, whichever "
+            f"measured faster forward and backward for sequences of up to {ATTENTION_BLOCK} tokens; its text "
+            f"samples decode with {kernels}")
 
 
 def linear_shapes(cfg: GPTConfig) -> dict[tuple[int, int], int]:

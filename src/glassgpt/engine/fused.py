@@ -50,10 +50,11 @@ class FusedGELU(GELU):
 
 
 class FusedAttention(MultiHeadAttention):
-    decode_path, prompt_path = "blocks", "sdpa"  # attention.PATHS; autotune.py sets them per machine
+    decode_path, prompt_path, train_path = "blocks", "sdpa", "sdpa"  # attention.PATHS; autotune.py sets them
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attend(q, k, v, self.dropout.p if self.training else 0.0, self.decode_path, self.prompt_path)
+        return attend(q, k, v, self.dropout.p if self.training else 0.0, self.decode_path, self.prompt_path,
+                      self.train_path)
 
 
 FUSED: dict[type, type] = {LayerNorm: FusedLayerNorm, GELU: FusedGELU, MultiHeadAttention: FusedAttention,

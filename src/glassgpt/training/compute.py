@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from ..device import resolve_dtype
+from ..engine import autotune
 from ..engine.fused import fused
-from ..engine.mixed import LowPrecisionCopy
+from ..engine.mixed import LowPrecisionCopy, keep_freed_memory
 from ..errors import TrainError
 from .config import TrainConfig, runs_as_book
 from .distributed import Distributed
@@ -87,6 +88,7 @@ class Compute:
             raise TrainError("--fsdp shards the model over the ranks of a torchrun job: run it under "
                              "torchrun --nproc_per_node N (N > 1)")
         self.cfg, self.ranks, self.amp = cfg, ranks, autocast_dtype(cfg.dtype, ranks.device)
+        keep_freed_memory()  # every step frees and allocates the same large tensors again
         model.to(device=ranks.device, dtype=torch.float32).train()
         if cfg.fsdp:
             from torch.distributed.fsdp import fully_shard
@@ -97,6 +99,7 @@ class Compute:
         self.model = model
         self.scaler = torch.amp.GradScaler("cuda") if self.amp == torch.float16 else None
         self.low_precision = None
+        self.fused_twin = None
         self.step_amp = self.amp
         self.forward: nn.Module = model
 
@@ -109,8 +112,10 @@ class Compute:
             compute = self.low_precision.module
         # The step autocasts only when its model is float32 (a bf16 copy needs no casts).
         self.step_amp = self.amp if self.low_precision is None else torch.float32
+        self.fused_twin = None
         if not cfg.fsdp and not exact(cfg):  # the fused kernels, on a twin sharing the weights
-            compute = fused(compute)
+            compute = self.fused_twin = fused(compute)
+            autotune.tune_training(compute)  # which attention its short sequences take (measured once here)
         forward = torch.compile(compute) if cfg.compile else compute
         if ranks.world > 1 and not cfg.fsdp:
             from torch.nn.parallel import DistributedDataParallel
@@ -120,8 +125,11 @@ class Compute:
 
     @property
     def eval_model(self) -> nn.Module:
-        """What evaluations, samples and snapshots run: the bf16 copy when there is one (it holds the
-        master's weights after every step, and needs no casts), else the master weights themselves."""
+        """What evaluations, samples and snapshots run: the fused twin the step runs, when there is one
+        (it shares the weights the step trains: the bf16 copy's, which holds the master's after every
+        step and needs no casts); else the bf16 copy; else the master weights themselves."""
+        if self.fused_twin is not None:
+            return self.fused_twin
         return self.low_precision.module if self.low_precision is not None else self.model
 
     def autocast(self):
