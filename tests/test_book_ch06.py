@@ -142,13 +142,19 @@ def test_the_weights_after_two_epochs_equal_the_books_bit_for_bit(book_run, glas
     assert sorted(ours) and different == []
 
 
-@pytest.mark.parametrize("text", ["are we still on for lunch?", "You won a free cruise! Call now"])
-def test_classify_recipe_book_gives_classify_reviews_label_on_the_books_pth(book_run, files, text, capsys):
+def books_answer(book_run, text: str) -> tuple[str, torch.Tensor]:
+    """classify_review's label for `text`, and the book model's class probabilities at its padded length."""
     model, max_length = book_run[1], book_run[2]
     expected = ch06.classify_review(text, model, tiktoken.get_encoding("gpt2"), "cpu", max_length=max_length)
     with torch.no_grad():
         ids = tiktoken.get_encoding("gpt2").encode(text)
         probs = model(torch.tensor([ids + [50256] * (max_length - len(ids))]))[:, -1, :].softmax(-1)[0]
+    return expected, probs
+
+
+@pytest.mark.parametrize("text", ["are we still on for lunch?", "You won a free cruise! Call now"])
+def test_classify_recipe_book_gives_classify_reviews_label_on_the_books_pth(book_run, files, text, capsys):
+    (expected, probs), max_length = books_answer(book_run, text), book_run[2]
     assert main(["classify", text, "--model", str(files["root"] / "review_classifier.pth"), "--recipe", "book",
                  "--max-length", str(max_length), "--json"]) == 0
     out, err = capsys.readouterr()
@@ -170,11 +176,7 @@ def test_explain_recipe_book_reads_the_books_pth_as_classify_review_does(book_ru
     """explain (and --why) on the book's own review_classifier.pth: the text padded to --max-length, the last
     position read, the classes named as classify_review names them; its probabilities are the book model's."""
     text = "You won a free cruise! Call now"
-    model, max_length = book_run[1], book_run[2]
-    expected = ch06.classify_review(text, model, tiktoken.get_encoding("gpt2"), "cpu", max_length=max_length)
-    with torch.no_grad():
-        ids = tiktoken.get_encoding("gpt2").encode(text)
-        probs = model(torch.tensor([ids + [50256] * (max_length - len(ids))]))[:, -1, :].softmax(-1)[0]
+    (expected, probs), max_length = books_answer(book_run, text), book_run[2]
     assert main(["explain", text, "--model", str(files["root"] / "review_classifier.pth"), "--recipe", "book",
                  "--max-length", str(max_length), "--format", "json", *(["--why"] if why else [])]) == 0
     out, err = capsys.readouterr()
