@@ -10,8 +10,9 @@ machine measured. Stated tolerances, each against the reference named:
   past `context_length` (the window slides: the engine refills the cache, then steps again).
 - bfloat16, int8, int4: the step keeps the residual stream, LayerNorm, attention and GELU in
   float32 where the PyTorch engine rounds each to bfloat16, so logits are within 3% of the row's
-  largest logit of the PyTorch engine's on the same weights (int4: 4%), and greedy tokens on a
-  model that has learnt its text are those of the PyTorch engine.
+  largest logit of the PyTorch engine's on the same weights (int8 and int4: 4%, as the step also
+  quantizes the activations), and greedy tokens on a model that has learnt its text are those of
+  the PyTorch engine.
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ def test_float32_greedy_tokens_equal_transformers(tmp_path, tied):
     assert generate(engine, prompt, 50).tolist() == theirs.tolist()
 
 
-QUANTIZED = {"bfloat16": (lambda m: copy_of(m, torch.bfloat16), 0.03), "int8": (lambda m: quantize_int8(copy_of(m)), 0.03),
+# int8 and int4: the step also quantizes each activation row to int8 in groups, where the engine keeps
+# it bfloat16 (on the Xeon, int8 at batch 8: 3.4% between the two, each 3.8% from the float32 model's).
+QUANTIZED = {"bfloat16": (lambda m: copy_of(m, torch.bfloat16), 0.03), "int8": (lambda m: quantize_int8(copy_of(m)), 0.04),
              "int4": (lambda m: quantize_int4(copy_of(m)), 0.04)}
 
 
