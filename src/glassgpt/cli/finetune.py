@@ -24,23 +24,19 @@ import argparse
 import dataclasses
 import functools
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import GlassError
-from ..formats import class_labels, load_meta, load_model, load_tokenizer
-from ..tokenizer import check_fits
+from ..formats import class_labels, load_meta, load_model
 from ..training import TrainConfig
 from ..training import finetune as ft
 from ..formats.book import is_state_dict_file
-from ..training import book_ch06, book_ch07, lora, recipes
+from ..training import book_ch06, book_ch07, lora, recipes, runs
 from ..training.compute import exact
-from ..training.metrics import save_confusion, save_confusion_png
 from ..training.config import default
 from ..prompt import BOOK_FILE_HINT, classifier_reading, fit_prompt
-from ..training.data import scan_file
 from .common import (add_model_args, fraction, load, nonneg_float, nonneg_int, positive_float, positive_int, probability,
                      require_language_model, say)
 from .progress import StepBar
@@ -49,11 +45,7 @@ from .run import Prepared, Start, add_train_args, given_flags, run_training, sto
 # Flags that describe what a run is made of; --resume takes them from the run instead.
 SETTINGS = ("model", "data", "val", "test", "val_fraction", "text_column", "label_column", "labels", "max_length",
             "trainable", "lora_rank", "lora_alpha", "on_bad_record", "recipe")
-# Each kind's defaults (the book's), what --help shows and a run uses; the lr is finetune.default_lr.
-DEFAULTS = {
-    "classify": {"epochs": 5, "trainable": "last-block"},
-    "instruct": {"epochs": 2, "trainable": "all"},
-}
+DEFAULTS = runs.DEFAULTS  # each kind's (the book's), what --help shows and a run uses; the lr is finetune.default_lr
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -178,12 +170,8 @@ def _setup(args: argparse.Namespace, start: Start, kind: str):
         settings, source, seed = _new_settings(args, kind), None, args.seed if args.seed is not None else default("seed")
     if settings["lora_rank"] and args.fsdp:
         raise GlassError("--fsdp shards plain weights; LoRA adapters are small enough to replicate: drop --fsdp")
-    model = load_model(source or settings["model"], device="cpu", dtype="float32")
-    tokenizer = load_tokenizer(source or settings["model"])
-    check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
-    max_length = min(settings["max_length"] or model.cfg.context_length, model.cfg.context_length)
-    prepare = ft.prepare_classifier if kind == "classify" else ft.prepare_instructions
-    model, data, make_task, lines = prepare(model, tokenizer, settings, max_length, seed)
+    model, tokenizer = runs.start_model(source or settings["model"])
+    model, data, make_task, lines = runs.prepare_glassgpt(kind, model, tokenizer, settings, seed)
     for line in lines:
         say(line, file=sys.stderr if line.startswith("skipped") else sys.stdout)
     world = start.ranks.world
@@ -210,29 +198,12 @@ def _book_setup(args: argparse.Namespace, start: Start, recipe: recipes.Recipe, 
         settings = _new_settings(args, kind)
         cfg = recipe.train_config({f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)},
                                   {"out": args.out})
-    source = start.checkpoint or settings["model"]
-    model, tokenizer = load_model(source, device="cpu", dtype="float32"), load_tokenizer(source)
-    check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
+    model, tokenizer = runs.start_model(start.checkpoint or settings["model"])
     new = start.checkpoint is None
-    if kind == "classify":
-        adapt = book_ch06.book_lora(settings["lora_rank"], settings["lora_alpha"]) if settings["lora_rank"] else None
-        model, task = book_ch06.prepare(model, tokenizer, settings["data"], settings["val"], settings["test"],
-                                        settings["max_length"], cfg.seed, cfg.batch_size, cfg.eval_batches, new, adapt)
-        settings.update(padded_length=task.max_length, labels=book_ch06.LABELS)
-        sets = f"{len(task.train):,} train, {len(task.val):,} val" + (
-            f", {len(task.test):,} test" if task.test is not None else "")
-        say(f"data: {sets} texts padded with 50256 to {task.max_length:,} tokens (the longest training text, or "
-            f"--max-length), as SpamDataset pads them; the classifier reads {book_ch06.POSITION}")
-    else:
-        model, task = book_ch07.prepare(model, tokenizer, settings["data"], cfg.seed, cfg.batch_size,
-                                        cfg.eval_batches, cfg.sample_tokens, exact(cfg), new)
-        say(f"data: {len(task.train):,} train, {len(task.test_records):,} test, {len(task.val):,} val records (the "
-            "book's 85/10/5 split), formatted by format_input and padded by custom_collate_fn")
-        if args.responses is not None and args.responses < len(task.test_records):
-            task.test_records = task.test_records[:args.responses]
-            say(f"responses: the first {args.responses:,} test records only (--responses)")
+    model, task, line = runs.prepare_book(kind, model, tokenizer, settings, cfg, new, getattr(args, "responses", None))
+    say(line)
     if new:
-        cfg.max_steps = args.max_steps or max(1, math.ceil((args.epochs or recipe.epochs) * task.steps_per_epoch))
+        cfg.max_steps = runs.book_steps(args.epochs or recipe.epochs, task.steps_per_epoch, args.max_steps)
     say(_parameter_summary(model, settings))
     say(f"training: {cfg.max_steps:,} steps ({cfg.max_steps / task.steps_per_epoch:.2f} epochs of "
         f"{task.steps_per_epoch:,} batches of {cfg.batch_size}), AdamW lr {cfg.lr:g}, weight decay "
@@ -271,32 +242,7 @@ def _report(result: dict, cfg: TrainConfig, task, tokenizer, model, kind: str) -
 
 
 def _new_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
-    if args.lora_rank is None and args.lora_alpha is not None:
-        raise GlassError("--lora-alpha needs --lora-rank R")
-    if args.lora_rank is not None and args.trainable is not None:
-        raise GlassError("with --lora-rank only the adapters (and a classifier head) train: drop --trainable")
-    test = getattr(args, "test", None)  # (classify's)
-    for path in (args.data, args.val, test):
-        if path is not None and not Path(path).is_file():
-            raise GlassError(f"{path}: no such file")
-    absolute = lambda p: str(Path(p).resolve()) if p else None
-    local_model = Path(args.model).exists()
-    settings = {"kind": kind, "model": absolute(args.model) if local_model else args.model,
-                "data": absolute(args.data), "val": absolute(args.val),
-                # The files' sha256: --resume refuses data that changed (it could not continue exactly).
-                "data_sha256": scan_file(Path(args.data)), "val_sha256": scan_file(Path(args.val)) if args.val else None,
-                "val_fraction": 0.1 if args.val_fraction is None else args.val_fraction,
-                "max_length": args.max_length, "recipe": args.recipe or "glassgpt",
-                "test": absolute(test), "test_sha256": scan_file(Path(test)) if test else None,
-                "trainable": None if args.lora_rank else (args.trainable or DEFAULTS[kind]["trainable"]),
-                "lora_rank": args.lora_rank,
-                "lora_alpha": (args.lora_alpha or float(args.lora_rank)) if args.lora_rank else None}
-    if kind == "classify":
-        settings.update(text_column=args.text_column or "text", label_column=args.label_column or "label",
-                        names=args.labels)
-    else:
-        settings["on_bad_record"] = args.on_bad_record or "skip"
-    return settings
+    return runs.new_settings(kind, **{name: getattr(args, name, None) for name in SETTINGS})
 
 
 def _resume_settings(args: argparse.Namespace, kind: str, start: Start) -> dict[str, Any]:
@@ -305,18 +251,7 @@ def _resume_settings(args: argparse.Namespace, kind: str, start: Start) -> dict[
     if given:
         raise GlassError(f"--resume continues a run with its own model and data: drop {given[0]} "
                          "(training flags such as --max-steps may change)")
-    run_dir = start.run_dir.path
-    settings = load_meta(start.checkpoint).get("finetune")
-    if not settings or settings.get("kind") != kind:
-        made = f"glassgpt finetune {settings['kind']}" if settings else "glassgpt train"
-        raise GlassError(f"{run_dir} was made by {made}, not glassgpt finetune {kind}: resume it with that")
-    for name in ("data", "val", "test"):
-        recorded = settings.get(f"{name}_sha256")
-        if recorded and scan_file(Path(settings[name])) != recorded:
-            raise GlassError(f"{settings[name]} changed since the run started (its sha256 differs from the run's "
-                             "record), so --resume could not continue it exactly: restore it, or start a new "
-                             f"finetuning run from this one's weights with --model {run_dir}")
-    return settings
+    return runs.resumed_settings(start.checkpoint, start.run_dir.path, kind)
 
 
 def _train_config(args: argparse.Namespace, kind: str, n_train: int, emb_dim: int, saved: dict | None,
@@ -334,15 +269,10 @@ def _train_config(args: argparse.Namespace, kind: str, n_train: int, emb_dim: in
 # --- classification ------------------------------------------------------------------------
 
 def _report_classification(model, task: ft.ClassificationTask, run_dir: Path) -> None:
-    metrics = task.evaluate(model, everything=True)
-    matrix, labels = task.last_confusion, task.label_names
-    print(f"validation accuracy: {metrics['val_accuracy']:.2%} of {task.n_val:,} texts (best/ checkpoint)")
-    print(format_confusion(matrix, labels))
-    record = {"labels": labels, "matrix": matrix, "accuracy": metrics["val_accuracy"], "n": task.n_val,
-              "rows": "actual", "columns": "predicted"}
-    save_confusion(record, run_dir / "confusion.json")
-    png = save_confusion_png(matrix, labels, run_dir / "confusion.png")  # (None: no matplotlib)
-    print(f"confusion matrix: {run_dir / 'confusion.json'}" + (f", {png}" if png else ""))
+    report = runs.classification_report(model, task, run_dir)
+    print(f"validation accuracy: {report['accuracy']:.2%} of {report['n']:,} texts (best/ checkpoint)")
+    print(format_confusion(report["matrix"], report["labels"]))
+    print("confusion matrix: " + ", ".join(str(f) for f in report["files"]))
 
 
 def format_confusion(matrix: list[list[int]], labels: list[str]) -> str:

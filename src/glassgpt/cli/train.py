@@ -32,11 +32,11 @@ from ..formats import get_config, load_meta, load_model, load_tokenizer, local_c
 from ..formats.book import is_state_dict_file, side_config
 from ..formats.files import atomic_write
 from ..tokenizer import check_fits, get_tokenizer, train_bpe
-from ..training import TrainConfig, evaluate_text, plot_run, read_metrics
-from ..training import book, recipes
+from ..training import TrainConfig, plot_run, read_metrics
+from ..training import book, evaluation, recipes
 from ..training.compute import with_dropout
 from ..training.config import SMALL_TEXT_FINDING, default, runs_as_book
-from ..training.data import build_tokenizer, resolve_files, scan_file, split_ids, tokenize_files
+from ..training.data import build_tokenizer, resolve_files, scan_file
 from ..training.metrics import snapshot_records
 from ..training.rundir import saved_train_config
 from .common import add_threads_arg, fraction, nonneg_float, nonneg_int, positive_int, require_language_model, say, set_threads
@@ -293,9 +293,13 @@ def run_eval(args: argparse.Namespace) -> int:
         raise GlassError(f"--context-length {context} is longer than the model's {model.cfg.context_length}")
     val_fraction = args.val_fraction if args.val_fraction is not None else run_data.get("val_fraction", 0.1)
     if recipes.recipe("train", args.recipe).chapter == 5:
-        result = _book_eval(args, model, tokenizer, files, context, val_fraction)
+        result = evaluation.book_split_loss(model, tokenizer, files, context, val_fraction, args.split, args.stride,
+                                            args.batch_size, args.seed, args.dtype)
     else:
-        result = _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg)
+        result = evaluation.glassgpt_split_loss(
+            model, tokenizer, files, context, val_fraction, args.split, args.batch_size or run_cfg.get("batch_size", 8),
+            args.eval_batches or run_cfg.get("eval_batches"), args.dtype,
+            args.cache_dir or native.cache_dir() / "tokens")
         if spec_kind(args.model) in ("state_dict", "openai") or runs_as_book(run_cfg):
             say("note: these are glassgpt's evaluation windows, evenly spaced over the split; the book scores the "
                 "windows its loaders cut (every context_length tokens from the start), the very ones a chapter-5 "
@@ -306,47 +310,6 @@ def run_eval(args: argparse.Namespace) -> int:
         ppl = f"{result['perplexity']:.2f}" if result["perplexity"] is not None else "overflows (loss >= 700)"
         print(f"{args.split} loss {result['loss']:.4f}   perplexity {ppl}   ({result['windows_text']})")
     return 0
-
-
-def _glassgpt_eval(args, model, tokenizer, files, context, val_fraction, run_cfg) -> dict:
-    cache = tokenize_files(files, tokenizer, args.cache_dir or native.cache_dir() / "tokens")
-    train, val = split_ids(cache.ids(), val_fraction)
-    if args.split == "val" and not len(val):
-        raise GlassError("--val-fraction 0 leaves no validation split: pass --split train or a --val-fraction > 0")
-    held = val if args.split == "val" else train
-    loss, windows = evaluate_text(model, held, context, args.batch_size or run_cfg.get("batch_size", 8),
-                                  args.eval_batches or run_cfg.get("eval_batches"), args.dtype)
-    return {"loss": loss, "perplexity": _ppl(loss), "split": args.split, "windows": windows,
-            "context_length": context, "tokens": windows * context, "split_tokens": len(held),
-            "windows_text": describe_windows(windows, context, len(held), args.split)}
-
-
-def _book_eval(args, model, tokenizer, files, context, val_fraction) -> dict:
-    stride = args.stride or context
-    parts = dict(zip(("train", "val"), book.read_windows(files, tokenizer, val_fraction, context, stride)))
-    defaults = recipes.recipe("train", recipes.BOOK).defaults
-    task = book.BookTask(parts["train"], parts["val"], args.batch_size or defaults["batch_size"], 1, tokenizer)
-    seed = args.seed if args.seed is not None else defaults["seed"]
-    loss = book.loader_losses(model, task, seed, args.dtype)[args.split]
-    n = len(parts[args.split])
-    used = n - n % task.batch_size if args.split == "train" else n  # the training loader drops a last short batch
-    return {"loss": loss, "perplexity": _ppl(loss), "split": args.split, "windows": used, "context_length": context,
-            "stride": stride, "tokens": used * context,
-            "windows_text": f"the book's calc_loss_loader: {used:,} windows of {context:,} tokens at stride {stride:,} "
-                            f"from the start of the {args.split} text"}
-
-
-def _ppl(loss: float) -> float | None:
-    """exp(loss), or None where it would overflow (as Run.ppl says it)."""
-    return math.exp(loss) if loss < 700 else None
-
-
-def describe_windows(windows: int, context: int, split_tokens: int, split: str) -> str:
-    """How the evaluation windows were drawn, in the words a reader would count them."""
-    spread = f"{windows:,} windows of {context:,} tokens, evenly spaced over the {split_tokens:,} {split} tokens"
-    if windows * context > split_tokens:
-        return spread + f" (so they overlap: {windows * context:,} predictions scored)"
-    return spread + f" ({windows * context:,} of them scored)"
 
 
 def _run_settings(spec: str) -> tuple[dict, dict]:
