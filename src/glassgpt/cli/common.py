@@ -16,7 +16,9 @@ from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import Tokenizer, check_fits
 from ..errors import KernelWarning, RandomWeightsWarning
-from ..formats import load_model, load_tokenizer
+from ..formats import class_labels, load_meta, load_model, load_tokenizer
+from ..prompt import classifier_reading
+from ..training import book_ch06, recipes
 # The prompt checks live in one place (prompt.py); the commands import them from here.
 from ..prompt import check_text as check_prompt, encode as encode_prompt  # noqa: F401
 
@@ -145,3 +147,34 @@ def require_language_model(model: GPTModel, spec: str) -> None:
     if model.cfg.num_classes is not None:
         raise GlassError(f"{spec} is a classifier ({model.cfg.num_classes} classes, no next-token head): use "
                          "glassgpt classify with it, or a language model here")
+
+
+# --- how a classifier reads a text: classify, explain and serve ---------------------------------
+
+def add_reading_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe", choices=[recipes.BOOK],
+                   help="book: read a classifier as the book's classify_review does, the text padded with 50256 to "
+                        "--max-length and the last position read (default: as its checkpoint records it was trained)")
+    p.add_argument("--max-length", type=positive_int, metavar="N",
+                   help="--recipe book: the padded length it was trained at (the book's train_dataset.max_length)")
+
+
+def classifier_reading_of(spec: str, recipe: str | None, max_length: int | None):
+    """(reading, notes): how the classifier `spec` reads a text, as its checkpoint records it was finetuned, or
+    with `--recipe book [--max-length N]` as the book's classify_review reads it (prompt.classifier_reading)."""
+    trained = load_meta(spec).get("finetune") or {}
+    if max_length is not None and recipe != recipes.BOOK and "padded_length" not in trained:
+        raise GlassError("--max-length is --recipe book's (the length the book padded to): drop it, or add "
+                         "--recipe book")
+    return classifier_reading(trained, recipe == recipes.BOOK, max_length)
+
+
+def class_names(spec: str, num_classes: int, book: bool) -> list[str]:
+    """The run's labels, or {"labels": [...]} beside a .pth, or the book's "not spam"/"spam", or the indices."""
+    labels = class_labels(spec)
+    if labels is not None and len(labels) != num_classes:
+        raise GlassError(f"{spec} has {num_classes} classes but its labels name {len(labels)} ({labels}): give one "
+                         "name for each class")
+    if labels is None and book and num_classes == len(book_ch06.LABELS):
+        labels = book_ch06.LABELS
+    return labels or [str(k) for k in range(num_classes)]

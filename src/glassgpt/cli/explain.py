@@ -27,8 +27,7 @@ from ..formats import class_labels, is_random_init, load_meta, load_model, load_
 from ..model import GPTModel
 from ..prompt import BOOK_FILE_HINT, classifier_reading
 from ..tokenizer import Tokenizer
-from ..training import book_ch06, recipes
-from .common import add_model_args, load, positive_int
+from .common import add_model_args, add_reading_args, class_names, classifier_reading_of, load
 from .progress import StepBar
 
 DEFAULT_PROMPT = "Every effort moves you"
@@ -71,14 +70,6 @@ def about(spec: str) -> About:
                  classifier_reading(meta.get("finetune"))[0], meta.get("trained"))
 
 
-def add_reading_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--recipe", choices=[recipes.BOOK],
-                   help="book: read a classifier as the book's classify_review does, the text padded with 50256 to "
-                        "--max-length and the last position read (default: as its checkpoint records it was trained)")
-    p.add_argument("--max-length", type=positive_int, metavar="N",
-                   help="--recipe book: the padded length it was trained at (the book's train_dataset.max_length)")
-
-
 def read_as(args: argparse.Namespace, spec: About, model: GPTModel) -> About:
     """`spec` with `--recipe book` / `--max-length`: a classifier the book's code saved, read at its padded length
     and named "not spam" / "spam" as classify_review names its classes (unless its .json names them)."""
@@ -87,16 +78,10 @@ def read_as(args: argparse.Namespace, spec: About, model: GPTModel) -> About:
     if model.cfg.num_classes is None:
         raise GlassError(f"--recipe book and --max-length read a classifier as the book's classify_review does, and "
                          f"{args.model} is a language model: drop them")
-    trained = load_meta(args.model).get("finetune") or {}
-    if args.recipe is None and "padded_length" not in trained:
-        raise GlassError("--max-length is --recipe book's (the length the book padded to): drop it, or add "
-                         "--recipe book")
-    reading, notes = classifier_reading(trained, args.recipe == recipes.BOOK, args.max_length)
+    reading, notes = classifier_reading_of(args.model, args.recipe, args.max_length)
     for note in notes:
         print(f"note: {args.model}: {note}", file=sys.stderr)
-    labels = spec.labels
-    if labels is None and model.cfg.num_classes == len(book_ch06.LABELS):
-        labels = book_ch06.LABELS
+    labels = class_names(args.model, model.cfg.num_classes, reading.padded)
     return replace(spec, reading=reading, labels=labels)
 
 

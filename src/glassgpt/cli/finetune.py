@@ -29,16 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GlassError
-from ..formats import class_labels, load_meta, load_model
+from ..formats import load_model
 from ..training import TrainConfig
 from ..training import finetune as ft
 from ..formats.book import is_state_dict_file
 from ..training import book_ch06, book_ch07, lora, recipes, runs
 from ..training.compute import exact
 from ..training.config import default
-from ..prompt import BOOK_FILE_HINT, classifier_reading, fit_prompt
-from .common import (add_model_args, fraction, load, nonneg_float, nonneg_int, positive_float, positive_int, probability,
-                     require_language_model, say)
+from ..prompt import BOOK_FILE_HINT, fit_prompt
+from .common import (add_model_args, add_reading_args, class_names, classifier_reading_of, fraction, load, nonneg_float,
+                     nonneg_int, positive_float, positive_int, probability, require_language_model, say)
 from .progress import StepBar
 from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
 
@@ -81,11 +81,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     k.add_argument("text", help="the text to label")
     add_model_args(k, default=None)
     k.add_argument("--json", action="store_true", help='print {"label": ..., "prob": ...} (default: label<TAB>prob)')
-    k.add_argument("--recipe", choices=[recipes.BOOK], help="book: read the model as the book's classify_review does, "
-                                                       "the text padded to --max-length and the last position read "
-                                                       "(default: as it was trained)")
-    k.add_argument("--max-length", type=positive_int, metavar="N",
-                   help="--recipe book: the padded length it was trained at (the book's train_dataset.max_length)")
+    add_reading_args(k)
     k.set_defaults(run=run_classify)
 
     h = sub.add_parser("chat", help="answer an instruction with an instruction-finetuned model")
@@ -308,12 +304,8 @@ def run_classify(args: argparse.Namespace) -> int:
     if model.cfg.num_classes is None:
         raise GlassError(f"{args.model} is a language model (no classifier head): make a classifier with "
                          "glassgpt finetune classify")
-    trained = load_meta(args.model).get("finetune") or {}
-    if args.max_length is not None and args.recipe != recipes.BOOK and "padded_length" not in trained:
-        raise GlassError("--max-length is --recipe book's (the length the book padded to): drop it, or add "
-                         "--recipe book")
-    reading, notes = classifier_reading(trained, args.recipe == recipes.BOOK, args.max_length)
-    labels = _class_names(args.model, model.cfg.num_classes, reading.padded)
+    reading, notes = classifier_reading_of(args.model, args.recipe, args.max_length)
+    labels = class_names(args.model, model.cfg.num_classes, reading.padded)
     prompt = reading.fit(tokenizer.encode(args.text), model.cfg.context_length)
     hint = f": {BOOK_FILE_HINT}" if not reading.padded and is_state_dict_file(args.model) else ""
     for note in [f"{args.model}: {n}" for n in notes] + [prompt.note, reading.line(prompt) + hint]:
@@ -326,17 +318,6 @@ def run_classify(args: argparse.Namespace) -> int:
     else:
         print(f"{labels[k]}\t{float(probs[k]):.4f}")
     return 0
-
-
-def _class_names(spec: str, num_classes: int, book: bool) -> list[str]:
-    """The run's labels, or {"labels": [...]} beside a .pth, or the book's "not spam"/"spam", or the indices."""
-    labels = class_labels(spec)
-    if labels is not None and len(labels) != num_classes:
-        raise GlassError(f"{spec} has {num_classes} classes but its labels name {len(labels)} ({labels}): give one "
-                         "name for each class")
-    if labels is None and book and num_classes == len(book_ch06.LABELS):
-        labels = book_ch06.LABELS
-    return labels or [str(k) for k in range(num_classes)]
 
 
 # --- instructions ----------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..config import init_scheme
 from ..errors import GlassError
-from .common import add_model_args, load, nonneg_int, positive_int
-from .explain import about, add_reading_args, read_as
+from .common import add_model_args, add_reading_args, load, nonneg_int, positive_int
+from .explain import about, read_as
 
 WEB_EXTRA = "the web page needs FastAPI and uvicorn: pip install 'glassgpt[web]'"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
