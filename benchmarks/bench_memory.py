@@ -90,7 +90,7 @@ def child(spec: dict) -> dict:
     from glassgpt.generate import generate
     from glassgpt.engine import quantize_int8
     from glassgpt.training import TrainConfig
-    from glassgpt.training.compute import autocast, make_optimizer
+    from glassgpt.training.loop.compute import autocast, make_optimizer
     from glassgpt.formats import load_model, random_model
 
     device = torch.device(spec["device"])

@@ -36,7 +36,7 @@ from glassgpt.config import PRESETS, GPTConfig  # noqa: E402
 from glassgpt.engine import LowPrecisionCopy, cross_entropy, fused  # noqa: E402
 from glassgpt.memory import parameter_counts  # noqa: E402
 from glassgpt.training import TrainConfig  # noqa: E402
-from glassgpt.training.compute import autocast, make_optimizer  # noqa: E402
+from glassgpt.training.loop.compute import autocast, make_optimizer  # noqa: E402
 
 
 def flops_per_token(cfg: GPTConfig, t: int) -> float:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import glassgpt
-from glassgpt.training import finetune as ft
+from glassgpt.training.tasks import classify, examples, lora
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import DATA, machine_info  # noqa: E402
@@ -104,10 +104,10 @@ def run_finetune(name: str, model: Path, train: Path, val: Path, out: Path, comm
 
 def _trainable(model: glassgpt.GPTModel, settings: dict) -> int:
     if settings["lora_rank"]:
-        ft.apply_lora(model, settings["lora_rank"], settings["lora_alpha"])
+        lora.apply_lora(model, settings["lora_rank"], settings["lora_alpha"])
     else:
-        ft.freeze(model, settings["trainable"])
-    return ft.count_parameters(model, trainable_only=True)
+        examples.freeze(model, settings["trainable"])
+    return lora.count_parameters(model, trainable_only=True)
 
 
 @torch.no_grad()
@@ -138,19 +138,19 @@ def gpt2_counts() -> list[tuple[str, int, int]]:
     """(setting, trainable, total) for GPT-2 124M (random weights: counts do not depend on them)."""
     rows = []
     base = glassgpt.load_model("gpt2", device="cpu")
-    lm_total = ft.count_parameters(base)
+    lm_total = lora.count_parameters(base)
     rows.append(("instruct, all weights (tied head counted once)", lm_total, lm_total))
     for r in (8, 16):
-        lm = ft.apply_lora(glassgpt.load_model("gpt2", device="cpu"), r, r)
-        rows.append((f"instruct, LoRA r={r}", ft.count_parameters(lm, True), lm_total))
-    clf_total = ft.count_parameters(ft.to_classifier(base, 2))
+        lm = lora.apply_lora(glassgpt.load_model("gpt2", device="cpu"), r, r)
+        rows.append((f"instruct, LoRA r={r}", lora.count_parameters(lm, True), lm_total))
+    clf_total = lora.count_parameters(classify.to_classifier(base, 2))
     for trainable in ("all", "last-2-blocks", "last-block", "head"):
-        clf = ft.to_classifier(base, 2)
-        ft.freeze(clf, trainable)
-        rows.append((f"classify (2 classes), --trainable {trainable}", ft.count_parameters(clf, True), clf_total))
+        clf = classify.to_classifier(base, 2)
+        examples.freeze(clf, trainable)
+        rows.append((f"classify (2 classes), --trainable {trainable}", lora.count_parameters(clf, True), clf_total))
     for r in (8, 16):
-        clf = ft.apply_lora(ft.to_classifier(glassgpt.load_model("gpt2", device="cpu"), 2), r, r)
-        rows.append((f"classify (2 classes), LoRA r={r} (+ head)", ft.count_parameters(clf, True), clf_total))
+        clf = lora.apply_lora(classify.to_classifier(glassgpt.load_model("gpt2", device="cpu"), 2), r, r)
+        rows.append((f"classify (2 classes), LoRA r={r} (+ head)", lora.count_parameters(clf, True), clf_total))
     return rows
 
 
@@ -203,7 +203,7 @@ def main() -> None:
     ]
     runs = [{**run_finetune(name, spec, train, val, args.out, common, extra), "lr": extra[-1]}
             for name, spec, extra in settings]
-    total = ft.count_parameters(ft.to_classifier(model, 2))
+    total = lora.count_parameters(classify.to_classifier(model, 2))
     reference = lm_loss_reference(pretrained, train, val)
     print(f"\npretrained model: val loss {pre_meta['train']['val_loss']:.3f} after {pre_meta['train']['step']} steps; "
           f"its own loss as the classifier (threshold fitted on train, no finetuning): {reference:.1%} on val\n")

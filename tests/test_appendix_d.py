@@ -25,7 +25,7 @@ import glassgpt
 from glassgpt.cli import main
 from glassgpt.config import GPTConfig
 from glassgpt.errors import ConfigError
-from glassgpt.training.appendix_d import in_book_order, run_appendix_d, train_model
+from glassgpt.training.book.appendix_d import in_book_order, run_appendix_d, train_model
 
 from glassgpt.training import read_metrics
 from test_book_ch05 import FLAGS, SMALL, TEXT, _one_line_error, book_loaders

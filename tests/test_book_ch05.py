@@ -25,7 +25,7 @@ from glassgpt.cli import main
 from glassgpt.config import GPTConfig
 from glassgpt.model import GPTModel
 from glassgpt.training import TrainConfig, fit, read_metrics
-from glassgpt.training.book import BookTask, split_text, windows
+from glassgpt.training.book.ch05 import BookTask, split_text, windows
 
 from conftest import shared_data
 
@@ -239,7 +239,8 @@ def test_a_recipe_that_brings_its_own_loop_runs_it_under_the_command_line(book_r
     """The registry's seam for appendix D: a recipe registered with `loop` is a --recipe of train, and
     fit runs its loop (here chapter 5's own, counted) with the run's machinery around it."""
     import dataclasses as dc
-    from glassgpt.training import loop as training_loop, recipes
+    from glassgpt.training import recipes
+    from glassgpt.training.loop import loop as training_loop
     calls = []
 
     def counted(run):

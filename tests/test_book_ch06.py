@@ -268,7 +268,7 @@ def test_a_resumed_run_ends_with_the_same_weights(files, glass_run, tmp_path):
 def test_the_recipe_runs_from_python_with_no_command_line(files, book_run, tmp_path):
     """The same recipe as `finetune classify --recipe book`, called as functions: prepare, train_config, fit."""
     from glassgpt.training import fit, recipes
-    from glassgpt.training.book_ch06 import accuracy_lines, prepare
+    from glassgpt.training.book.ch06 import accuracy_lines, prepare
     recipe = recipes.recipe("finetune classify", "book")
     cfg = recipe.train_config({"eval_every": EVAL_FREQ}, {"out": str(tmp_path / "run"), "plot": False})
     model = glassgpt.load_model(files["model"], device="cpu", dtype="float32")

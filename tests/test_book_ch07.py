@@ -156,7 +156,7 @@ def test_responses_n_answers_the_first_n_test_records_as_the_book_does(book_run,
 
 def test_the_responses_report_progress_and_never_write_through_a_link(book_run, glass_run, tmp_path):
     from glassgpt.errors import TrainError
-    from glassgpt.training import book_ch07
+    from glassgpt.training.book import ch07 as book_ch07
     model, tok = glassgpt.load_model(glass_run[1] / "latest"), glassgpt.get_tokenizer("gpt2")
     test = json.loads(book_run[2].read_text())
     steps = []

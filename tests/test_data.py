@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from glassgpt.training import data
-from glassgpt.training.data import (EVAL_BATCHES, DataError, TextTask, build_tokenizer, load_corpus, resolve_files,
+from glassgpt.training.tasks import data
+from glassgpt.training.tasks.data import (EVAL_BATCHES, DataError, TextTask, build_tokenizer, load_corpus, resolve_files,
                                     split_ids, token_dtype, tokenize_files)
 from glassgpt.tokenizer import CharTokenizer, get_tokenizer, train_bpe
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import glassgpt
-from glassgpt.training import finetune as ft
-from glassgpt.training import lora
-from glassgpt.training.finetune import DataError
+from glassgpt.engine import loss
+from glassgpt.errors import DataError
+from glassgpt.training.tasks import classify, examples, instruct, lora
 
 GPT2_TOK = glassgpt.get_tokenizer("gpt2")
 
@@ -34,8 +34,8 @@ def write_jsonl(path, records):
 
 def test_csv_and_jsonl_give_the_same_data(tmp_path):
     rows = [("a fine day", "pos"), ("a bad day", "neg"), ("so good", "pos")]
-    a = ft.load_classification_data(write_csv(tmp_path / "d.csv", rows))
-    b = ft.load_classification_data(write_jsonl(tmp_path / "d.jsonl", [{"text": t, "label": l} for t, l in rows]))
+    a = classify.load_classification_data(write_csv(tmp_path / "d.csv", rows))
+    b = classify.load_classification_data(write_jsonl(tmp_path / "d.jsonl", [{"text": t, "label": l} for t, l in rows]))
     assert a == b
     assert a.label_names == ["neg", "pos"] and a.labels == [1, 0, 1]
 
@@ -43,18 +43,18 @@ def test_csv_and_jsonl_give_the_same_data(tmp_path):
 def test_quoted_csv_fields_keep_their_commas_and_newlines(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text('text,label\n"first line,\nsecond line",a\nplain,b\n')
-    assert ft.load_classification_data(path).texts == ["first line,\nsecond line", "plain"]
+    assert classify.load_classification_data(path).texts == ["first line,\nsecond line", "plain"]
 
 
 def test_numeric_labels_sort_numerically(tmp_path):
     recs = [{"text": f"t{i}", "label": lab} for i, lab in enumerate([10, 2, 1, 2])]
-    data = ft.load_classification_data(write_jsonl(tmp_path / "d.jsonl", recs))
+    data = classify.load_classification_data(write_jsonl(tmp_path / "d.jsonl", recs))
     assert data.label_names == ["1", "2", "10"]
 
 
 def test_custom_columns_are_read(tmp_path):
     path = write_csv(tmp_path / "d.csv", [("x", "1"), ("y", "0")], header=("sms", "spam"))
-    data = ft.load_classification_data(path, text_column="sms", label_column="spam")
+    data = classify.load_classification_data(path, text_column="sms", label_column="spam")
     assert data.texts == ["x", "y"] and data.label_names == ["0", "1"]
 
 
@@ -70,39 +70,39 @@ def test_bad_classification_files_fail_with_one_clear_error(tmp_path, content, m
     path = tmp_path / "d.csv"
     path.write_text(content)
     with pytest.raises(DataError, match=message):
-        ft.load_classification_data(path)
+        classify.load_classification_data(path)
 
 
 def test_unknown_label_in_validation_data_is_refused(tmp_path):
     path = write_csv(tmp_path / "val.csv", [("a", "pos"), ("b", "maybe")])
     with pytest.raises(DataError, match=r"val.csv:3 has the label 'maybe'.*\['neg', 'pos'\]"):
-        ft.load_classification_data(path, label_names=["neg", "pos"])
+        classify.load_classification_data(path, label_names=["neg", "pos"])
 
 
 def test_invalid_jsonl_line_is_named(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"text": "a", "label": 1}\n{oops\n')
     with pytest.raises(DataError, match=r"d.jsonl:2 is not valid JSON"):
-        ft.load_classification_data(path)
+        classify.load_classification_data(path)
 
 
 def test_split_validation_is_seeded_and_disjoint():
-    data = ft.ClassificationData([f"t{i}" for i in range(20)], [i % 2 for i in range(20)], ["a", "b"])
-    train, val = ft.split_validation(data, 0.25, seed=3)
-    again, _ = ft.split_validation(data, 0.25, seed=3)
+    data = classify.ClassificationData([f"t{i}" for i in range(20)], [i % 2 for i in range(20)], ["a", "b"])
+    train, val = classify.split_validation(data, 0.25, seed=3)
+    again, _ = classify.split_validation(data, 0.25, seed=3)
     assert len(val.texts) == 5 and len(train.texts) == 15
     assert set(train.texts).isdisjoint(val.texts) and train == again
 
 
 def test_max_length_truncates_texts_to_their_first_tokens():
-    ids = ft.encode_texts(GPT2_TOK, ["one two three four five"], max_length=3)
+    ids = classify.encode_texts(GPT2_TOK, ["one two three four five"], max_length=3)
     assert ids == [GPT2_TOK.encode("one two three four five")[:3]]
 
 
 # --- classification: model ---------------------------------------------------------------
 
 def test_to_classifier_keeps_the_body_and_adds_a_new_untied_head(tiny_model):
-    clf = ft.to_classifier(tiny_model, 3)
+    clf = classify.to_classifier(tiny_model, 3)
     assert clf.cfg.num_classes == 3 and not clf.cfg.tie_embeddings and not clf.tied
     assert tuple(clf.out_head.weight.shape) == (3, tiny_model.cfg.emb_dim) and clf.out_head.bias is not None
     base = tiny_model.state_dict()
@@ -112,7 +112,7 @@ def test_to_classifier_keeps_the_body_and_adds_a_new_untied_head(tiny_model):
 
 
 def test_classifier_checkpoint_reloads_with_load_model_and_keeps_labels(tiny_model, tmp_path):
-    clf = ft.to_classifier(tiny_model, 2)
+    clf = classify.to_classifier(tiny_model, 2)
     glassgpt.save_model(clf, tmp_path / "ckpt", meta={"labels": ["neg", "pos"]})
     back = glassgpt.load_model(tmp_path / "ckpt", device="cpu")
     ids = torch.randint(0, 97, (2, 7))
@@ -121,22 +121,22 @@ def test_classifier_checkpoint_reloads_with_load_model_and_keeps_labels(tiny_mod
 
 
 def test_padding_does_not_change_a_rows_prediction(tiny_model):
-    clf = ft.to_classifier(tiny_model, 4)
+    clf = classify.to_classifier(tiny_model, 4)
     short, long = [5, 9, 2], [7, 1, 3, 3, 8, 4, 6, 2, 11]
-    ids, lengths = ft.pad_batch([short, long], pad_id=50)
-    batched = ft.last_token_logits(clf, ids, lengths)
+    ids, lengths = examples.pad_batch([short, long], pad_id=50)
+    batched = classify.last_token_logits(clf, ids, lengths)
     alone = clf(torch.tensor([short]))[:, -1]
     # Same maths on different shapes: float32 rounding differs slightly between kernels.
     torch.testing.assert_close(batched[:1], alone, rtol=1e-5, atol=1e-5)
-    ids_other_pad, _ = ft.pad_batch([short, long], pad_id=0)
-    torch.testing.assert_close(ft.last_token_logits(clf, ids_other_pad, lengths), batched, rtol=0, atol=1e-6)
+    ids_other_pad, _ = examples.pad_batch([short, long], pad_id=0)
+    torch.testing.assert_close(classify.last_token_logits(clf, ids_other_pad, lengths), batched, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("trainable, blocks", [("head", []), ("last-block", [1]), ("last-2-blocks", [0, 1]),
                                                ("all", [0, 1])])
 def test_freeze_keeps_chosen_blocks_norm_and_head_trainable(tiny_model, trainable, blocks):
-    clf = ft.to_classifier(tiny_model, 2)
-    ft.freeze(clf, trainable)
+    clf = classify.to_classifier(tiny_model, 2)
+    examples.freeze(clf, trainable)
     for name, p in clf.named_parameters():
         expected = (name.startswith(("final_norm.", "out_head."))
                     or any(name.startswith(f"trf_blocks.{b}.") for b in blocks)
@@ -146,20 +146,20 @@ def test_freeze_keeps_chosen_blocks_norm_and_head_trainable(tiny_model, trainabl
 
 def test_unknown_trainable_choice_is_refused(tiny_model):
     with pytest.raises(glassgpt.GlassError, match="last-N-blocks"):
-        ft.freeze(tiny_model, "middle")
+        examples.freeze(tiny_model, "middle")
     with pytest.raises(glassgpt.GlassError, match="has 2 blocks"):
-        ft.freeze(tiny_model, "last-5-blocks")
+        examples.freeze(tiny_model, "last-5-blocks")
 
 
 def test_confusion_matrix_rows_are_actual_columns_predicted():
-    assert ft.confusion_matrix([0, 1, 1, 0], [0, 1, 0, 0], 2) == [[2, 1], [0, 1]]
+    assert classify.confusion_matrix([0, 1, 1, 0], [0, 1, 0, 0], 2) == [[2, 1], [0, 1]]
 
 
 # --- batches -----------------------------------------------------------------------------
 
 def test_batches_depend_only_on_their_position_and_cover_each_epoch():
-    first = [ft.sample_indices(10, 4, b, seed=1) for b in range(5)]  # 20 examples: two epochs
-    again = [ft.sample_indices(10, 4, b, seed=1) for b in reversed(range(5))][::-1]
+    first = [examples.sample_indices(10, 4, b, seed=1) for b in range(5)]  # 20 examples: two epochs
+    again = [examples.sample_indices(10, 4, b, seed=1) for b in reversed(range(5))][::-1]
     assert first == again
     flat = sum(first, [])
     assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
@@ -167,7 +167,7 @@ def test_batches_depend_only_on_their_position_and_cover_each_epoch():
 
 
 def test_ranks_and_micro_steps_read_different_examples():
-    task = ft.ClassificationTask([[i + 1] for i in range(64)], [i % 2 for i in range(64)], [[1]], [0],
+    task = classify.ClassificationTask([[i + 1] for i in range(64)], [i % 2 for i in range(64)], [[1]], [0],
                                  ["a", "b"], pad_id=0, batch_size=4, grad_accum=2)
     seen = [tuple(task.train_batch(0, m, r, 2)["input_ids"].flatten().tolist()) for m in (0, 1) for r in (0, 1)]
     assert len(set(sum(seen, ()))) == 16
@@ -176,40 +176,40 @@ def test_ranks_and_micro_steps_read_different_examples():
 # --- instruction data --------------------------------------------------------------------
 
 def test_prompt_follows_the_alpaca_template():
-    assert ft.format_prompt("Add.", "2 and 3") == (
+    assert instruct.format_prompt("Add.", "2 and 3") == (
         "Below is an instruction that describes a task. Write a response that appropriately completes "
         "the request.\n\n### Instruction:\nAdd.\n\n### Input:\n2 and 3\n\n### Response:\n")
-    assert "### Input" not in ft.format_prompt("Say hi.")
+    assert "### Input" not in instruct.format_prompt("Say hi.")
 
 
 def test_loss_mask_covers_exactly_the_response_tokens_and_one_eot():
     recs = [{"instruction": "Name a colour.", "input": "", "output": "Blue."},
             {"instruction": "Translate to French.", "input": "good morning", "output": "Bonjour, tout le monde."}]
-    examples = [ft.encode_instruction(GPT2_TOK, r, max_length=1024) for r in recs]
-    batch = ft.collate_instructions(examples, GPT2_TOK.eot_id)
+    examples = [instruct.encode_instruction(GPT2_TOK, r, max_length=1024) for r in recs]
+    batch = instruct.collate_instructions(examples, GPT2_TOK.eot_id)
     assert batch["input_ids"].shape == batch["targets"].shape
     for row, (rec, (ids, prompt_len)) in enumerate(zip(recs, examples)):
         response = GPT2_TOK.encode(rec["output"]) + [GPT2_TOK.eot_id]
         targets = batch["targets"][row]
-        kept = targets[targets != ft.IGNORE_INDEX].tolist()
+        kept = targets[targets != loss.IGNORE_INDEX].tolist()
         assert kept == response
-        assert prompt_len == len(GPT2_TOK.encode(ft.format_prompt(rec["instruction"], rec["input"])))
+        assert prompt_len == len(GPT2_TOK.encode(instruct.format_prompt(rec["instruction"], rec["input"])))
         # The kept targets sit where the model reads the prompt's last token and the response.
-        assert (targets[:prompt_len - 1] == ft.IGNORE_INDEX).all()
+        assert (targets[:prompt_len - 1] == loss.IGNORE_INDEX).all()
         n = len(ids) - 1
         assert torch.equal(batch["input_ids"][row, :n], torch.tensor(ids[:-1]))
         assert torch.equal(targets[prompt_len - 1:n], torch.tensor(ids[1:])[prompt_len - 1:])
-        assert (batch["input_ids"][row, n:] == GPT2_TOK.eot_id).all() and (targets[n:] == ft.IGNORE_INDEX).all()
-    task = ft.InstructionTask(examples, examples, GPT2_TOK.eot_id, batch_size=2)
+        assert (batch["input_ids"][row, n:] == GPT2_TOK.eot_id).all() and (targets[n:] == loss.IGNORE_INDEX).all()
+    task = instruct.InstructionTask(examples, examples, GPT2_TOK.eot_id, batch_size=2)
     assert task.tokens(batch) == sum(len(GPT2_TOK.encode(r["output"])) + 1 for r in recs)
 
 
 def test_long_responses_are_cut_to_the_context_and_long_prompts_refused():
     rec = {"instruction": "Count.", "output": " one" * 200}
-    ids, prompt_len = ft.encode_instruction(GPT2_TOK, rec, max_length=64)
+    ids, prompt_len = instruct.encode_instruction(GPT2_TOK, rec, max_length=64)
     assert len(ids) == 65 and prompt_len < 64
     with pytest.raises(DataError, match="the prompt is .* tokens"):
-        ft.encode_instruction(GPT2_TOK, {"instruction": "word " * 100, "output": "x"}, max_length=64)
+        instruct.encode_instruction(GPT2_TOK, {"instruction": "word " * 100, "output": "x"}, max_length=64)
 
 
 def test_malformed_records_are_reported_with_their_index(tmp_path):
@@ -217,17 +217,17 @@ def test_malformed_records_are_reported_with_their_index(tmp_path):
             {"instruction": "d", "input": 5, "output": "e"}, {"instruction": "f", "input": None, "output": "g"}]
     path = tmp_path / "data.json"
     path.write_text(json.dumps(recs))
-    good, bad = ft.load_instruction_records(path, on_bad="skip")
+    good, bad = instruct.load_instruction_records(path, on_bad="skip")
     assert [r["instruction"] for r in good] == ["a", "f"] and good[1]["input"] == ""
     assert [i for i, _ in bad] == [1, 2, 3, 4] and "missing 'output'" in bad[0][1]
     with pytest.raises(DataError, match=r"data.json record 2 of 6 is malformed \(missing 'output'\); 4 bad"):
-        ft.load_instruction_records(path, on_bad="error")
+        instruct.load_instruction_records(path, on_bad="error")
 
 
 def test_instruction_jsonl_with_a_broken_line_skips_it(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_text('{"instruction": "a", "output": "b"}\n{broken\n{"instruction": "c", "output": "d"}\n')
-    good, bad = ft.load_instruction_records(path)
+    good, bad = instruct.load_instruction_records(path)
     assert len(good) == 2 and bad[0][0] == 1 and "not valid JSON" in bad[0][1]
 
 
@@ -336,14 +336,14 @@ def test_finetune_classify_errors_are_one_line(char_base, tmp_path, capsys, extr
 
 def _lora_classifier(char_base, seed=0):
     model = glassgpt.load_model(char_base, device="cpu")
-    return lora.apply_lora(ft.to_classifier(model, 3, seed=seed), rank=2, alpha=4, seed=seed)
+    return lora.apply_lora(classify.to_classifier(model, 3, seed=seed), rank=2, alpha=4, seed=seed)
 
 
 def _marker_task(tok, cfg):
     data = marker_texts(64, seed=2)
-    ids = ft.encode_texts(tok, [t for t, _ in data], 16)
+    ids = classify.encode_texts(tok, [t for t, _ in data], 16)
     labels = [sorted(MARKERS.values()).index(label) for _, label in data]
-    return ft.ClassificationTask(ids[:48], labels[:48], ids[48:], labels[48:], sorted(MARKERS.values()),
+    return classify.ClassificationTask(ids[:48], labels[:48], ids[48:], labels[48:], sorted(MARKERS.values()),
                                  pad_id=0, batch_size=8, grad_accum=cfg.grad_accum, seed=cfg.seed,
                                  eval_batches=cfg.eval_batches)
 
@@ -451,7 +451,7 @@ def test_respond_stops_at_eot_and_returns_only_the_answer(gpt2_tok_base):
         model.final_norm.shift.fill_(1.0)
         model.out_head.weight.zero_()  # (tied: tok_emb too, which does not matter here)
         model.out_head.weight[GPT2_TOK.eot_id] = 1.0
-    assert ft.respond(model, GPT2_TOK, "Say nothing.", max_new_tokens=5) == ""
+    assert instruct.respond(model, GPT2_TOK, "Say nothing.", max_new_tokens=5) == ""
 
 
 # --- faults and defaults --------------------------------------------------------------------
@@ -467,7 +467,7 @@ def test_a_ragged_row_or_a_missing_label_is_an_error_naming_file_and_line(tmp_pa
     path = tmp_path / ("d.csv" if content.startswith("text") else "d.jsonl" if content.startswith("{") else "d.json")
     path.write_text(content)
     with pytest.raises(DataError, match=message):
-        ft.load_classification_data(path)
+        classify.load_classification_data(path)
 
 
 QUESTIONS = ["is it going to rain today?", "where did you put the keys?", "can you help me with this?",
@@ -512,10 +512,10 @@ def test_the_default_settings_learn_a_small_separable_task(question_base, questi
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     assert vals[-1] < 0.5 * vals[0]  # measured 0.55 -> 0.29
     assert not any("val_ppl" in r for r in records) and "val_ppl" not in out  # a classifier has no perplexity
-    data = ft.load_classification_data(question_csv)
-    train, _ = ft.split_validation(data, 0.1, seed=1337)
+    data = classify.load_classification_data(question_csv)
+    train, _ = classify.split_validation(data, 0.1, seed=1337)
     model, tok = glassgpt.load_model(run, device="cpu"), glassgpt.load_tokenizer(run)
-    assert ft.predict(model, tok, train.texts).argmax(-1).tolist() == train.labels  # every training row
+    assert classify.predict(model, tok, train.texts).argmax(-1).tolist() == train.labels  # every training row
 
 
 def test_help_shows_the_defaults_a_run_uses(capsys):
@@ -524,12 +524,12 @@ def test_help_shows_the_defaults_a_run_uses(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "peak learning rate (default 5e-05 x max(1, 768 / emb_dim)" in text and "6e-4" not in text
     assert "passes over the training data (default 5); give this or --max-steps, not both" in text
-    assert ft.DATA_FORMATS in text
+    assert examples.DATA_FORMATS in text
 
 
 def test_the_readme_lists_the_data_formats_that_help_shows():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert ft.DATA_FORMATS in " ".join(readme.split())
+    assert examples.DATA_FORMATS in " ".join(readme.split())
 
 
 def test_finetune_resume_with_a_seed_continues_the_same_run(question_base, question_csv, tmp_path):

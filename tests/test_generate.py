@@ -366,7 +366,7 @@ def test_greedy_show_choices_draws_the_most_likely_candidate(tiny_model):
 
 
 def test_check_against_finds_the_recited_spans(tmp_path):
-    from glassgpt.explain.recall import copied_spans
+    from glassgpt.recall import copied_spans
 
     story = "I HAD always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so it was no"
     pieces = ["I", " HAD", " always", " thought", " Jack", " Gisburn", " rather", " a", " cheap", " genius",

@@ -28,8 +28,8 @@ from glassgpt.errors import CheckpointError, GlassError
 from glassgpt.formats import load_meta, load_model, load_tokenizer, random_model, read_config
 from glassgpt.formats import glassgpt as glassgpt_format
 from glassgpt.formats.glassgpt import read_checkpoint, _load_model
-from glassgpt.training import checkpoint as checkpoint_mod
-from glassgpt.training.checkpoint import save_checkpoints
+from glassgpt.training.loop import checkpoint as checkpoint_mod
+from glassgpt.training.loop.checkpoint import save_checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,8 +9,8 @@ import torch
 
 import glassgpt
 from glassgpt.errors import GlassError
-from glassgpt.training import lora
-from glassgpt.training.finetune import to_classifier
+from glassgpt.training.tasks import lora
+from glassgpt.training.tasks.classify import to_classifier
 
 
 def test_lora_wraps_attention_and_feed_forward_and_starts_at_the_base_model(tiny_model):
@@ -63,13 +63,6 @@ def test_merged_checkpoint_loads_as_a_plain_model(tiny_model, tmp_path):
     glassgpt.save_model(lora.merged_model(tiny_model), tmp_path / "m")
     back = glassgpt.load_model(tmp_path / "m", device="cpu")
     torch.testing.assert_close(back(ids), tiny_model(ids), rtol=1e-4, atol=1e-5)
-
-
-def test_lora_names_stay_importable_from_finetune():
-    from glassgpt.training import finetune
-    for name in ("LORA_TARGETS", "LoRALinear", "apply_lora", "count_parameters", "has_lora", "lora_state_dict",
-                 "merge_lora", "merged_model"):
-        assert getattr(finetune, name) is getattr(lora, name)
 
 
 # --- the book's appendix E: replace_linear_with_lora ------------------------------------------------

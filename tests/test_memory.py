@@ -26,7 +26,7 @@ from glassgpt.memory import memory_needs, parameter_counts, parameter_table
 from glassgpt.model import GPTModel, LayerNorm
 from glassgpt.engine import fused
 from glassgpt.training import TrainConfig
-from glassgpt.training.compute import make_optimizer
+from glassgpt.training.loop.compute import make_optimizer
 from glassgpt.formats import random_model
 
 from conftest import stored_bytes

@@ -93,7 +93,7 @@ def test_classify_keeps_the_first_tokens_as_it_was_trained_and_says_so(tmp_path,
     assert main(["classify", LONG, "--model", str(path), "--json"]) == 0
     captured = capsys.readouterr()
     assert "note: the prompt is 40 tokens" in captured.err and "it saw the first 16 (tokens 0..15)" in captured.err
-    from glassgpt.training.finetune import predict
+    from glassgpt.training.tasks.classify import predict
 
     want = predict(clf, glassgpt.get_tokenizer("gpt2"), [" ".join(["word"] * 16)])[0]
     assert json.loads(captured.out)["prob"] == pytest.approx(float(want.max()), rel=1e-6)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import glassgpt
-from glassgpt.explain.snapshot import snapshot
+from glassgpt.training.loop.snapshot import snapshot
 from glassgpt.tokenizer import CharTokenizer
 
 TOK = CharTokenizer("abcdefghij ")

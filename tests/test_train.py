@@ -17,17 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from glassgpt.training import checkpoint as checkpoint_mod
+from glassgpt.training.loop import checkpoint as checkpoint_mod
 from glassgpt.formats.glassgpt import nonfinite_tensor, sha256, verify_checkpoint
-from glassgpt.training.checkpoint import recover_checkpoints
+from glassgpt.training.loop.checkpoint import recover_checkpoints
 from glassgpt.cli import main
 from glassgpt.config import GPTConfig
-from glassgpt.training.data import TextTask, load_corpus
+from glassgpt.training.tasks.data import TextTask, load_corpus
 from glassgpt.errors import CheckpointError
 from glassgpt.errors import RunDirError, TrainError
 from glassgpt.training import TrainConfig, fit, read_metrics
-from glassgpt.training.compute import make_optimizer
-from glassgpt.training.config import grad_accum_for, lr_at
+from glassgpt.training.loop.compute import make_optimizer
+from glassgpt.training.loop.config import grad_accum_for, lr_at
 from glassgpt.formats import load_model, load_tokenizer, random_model, save_model
 from glassgpt.model import GPTModel
 
@@ -108,7 +108,7 @@ def test_weight_decay_applies_to_matrices_only():
 
 
 def test_saves_cost_at_most_a_tenth_of_the_training_time_unless_save_every_says():
-    from glassgpt.training.checkpoint import SavePolicy
+    from glassgpt.training.loop.checkpoint import SavePolicy
     policy = SavePolicy(None, checkpoint_bytes=2_000_000_000)  # a 163M model and its AdamW moments: ~8 s
     policy.trained(40.0)
     assert not policy.due(5, evaluated=True)  # 40 s trained: a save would cost a fifth of it
@@ -685,11 +685,11 @@ def test_resume_refuses_another_seed(finished_run, capsys):
 
 
 def test_eval_and_generate_refuse_a_classifier_with_one_line(tmp_path, corpus, capsys):
-    from glassgpt.training import finetune as ft
+    from glassgpt.training.tasks import classify
     base = load_model(_finished(tmp_path, corpus))
     clf_dir = tmp_path / "clf"
     from glassgpt.formats import save_model
-    save_model(ft.to_classifier(base, 2), clf_dir, load_tokenizer(tmp_path / "base"))
+    save_model(classify.to_classifier(base, 2), clf_dir, load_tokenizer(tmp_path / "base"))
     capsys.readouterr()
     assert main(["eval", "--model", str(clf_dir), "--data", str(corpus), "--cache-dir", str(tmp_path / "c")]) == 2
     assert "is a classifier (2 classes" in _one_line_error(capsys)

@@ -18,7 +18,8 @@ from ..tokenizer import Tokenizer, check_fits
 from ..errors import KernelWarning, RandomWeightsWarning
 from ..formats import class_labels, load_meta, load_model, load_tokenizer
 from ..prompt import classifier_reading
-from ..training import book_ch06, recipes
+from ..training import recipes
+from ..training.book import ch06 as book_ch06
 # The prompt checks live in one place (prompt.py); the commands import them from here.
 from ..prompt import check_text as check_prompt, encode as encode_prompt  # noqa: F401
 

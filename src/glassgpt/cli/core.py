@@ -12,7 +12,7 @@ from ..device import resolve_device, resolve_dtype
 from ..engine.int4 import check_group_size
 from ..engine import autotune, compile_for_generation, quantize_int4, quantize_int8
 from ..errors import GlassError
-from ..explain.recall import MIN_TOKENS, copied_spans
+from ..recall import MIN_TOKENS, copied_spans
 from ..generate import decode_stream, sampling_probs, stream
 from ..prompt import fit_prompt
 from ..memory import memory_needs, parameter_table

@@ -31,11 +31,13 @@ from typing import Any
 from ..errors import GlassError
 from ..formats import load_model
 from ..training import TrainConfig
-from ..training import finetune as ft
+from ..training.tasks import classify, examples, instruct
 from ..formats.book import is_state_dict_file
-from ..training import book_ch06, book_ch07, lora, recipes, runs
-from ..training.compute import exact
-from ..training.config import default
+from ..training import finetuning, recipes
+from ..training.book import ch06 as book_ch06, ch07 as book_ch07
+from ..training.tasks import lora
+from ..training.loop.compute import exact
+from ..training.loop.config import default
 from ..prompt import BOOK_FILE_HINT, fit_prompt
 from .common import (add_model_args, add_reading_args, class_names, classifier_reading_of, fraction, load, nonneg_float,
                      nonneg_int, positive_float, positive_int, probability, require_language_model, say)
@@ -45,7 +47,7 @@ from .run import Prepared, Start, add_train_args, given_flags, run_training, sto
 # Flags that describe what a run is made of; --resume takes them from the run instead.
 SETTINGS = ("model", "data", "val", "test", "val_fraction", "text_column", "label_column", "labels", "max_length",
             "trainable", "lora_rank", "lora_alpha", "on_bad_record", "recipe")
-DEFAULTS = runs.DEFAULTS  # each kind's (the book's), what --help shows and a run uses; the lr is finetune.default_lr
+DEFAULTS = finetuning.DEFAULTS  # each kind's (the book's), what --help shows and a run uses; the lr is finetune.default_lr
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -55,7 +57,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     c = fsub.add_parser("classify", help="swap the vocab head for a classifier head and train on labelled texts",
                         description="Replace out_head (emb_dim -> vocab_size) by emb_dim -> classes and train on "
-                                    f"the last token's output. Data: {ft.DATA_FORMATS}, with a text and a label "
+                                    f"the last token's output. Data: {examples.DATA_FORMATS}, with a text and a label "
                                     "column.")
     _add_common(c, "classify")
     c.add_argument("--text-column", metavar="NAME", help="column with the text (default text)")
@@ -118,8 +120,8 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
                                                    "hub id (openai-community/gpt2), or a preset (random weights); "
                                                    "required for a new run")
     p.add_argument("--data", metavar="FILE", help="training data, required for a new run: " + (
-        f"{ft.DATA_FORMATS} with a text and a label column" if kind == "classify"
-        else f"{ft.DATA_FORMATS} of Alpaca records (instruction, optional input, output)"))
+        f"{examples.DATA_FORMATS} with a text and a label column" if kind == "classify"
+        else f"{examples.DATA_FORMATS} of Alpaca records (instruction, optional input, output)"))
     p.add_argument("--val", metavar="FILE", help="validation data in the same form (default: hold out --val-fraction)")
     p.add_argument("--val-fraction", type=fraction, help="share of --data held out when there is no --val (default 0.1)")
     p.add_argument("--max-length", type=positive_int, help="cut inputs to this many tokens (default: context_length)")
@@ -131,7 +133,7 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--lora-alpha", type=positive_float, metavar="A", help="LoRA scale is A / R; --recipe book: A, as appendix E's LoRALayer scales it, "
                         "on every nn.Linear (default: A = R)")
     add_train_args(p, exclude=("batch_tokens", "recipe"), epochs=str(d["epochs"]), shown={
-        "lr": f"{ft.BOOK_LR:g} x max(1, 768 / emb_dim): the book's at GPT-2's widths, more for narrower models",
+        "lr": f"{examples.BOOK_LR:g} x max(1, 768 / emb_dim): the book's at GPT-2's widths, more for narrower models",
         "max_steps": "from --epochs; not with --epochs",
         "warmup_steps": "a tenth of the steps, at most 100", "eval_every": "once per epoch, at most 100 steps",
         "sample_tokens": "0" if kind == "classify" else "64"})
@@ -166,15 +168,15 @@ def _setup(args: argparse.Namespace, start: Start, kind: str):
         settings, source, seed = _new_settings(args, kind), None, args.seed if args.seed is not None else default("seed")
     if settings["lora_rank"] and args.fsdp:
         raise GlassError("--fsdp shards plain weights; LoRA adapters are small enough to replicate: drop --fsdp")
-    model, tokenizer = runs.start_model(source or settings["model"])
-    model, data, make_task, lines = runs.prepare_glassgpt(kind, model, tokenizer, settings, seed)
+    model, tokenizer = finetuning.start_model(source or settings["model"])
+    model, data, make_task, lines = finetuning.prepare_glassgpt(kind, model, tokenizer, settings, seed)
     for line in lines:
         say(line, file=sys.stderr if line.startswith("skipped") else sys.stdout)
     world = start.ranks.world
     cfg = _train_config(args, kind, len(data["train"]), model.cfg.emb_dim, start.saved, world)
     task = make_task(cfg)
     say(_parameter_summary(model, settings))
-    per_epoch = ft.steps_per_epoch(task.n_train, cfg.batch_size, cfg.grad_accum, world)
+    per_epoch = examples.steps_per_epoch(task.n_train, cfg.batch_size, cfg.grad_accum, world)
     say(f"training: {cfg.max_steps:,} steps ({cfg.max_steps / per_epoch:.2f} epochs of {per_epoch:,} steps) of "
         f"{cfg.batch_size} x {cfg.grad_accum} accumulation x {world} rank(s), lr {cfg.lr:g}, {cfg.dtype}")
     meta = {"finetune": settings}
@@ -194,12 +196,12 @@ def _book_setup(args: argparse.Namespace, start: Start, recipe: recipes.Recipe, 
         settings = _new_settings(args, kind)
         cfg = recipe.train_config({f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)},
                                   {"out": args.out})
-    model, tokenizer = runs.start_model(start.checkpoint or settings["model"])
+    model, tokenizer = finetuning.start_model(start.checkpoint or settings["model"])
     new = start.checkpoint is None
-    model, task, line = runs.prepare_book(kind, model, tokenizer, settings, cfg, new, getattr(args, "responses", None))
+    model, task, line = finetuning.prepare_book(kind, model, tokenizer, settings, cfg, new, getattr(args, "responses", None))
     say(line)
     if new:
-        cfg.max_steps = runs.book_steps(args.epochs or recipe.epochs, task.steps_per_epoch, args.max_steps)
+        cfg.max_steps = finetuning.book_steps(args.epochs or recipe.epochs, task.steps_per_epoch, args.max_steps)
     say(_parameter_summary(model, settings))
     say(f"training: {cfg.max_steps:,} steps ({cfg.max_steps / task.steps_per_epoch:.2f} epochs of "
         f"{task.steps_per_epoch:,} batches of {cfg.batch_size}), AdamW lr {cfg.lr:g}, weight decay "
@@ -232,13 +234,13 @@ def _report(result: dict, cfg: TrainConfig, task, tokenizer, model, kind: str) -
     else:
         rec = task.sample_records[0] if task.sample_records else None
         if rec is not None:
-            answer = ft.respond(best, tokenizer, rec["instruction"], rec["input"], max_new_tokens=cfg.sample_tokens or 64)
+            answer = instruct.respond(best, tokenizer, rec["instruction"], rec["input"], max_new_tokens=cfg.sample_tokens or 64)
             print(f"sample: {rec['instruction']!r}\n  -> {answer!r}")
         print(f"model: {run_dir}   try: glassgpt chat \"...\" --model {run_dir}")
 
 
 def _new_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
-    return runs.new_settings(kind, **{name: getattr(args, name, None) for name in SETTINGS})
+    return finetuning.new_settings(kind, **{name: getattr(args, name, None) for name in SETTINGS})
 
 
 def _resume_settings(args: argparse.Namespace, kind: str, start: Start) -> dict[str, Any]:
@@ -247,16 +249,16 @@ def _resume_settings(args: argparse.Namespace, kind: str, start: Start) -> dict[
     if given:
         raise GlassError(f"--resume continues a run with its own model and data: drop {given[0]} "
                          "(training flags such as --max-steps may change)")
-    return runs.resumed_settings(start.checkpoint, start.run_dir.path, kind)
+    return finetuning.resumed_settings(start.checkpoint, start.run_dir.path, kind)
 
 
 def _train_config(args: argparse.Namespace, kind: str, n_train: int, emb_dim: int, saved: dict | None,
                   world: int) -> TrainConfig:
     """The run's TrainConfig: a resumed run's own, or the flags over glassgpt's finetuning defaults
-    (ft.finetune_defaults); --epochs sets max_steps, --max-steps sets it directly (cli/run.py refuses both)."""
+    (examples.finetune_defaults); --epochs sets max_steps, --max-steps sets it directly (cli/run.py refuses both)."""
     if saved is not None:
         return train_config_from_args(args, saved)
-    base = ft.finetune_defaults(n_train, emb_dim, args.batch_size or default("batch_size"), args.grad_accum or 1,
+    base = examples.finetune_defaults(n_train, emb_dim, args.batch_size or default("batch_size"), args.grad_accum or 1,
                                 world, args.epochs or DEFAULTS[kind]["epochs"], args.max_steps,
                                 sample_tokens=0 if kind == "classify" else 64)
     return train_config_from_args(args, {"out": args.out, **base})
@@ -264,8 +266,8 @@ def _train_config(args: argparse.Namespace, kind: str, n_train: int, emb_dim: in
 
 # --- classification ------------------------------------------------------------------------
 
-def _report_classification(model, task: ft.ClassificationTask, run_dir: Path) -> None:
-    report = runs.classification_report(model, task, run_dir)
+def _report_classification(model, task: classify.ClassificationTask, run_dir: Path) -> None:
+    report = finetuning.classification_report(model, task, run_dir)
     print(f"validation accuracy: {report['accuracy']:.2%} of {report['n']:,} texts (best/ checkpoint)")
     print(format_confusion(report["matrix"], report["labels"]))
     print("confusion matrix: " + ", ".join(str(f) for f in report["files"]))
@@ -344,13 +346,13 @@ def run_chat(args: argparse.Namespace) -> int:
     for instruction in instructions:
         if not instruction:
             continue
-        cut = fit_prompt(tokenizer.encode(ft.format_prompt(instruction, args.input)), model.cfg.context_length)
+        cut = fit_prompt(tokenizer.encode(instruct.format_prompt(instruction, args.input)), model.cfg.context_length)
         if cut.note:  # generation reads the window's last tokens, as it does for every prompt
             print(f"note: {cut.note}", file=sys.stderr)
         if args.recipe == recipes.BOOK:
             print(book_ch07.respond(model, tokenizer, {"instruction": instruction, "input": args.input},
                                     args.max_new_tokens), flush=True)
             continue
-        print(ft.respond(model, tokenizer, instruction, args.input, args.max_new_tokens, args.temperature,
+        print(instruct.respond(model, tokenizer, instruction, args.input, args.max_new_tokens, args.temperature,
                          args.top_k, args.top_p, args.seed), flush=True)
     return 0

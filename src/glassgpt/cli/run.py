@@ -29,10 +29,10 @@ from typing import Any, Callable
 from ..engine import autotune
 from ..errors import GlassError
 from ..training import TrainConfig, fit, recipes
-from ..training.checkpoint import checkpoint_bytes, resume_checkpoint
-from ..training.config import setting_type
-from ..training.distributed import Distributed, setup_distributed
-from ..training.rundir import RunDir, open_run_dir, saved_train_config
+from ..training.loop.checkpoint import checkpoint_bytes, resume_checkpoint
+from ..training.loop.config import setting_type
+from ..training.loop.distributed import Distributed, setup_distributed
+from ..training.loop.rundir import RunDir, open_run_dir, saved_train_config
 from .common import _number, add_threads_arg, is_main_rank, positive_float, say, set_threads
 from .progress import Printer
 

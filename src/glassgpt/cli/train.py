@@ -33,12 +33,13 @@ from ..formats.book import is_state_dict_file, side_config
 from ..formats.files import atomic_write
 from ..tokenizer import check_fits, get_tokenizer, train_bpe
 from ..training import TrainConfig, plot_run, read_metrics
-from ..training import book, evaluation, recipes
-from ..training.compute import with_dropout
-from ..training.config import SMALL_TEXT_FINDING, default, runs_as_book
-from ..training.data import build_tokenizer, resolve_files, scan_file
-from ..training.metrics import snapshot_records
-from ..training.rundir import saved_train_config
+from ..training import evaluation, recipes
+from ..training.book import ch05 as book
+from ..training.loop.compute import with_dropout
+from ..training.loop.config import SMALL_TEXT_FINDING, default, runs_as_book
+from ..training.tasks.data import build_tokenizer, resolve_files, scan_file
+from ..training.loop.metrics import snapshot_records
+from ..training.loop.rundir import saved_train_config
 from .common import add_threads_arg, fraction, nonneg_float, nonneg_int, positive_int, require_language_model, say, set_threads
 from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
 

@@ -1,26 +1,19 @@
-"""training: the loop, its config, checkpoints and run directories, the pretraining and finetuning tasks, LoRA.
+"""training: the loop and its machinery, the tasks it trains on, the book's replays, and the recipes that pick them.
 
-    loop.py         `fit(model, task, cfg)` and `train(run)`: the loop, in the book's order
-    config.py       TrainConfig (every setting declared once), the two recipes, the lr schedule
-    run.py          the machinery around the loop, behind the names it calls
-    compute.py      the model as the step runs it: placed, sharded, bf16, fused, compiled, DDP; AdamW
-    distributed.py  one process, or one rank of a torchrun job
-    checkpoint.py   latest/ and best/, written whole, when to write them, resumed exactly
-    rundir.py       one process at a time in a run directory; new run or resume, checked once
-    faults.py       signals, divergence, disks that refuse a write
-    metrics.py      metrics.jsonl (`read_metrics`), loss.png and a classifier's confusion.png
-    data.py         text files -> cached token ids -> windows (glassgpt's pretraining task)
-    task.py         Task, the base class of what the loop trains on; recipes.py the recipes' registry
-    book.py         the book's chapter 5: its loaders, evaluation and samples (`--recipe book`)
-    appendix_d.py   the book's appendix D: train_model (warm-up, cosine decay, clipping) on chapter 5's data
-    book_ch06.py    the book's chapter 6 (`finetune classify --recipe book`); book_ch07.py its chapter 7
-    examples.py     what the finetuning tasks share; classify.py (chapter 6), instruct.py (chapter 7)
-    lora.py         LoRA adapters (appendix E); finetune.py names the finetuning API in one place
+    loop/           the loop (`fit`, `train`), the Task it is handed, TrainConfig, and what stands around it:
+                    placement and precision, ranks, checkpoints, the run directory, faults, metrics, snapshots
+    tasks/          glassgpt's tasks: pretraining on text, classification, instructions; LoRA
+    book/           the book's chapters 5, 6, 7 and appendix D, run as its code runs them (`--recipe book`)
+    recipes.py      how a run trains, one object per regime, looked up by name
+    finetuning.py   a finetuning run from plain values: its settings, the model and task it starts from, its report
+    evaluation.py   `glassgpt eval` from plain values: one split's loss, on glassgpt's windows or the book's
+
+Each folder imports only the folders listed above it (tests/test_layout.py).
 """
 
-from .config import TrainConfig
-from .loop import evaluate_loss, evaluate_text, fit
-from .task import Task
-from .metrics import plot_run, read_metrics
+from .loop.config import TrainConfig
+from .loop.loop import evaluate_loss, evaluate_text, fit
+from .loop.task import Task
+from .loop.metrics import plot_run, read_metrics
 
 __all__ = ["Task", "TrainConfig", "evaluate_loss", "evaluate_text", "fit", "plot_run", "read_metrics"]

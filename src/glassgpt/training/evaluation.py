@@ -13,9 +13,10 @@ import math
 from pathlib import Path
 
 from ..errors import GlassError
-from . import book, recipes
-from .data import split_ids, tokenize_files
-from .loop import evaluate_text
+from . import recipes
+from .book import ch05 as book
+from .tasks.data import split_ids, tokenize_files
+from .loop.loop import evaluate_text
 
 
 def perplexity(loss: float) -> float | None:

@@ -30,8 +30,12 @@ from ..config import GPTConfig
 from ..errors import GlassError
 from ..formats import random_model
 from ..model import GPTModel, init_name
-from . import appendix_d, book, book_ch06, book_ch07, data
-from .config import BOOK_DEFAULTS, BOOK_SETTINGS, TrainConfig
+from .book import appendix_d
+from .book import ch05 as book
+from .book import ch06 as book_ch06
+from .book import ch07 as book_ch07
+from .tasks import data
+from .loop.config import BOOK_DEFAULTS, BOOK_SETTINGS, TrainConfig
 
 
 @dataclass(frozen=True)

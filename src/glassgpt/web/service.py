@@ -207,7 +207,7 @@ def read_snapshots(run_dir: Path) -> dict[str, Any]:
     try:
         from ..training import read_metrics
     except ImportError:  # before the training package exported it
-        from ..training.loop import read_metrics
+        from ..training.loop.loop import read_metrics
     evaluations = [{"step": r["step"], "tokens": r["tokens"], "train_loss": r.get("train_loss"),
                     "val_loss": r.get("val_loss"), "snapshot": r.get("snapshot")}
                    for r in read_metrics(run_dir) if "val_loss" in r or "snapshot" in r]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..device import resolve_device
+from ...device import resolve_device
 
 
 @dataclass

@@ -20,13 +20,14 @@ from typing import Any
 from ..errors import GlassError
 from ..formats import load_meta, load_model, load_tokenizer
 from ..tokenizer import check_fits
-from . import book_ch06, book_ch07
-from .classify import ClassificationTask, prepare_classifier
-from .compute import exact
-from .config import TrainConfig
-from .data import scan_file
-from .instruct import prepare_instructions
-from .metrics import save_confusion, save_confusion_png
+from .book import ch06 as book_ch06
+from .book import ch07 as book_ch07
+from .tasks.classify import ClassificationTask, prepare_classifier
+from .loop.compute import exact
+from .loop.config import TrainConfig
+from .tasks.data import scan_file
+from .tasks.instruct import prepare_instructions
+from .loop.metrics import save_confusion, save_confusion_png
 
 # Each kind's defaults (the book's): the epochs a run takes and which weights train.
 DEFAULTS = {

@@ -21,13 +21,13 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..adopt import adopt
-from ..device import evaluating
-from ..explain.snapshot import snapshot
-from ..tokenizer import Tokenizer
+from ...adopt import adopt
+from ...device import evaluating
+from .snapshot import snapshot
+from ...tokenizer import Tokenizer
 from .compute import autocast, autocast_dtype
 from .config import TrainConfig, evaluation_due
-from .data import TextTask
+from ..tasks.data import TextTask
 from .distributed import Distributed
 from .run import Run
 from .rundir import RunDir

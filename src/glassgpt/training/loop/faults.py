@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..errors import TrainError
+from ...errors import TrainError
 from .checkpoint import saved_checkpoints
 from .config import TrainConfig
 

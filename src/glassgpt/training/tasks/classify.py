@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..device import evaluating
-from ..errors import DataError
-from ..formats.glassgpt import model_from_state
-from ..model import GPTModel
-from ..tokenizer import Tokenizer
+from ...device import evaluating
+from ...errors import DataError
+from ...formats.glassgpt import model_from_state
+from ...model import GPTModel
+from ...tokenizer import Tokenizer
 from .examples import ExampleStream, holdout, pad_batch, pad_id_of, read_records, set_trainable
 
 

@@ -31,15 +31,15 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..config import GPTConfig
-from ..errors import ConfigError
-from ..model import GPTModel
-from ..tokenizer import Tokenizer
-from .book import LINE, START_CONTEXT, BookTask, book_loss, split_text, windows
-from .config import TrainConfig
-from .faults import writing
-from .loop import evaluate_loss
-from .metrics import append_metrics
+from ...config import GPTConfig
+from ...errors import ConfigError
+from ...model import GPTModel
+from ...tokenizer import Tokenizer
+from .ch05 import LINE, START_CONTEXT, BookTask, book_loss, split_text, windows
+from ..loop.config import TrainConfig
+from ..loop.faults import writing
+from ..loop.loop import evaluate_loss
+from ..loop.metrics import append_metrics
 
 # The book's TransformerBlock registers att, ff, norm1, norm2; glassgpt's norm1, att, norm2, ff.
 BOOK_BLOCK_ORDER = ("att", "ff", "norm1", "norm2")

@@ -21,8 +21,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..config import known_fields
-from ..errors import TrainError
+from ...config import known_fields
+from ...errors import TrainError
 
 RECIPES = ("glassgpt", "book")
 DTYPES = ("float32", "bfloat16", "float16", "auto")

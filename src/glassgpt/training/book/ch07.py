@@ -23,12 +23,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..errors import DataError, TrainError
-from ..formats.files import atomic_write
-from ..generate import generate
-from ..tokenizer import Tokenizer
-from .book import BookTask
-from .examples import read_records
+from ...errors import DataError, TrainError
+from ...formats.files import atomic_write
+from ...generate import generate
+from ...tokenizer import Tokenizer
+from .ch05 import BookTask
+from ..tasks.examples import read_records
 
 PAD_ID = 50256            # custom_collate_fn's pad_token_id, also its end of text
 ALLOWED_MAX_LENGTH = 1024  # the notebook's partial(custom_collate_fn, allowed_max_length=1024)

@@ -25,9 +25,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..device import evaluating
-from ..generate import generate, glass_model
-from ..tokenizer import Tokenizer
+from ...device import evaluating
+from ...generate import generate, glass_model
+from ...tokenizer import Tokenizer
 
 
 @torch.no_grad()

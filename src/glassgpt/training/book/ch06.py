@@ -31,13 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import DataError
-from ..formats.glassgpt import model_from_state
-from ..model import GPTModel
-from ..tokenizer import Tokenizer
-from .book import BookTask, loader_seed, shuffled
-from .examples import freeze, read_records
-from .lora import merged_model, replace_linear_with_lora
+from ...errors import DataError
+from ...formats.glassgpt import model_from_state
+from ...model import GPTModel
+from ...tokenizer import Tokenizer
+from .ch05 import BookTask, loader_seed, shuffled
+from ..tasks.examples import freeze, read_records
+from ..tasks.lora import merged_model, replace_linear_with_lora
 
 LABELS = ["not spam", "spam"]  # what classify_review prints for class 0 and class 1
 POSITION = "the last position, padding included, as the book's classify_review reads it"

@@ -51,12 +51,12 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import nn
 
-from ..errors import CheckpointError
-from ..model import GPTModel
-from ..tokenizer import Tokenizer
-from ..formats.glassgpt import (STATE_FORMAT, checkpoint_step, model_from_state, save_model, sha256,
+from ...errors import CheckpointError
+from ...model import GPTModel
+from ...tokenizer import Tokenizer
+from ...formats.glassgpt import (STATE_FORMAT, checkpoint_step, model_from_state, save_model, sha256,
                                verify_checkpoint)
-from ..formats.files import atomic_write, read_safetensors, refuse_link, upgrade_name
+from ...formats.files import atomic_write, read_safetensors, refuse_link, upgrade_name
 
 # --- saving ----------------------------------------------------------------------------------
 

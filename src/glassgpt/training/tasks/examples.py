@@ -22,11 +22,11 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..errors import DataError, GlassError
-from ..model import GPTModel
-from ..tokenizer import Tokenizer
+from ...errors import DataError, GlassError
+from ...model import GPTModel
+from ...tokenizer import Tokenizer
 from .lora import apply_lora, merged_model
-from .task import Task
+from ..loop.task import Task
 
 
 # --- reading data files --------------------------------------------------------------

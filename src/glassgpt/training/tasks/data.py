@@ -36,13 +36,13 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, DataError
-from ..formats.files import create_file, open_to_write, read_json, special_file
-from ..generate import generate
-from ..engine.loss import cross_entropy
-from ..formats import get_tokenizer
-from ..tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, iter_text_blocks
-from .task import Task
+from ...errors import CheckpointError, DataError
+from ...formats.files import create_file, open_to_write, read_json, special_file
+from ...generate import generate
+from ...engine.loss import cross_entropy
+from ...formats import get_tokenizer
+from ...tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, iter_text_blocks
+from ..loop.task import Task
 
 CACHE_FORMAT = 1
 READ_BYTES = 1 << 20

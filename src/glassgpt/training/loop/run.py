@@ -36,15 +36,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import NonFiniteError
-from ..formats.files import atomic_write
-from ..formats.glassgpt import nonfinite_tensor
-from ..tokenizer import Tokenizer
+from ...errors import NonFiniteError
+from ...formats.files import atomic_write
+from ...formats.glassgpt import nonfinite_tensor
+from ...tokenizer import Tokenizer
 from .checkpoint import SavePolicy, checkpoint_bytes, load_checkpoint, save_checkpoints
 from .compute import Compute, make_optimizer
 from .config import TrainConfig, grad_accum_for, lr_at, runs_as_book
 from .distributed import Distributed, setup_distributed
-from .examples import trained_parts
+from ..tasks.examples import trained_parts
 from .faults import StopRequests, diverged, writing
 from .metrics import append_metrics, plot_run, truncate_metrics
 from .rundir import RunDir, open_run_dir

@@ -34,9 +34,9 @@ import math
 import torch
 from torch import nn
 
-from ..errors import GlassError
-from ..model import GPTModel
-from ..formats.glassgpt import model_from_state
+from ...errors import GlassError
+from ...model import GPTModel
+from ...formats.glassgpt import model_from_state
 
 LORA_TARGETS = ("att.W_query", "att.W_key", "att.W_value", "att.out_proj", "ff.layers.0", "ff.layers.2")
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import GlassError, RunDirError
-from ..formats.files import open_to_write, read_json, refuse_link
+from ...errors import GlassError, RunDirError
+from ...formats.files import open_to_write, read_json, refuse_link
 from .checkpoint import recover_checkpoints
 from .config import TrainConfig
 

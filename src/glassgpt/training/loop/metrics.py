@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TrainError
-from ..formats.files import atomic_write, open_to_write
+from ...errors import TrainError
+from ...formats.files import atomic_write, open_to_write
 
 FILE = "metrics.jsonl"
 

@@ -16,12 +16,12 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import nn
 
-from ..device import evaluating
-from ..engine.loss import IGNORE_INDEX, cross_entropy
-from ..errors import DataError, GlassError
-from ..generate import generate
-from ..model import GPTModel
-from ..tokenizer import Tokenizer
+from ...device import evaluating
+from ...engine.loss import IGNORE_INDEX, cross_entropy
+from ...errors import DataError, GlassError
+from ...generate import generate
+from ...model import GPTModel
+from ...tokenizer import Tokenizer
 from .examples import ExampleStream, holdout, read_records, set_trainable
 
 ALPACA_PREAMBLE = ("Below is an instruction that describes a task. "

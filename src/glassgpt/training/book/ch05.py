@@ -30,15 +30,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..adopt import adopt
-from ..engine.loss import cross_entropy
-from ..errors import DataError
-from ..generate import generate
-from ..tokenizer import Tokenizer
-from .compute import exact
-from .data import cache_key, scan_file
-from .loop import evaluate_loss
-from .task import Task
+from ...adopt import adopt
+from ...engine.loss import cross_entropy
+from ...errors import DataError
+from ...generate import generate
+from ...tokenizer import Tokenizer
+from ..loop.compute import exact
+from ..tasks.data import cache_key, scan_file
+from ..loop.loop import evaluate_loss
+from ..loop.task import Task
 
 START_CONTEXT = "Every effort moves you"  # the book's start_context
 SAMPLE_TOKENS = 50                        # generate_and_print_sample's max_new_tokens

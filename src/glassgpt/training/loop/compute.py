@@ -22,11 +22,11 @@ import dataclasses
 import torch
 from torch import nn
 
-from ..device import resolve_dtype
-from ..engine import autotune
-from ..engine.fused import fused
-from ..engine.mixed import LowPrecisionCopy, keep_freed_memory
-from ..errors import TrainError
+from ...device import resolve_dtype
+from ...engine import autotune
+from ...engine.fused import fused
+from ...engine.mixed import LowPrecisionCopy, keep_freed_memory
+from ...errors import TrainError
 from .config import TrainConfig, runs_as_book
 from .distributed import Distributed
 
