@@ -339,7 +339,7 @@ def test_the_run_records_what_chapter_6_trained_and_explain_marks_it(glass_run, 
     assert sum(line in x for x in capsys.readouterr().out.splitlines()) == 1
     from glassgpt.cli.explain import about
     from glassgpt.explain import trace
-    from glassgpt.explain.diagram import layout, to_svg
+    from glassgpt.explain.views.diagram import layout, to_svg
     tr = trace(glassgpt.load_model(glass_run[1]), glassgpt.load_tokenizer(glass_run[1]), "hi",
                about=about(str(glass_run[1])))
     marks = {item.key for item in layout(tr).keyed("trained:") if item.key != "trained:blocks"}

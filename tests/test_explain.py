@@ -20,8 +20,8 @@ from glassgpt.config import GPTConfig
 from glassgpt.errors import GlassError, PromptError
 from glassgpt.errors import TraceCancelled
 from glassgpt.explain import About, TraceOptions, check_embedding_is_linear, trace
-from glassgpt.explain.diagram import attention_figure, layout, save_attention_png, save_png, to_svg
-from glassgpt.explain.draw import Text
+from glassgpt.explain.views.diagram import attention_figure, layout, save_attention_png, save_png, to_svg
+from glassgpt.explain.views.draw import Text
 from glassgpt.formats import random_model
 
 PROMPT = "Every effort moves you"  # 4 GPT-2 tokens
@@ -510,7 +510,7 @@ def test_png_takes_dollar_signs_as_text(small):
         return [t.get_window_extent(renderer).width for t in fig.findobj(matplotlib.text.Text) if t.get_text() == text]
 
     import matplotlib.text
-    from glassgpt.explain import draw
+    from glassgpt.explain.views import draw
     flow = draw.figure(layout(tr), scale=1.0)
     plain = Figure(dpi=100)
     plain.canvas = type(flow.canvas)(plain)
@@ -670,7 +670,7 @@ def test_explain_of_gpt2_book_seed_123_shows_the_books_chapter_4_logits(capsys):
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_no_text_of_the_picture_is_cut_at_the_canvas_edge(tie):
-    from glassgpt.explain.draw import MARGIN, text_extent
+    from glassgpt.explain.views.draw import MARGIN, text_extent
 
     tok = glassgpt.get_tokenizer("gpt2")
     tr = trace(book_small(tie), tok, PROMPT * 3, about=About("a-rather-long-model-name/best", random_weights=True,
@@ -688,7 +688,7 @@ def test_no_text_of_the_png_leaves_the_canvas():
     """The same check on the PNG's own renderer (Agg), which measures what it draws."""
     import matplotlib.text
 
-    from glassgpt.explain import draw
+    from glassgpt.explain.views import draw
 
     tr = trace(book_small(tie=False), glassgpt.get_tokenizer("gpt2"), PROMPT)
     fig = draw.figure(layout(tr), scale=1.0)

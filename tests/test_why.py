@@ -301,8 +301,8 @@ def test_the_readers_item_6_fixes(tok):
 
 
 def test_the_picture_and_the_notebook_view(tok):
-    from glassgpt.explain.draw import Text, text_extent
-    from glassgpt.explain.why_view import why_layout
+    from glassgpt.explain.views.draw import Text, text_extent
+    from glassgpt.explain.views.why import why_layout
     w = why(small("openai", seed=5), tok, PROMPT, patch=CORRUPTED)
     d = why_layout(w)
     assert len(d.keyed("head:")) == 2 * 4 and len(d.keyed("ff:")) == 2 and len(d.keyed("source:")) == 4

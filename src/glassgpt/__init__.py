@@ -32,7 +32,8 @@ from .adopt import adopt
 from .config import PRESETS, GPTConfig
 from .engine import KVCache
 from .errors import GlassError, RandomWeightsWarning
-from .explain import Trace, Why, check, diagram as explain_diagram, show, trace, why
+from .explain import Trace, Why, check, show, trace, why
+from .explain.views import diagram as explain_diagram
 from .formats import download, export_hf, get_config, get_tokenizer, load_meta, load_model, load_tokenizer, save_model
 from .generate import generate, stream
 from .model import GPTModel

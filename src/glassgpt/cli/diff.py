@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..explain import draw
+from ..explain.views import draw
 from ..explain.compare import compare, comparison_text
 from ..explain.diff import check_same_shapes, diff_layout, diff_text, diff_weights
 from ..formats import read_config

@@ -13,14 +13,14 @@ from pathlib import Path
 from ..config import init_scheme
 from ..errors import GlassError
 from ..explain import About, trace
-from ..explain import draw
+from ..explain.views import draw
 from ..explain.compare import compare, comparison_layout, comparison_text
-from ..explain.diagram import layout, save_attention_png
+from ..explain.views.diagram import layout, save_attention_png
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
 from ..explain.passage import passage, passage_layout, passage_text
 from ..explain.why import why
-from ..explain.why_view import why_layout
-from ..explain.text import embedding_section
+from ..explain.views.why import why_layout
+from ..explain.views.text import embedding_section
 from ..explain.trace import trace_options
 from ..formats.book import is_state_dict_file
 from ..formats import class_labels, is_random_init, load_meta, load_model, load_tokenizer, read_config

@@ -19,10 +19,10 @@
     notebook.py  each result's picture and key lines inline in Jupyter; show(model, text)
 """
 
-from . import diagram
+from .views import diagram
 from .check import check_embedding_is_linear
 from .record import Progress
-from .notebook import show  # also gives every result its _repr_html_
+from .views.notebook import show  # also gives every result its _repr_html_
 from .trace import About, Stage, Trace, TraceOptions, trace
 from .verify import CheckResult, check
 from .why import Why, why

@@ -25,8 +25,8 @@ from ..adopt import adopt
 from ..model import GPTModel
 from ..prompt import encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
-from .draw import GRAY, MUTED, ORANGE, PURPLE, Drawing, Line, Rect, Text, header
-from .notation import token
+from .views.draw import GRAY, MUTED, ORANGE, PURPLE, Drawing, Line, Rect, Text, header
+from .views.notation import token
 from .trace import About, TraceOptions, trace_with_logits
 
 BAR_W = 300

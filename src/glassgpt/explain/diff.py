@@ -26,9 +26,9 @@ from ..adopt import adopt
 from ..config import GPTConfig
 from ..errors import GlassError
 from ..model import GPTModel
-from .draw import GRAY, INK, MUTED, ORANGE, Drawing, Rect, Text, header, wrap
+from .views.draw import GRAY, INK, MUTED, ORANGE, Drawing, Rect, Text, header, wrap
 from .compare import bar_columns
-from .notation import shape
+from .views.notation import shape
 
 HEAD = ("out_head.weight", "out_head.bias")
 # A block's tensors as the book draws the block, with the short labels of the picture's columns.

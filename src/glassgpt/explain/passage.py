@@ -30,8 +30,8 @@ from ..errors import PromptError
 from ..model import GPTModel
 from ..prompt import encode
 from ..tokenizer import Tokenizer
-from .draw import GRAY, INK, MUTED, ORANGE, RED, Drawing, Rect, Text, fit, header, text_width
-from .notation import token
+from .views.draw import GRAY, INK, MUTED, ORANGE, RED, Drawing, Rect, Text, fit, header, text_width
+from .views.notation import token
 from .record import Progress, Recorder, record
 from .trace import About
 

@@ -35,10 +35,10 @@ from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
 from .head import head_products
-from .notation import trained_line
+from .views.notation import trained_line
 from .options import TRACE_OPTIONS, check
 from .record import Progress, Recorder, record
-from .text import render_text
+from .views.text import render_text
 
 VOCAB_TO_HIDDEN = "vocab->hidden"
 HIDDEN_TO_VOCAB = "hidden->vocab"

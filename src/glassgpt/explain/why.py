@@ -41,7 +41,7 @@ from ..model import GPTModel, attention_weights
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .record import Recorder, record
-from .why_view import why_html, why_text
+from .views.why import why_html, why_text
 
 ATTENTION_IS_NOT = ("attention weights alone are neither answer: `direct` weighs each source by what its value "
                     "vector, through W_O and final_norm, adds to the logit; `causal` removes it and runs again")

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..errors import GlassError
 from ..explain import About, Progress, trace
-from ..explain.diagram import to_svg
+from ..explain.views.diagram import to_svg
 from ..explain.options import MAX_TOP_K, TRACE_OPTIONS, WHY_OPTIONS, api_fields, controls
 from ..explain.why import why
 from ..explain.trace import model_facts, trace_options

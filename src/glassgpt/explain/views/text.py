@@ -9,8 +9,8 @@ where each token looks most.
 
 from __future__ import annotations
 
-from ..formats.book import layout_note, model_notes
-from ..config import GPTConfig
+from ...formats.book import layout_note, model_notes
+from ...config import GPTConfig
 from .notation import clip, numel, rank, shape as _shape, token
 
 # Annotations name "Trace" and "Stage" (trace.py) as strings: trace.py imports this module for

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ..errors import GlassError
+from ...errors import GlassError
 from . import draw
 from .draw import (BLUE, BLUE_BG, GRAY, GRAY_BG, GREEN, MUTED, ORANGE, ORANGE_BG, PURPLE, RED, Drawing, Line, Rect,
                    Text, drawable, fit, wrap)
 from .notation import TRAINED_STATES, clip, shape as _shape, token, trained_line
 
 if TYPE_CHECKING:
-    from .trace import Stage, Trace
+    from ..trace import Stage, Trace
 
 # The geometry, named once: every part places itself relative to these.
 MIN_WIDTH = 1040

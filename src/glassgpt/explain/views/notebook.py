@@ -14,14 +14,14 @@ from html import escape
 
 from torch import nn
 
-from ..tokenizer import Tokenizer, get_tokenizer
+from ...tokenizer import Tokenizer, get_tokenizer
 from . import diagram, draw
-from .compare import Comparison, comparison_layout, comparison_text
-from .diff import WeightDiff, diff_layout, summary
+from ..compare import Comparison, comparison_layout, comparison_text
+from ..diff import WeightDiff, diff_layout, summary
 from .draw import GRAY, GREEN, INK, MUTED, RED, Drawing, Rect, Text
-from .passage import Passage, passage_layout, passage_text
-from .trace import Trace, trace
-from .verify import CheckResult
+from ..passage import Passage, passage_layout, passage_text
+from ..trace import Trace, trace
+from ..verify import CheckResult
 
 KEY_LINES = 12  # lines of a text view shown under a picture; the rest is a method call away
 

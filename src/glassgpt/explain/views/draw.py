@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape
 
-from ..errors import GlassError
+from ...errors import GlassError
 
 BLUE, BLUE_BG = "#1f6fd1", "#e8f1fc"
 ORANGE, ORANGE_BG = "#d9631e", "#fdf0e6"
