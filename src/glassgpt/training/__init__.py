@@ -12,8 +12,9 @@ Each folder imports only the folders listed above it (tests/test_layout.py).
 """
 
 from .loop.config import TrainConfig
-from .loop.loop import evaluate_loss, evaluate_text, fit
+from .loop.loop import evaluate_loss, fit
 from .loop.task import Task
 from .loop.metrics import plot_run, read_metrics
+from .tasks.data import evaluate_text
 
 __all__ = ["Task", "TrainConfig", "evaluate_loss", "evaluate_text", "fit", "plot_run", "read_metrics"]

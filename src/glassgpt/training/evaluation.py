@@ -15,8 +15,7 @@ from pathlib import Path
 from ..errors import GlassError
 from . import recipes
 from .book import ch05 as book
-from .tasks.data import split_ids, tokenize_files
-from .loop.loop import evaluate_text
+from .tasks.data import evaluate_text, split_ids, tokenize_files
 
 
 def perplexity(loss: float) -> float | None:

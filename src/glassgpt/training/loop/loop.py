@@ -21,13 +21,11 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ...adopt import adopt
 from ...device import evaluating
 from .snapshot import snapshot
 from ...tokenizer import Tokenizer
 from .compute import autocast, autocast_dtype
 from .config import TrainConfig, evaluation_due
-from ..tasks.data import TextTask
 from .distributed import Distributed
 from .run import Run
 from .rundir import RunDir
@@ -115,14 +113,4 @@ def evaluate_loss(model: nn.Module, task: Task, dtype: str | None = None,
             n += 1
     return total / n if n else None
 
-
-def evaluate_text(model: nn.Module, ids, context_length: int, batch_size: int = 8, eval_batches: int | None = None,
-                  dtype: str | None = None) -> tuple[float | None, int]:
-    """The Python function behind `glassgpt eval`: the mean next-token loss over windows of
-    `context_length` tokens of `ids` (a 1-D array of token ids), and how many windows that was:
-    `eval_batches * batch_size` windows evenly spaced, or (None) just enough to cover the text once. `model` is any model adopt.py reads (glassgpt's, the
-    book's GPTModel, nanoGPT's, transformers'), checked once on the first window."""
-    task = TextTask(ids, ids, context_length, batch_size, seed=0, eval_batches=eval_batches)
-    model = adopt(model, [int(i) for i in ids[:context_length]])
-    return evaluate_loss(model, task, dtype), len(task.eval_offsets())
 

@@ -44,7 +44,6 @@ from .checkpoint import SavePolicy, checkpoint_bytes, load_checkpoint, save_chec
 from .compute import Compute, make_optimizer
 from .config import TrainConfig, grad_accum_for, lr_at, runs_as_book
 from .distributed import Distributed, setup_distributed
-from ..tasks.examples import trained_parts
 from .faults import StopRequests, diverged, writing
 from .metrics import append_metrics, plot_run, truncate_metrics
 from .rundir import RunDir, open_run_dir
@@ -267,3 +266,22 @@ class Run:
                        "run_dir": str(self.run_dir), "plot": str(plot) if plot else None}
         if self.ranks.is_main:
             self.emit({"event": "end", **self.result})
+
+
+def trained_parts(model: nn.Module) -> dict[str, str]:
+    """Each part of a GPTModel (tok_emb, pos_emb, trf_blocks.N, final_norm, out_head) and what training
+    does to it, from requires_grad: "trained", "frozen", "lora" (only its LoRA adapters train; each save
+    merges them into its weights) or "partly trained". Checkpoints record it as meta.json's "trained",
+    for explain's picture, page and text."""
+    parts = ["tok_emb", "pos_emb", *(f"trf_blocks.{i}" for i in range(len(model.trf_blocks))), "final_norm",
+             "out_head"]
+    out = {}
+    for part in parts:
+        params = list(model.get_submodule(part).named_parameters())
+        adapters = [p.requires_grad for name, p in params if name.rpartition(".")[2] in ("lora_A", "lora_B")]
+        own = [p.requires_grad for name, p in params if name.rpartition(".")[2] not in ("lora_A", "lora_B")]
+        if not any(own):
+            out[part] = "lora" if any(adapters) else "frozen"
+        else:
+            out[part] = "trained" if all(own) else "partly trained"
+    return out

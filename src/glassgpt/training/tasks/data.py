@@ -35,13 +35,16 @@ from typing import Iterable, Iterator
 
 import numpy as np
 import torch
+from torch import nn
 
+from ...adopt import adopt
 from ...errors import CheckpointError, DataError
 from ...formats.files import create_file, open_to_write, read_json, special_file
 from ...generate import generate
 from ...engine.loss import cross_entropy
 from ...formats import get_tokenizer
 from ...tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, iter_text_blocks
+from ..loop.loop import evaluate_loss
 from ..loop.task import Task
 
 CACHE_FORMAT = 1
@@ -393,3 +396,15 @@ class TextTask(Task):
             return None
         out = generate(model, self.sample_prompt_ids, self.sample_tokens, temperature=0.8, top_k=200, seed=self.seed)
         return self.tokenizer.decode(out[0].tolist())
+
+
+def evaluate_text(model: nn.Module, ids, context_length: int, batch_size: int = 8, eval_batches: int | None = None,
+                  dtype: str | None = None) -> tuple[float | None, int]:
+    """The Python function behind `glassgpt eval`: the mean next-token loss over windows of
+    `context_length` tokens of `ids` (a 1-D array of token ids), and how many windows that was:
+    `eval_batches * batch_size` windows evenly spaced, or (None) just enough to cover the text once.
+    `model` is any model adopt.py reads (glassgpt's, the book's GPTModel, nanoGPT's, transformers'),
+    checked once on the first window."""
+    task = TextTask(ids, ids, context_length, batch_size, seed=0, eval_batches=eval_batches)
+    model = adopt(model, [int(i) for i in ids[:context_length]])
+    return evaluate_loss(model, task, dtype), len(task.eval_offsets())

@@ -180,25 +180,6 @@ def freeze(model: GPTModel, trainable: str = "last-block") -> None:
     model.out_head.requires_grad_(True)
 
 
-def trained_parts(model: nn.Module) -> dict[str, str]:
-    """Each part of a GPTModel (tok_emb, pos_emb, trf_blocks.N, final_norm, out_head) and what training
-    does to it, from requires_grad: "trained", "frozen", "lora" (only its LoRA adapters train; each save
-    merges them into its weights) or "partly trained". Checkpoints record it as meta.json's "trained",
-    for explain's picture, page and text."""
-    parts = ["tok_emb", "pos_emb", *(f"trf_blocks.{i}" for i in range(len(model.trf_blocks))), "final_norm",
-             "out_head"]
-    out = {}
-    for part in parts:
-        params = list(model.get_submodule(part).named_parameters())
-        adapters = [p.requires_grad for name, p in params if name.rpartition(".")[2] in ("lora_A", "lora_B")]
-        own = [p.requires_grad for name, p in params if name.rpartition(".")[2] not in ("lora_A", "lora_B")]
-        if not any(own):
-            out[part] = "lora" if any(adapters) else "frozen"
-        else:
-            out[part] = "trained" if all(own) else "partly trained"
-    return out
-
-
 def set_trainable(model: GPTModel, settings: dict[str, Any], seed: int) -> None:
     """LoRA adapters (settings' lora_rank, lora_alpha), or `freeze` to settings' trainable."""
     if settings["lora_rank"]:
