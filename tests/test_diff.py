@@ -13,7 +13,8 @@ import torch
 import glassgpt
 from glassgpt.cli import main
 from glassgpt.errors import GlassError
-from glassgpt.explain.diff import diff_text, diff_weights
+from glassgpt.explain.diff import diff_weights
+from glassgpt.explain.views.diff import diff_text
 from glassgpt.formats import random_model
 
 CFG = glassgpt.GPTConfig(vocab_size=50257, context_length=32, emb_dim=16, n_heads=2, n_layers=3)

@@ -1,19 +1,28 @@
-"""The package's layout shows its architecture: dependencies point one way, and nothing cycles.
+"""The package's layout, stated once: this file is the spec, and the package docstring and the README point here.
 
 The import graph is read from the source (every `import` and `from ... import`, at module level
 and inside functions, except under `if TYPE_CHECKING:`), so a lazy import that hides a cycle
 counts as one. The layers, lowest first (a module may import its own layer and those below):
 
     errors, version  <  config, tokenizer  <  model, adopt  <  device  <  engine
-      <  memory, generate, prompt, formats  <  explain  <  training  <  cli, web
+      <  memory, generate, recall, prompt, formats  <  explain  <  training  <  cli, web
 
-(memory.py sits above the engine because it counts what the engine allocates.)
+(memory.py sits above the engine because it counts what the engine allocates; recall.py, what a
+model memorised, is text against text, beside generate.py, whose command reports it.)
+
+Inside two folders the parts are layered too (`FOLDERS`), lowest first; a package's own
+__init__.py is its public API and may gather every part:
+
+    explain/    record (record, options, result, notation)  <  analyses (trace, head, check, passage,
+                compare, diff, why, verify)  <  views/ (text, pictures, notebook HTML; where
+                each result type's views are registered)
+    training/   loop/ (the loop and its machinery)  <  tasks/ (what glassgpt trains on)
+                <  book/ (the book's chapters, as its code runs them)  <  recipes, finetuning, evaluation
 """
 
 from __future__ import annotations
 
 import ast
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +31,14 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "glassgpt"
 LAYERS = [("errors", "version"), ("config", "tokenizer"), ("model", "adopt"), ("device",), ("engine",),
-          ("memory", "generate", "prompt", "formats"), ("explain",), ("training",), ("cli", "web", "__main__")]
+          ("memory", "generate", "recall", "prompt", "formats"), ("explain",), ("training",), ("cli", "web", "__main__")]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+FOLDERS = {
+    "glassgpt.explain": [("record", "options", "result", "notation"),
+                         ("trace", "head", "check", "passage", "compare", "diff", "why", "verify"),
+                         ("views",)],
+    "glassgpt.training": [("loop",), ("tasks",), ("book",), ("recipes", "finetuning", "evaluation")],
+}
 
 
 def module_name(path: Path) -> str:
@@ -125,6 +140,50 @@ def test_every_layer_imports_only_its_own_layer_and_those_below():
     assert not wrong, "\n".join(sorted(wrong))
 
 
+def part_of(module: str) -> tuple[str, int] | None:
+    """(the folder, the index of its part) of a module inside a layered folder; None outside one or for
+    the folder's own __init__ (its public API, above its parts)."""
+    for folder, parts in FOLDERS.items():
+        if module.startswith(folder + "."):
+            first = module[len(folder) + 1:].split(".")[0]
+            found = [i for i, names in enumerate(parts) if first in names]
+            return folder, found[0] if found else -1  # -1: in no part (test_every_module_...belongs_to_a_part)
+    return None
+
+
+def wrong_part_imports(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for module, targets in graph.items():
+        here = part_of(module)
+        for target in targets:
+            there = part_of(target)
+            if target in FOLDERS and here and here[0] == target:
+                wrong.append(f"{module} imports its folder's API {target}")
+            elif here and there and here[0] == there[0] and there[1] > here[1]:
+                wrong.append(f"{module} imports {target}")
+    return sorted(wrong)
+
+
+def test_inside_explain_and_training_each_part_imports_only_its_own_and_those_below():
+    # explain: the views sit above the analyses (an analysis never imports a view: each result
+    # finds its views in result.py's registry); training: the book's replays may use the loop
+    # and the tasks, the tasks the loop, and the loop neither.
+    assert wrong_part_imports(import_graph()) == []
+
+
+def test_the_part_check_sees_an_analysis_that_imports_a_view_and_a_loop_that_imports_a_task():
+    graph = {"glassgpt.explain.trace": {"glassgpt.explain.views.text", "glassgpt.explain.record"},
+             "glassgpt.training.loop.loop": {"glassgpt.training.tasks.data", "glassgpt.training.loop.run"},
+             "glassgpt.training.book.ch05": {"glassgpt.training.loop.loop", "glassgpt.training.tasks.data"},
+             "glassgpt.explain.views.text": {"glassgpt.explain.trace"}}
+    assert wrong_part_imports(graph) == ["glassgpt.explain.trace imports glassgpt.explain.views.text",
+                                         "glassgpt.training.loop.loop imports glassgpt.training.tasks.data"]
+
+
+def test_every_module_of_a_layered_folder_belongs_to_a_part():
+    assert [name for name in modules() if (part_of(name) or ("", 0))[1] < 0] == []
+
+
 def test_every_module_belongs_to_a_layer():
     assert {name.split(".")[1] for name in modules() if name != "glassgpt"} <= set(LAYER)
 
@@ -156,60 +215,15 @@ def test_documented_import_paths_keep_working(legacy):
     assert proc.returncode == 0 and proc.stdout.strip() == "to_svg", proc.stderr[-2000:]
 
 
-# --- the README's Layout section and the size of what a reader reads -------------------------------
-
-README = PACKAGE.parents[1] / "README.md"
-
-
-def readme_tree() -> list[str]:
-    """The paths the README's Layout tree names, in its order: `engine/`, `engine/fused.py`, ..."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("\n## Layout\n"):]
-    block = section[section.index("src/glassgpt/\n") + len("src/glassgpt/\n"):section.index("\ntests/")]
-    names, folder = [], ""
-    for line in block.splitlines():
-        indent = len(line) - len(line.lstrip())
-        words = re.split(r"\s{2,}", line.strip())[0].split()  # the names, then two spaces, then what they are
-        if indent == 2:
-            folder = words[0] if words and words[0].endswith("/") else ""
-            names += words
-        else:
-            names += [folder + w for w in words]
-    return names
-
-
-def test_the_readme_layout_names_every_module_and_nothing_else():
-    named = readme_tree()
-    modules_on_disk = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                       if p.name != "__main__.py" and not (p.name == "__init__.py" and p.parent == PACKAGE)}
-    folders = {str(p.relative_to(PACKAGE)) + "/" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    listed = {n for n in named if not n.endswith("/")}
-    package_inits = {f"{f}__init__.py" for f in folders}
-    assert set(n for n in named if n.endswith("/")) == folders
-    assert listed - modules_on_disk == set(), "the README names modules that do not exist"
-    assert modules_on_disk - listed - package_inits == set(), "modules the README's Layout does not name"
-
-
-def test_the_readme_layout_lists_the_layers_lowest_first():
-    top = [n.removesuffix(".py").removesuffix("/") for n in readme_tree() if "/" not in n.rstrip("/")]
-    layers = [LAYER[name] for name in top]
-    assert layers == sorted(layers), list(zip(top, layers))
+# --- the size of what a reader reads ------------------------------------------------------------
 
 
 def test_no_function_a_reader_reads_is_much_over_a_screen():
     """The issue's rule: no function in training/ or explain/ much over 60 lines."""
     long = []
     for folder in ("training", "explain"):
-        for path in sorted((PACKAGE / folder).glob("*.py")):
+        for path in sorted((PACKAGE / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 65:
-                    long.append(f"{folder}/{path.name}:{node.lineno} {node.name}")
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
     assert long == []
-
-
-def test_the_readme_tree_parser_sees_a_missing_module(tmp_path, monkeypatch):
-    fake = tmp_path / "README.md"
-    fake.write_text(README.read_text(encoding="utf-8").replace("    fused.py ", "    fused_gone.py "), encoding="utf-8")
-    monkeypatch.setattr(sys.modules[__name__], "README", fake)
-    with pytest.raises(AssertionError, match="do not exist"):
-        test_the_readme_layout_names_every_module_and_nothing_else()

@@ -64,3 +64,32 @@ def test_passage_comparison_and_diff_show_their_picture_and_key_lines():
     for name, html in shown.items():
         assert html.startswith('<div class="glassgpt"><svg') and "<pre" in html, name
     assert "moved" in shown["diff"] and "KL" in shown["compare"]
+
+
+def test_every_result_gets_its_views_from_the_one_registry_and_none_is_patched_onto_its_class():
+    # The analyses' result types inherit Result and define no view of their own: Result looks each up
+    # in result.VIEWS, which views/__init__.py fills. A renderer registered there is the one used.
+    import glassgpt
+    from glassgpt.explain import result, views
+    from glassgpt.explain.compare import Comparison
+    from glassgpt.explain.diff import WeightDiff
+    from glassgpt.explain.passage import Passage
+    from glassgpt.explain.trace import Trace
+    from glassgpt.explain.verify import CheckResult
+    from glassgpt.explain.why import Why
+
+    for cls in (Trace, Why, Passage, Comparison, WeightDiff, CheckResult):
+        assert issubclass(cls, result.Result) and "_repr_html_" not in vars(cls), cls.__name__
+        assert {"picture", "html"} <= set(result.VIEWS[cls]), cls.__name__
+    assert result.VIEWS[Trace]["text"] is views.render_text and result.VIEWS[Why]["html"] is views.why_html
+
+    from readers import book_model
+    tr = glassgpt.trace(book_model(seed=1), glassgpt.get_tokenizer("gpt2"), "Every effort")
+    original = result.VIEWS[Trace]
+    try:
+        result.VIEWS[Trace] = {**original, "text": lambda t, **options: f"{len(t.tokens)} tokens, {options}"}
+        assert tr.to_text(color=True) == "2 tokens, {'color': True, 'attention_layer': None, 'heatmap': None}"
+    finally:
+        result.VIEWS[Trace] = original
+    assert "next token" in tr.to_text() and tr.picture().fit_canvas is not None
+    assert tr._repr_html_().startswith('<div class="glassgpt"><svg')

@@ -9,19 +9,8 @@
     glassgpt.show(my_gpt, "Every effort moves you")  # your own module (the book's GPTModel ...), in a notebook
     glassgpt.check(my_gpt)                           # ... and where it parts from the book's formulas
 
-The package, layer by layer (each imports only from the layers above it in this list):
-
-    errors, version      every exception; the version
-    config, tokenizer    GPTConfig and the presets; GPT-2's BPE (vocab/ holds its files)
-    model                the glass model: the book's GPT-2, the forward pass and nothing else
-    device               where, how precisely and on how many threads to run
-    engine/              the same computation made fast, each piece proven equal to model.py
-    memory, generate     what a model needs in bytes; picking the next token, streaming
-    prompt               text -> ids for a model: the one rule for a prompt longer than the context
-    formats/             every file a reader brings, both ways, checked before anything is built
-    explain/             record -> Trace (plain data) -> text / picture / JSON
-    training/            the loop, its config, checkpoints and run directories, the tasks, LoRA
-    cli/, web/           the only places that read flags, print, or serve
+The package's layers, from errors and config at the bottom to cli/ and web/ at the top, are stated
+and enforced in one place: tests/test_layout.py. Each folder's __init__.py names its files.
 
 This module is the public API and nothing else.
 """

@@ -7,8 +7,10 @@ import json
 import sys
 
 from ..explain.views import draw
-from ..explain.compare import compare, comparison_text
-from ..explain.diff import check_same_shapes, diff_layout, diff_text, diff_weights
+from ..explain.compare import compare
+from ..explain.diff import check_same_shapes, diff_weights
+from ..explain.views.compare import comparison_text
+from ..explain.views.diff import diff_layout, diff_text
 from ..formats import read_config
 from .common import add_threads_arg, load, positive_int
 from .explain import DEFAULT_PROMPT, about, emit, load_second

@@ -14,10 +14,12 @@ from ..config import init_scheme
 from ..errors import GlassError
 from ..explain import About, trace
 from ..explain.views import draw
-from ..explain.compare import compare, comparison_layout, comparison_text
+from ..explain.compare import compare
+from ..explain.views.compare import comparison_layout, comparison_text
 from ..explain.views.diagram import layout, save_attention_png
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
-from ..explain.passage import passage, passage_layout, passage_text
+from ..explain.passage import passage
+from ..explain.views.passage import passage_layout, passage_text
 from ..explain.why import why
 from ..explain.views.why import why_layout
 from ..explain.views.text import embedding_section

@@ -35,10 +35,10 @@ from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
 from .head import head_products
-from .views.notation import trained_line
+from .notation import trained_line
 from .options import TRACE_OPTIONS, check
 from .record import Progress, Recorder, record
-from .views.text import render_text
+from .result import Result, view
 
 VOCAB_TO_HIDDEN = "vocab->hidden"
 HIDDEN_TO_VOCAB = "hidden->vocab"
@@ -89,7 +89,7 @@ class Stage:
 
 
 @dataclass
-class Trace:
+class Trace(Result):
     model: dict[str, Any]
     prompt: str
     tokens: list[dict[str, Any]]
@@ -112,8 +112,8 @@ class Trace:
         return {k: v for k, v in out.items() if v is not None}
 
     def to_text(self, color: bool = False, attention_layer: int | None = None, heatmap: str | None = None) -> str:
-        """text.render_text(self, ...): the terminal view."""
-        return render_text(self, color=color, attention_layer=attention_layer, heatmap=heatmap)
+        """The terminal view (views/text.py)."""
+        return view(self, "text")(self, color=color, attention_layer=attention_layer, heatmap=heatmap)
 
 
 # --- the trace --------------------------------------------------------------------

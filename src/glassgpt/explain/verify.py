@@ -26,6 +26,7 @@ from ..adopt import Layout, evaluating_all, module_logits, read_in_place
 from ..errors import GlassError
 from ..model import GELU, GPTModel
 from ..tokenizer import get_tokenizer
+from .result import Result
 
 DEFAULT_TEXT = "Every effort moves you"
 
@@ -75,7 +76,7 @@ class StageCheck:
 
 
 @dataclass
-class CheckResult:
+class CheckResult(Result):
     """What `check` found: every stage, the first that differs (or None), and one sentence."""
 
     kind: str

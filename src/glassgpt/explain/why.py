@@ -41,14 +41,14 @@ from ..model import GPTModel, attention_weights
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .record import Recorder, record
-from .views.why import why_html, why_text
+from .result import Result, view
 
 ATTENTION_IS_NOT = ("attention weights alone are neither answer: `direct` weighs each source by what its value "
                     "vector, through W_O and final_norm, adds to the logit; `causal` removes it and runs again")
 
 
 @dataclass
-class Why:
+class Why(Result):
     """One attribution, as plain data; `to_dict()` is the JSON's `why`."""
 
     prompt: str
@@ -76,11 +76,8 @@ class Why:
         return out
 
     def to_text(self, color: bool = False, top: int = 12) -> str:
-        return why_text(self, color=color, top=top)
-
-    def _repr_html_(self) -> str:
-        """A notebook's view: the picture (SVG) and the key lines."""
-        return why_html(self)
+        """The terminal view (views/why.py)."""
+        return view(self, "text")(self, color=color, top=top)
 
 
 @torch.inference_mode()

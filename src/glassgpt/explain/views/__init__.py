@@ -1,1 +1,33 @@
-"""The views of explain's results: text, pictures and notebook HTML. They read results; no analysis imports them."""
+"""The views of explain's results, and the one place each result type gets them: its text, picture and HTML.
+
+    text.py       a Trace in the terminal                diagram.py  a Trace's picture; attention heatmaps
+    why.py        a Why: text, picture, HTML             passage.py  a Passage: text and picture
+    compare.py    a Comparison: text and picture         diff.py     a WeightDiff: text and picture
+    notebook.py   each result's notebook cell (its picture and key lines); show(model, text)
+    draw.py       boxes, text and lines, measured; written as SVG or PNG
+
+The views import the analyses and never the reverse: a result finds its views in result.py's
+registry, filled here when glassgpt.explain is imported.
+"""
+
+from ..compare import Comparison
+from ..diff import WeightDiff
+from ..passage import Passage
+from ..result import register
+from ..trace import Trace
+from ..verify import CheckResult
+from ..why import Why
+from .compare import comparison_layout, comparison_text
+from .diagram import layout as trace_layout
+from .diff import diff_layout, diff_text
+from .notebook import check_html, check_layout, comparison_html, diff_html, passage_html, trace_html
+from .passage import passage_layout, passage_text
+from .text import render_text
+from .why import why_html, why_layout, why_text
+
+register(Trace, text=render_text, picture=trace_layout, html=trace_html)
+register(Why, text=why_text, picture=why_layout, html=why_html)
+register(Passage, text=passage_text, picture=passage_layout, html=passage_html)
+register(Comparison, text=comparison_text, picture=comparison_layout, html=comparison_html)
+register(WeightDiff, text=diff_text, picture=diff_layout, html=diff_html)
+register(CheckResult, picture=check_layout, html=check_html)  # its text is CheckResult.to_text, in verify.py

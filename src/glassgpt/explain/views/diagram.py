@@ -13,16 +13,14 @@ picked. draw.py turns the layout into SVG or PNG; the attention heatmaps are mat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ...errors import GlassError
 from . import draw
 from .draw import (BLUE, BLUE_BG, GRAY, GRAY_BG, GREEN, MUTED, ORANGE, ORANGE_BG, PURPLE, RED, Drawing, Line, Rect,
                    Text, drawable, fit, wrap)
-from .notation import TRAINED_STATES, clip, shape as _shape, token, trained_line
-
-if TYPE_CHECKING:
-    from ..trace import Stage, Trace
+from ..trace import Stage, Trace
+from ..notation import TRAINED_STATES, clip, shape as _shape, token, trained_line
 
 # The geometry, named once: every part places itself relative to these.
 MIN_WIDTH = 1040
@@ -69,7 +67,7 @@ class Pen:
         return centre
 
 
-def layout(tr: "Trace") -> Drawing:
+def layout(tr: Trace) -> Drawing:
     """The whole figure as a Drawing (primitives in pixels, and the canvas that holds them)."""
     d = Drawing()
     pen = Pen(d, 34)
@@ -90,18 +88,18 @@ def layout(tr: "Trace") -> Drawing:
     return d.fit_canvas(MIN_WIDTH, pen.y + 10)
 
 
-def to_svg(tr: "Trace") -> str:
+def to_svg(tr: Trace) -> str:
     return draw.to_svg(layout(tr))
 
 
-def save_png(tr: "Trace", path: str, scale: float = 2.0) -> tuple[int, int]:
+def save_png(tr: Trace, path: str, scale: float = 2.0) -> tuple[int, int]:
     """Draw the trace's layout with matplotlib; the PNG is (width * scale, height * scale) pixels."""
     return draw.save_png(layout(tr), path, scale)
 
 
 # --- the parts, top to bottom --------------------------------------------------------------
 
-def _title(pen: Pen, tr: "Trace") -> None:
+def _title(pen: Pen, tr: Trace) -> None:
     cfg, m, p = tr.model["config"], tr.model, tr.params
     untied = f" ({p['total_untied']:,} if untied)" if p["tied"] else ""
     own = " (its own)" if p.get("note") else ""
@@ -124,7 +122,7 @@ def _title(pen: Pen, tr: "Trace") -> None:
     pen.y += 26
 
 
-def _legend(pen: Pen, tr: "Trace") -> None:
+def _legend(pen: Pen, tr: Trace) -> None:
     """What the marks at the left of tok_emb, pos_emb, final_norm and out_head, and beside the blocks, say:
     what the model's training run did to each part, as its checkpoint records it."""
     trained = tr.model.get("trained")
@@ -144,7 +142,7 @@ def _legend(pen: Pen, tr: "Trace") -> None:
         pen.text(30, 0, line, SMALL, color=MUTED, key="legend")
 
 
-def _mark(pen: Pen, tr: "Trace", part: str, top: float, bottom: float | None = None) -> None:
+def _mark(pen: Pen, tr: Trace, part: str, top: float, bottom: float | None = None) -> None:
     """The mark of one part's state in its training run, beside its box from `top` to `bottom` (the pen's y)."""
     trained = tr.model.get("trained")
     state = trained["parts"].get(part) if trained else None
@@ -154,7 +152,7 @@ def _mark(pen: Pen, tr: "Trace", part: str, top: float, bottom: float | None = N
                        key=f"trained:{part}:{state}"))
 
 
-def _prompt(pen: Pen, tr: "Trace") -> None:
+def _prompt(pen: Pen, tr: Trace) -> None:
     lines = wrap(f"“{tr.prompt}”", FLOW_W - 16, 14, max_lines=4)
     pen.d.add(Rect(FLOW_X, pen.y, FLOW_W, 16 + 18 * len(lines), GRAY_BG))
     for line in lines:
@@ -177,11 +175,11 @@ def _prompt(pen: Pen, tr: "Trace") -> None:
     pen.y += 40
 
 
-Row = Callable[[Pen, "Trace"], "float | None"]
+Row = Callable[[Pen, Trace], "float | None"]
 
 
-def transition_box(pen: Pen, stage: "Stage", title: str, color: str, background: str, weight: str,
-                   rows: list[Row], tr: "Trace") -> float:
+def transition_box(pen: Pen, stage: Stage, title: str, color: str, background: str, weight: str,
+                   rows: list[Row], tr: Trace) -> float:
     """A framed section for a transition (vocab->hidden, hidden->vocab): its title, its rows, and
     its weight box on the right beside the first row. Returns the y where the tie line meets it."""
     pen.arrow(26)
@@ -213,14 +211,14 @@ def _weight_box(d: Drawing, x: float, y: float, dims: list[int] | None, name: st
 
 # Input rows.
 
-def _lookup_row(pen: Pen, tr: "Trace") -> None:
+def _lookup_row(pen: Pen, tr: Trace) -> None:
     emb, top = tr.stage("tok_emb"), pen.y
     pen.row(f"Token embedding layer · tok_emb = {emb.module}", f"row i of W for token id i → {_shape(emb.shape)}",
             BLUE, bold=True)
     _mark(pen, tr, "tok_emb", top)
 
 
-def _one_hot_row(pen: Pen, tr: "Trace") -> None:
+def _one_hot_row(pen: Pen, tr: Trace) -> None:
     """tok_emb as a matmul with one-hot rows, and whether the trace found the same numbers."""
     emb = tr.stage("tok_emb")
     b, t = emb.input_shape
@@ -239,17 +237,17 @@ def _one_hot_row(pen: Pen, tr: "Trace") -> None:
     pen.y += 40
 
 
-def _pos_row(pen: Pen, tr: "Trace") -> None:
+def _pos_row(pen: Pen, tr: Trace) -> None:
     pos, top = tr.stage("pos_emb"), pen.y
     pen.row(f"+ positional embedding pos_emb {_shape(pos.shape)} · weight {_shape(pos.weight_shape)}")
     _mark(pen, tr, "pos_emb", top)
 
 
-def _dropout_row(pen: Pen, tr: "Trace") -> None:
+def _dropout_row(pen: Pen, tr: Trace) -> None:
     pen.row(f"dropout drop_emb → embeddings {_shape(tr.stage('embeddings').shape)}")
 
 
-def _blocks(pen: Pen, tr: "Trace") -> None:
+def _blocks(pen: Pen, tr: Trace) -> None:
     """The transformer blocks, as one framed block drawn open."""
     cfg, blk = tr.model["config"], tr.stage("trf_blocks.0")
     inner = {s.name.split(".", 2)[2]: s for s in tr.stages if s.parent and s.parent.startswith("trf_blocks.")}
@@ -283,7 +281,7 @@ def _blocks(pen: Pen, tr: "Trace") -> None:
     _block_marks(pen, tr, top + frame.h / 2 + 22)
 
 
-def _block_marks(pen: Pen, tr: "Trace", y: float) -> None:
+def _block_marks(pen: Pen, tr: Trace, y: float) -> None:
     """One mark per block beside the frame (trf_blocks.0 first, rows of 20), then what they say in words."""
     trained = tr.model.get("trained")
     if not trained:
@@ -302,14 +300,14 @@ def _block_marks(pen: Pen, tr: "Trace", y: float) -> None:
 
 # Output rows.
 
-def _head_row(pen: Pen, tr: "Trace") -> None:
+def _head_row(pen: Pen, tr: Trace) -> None:
     head, top = tr.stage("out_head"), pen.y
     pen.row(f"Linear output layer · out_head = {head.module}", f"x @ W.T → logits {_shape(head.shape)}", ORANGE,
             bold=True)
     _mark(pen, tr, "out_head", top)
 
 
-def _dot_products(pen: Pen, tr: "Trace") -> None:
+def _dot_products(pen: Pen, tr: Trace) -> None:
     """The top logits as the dot products they are: h · W[id] (+ bias), |W[id]|, cos; the check; the nearest rows."""
     hd = tr.head
     if not hd:
@@ -338,16 +336,16 @@ def _dot_products(pen: Pen, tr: "Trace") -> None:
     pen.y += height
 
 
-def _last_row(pen: Pen, tr: "Trace") -> None:
+def _last_row(pen: Pen, tr: Trace) -> None:
     pen.row(f"last position: logits[:, -1, :] → {_shape(tr.stage('last_logits').shape)}", mono=True)
 
 
-def _softmax_row(pen: Pen, tr: "Trace") -> None:
+def _softmax_row(pen: Pen, tr: Trace) -> None:
     probs = tr.stage("probs")
     pen.row(f"{probs.module} → probabilities {_shape(probs.shape)}", mono=True)
 
 
-def _bars(pen: Pen, tr: "Trace") -> None:
+def _bars(pen: Pen, tr: Trace) -> None:
     """The top 5 probabilities as bars from 0 to 1 (keys bar:N, and bar_scale for the p = 1 line)."""
     top, V = tr.next_token["top"][:5], tr.stage("probs").shape[-1]
     pen.y += 20
@@ -371,7 +369,7 @@ def _bars(pen: Pen, tr: "Trace") -> None:
     pen.y += 16
 
 
-def _how_picked(pen: Pen, tr: "Trace") -> None:
+def _how_picked(pen: Pen, tr: Trace) -> None:
     """How the id is chosen from the probabilities, in the words of the book's chapter 5."""
     nt = tr.next_token
     if nt["kind"] == "class":
@@ -385,13 +383,13 @@ def _how_picked(pen: Pen, tr: "Trace") -> None:
         pen.y += 17
 
 
-def _picked_row(pen: Pen, tr: "Trace") -> None:
+def _picked_row(pen: Pen, tr: Trace) -> None:
     nt = tr.next_token
     what = "class" if nt["kind"] == "class" else "next id"
     pen.row(f"{what} {nt['id']} → {clip(repr(nt['text']), 30)}", stroke=ORANGE, bold=True)
 
 
-def _tie(d: Drawing, tr: "Trace", emb_y: float, head_y: float) -> None:
+def _tie(d: Drawing, tr: Trace, emb_y: float, head_y: float) -> None:
     """The line joining the two [V, d] weights, and whether they are one tensor."""
     emb, head = tr.stage("tok_emb"), tr.stage("out_head")
     if head.transition == "hidden->classes":
@@ -410,7 +408,7 @@ def _tie(d: Drawing, tr: "Trace", emb_y: float, head_y: float) -> None:
 
 # --- attention heatmaps ------------------------------------------------------------------------
 
-def save_attention_png(tr: "Trace", layer: int, path: str) -> tuple[int, int]:
+def save_attention_png(tr: Trace, layer: int, path: str) -> tuple[int, int]:
     """A grid of heatmaps, one per head, of layer `layer`'s attention weights, saved as PNG: (width, height)."""
     fig = attention_figure(tr, layer)
     fig.savefig(path)
@@ -418,7 +416,7 @@ def save_attention_png(tr: "Trace", layer: int, path: str) -> tuple[int, int]:
     return width, height
 
 
-def attention_figure(tr: "Trace", layer: int):
+def attention_figure(tr: Trace, layer: int):
     """The matplotlib Figure of `save_attention_png`: one heatmap per head, one colour bar for all."""
     if tr.attention is None:
         raise GlassError("this trace has no attention weights: trace it with attention=True (--attention)")

@@ -1,8 +1,8 @@
 """The pictures inline in Jupyter: each result shows itself as its SVG picture and its key lines.
 
-A Trace, a passage, a comparison, a weight diff and a check get `_repr_html_` here (attached
-when glassgpt.explain is imported, so their own modules stay as they read): the same picture
-that `--format svg` writes, then the lines that matter in a monospace block. Nothing is needed
+Each result's HTML (a Trace, a Why, a passage, a comparison, a weight diff and a check; registered
+in views/__init__.py, and asked for by Result._repr_html_): the same picture that `--format svg`
+writes, then the lines that matter in a monospace block. Nothing is needed
 beyond what glassgpt already uses: the HTML is a string, the picture draw.py's SVG.
 
     glassgpt.show(model, "Every effort moves you")   # the one-liner: a Trace, shown by the notebook
@@ -16,12 +16,15 @@ from torch import nn
 
 from ...tokenizer import Tokenizer, get_tokenizer
 from . import diagram, draw
-from ..compare import Comparison, comparison_layout, comparison_text
-from ..diff import WeightDiff, diff_layout, summary
+from ..compare import Comparison
+from ..diff import WeightDiff
 from .draw import GRAY, GREEN, INK, MUTED, RED, Drawing, Rect, Text
-from ..passage import Passage, passage_layout, passage_text
+from ..passage import Passage
 from ..trace import Trace, trace
 from ..verify import CheckResult
+from .compare import comparison_layout, comparison_text
+from .diff import diff_layout, summary
+from .passage import passage_layout, passage_text
 
 KEY_LINES = 12  # lines of a text view shown under a picture; the rest is a method call away
 
@@ -82,9 +85,3 @@ def check_layout(result: CheckResult, width: float = 1040) -> Drawing:
 def check_html(result: CheckResult) -> str:
     return figure_html(check_layout(result), result.to_text().splitlines())
 
-
-Trace._repr_html_ = trace_html
-Passage._repr_html_ = passage_html
-Comparison._repr_html_ = comparison_html
-WeightDiff._repr_html_ = diff_html
-CheckResult._repr_html_ = check_html

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from ...formats.book import layout_note, model_notes
 from ...config import GPTConfig
-from .notation import clip, numel, rank, shape as _shape, token
-
-# Annotations name "Trace" and "Stage" (trace.py) as strings: trace.py imports this module for
-# Trace.to_text, and nothing here imports trace.py back.
+from ..trace import Stage, Trace
+from ..notation import clip, numel, rank, shape as _shape, token
 
 RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
 BLUE, ORANGE, GREEN, RED = "\033[38;5;33m", "\033[38;5;208m", "\033[38;5;35m", "\033[38;5;160m"
@@ -25,7 +23,7 @@ def painter(color: bool):
     return (lambda code, text: f"{code}{text}{RESET}") if color else (lambda code, text: text)
 
 
-def render_text(tr: "Trace", color: bool = False, attention_layer: int | None = None,
+def render_text(tr: Trace, color: bool = False, attention_layer: int | None = None,
                 heatmap: str | None = None) -> str:
     c = painter(color)
     lines: list[str] = []
@@ -45,7 +43,7 @@ def render_text(tr: "Trace", color: bool = False, attention_layer: int | None = 
     return "\n".join(lines)
 
 
-def _header(tr: "Trace", lines: list[str], c) -> None:
+def _header(tr: Trace, lines: list[str], c) -> None:
     cfg, m = tr.model["config"], tr.model
     out = lines.append
     out(c(BOLD, f"glassgpt explain · model {m['name']} · {m['dtype']} on {m['device']}"))
@@ -67,7 +65,7 @@ def _header(tr: "Trace", lines: list[str], c) -> None:
     out("")
 
 
-def _flow(tr: "Trace", lines: list[str], c) -> None:
+def _flow(tr: Trace, lines: list[str], c) -> None:
     out = lines.append
     out(f"text {tr.prompt!r}")
     out("   │")
@@ -90,7 +88,7 @@ def _flow(tr: "Trace", lines: list[str], c) -> None:
     out("   ▼")
 
 
-def _next_token(tr: "Trace", lines: list[str], c) -> None:
+def _next_token(tr: Trace, lines: list[str], c) -> None:
     nt, out = tr.next_token, lines.append
     what = "class" if nt["kind"] == "class" else "next token"
     out(c(BOLD, f"{what}: id {nt['id']} {nt['text']!r}  (p = {nt['prob']:.4f})"))
@@ -106,7 +104,7 @@ def _next_token(tr: "Trace", lines: list[str], c) -> None:
     out(c(DIM, f"  (a bar of 30 is probability 1; all {V:,} equally likely would be {1 / V:.2g} each)"))
 
 
-def _head(tr: "Trace", lines: list[str], c) -> None:
+def _head(tr: Trace, lines: list[str], c) -> None:
     """The logits as dot products: h · W[id] (+ bias), |h|, |W[id]|, the cosine; tying; nearest by cosine."""
     hd, out = tr.head, lines.append
     is_class = hd["kind"] == "classes"
@@ -138,7 +136,7 @@ def _head(tr: "Trace", lines: list[str], c) -> None:
         out(f"  the prompt's own tokens rank: {ranks}")
 
 
-def _row(stage: "Stage", lines: list[str], c) -> None:
+def _row(stage: Stage, lines: list[str], c) -> None:
     shape = _shape(stage.shape)
     if stage.input_shape and stage.name.startswith("trf_blocks."):
         shape = f"{_shape(stage.input_shape)} -> {shape}"
@@ -149,7 +147,7 @@ def _row(stage: "Stage", lines: list[str], c) -> None:
         lines.append(f"   │   {c(DIM, stage.note)}")
 
 
-def _transition(stage: "Stage", lines: list[str], c) -> None:
+def _transition(stage: Stage, lines: list[str], c) -> None:
     tint = BLUE if stage.transition == "vocab->hidden" else ORANGE
     width = 100
     out = "logits " if stage.name == "out_head" else ""
@@ -170,7 +168,7 @@ def _transition(stage: "Stage", lines: list[str], c) -> None:
     lines.append(c(tint, "╚" + "═" * (width + 1)))
 
 
-def _block(name: str, tr: "Trace", lines: list[str], c) -> None:
+def _block(name: str, tr: Trace, lines: list[str], c) -> None:
     inner = [s for s in tr.stages if s.parent == name]
     for k, s in enumerate(inner):
         branch = "└" if k == len(inner) - 1 else "├"
@@ -182,7 +180,7 @@ def _block(name: str, tr: "Trace", lines: list[str], c) -> None:
         lines.append(f"   {branch} {short:<18} {shape:<31} {s.module:<42} {params:>10}  {c(DIM, s.note)}".rstrip())
 
 
-def _logit_lens(tr: "Trace", lines: list[str], c) -> None:
+def _logit_lens(tr: Trace, lines: list[str], c) -> None:
     lines.append("")
     lines.append(c(BOLD, "logit lens: the top token at each position after each block, and its probability "
                          "(softmax(out_head(final_norm(residual))))"))
@@ -200,7 +198,7 @@ def _lens_cell(cell: dict) -> str:
     return f"{cell['text'][:10]!r} {prob}"
 
 
-def _attention(tr: "Trace", layer: int, heatmap: str | None, lines: list[str], c, max_tokens: int = 12) -> None:
+def _attention(tr: Trace, layer: int, heatmap: str | None, lines: list[str], c, max_tokens: int = 12) -> None:
     """Per head of one layer: the earlier token that each token attends to most, and its weight."""
     heads, tokens = tr.attention["layers"][layer], tr.attention["tokens"]
     shown = range(min(len(tokens), max_tokens))
@@ -224,14 +222,14 @@ def _attention(tr: "Trace", layer: int, heatmap: str | None, lines: list[str], c
         lines.append(f"  heatmap of every head, with a colour bar: {heatmap}")
 
 
-def embedding_section(tr: "Trace") -> str:
+def embedding_section(tr: Trace) -> str:
     """Only the one-hot proof (`explain --embedding-vs-linear`)."""
     lines: list[str] = []
     _embedding(tr, lines, painter(False))
     return "\n".join(lines).strip("\n")
 
 
-def _embedding(tr: "Trace", lines: list[str], c) -> None:
+def _embedding(tr: Trace, lines: list[str], c) -> None:
     e = tr.embedding_check
     V, d = e["weight_shape"]
     ok = lambda flag: c(GREEN, "exactly equal") if flag else c(RED, "NOT equal")  # noqa: E731
@@ -249,7 +247,7 @@ def _embedding(tr: "Trace", lines: list[str], c) -> None:
     lines.append(c(DIM, "  same numbers, so the lookup is used: it skips the zeros."))
 
 
-def _params(tr: "Trace", lines: list[str], c) -> None:
+def _params(tr: Trace, lines: list[str], c) -> None:
     p = tr.params
     lines.append("")
     lines.append(c(BOLD, "parameters"))
@@ -259,7 +257,7 @@ def _params(tr: "Trace", lines: list[str], c) -> None:
         lines.append(c(DIM, f"  {p['note']}"))
 
 
-def _answers(tr: "Trace", lines: list[str], c) -> None:
+def _answers(tr: Trace, lines: list[str], c) -> None:
     emb, head = tr.stage("tok_emb"), tr.stage("out_head")
     cfg = tr.model["config"]
     V, d = cfg["vocab_size"], cfg["emb_dim"]

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from html import escape
 
+from ..why import Why
 from .draw import BLUE, GRAY, INK, MUTED, RED, Drawing, Rect, Text, fit, header, text_width, to_svg
-from .notation import token
+from ..notation import token
 from .text import BOLD, DIM, painter
-
-# "Why" (why.py) is named in annotations as a string: why.py imports this module, not the reverse.
 
 CELL = 34  # a heatmap cell, in pixels
 WHAT_SUMS = ("final_norm's scale frozen at the last position (as TransformerLens does), so the parts are an exact "
              "sum: each is what that part wrote into the residual stream, read through final_norm and out_head")
 
 
-def metric_name(w: "Why") -> str:
+def metric_name(w: Why) -> str:
     """logit[' know'], or logit[' know'] - logit[' the']."""
     a = f"logit[{token(w.target['text'], 24)}]"
     return a if w.versus is None else f"{a} - logit[{token(w.versus['text'], 24)}]"
@@ -31,14 +30,14 @@ def top_parts(parts: list[dict], n: int) -> list[dict]:
     return sorted(parts, key=lambda p: -abs(p["value"]))[:n]
 
 
-def headline(w: "Why") -> str:
+def headline(w: Why) -> str:
     what = "class" if w.kind == "class" else "next token"
     return f"why {token(w.target['text'], 24)} ({what}) after {w.prompt!r}: {metric_name(w)} = {w.metric:+.4f}"
 
 
 # --- text ---------------------------------------------------------------------------------------
 
-def why_text(w: "Why", color: bool = False, top: int = 12) -> str:
+def why_text(w: Why, color: bool = False, top: int = 12) -> str:
     c = painter(color)
     lines = [c(BOLD, headline(w)), c(DIM, WHAT_SUMS), ""]
     lines += _parts_lines(w.parts, top, f"the {top} parts that move {metric_name(w)} most", w.metric)
@@ -67,7 +66,7 @@ def _parts_lines(parts: list[dict], n: int, title: str, total: float) -> list[st
     return lines
 
 
-def _grid_lines(w: "Why") -> list[str]:
+def _grid_lines(w: Why) -> list[str]:
     n_heads = len(w.heads[0])
     lines = ["each head's term (blocks x heads) and each feed-forward's (ff):",
              "        " + "".join(f"{'h' + str(j):>7}" for j in range(n_heads)) + f"{'ff':>9}"]
@@ -76,7 +75,7 @@ def _grid_lines(w: "Why") -> list[str]:
     return lines
 
 
-def _source_lines(w: "Why") -> list[str]:
+def _source_lines(w: Why) -> list[str]:
     lines = ["which prompt tokens: direct (each head's term split over the tokens it attends to, summed over heads) "
              "and causal (the prompt run again without the token)",
              f"  {'pos':>4}  {'token':<18} {'direct':>9}   {'causal: p change':>17} {'logit change':>13}"]
@@ -116,7 +115,7 @@ def shade(value: float, most: float) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def why_layout(w: "Why", width: float = 1040) -> Drawing:
+def why_layout(w: Why, width: float = 1040) -> Drawing:
     d = Drawing()
     x0 = 30
     y = header(d, f"glassgpt · why {token(w.target['text'], 24)}", [headline(w), WHAT_SUMS], width)
@@ -127,7 +126,7 @@ def why_layout(w: "Why", width: float = 1040) -> Drawing:
     return d.fit_canvas(width, y)
 
 
-def _heatmap(d: Drawing, w: "Why", x0: float, y: float) -> float:
+def _heatmap(d: Drawing, w: Why, x0: float, y: float) -> float:
     d.add(Text(x0, y, f"each head's term in {metric_name(w)} (blocks x heads), and each feed-forward's", 13, True))
     most = max([abs(v) for row in w.heads for v in row] + [abs(v) for v in w.ff]) or 1.0
     top = y + 24
@@ -144,7 +143,7 @@ def _heatmap(d: Drawing, w: "Why", x0: float, y: float) -> float:
     return top + len(w.heads) * CELL
 
 
-def _strip(d: Drawing, w: "Why", x0: float, y: float, right: float) -> float:
+def _strip(d: Drawing, w: Why, x0: float, y: float, right: float) -> float:
     d.add(Text(x0, y, "the prompt, each token coloured by its direct share (through attention); "
                       "under it, the logit change when it is removed", 13, True))
     most = max(abs(s["direct"]) for s in w.sources) or 1.0
@@ -180,10 +179,10 @@ def _patch_map(d: Drawing, patch: dict, x0: float, y: float) -> float:
     return top + len(patch["grid"]) * 22
 
 
-def why_svg(w: "Why") -> str:
+def why_svg(w: Why) -> str:
     return to_svg(why_layout(w))
 
 
-def why_html(w: "Why") -> str:
+def why_html(w: Why) -> str:
     """A notebook's view: the picture, then the top parts and the prompt's shares as text."""
     return f"<div>{why_svg(w)}<pre>{escape(why_text(w, top=8))}</pre></div>"
