@@ -3,6 +3,7 @@ embedding is exactly a one-hot matmul -- all measured on live models."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import struct
@@ -823,3 +824,15 @@ def test_cli_explain_compare_overlays_two_models(tmp_path, capsys):
     assert main(["explain", PROMPT, "--model", paths[0], "--compare", paths[1], "--format", "svg"]) == 0
     root = ET.fromstring(capsys.readouterr().out)
     assert "KL(A || B)" in " ".join(el.text or "" for el in root.iter("{http://www.w3.org/2000/svg}text"))
+
+
+def test_trace_options_is_a_plain_dataclass_and_its_option_fields_are_the_flags():
+    from glassgpt.explain.options import TRACE_OPTIONS, TraceOptions, add_flags
+    parser = argparse.ArgumentParser()
+    add_flags(parser, TRACE_OPTIONS)
+    flags = vars(parser.parse_args([]))
+    declared = [f.name for f in dataclasses.fields(TraceOptions) if "option" in f.metadata]
+    assert declared == [o.name for o in TRACE_OPTIONS if not o.view_only]
+    assert {name: flags[name] for name in declared} == {name: getattr(TraceOptions(), name) for name in declared}
+    assert "timing" not in flags and "layer" in flags and not hasattr(TraceOptions(), "layer")
+    assert dataclasses.replace(TraceOptions(), top_k=3).top_k == 3  # frozen, and plain: replace works

@@ -1,7 +1,8 @@
-"""Each option of an analysis, declared once: the CLI flag, the API field, the page's control and
-(for a trace) the `TraceOptions` field are derived from the declaration, so that they cannot drift apart.
+"""Each option of an analysis, declared once: the CLI flag, the API field and the page's control are
+derived from the declaration, so that they cannot drift apart. A trace's options are the fields of the
+plain dataclass `TraceOptions`, each declared with `option(...)`.
 
-    TRACE_OPTIONS: top_k, temperature, block, logit_lens, attention, layer, embedding_check
+    TRACE_OPTIONS: top_k, temperature, block, logit_lens, attention, embedding_check (TraceOptions'), layer
     WHY_OPTIONS:   why, versus, patch   (explain --why [--versus TOKEN] [--patch CORRUPTED_PROMPT])
 
 `add_flags(parser, options)` adds `--name` flags (`--no-name` for one on by default);
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import PromptError
@@ -50,21 +52,44 @@ class Option:
 
 MAX_TOP_K = 100
 
-TRACE_OPTIONS = (
-    Option("top_k", int, 10, "how many next tokens (or classes) to list, each with its dot product h · W[id]",
-           metavar="K", page="number", label="top-k", ge=1, le=MAX_TOP_K),
-    Option("temperature", float, 1.0, "divides the last logits before the softmax that gives probs",
-           metavar="T", page="range", gt=0, le=100, step=0.05, most=3),
-    Option("block", int, 0, "which of the trf_blocks the flow opens up to show its norms, heads and feed-forward",
-           metavar="N", page="blocks", label="open block", ge=0),
-    Option("logit_lens", bool, False, "also the top token at every position after every block", page="always"),
-    Option("attention", bool, False, "also every layer's attention weights (the text: a per-head table of --layer "
-           "and a heatmap PNG)", page="always"),
-    Option("layer", int, 0, "which block's attention --attention shows in the text and the heatmap; independent of "
-           "--block (the page and the JSON show every layer)", metavar="N", page="none", ge=0, view_only=True),
-    Option("embedding_check", bool, True, "check on this prompt that tok_emb(ids) == one_hot(ids) @ tok_emb.weight, "
-           "the embedding lookup as the matmul it is", page="checkbox", label="check tok_emb = one_hot · W"),
-)
+
+def option(default: Any, help: str, **declared: Any) -> Any:
+    """A TraceOptions field that is also an option: its default, and the rest of its `Option` (help, metavar,
+    page, label, bounds) as the field's metadata; its name and kind are the field's."""
+    return field(default=default, metadata={"option": dict(help=help, **declared)})
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """What a trace records besides the flow. A field made by `option(...)` is also a flag, an API field
+    and a page control (TRACE_OPTIONS, derived below)."""
+
+    top_k: int = option(10, "how many next tokens (or classes) to list, each with its dot product h · W[id]",
+                        metavar="K", page="number", label="top-k", ge=1, le=MAX_TOP_K)
+    temperature: float = option(1.0, "divides the last logits before the softmax that gives probs",
+                                metavar="T", page="range", gt=0, le=100, step=0.05, most=3)
+    block: int = option(0, "which of the trf_blocks the flow opens up to show its norms, heads and feed-forward",
+                        metavar="N", page="blocks", label="open block", ge=0)
+    logit_lens: bool = option(False, "also the top token at every position after every block", page="always")
+    attention: bool = option(False, "also every layer's attention weights (the text: a per-head table of --layer "
+                             "and a heatmap PNG)", page="always")
+    embedding_check: bool = option(True, "check on this prompt that tok_emb(ids) == one_hot(ids) @ tok_emb.weight, "
+                                   "the embedding lookup as the matmul it is", page="checkbox",
+                                   label="check tok_emb = one_hot · W")
+    timing: bool = True  # not an option: the embedding check also times the lookup and the matmul (the terminal's)
+
+
+def declared_options(options_type: type) -> tuple[Option, ...]:
+    """The Options of a dataclass's fields made by `option(...)`, in the order they are declared."""
+    kinds = typing.get_type_hints(options_type)
+    return tuple(Option(f.name, kinds[f.name], f.default, **f.metadata["option"])
+                 for f in fields(options_type) if "option" in f.metadata)
+
+
+# The terminal view's alone: which block's attention the text's table and the heatmap show.
+LAYER = Option("layer", int, 0, "which block's attention --attention shows in the text and the heatmap; independent "
+               "of --block (the page and the JSON show every layer)", metavar="N", page="none", ge=0, view_only=True)
+TRACE_OPTIONS = (*declared_options(TraceOptions), LAYER)
 
 WHY_OPTIONS = (
     Option("why", bool, False, "which parts of the model (blocks, heads, feed-forwards) and which prompt tokens "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass, field, make_dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -36,7 +36,7 @@ from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
 from .head import head_products
 from .notation import trained_line
-from .options import TRACE_OPTIONS, check
+from .options import TRACE_OPTIONS, TraceOptions, check
 from .record import Progress, Recorder, record
 from .result import Result, view
 
@@ -44,16 +44,6 @@ VOCAB_TO_HIDDEN = "vocab->hidden"
 HIDDEN_TO_VOCAB = "hidden->vocab"
 HIDDEN_TO_CLASSES = "hidden->classes"
 OPENAI_LAYOUT = "OpenAI's GPT-2 layout: qkv biases, and out_head is tok_emb.weight (tied)"
-
-
-# What a trace records besides the flow: one field per option of options.TRACE_OPTIONS (top_k, temperature,
-# block, logit_lens, attention, embedding_check), with its declared default, and `timing`: whether the
-# embedding check also times the lookup and the matmul (the terminal's; the page only compares).
-TraceOptions = make_dataclass(
-    "TraceOptions", [(o.name, o.kind, field(default=o.default)) for o in TRACE_OPTIONS if not o.view_only]
-    + [("timing", bool, field(default=True))], frozen=True)
-TraceOptions.__module__ = __name__
-TraceOptions.__doc__ = "What a trace records besides the flow (explain/options.py declares each field)."
 
 
 def trace_options(values: Any, **changes: Any) -> TraceOptions:
