@@ -228,7 +228,7 @@ def test_readers_never_see_a_false_error_while_a_run_saves_every_step(saver):
         thread.join()
         sys.setswitchinterval(interval)
     assert not errors, errors[:3]
-    assert loads >= 100 and saves[0] >= 20, (loads, saves[0])  # long enough to have failed before the fix
+    assert loads >= 100 and saves[0] >= 20, (loads, saves[0])  # long enough for a save to land mid-read many times
 
 
 # --- symbolic links -----------------------------------------------------------------------------------

@@ -536,8 +536,8 @@ def _train(corpus, run, *flags):
 
 def test_a_diverging_run_stops_before_anything_non_finite_is_saved(tmp_path, corpus, capsys):
     run = tmp_path / "run"
-    # lr 1e4 with an evaluation (and a sample) at every step: before the fix, NaN weights in latest/
-    # and a traceback from the sampler.
+    # lr 1e4 with an evaluation (and a sample) at every step: neither NaN weights in latest/ nor a
+    # traceback from the sampler.
     assert _train(corpus, run, "--lr", "1e4", "--warmup-steps", "0", "--eval-every", "1", "--max-steps", "30") == 2
     line = _one_line_error(capsys)
     step = verify_checkpoint(run / "latest")["step"]

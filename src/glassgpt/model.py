@@ -49,7 +49,7 @@ INIT_SCHEMES = {
     "pytorch-default": "PyTorch's defaults, the book's initialisation, torch.manual_seed(seed); GPTModel(cfg): "
                        "N(0, 1) embeddings and Kaiming-uniform linear layers",
 }
-INIT_ALIASES = {"book": "pytorch-default"}  # the name it had before: a web client or a reader may still say it
+INIT_ALIASES = {"book": "pytorch-default"}  # another name a web client or a reader may say (CHANGELOG.md)
 
 
 def init_name(scheme: str) -> str:

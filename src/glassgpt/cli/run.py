@@ -1,9 +1,9 @@
 """The run lifecycle that `glassgpt train` and `glassgpt finetune` share, and their flags.
 
     run_training(args, command, setup, report)
-      -> the run directory claimed once: checked, locked, recovered (training.rundir)
+      -> the run directory claimed once: checked, locked, recovered (training.loop.rundir)
       -> on --resume: the checkpoint to continue and the run's saved settings, said where from
-      -> this process's rank (training.distributed: WORLD_SIZE is read there, once)
+      -> this process's rank (training.loop.distributed: WORLD_SIZE is read there, once)
       -> setup(args, start): the command's own part (model, tokenizer, task, TrainConfig, meta, the
          recipe, whose loop it runs and whose lines it prints): a `Prepared`
       -> fit(..., log=Printer): the progress bar, the evaluation lines and the samples

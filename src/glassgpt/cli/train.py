@@ -9,7 +9,7 @@
 
 The run's lifecycle (its directory claimed once, resume, fit, the signals) is cli/run.py's,
 shared with `glassgpt finetune`; here is what `train` trains: the model, the tokenizer and
-the task, glassgpt's random windows (training/data.py) or the book's loaders (training/book.py).
+the task, glassgpt's random windows (training/tasks/data.py) or the book's loaders (training/book/ch05.py).
 A run records its data as absolute paths (the token cache relative to the run directory) with
 the data's fingerprint, so `--resume` works from any directory and refuses data that changed.
 """

@@ -97,7 +97,7 @@ def prepare_glassgpt(kind: str, model, tokenizer, settings: dict[str, Any], seed
 
 def prepare_book(kind: str, model, tokenizer, settings: dict[str, Any], cfg: TrainConfig, new: bool,
                  responses: int | None = None):
-    """The book's chapter 6 or 7 (book_ch06.py, book_ch07.py): (model, task, the line on its data).
+    """The book's chapter 6 or 7 (book/ch06.py, book/ch07.py): (model, task, the line on its data).
     Chapter 6 records its padded length and class names in `settings`; `responses`: chapter 7 answers
     only the first N test records."""
     if kind == "classify":

@@ -6,12 +6,12 @@ loop function; the task it trains on (its data, evaluation and per-epoch lines) 
 module:
 
     train             glassgpt   nanoGPT's: random windows, warm-up, cosine, clipping (data.py)
-    train             book       the book's chapter 5, `train_model_simple` (book.py)
-    finetune classify glassgpt   a classifier on the last real token (classify.py)
-    finetune classify book       the book's chapter 6, `train_classifier_simple` (book_ch06.py);
+    train             book       the book's chapter 5, `train_model_simple` (book/ch05.py)
+    finetune classify glassgpt   a classifier on the last real token (tasks/classify.py)
+    finetune classify book       the book's chapter 6, `train_classifier_simple` (book/ch06.py);
                                  with --lora-rank, appendix E's replace_linear_with_lora (lora.py)
-    finetune instruct glassgpt   Alpaca records, the loss on the response (instruct.py)
-    finetune instruct book       the book's chapter 7, `train_model_simple` (book_ch07.py)
+    finetune instruct glassgpt   Alpaca records, the loss on the response (tasks/instruct.py)
+    finetune instruct book       the book's chapter 7, `train_model_simple` (book/ch07.py)
     train             book-appendix-d  the book's appendix D, `train_model` (appendix_d.py), its own loop
 
 `register` adds one (a recipe that brings its own loop passes `loop`, a function of the `Run`

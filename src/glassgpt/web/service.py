@@ -204,10 +204,7 @@ def _rounded(layers: list) -> list:
 def read_snapshots(run_dir: Path) -> dict[str, Any]:
     """The evaluations of RUN_DIR/metrics.jsonl: step, tokens, losses, and the snapshot each recorded
     (the sample prompt's top 5 next tokens, the greedy sample, the logit lens's top token per block)."""
-    try:
-        from ..training import read_metrics
-    except ImportError:  # before the training package exported it
-        from ..training.loop.loop import read_metrics
+    from ..training import read_metrics
     evaluations = [{"step": r["step"], "tokens": r["tokens"], "train_loss": r.get("train_loss"),
                     "val_loss": r.get("val_loss"), "snapshot": r.get("snapshot")}
                    for r in read_metrics(run_dir) if "val_loss" in r or "snapshot" in r]

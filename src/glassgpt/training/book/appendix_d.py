@@ -10,7 +10,7 @@ decay and gradient clipping, to hold beside its listing (`llms_from_scratch.appe
     lines:     "Ep 1 (Iter 000000): Train loss 10.987, Val loss 10.950" every eval_freq steps,
                and a greedy 50-token sample after each epoch
 
-The loaders, evaluation and samples are chapter 5's (book.BookTask: the loaders' draws from
+The loaders, evaluation and samples are chapter 5's (ch05.BookTask: the loaders' draws from
 torch's global generator, `evaluate_model`, `generate_and_print_sample`), so with the book's
 initialisation, AdamW and the same windows the run prints the book's lines and ends with its
 weights, bit for bit, on the same machine and thread count (tests/test_appendix_d.py).

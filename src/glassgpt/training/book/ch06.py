@@ -5,7 +5,7 @@
             validation and test texts to that same length
          -> the last position's logits, padding included  (model(input_batch)[:, -1, :])
 
-`BookClassifierTask` is chapter 5's `BookTask` (book.py) with chapter 6's batches: the same
+`BookClassifierTask` is chapter 5's `BookTask` (ch05.py) with chapter 6's batches: the same
 DataLoader draws from torch's global generator (batch 8, shuffle and drop_last on train), the
 loss of `calc_loss_batch` on the last position, `evaluate_model`'s two losses every
 `eval_freq` steps, and after each epoch `calc_accuracy_loader`'s line on `eval_iter` batches,

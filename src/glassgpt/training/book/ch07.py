@@ -6,7 +6,7 @@
          -> custom_collate_fn: one 50256 appended, padded with 50256 to the batch's longest + 1,
             inputs [:-1] and targets [1:], every target pad but the first -100, cut at 1024
 
-`BookInstructionTask` is chapter 5's `BookTask` (book.py) with chapter 7's batches: the same
+`BookInstructionTask` is chapter 5's `BookTask` (ch05.py) with chapter 7's batches: the same
 DataLoader draws (batch 8, shuffle and drop_last on train), `train_model_simple`'s evaluations
 and, after each epoch, its 50-token greedy sample of `format_input(val_data[0])`. With the book's
 recipe (plain AdamW, lr 5e-5, weight decay 0.1, every weight trained) the run prints the book's

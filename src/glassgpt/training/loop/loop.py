@@ -2,8 +2,8 @@
 evaluate, sample.
 
 `train(run)` below is the whole loop. What to train on is a `Task` (pretraining:
-`data.TextTask`; the book's chapter 5: `book.BookTask`; finetuning: `classify.py`,
-`instruct.py`); how to train is a `TrainConfig` (config.py). Everything else a real run
+`tasks/data.TextTask`; the book's chapter 5: `book/ch05.BookTask`; finetuning: `tasks/classify.py`,
+`tasks/instruct.py`); how to train is a `TrainConfig` (config.py). Everything else a real run
 needs stands around the loop in `run.py` and the parts it names: the model placed,
 sharded, in its precision (compute.py), the ranks (distributed.py), checkpoints and when
 to write them (checkpoint.py), the run directory and its lock (rundir.py), signals,

@@ -4,7 +4,7 @@ One JSON object per logged step:
     step, tokens, train_loss, lr, tokens_per_s, elapsed_s, grad_norm (when clipping)
 and on evaluation steps also
     val_loss, val_ppl, the task's metrics (val_accuracy; the book's recipe: train_eval_loss,
-    epoch), sample, and `snapshot` (explain/snapshot.py: the top-5 next tokens of the
+    epoch), sample, and `snapshot` (snapshot.py: the top-5 next tokens of the
     sample prompt, the greedy continuation, the logit lens per block).
 
 `read_metrics` is what every reader uses (plot, resume, the web page's slider); lines

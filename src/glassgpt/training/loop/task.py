@@ -14,7 +14,7 @@ from torch import nn
 
 
 class Task:
-    """What to train on (data.TextTask, book.BookTask, book_ch06.BookClassifierTask, classify.py, instruct.py)."""
+    """What to train on (tasks/: data.TextTask, classify.py, instruct.py; book/: ch05.BookTask, ch06.BookClassifierTask, ...)."""
 
     perplexity = True            # False: a loss that is not per-token cross-entropy (no val_ppl)
     sample_prompt_ids: list[int] | None = None  # the prompt of the snapshots at the evaluations (None: none)

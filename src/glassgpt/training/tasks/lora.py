@@ -9,7 +9,7 @@ back, so a merged model costs nothing extra at inference. (The book stores A as
 [in, r] and B as [r, out]; we keep the paper's orientation, in which B @ A already has
 nn.Linear's [out, in] weight shape.)
 
-`merged_model` is what training writes as the loadable checkpoint (finetune.py's
+`merged_model` is what training writes as the loadable checkpoint (examples.py's
 tasks return it from `checkpoint_model`): a plain GPTModel that shares every unwrapped
 tensor with the training model and holds merged copies of the wrapped weights, so
 `latest/` and `best/` have the plain state_dict keys and load with `load_model` like
