@@ -436,7 +436,7 @@ def test_finetune_instruct_skips_bad_records_and_chat_answers(gpt2_tok_base, tmp
     assert capsys.readouterr().out.endswith("\n")
     # Without an argument: one instruction per line of stdin, blank lines skipped.
     monkeypatch.setattr("sys.stdin", io.StringIO("Repeat the word red.\n\n  Repeat the word cat.\n"))
-    monkeypatch.setattr(ft, "respond", lambda model, tok, instruction, *rest: f"<{instruction}>")
+    monkeypatch.setattr(instruct, "respond", lambda model, tok, instruction, *rest: f"<{instruction}>")
     assert cli_main(["chat", "--model", str(run)]) == 0
     assert capsys.readouterr().out == "<Repeat the word red.>\n<Repeat the word cat.>\n"
     rc = cli_main(["finetune", "instruct", "--model", str(gpt2_tok_base), "--data", str(path),
