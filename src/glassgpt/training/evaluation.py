@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import GlassError
 from . import recipes
-from .book import ch05 as book
+from .book import ch05
 from .tasks.data import evaluate_text, split_ids, tokenize_files
 
 
@@ -52,10 +52,10 @@ def book_split_loss(model, tokenizer, files: list[Path], context: int, val_fract
     """The book's calc_loss_loader over its loader of `split`: windows every `stride` tokens from the start
     (the training loader drops a last short batch), with the book recipe's batch size and seed by default."""
     stride = stride or context
-    parts = dict(zip(("train", "val"), book.read_windows(files, tokenizer, val_fraction, context, stride)))
+    parts = dict(zip(("train", "val"), ch05.read_windows(files, tokenizer, val_fraction, context, stride)))
     defaults = recipes.recipe("train", recipes.BOOK).defaults
-    task = book.BookTask(parts["train"], parts["val"], batch_size or defaults["batch_size"], 1, tokenizer)
-    loss = book.loader_losses(model, task, seed if seed is not None else defaults["seed"], dtype)[split]
+    task = ch05.BookTask(parts["train"], parts["val"], batch_size or defaults["batch_size"], 1, tokenizer)
+    loss = ch05.loader_losses(model, task, seed if seed is not None else defaults["seed"], dtype)[split]
     n = len(parts[split])
     used = n - n % task.batch_size if split == "train" else n
     return {"loss": loss, "perplexity": perplexity(loss), "split": split, "windows": used, "context_length": context,

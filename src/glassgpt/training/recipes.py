@@ -31,7 +31,7 @@ from ..errors import GlassError
 from ..formats import random_model
 from ..model import GPTModel, init_name
 from .book import appendix_d
-from .book import ch05 as book
+from .book import ch05
 from .book import ch06 as book_ch06
 from .book import ch07 as book_ch07
 from .tasks import data
@@ -137,16 +137,16 @@ BOOK_CH06 = "chapter 6 trains: train_classifier_simple, a constant lr, no warm-u
 
 register(Recipe("glassgpt", "train", "nanoGPT's loop: random windows, warm-up, cosine, clipping", task=data.text_task))
 register(Recipe(BOOK, "train", BOOK_CH05, BOOK_SETTINGS, BOOK_DEFAULTS, epochs=10, one_process=True,
-                chapter=5, log_line=book.LINE, task=book.book_task))
+                chapter=5, log_line=ch05.LINE, task=ch05.book_task))
 register(Recipe("book-appendix-d", "train", BOOK_APPENDIX_D, appendix_d.RECIPE_SETTINGS, appendix_d.RECIPE_DEFAULTS,
                 epochs=appendix_d.D4_SETTINGS["n_epochs"], loop=appendix_d.train_run, one_process=True,
                 refused=("max_steps", "save_every", "log_every", "resume"), chapter=5, log_line=appendix_d.ITER_LINE,
-                task=book.book_task, settle=appendix_d.settle))
+                task=ch05.book_task, settle=appendix_d.settle))
 register(Recipe("glassgpt", "finetune classify", "a classifier head on the last real token", epochs=5))
 register(Recipe(BOOK, "finetune classify", BOOK_CH06, BOOK_SETTINGS, book_ch06.DEFAULTS, epochs=book_ch06.EPOCHS,
                 one_process=True, refused=("trainable", "val_fraction", "text_column",
-                                           "label_column", "labels"), chapter=6, log_line=book.LINE))
+                                           "label_column", "labels"), chapter=6, log_line=ch05.LINE))
 register(Recipe("glassgpt", "finetune instruct", "Alpaca records, the loss on the response tokens", epochs=2))
 register(Recipe(BOOK, "finetune instruct", BOOK_CH07, BOOK_SETTINGS, book_ch07.DEFAULTS, epochs=book_ch07.EPOCHS,
                 one_process=True, refused=("trainable", "lora_rank", "lora_alpha", "val", "val_fraction", "max_length",
-                                           "on_bad_record"), chapter=7, log_line=book.LINE))
+                                           "on_bad_record"), chapter=7, log_line=ch05.LINE))
