@@ -25,12 +25,14 @@ import torch
 from torch import nn
 
 from .config import GPTConfig
-from .errors import ConfigError, GlassError
+from .errors import ConfigError, GlassError, NonFiniteError, PromptError
 from .model import GPTModel
+from .tokenizer import Tokenizer, check_fits
 
 # The logits check: max |ours - theirs| <= TOLERANCE[dtype] * max(1, max |theirs|). float32 leaves
-# room for F.layer_norm and fused attention, which differ from the book's formulas in the last bits.
-TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+# room for F.layer_norm and fused attention, which differ from the book's formulas in the last bits;
+# float64 for the book's GELU, whose sqrt(2/pi) is a float32 number (1e-8 from transformers' in float64).
+TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 LOOKED_FOR = ("the book's names (tok_emb, pos_emb, trf_blocks, final_norm, out_head), nanoGPT's or "
               "transformers' (transformer.wte, transformer.wpe, transformer.h, transformer.ln_f, lm_head)")
@@ -66,19 +68,89 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None) ->
     which, the first time the module is used with one, its own logits are checked against
     glassgpt's forward. Raises a one-line GlassError for a module of no known kind, on mixed
     devices or dtypes, or whose logits glassgpt's forward does not reproduce."""
-    if isinstance(module, GPTModel):
-        return module
-    inner = getattr(module, "model", None)
-    if isinstance(inner, GPTModel):  # an engine, compiled or not, runs a GPTModel
-        return inner
+    if isinstance(module, GPTModel) or isinstance(getattr(module, "model", None), GPTModel):
+        if ids is not None:  # about to compute on it
+            check_computable(module)
+            check_prompt_ids(ids, module.cfg.vocab_size)
+        return module if isinstance(module, GPTModel) else module.model  # an engine, compiled or not, runs a GPTModel
     if not isinstance(module, nn.Module):
         raise GlassError(f"a model must be an nn.Module, got {type(module).__name__}")
+    if ids is not None:
+        check_computable(module)
     adoption = _adoption(module)
+    if ids is not None:
+        check_prompt_ids(ids, adoption.model.cfg.vocab_size)
     if ids is not None and adoption.verdict is None:
         adoption.verdict = _check_logits(module, adoption, ids)
     if adoption.verdict:
         raise GlassError(adoption.verdict)
     return adoption.model
+
+
+def check_computable(model: nn.Module, tokenizer: Tokenizer | None = None) -> None:
+    """Refuse, in one line, a model whose weights cannot compute, before anything runs on it:
+    tensors on the meta device (shapes without values), NaN or infinite values (naming the first
+    such tensor and how many values), or, with `tokenizer`, fewer rows of tok_emb than the
+    tokenizer has ids. Each tensor is summed (a NaN or inf makes the sum one), and a module whose
+    tensors have not changed since they last passed is not read again."""
+    if not isinstance(model, nn.Module):
+        raise GlassError(f"a model must be an nn.Module, got {type(model).__name__}")
+    tensors = [(name, t) for name, t in (*model.named_parameters(), *model.named_buffers())]
+    meta = [name for name, t in tensors if t.is_meta]
+    if meta:
+        more = f" and {len(meta) - 1:,} more" if len(meta) > 1 else ""
+        raise GlassError(f"{type(model).__name__}'s weights are on the meta device ({meta[0]}{more}: shapes "
+                         "without values), so nothing can be computed: load its weights first, e.g. "
+                         "model.to_empty(device='cpu') then model.load_state_dict(...), or load it without "
+                         "device_map='meta' / init_empty_weights")
+    _check_finite(model, [(n, t) for n, t in tensors if t.is_floating_point() or t.is_complex()])
+    if tokenizer is not None:
+        vocab = adopt(model).cfg.vocab_size
+        check_fits(tokenizer, vocab, f"ids {vocab:,} and up have no row in tok_emb; pass the model's own tokenizer")
+
+
+def check_prompt_ids(ids: torch.Tensor | Sequence[int], vocab_size: int) -> None:
+    """Refuse a prompt id past the model's tok_emb (it would be an IndexError deep in the forward)."""
+    batch = torch.as_tensor(ids) if not isinstance(ids, torch.Tensor) else ids
+    if batch.numel() and (int(batch.min()) < 0 or int(batch.max()) >= vocab_size):
+        bad = int(batch.max()) if int(batch.max()) >= vocab_size else int(batch.min())
+        raise PromptError(f"token id {bad:,} is out of range for this model: its vocab_size is {vocab_size:,} "
+                          f"(ids 0..{vocab_size - 1:,}); encode the prompt with the model's own tokenizer")
+
+
+_FINITE: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _check_finite(model: nn.Module, tensors: list[tuple[str, torch.Tensor]]) -> None:
+    stamp = _stamp(tensors)
+    if stamp is not None and _FINITE.get(model) == stamp:
+        return
+    with torch.no_grad():
+        sums = [t.detach().sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32) for _, t in tensors]
+        suspects = [(name, t) for (name, t), s in zip(tensors, sums) if not bool(torch.isfinite(s))]
+        broken = []
+        for name, t in suspects:  # a sum overflows on huge finite values: count exactly before blaming
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            if nan or inf:
+                broken.append((name, t, nan, inf))
+    if broken:
+        name, t, nan, inf = broken[0]
+        held = " and ".join(f"{n:,} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n)
+        others = len(broken) - 1
+        more = f" (and {others:,} more tensor{'s' if others > 1 else ''})" if others else ""
+        raise NonFiniteError(f"the model's weights cannot compute: {name} holds {held} of its {t.numel():,} values"
+                             f"{more}, so every score after it would be NaN: load an earlier checkpoint (a run "
+                             "that diverged saves such weights), or find what wrote them")
+    if stamp is not None:
+        _FINITE[model] = stamp
+
+
+def _stamp(tensors: list[tuple[str, torch.Tensor]]) -> tuple | None:
+    """What changes when a tensor is replaced or written in place; None for inference tensors (no version)."""
+    try:
+        return tuple((t.data_ptr(), t._version) for _, t in tensors)
+    except RuntimeError:
+        return None
 
 
 def read_in_place(module: nn.Module) -> tuple[GPTModel, Layout]:
@@ -272,6 +344,7 @@ def _build(module: nn.Module, layout: Layout) -> GPTModel:
     cfg = config_of(module, layout)
     with torch.device("meta"):
         glass = GPTModel(cfg)
+    assigned = set()
     for name, tensor in layout.tensors.items():
         if name == "out_head.weight" and cfg.tie_embeddings:
             continue
@@ -285,13 +358,14 @@ def _build(module: nn.Module, layout: Layout) -> GPTModel:
             raise GlassError(f"{type(module).__name__}: {name} is {list(tensor.shape)} but its config "
                              f"({_config_line(cfg)}) wants {list(expected.shape)}")
         setattr(target, leaf, nn.Parameter(tensor.detach(), requires_grad=False))  # a view: nothing copied
+        assigned.add(name)
     glass.tie_weights()
     for blk in glass.trf_blocks:
         blk.norm1.eps = blk.norm2.eps = layout.eps
         if layout.exact_gelu:  # nanoGPT's nn.GELU(): the exact erf, where the book writes the tanh form
             blk.ff.layers[1] = nn.GELU()
     glass.final_norm.eps = layout.eps
-    _fill_missing(glass, module, layout)
+    _fill_missing(glass, module, layout, assigned)
     n_heads = "" if layout.n_heads else f"; n_heads {cfg.n_heads} by GPT-2's rule of 64 per head (none found)"
     gelu = ", its exact GELU" if layout.exact_gelu else ""
     glass.adopted_from = "; ".join([f"{layout.kind} ({_config_line(cfg)}{gelu}), read in place{n_heads}"] + layout.notes)
@@ -307,11 +381,11 @@ def _has_submodule(glass: GPTModel, path: str) -> bool:
         return False
 
 
-def _fill_missing(glass: GPTModel, module: nn.Module, layout: Layout) -> None:
+def _fill_missing(glass: GPTModel, module: nn.Module, layout: Layout, assigned: set[str]) -> None:
     """Zeros for the biases and shifts a module was built without (the same computation); any
     other tensor glassgpt needs and the module lacks is one line naming it."""
     for name, p in list(glass.named_parameters()):
-        if not p.is_meta:
+        if name in assigned or not p.is_meta:  # (a module on the meta device is read as it is)
             continue
         if not name.endswith((".bias", ".shift")):
             raise GlassError(f"{type(module).__name__} has no tensor for glassgpt's {name} {list(p.shape)}: "

@@ -80,21 +80,30 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     return logits.softmax(dim=-1)
 
 
+BROKEN_SCORES = ("the model's next-token scores are NaN or infinite, so no token can be picked: its weights are broken "
+                 "(saved by a run that diverged?), or its dtype overflows (float16: try bfloat16 or float32)")
+
+
 def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
               top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Logits `[b, V]` -> next ids `[b]`: the largest (temperature 0), else drawn from `sampling_probs`."""
     if temperature == 0.0:
         # The first largest logit, as argmax gives it; `max` finds it 4x quicker in bfloat16 on
         # a CPU (argmax has no vectorized bfloat16 kernel there: ~180 us per step for gpt2).
-        return logits.max(dim=-1).indices
+        largest, ids = logits.max(dim=-1)  # a NaN anywhere makes it the largest: no token comes from NaN scores
+        if not bool(torch.isfinite(largest).all()):
+            raise NonFiniteError(BROKEN_SCORES)
+        return ids
     probs = sampling_probs(logits, temperature, top_k, top_p)
     try:
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     except RuntimeError:  # "probability tensor contains either inf, nan or element < 0"
         if bool(torch.isfinite(probs).all()):
             raise
-        raise NonFiniteError("the model's next-token scores are NaN or infinite, so nothing can be sampled: its "
-                             "weights are broken (saved by a run that diverged?); load an earlier checkpoint") from None
+        if bool(torch.isfinite(logits).all()):  # finite scores, divided into infinities by the temperature
+            raise GlassError(f"temperature {temperature:g} is so small that the scores divided by it overflow: use "
+                             "0 for greedy, or a temperature of 1e-3 or more") from None
+        raise NonFiniteError(BROKEN_SCORES) from None
 
 
 @torch.inference_mode()

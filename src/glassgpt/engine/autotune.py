@@ -172,7 +172,10 @@ def apply(twin: nn.Module, choices: Choices) -> None:
     for module in twin.modules():
         if type(module) in kernel:
             won = choices.winners.get(f"linear {module.out_features}x{module.in_features}") == "glassgpt"
-            module.gemv = getattr(ops, kernel[type(module)]) if won and ops is not None else None
+            # The kernel reads a contiguous [out, in] matrix; a transposed view (transformers' Conv1D
+            # weights, read in place by adopt.py) runs F.linear. The native step says so, once (decode.py).
+            covered = all(t is None or t.is_contiguous() for t in (getattr(module, "weight", None), module.bias))
+            module.gemv = getattr(ops, kernel[type(module)]) if won and ops is not None and covered else None
         elif isinstance(module, FusedAttention):
             module.decode_path = choices.winners.get("attention decode", FusedAttention.decode_path)
             module.prompt_path = choices.winners.get("attention prompt", FusedAttention.prompt_path)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..adopt import adopt
+from ..adopt import adopt, check_computable
 from ..model import GPTModel
 from ..prompt import encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
@@ -52,6 +52,8 @@ def compare(model_a: GPTModel, model_b: GPTModel, tokenizer: Tokenizer, text: st
             about_b: About | None = None, top_k: int = 10) -> Comparison:
     """Trace `text` through both models and set their next-token distributions side by side."""
     about_a, about_b = about_a or About("A"), about_b or About("B")
+    check_computable(model_a, tokenizer)
+    check_computable(model_b, tokenizer)
     limit = min(adopt(model_a).cfg.context_length, adopt(model_b).cfg.context_length)
     prompt = fit_prompt(encode(tokenizer, text), limit, keep_for(adopt(model_a).cfg.num_classes))
     model_a, model_b = adopt(model_a, prompt.ids), adopt(model_b, prompt.ids)  # a reader's modules, read in place

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..adopt import adopt
+from ..adopt import adopt, check_computable
 from ..config import GPTConfig
 from ..errors import GlassError
 from ..model import GPTModel
@@ -75,6 +75,8 @@ def group_of(name: str) -> str:
 @torch.inference_mode()
 def diff_weights(model_a: GPTModel, model_b: GPTModel, name_a: str = "A", name_b: str = "B") -> WeightDiff:
     """Compare every tensor of two models of the same shapes (B's head may be a new classifier's)."""
+    check_computable(model_a)
+    check_computable(model_b)
     model_a, model_b = adopt(model_a), adopt(model_b)  # a reader's modules, read in place
     sa, sb = model_a.state_dict(), model_b.state_dict()
     replaced = None

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..adopt import adopt
+from ..adopt import adopt, check_computable
 from ..device import evaluating
 from ..errors import PromptError
 from ..model import GPTModel
@@ -56,6 +56,7 @@ def passage(model: GPTModel, tokenizer: Tokenizer, text: str, about: About | Non
     """Score every token of `text` (at least two tokens) under `model`; see the module's docstring.
 
     progress(step, done, total) is called after each block of each window; `cancel`, once set, stops it."""
+    check_computable(model, tokenizer)
     model = adopt(model, encode(tokenizer, text)[:adopt(model).cfg.context_length])
     if model.cfg.num_classes is not None:
         raise PromptError("a classifier predicts no next tokens: give --passage a language model")

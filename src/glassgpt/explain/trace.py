@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adopt import adopt, adopted_from, adopted_kind, is_added, own_parameters
+from ..adopt import adopt, adopted_from, adopted_kind, check_computable, is_added, own_parameters
 from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
@@ -134,6 +134,7 @@ def trace_with_logits(model: GPTModel, tokenizer: Tokenizer, text: str | None = 
     """trace(...), and the last position's logits `[V]` (or `[classes]`) of its one forward pass."""
     opt, named = options or TraceOptions(), about
     about = about or About()
+    check_computable(model, tokenizer)
     cfg = adopt(model).cfg
     prompt = _prompt(cfg, tokenizer, text, ids, opt, about.reading)
     model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once

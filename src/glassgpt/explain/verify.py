@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..adopt import Layout, evaluating_all, module_logits, read_in_place
+from ..adopt import Layout, check_computable, evaluating_all, module_logits, read_in_place
 from ..errors import GlassError
 from ..model import GELU, GPTModel
 from ..tokenizer import get_tokenizer
@@ -109,6 +109,7 @@ class CheckResult(Result):
 def check(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None = None) -> CheckResult:
     """Check `model` (the book's GPTModel, a reader's copy, nanoGPT's or transformers' GPT) against
     the book's formulas on `text` (or token `ids`): see the module's docstring."""
+    check_computable(model)  # weights that cannot compute are named before any stage is compared
     glass, layout = read_in_place(model)
     cfg = glass.cfg
     shown = text if ids is None else _decode(ids)

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from ..adopt import adopt, check_computable
 from ..errors import GlassError
 from ..explain import About, Progress, trace
 from ..explain.views.diagram import to_svg
@@ -30,7 +31,7 @@ from ..explain.trace import model_facts, trace_options
 from ..formats import CHECKPOINT_SUBDIRS
 from ..model import GPTModel
 from ..prompt import check_ids, encode, fit_for
-from ..tokenizer import Tokenizer, check_fits
+from ..tokenizer import Tokenizer
 
 MAX_BODY_BYTES = 256 * 1024  # a full 1,024-token prompt is a few KiB of JSON
 # Attention weights are n_layers x n_heads x t x t numbers; past this many the page
@@ -81,11 +82,12 @@ class ExplainService:
     def __init__(self, model: GPTModel, tokenizer: Tokenizer, about: About | None = None,
                  max_prompt_tokens: int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
                  run_dir: str | Path | None = None) -> None:
+        check_computable(model, tokenizer)  # before the first request: weights that cannot compute are named now
+        model = adopt(model)  # a reader's module, read in place
         cfg = model.cfg
         limit = cfg.context_length if max_prompt_tokens is None else max_prompt_tokens
         if not 1 <= limit <= cfg.context_length:
             raise GlassError(f"max_prompt_tokens must be in 1..{cfg.context_length:,} (the context_length), got {limit:,}")
-        check_fits(tokenizer, cfg.vocab_size, "they do not belong together")
         about = about or About()
         self.model, self.tokenizer, self.limit = model, tokenizer, limit
         self.about = dataclasses.replace(about, name=public_name(about.name))
