@@ -14,6 +14,7 @@ import json
 import resource
 import signal
 import struct
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 import glassgpt
 from glassgpt.config import GPTConfig
-from glassgpt.errors import CheckpointError, GlassError
+from glassgpt.errors import CheckpointError, GlassError, TokenizerError
 from glassgpt.formats import export_hf, load_meta, random_model, save_model
 
 from test_book import openai_copy, openai_dir  # noqa: F401 (fixtures: the gpt2/124M folder, written by TensorFlow)
@@ -266,6 +267,80 @@ def test_a_data_file_shorter_than_the_index_says_is_refused_before_reading(capsy
 def test_a_crafted_tokenizer_json_is_named(capsys, ckpt, spec, words):
     (ckpt / "tokenizer.json").write_text(json.dumps(spec))
     answer(capsys, "generate", "hi", "--model", str(ckpt), words=("tokenizer.json",) + words)
+
+
+@lru_cache(maxsize=1)
+def learned_bpe() -> dict:
+    """A small byte-level BPE as train_bpe saves it: 256 bytes, then 44 merges."""
+    from glassgpt.tokenizer import train_bpe
+    return train_bpe("the cat sat on the mat, the dog sat on the log. " * 20, 300).to_dict()
+
+
+def merges_out_of_order(spec: dict) -> dict:
+    tokens = list(spec["tokens"])
+    tokens[256], tokens[-1] = tokens[-1], tokens[256]  # the last merge before the pieces it is made of
+    return {**spec, "tokens": tokens}
+
+
+def a_byte_missing(spec: dict) -> dict:
+    tokens = list(spec["tokens"])
+    tokens[65], tokens[256] = tokens[256], tokens[65]  # 'A' moved past the first 256
+    return {**spec, "tokens": tokens}
+
+
+HOSTILE_TOKENIZERS = {  # what is wrong -> (the spec, the words of its one line)
+    "a pattern that backtracks without end": (lambda s: {**s, "pattern": r"(?:a|aa)+(?=b)|\s"},
+                                              ("pattern", "backtrack without end")),
+    "an empty pattern": (lambda s: {**s, "pattern": ""}, ("pattern must be a non-empty regular expression",)),
+    "a pattern that matches nothing": (lambda s: {**s, "pattern": "(?!)"}, ("pattern '(?!)' matches nothing",)),
+    "a pattern that drops spaces": (lambda s: {**s, "pattern": r"\w+|[^\w\s]"}, ("pattern", "drops text")),
+    "a pattern that is not a regex": (lambda s: {**s, "pattern": "[a-z"}, ("pattern", "not a regular expression")),
+    "a pattern that is not a string": (lambda s: {**s, "pattern": 5}, ("pattern must be a string",)),
+    "merges out of order": (merges_out_of_order, ("tokens[256]", "not the merge of two earlier tokens")),
+    "a byte missing": (a_byte_missing, ("tokens must start with the 256 single bytes", "byte 65")),
+    "no tokens": (lambda s: {**s, "tokens": []}, ("tokens must be a list of at least 256",)),
+}
+
+
+@pytest.mark.parametrize("what", HOSTILE_TOKENIZERS)
+def test_a_hostile_tokenizer_file_is_one_line_naming_the_file_and_field(tmp_path, what):
+    make, words = HOSTILE_TOKENIZERS[what]
+    path = tmp_path / "tok.json"
+    path.write_text(json.dumps(make(learned_bpe())))
+    with bounded(["get_tokenizer", str(path)]), pytest.raises(TokenizerError) as err:
+        glassgpt.get_tokenizer(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    assert all(w in message for w in words), message
+
+
+@pytest.mark.parametrize("command", ["explain", "generate"])
+@pytest.mark.parametrize("what", ["a pattern that backtracks without end", "an empty pattern",
+                                  "a pattern that matches nothing"])
+def test_a_hostile_tokenizer_in_a_checkpoint_is_one_line(capsys, ckpt, command, what):
+    make, words = HOSTILE_TOKENIZERS[what]
+    (ckpt / "tokenizer.json").write_text(json.dumps(make(learned_bpe())))
+    answer(capsys, command, "hi", "--model", str(ckpt), words=("tokenizer.json",) + words)
+
+
+def test_a_learned_tokenizer_still_loads_and_round_trips(tmp_path):
+    path = tmp_path / "tok.json"
+    path.write_text(json.dumps(learned_bpe()))
+    tok = glassgpt.get_tokenizer(path)
+    text = "the cat sat on the mat -- Über 1,234"
+    assert tok.decode(tok.encode(text)) == text and len(tok.encode("the cat")) < len("the cat")
+
+
+def test_a_pattern_that_gives_up_at_encoding_is_one_line():
+    """A pattern past the load-time checks (built directly) that makes tiktoken's regex engine give up
+    on a text: a TokenizerError, not a PanicException."""
+    import tiktoken
+    from glassgpt.tokenizer import TiktokenTokenizer
+    enc = tiktoken.Encoding(name="x", pat_str=r"(?:a|aa)+(?=b)|\s", mergeable_ranks={bytes([b]): b for b in range(256)},
+                            special_tokens={})
+    tok = TiktokenTokenizer(enc, {}, "x.json")
+    with pytest.raises(TokenizerError, match="x.json: the tokenizer's pattern gave up on this text"):
+        tok.encode("a" * 64 + "c")
 
 
 @pytest.mark.parametrize("meta, words", [({"labels": 5}, ("labels", "5")), ({"labels": [1, 2]}, ("labels",)),

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import glassgpt
 from glassgpt.cli import main
 from glassgpt.config import GPTConfig
-from glassgpt.errors import GlassError, PromptError
+from glassgpt.errors import GlassError, NonFiniteError, PromptError
 from glassgpt.errors import TraceCancelled
 from glassgpt.explain import About, TraceOptions, check_embedding_is_linear, trace
 from glassgpt.explain.views.diagram import attention_figure, layout, save_attention_png, save_png, to_svg
@@ -361,7 +361,7 @@ def test_non_finite_weights_are_one_clear_error(small):
     broken = random_model(model.cfg, torch.device("cpu"), torch.float32)
     with torch.no_grad():
         broken.final_norm.scale.fill_(float("nan"))  # as a diverged training run would save it
-    with pytest.raises(PromptError, match="not finite"):
+    with pytest.raises(NonFiniteError, match="weights cannot compute: final_norm.scale holds 24 NaN of its 24 values"):
         trace(broken, tok, "fox")
 
 

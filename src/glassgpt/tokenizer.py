@@ -85,9 +85,10 @@ class Tokenizer:
 class TiktokenTokenizer(Tokenizer):
     """A byte-level BPE run by tiktoken: GPT-2's, or one learned by `train_bpe`."""
 
-    def __init__(self, encoding: tiktoken.Encoding, spec: dict):
+    def __init__(self, encoding: tiktoken.Encoding, spec: dict, source: str = "GPT-2's vocabulary"):
         self._enc = encoding
         self._spec = spec
+        self._source = source
         self.name = encoding.name
         self.n_vocab = encoding.n_vocab
         self.eot_id = encoding._special_tokens.get(ENDOFTEXT)
@@ -97,13 +98,19 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode(self, text: str, allowed_special: Iterable[str] = ()) -> list[int]:
         # `<|endoftext|>` typed by a user is plain text unless the caller allows it.
-        if not allowed_special:
-            return self._enc.encode_ordinary(text)
-        if allowed_special == "all":  # tiktoken's spelling for every special token
-            return self._enc.encode(text, allowed_special="all", disallowed_special=())
-        if isinstance(allowed_special, str):
-            allowed_special = {allowed_special}
-        return self._enc.encode(text, allowed_special=set(allowed_special), disallowed_special=())
+        try:
+            if not allowed_special:
+                return self._enc.encode_ordinary(text)
+            if allowed_special == "all":  # tiktoken's spelling for every special token
+                return self._enc.encode(text, allowed_special="all", disallowed_special=())
+            if isinstance(allowed_special, str):
+                allowed_special = {allowed_special}
+            return self._enc.encode(text, allowed_special=set(allowed_special), disallowed_special=())
+        except BaseException as e:  # tiktoken's regex engine panics where a pattern backtracks past its limit
+            if type(e).__name__ != "PanicException":
+                raise
+            raise TokenizerError(f"{self._source}: the tokenizer's pattern gave up on this text ({str(e)[-60:]}): "
+                                 "its repeated alternatives backtrack without end; use GPT-2's pattern") from None
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
         try:
@@ -261,12 +268,71 @@ def _bpe_from_dict(spec: dict, source: str = "tokenizer spec") -> TiktokenTokeni
     if len(set(tokens)) != len(tokens):
         raise TokenizerError(f"{source}: tokens holds the same bytes twice: the file is corrupt")
     ranks = {tok: i for i, tok in enumerate(tokens)}
+    _check_merges(tokens, ranks, source)
+    pattern = spec.get("pattern", GPT2_PATTERN)
+    check_pattern(pattern, source)
     try:
-        enc = tiktoken.Encoding(name=spec.get("name", "bpe"), pat_str=spec.get("pattern", GPT2_PATTERN),
+        enc = tiktoken.Encoding(name=spec.get("name", "bpe"), pat_str=pattern,
                                 mergeable_ranks=ranks, special_tokens={ENDOFTEXT: len(tokens)})
     except ValueError as e:  # a pattern that is not a regex, a vocabulary tiktoken refuses
         raise TokenizerError(f"{source}: tiktoken cannot build this tokenizer ({e})") from None
-    return TiktokenTokenizer(enc, spec)
+    tokenizer = TiktokenTokenizer(enc, spec, source)
+    for sample in PATTERN_SAMPLES:  # tiktoken's own regex engine, on the texts the pattern was tried on
+        ids = tokenizer.encode(sample)
+        if tokenizer.decode_bytes(ids) != sample.encode("utf-8"):
+            raise TokenizerError(f"{source}: pattern {_shown(pattern)} drops text: {sample[:24]!r} encodes to "
+                                 f"{len(ids)} tokens that read back as {tokenizer.decode(ids)[:24]!r}; a pattern must "
+                                 "match every character (GPT-2's ends in |\\s)")
+    return tokenizer
+
+
+# Texts every pattern must split whole and quickly: prose of several scripts, then runs of one kind
+# of character, where a pattern's nested alternatives backtrack without end.
+PATTERN_SAMPLES = ["Every effort moves you, 1,234 times -- isn't it? \u00dcber na\u00efve \u65e5\u672c\u8a9e \U0001f642\n\n\t x  ",
+                   "a" * 64 + "c", "1" * 64 + "x", " " * 64 + "x", "!" * 64 + "x", "\n" * 64 + "x"]
+PATTERN_TIME_LIMIT_S = 0.5
+
+
+def check_pattern(pattern: object, source: str = "tokenizer spec") -> None:
+    """Refuse, naming `source` and its field, a pre-tokenizer pattern that is not a non-empty regular
+    expression, or that takes over PATTERN_TIME_LIMIT_S to split a sample text (catastrophic backtracking)."""
+    import regex  # tiktoken's own dependency; the `re` module lacks \p{L}
+
+    if not isinstance(pattern, str) or not pattern:
+        raise TokenizerError(f"{source}: pattern must be a non-empty regular expression, got {pattern!r}: "
+                             "use GPT-2's (leave the field out)")
+    try:
+        compiled = regex.compile(pattern)
+    except regex.error as e:
+        raise TokenizerError(f"{source}: pattern {_shown(pattern)} is not a regular expression ({e})") from None
+    for sample in PATTERN_SAMPLES:
+        try:
+            pieces = compiled.findall(sample, timeout=PATTERN_TIME_LIMIT_S)
+        except TimeoutError:
+            raise TokenizerError(f"{source}: pattern {_shown(pattern)} takes over {PATTERN_TIME_LIMIT_S:g} s to split "
+                                 f"the {len(sample)} characters {sample[:12]!r}...: its repeated alternatives backtrack "
+                                 "without end; simplify it, or use GPT-2's (leave the field out)") from None
+        if sample and not "".join(p if isinstance(p, str) else "".join(p) for p in pieces):
+            raise TokenizerError(f"{source}: pattern {_shown(pattern)} matches nothing of {sample[:24]!r}, so every "
+                                 "text would encode to no tokens; use GPT-2's (leave the field out)")
+
+
+def _shown(pattern: str) -> str:
+    return repr(pattern if len(pattern) <= 40 else pattern[:37] + "...")
+
+
+def _check_merges(tokens: list[bytes], ranks: dict[bytes, int], source: str) -> None:
+    """The 256 single bytes first; every later token the merge of two tokens before it (BPE's order)."""
+    first = tokens[:256]
+    if sorted(first) != [bytes([b]) for b in range(256)]:
+        missing = next(b for b in range(256) if bytes([b]) not in first)
+        raise TokenizerError(f"{source}: tokens must start with the 256 single bytes, in any order; byte {missing} "
+                             "is not among the first 256: the file is corrupt")
+    for rank in range(256, len(tokens)):
+        tok = tokens[rank]
+        if not any(ranks.get(tok[:i], rank) < rank and ranks.get(tok[i:], rank) < rank for i in range(1, len(tok))):
+            raise TokenizerError(f"{source}: tokens[{rank}] ({tok!r}) is not the merge of two earlier tokens, so BPE "
+                                 "can never produce it: the merges are inconsistent (the file is corrupt)")
 
 
 # --- learning a byte-level BPE from a corpus -----------------------------------------
@@ -361,6 +427,7 @@ def _count_pieces(text_or_files: str | Path | Iterable[str | Path], pattern: str
         import regex  # the `re` module lacks \p{L}; GPT-2's own encoder uses `regex` too
     except ImportError:
         raise TokenizerError("training a BPE needs the regex package: pip install regex") from None
+    check_pattern(pattern, "train_bpe's pattern")
     split = regex.compile(pattern).findall
     counts: Counter[str] = Counter()
     if isinstance(text_or_files, str):

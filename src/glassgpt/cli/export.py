@@ -12,7 +12,7 @@ import torch
 from ..errors import GlassError
 from ..formats import export_hf, load_model, load_tokenizer
 from ..formats.book import book_cfg, book_state_dict, dropout_note
-from ..formats.files import atomic_write
+from ..formats.files import atomic_write, clean_leftovers
 from ..formats.gguf import write_gguf
 from .common import positive_int
 
@@ -52,6 +52,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_export)
 
 
+def clean_interrupted(out: Path, fmt: str) -> list[Path]:
+    """Remove what an export to `out` that was killed left (temporary files and directories whose process
+    is gone), and `out` itself when that was all it held (an hf directory from before exports were whole)."""
+    written = {"pth": [out, out.with_suffix(".json")], "gguf": [out], "hf": [out, out / "model.safetensors",
+                                                                         out / "config.json"]}[fmt]
+    removed = [path for dest in written for path in clean_leftovers(dest)]
+    if removed and fmt == "hf" and out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        out.rmdir()
+        removed.append(out)
+    return removed
+
+
 def run_export(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.format == "pth" and (out.is_dir() or out.suffix == ".json"):
@@ -60,6 +72,9 @@ def run_export(args: argparse.Namespace) -> int:
         raise GlassError(f"--out {out} is a directory: give a file name such as model.gguf")
     if args.dtype != "f32" and args.format != "gguf":
         raise GlassError(f"--dtype {args.dtype} is for --format gguf; {args.format} is written in float32")
+    removed = clean_interrupted(out, args.format)
+    if removed:
+        print(f"note: removed what an interrupted export left: {', '.join(str(p) for p in removed)}")
     if out.exists() and not args.force:
         raise GlassError(f"--out {out} exists: pass --force to write over it, or choose another name")
     model = load_model(args.model, device="cpu", dtype="float32", n_heads=args.n_heads)

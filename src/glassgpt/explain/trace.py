@@ -134,7 +134,7 @@ def trace_with_logits(model: GPTModel, tokenizer: Tokenizer, text: str | None = 
     """trace(...), and the last position's logits `[V]` (or `[classes]`) of its one forward pass."""
     opt, named = options or TraceOptions(), about
     about = about or About()
-    check_computable(model, tokenizer)
+    check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model).cfg
     prompt = _prompt(cfg, tokenizer, text, ids, opt, about.reading)
     model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once

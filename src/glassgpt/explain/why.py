@@ -92,7 +92,7 @@ def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: 
     patch: a corrupted prompt with as many tokens, for the activation-patching grids.
     reading: where a classifier reads a text (prompt.Reading; the book's recipe pads), as trace's About says.
     """
-    check_computable(model, tokenizer)
+    check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model).cfg
     ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)
     prompt = fit_for(ids, cfg.context_length, cfg.num_classes, reading)

@@ -44,7 +44,7 @@ from .checks import check_buildable, meta_model
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, model_from_state,
                        read_checkpoint, read_checkpoint_file, read_config_file, read_meta, read_tokenizer,
                        resolve_checkpoint_dir, save_model)
-from .files import upgrade_name
+from .files import leftovers, refuse_leftover, upgrade_name
 from .hf import export_hf, hf_to_glassgpt
 from .hub import download, try_download
 
@@ -70,6 +70,7 @@ def spec_kind(spec: Any) -> str:
     (a glassgpt or Hugging Face directory, a run directory, or a hub id)."""
     if isinstance(spec, nn.Module):
         return "module"
+    refuse_leftover(Path(spec))
     if gguf.is_gguf_file(spec):
         return "gguf"
     if is_random_init(str(spec)):
@@ -153,6 +154,10 @@ def checkpoint_dir(spec: str | os.PathLike) -> Path:
         ckpt, reason = try_download(spec)
         where = (f" here or on the Hugging Face hub ({reason}): put its config.json and model.safetensors "
                  "in a directory and pass that, or")
+    left = leftovers(Path(spec))
+    if ckpt is None and left:
+        raise CheckpointError(f"no model {spec!r}: beside it is only {left[0].name}, what an export or save of it "
+                              "left when it was interrupted (its process is gone): run that export again")
     if ckpt is None:
         raise CheckpointError(f"no model {spec!r}{_near_miss(spec)}{where or ':'} use a preset "
                               f"({', '.join(PRESETS)}), {SPEC_KINDS}")

@@ -16,6 +16,7 @@ import errno
 import json
 import math
 import os
+import shutil
 import stat
 import struct
 import tempfile
@@ -287,17 +288,105 @@ def atomic_write(dest: Path, write: Callable[[str], Any], error: type[GlassError
     a plain open() would have given (mkstemp's are owner-only). A symbolic link at `dest` is refused
     (`error`): the rename would replace the link, and the caller meant the file it points to."""
     refuse_link(Path(dest), error)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
+    clean_leftovers(dest)
+    tmp = str(temp_path(dest))
     try:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~process_umask())
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# --- what a killed write leaves: .NAME.PID.XXXXXXXX.tmp beside NAME ---------------------------------
+
+def temp_path(dest: Path, directory: bool = False) -> Path:
+    """A new temporary file (or directory) beside `dest`, named `.NAME.PID.XXXXXXXX.tmp`: its name says
+    what it is for and which process writes it, so that a later write can clean it once that process died."""
+    if directory:
+        return Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp"))
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp")
+    os.close(fd)
+    return Path(tmp)
+
+
+def leftover_of(path: Path) -> tuple[str, int | None] | None:
+    """(NAME, PID) when `path` is a temporary file or directory that a write of NAME made (PID None: one
+    made before temporary names held the process id); else None."""
+    name = Path(path).name
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return None
+    parts = name[1:-4].split(".")
+    if len(parts) >= 3 and parts[-2].isdigit() and _random_part(parts[-1]):
+        return ".".join(parts[:-2]), int(parts[-2])
+    if len(parts) >= 2 and _random_part(parts[-1]):
+        return ".".join(parts[:-1]), None
+    return None
+
+
+def _random_part(text: str) -> bool:
+    return len(text) == 8 and all(c.isalnum() or c == "_" for c in text)
+
+
+def leftovers(dest: Path) -> list[Path]:
+    """The temporary files and directories that writes of `dest` left beside it when their process was
+    killed (kill -9, a power cut): those whose process no longer runs."""
+    dest = Path(dest)
+    try:
+        candidates = list(dest.parent.glob(f".{glob_escape(dest.name)}.*.tmp"))
+    except OSError:
+        return []
+    found = []
+    for path in candidates:
+        owner = leftover_of(path)
+        if owner is not None and owner[0] == dest.name and not _running(owner[1]):
+            found.append(path)
+    return sorted(found)
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def _running(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+def refuse_leftover(path: Path) -> None:
+    """One line when `path` (a model a reader passed) is a temporary file or directory a write left."""
+    owner = leftover_of(path) if os.path.lexists(path) else None
+    if owner is not None:
+        raise CheckpointError(f"{path} is a temporary {'directory' if Path(path).is_dir() else 'file'} that a write "
+                              f"of {owner[0]} left when it was interrupted, not a model: run that export again (it "
+                              f"removes this), then pass {owner[0]}")
+
+
+def clean_leftovers(dest: Path) -> list[Path]:
+    """Remove what killed writes of `dest` left (see `leftovers`); returns what was removed."""
+    removed = []
+    for path in leftovers(dest):
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path)
+        except FileNotFoundError:  # another write cleaned it first
+            pass
+    return removed
 
 
 def refuse_link(path: Path, error: type[GlassError] = CheckpointError) -> None:
@@ -338,7 +427,7 @@ def open_to_write(path: Path, mode: str = "a", error: type[GlassError] = Checkpo
     return os.fdopen(fd, mode, encoding="utf-8")
 
 
-def _umask() -> int:
+def process_umask() -> int:
     """This process's umask, read without changing it (Linux's /proc), else the usual 022."""
     try:
         with open("/proc/self/status") as f:

@@ -39,8 +39,8 @@ from ..model import GPTModel
 from ..tokenizer import Tokenizer, tokenizer_from_dict
 from ..version import __version__
 from .checks import GLASSGPT, check_sizes, expected_shapes, meta_model
-from .files import (DirFile, OpenDir, atomic_write, checkpoint_tensors, read_json, read_safetensors, special_file,
-                    tensor_shapes, weights_file)
+from .files import (DirFile, OpenDir, atomic_write, checkpoint_tensors, leftover_of, read_json, refuse_leftover, read_safetensors,
+                    special_file, tensor_shapes, weights_file)
 from .hf import HF, config_from_hf, hf_shapes, hf_to_glassgpt
 
 # A run directory's checkpoints, in order of preference; `.NAME.old` is a complete checkpoint
@@ -57,12 +57,17 @@ T = TypeVar("T")
 def resolve_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
     """The directory that holds config.json for a local spec, or None if spec is not a local path."""
     path = Path(spec)
+    refuse_leftover(path)
     if path.is_dir():
         if (path / "config.json").is_file():
             return path
         for sub in CHECKPOINT_SUBDIRS:
             if (path / sub / "config.json").is_file():
                 return path / sub
+        temporary = sorted(p.name for p in path.iterdir() if leftover_of(p) is not None)
+        if temporary:
+            raise CheckpointError(f"{path} holds no config.json, only {', '.join(temporary[:2])}: what an export "
+                                  "interrupted while it wrote here left; run the export again with --force")
         raise CheckpointError(f"{path} holds no config.json (nor best/ or latest/ checkpoints): "
                               "pass a checkpoint directory or a run directory")
     moved = path.parent / f".{path.name}.old"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,7 +20,7 @@ from ..config import GPTConfig
 from ..errors import CheckpointError
 from ..model import GPTModel
 from .checks import Spelling, expected_shapes, field
-from .files import atomic_write
+from .files import clean_leftovers, process_umask, refuse_link, temp_path
 
 
 # How Hugging Face's config.json and tensors name GPT-2's sizes (checks.py words its errors so).
@@ -147,11 +148,39 @@ def hf_state_dict(model: GPTModel) -> dict[str, torch.Tensor]:
 
 
 def export_hf(model: GPTModel, path: str | os.PathLike) -> Path:
-    """Write `path/config.json` + `path/model.safetensors` that transformers' GPT2LMHeadModel loads."""
+    """Write `path/config.json` + `path/model.safetensors` that transformers' GPT2LMHeadModel loads.
+
+    Whole or not at all: both files are written into a temporary directory beside `path`
+    (`.NAME.PID.XXXXXXXX.tmp`, which the next export cleans if this one is killed), which is renamed
+    to `path` at the end. Into a directory that exists, the two files are renamed in, each whole,
+    and its other files are left as they are."""
     path = Path(path)
     cfg = config_to_hf(model.cfg)  # refuses a classifier before anything is written
-    path.mkdir(parents=True, exist_ok=True)
-    atomic_write(path / "model.safetensors", lambda tmp: save_file(hf_state_dict(model), tmp, metadata={"format": "pt"}))
-    atomic_write(path / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(cfg, indent=2)))
+    refuse_link(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path} is a file: an export to Hugging Face's layout is a directory; give another name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for name in (None, *EXPORT_FILES):  # what a killed export left: beside path, or inside it
+        clean_leftovers(path if name is None else path / name)
+    tmp = temp_path(path, directory=True)
+    try:
+        save_file(hf_state_dict(model), tmp / "model.safetensors", metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))  # last: config.json says the weights are whole
+        for name in EXPORT_FILES:
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+        os.chmod(tmp, 0o777 & ~process_umask())
+        if path.is_dir():
+            for name in EXPORT_FILES:
+                refuse_link(path / name)
+                os.replace(tmp / name, path / name)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
     return path
+
+
+EXPORT_FILES = ("model.safetensors", "config.json")  # in the order they are written
 
