@@ -10,6 +10,14 @@ and its probability. The server's resident memory is read from /proc after a war
 after each round; flat means the trace leaves nothing behind per request.
 
     flock /tmp/glassgpt-bench.lock python benchmarks/web_load.py [--requests 200 --clients 8 --rounds 2]
+
+With --flood, it measures instead what the page feels under a flood of heavy work: FLOOD_CLIENTS
+clients send `why` with activation patching at 256 tokens, again and again, for --flood-seconds,
+while one client sends a plain /api/explain of a short prompt every half second. It prints the
+short requests' latency (median, p95, max; the page must keep answering: each well under 2 s) and
+how the heavy requests were answered (200, or 429 with Retry-After once their queue is full).
+
+    flock /tmp/glassgpt-bench.lock python benchmarks/web_load.py --flood [--flood-clients 12 --flood-seconds 30]
 """
 
 from __future__ import annotations
@@ -37,6 +45,12 @@ SMALL = glassgpt.GPTConfig(vocab_size=50257, context_length=128, emb_dim=128, n_
 PROMPTS = ["Every effort moves you", "The quick brown fox jumps over the lazy dog",
            "Where does 50,257 become 768 and back?", "Hello", "I HAD always thought Jack Gisburn rather a cheap genius",
            "In the beginning", "1 2 3 4 5 6 7 8", "GPT-2"]
+
+
+# The flood's model: as SMALL, with room for the issue's 256-token patching requests.
+FLOOD = glassgpt.GPTConfig(vocab_size=50257, context_length=256, emb_dim=128, n_heads=4, n_layers=4)
+HEAVY_BODY = {"prompt": "Every effort moves you " * 64, "patch": "Every effort moves him " * 64, "versus": " the"}
+SHORT_BODY = {"prompt": "Every effort moves you", "top_k": 10, "attention": True, "logit_lens": True}
 
 
 def rss_mib(pid: int) -> float:
@@ -128,12 +142,68 @@ def run_round(url: str, n_requests: int, n_clients: int, want: dict) -> tuple[in
     return wrong, [s for _, _, s in results], wall
 
 
+def flood(url: str, n_clients: int, seconds: float) -> int:
+    """The short requests' latency while `n_clients` send heavy requests for `seconds`; 1 if one failed."""
+    stop = time.monotonic() + seconds
+    heavy: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def heavy_client() -> None:
+        with httpx.Client(base_url=url, timeout=600) as c:
+            while time.monotonic() < stop:
+                r = c.post("/api/why", json=HEAVY_BODY)
+                with lock:
+                    heavy[r.status_code] = heavy.get(r.status_code, 0) + 1
+                if r.status_code == 429:  # as a polite client does
+                    time.sleep(min(float(r.headers.get("Retry-After", 1)), max(0.0, stop - time.monotonic())))
+
+    threads = [threading.Thread(target=heavy_client, daemon=True) for _ in range(n_clients)]
+    for t in threads:
+        t.start()
+    latencies, failed = [], 0
+    with httpx.Client(base_url=url, timeout=600) as c:
+        time.sleep(1.0)  # the flood is in
+        while time.monotonic() < stop:
+            start = time.perf_counter()
+            r = c.post("/api/explain", json=SHORT_BODY)
+            latencies.append(time.perf_counter() - start)
+            failed += r.status_code != 200
+            time.sleep(0.5)
+    for t in threads:
+        t.join()
+    lat = sorted(latencies)
+    print(f"flood: {n_clients} clients sending why with patching at 256 tokens for {seconds:.0f} s; heavy answers "
+          f"{dict(sorted(heavy.items()))}")
+    print(f"short explain during the flood: {len(lat)} requests, {failed} not 200; latency median "
+          f"{1e3 * statistics.median(lat):.0f} ms, p95 {1e3 * lat[max(0, int(0.95 * len(lat)) - 1)]:.0f} ms, "
+          f"max {1e3 * lat[-1]:.0f} ms")
+    return 1 if failed or lat[-1] >= 2.0 else 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=200, help="requests per round (default 200)")
     p.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
     p.add_argument("--rounds", type=int, default=2, help="rounds, memory read after each (default 2)")
+    p.add_argument("--flood", action="store_true", help="measure a short request's latency under a heavy flood instead")
+    p.add_argument("--flood-clients", type=int, default=12, help="heavy clients in the flood (default 12)")
+    p.add_argument("--flood-seconds", type=float, default=30.0, help="how long the flood lasts (default 30)")
     args = p.parse_args()
+
+    if args.flood:
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = os.path.join(tmp, "flood.json")
+            Path(spec).write_text(json.dumps(FLOOD.to_dict()))
+            proc, url = start_server(spec)
+            try:
+                print(f"server {url} (pid {proc.pid}); model {FLOOD}")
+                with httpx.Client(base_url=url, timeout=600) as c:  # warm up: each request shape once
+                    assert c.post("/api/explain", json=SHORT_BODY).status_code == 200
+                    assert c.post("/api/why", json=HEAVY_BODY).status_code == 200
+                return flood(url, args.flood_clients, args.flood_seconds)
+            finally:
+                proc.terminate()
+                proc.wait(30)
 
     with tempfile.TemporaryDirectory() as tmp:
         spec = os.path.join(tmp, "small.json")

@@ -755,3 +755,69 @@ def test_each_trace_option_is_declared_once_and_every_surface_follows(client):
     assert_error(explain(client, prompt=PROMPT, top_k=101), 422, "top_k", "100")  # the API holds the declared bound
     with pytest.raises(SystemExit):
         explain_parser.parse_args(["--top-k", "101"])  # and so does the flag
+
+
+# --- a flood of heavy work: its own bounded lane, 429 past it, and the page keeps answering --------
+
+HEAVY_SLEEP_S = 0.5  # per long forward pass of block 0 (a hook): heavy requests hold their slot, not the CPU
+
+
+def test_a_short_trace_answers_within_2_s_during_a_flood_of_heavy_ones(tok):
+    """Twelve clients send why with activation patching (heavy) at once; the heavy lane runs one and
+    queues one, so ten are answered 429 with Retry-After at once; a plain explain of a short prompt,
+    sent while the two admitted ones run, answers within 2 s: it never waits behind heavy work."""
+    model = random_model(glassgpt.GPTConfig(vocab_size=50257, context_length=64, emb_dim=8, n_heads=2, n_layers=2),
+                         torch.device("cpu"), torch.float32, seed=0)
+
+    def slow_for_long_prompts(module, args, output):
+        if args[0].shape[1] > 8:
+            time.sleep(HEAVY_SLEEP_S)
+
+    hook = model.trf_blocks[0].register_forward_hook(slow_for_long_prompts)
+    heavy = {"prompt": "Every effort moves you " * 6, "patch": "Every effort moves him " * 6, "versus": " the"}
+    short = {"prompt": "Hello", "embedding_check": False}
+    try:
+        with serving(create_app(model, tok, heavy_slots=1, heavy_waiting=1)) as url, \
+                httpx.Client(base_url=url, timeout=120) as http:
+            assert http.post("/api/explain", json=short).status_code == 200  # warm up
+
+            def flood(_) -> tuple[httpx.Response, float]:
+                with httpx.Client(base_url=url, timeout=120) as own:
+                    r = own.post("/api/why", json=heavy)
+                    return r, time.monotonic()
+
+            with ThreadPoolExecutor(12) as pool:
+                sent = [pool.submit(flood, i) for i in range(12)]
+                time.sleep(0.5)  # the flood is in: two admitted (one running), the rest refused
+                latencies = []
+                for _ in range(2):
+                    start = time.monotonic()
+                    assert http.post("/api/explain", json=short).status_code == 200
+                    latencies.append(time.monotonic() - start)
+                measured_until = time.monotonic()
+                answers = [f.result() for f in sent]
+    finally:
+        hook.remove()
+    assert max(latencies) < 2.0, f"a short trace took {max(latencies):.2f} s during the flood"
+    statuses = sorted(r.status_code for r, _ in answers)
+    assert statuses == [200] * 2 + [429] * 10, statuses
+    assert any(r.status_code == 200 and end > measured_until for r, end in answers), \
+        "the short traces were not measured while heavy work ran"
+    for r, _ in answers:
+        if r.status_code == 429:
+            assert int(r.headers["Retry-After"]) >= 1
+            assert r.json()["error"].startswith("the server is busy with 2 heavy")
+
+
+def test_heavy_requests_are_the_patching_and_long_prompt_ones(tok):
+    model = random_model(glassgpt.GPTConfig(vocab_size=50257, context_length=64, emb_dim=8, n_heads=2, n_layers=1),
+                         torch.device("cpu"), torch.float32, seed=0)
+    service = web_service.ExplainService(model, tok)
+    ask = web_service.ExplainRequest
+    assert service.is_heavy(ask(prompt="Hello", patch="Howdy"))
+    assert not service.is_heavy(ask(prompt="Hello"))
+    assert not service.is_heavy(ask(prompt="Hello"), asks_why=True)
+    long_ids = list(range(100, 100 + web_service.HEAVY_WHY_TOKENS + 1))
+    assert service.is_heavy(ask(ids=long_ids), asks_why=True) and service.is_heavy(ask(ids=long_ids, why=True))
+    assert not service.is_heavy(ask(ids=long_ids))  # a plain trace of it is light: HEAVY_TOKENS is higher
+    assert not service.is_heavy(ask(prompt=""))  # wrong, so answered at once with its error

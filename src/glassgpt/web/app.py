@@ -15,7 +15,8 @@ The rules (which prompts, which limits, what a trace holds) are the service's; t
 adds what only HTTP needs. Errors are JSON `{"error": "..."}`: 400 for a prompt the model
 cannot take (empty, a temperature so small that the probabilities overflow), for a body that
 is not JSON and for a Host header this server does not answer; 413 for a body over the size
-limit, 422 for a field out of range. A prompt over the limit is cut, and `notes` says so.
+limit, 422 for a field out of range, 429 (with Retry-After) when the server's queue for that kind of
+work is full. A prompt over the limit is cut, and `notes` says so.
 
 A trace request sent with `Accept: application/x-ndjson` is answered with one JSON line
 per step as the trace goes (`{"progress": {"step": "trf_blocks.3", "done": 4, "total": 25}}`)
@@ -23,8 +24,11 @@ and a last line holding `{"trace": ...}` or `{"error": "...", "status": 400}`: t
 shows long traces' progress this way.
 
 The model is shared by all requests and only read, under `torch.inference_mode()`. Each
-trace records into its own recorder (explain/record.py), so up to MAX_CONCURRENT_TRACES run
-side by side in worker threads. While one runs, the server watches its client: when the
+trace records into its own recorder (explain/record.py), so traces run side by side in worker
+threads, in two lanes (guards.Lane), each with its slots and a bounded queue: plain traces
+(MAX_CONCURRENT_TRACES at once) and heavy work (HEAVY_SLOTS at once: activation patching, why or a
+trace of a long prompt; service.is_heavy), so that a flood of heavy requests never delays a plain
+trace of a short prompt. A request past its lane's queue is answered 429 at once. While one runs, the server watches its client: when the
 client goes away (the page cancels a request whenever a slider moves), the trace stops at
 its next module, and a request still waiting for a thread is dropped, so nobody waits behind
 abandoned work. The page and its assets are answered from memory, never behind a trace.
@@ -55,12 +59,17 @@ from ..explain import About, Progress
 from ..model import GPTModel
 from ..prompt import Reading
 from ..tokenizer import Tokenizer
-from .guards import LOOPBACK_HOSTS, BodyLimit, HostCheck
+from .guards import LOOPBACK_HOSTS, BodyLimit, Busy, HostCheck, Lane
 from .guards import error_response as _error
 from .service import MAX_BODY_BYTES, AppendRequest, ExplainRequest, ExplainService, WhyRequest
 
 # Each trace already uses every core for its matmuls; more at once would only share them out.
 MAX_CONCURRENT_TRACES = 4
+MAX_WAITING_TRACES = 64
+# Heavy work (service.is_heavy: patching, long prompts) has a lane of its own, so a flood of it leaves
+# the plain traces' slots free; past its queue the answer is 429 with Retry-After.
+HEAVY_SLOTS = 2
+HEAVY_WAITING = 8
 DISCONNECT_POLL_S = 0.1  # how often a running trace checks that its client is still there
 NDJSON = "application/x-ndjson"
 CLIENT_GONE = 499  # nginx's code for "the client closed the request"; nobody reads the answer
@@ -80,7 +89,8 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
                labels: list[str] | None = None, max_prompt_tokens: int | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
                init: str | None = None, run_dir: str | Path | None = None, reading: Reading | None = None,
-               trained: dict[str, str] | None = None) -> FastAPI:
+               trained: dict[str, str] | None = None, heavy_slots: int = HEAVY_SLOTS,
+               heavy_waiting: int = HEAVY_WAITING) -> FastAPI:
     """The FastAPI app serving the page for `model` (read-only, shared by every request).
 
     model_name: how the page names the model (a path is shown by its file's name only).
@@ -91,6 +101,8 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
     run_dir: the training run the model came from: the page gets a slider over its evaluations.
     reading, trained: a classifier's reading (prompt.Reading) and which parts its finetuning trained,
     as its checkpoint records them (explain's About).
+    heavy_slots, heavy_waiting: how many heavy requests (patching, long prompts) run at once and how
+    many more wait; past that they are answered 429 with Retry-After, and plain traces never wait for them.
     """
     about = About(model_name, random_weights, init, labels, reading, trained)
     service = ExplainService(model, tokenizer, about, max_prompt_tokens, max_body_bytes, run_dir)
@@ -100,14 +112,22 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # added last: it runs first
     _add_error_handlers(app)
     _add_page(app)
-    limiter = anyio.CapacityLimiter(MAX_CONCURRENT_TRACES)
+    light = Lane("trace", MAX_CONCURRENT_TRACES, MAX_WAITING_TRACES, typical_s=0.2)
+    heavy = Lane("heavy (patching or long prompt)", heavy_slots, heavy_waiting, typical_s=5.0)
 
-    async def traced(request: Request, method: Callable, req: ExplainRequest) -> Any:
-        """`method(req, cancel, progress)` in a worker thread: JSON, or NDJSON progress lines when asked for."""
+    async def traced(request: Request, method: Callable, req: ExplainRequest, asks_why: bool = False,
+                     stream: bool = True) -> Any:
+        """`method(req, cancel, progress)` in a worker thread, in its lane: JSON, or NDJSON progress lines
+        when asked for (and `stream`)."""
+        lane = heavy if service.is_heavy(req, asks_why) else light
+        release = lane.admit()
         work = partial(method, req)
-        if NDJSON in request.headers.get("accept", ""):
-            return ProgressStream(request, work, limiter)
-        return await run_watched(request, work, limiter)
+        if stream and NDJSON in request.headers.get("accept", ""):
+            return ProgressStream(request, work, lane.limiter, release)
+        try:
+            return await run_watched(request, work, lane.limiter)
+        finally:
+            release()
 
     @app.get("/api/model")
     async def model_info() -> dict[str, Any]:
@@ -123,11 +143,11 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
 
     @app.post("/api/why")
     async def why(req: WhyRequest, request: Request) -> Any:
-        return await run_watched(request, partial(service.why, req), limiter)
+        return await traced(request, service.why, req, asks_why=True, stream=False)
 
     @app.post("/api/diagram.svg")
     async def diagram(req: ExplainRequest, request: Request) -> Response:
-        svg = await run_watched(request, partial(service.diagram, req), limiter)
+        svg = await traced(request, service.diagram, req, stream=False)
         return Response(svg, media_type="image/svg+xml")
 
     @app.get("/api/snapshots")
@@ -163,6 +183,12 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GlassError)
     async def glass_error(request: Request, exc: GlassError) -> JSONResponse:
         return _error(400, str(exc))
+
+    @app.exception_handler(Busy)
+    async def busy(request: Request, exc: Busy) -> JSONResponse:
+        response = _error(429, str(exc))
+        response.headers["Retry-After"] = str(exc.retry_after)
+        return response
 
     @app.exception_handler(TraceCancelled)
     async def client_gone(request: Request, exc: TraceCancelled) -> Response:
@@ -225,14 +251,21 @@ async def run_watched(request: Request, work: Work, limiter: anyio.CapacityLimit
 class ProgressStream(Response):
     """An NDJSON answer: a line per progress report, then `{"trace": ...}` or `{"error": ..., "status": n}`."""
 
-    def __init__(self, request: Request, work: Work, limiter: anyio.CapacityLimiter) -> None:
+    def __init__(self, request: Request, work: Work, limiter: anyio.CapacityLimiter,
+                 release: Callable[[], None] = lambda: None) -> None:
         # Not Response.__init__: it would declare a Content-Length for the empty body.
         self.status_code, self.background = 200, None
         self.raw_headers = [(b"content-type", f"{NDJSON}; charset=utf-8".encode())] + [
             (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in SECURITY_HEADERS.items()]
-        self.request, self.work, self.limiter = request, work, limiter
+        self.request, self.work, self.limiter, self.release = request, work, limiter, release
 
     async def __call__(self, scope, receive, send) -> None:
+        try:
+            await self._stream(send)
+        finally:
+            self.release()  # its place in the lane
+
+    async def _stream(self, send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
 
         async def line(obj: dict, more: bool = True) -> None:

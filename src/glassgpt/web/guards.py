@@ -1,8 +1,13 @@
-"""ASGI middleware that guards the server: a body-size limit, and the Host names it answers."""
+"""What guards the server: a body-size limit and the Host names it answers (ASGI middleware), and
+bounded queues for the work it does (`Lane`), past which it answers 429 with Retry-After."""
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+import time
+from typing import Callable, Sequence
+
+import anyio
 
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
@@ -79,3 +84,44 @@ def host_name(host: str) -> str:
     if host.count(":") > 1:  # a bare IPv6 address
         return f"[{host}]"
     return host.partition(":")[0].rstrip(".")
+
+
+class Busy(Exception):
+    """A lane's queue is full: answered 429, with Retry-After: `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Lane:
+    """One kind of work's own queue: `slots` requests run at once (worker threads), up to `waiting`
+    more wait for a slot, and one past that is refused at once (Busy -> 429) with a Retry-After from
+    how long this lane's requests have taken. Used from the event loop only, so the counts need no lock."""
+
+    def __init__(self, name: str, slots: int, waiting: int, typical_s: float = 1.0) -> None:
+        if slots < 1 or waiting < 0:
+            raise ValueError(f"a lane needs a slot or more and no negative wait, got {slots} and {waiting}")
+        self.name, self.slots, self.waiting = name, slots, waiting
+        self.limiter = anyio.CapacityLimiter(slots)
+        self.inside = 0             # running and waiting
+        self.typical_s = typical_s  # a moving average of how long a request here takes
+
+    def admit(self) -> Callable[[], None]:
+        """A place in this lane (running or waiting), or Busy when there is none; call what it returns
+        (once is enough) when the request is done."""
+        if self.inside >= self.slots + self.waiting:
+            retry = max(1, math.ceil(self.typical_s * self.inside / self.slots))
+            raise Busy(f"the server is busy with {self.inside} {self.name} requests (it runs {self.slots} at once "
+                       f"and queues {self.waiting}): try again in {retry} s", retry)
+        self.inside += 1
+        start = time.monotonic()
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.inside -= 1
+                self.typical_s = 0.8 * self.typical_s + 0.2 * (time.monotonic() - start)
+        return release

@@ -40,6 +40,11 @@ MAX_ATTENTION_WEIGHTS = 1_000_000
 # The embedding check builds a [t, V] one-hot matrix (and its int64 indices first): 2**24 numbers is
 # 64 MB in float32, up to 333 of GPT-2's tokens; past it the check is left out and says why.
 MAX_ONE_HOT_NUMBERS = 2 ** 24
+# Heavy work waits in a queue of its own (app.py), so that a flood of it never delays a plain trace:
+# activation patching (a forward pass per layer and prompt position), why past HEAVY_WHY_TOKENS (one
+# forward pass per prompt token, each removed in turn), and any trace past HEAVY_TOKENS.
+HEAVY_TOKENS = 128
+HEAVY_WHY_TOKENS = 32
 
 
 class TraceRequest(BaseModel):
@@ -145,6 +150,17 @@ class ExplainService:
                      target=getattr(req, "target", None), labels=self.about.labels, top_k=req.top_k, cancel=cancel,
                      reading=self.about.reading)
         return result.to_dict()
+
+    def is_heavy(self, req: ExplainRequest, asks_why: bool = False) -> bool:
+        """Whether `req` (`asks_why`: sent to /api/why) is heavy work: see HEAVY_TOKENS. A request that is
+        wrong is not heavy: it is answered at once, with its error."""
+        if getattr(req, "patch", None):
+            return True
+        try:
+            t = min(len(self._ids(req)) + isinstance(req, AppendRequest), self.limit)
+        except GlassError:
+            return False
+        return t > (HEAVY_WHY_TOKENS if asks_why or getattr(req, "why", False) else HEAVY_TOKENS)
 
     def snapshots(self) -> dict[str, Any]:
         """GET /api/snapshots: each evaluation of the run the model came from, with its snapshot."""
