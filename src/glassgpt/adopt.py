@@ -13,6 +13,11 @@ The first time a module is used with a prompt, glassgpt's forward is checked aga
 module's own logits (once per module); a module that computes something else is refused in one
 line that points to `glassgpt.check(model)`, so no number shown is from a model that is not the
 reader's. `adopted_from(model)` is the one line that says which kind was recognised.
+
+`check_computable(model, tokenizer)` is the one check, before any analysis runs, that a model's
+weights can compute at all: on the meta device, NaN or infinite values, or fewer rows of tok_emb
+than the tokenizer has ids are each one line. Every function that runs a model calls it (through
+`adopt(model, ids)` or directly).
 """
 
 from __future__ import annotations
@@ -67,7 +72,8 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None) ->
     """`module` as a glassgpt GPTModel sharing its tensors; `ids` (`[b, t]` or `[t]`): a prompt on
     which, the first time the module is used with one, its own logits are checked against
     glassgpt's forward. Raises a one-line GlassError for a module of no known kind, on mixed
-    devices or dtypes, or whose logits glassgpt's forward does not reproduce."""
+    devices or dtypes, or whose logits glassgpt's forward does not reproduce; with `ids` (it is
+    about to compute), also for weights that cannot compute (check_computable) and ids past its rows."""
     if isinstance(module, GPTModel) or isinstance(getattr(module, "model", None), GPTModel):
         if ids is not None:  # about to compute on it
             check_computable(module)

@@ -75,7 +75,8 @@ def why_not(model: nn.Module, cache: KVCache) -> str | None:
     if kind_of(model) is None:
         return "its Linear layers are not all of one kind it runs (float32, bfloat16, int8 or int4)"
     if not all(t.is_contiguous() for t in [*model.parameters(), *model.buffers(), *cache.k, *cache.v]):
-        return "some of its tensors are not contiguous"
+        return ("some of its tensors are not contiguous (e.g. transformers' Conv1D weights, which glassgpt reads "
+                "in place as transposed views)")
     if not 1 <= cache.k[0].shape[0] <= MAX_BATCH:
         return f"it runs batches of 1 to {MAX_BATCH}, not {cache.k[0].shape[0]}"
     if cache.k[0].dtype != weight.dtype:
