@@ -67,7 +67,7 @@ def resolve_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
         temporary = sorted(p.name for p in path.iterdir() if leftover_of(p) is not None)
         if temporary:
             raise CheckpointError(f"{path} holds no config.json, only {', '.join(temporary[:2])}: what an export "
-                                  "interrupted while it wrote here left; run the export again with --force")
+                                  "interrupted while it wrote here left; run the export again (it cleans them up)")
         raise CheckpointError(f"{path} holds no config.json (nor best/ or latest/ checkpoints): "
                               "pass a checkpoint directory or a run directory")
     moved = path.parent / f".{path.name}.old"
