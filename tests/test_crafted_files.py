@@ -323,6 +323,15 @@ def test_a_hostile_tokenizer_in_a_checkpoint_is_one_line(capsys, ckpt, command, 
     answer(capsys, command, "hi", "--model", str(ckpt), words=("tokenizer.json",) + words)
 
 
+def test_train_with_a_tokenizer_that_encodes_to_nothing_is_refused_before_it_reads_the_data(tmp_path, capsys):
+    """`(?!)` once encoded every text to [] and train failed later with "cannot mmap an empty file"."""
+    make, words = HOSTILE_TOKENIZERS["a pattern that matches nothing"]
+    (tmp_path / "tok.json").write_text(json.dumps(make(learned_bpe())))
+    (tmp_path / "data.txt").write_text("the cat sat on the mat. " * 200)
+    answer(capsys, "train", "--data", str(tmp_path / "data.txt"), "--tokenizer", str(tmp_path / "tok.json"),
+           "--out", str(tmp_path / "run"), "--max-steps", "1", words=("tok.json",) + words)
+
+
 def test_a_learned_tokenizer_still_loads_and_round_trips(tmp_path):
     path = tmp_path / "tok.json"
     path.write_text(json.dumps(learned_bpe()))
