@@ -26,6 +26,7 @@ from torch import nn
 
 from .adopt import adopt, adopted_from
 from .engine import KVCache, as_engine
+from .families import KVCache as GroupedKVCache, is_family_model
 from .model import GPTModel
 from .errors import GlassError, NonFiniteError, PromptError
 from .tokenizer import Tokenizer
@@ -44,8 +45,23 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
 
 def glass_model(model: nn.Module) -> GPTModel:
     """The GPTModel itself: `model`, the one an Engine (compiled or not) runs, or a reader's module
-    read in place (adopt.py)."""
-    return adopt(model)
+    read in place (adopt.py); a Qwen3 or Llama 3 model (families/) as it is."""
+    return model if is_family_model(model) else adopt(model)
+
+
+class GlassSteps:
+    """`prefill` and `decode_one` on a glass model's own forward: a Qwen3 or Llama 3 model, which
+    the engine's fused twin (GPT-2's) does not cover."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def prefill(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        cache.reset()
+        return self.model(ids, cache, last_only=True)[:, -1]
+
+    def decode_one(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        return self.model(ids[:, None], cache, last_only=True)[:, -1]
 
 
 def as_batch(ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
@@ -118,10 +134,12 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     draw from the random generator, so the ids stay those of a run without it.
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p)
-    glass = adopt(model, ids)  # a reader's module is read in place, its logits checked on this prompt once
+    family = is_family_model(model)
+    glass = model if family else adopt(model, ids)  # a reader's module is read in place, checked once
     if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
         use_cache = False
-    engine = as_engine(glass if adopted_from(glass) else model) if use_cache else None
+    if use_cache:
+        engine = GlassSteps(glass) if family else as_engine(glass if adopted_from(glass) else model)
     device = glass.tok_emb.weight.device
     prompt = as_batch(ids, device)
     if max_new_tokens == 0:
@@ -136,8 +154,8 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     seq = torch.empty(b, t + max_new_tokens, dtype=torch.long, device=device)
     seq[:, :t] = prompt
     # The cache holds what this call can use, not a whole context: short replies stay cheap.
-    cache = KVCache(glass.cfg, b, max_len=min(ctx, t + max_new_tokens), device=device,
-                    dtype=glass.tok_emb.weight.dtype) if use_cache else None
+    cache = (GroupedKVCache if family else KVCache)(glass.cfg, b, max_len=min(ctx, t + max_new_tokens), device=device,
+                                                    dtype=glass.tok_emb.weight.dtype) if use_cache else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)
 
     def last_logits(length: int) -> torch.Tensor:

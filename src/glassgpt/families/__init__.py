@@ -1,0 +1,48 @@
+"""The book's next models after GPT-2, one glass file each: Qwen3 (qwen3.py) and Llama 3.2 (llama3.py).
+
+    cfg = family_config("qwen3-0.6b", n_layers=2)   # FamilyConfig (config.py), a preset or your own
+    model = build_model(cfg)                        # Qwen3Model or Llama3Model, by cfg.family
+
+They share one config type (config.py), their pieces (layers.py: RMSNorm, RoPE, grouped-query
+attention, SwiGLU) and a KV cache (cache.py); GPT-2 (model.py) stays as the book's chapter 4 has it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .cache import KVCache
+from .config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config, raise_moe
+from .llama3 import Llama3Model
+from .qwen3 import Qwen3Model
+
+# The registry: which glass class builds each family.
+FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model}
+assert tuple(FAMILIES) == FAMILY_NAMES
+
+__all__ = ["FAMILIES", "FAMILY_PRESETS", "FamilyConfig", "KVCache", "Llama3Model", "Qwen3Model", "RopeFreq",
+           "build_model", "family_config", "is_family_model", "raise_moe", "random_family_model"]
+
+
+def build_model(cfg: FamilyConfig) -> nn.Module:
+    """The glass model of `cfg.family`, with PyTorch's default initialisation (as the book's classes)."""
+    return FAMILIES[cfg.family](cfg)
+
+
+def is_family_model(model: object) -> bool:
+    return isinstance(model, tuple(FAMILIES.values()))
+
+
+def random_family_model(cfg: FamilyConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu") -> nn.Module:
+    """A model of `cfg` with random weights: N(0, 0.02) matrices, norms at 1, seeded whatever the RNG's state."""
+    model = build_model(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # a tied matrix is drawn once
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+            else:
+                p.fill_(1.0)
+    return model.to(device=device, dtype=dtype).eval()

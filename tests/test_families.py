@@ -1,0 +1,240 @@
+"""Qwen3 and Llama 3.2 (families/): the book's classes' logits bit for bit, transformers' within 1e-5.
+
+Every model here is tiny and random, built offline: the book's `llms_from_scratch.qwen3.Qwen3Model`
+and `llama3.Llama3Model` from their config dicts, transformers' Qwen3ForCausalLM and
+LlamaForCausalLM saved with save_pretrained (sharded, so the index is read too). Sizes differ from
+each other (d 32, hd 16 or 8, f 48, V 97), so a swapped or transposed matrix changes a shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import llms_from_scratch.llama3 as book_llama
+import llms_from_scratch.qwen3 as book_qwen
+from glassgpt.errors import CheckpointError, ConfigError
+from glassgpt.families import (FAMILY_PRESETS, FamilyConfig, KVCache, Llama3Model, Qwen3Model, RopeFreq,
+                               build_model, family_config)
+from glassgpt.formats.families import (config_to_hf, export_family_book, export_family_hf, hf_names,
+                                       load_book_family, load_hf_family)
+from glassgpt.generate import generate
+
+V = 97
+TINY = {
+    "qwen3": FamilyConfig(family="qwen3", vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=2,
+                          hidden_dim=48, head_dim=16, n_kv_groups=2, rope_base=10_000.0, qk_norm=True, norm_eps=1e-6),
+    "llama3": FamilyConfig(family="llama3", vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=2,
+                           hidden_dim=48, n_kv_groups=2, rope_base=500_000.0, norm_eps=1e-5,
+                           rope_freq=RopeFreq(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                              original_context_length=16)),
+}
+BOOK = {"qwen3": (book_qwen.Qwen3Model, book_qwen.load_weights_into_qwen),
+        "llama3": (book_llama.Llama3Model, book_llama.load_weights_into_llama)}
+FAMILIES = list(TINY)
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter random (norm scales around 1), so no mapping mistake hides behind ones and zeros."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * 0.1
+            p.copy_(1.0 + noise if "norm" in name else noise * 3)
+    return model.eval()
+
+
+def book_model(family: str, cfg: FamilyConfig | None = None, seed: int = 0) -> torch.nn.Module:
+    cfg = cfg or TINY[family]
+    torch.manual_seed(seed)
+    return randomize_(BOOK[family][0](cfg.to_book_dict(torch.float32)), seed)
+
+
+def ids(n: int = 20, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
+def hf_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The Hugging Face-named parameter dict that the book's load_weights_into_* read."""
+    own = model.state_dict()
+    return {hf: own[book].clone() for book, hf in hf_names(model.cfg)}
+
+
+# --- the book's classes ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_books_state_dict_loads_as_it_is_and_gives_its_logits_bit_for_bit(family):
+    book = book_model(family)
+    ours = build_model(TINY[family])
+    ours.load_state_dict(book.state_dict())  # strict: every name and shape is the book's
+    with torch.no_grad():
+        assert torch.equal(ours(ids()), book(ids()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("tie", [False, True])
+def test_the_books_own_loader_and_ours_read_one_hf_param_dict_to_the_same_logits(family, tie):
+    cfg = dataclasses.replace(TINY[family], tie_embeddings=tie)
+    source = randomize_(build_model(cfg), seed=3)
+    params = hf_params(source)
+    assert ("lm_head.weight" in params) == (not tie)
+    book = BOOK[family][0](cfg.to_book_dict(torch.float32)).eval()
+    BOOK[family][1](book, cfg.to_book_dict(torch.float32), params)  # prints "Model uses weight tying." when tied
+    from glassgpt.formats.families import model_from_book_state
+    ours = model_from_book_state(cfg, {b: params[h] for b, h in hf_names(cfg)}, "params")
+    with torch.no_grad():
+        assert torch.equal(ours(ids()), book(ids()))
+    # The book's loader copies the embedding into a second Parameter; ours shares one storage.
+    assert book.out_head.weight.data_ptr() != book.tok_emb.weight.data_ptr()
+    assert ours.tied == tie and (ours.out_head.weight.data_ptr() == ours.tok_emb.weight.data_ptr()) == tie
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kv_cache_matches_full_forward(family):
+    model = randomize_(build_model(TINY[family]))
+    x = ids(12)
+    cache = KVCache(model.cfg, batch_size=2, max_len=12)
+    with torch.no_grad():
+        full = model(x)
+        steps = [model(x[:, :5], cache)] + [model(x[:, i:i + 1], cache) for i in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
+    # GQA's cache holds the g key/value heads, not h copies of them
+    assert cache.k[0].shape == (2, model.cfg.n_kv_groups, 12, model.cfg.head_dim_value)
+
+
+def book_greedy(book: torch.nn.Module, prompt: torch.Tensor, n: int, ctx: int) -> torch.Tensor:
+    """The book's generate_text_simple loop: the last ctx tokens through the model, argmax, append."""
+    seq = prompt
+    for _ in range(n):
+        with torch.no_grad():
+            logits = book(seq[:, -ctx:])[:, -1]
+        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
+    return seq
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_equal_the_books_and_transformers_past_the_cache_window(family, tmp_path):
+    cfg = TINY[family]
+    book = book_model(family, seed=5)
+    ours = build_model(cfg)
+    ours.load_state_dict(book.state_dict())
+    ours.eval()
+    prompt = ids(10, seed=7)[:1]
+    n = 30  # 10 + 30 > context_length 24: the cache fills and the window slides
+    got = generate(ours, prompt, n)
+    assert torch.equal(got, book_greedy(book, prompt, n, cfg.context_length))
+    hf = transformers_model(family, ours, tmp_path)
+    with torch.no_grad():
+        assert torch.equal(got, book_greedy(lambda x: hf(x).logits, prompt, n, cfg.context_length))
+
+
+# --- transformers' folders ------------------------------------------------------------------------
+
+def transformers_config(family: str, cfg: FamilyConfig):
+    from transformers import LlamaConfig, Qwen3Config
+    raw = config_to_hf(cfg)
+    raw.pop("architectures"), raw.pop("model_type"), raw.pop("torch_dtype")
+    if family == "llama3":
+        raw.pop("head_dim")
+    return (Qwen3Config if family == "qwen3" else LlamaConfig)(**raw, attn_implementation="eager")
+
+
+def transformers_model(family: str, source: torch.nn.Module, tmp_path):
+    """transformers' model holding `source`'s weights, read from the folder export_family_hf writes."""
+    from transformers import AutoModelForCausalLM
+    export_family_hf(source, tmp_path / "export")
+    return AutoModelForCausalLM.from_pretrained(tmp_path / "export", attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("tie", [False, True])
+def test_a_transformers_folder_loads_and_its_logits_agree(family, tie, tmp_path):
+    from transformers import LlamaForCausalLM, Qwen3ForCausalLM
+    cfg = dataclasses.replace(TINY[family], tie_embeddings=tie)
+    torch.manual_seed(0)
+    hf = randomize_((Qwen3ForCausalLM if family == "qwen3" else LlamaForCausalLM)(transformers_config(family, cfg)))
+    hf.save_pretrained(tmp_path, max_shard_size="20KB")  # several shards and model.safetensors.index.json
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    ours = load_hf_family(tmp_path)
+    assert isinstance(ours, Qwen3Model if family == "qwen3" else Llama3Model)
+    assert ours.cfg == cfg and ours.tied == tie
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids()), hf(ids()).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_to_hf_and_to_the_books_pth_round_trips(family, tmp_path):
+    ours = randomize_(build_model(dataclasses.replace(TINY[family], tie_embeddings=True)), seed=4)
+    hf = transformers_model(family, ours, tmp_path)
+    with torch.no_grad():
+        expected = ours(ids())
+        torch.testing.assert_close(hf(ids()).logits, expected, rtol=0, atol=1e-5)
+        assert torch.equal(load_hf_family(tmp_path / "export")(ids()), expected)
+        export_family_book(ours, tmp_path / "model.pth")
+        again = load_book_family(tmp_path / "model.pth")
+        assert torch.equal(again(ids()), expected) and again.tied
+        book = BOOK[family][0](again.cfg.to_book_dict(torch.float32)).eval()  # the book's class reads it as it is
+        book.load_state_dict(torch.load(tmp_path / "model.pth", weights_only=True))
+        assert torch.equal(book(ids()), expected)
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, words", [
+    (dict(family="llama3", emb_dim=30, n_heads=4, head_dim=None), "emb_dim (30) must be divisible by n_heads (4)"),
+    (dict(head_dim=15), "head_dim is 15 but RoPE rotates pairs"),
+    (dict(n_heads=6, n_kv_groups=4, head_dim=16), "n_heads (6) must be divisible by n_kv_groups (4)"),
+])
+def test_a_config_that_cannot_be_built_is_refused_in_one_line(change, words):
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")) as e:
+        dataclasses.replace(TINY["qwen3"], **change)
+    assert "\n" not in str(e.value)
+
+
+def test_an_hf_folder_of_another_architecture_is_refused_naming_it_and_the_families_covered(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3"}')
+    with pytest.raises(CheckpointError, match="Gemma3ForCausalLM") as e:
+        load_hf_family(tmp_path)
+    assert "Qwen3ForCausalLM (qwen3)" in str(e.value) and "LlamaForCausalLM (llama3)" in str(e.value)
+
+
+def test_a_folder_whose_tensors_do_not_fit_its_config_is_refused_before_anything_runs(tmp_path):
+    ours = randomize_(build_model(TINY["llama3"]))
+    export_family_hf(ours, tmp_path)
+    raw = (tmp_path / "config.json").read_text().replace('"intermediate_size": 48', '"intermediate_size": 64')
+    (tmp_path / "config.json").write_text(raw)
+    with pytest.raises(CheckpointError, match=r"fc1.weight is \[48, 32\] but the config makes it \[64, 32\]"):
+        load_hf_family(tmp_path)
+
+
+# --- the presets, at their full shapes ------------------------------------------------------------
+
+def test_the_presets_have_the_published_shapes():
+    q, l1 = FAMILY_PRESETS["qwen3-0.6b"], FAMILY_PRESETS["llama3.2-1b"]
+    assert (q.vocab_size, q.emb_dim, q.n_heads, q.n_kv_groups, q.head_dim_value) == (151_936, 1024, 16, 8, 128)
+    assert (l1.vocab_size, l1.emb_dim, l1.n_heads, l1.n_kv_groups, l1.head_dim_value) == (128_256, 2048, 32, 8, 64)
+    # the book's own dicts, field for field (its dtype aside)
+    for name, book in [("qwen3-0.6b", book_qwen.QWEN_CONFIG_06_B), ("qwen3-1.7b", book_qwen.QWEN3_CONFIG_1_7B),
+                       ("llama3.2-1b", book_llama.LLAMA32_CONFIG_1B), ("llama3.2-3b", book_llama.LLAMA32_CONFIG_3B)]:
+        assert FAMILY_PRESETS[name].to_book_dict(book["dtype"]) == book
+
+
+def test_the_books_moe_config_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="mixture-of-experts config \\(128 experts, 8 per token\\) is not covered"):
+        FamilyConfig.from_book_dict("qwen3", book_qwen.QWEN3_CONFIG_30B_A3B)
+
+
+@pytest.mark.slow
+def test_qwen3_06b_at_full_shape_gives_the_books_logits_bit_for_bit():
+    cfg = family_config("qwen3-0.6b", context_length=64)  # RoPE tables for 64 positions, not 40,960
+    book = BOOK["qwen3"][0](cfg.to_book_dict(torch.float32))
+    book.out_head.weight = book.tok_emb.weight  # the published model's tie
+    randomize_(book)
+    ours = build_model(cfg)
+    ours.load_state_dict(book.state_dict())
+    assert ours.tied and sum(p.numel() for p in ours.parameters()) == 596_049_920
+    x = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(ours(x), book(x))
