@@ -93,6 +93,11 @@ class FamilyConfig:
     def out_dim(self) -> int:
         return self.vocab_size
 
+    @property
+    def num_classes(self) -> None:
+        """Always None: these are language models (GPTConfig's field, which commands read)."""
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

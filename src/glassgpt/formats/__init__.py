@@ -39,7 +39,7 @@ from ..device import resolve_device, resolve_dtype
 from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
 from ..model import GPTModel, init_name
 from ..tokenizer import Tokenizer
-from . import book, gguf, openai
+from . import book, families, gguf, openai
 from .checks import check_buildable, meta_model
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, model_from_state,
                        read_checkpoint, read_checkpoint_file, read_config_file, read_meta, read_tokenizer,
@@ -98,6 +98,8 @@ def load_model(spec: str | os.PathLike | nn.Module = "gpt2", device: str | torch
         return adopt(spec)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    if families.is_family_spec(spec):  # Qwen3 or Llama 3.2 (families/): their own glass models
+        return families.load_family(spec, dev, dt)
     spec = str(spec)
     _check_n_heads(spec, n_heads)
     if config is not None and kind != "random":
@@ -190,6 +192,8 @@ def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
     """The tokenizer of a model spec: the one saved with a checkpoint (tokenizer.json), the OpenAI
     folder's or a GGUF file's own (each checked to be GPT-2's), else GPT-2's."""
     kind = spec_kind(spec)
+    if families.is_family_spec(spec):
+        return families.load_family_tokenizer(spec)
     if kind == "openai":
         return openai.openai_tokenizer(spec)
     if kind == "gguf":
@@ -269,6 +273,8 @@ def read_config(spec: str | os.PathLike | nn.Module, n_heads: int | None = None)
     kind = spec_kind(spec)
     if kind == "module":
         return adopt(spec).cfg
+    if families.is_family_spec(spec):
+        return families.read_family_config(spec)
     spec = str(spec)
     _check_n_heads(spec, n_heads)
     if kind == "random":

@@ -1,6 +1,6 @@
 """Qwen3 and Llama 3.2 files, both ways: a Hugging Face folder and the book's .pth with its config JSON.
 
-    load_family(path)            a folder with config.json (`architectures`) and model.safetensors, or
+    load_family(spec)            a folder with config.json (`architectures`) and model.safetensors, or
                                  sharded model-0000x-of-0000n.safetensors with model.safetensors.index.json;
                                  or the book's state dict (model.pth) with model.json (its config dict) beside
     export_family_hf(model, dir)     config.json + model.safetensors that transformers loads
@@ -26,8 +26,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, TokenizerError
 from ..families import FAMILIES, FamilyConfig, RopeFreq, build_model, is_family_model, raise_moe
+from .family_tokenizers import family_tokenizer
 from .files import atomic_write, read_json, read_safetensors
 
 # transformers' class name -> the family that reads it
@@ -132,6 +133,49 @@ def hf_names(cfg: FamilyConfig) -> list[tuple[str, str]]:
     return names
 
 
+def is_family_spec(spec: object) -> bool:
+    """Whether `load_model(spec)` is this module's: a Qwen3/Llama (or uncovered) HF folder, or the book's
+    Qwen3/Llama .pth with its config JSON beside it (told by its `n_kv_groups`, without reading the weights)."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return False
+    path = Path(spec)
+    if path.is_dir():
+        return is_family_folder(path)
+    side = book_config_path(path)
+    if path.suffix in (".pth", ".pt") and path.is_file() and side.is_file():
+        try:
+            return "n_kv_groups" in json.loads(side.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+    return False
+
+
+def load_family(spec: str | os.PathLike, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The glass model of a Hugging Face Qwen3/Llama folder or of the book's .pth (see the module's docstring)."""
+    return (load_hf_family if Path(spec).is_dir() else load_book_family)(spec, device, dtype)
+
+
+def read_family_config(spec: str | os.PathLike) -> FamilyConfig:
+    """The FamilyConfig of `load_family(spec)`, read without loading any weights."""
+    if Path(spec).is_dir():
+        return read_hf_config(spec)
+    values = read_json(book_config_path(spec), what=f"the config of {spec}")
+    tie = bool(values.pop("tie_embeddings", False))
+    return FamilyConfig.from_book_dict("qwen3" if "qk_norm" in values else "llama3", values, tie_embeddings=tie)
+
+
+def load_family_tokenizer(spec: str | os.PathLike):
+    """The tokenizer saved in the model's folder (or beside its .pth), checked against its vocabulary."""
+    cfg = read_family_config(spec)
+    folder = Path(spec) if Path(spec).is_dir() else Path(spec).parent
+    tokenizer = family_tokenizer(folder, cfg.family, cfg.vocab_size)
+    if tokenizer is None:
+        wanted = "tokenizer.json" if cfg.family == "qwen3" else "tokenizer.model"
+        raise TokenizerError(f"{folder} has no {wanted}: put the model's own {wanted} beside its weights")
+    return tokenizer
+
+
 # --- reading ------------------------------------------------------------------------------------
 
 def hf_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -162,6 +206,7 @@ def load_hf_family(path: str | os.PathLike, device: torch.device | str = "cpu",
     """The glass model of a Hugging Face Qwen3 or Llama folder, in eval mode."""
     path = Path(path)
     cfg = read_hf_config(path)
+    family_tokenizer(path, cfg.family, cfg.vocab_size)  # another model's tokenizer: refused before the weights are read
     book_name = {hf: book for book, hf in hf_names(cfg)}
     state = {}
     for name, tensor in hf_tensors(path):

@@ -1,0 +1,159 @@
+"""The tokenizers of Qwen3 and Llama 3, and the chat formats the book's tokenizer classes apply.
+
+    Qwen3Tokenizer(path)     tokenizer.json, run by Hugging Face's `tokenizers` library (an extra:
+                             pip install glassgpt[families]); its chat wrap with the thinking switch
+    Llama3Tokenizer(path)    tokenizer.model (base64 token and rank per line), run by tiktoken, with
+                             Meta's special tokens after the ranks; ChatFormat's header and eot ids
+    family_tokenizer(dir, cfg)   the folder's own, checked against the model's vocabulary first
+
+Both follow the book's classes (llms_from_scratch.qwen3.Qwen3Tokenizer, llama3.Llama3Tokenizer and
+ChatFormat) and give their ids (tests/test_family_tokenizers.py), behind glassgpt's Tokenizer
+interface (encode, decode_bytes, token_bytes), so that generate's streaming decode works as for GPT-2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import tiktoken
+
+from ..errors import TokenizerError
+from ..tokenizer import Tokenizer, gpt2_byte_to_unicode
+
+QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                 "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                 "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<think>", "</think>")
+QWEN_SPLIT = re.compile(r"(<\|[^>]+?\|>|<think>|</think>)")
+
+# Meta's pattern, as the book's Llama3Tokenizer passes it to tiktoken.
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPECIALS = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|start_header_id|>": 6,
+                   "<|end_header_id|>": 7, "<|eot_id|>": 9}  # offsets after the ranks; the rest are reserved
+
+
+class Qwen3Tokenizer(Tokenizer):
+    """Qwen3's byte-level BPE from tokenizer.json; special tokens in the text are split out first."""
+
+    def __init__(self, path: str | os.PathLike):
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:
+            raise TokenizerError("reading Qwen3's tokenizer.json needs the tokenizers library: "
+                                 "pip install 'glassgpt[families]'") from None
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the library raises its own Exception for a bad file
+            raise TokenizerError(f"cannot read {path} as a tokenizer.json: {str(e).splitlines()[0][:200]}") from None
+        self.name = "qwen3"
+        self.specials = {t: i for t in QWEN_SPECIALS if (i := self._tok.token_to_id(t)) is not None}
+        if "<|endoftext|>" not in self.specials:
+            raise TokenizerError(f"{path} has no <|endoftext|> token: it is not Qwen3's tokenizer.json")
+        self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eot_id = self.specials["<|endoftext|>"]
+        self._unbyte = {c: b for b, c in gpt2_byte_to_unicode().items()}
+
+    def encode(self, text: str, allowed_special: Iterable[str] = ()) -> list[int]:
+        """The ids of `text`; the special tokens in it are read as specials (as the book's class does)."""
+        stripped = text.strip()
+        if stripped in self.specials and "\n" not in stripped:
+            return [self.specials[stripped]]
+        ids = []
+        for part in filter(None, QWEN_SPLIT.split(text)):
+            ids.extend([self.specials[part]] if part in self.specials else self._tok.encode(part).ids)
+        return ids
+
+    def chat(self, user_message: str, add_generation_prompt: bool = True, thinking: bool = False) -> list[int]:
+        """The ids of Qwen3's chat wrap of one user message, the book's `_wrap_chat`: with the
+        generation prompt, thinking off puts an empty <think></think> block where the reply begins."""
+        text = f"<|im_start|>user\n{user_message}<|im_end|>\n"
+        if add_generation_prompt:
+            text += "<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n")
+        return self.encode(text)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        self._check_ids([token_id])
+        token = self._tok.id_to_token(token_id)
+        if token in self.specials or token is None:
+            return (token or "").encode("utf-8")
+        return bytes(self._unbyte[c] for c in token)
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.token_bytes(i) for i in self._check_ids(ids))
+
+    def to_dict(self) -> dict:
+        raise TokenizerError("Qwen3's tokenizer is its tokenizer.json: copy that file")
+
+
+class Llama3Tokenizer(Tokenizer):
+    """Llama 3's tiktoken BPE from tokenizer.model; special tokens numbered after the ranks, as Meta's."""
+
+    def __init__(self, path: str | os.PathLike):
+        from tiktoken.load import load_tiktoken_bpe
+        try:
+            ranks = load_tiktoken_bpe(str(path))
+        except Exception as e:  # base64 or format errors, in tiktoken's words
+            raise TokenizerError(f"cannot read {path} as a tokenizer.model (base64 token, rank per line): "
+                                 f"{str(e).splitlines()[0][:200]}") from None
+        first = len(ranks)  # 128,000 in Meta's file
+        self.specials = {name: first + offset for name, offset in LLAMA3_SPECIALS.items()}
+        free = [first + o for o in range(256) if first + o not in self.specials.values()]
+        self.specials.update({f"<|reserved_special_token_{k}|>": i for k, i in enumerate(free)})
+        self._enc = tiktoken.Encoding(name=Path(path).name, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
+                                      special_tokens=self.specials)
+        self.name = "llama3"
+        self.n_vocab = self._enc.n_vocab
+        self.eot_id = self.specials["<|eot_id|>"]
+
+    def encode(self, text: str, allowed_special: Iterable[str] = ()) -> list[int]:
+        """Plain text: a special token typed in it is refused, as tiktoken (and the book) do by default."""
+        return self._enc.encode(text, allowed_special=set(allowed_special) if allowed_special != "all" else "all")
+
+    def chat(self, user_message: str, system_message: str = "You are a helpful assistant.") -> list[int]:
+        """The book's ChatFormat.encode: begin_of_text, the system and user turns, the assistant header."""
+        s = self.specials
+
+        def header(role: str) -> list[int]:
+            return [s["<|start_header_id|>"]] + self.encode(role) + [s["<|end_header_id|>"]] + self.encode("\n\n")
+
+        return ([s["<|begin_of_text|>"]] + header("system") + self.encode(system_message) + [s["<|eot_id|>"]]
+                + header("user") + self.encode(user_message) + [s["<|eot_id|>"]] + header("assistant"))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        self._check_ids([token_id])
+        return self._enc.decode_single_token_bytes(token_id)
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return self._enc.decode_bytes(self._check_ids(ids))
+
+    def to_dict(self) -> dict:
+        raise TokenizerError("Llama 3's tokenizer is its tokenizer.model: copy that file")
+
+
+def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, source: str) -> None:
+    """Refuse, before anything runs, a tokenizer with ids the model has no rows for (Qwen3's 151,669
+    ids fit its 151,936 rows; the rows past them are padding)."""
+    if tokenizer.n_vocab > vocab_size:
+        raise TokenizerError(f"{source} has {tokenizer.n_vocab:,} tokens but the model's vocab_size is "
+                             f"{vocab_size:,}: it is another model's tokenizer; use the one saved with these weights")
+
+
+def family_tokenizer(path: str | os.PathLike, family: str, vocab_size: int) -> Tokenizer | None:
+    """The tokenizer in a model folder (tokenizer.json for Qwen3; tokenizer.model or original/tokenizer.model
+    for Llama 3), checked against the model's vocabulary; None when the folder has none."""
+    path = Path(path)
+    if family == "qwen3":
+        found = [path / "tokenizer.json"]
+        make = Qwen3Tokenizer
+    else:
+        found = [path / "tokenizer.model", path / "original" / "tokenizer.model"]
+        make = Llama3Tokenizer
+    for file in found:
+        if file.is_file():
+            tokenizer = make(file)
+            check_vocabulary(tokenizer, vocab_size, str(file))
+            return tokenizer
+    return None
