@@ -238,3 +238,60 @@ def test_qwen3_06b_at_full_shape_gives_the_books_logits_bit_for_bit():
     x = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(ours(x), book(x))
+
+
+# --- memory (info) --------------------------------------------------------------------------------
+
+def stored(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Bytes of the model's parameters in `dtype`, each tensor once (a tied head is one tensor)."""
+    unique = {id(p): p for p in model.parameters()}
+    return sum(p.numel() for p in unique.values()) * torch.empty((), dtype=dtype).element_size()
+
+
+@pytest.mark.parametrize("name", list(FAMILY_PRESETS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_info_counts_the_parameters_and_bytes_the_live_model_holds(name, dtype):
+    from glassgpt.memory import memory_needs, parameter_table
+    cfg = FAMILY_PRESETS[name]
+    with torch.device("meta"):
+        model = build_model(cfg)
+    table = parameter_table(cfg)
+    assert table["total"] == sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert table["tied"] and table["total_untied"] == table["total"] + cfg.vocab_size * cfg.emb_dim
+    assert memory_needs(cfg, dtype, seq_len=16)["weights"] == stored(model, dtype)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_info_kv_cache_is_what_the_grouped_cache_allocates(family):
+    from glassgpt.memory import memory_needs
+    cfg = TINY[family]
+    for dtype in (torch.float32, torch.bfloat16):
+        assert memory_needs(cfg, dtype, batch_size=3, seq_len=20)["kv_cache"] == \
+            KVCache(cfg, 3, 20, dtype=dtype).nbytes
+
+
+def test_glassgpt_info_prints_the_published_sizes():
+    import json
+    import subprocess
+    import sys
+    out = {}
+    for name in ("qwen3-0.6b", "qwen3-1.7b", "llama3.2-1b", "llama3.2-3b"):
+        proc = subprocess.run([sys.executable, "-m", "glassgpt", "info", "--model", name, "--dtype", "bfloat16",
+                               "--seq-len", "1024", "--json"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out[name] = json.loads(proc.stdout)
+    assert {n: o["parameters"]["total"] for n, o in out.items()} == {
+        "qwen3-0.6b": 596_049_920, "qwen3-1.7b": 1_720_574_976, "llama3.2-1b": 1_235_814_400,
+        "llama3.2-3b": 3_212_749_824}
+    assert out["qwen3-0.6b"]["memory"]["weights"] == 596_049_920 * 2
+    assert any("16 query heads of 128 share 8 key/value groups" in n for n in out["qwen3-0.6b"]["notes"])
+
+
+def test_a_qwen3_moe_folder_is_refused_in_one_line(tmp_path):
+    import json
+    raw = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 128,
+           "num_experts_per_tok": 8}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    import glassgpt
+    with pytest.raises(ConfigError, match=r"^a mixture-of-experts config \(128 experts, 8 per token\) is not covered"):
+        glassgpt.load_model(tmp_path)

@@ -22,6 +22,8 @@ import torch
 
 from .config import GPTConfig
 from .engine.attention import ATTENTION_BLOCK
+from .families import FamilyConfig
+from .families.memory import family_memory_needs, family_parameter_table
 
 INT8 = "int8"  # weight-only int8 (engine/int8.py): Linear weights 1 byte, the rest bfloat16
 INT4 = "int4"  # 4-bit groups (engine/int4.py): Linear weights half a byte + a scale and a minimum per group
@@ -80,6 +82,8 @@ def model_modules(cfg: GPTConfig) -> tuple[list[ModuleShape], list[ModuleShape],
 def parameter_table(cfg: GPTConfig) -> dict[str, Any]:
     """Per-module parameter counts and the totals with and without weight tying, from the
     config alone (no weights are built): what `glassgpt info` and `explain` print."""
+    if isinstance(cfg, FamilyConfig):  # Qwen3, Llama 3.2 (families/memory.py)
+        return family_parameter_table(cfg)
     before, block, after = model_modules(cfg)
     per_block = sum(m.params for m in block)
     total = sum(m.params for m in before + after) + cfg.n_layers * per_block
@@ -121,6 +125,12 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     dtype for training (a torch dtype, its name, or "int8"/"int4" for quantized decoding).
     `prompt_attention`: the engine's path for long prompts on a CPU ("sdpa" or "blocks", as
     engine/autotune.py chose it)."""
+    if isinstance(cfg, FamilyConfig):  # Qwen3, Llama 3.2 (families/memory.py)
+        name, _ = _dtype_size(dtype)
+        if name in QUANTIZED:
+            from .errors import GlassError
+            raise GlassError(f"{name} weights are GPT-2's (engine/): use float32 or bfloat16 for a {cfg.family} model")
+        return family_memory_needs(cfg, getattr(torch, name), batch_size, seq_len)
     seq_len = seq_len or cfg.context_length
     b, t, d, n = batch_size, seq_len, cfg.emb_dim, cfg.n_layers
     counts = parameter_counts(cfg)

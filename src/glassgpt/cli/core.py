@@ -17,6 +17,8 @@ from ..generate import decode_stream, sampling_probs, stream
 from ..prompt import fit_prompt
 from ..memory import memory_needs, parameter_table
 from ..config import init_scheme
+from ..families import FamilyConfig
+from ..families.memory import family_notes
 from ..formats import checkpoint_dir, download, is_random_init, read_config
 from ..formats.gguf import gguf_dtype_note, is_gguf_file
 from ..model import INIT_SCHEMES
@@ -197,11 +199,13 @@ def run_info(args: argparse.Namespace) -> int:
     precision = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     if precision == "int4":
         check_group_size(cfg)
-    choices = autotune.choose(cfg, precision) if device.type == "cpu" and precision in autotune.PRECISIONS else None
+    family = isinstance(cfg, FamilyConfig)  # Qwen3, Llama 3.2: glass code only, no kernels to choose
+    choices = autotune.choose(cfg, precision) if device.type == "cpu" and precision in autotune.PRECISIONS \
+        and not family else None
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len,
                        prompt_attention=choices.winners.get("attention prompt", "sdpa") if choices else "sdpa")
-    notes = model_notes(args.model, cfg)
+    notes = family_notes(cfg) if family else model_notes(args.model, cfg)
     if is_random_init(args.model):
         notes.insert(0, f"random weights drawn by {INIT_SCHEMES[init_scheme(args.model)]}")
     elif is_gguf_file(args.model):

@@ -36,6 +36,7 @@ from .. import config as _config, tokenizer as _tokenizer
 from ..adopt import adopt
 from ..config import PRESETS, GPTConfig, init_scheme
 from ..device import resolve_device, resolve_dtype
+from ..families import FAMILY_PRESETS
 from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
 from ..model import GPTModel, init_name
 from ..tokenizer import Tokenizer
@@ -275,6 +276,8 @@ def read_config(spec: str | os.PathLike | nn.Module, n_heads: int | None = None)
         return adopt(spec).cfg
     if families.is_family_spec(spec):
         return families.read_family_config(spec)
+    if str(spec) in FAMILY_PRESETS:  # Qwen3 and Llama 3.2's sizes: for info, no weights
+        return FAMILY_PRESETS[str(spec)]
     spec = str(spec)
     _check_n_heads(spec, n_heads)
     if kind == "random":

@@ -58,12 +58,12 @@ def is_family_folder(path: str | os.PathLike) -> bool:
 def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyConfig:
     """The FamilyConfig of a transformers config.json (Qwen3ForCausalLM or LlamaForCausalLM)."""
     arch = hf_architecture(raw)
+    if raw.get("num_experts"):  # Qwen3MoeForCausalLM: a router and experts in place of the feed-forward
+        raise_moe(raw)
     if arch not in HF_ARCHITECTURES:
         raise CheckpointError(f"{source} is a {arch or 'model with no architectures entry'}"
                               f"{' (' + str(raw.get('model_type')) + ')' if raw.get('model_type') else ''}: "
                               f"glassgpt covers {COVERED} and GPT2LMHeadModel (gpt2)")
-    if raw.get("num_experts"):
-        raise_moe(raw)
     family = HF_ARCHITECTURES[arch]
     rope = raw.get("rope_parameters") or {}  # transformers 5 keeps rope_theta and the scaling here
     scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type") == "llama3" else None)
