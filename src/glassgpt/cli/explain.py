@@ -17,6 +17,8 @@ from ..explain.views import draw
 from ..explain.compare import compare
 from ..explain.views.compare import comparison_layout, comparison_text
 from ..explain.views.diagram import layout, save_attention_png
+from ..explain.family import family_trace
+from ..families import is_family_model
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
 from ..explain.passage import passage
 from ..explain.views.passage import passage_layout, passage_text
@@ -97,6 +99,8 @@ def run_explain(args: argparse.Namespace) -> int:
         _check_layers(args, cfg.n_layers)
     model, tok = load(args)
     _check_layers(args, model.cfg.n_layers)
+    if is_family_model(model):  # Qwen3, Llama 3.2: the text view of explain/family.py
+        return _run_family(args, model, tok)
     spec = read_as(args, about(args.model), model)
     if args.compare:
         return _run_compare(args, model, tok, spec)
@@ -120,6 +124,16 @@ def run_explain(args: argparse.Namespace) -> int:
     return _show(args, tr.to_dict(), lambda: layout(tr),
                  lambda color: tr.to_text(color=color, attention_layer=args.layer if args.attention else None,
                                           heatmap=heat))
+
+
+def _run_family(args: argparse.Namespace, model, tok: Tokenizer) -> int:
+    if args.compare or args.why or args.format in ("svg", "png") or args.attention or args.embedding_vs_linear:
+        raise GlassError(f"for a {model.cfg.family} model explain has its text and JSON views only: drop --compare, "
+                         "--why, --attention, --embedding-vs-linear and --format svg/png")
+    tr = family_trace(model, tok, args.prompt, top_k=args.top_k)
+    if args.format == "json":
+        return emit(json.dumps(tr.to_dict(), indent=2, ensure_ascii=False), args.out)
+    return emit(tr.to_text(), args.out)
 
 
 def _run_passage(args: argparse.Namespace) -> int:

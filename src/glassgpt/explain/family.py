@@ -1,0 +1,186 @@
+"""explain for Qwen3 and Llama 3.2: one prompt's way through the live model, as plain data, then text.
+
+    family_trace(model, tokenizer, "Every effort moves you") -> FamilyTrace
+    render_family_text(tr) -> the terminal view
+
+What it records, from the real tensors of one forward pass (forward hooks, and a recording cache
+that the attention hands its rotated keys and values to): ids [b, t] -> tok_emb [b, t, d] (no
+pos_emb is added) -> each block's queries [b, h, t, hd] and keys/values [b, g, t, hd], shared by
+h // g query heads -> final_norm -> out_head logits [b, t, V] -> the next token. Then the four
+answers (model.py's questions) for this model: where V becomes d and back, the one-hot proof on
+the live weights (check.py), the weight shapes, and whether the head is tied, told by storage
+(`data_ptr`), never by equal values: the book's loader copies the embedding into the head, which
+gives equal values in two tensors.
+
+Leaves out what trace.py draws for GPT-2 (the picture, the page, the logit lens, why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..families import is_family_model
+from ..memory import parameter_table
+from ..prompt import encode
+from ..tokenizer import Tokenizer
+from .check import check_embedding_is_linear
+
+FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3"}
+
+
+@dataclass
+class FamilyTrace:
+    family: str
+    config: dict[str, Any]
+    tokens: list[str]
+    stages: list[dict[str, Any]]          # name, module, shape, note: in the order the forward pass ran them
+    attention: dict[str, Any]             # the heads: q and k/v shapes, the group sharing, RoPE
+    answers: dict[str, Any]               # the four questions, as facts
+    params: dict[str, Any]
+    next_tokens: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_text(self) -> str:
+        return render_family_text(self)
+
+
+class RecordingCache:
+    """What GroupedQueryAttention hands a KV cache: its rotated keys and values, kept to be read."""
+
+    def __init__(self) -> None:
+        self.pos, self.seen = 0, {}
+
+    def layer(self, i: int) -> "RecordingCache._Layer":
+        return RecordingCache._Layer(self, i)
+
+    def advance(self, t: int) -> None:
+        self.pos += t
+
+    class _Layer:
+        def __init__(self, cache: "RecordingCache", i: int):
+            self.cache, self.i = cache, i
+
+        def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.cache.seen[self.i] = (k.detach(), v.detach())
+            return k, v
+
+
+@torch.no_grad()
+def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5) -> FamilyTrace:
+    """Run `text` through a Qwen3Model or Llama3Model once and keep what each stage looked like."""
+    assert is_family_model(model)
+    cfg = model.cfg
+    ids = torch.tensor([encode(tokenizer, text)], device=model.tok_emb.weight.device)  # [1, t]
+    seen: dict[str, tuple[tuple, tuple]] = {}
+
+    def tap(name: str):
+        def hook(module, inputs, output):
+            seen[name] = (tuple(inputs[0].shape), tuple(output.shape))
+        return hook
+
+    first = model.trf_blocks[0]
+    taps = {"tok_emb": model.tok_emb, "trf_blocks.0.att.W_query": first.att.W_query,
+            "trf_blocks.0.att.W_key": first.att.W_key, "trf_blocks.0.att.W_value": first.att.W_value,
+            "trf_blocks.0.ff.fc1": first.ff.fc1, "final_norm": model.final_norm, "out_head": model.out_head}
+    handles = [m.register_forward_hook(tap(n)) for n, m in taps.items()]
+    cache = RecordingCache()
+    try:
+        logits = model(ids, cache)  # [1, t, V]
+    finally:
+        for h in handles:
+            h.remove()
+    k, v = cache.seen[0]  # [1, g, t, hd], after RoPE (and QK-norm)
+    b, t = ids.shape
+    h, g, hd, d, V = cfg.n_heads, cfg.n_kv_groups, cfg.head_dim_value, cfg.emb_dim, cfg.vocab_size
+    q_shape = (b, h, t, hd)
+    stages = [
+        {"name": "ids", "module": "", "shape": [b, t], "note": "token ids"},
+        {"name": "tok_emb", "module": "tok_emb", "shape": list(seen["tok_emb"][1]),
+         "note": f"vocab -> hidden: row lookup in the {[V, d]} weight; no pos_emb is added"},
+        {"name": "queries", "module": "trf_blocks.N.att.W_query", "shape": list(q_shape),
+         "note": f"{list(seen['trf_blocks.0.att.W_query'][1])} split into {h} heads, RoPE-rotated"},
+        {"name": "keys, values", "module": "trf_blocks.N.att.W_key, W_value", "shape": list(k.shape),
+         "note": f"{list(seen['trf_blocks.0.att.W_key'][1])} split into {g} heads; the cache keeps these"},
+        {"name": "repeat_interleave", "module": "", "shape": list(q_shape),
+         "note": f"each key/value head serves {h // g} neighbouring query heads"},
+        {"name": "ff", "module": "trf_blocks.N.ff", "shape": list(seen["trf_blocks.0.ff.fc1"][1]),
+         "note": f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {cfg.hidden_dim} -> {d}"},
+        {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]), "note": "RMSNorm"},
+        {"name": "out_head", "module": "out_head", "shape": list(seen["out_head"][1]),
+         "note": f"hidden -> vocab: x @ W.T with W {[V, d]}"},
+    ]
+    probs = torch.softmax(logits[0, -1].float(), dim=-1)
+    top = probs.topk(min(top_k, V))
+    next_tokens = [{"id": int(i), "text": tokenizer.decode([int(i)]), "prob": float(p)}
+                   for p, i in zip(top.values, top.indices)]
+    return FamilyTrace(
+        family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()},
+        tokens=[tokenizer.decode([int(i)]) for i in ids[0]], stages=stages,
+        attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
+                   "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
+                   "qk_norm": cfg.qk_norm, "rope_base": cfg.rope_base, "rope_scaled": cfg.rope_freq is not None},
+        answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens)
+
+
+def four_answers(model: nn.Module, ids: torch.Tensor) -> dict[str, Any]:
+    """The four questions as facts on the live model: the two transitions, the one-hot proof, the tie."""
+    emb, head = model.tok_emb.weight, model.out_head.weight
+    one_storage = emb.data_ptr() == head.data_ptr() and emb.shape == head.shape
+    equal_values = bool(emb.shape == head.shape and torch.equal(emb, head))
+    return {"vocab_to_hidden": {"module": "tok_emb", "weight_shape": list(emb.shape)},
+            "hidden_to_vocab": {"module": "out_head", "weight_shape": list(head.shape)},
+            "one_hot": check_embedding_is_linear(model, ids, timing=False),
+            "tied": one_storage, "equal_values": equal_values}
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(f"{s:,}" for s in shape) + "]"
+
+
+def render_family_text(tr: FamilyTrace) -> str:
+    cfg, a, att = tr.config, tr.answers, tr.attention
+    V, d, h, g = cfg["vocab_size"], cfg["emb_dim"], cfg["n_heads"], cfg["n_kv_groups"]
+    name = FAMILY_NAMES[tr.family]
+    lines = [f"{name}: {cfg['n_layers']} blocks, d {d:,}, V {V:,}, {h} query heads, {g} key/value groups",
+             "tokens: " + " ".join(repr(t) for t in tr.tokens), ""]
+    for s in tr.stages:
+        lines.append(f"  {s['name']:<18} {_shape(s['shape']):<24} {s['module']:<34} {s['note']}")
+    lines += ["", "the four questions"]
+    lines.append(f"  1. Where does {V:,} become {d:,}?  At tok_emb: ids -> {_shape(tr.stages[1]['shape'])}, a lookup "
+                 f"in the {_shape(a['vocab_to_hidden']['weight_shape'])} weight. Every block then stays {d:,} wide.")
+    lines.append(f"  2. Where does {d:,} become {V:,}?  At out_head: -> logits {_shape(tr.stages[-1]['shape'])}, "
+                 f"x @ W.T with W {_shape(a['hidden_to_vocab']['weight_shape'])}.")
+    e = a["one_hot"]
+    proof = "yes: the lookup and one_hot(ids) @ W are identical here" if e["equal_one_hot_matmul"] and \
+        e["equal_linear"] else f"not bit for bit here (max difference {e['max_abs_diff']:.3g})"
+    lines.append(f"  3. Is nn.Embedding an nn.Linear on one-hot vectors?  {proof}; the lookup skips the zeros.")
+    if a["tied"]:
+        tie = (f"one tensor: out_head.weight and tok_emb.weight share their storage (the same data_ptr), "
+               f"{tr.params['total']:,} parameters, {tr.params['total_untied']:,} if untied")
+    elif a["equal_values"]:
+        tie = ("two tensors with equal values: a copy, not a tie (different data_ptr; the book's loader copies "
+               "the embedding), so training would move them apart")
+    else:
+        tie = f"two separate tensors (untied): {tr.params['total']:,} parameters"
+    lines.append(f"  4. Are there weight matrices for both, and are they shared?  {tie}.")
+    lines += ["", "where positions enter"]
+    scaled = ", with Llama 3's frequency scaling" if att["rope_scaled"] else ""
+    lines.append(f"  No pos_emb: tok_emb's output is the same for a token wherever it stands. Inside every attention "
+                 f"the queries and keys (not the values) are rotated by RoPE, base {att['rope_base']:,.0f}{scaled}, "
+                 "each pair of dimensions (i, i + hd/2) turning by an angle that grows with the position.")
+    if att["qk_norm"]:
+        lines.append("  QK-norm: each query and key head is RMS-normed before the rotation.")
+    lines += ["", "the heads"]
+    lines.append(f"  queries {_shape(att['q_shape'])}, keys and values {_shape(att['kv_shape'])}: {h} query heads "
+                 f"share {g} key/value heads, {att['group_size']} each (repeat_interleave):")
+    lines.append("  " + "  ".join(f"kv{j}: q{grp[0]}..q{grp[-1]}" for j, grp in enumerate(att["groups"])))
+    if tr.next_tokens:
+        lines += ["", "next token"]
+        lines += [f"  {t['text']!r:<16} {t['prob']:.4f}" for t in tr.next_tokens]
+    return "\n".join(lines)

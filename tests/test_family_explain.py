@@ -1,0 +1,83 @@
+"""explain for Qwen3 and Llama 3.2 (explain/family.py): the four answers, positions, heads and groups, from the live model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import llms_from_scratch.qwen3 as book_qwen
+from glassgpt.explain.family import family_trace
+from glassgpt.families import FamilyConfig, RopeFreq, build_model
+from glassgpt.formats.families import export_family_hf, hf_names
+from glassgpt.tokenizer import CharTokenizer
+
+TEXT = "every effort moves you"
+TOK = CharTokenizer.from_text(TEXT + " abcdefghijklmnopqrstuvwxyz")
+QWEN = FamilyConfig(family="qwen3", vocab_size=TOK.n_vocab, context_length=32, emb_dim=32, n_heads=4, n_layers=2,
+                    hidden_dim=48, head_dim=16, n_kv_groups=2, rope_base=1_000_000.0, qk_norm=True,
+                    tie_embeddings=True)
+LLAMA = FamilyConfig(family="llama3", vocab_size=TOK.n_vocab, context_length=32, emb_dim=32, n_heads=8, n_layers=2,
+                     hidden_dim=48, n_kv_groups=2, rope_base=500_000.0, norm_eps=1e-5,
+                     rope_freq=RopeFreq(factor=8.0, original_context_length=16))
+
+
+def model_of(cfg: FamilyConfig) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(cfg).eval()
+
+
+def test_the_four_answers_name_this_models_widths_and_the_one_hot_proof_holds():
+    tr = family_trace(model_of(QWEN), TOK, TEXT)
+    text = tr.to_text()
+    V, t = TOK.n_vocab, len(TEXT)
+    assert f"1. Where does {V} become 32?  At tok_emb: ids -> [1, {t}, 32], a lookup in the [{V}, 32] weight" in text
+    assert f"2. Where does 32 become {V}?  At out_head: -> logits [1, {t}, {V}]" in text
+    assert tr.answers["one_hot"]["equal_one_hot_matmul"] and "are identical here" in text
+    assert "share their storage (the same data_ptr)" in text
+
+
+def test_the_tie_is_told_by_storage_not_by_equal_values():
+    # the book's load_weights_into_qwen copies the embedding into the head: equal values, two tensors
+    cfg = dataclasses.replace(QWEN, tie_embeddings=False)
+    source = model_of(cfg)
+    params = {hf: source.state_dict()[b] for b, hf in hf_names(dataclasses.replace(cfg, tie_embeddings=True))}
+    book = book_qwen.Qwen3Model(cfg.to_book_dict(torch.float32))
+    book_qwen.load_weights_into_qwen(book, cfg.to_book_dict(torch.float32), params)
+    ours = build_model(cfg).eval()
+    ours.load_state_dict(book.state_dict())
+    assert torch.equal(ours.out_head.weight, ours.tok_emb.weight)
+    tr = family_trace(ours, TOK, TEXT)
+    assert not tr.answers["tied"] and tr.answers["equal_values"]
+    assert "two tensors with equal values: a copy, not a tie" in tr.to_text()
+    assert "two separate tensors (untied)" in family_trace(model_of(cfg), TOK, TEXT).to_text()
+
+
+def test_positions_enter_as_rope_and_the_heads_show_the_group_sharing():
+    tr = family_trace(model_of(LLAMA), TOK, TEXT)
+    t = len(TEXT)
+    assert tr.attention["q_shape"] == [1, 8, t, 4] and tr.attention["kv_shape"] == [1, 2, t, 4]
+    assert tr.attention["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    text = tr.to_text()
+    assert "No pos_emb" in text and "with Llama 3's frequency scaling" in text and "QK-norm" not in text
+    assert "kv0: q0..q3  kv1: q4..q7" in text
+    assert "QK-norm: each query and key head is RMS-normed before the rotation" in family_trace(
+        model_of(QWEN), TOK, TEXT).to_text()
+
+
+def test_glassgpt_explain_runs_on_a_qwen3_folder(tmp_path):
+    # a folder with a char tokenizer stands in: the view is the family's, the tokenizer any
+    export_family_hf(model_of(QWEN), tmp_path)
+    script = ("import sys, glassgpt.formats.families as f\n"
+              "from glassgpt.tokenizer import CharTokenizer\n"
+              f"f.load_family_tokenizer = lambda spec: CharTokenizer.from_text({(TEXT + ' abcdefghijklmnopqrstuvwxyz')!r})\n"
+              "from glassgpt.cli import main\n"
+              f"sys.exit(main(['explain', {TEXT!r}, '--model', {str(tmp_path)!r}, '--format', 'json']))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["family"] == "qwen3" and out["answers"]["tied"] and out["attention"]["group_size"] == 2
