@@ -81,3 +81,42 @@ def test_glassgpt_explain_runs_on_a_qwen3_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["family"] == "qwen3" and out["answers"]["tied"] and out["attention"]["group_size"] == 2
+
+
+@pytest.mark.parametrize("cfg", [QWEN, LLAMA], ids=["qwen3", "llama3"])
+def test_what_changed_from_gpt2_accounts_for_every_parameter_of_both_live_models(cfg):
+    import glassgpt
+    from glassgpt.config import GPTConfig
+    from glassgpt.explain.family import changes_from_gpt2
+    gpt2 = glassgpt.load_model("gpt2", config=GPTConfig(vocab_size=TOK.n_vocab, context_length=32, emb_dim=24,
+                                                        n_heads=3, n_layers=3))
+    model = model_of(cfg)
+    rows = changes_from_gpt2(model, gpt2)
+    assert [r["change"] for r in rows] == ["LayerNorm -> RMSNorm", "GELU -> SwiGLU", "pos_emb -> RoPE",
+                                           "multi-head -> grouped-query attention", "QK-norm", "the head", "total"]
+    for side, m in (("gpt2", gpt2), ("family", model)):
+        parts = sum(r[f"{side}_params"] for r in rows[:-1])
+        assert parts + m.tok_emb.weight.numel() == rows[-1][f"{side}_params"] == sum(p.numel() for p in m.parameters())
+    by = {r["change"]: r for r in rows}
+    assert by["pos_emb -> RoPE"]["gpt2_params"] == 32 * 24 and by["pos_emb -> RoPE"]["family_params"] == 0
+    assert by["LayerNorm -> RMSNorm"]["gpt2_params"] == (2 * 3 + 1) * 2 * 24
+    assert by["LayerNorm -> RMSNorm"]["family_params"] == (2 * 2 + 1) * 32
+    assert by["QK-norm"]["family_params"] == (2 * 2 * 16 if cfg.qk_norm else 0)
+    assert "W_key [32, 32]" in by["multi-head -> grouped-query attention"]["family"] if cfg is QWEN else \
+        "W_key [8, 32]" in by["multi-head -> grouped-query attention"]["family"]
+
+
+def test_glassgpt_explain_compare_gpt2_prints_the_changes(tmp_path):
+    export_family_hf(model_of(LLAMA), tmp_path / "llama")
+    (tmp_path / "gpt2.json").write_text(json.dumps({"vocab_size": TOK.n_vocab, "context_length": 32, "emb_dim": 24,
+                                                    "n_heads": 3, "n_layers": 3}))
+    script = ("import sys, glassgpt.formats.families as f\n"
+              "from glassgpt.tokenizer import CharTokenizer\n"
+              f"f.load_family_tokenizer = lambda spec: CharTokenizer.from_text({(TEXT + ' abcdefghijklmnopqrstuvwxyz')!r})\n"
+              "from glassgpt.cli import main\n"
+              f"sys.exit(main(['explain', 'hi', '--model', {str(tmp_path / 'llama')!r}, '--compare', "
+              f"{str(tmp_path / 'gpt2.json')!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "what changed from GPT-2 to Llama 3" in proc.stdout
+    assert "no weights: cos/sin tables [32, 4] rotate q and k inside every attention" in proc.stdout

@@ -184,3 +184,80 @@ def render_family_text(tr: FamilyTrace) -> str:
         lines += ["", "next token"]
         lines += [f"  {t['text']!r:<16} {t['prob']:.4f}" for t in tr.next_tokens]
     return "\n".join(lines)
+
+
+# --- what changed from GPT-2 (explain --compare gpt2) ---------------------------------------------
+
+def _count(*modules_or_params) -> int:
+    """Parameters of these modules and tensors, each tensor once (a tied one is one tensor)."""
+    unique = {}
+    for m in modules_or_params:
+        for p in (m.parameters() if isinstance(m, nn.Module) else [m]):
+            unique[id(p)] = p
+    return sum(p.numel() for p in unique.values())
+
+
+def _shapes(module: nn.Module) -> str:
+    return ", ".join(f"{name or 'weight'} {list(p.shape)}" for name, p in module.named_parameters())
+
+
+def changes_from_gpt2(model: nn.Module, gpt2: nn.Module) -> list[dict[str, Any]]:
+    """GPT-2 and a Qwen3/Llama model stage by stage, in the order of the book's GPT-to-Llama bonus chapter
+    (ch05/07_gpt_to_llama), with shapes and parameter counts read from the two live models."""
+    g_blk, f_blk = gpt2.trf_blocks[0], model.trf_blocks[0]
+    g_att, f_att = g_blk.att, f_blk.att
+    n_g, n_f = len(gpt2.trf_blocks), len(model.trf_blocks)
+    cfg = model.cfg
+    g_norms = [m for blk in gpt2.trf_blocks for m in (blk.norm1, blk.norm2)] + [gpt2.final_norm]
+    f_norms = [m for blk in model.trf_blocks for m in (blk.norm1, blk.norm2)] + [model.final_norm]
+    rows = [
+        {"change": "LayerNorm -> RMSNorm", "gpt2": f"norm1: {_shapes(g_blk.norm1)} (subtracts the mean, adds a shift)",
+         "family": f"norm1: {_shapes(f_blk.norm1)} (divides by the root mean square only, in float32)",
+         "gpt2_params": _count(*g_norms), "family_params": _count(*f_norms)},
+        {"change": "GELU -> SwiGLU",
+         "gpt2": f"ff.layers.0 {list(g_blk.ff.layers[0].weight.shape)}, GELU, ff.layers.2 "
+                 f"{list(g_blk.ff.layers[2].weight.shape)}, with biases",
+         "family": f"silu(fc1 {list(f_blk.ff.fc1.weight.shape)}) * fc2 {list(f_blk.ff.fc2.weight.shape)}, then fc3 "
+                   f"{list(f_blk.ff.fc3.weight.shape)}, no biases",
+         "gpt2_params": n_g * _count(g_blk.ff), "family_params": n_f * _count(f_blk.ff)},
+        {"change": "pos_emb -> RoPE", "gpt2": f"pos_emb {list(gpt2.pos_emb.weight.shape)} added to tok_emb's output",
+         "family": f"no weights: cos/sin tables {list(model.rope.cos.shape)} rotate q and k inside every attention",
+         "gpt2_params": _count(gpt2.pos_emb), "family_params": 0},
+        {"change": "multi-head -> grouped-query attention",
+         "gpt2": f"{g_att.n_heads} heads: W_query {list(g_att.W_query.weight.shape)}, W_key "
+                 f"{list(g_att.W_key.weight.shape)}, W_value {list(g_att.W_value.weight.shape)}",
+         "family": f"{cfg.n_heads} query heads, {cfg.n_kv_groups} key/value heads: W_query "
+                   f"{list(f_att.W_query.weight.shape)}, W_key {list(f_att.W_key.weight.shape)}, W_value "
+                   f"{list(f_att.W_value.weight.shape)}",
+         "gpt2_params": n_g * _count(g_att), "family_params": n_f * _count(f_att.W_query, f_att.W_key, f_att.W_value,
+                                                                            f_att.out_proj)},
+        {"change": "QK-norm", "gpt2": "none",
+         "family": f"q_norm, k_norm: {_shapes(f_att.q_norm)} each, before RoPE" if f_att.q_norm is not None
+         else "none (Llama 3 has none)",
+         "gpt2_params": 0, "family_params": n_f * (_count(f_att.q_norm, f_att.k_norm) if f_att.q_norm is not None else 0)},
+        {"change": "the head", "gpt2": _head_words(gpt2), "family": _head_words(model),
+         "gpt2_params": 0 if _tied(gpt2) else _count(gpt2.out_head),
+         "family_params": 0 if _tied(model) else _count(model.out_head)},
+    ]
+    rows.append({"change": "total", "gpt2": f"{n_g} blocks, d {gpt2.tok_emb.weight.shape[1]}",
+                 "family": f"{n_f} blocks, d {cfg.emb_dim}", "gpt2_params": _count(gpt2),
+                 "family_params": _count(model)})
+    return rows
+
+
+def _tied(model: nn.Module) -> bool:
+    return model.out_head.weight.data_ptr() == model.tok_emb.weight.data_ptr()
+
+
+def _head_words(model: nn.Module) -> str:
+    w = list(model.out_head.weight.shape)
+    return f"out_head {w}, " + ("tok_emb's own storage (tied)" if _tied(model) else "its own weights (untied)")
+
+
+def render_changes_text(rows: list[dict[str, Any]], family: str) -> str:
+    lines = [f"what changed from GPT-2 to {FAMILY_NAMES[family]} (the book's ch05/07_gpt_to_llama order)", ""]
+    for r in rows:
+        lines.append(f"{r['change']}")
+        lines.append(f"  GPT-2   {r['gpt2_params']:>13,}  {r['gpt2']}")
+        lines.append(f"  {FAMILY_NAMES[family]:<7} {r['family_params']:>13,}  {r['family']}")
+    return "\n".join(lines)
