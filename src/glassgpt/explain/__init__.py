@@ -14,6 +14,8 @@ analyses, each a function over the model that returns a result:
     diff.py      two models' weights: the relative change of every tensor, and which did not move
     why.py       why this token: the parts' exact sum, the prompt tokens' shares, activation patching
     verify.py    check(model): a reader's own module against the book's formulas, stage by stage
+    verify_family.py  the same for a reader's Qwen3 or Llama 3 port, with their mistakes; check() for both
+    family.py    explain for Qwen3 and Llama 3.2: the four answers, RoPE, the heads; what changed from GPT-2
 views/, above the analyses: each result's text, picture and notebook HTML, registered in views/__init__.py
 """
 
@@ -21,7 +23,8 @@ from . import views  # registers every result's views (views/__init__.py)
 from .check import check_embedding_is_linear
 from .record import Progress
 from .trace import About, Stage, Trace, TraceOptions, trace
-from .verify import CheckResult, check
+from .verify import CheckResult
+from .verify_family import check
 from .views import diagram
 from .views.notebook import show
 from .why import Why, why
