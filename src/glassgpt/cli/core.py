@@ -95,7 +95,8 @@ def run_generate(args: argparse.Namespace) -> int:
     require_language_model(model, args.model)
     if quantized:
         model = QUANTIZE[quantized](model)
-    report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
+    if not isinstance(model.cfg, FamilyConfig):  # Qwen3 and Llama run their glass code: no kernels to choose
+        report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
     if args.compile:
         model = compile_for_generation(model)
     prompt_ids = encode_prompt(tok, args.prompt)

@@ -117,7 +117,7 @@ def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int =
     ]
     probs = torch.softmax(logits[0, -1].float(), dim=-1)
     top = probs.topk(min(top_k, V))
-    next_tokens = [{"id": int(i), "text": tokenizer.decode([int(i)]), "prob": float(p)}
+    next_tokens = [{"id": int(i), "text": _text(tokenizer, int(i)), "prob": float(p)}
                    for p, i in zip(top.values, top.indices)]
     return FamilyTrace(
         family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()},
@@ -126,6 +126,11 @@ def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int =
                    "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
                    "qk_norm": cfg.qk_norm, "rope_base": cfg.rope_base, "rope_scaled": cfg.rope_freq is not None},
         answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens)
+
+
+def _text(tokenizer: Tokenizer, token_id: int) -> str:
+    """The token's text; a row of tok_emb past the tokenizer's ids (Qwen3 pads 151,669 ids to 151,936 rows) says so."""
+    return tokenizer.decode([token_id]) if token_id < tokenizer.n_vocab else f"<row {token_id}: no token>"
 
 
 def four_answers(model: nn.Module, ids: torch.Tensor) -> dict[str, Any]:
