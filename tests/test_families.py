@@ -270,16 +270,13 @@ def test_info_kv_cache_is_what_the_grouped_cache_allocates(family):
             KVCache(cfg, 3, 20, dtype=dtype).nbytes
 
 
-def test_glassgpt_info_prints_the_published_sizes():
+def test_glassgpt_info_prints_the_published_sizes(capsys):
     import json
-    import subprocess
-    import sys
+    from glassgpt.cli import main
     out = {}
     for name in ("qwen3-0.6b", "qwen3-1.7b", "llama3.2-1b", "llama3.2-3b"):
-        proc = subprocess.run([sys.executable, "-m", "glassgpt", "info", "--model", name, "--dtype", "bfloat16",
-                               "--seq-len", "1024", "--json"], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        out[name] = json.loads(proc.stdout)
+        assert main(["info", "--model", name, "--dtype", "bfloat16", "--seq-len", "1024", "--json"]) == 0
+        out[name] = json.loads(capsys.readouterr().out)
     assert {n: o["parameters"]["total"] for n, o in out.items()} == {
         "qwen3-0.6b": 596_049_920, "qwen3-1.7b": 1_720_574_976, "llama3.2-1b": 1_235_814_400,
         "llama3.2-3b": 3_212_749_824}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -69,17 +67,18 @@ def test_positions_enter_as_rope_and_the_heads_show_the_group_sharing():
         model_of(QWEN), TOK, TEXT).to_text()
 
 
-def test_glassgpt_explain_runs_on_a_qwen3_folder(tmp_path):
-    # a folder with a char tokenizer stands in: the view is the family's, the tokenizer any
+def run_explain(monkeypatch, capsys, *argv: str) -> str:
+    """`glassgpt explain ...` in-process, the folder's tokenizer being TOK (any tokenizer serves the view)."""
+    from glassgpt.cli import main
+    from glassgpt.formats import families
+    monkeypatch.setattr(families, "load_family_tokenizer", lambda spec: TOK)
+    assert main(["explain", *argv]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+def test_glassgpt_explain_runs_on_a_qwen3_folder(tmp_path, monkeypatch, capsys):
     export_family_hf(model_of(QWEN), tmp_path)
-    script = ("import sys, glassgpt.formats.families as f\n"
-              "from glassgpt.tokenizer import CharTokenizer\n"
-              f"f.load_family_tokenizer = lambda spec: CharTokenizer.from_text({(TEXT + ' abcdefghijklmnopqrstuvwxyz')!r})\n"
-              "from glassgpt.cli import main\n"
-              f"sys.exit(main(['explain', {TEXT!r}, '--model', {str(tmp_path)!r}, '--format', 'json']))\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
+    out = json.loads(run_explain(monkeypatch, capsys, TEXT, "--model", str(tmp_path), "--format", "json"))
     assert out["family"] == "qwen3" and out["answers"]["tied"] and out["attention"]["group_size"] == 2
 
 
@@ -106,17 +105,11 @@ def test_what_changed_from_gpt2_accounts_for_every_parameter_of_both_live_models
         "W_key [8, 32]" in by["multi-head -> grouped-query attention"]["family"]
 
 
-def test_glassgpt_explain_compare_gpt2_prints_the_changes(tmp_path):
+def test_glassgpt_explain_compare_gpt2_prints_the_changes(tmp_path, monkeypatch, capsys):
     export_family_hf(model_of(LLAMA), tmp_path / "llama")
     (tmp_path / "gpt2.json").write_text(json.dumps({"vocab_size": TOK.n_vocab, "context_length": 32, "emb_dim": 24,
                                                     "n_heads": 3, "n_layers": 3}))
-    script = ("import sys, glassgpt.formats.families as f\n"
-              "from glassgpt.tokenizer import CharTokenizer\n"
-              f"f.load_family_tokenizer = lambda spec: CharTokenizer.from_text({(TEXT + ' abcdefghijklmnopqrstuvwxyz')!r})\n"
-              "from glassgpt.cli import main\n"
-              f"sys.exit(main(['explain', 'hi', '--model', {str(tmp_path / 'llama')!r}, '--compare', "
-              f"{str(tmp_path / 'gpt2.json')!r}]))\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "what changed from GPT-2 to Llama 3" in proc.stdout
-    assert "no weights: cos/sin tables [32, 4] rotate q and k inside every attention" in proc.stdout
+    out = run_explain(monkeypatch, capsys, "hi", "--model", str(tmp_path / "llama"), "--compare",
+                      str(tmp_path / "gpt2.json"))
+    assert "what changed from GPT-2 to Llama 3" in out
+    assert "no weights: cos/sin tables [32, 4] rotate q and k inside every attention" in out

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -116,12 +114,11 @@ def test_load_model_and_load_tokenizer_read_a_qwen3_folder(tmp_path, qwen_tokeni
         assert torch.equal(glassgpt.load_model(tmp_path / "book" / "model.pth")(ids), model(ids))
 
 
-def test_glassgpt_generate_runs_a_qwen3_folder(tmp_path, qwen_tokenizer_json):
+def test_glassgpt_generate_runs_a_qwen3_folder(tmp_path, qwen_tokenizer_json, capsys):
+    from glassgpt.cli import main
     folder = qwen_folder(tmp_path / "qwen", qwen_tokenizer_json)
-    proc = subprocess.run([sys.executable, "-m", "glassgpt", "generate", "The quick", "--model", str(folder),
-                           "--max-new-tokens", "5", "--json"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
+    assert main(["generate", "The quick", "--model", str(folder), "--max-new-tokens", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
     model, tok = glassgpt.load_model(folder), glassgpt.load_tokenizer(folder)
     assert out["prompt_ids"] == tok.encode("The quick")
     assert out["new_ids"] == generate(model, out["prompt_ids"], 5)[0, -5:].tolist()
@@ -137,11 +134,10 @@ def test_a_tokenizer_with_more_ids_than_the_model_has_rows_is_named_before_anyth
             load(folder)
 
 
-def test_a_gemma_folder_is_refused_by_load_model_naming_its_architecture(tmp_path):
+def test_a_gemma_folder_is_refused_by_load_model_naming_its_architecture(tmp_path, capsys):
+    from glassgpt.cli import main
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3"}))
-    proc = subprocess.run([sys.executable, "-m", "glassgpt", "generate", "hi", "--model", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
+    assert main(["generate", "hi", "--model", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         f"error: {tmp_path / 'config.json'} is a Gemma3ForCausalLM (gemma3): glassgpt covers Qwen3ForCausalLM "
         "(qwen3), LlamaForCausalLM (llama3) and GPT2LMHeadModel (gpt2)"]
