@@ -90,7 +90,7 @@ def test_what_changed_from_gpt2_accounts_for_every_parameter_of_both_live_models
     gpt2 = glassgpt.load_model("gpt2", config=GPTConfig(vocab_size=TOK.n_vocab, context_length=32, emb_dim=24,
                                                         n_heads=3, n_layers=3))
     model = model_of(cfg)
-    rows = changes_from_gpt2(model, gpt2)
+    rows = changes_from_gpt2(model, gpt2).rows
     assert [r["change"] for r in rows] == ["LayerNorm -> RMSNorm", "GELU -> SwiGLU", "pos_emb -> RoPE",
                                            "multi-head -> grouped-query attention", "QK-norm", "the head", "total"]
     for side, m in (("gpt2", gpt2), ("family", model)):

@@ -35,7 +35,8 @@ LAYERS = [("errors", "version"), ("config", "tokenizer"), ("model", "adopt", "fa
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 FOLDERS = {
     "glassgpt.explain": [("record", "options", "result", "notation"),
-                         ("trace", "head", "check", "passage", "compare", "diff", "why", "verify"),
+                         ("trace", "head", "check", "passage", "compare", "diff", "why", "verify", "family",
+                          "verify_family"),
                          ("views",)],
     "glassgpt.training": [("loop",), ("tasks",), ("book",), ("recipes", "finetuning", "evaluation")],
 }

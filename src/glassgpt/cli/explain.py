@@ -17,7 +17,7 @@ from ..explain.views import draw
 from ..explain.compare import compare
 from ..explain.views.compare import comparison_layout, comparison_text
 from ..explain.views.diagram import layout, save_attention_png
-from ..explain.family import changes_from_gpt2, family_trace, render_changes_text
+from ..explain.family import changes_from_gpt2, family_trace
 from ..families import is_family_model
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
 from ..explain.passage import passage
@@ -135,10 +135,10 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer) -> int:
         if is_family_model(gpt2):
             raise GlassError(f"--compare {args.compare} is not a GPT-2: explain --compare shows what changed from "
                              "GPT-2 (give gpt2, or a GPT-2 checkpoint)")
-        rows = changes_from_gpt2(model, gpt2)
+        changes = changes_from_gpt2(model, gpt2)
         if args.format == "json":
-            return emit(json.dumps(rows, indent=2), args.out)
-        return emit(render_changes_text(rows, model.cfg.family), args.out)
+            return emit(json.dumps(changes.to_dict(), indent=2), args.out)
+        return emit(changes.to_text(), args.out)
     tr = family_trace(model, tok, args.prompt, top_k=args.top_k)
     if args.format == "json":
         return emit(json.dumps(tr.to_dict(), indent=2, ensure_ascii=False), args.out)

@@ -1,7 +1,7 @@
 """explain for Qwen3 and Llama 3.2: one prompt's way through the live model, as plain data, then text.
 
     family_trace(model, tokenizer, "Every effort moves you") -> FamilyTrace
-    render_family_text(tr) -> the terminal view
+    tr.to_text() -> the terminal view (views/family.py)
 
 What it records, from the real tensors of one forward pass (forward hooks, and a recording cache
 that the attention hands its rotated keys and values to): ids [b, t] -> tok_emb [b, t, d] (no
@@ -12,7 +12,8 @@ the live weights (check.py), the weight shapes, and whether the head is tied, to
 (`data_ptr`), never by equal values: the book's loader copies the embedding into the head, which
 gives equal values in two tensors.
 
-Leaves out what trace.py draws for GPT-2 (the picture, the page, the logit lens, why).
+Its text is views/family.py's. Leaves out what trace.py draws for GPT-2 (the picture, the page,
+the logit lens, why).
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ from ..memory import parameter_table
 from ..prompt import encode
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
+from .result import Result
 
 FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3"}
 
 
 @dataclass
-class FamilyTrace:
+class FamilyTrace(Result):
     family: str
     config: dict[str, Any]
     tokens: list[str]
@@ -45,9 +47,6 @@ class FamilyTrace:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def to_text(self) -> str:
-        return render_family_text(self)
 
 
 class RecordingCache:
@@ -144,53 +143,6 @@ def four_answers(model: nn.Module, ids: torch.Tensor) -> dict[str, Any]:
             "tied": one_storage, "equal_values": equal_values}
 
 
-def _shape(shape) -> str:
-    return "[" + ", ".join(f"{s:,}" for s in shape) + "]"
-
-
-def render_family_text(tr: FamilyTrace) -> str:
-    cfg, a, att = tr.config, tr.answers, tr.attention
-    V, d, h, g = cfg["vocab_size"], cfg["emb_dim"], cfg["n_heads"], cfg["n_kv_groups"]
-    name = FAMILY_NAMES[tr.family]
-    lines = [f"{name}: {cfg['n_layers']} blocks, d {d:,}, V {V:,}, {h} query heads, {g} key/value groups",
-             "tokens: " + " ".join(repr(t) for t in tr.tokens), ""]
-    for s in tr.stages:
-        lines.append(f"  {s['name']:<18} {_shape(s['shape']):<24} {s['module']:<34} {s['note']}")
-    lines += ["", "the four questions"]
-    lines.append(f"  1. Where does {V:,} become {d:,}?  At tok_emb: ids -> {_shape(tr.stages[1]['shape'])}, a lookup "
-                 f"in the {_shape(a['vocab_to_hidden']['weight_shape'])} weight. Every block then stays {d:,} wide.")
-    lines.append(f"  2. Where does {d:,} become {V:,}?  At out_head: -> logits {_shape(tr.stages[-1]['shape'])}, "
-                 f"x @ W.T with W {_shape(a['hidden_to_vocab']['weight_shape'])}.")
-    e = a["one_hot"]
-    proof = "yes: the lookup and one_hot(ids) @ W are identical here" if e["equal_one_hot_matmul"] and \
-        e["equal_linear"] else f"not bit for bit here (max difference {e['max_abs_diff']:.3g})"
-    lines.append(f"  3. Is nn.Embedding an nn.Linear on one-hot vectors?  {proof}; the lookup skips the zeros.")
-    if a["tied"]:
-        tie = (f"one tensor: out_head.weight and tok_emb.weight share their storage (the same data_ptr), "
-               f"{tr.params['total']:,} parameters, {tr.params['total_untied']:,} if untied")
-    elif a["equal_values"]:
-        tie = ("two tensors with equal values: a copy, not a tie (different data_ptr; the book's loader copies "
-               "the embedding), so training would move them apart")
-    else:
-        tie = f"two separate tensors (untied): {tr.params['total']:,} parameters"
-    lines.append(f"  4. Are there weight matrices for both, and are they shared?  {tie}.")
-    lines += ["", "where positions enter"]
-    scaled = ", with Llama 3's frequency scaling" if att["rope_scaled"] else ""
-    lines.append(f"  No pos_emb: tok_emb's output is the same for a token wherever it stands. Inside every attention "
-                 f"the queries and keys (not the values) are rotated by RoPE, base {att['rope_base']:,.0f}{scaled}, "
-                 "each pair of dimensions (i, i + hd/2) turning by an angle that grows with the position.")
-    if att["qk_norm"]:
-        lines.append("  QK-norm: each query and key head is RMS-normed before the rotation.")
-    lines += ["", "the heads"]
-    lines.append(f"  queries {_shape(att['q_shape'])}, keys and values {_shape(att['kv_shape'])}: {h} query heads "
-                 f"share {g} key/value heads, {att['group_size']} each (repeat_interleave):")
-    lines.append("  " + "  ".join(f"kv{j}: q{grp[0]}..q{grp[-1]}" for j, grp in enumerate(att["groups"])))
-    if tr.next_tokens:
-        lines += ["", "next token"]
-        lines += [f"  {t['text']!r:<16} {t['prob']:.4f}" for t in tr.next_tokens]
-    return "\n".join(lines)
-
-
 # --- what changed from GPT-2 (explain --compare gpt2) ---------------------------------------------
 
 def _count(*modules_or_params) -> int:
@@ -206,7 +158,18 @@ def _shapes(module: nn.Module) -> str:
     return ", ".join(f"{name or 'weight'} {list(p.shape)}" for name, p in module.named_parameters())
 
 
-def changes_from_gpt2(model: nn.Module, gpt2: nn.Module) -> list[dict[str, Any]]:
+@dataclass
+class GPT2Changes(Result):
+    """What changed from GPT-2 to a Qwen3/Llama model: one row per stage, with both models' shapes and counts."""
+
+    family: str
+    rows: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def changes_from_gpt2(model: nn.Module, gpt2: nn.Module) -> GPT2Changes:
     """GPT-2 and a Qwen3/Llama model stage by stage, in the order of the book's GPT-to-Llama bonus chapter
     (ch05/07_gpt_to_llama), with shapes and parameter counts read from the two live models."""
     g_blk, f_blk = gpt2.trf_blocks[0], model.trf_blocks[0]
@@ -247,7 +210,7 @@ def changes_from_gpt2(model: nn.Module, gpt2: nn.Module) -> list[dict[str, Any]]
     rows.append({"change": "total", "gpt2": f"{n_g} blocks, d {gpt2.tok_emb.weight.shape[1]}",
                  "family": f"{n_f} blocks, d {cfg.emb_dim}", "gpt2_params": _count(gpt2),
                  "family_params": _count(model)})
-    return rows
+    return GPT2Changes(cfg.family, rows)
 
 
 def _tied(model: nn.Module) -> bool:
@@ -257,12 +220,3 @@ def _tied(model: nn.Module) -> bool:
 def _head_words(model: nn.Module) -> str:
     w = list(model.out_head.weight.shape)
     return f"out_head {w}, " + ("tok_emb's own storage (tied)" if _tied(model) else "its own weights (untied)")
-
-
-def render_changes_text(rows: list[dict[str, Any]], family: str) -> str:
-    lines = [f"what changed from GPT-2 to {FAMILY_NAMES[family]} (the book's ch05/07_gpt_to_llama order)", ""]
-    for r in rows:
-        lines.append(f"{r['change']}")
-        lines.append(f"  GPT-2   {r['gpt2_params']:>13,}  {r['gpt2']}")
-        lines.append(f"  {FAMILY_NAMES[family]:<7} {r['family_params']:>13,}  {r['family']}")
-    return "\n".join(lines)
