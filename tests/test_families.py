@@ -292,3 +292,19 @@ def test_a_qwen3_moe_folder_is_refused_in_one_line(tmp_path):
     import glassgpt
     with pytest.raises(ConfigError, match=r"^a mixture-of-experts config \(128 experts, 8 per token\) is not covered"):
         glassgpt.load_model(tmp_path)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_glassgpt_export_writes_the_books_pth_and_an_hf_folder_of_a_family_model(family, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+    from glassgpt.cli import main
+    ours = randomize_(build_model(TINY[family]), seed=6)
+    export_family_hf(ours, tmp_path / "src")
+    assert main(["export", str(tmp_path / "src"), "--format", "pth", "--out", str(tmp_path / "model.pth")]) == 0
+    assert main(["export", str(tmp_path / "model.pth"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    assert main(["export", str(tmp_path / "model.pth"), "--format", "gguf", "--out", str(tmp_path / "m.gguf")]) == 2
+    assert "--format gguf writes GPT-2's llama.cpp layout" in capsys.readouterr().err
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
+    with torch.no_grad():
+        assert torch.equal(load_book_family(tmp_path / "model.pth")(ids()), ours(ids()))
+        torch.testing.assert_close(hf(ids()).logits, ours(ids()), rtol=0, atol=1e-5)

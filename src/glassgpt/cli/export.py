@@ -14,6 +14,8 @@ from ..formats import export_hf, load_model, load_tokenizer
 from ..formats.book import book_cfg, book_state_dict, dropout_note
 from ..formats.files import atomic_write, clean_leftovers
 from ..formats.gguf import write_gguf
+from ..families import is_family_model
+from ..formats.families import export_family_book, export_family_hf
 from .common import positive_int
 
 
@@ -78,6 +80,8 @@ def run_export(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise GlassError(f"--out {out} exists: pass --force to write over it, or choose another name")
     model = load_model(args.model, device="cpu", dtype="float32", n_heads=args.n_heads)
+    if is_family_model(model):
+        return _export_family(args, model, out)
     note = dropout_note(args.model, model.cfg)
     if note:
         print(f"note: {note}")
@@ -103,4 +107,20 @@ def run_export(args: argparse.Namespace) -> int:
     if model.cfg.num_classes is not None:  # chapter 6 swaps the head before loading
         print(f"    model.out_head = torch.nn.Linear({model.cfg.emb_dim}, {model.cfg.num_classes})")
     print(f"    model.load_state_dict(torch.load({str(out)!r}, weights_only=True))")
+    return 0
+
+
+def _export_family(args: argparse.Namespace, model, out: Path) -> int:
+    """A Qwen3 or Llama 3.2 model: the book's Qwen3Model/Llama3Model .pth (+ its config .json), or an HF folder."""
+    name = type(model).__name__
+    if args.format == "gguf":
+        raise GlassError(f"--format gguf writes GPT-2's llama.cpp layout; export a {name} as pth or hf")
+    if args.format == "hf":
+        export_family_hf(model, out)
+        print(f"wrote {out}/config.json and model.safetensors: transformers.AutoModelForCausalLM.from_pretrained("
+              f"{str(out)!r}) loads it (copy the tokenizer files beside them)")
+        return 0
+    export_family_book(model, out)
+    print(f"wrote {out} and {out.with_suffix('.json')}: the book's {name}(cfg).load_state_dict(torch.load({str(out)!r}, "
+          "weights_only=True)) accepts it, with cfg the .json's dict (its dtype a torch dtype)")
     return 0

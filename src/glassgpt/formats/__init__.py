@@ -9,7 +9,10 @@
   - a hub id such as `openai-community/gpt2`, fetched with huggingface_hub and cached (hub.py);
   - the book's files: a state dict saved by its GPTModel (`model.pth`, book.py), or the
     OpenAI folder its gpt_download.py writes (`gpt2/124M/`, a TensorFlow checkpoint: openai.py);
-  - a GGUF file in llama.cpp's GPT-2 layout (gguf.py), as `glassgpt export --format gguf` writes it.
+  - a GGUF file in llama.cpp's GPT-2 layout (gguf.py), as `glassgpt export --format gguf` writes it;
+  - Qwen3 and Llama 3.2 (families.py): a Hugging Face folder (Qwen3ForCausalLM, LlamaForCausalLM;
+    sharded safetensors) or the book's .pth with its config .json; their glass models are
+    glassgpt.families', not GPTModel, and their tokenizers family_tokenizers.py's.
 
 Each reader checks its file before it builds anything from it (checks.py: the config's values,
 the config against the tensors' shapes, in the file's own words), and every one of them ends in
