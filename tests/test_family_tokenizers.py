@@ -141,3 +141,21 @@ def test_a_gemma_folder_is_refused_by_load_model_naming_its_architecture(tmp_pat
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: {tmp_path / 'config.json'} is a Gemma3ForCausalLM (gemma3): glassgpt covers Qwen3ForCausalLM "
         "(qwen3), LlamaForCausalLM (llama3) and GPT2LMHeadModel (gpt2)"]
+
+
+def test_load_model_and_load_tokenizer_read_a_llama_folder_with_its_tokenizer_model(tmp_path, llama_tokenizer_model):
+    from glassgpt.families import Llama3Model, RopeFreq
+    from glassgpt.errors import ConfigError
+    cfg = FamilyConfig(family="llama3", vocab_size=128_256, context_length=32, emb_dim=8, n_heads=2, n_layers=1,
+                       hidden_dim=16, n_kv_groups=1, rope_base=500_000.0, rope_freq=RopeFreq(), norm_eps=1e-5,
+                       tie_embeddings=True)
+    torch.manual_seed(0)
+    export_family_hf(build_model(cfg).eval(), tmp_path)
+    (tmp_path / "original").mkdir()
+    (tmp_path / "original" / "tokenizer.model").write_bytes(llama_tokenizer_model.read_bytes())  # as Meta's repos keep it
+    model, tok = glassgpt.load_model(tmp_path), glassgpt.load_tokenizer(tmp_path)
+    assert isinstance(model, Llama3Model) and model.cfg == cfg and isinstance(tok, Llama3Tokenizer)
+    ids = tok.chat("hi")
+    assert generate(model, ids, 3).shape == (1, len(ids) + 3)
+    with pytest.raises(ConfigError, match="sets its own shapes: drop n_heads"):
+        glassgpt.load_model(tmp_path, n_heads=2)

@@ -103,6 +103,9 @@ def load_model(spec: str | os.PathLike | nn.Module = "gpt2", device: str | torch
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if families.is_family_spec(spec):  # Qwen3 or Llama 3.2 (families/): their own glass models
+        if config is not None or n_heads is not None:
+            raise ConfigError(f"{spec} is a Qwen3/Llama model whose config.json sets its own shapes: drop "
+                              f"{'config=' if config is not None else 'n_heads (--n-heads)'}")
         return families.load_family(spec, dev, dt)
     spec = str(spec)
     _check_n_heads(spec, n_heads)
