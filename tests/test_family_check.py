@@ -176,3 +176,21 @@ def test_a_tie_that_copies_is_named_by_storage():
     assert result.notes and "is a copy, not the same tensor (its data_ptr differs)" in result.notes[0]
     port.out_head.weight = port.tok_emb.weight  # a real tie: no note
     assert glassgpt.check(port).notes == []
+
+
+def test_glassgpt_check_runs_a_readers_qwen3_file(tmp_path, capsys):
+    import json
+    from glassgpt.cli import main
+    (tmp_path / "my_qwen3.py").write_text(
+        "import llms_from_scratch.qwen3 as book\n\n\n"
+        "class Qwen3Model(book.Qwen3Model):\n"
+        "    def __init__(self, cfg):\n"
+        "        super().__init__(cfg)\n"
+        "        cos, sin = book.compute_rope_params(cfg['head_dim'], theta_base=10_000, context_length=cfg['context_length'])\n"
+        "        self.register_buffer('cos', cos, persistent=False)  # the wrong base: 10,000 instead of cfg's\n"
+        "        self.register_buffer('sin', sin, persistent=False)\n")
+    (tmp_path / "qwen.json").write_text(json.dumps(QWEN.to_book_dict("float32")))
+    assert main(["check", f"{tmp_path / 'my_qwen3.py'}:Qwen3Model", "--config", str(tmp_path / "qwen.json")]) == 1
+    out = capsys.readouterr().out
+    assert "trf_blocks.0.att is the first stage that differs" in out
+    assert "RoPE runs with theta base 10,000, not the config's rope_base 1,000,000" in out

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from ..errors import GlassError
-from ..explain.verify import DEFAULT_TEXT, check
+from ..explain.verify import DEFAULT_TEXT
+from ..explain.verify_family import check  # GPT-2, or a Qwen3/Llama port of the book's classes
 from ..formats.files import read_json
 
 
@@ -35,6 +36,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def run_check(args: argparse.Namespace) -> int:
     cls = load_class(args.target)
     config = read_json(args.config, what="config")
+    if isinstance(config.get("dtype"), str):  # the book's Qwen3/Llama dicts hold a torch dtype; JSON its name
+        config["dtype"] = getattr(torch, config["dtype"].removeprefix("torch."), None)
+        if not isinstance(config["dtype"], torch.dtype):
+            raise GlassError(f"{args.config}: dtype must name a torch dtype such as \"float32\" or \"bfloat16\"")
     torch.manual_seed(args.seed)
     try:
         model = cls(config)
