@@ -113,3 +113,12 @@ def test_glassgpt_explain_compare_gpt2_prints_the_changes(tmp_path, monkeypatch,
                       str(tmp_path / "gpt2.json"))
     assert "what changed from GPT-2 to Llama 3" in out
     assert "no weights: cos/sin tables [32, 4] rotate q and k inside every attention" in out
+
+
+def test_a_family_trace_and_a_port_check_show_in_a_notebook_cell():
+    import glassgpt
+    tr = family_trace(model_of(QWEN), TOK, TEXT)
+    cell = tr._repr_html_()
+    assert cell.startswith("<pre>") and "the four questions" in cell and "&#x27;" in cell  # escaped quotes
+    result = glassgpt.check(book_qwen.Qwen3Model(QWEN.to_book_dict(torch.float32)))
+    assert result.ok and "tok_emb" in result._repr_html_()

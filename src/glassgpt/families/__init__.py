@@ -9,7 +9,6 @@ attention, SwiGLU) and a KV cache (cache.py); GPT-2 (model.py) stays as the book
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from .cache import KVCache
@@ -22,7 +21,7 @@ FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Mod
 assert tuple(FAMILIES) == FAMILY_NAMES
 
 __all__ = ["FAMILIES", "FAMILY_PRESETS", "FamilyConfig", "KVCache", "Llama3Model", "Qwen3Model", "RopeFreq",
-           "build_model", "family_config", "is_family_model", "raise_moe", "random_family_model"]
+           "build_model", "family_config", "is_family_model", "raise_moe"]
 
 
 def build_model(cfg: FamilyConfig) -> nn.Module:
@@ -33,16 +32,3 @@ def build_model(cfg: FamilyConfig) -> nn.Module:
 def is_family_model(model: object) -> bool:
     return isinstance(model, tuple(FAMILIES.values()))
 
-
-def random_family_model(cfg: FamilyConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu") -> nn.Module:
-    """A model of `cfg` with random weights: N(0, 0.02) matrices, norms at 1, seeded whatever the RNG's state."""
-    model = build_model(cfg)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # a tied matrix is drawn once
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-            else:
-                p.fill_(1.0)
-    return model.to(device=device, dtype=dtype).eval()

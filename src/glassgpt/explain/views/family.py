@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 from ..family import FAMILY_NAMES, FamilyTrace, GPT2Changes
 
 
@@ -60,3 +62,8 @@ def render_changes_text(changes: GPT2Changes, **_options) -> str:
         lines.append(f"  GPT-2   {r['gpt2_params']:>13,}  {r['gpt2']}")
         lines.append(f"  {FAMILY_NAMES[family]:<7} {r['family_params']:>13,}  {r['family']}")
     return "\n".join(lines)
+
+
+def family_html(result: FamilyTrace | GPT2Changes) -> str:
+    """A notebook cell: the text view, as it reads in the terminal (no picture for these families yet)."""
+    return f"<pre>{html.escape(result.to_text())}</pre>"
