@@ -119,6 +119,19 @@ def test_a_family_trace_and_a_port_check_show_in_a_notebook_cell():
     import glassgpt
     tr = family_trace(model_of(QWEN), TOK, TEXT)
     cell = tr._repr_html_()
-    assert cell.startswith("<pre>") and "the four questions" in cell and "&#x27;" in cell  # escaped quotes
+    assert cell.startswith("<svg") and "<pre>" in cell and "the four questions" in cell
+    assert "&#x27;" in cell  # the text's quotes escaped
     result = glassgpt.check(book_qwen.Qwen3Model(QWEN.to_book_dict(torch.float32)))
     assert result.ok and "tok_emb" in result._repr_html_()
+
+
+def test_the_picture_draws_every_stage_and_each_key_value_group(tmp_path, monkeypatch, capsys):
+    tr = family_trace(model_of(LLAMA), TOK, TEXT)
+    d = tr.picture()
+    assert [r.key for r in d.keyed("stage:")] == [f"stage:{s['name']}" for s in tr.stages]
+    assert len(d.keyed("kv:")) == LLAMA.n_kv_groups
+    export_family_hf(model_of(LLAMA), tmp_path / "llama")
+    run_explain(monkeypatch, capsys, TEXT, "--model", str(tmp_path / "llama"), "--format", "svg", "--out",
+                str(tmp_path / "flow.svg"))
+    svg = (tmp_path / "flow.svg").read_text()
+    assert svg.startswith("<svg") and "repeat_interleave" in svg and "kv1" in svg

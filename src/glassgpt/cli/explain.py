@@ -127,22 +127,22 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def _run_family(args: argparse.Namespace, model, tok: Tokenizer) -> int:
-    if args.why or args.format in ("svg", "png") or args.attention or args.embedding_vs_linear:
-        raise GlassError(f"for a {model.cfg.family} model explain has its text and JSON views only, and --compare "
-                         "with a GPT-2: drop --why, --attention, --embedding-vs-linear and --format svg/png")
+    if args.why or args.attention or args.embedding_vs_linear:
+        raise GlassError(f"for a {model.cfg.family} model explain has its text, JSON and picture views, and --compare "
+                         "with a GPT-2: drop --why, --attention and --embedding-vs-linear")
     if args.compare:
         gpt2 = load_model(args.compare, device=model.tok_emb.weight.device, dtype=model.tok_emb.weight.dtype)
         if is_family_model(gpt2):
             raise GlassError(f"--compare {args.compare} is not a GPT-2: explain --compare shows what changed from "
                              "GPT-2 (give gpt2, or a GPT-2 checkpoint)")
         changes = changes_from_gpt2(model, gpt2)
+        if args.format in ("svg", "png"):
+            raise GlassError("what changed from GPT-2 is text (or --format json): drop --format " + args.format)
         if args.format == "json":
             return emit(json.dumps(changes.to_dict(), indent=2), args.out)
         return emit(changes.to_text(), args.out)
     tr = family_trace(model, tok, args.prompt, top_k=args.top_k)
-    if args.format == "json":
-        return emit(json.dumps(tr.to_dict(), indent=2, ensure_ascii=False), args.out)
-    return emit(tr.to_text(), args.out)
+    return _show(args, tr.to_dict(), tr.picture, lambda color: tr.to_text())
 
 
 def _run_passage(args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
     text.py       a Trace in the terminal                diagram.py  a Trace's picture; attention heatmaps
     why.py        a Why: text, picture, HTML             passage.py  a Passage: text and picture
     compare.py    a Comparison: text and picture         diff.py     a WeightDiff: text and picture
-    family.py     a Qwen3/Llama FamilyTrace, and what changed from GPT-2: text (and it, in a notebook cell)
+    family.py     a Qwen3/Llama FamilyTrace (text, picture) and what changed from GPT-2 (text)
     notebook.py   each result's notebook cell (its picture and key lines); show(model, text)
     draw.py       boxes, text and lines, measured; written as SVG or PNG
 
@@ -22,7 +22,7 @@ from ..why import Why
 from .compare import comparison_layout, comparison_text
 from .diagram import layout as trace_layout
 from .diff import diff_layout, diff_text
-from .family import family_html, render_changes_text, render_family_text
+from .family import family_html, family_layout, render_changes_text, render_family_text
 from .notebook import check_html, check_layout, comparison_html, diff_html, passage_html, trace_html
 from .passage import passage_layout, passage_text
 from .text import render_text
@@ -33,6 +33,6 @@ register(Why, text=why_text, picture=why_layout, html=why_html)
 register(Passage, text=passage_text, picture=passage_layout, html=passage_html)
 register(Comparison, text=comparison_text, picture=comparison_layout, html=comparison_html)
 register(WeightDiff, text=diff_text, picture=diff_layout, html=diff_html)
-register(FamilyTrace, text=render_family_text, html=family_html)
+register(FamilyTrace, text=render_family_text, picture=family_layout, html=family_html)
 register(GPT2Changes, text=render_changes_text, html=family_html)
 register(CheckResult, picture=check_layout, html=check_html)  # its text is CheckResult.to_text, in verify.py

@@ -5,6 +5,10 @@ from __future__ import annotations
 import html
 
 from ..family import FAMILY_NAMES, FamilyTrace, GPT2Changes
+from . import draw
+from .draw import GRAY, INK, MUTED, Drawing, Line, Rect, Text
+
+TRANSITION = "#b45309"  # the two stages where the width changes (V -> d, d -> V), as the GPT-2 picture marks them
 
 
 def _shape(shape) -> str:
@@ -64,6 +68,35 @@ def render_changes_text(changes: GPT2Changes, **_options) -> str:
     return "\n".join(lines)
 
 
+def family_layout(tr: FamilyTrace, width: float = 980, **_options) -> Drawing:
+    """The flow top to bottom, one box per stage with its shape, and the key/value groups beside the attention."""
+    cfg, att = tr.config, tr.attention
+    d = Drawing()
+    d.add(Text(20, 30, f"{FAMILY_NAMES[tr.family]}: {cfg['n_layers']} blocks, d {cfg['emb_dim']:,}, "
+                       f"V {cfg['vocab_size']:,}", size=16, bold=True, color=INK))
+    x, y, w, h = 20.0, 50.0, 560.0, 40.0
+    for i, s in enumerate(tr.stages):
+        changes_width = s["name"] in ("tok_emb", "out_head")
+        d.add(Rect(x, y, w, h, fill="white", stroke=TRANSITION if changes_width else GRAY, key=f"stage:{s['name']}"))
+        d.add(Text(x + 10, y + 17, f"{s['name']}  {_shape(s['shape'])}", size=13, bold=True, mono=True))
+        d.add(Text(x + 10, y + 33, draw.fit(s["note"], w - 20, 11), size=11, color=MUTED))
+        if i:
+            d.add(Line([(x + w / 2, y - 14), (x + w / 2, y)]))
+        y += h + 14
+    # the groups: each key/value head and the query heads that read it (repeat_interleave)
+    gx, gy = x + w + 40, 50.0
+    d.add(Text(gx, gy + 12, f"{cfg['n_heads']} query heads, {cfg['n_kv_groups']} key/value heads", size=13, bold=True))
+    for j, group in enumerate(att["groups"]):
+        row = gy + 28 + j * 26
+        d.add(Rect(gx, row, 52, 20, fill="#eef2ff", key=f"kv:{j}"))
+        d.add(Text(gx + 26, row + 14, f"kv{j}", size=11, anchor="middle", mono=True))
+        d.add(Text(gx + 62, row + 14, "  ".join(f"q{q}" for q in group), size=11, mono=True, color=MUTED))
+    d.add(Text(gx, gy + 48 + len(att["groups"]) * 26, "RoPE turns q and k in every block; no pos_emb", size=11,
+               color=MUTED))
+    return d.fit_canvas(width, y)
+
+
 def family_html(result: FamilyTrace | GPT2Changes) -> str:
-    """A notebook cell: the text view, as it reads in the terminal (no picture for these families yet)."""
-    return f"<pre>{html.escape(result.to_text())}</pre>"
+    """A notebook cell: the picture (a FamilyTrace's), then the text view as it reads in the terminal."""
+    svg = draw.to_svg(result.picture()) if isinstance(result, FamilyTrace) else ""
+    return f"{svg}<pre>{html.escape(result.to_text())}</pre>"
