@@ -1,11 +1,12 @@
 """Any GPT-2-shaped nn.Module, taken as it is: a glassgpt GPTModel over the module's own tensors.
 
-    adopt(module, ids) -> GPTModel
+    adopt(module, ids) -> GPTModel (or, for a Qwen3 or Llama 3 module, the glass model of its family)
 
 The seam every function that takes a model goes through (explain, why, generate, eval, diff):
 the book's GPTModel (with or without its `mask` buffers) or a reader's copy with the book's
 names, nanoGPT's GPT, transformers' GPT2LMHeadModel (its Conv1D matrices are read transposed),
-or glassgpt's own. Nothing is copied: every parameter of the returned model is a view of the
+or glassgpt's own; and the book's next models, Qwen3 and Llama 3 (families/adopt.py: the book's
+classes, their KV-cache variants, transformers' Qwen3ForCausalLM and LlamaForCausalLM). Nothing is copied: every parameter of the returned model is a view of the
 module's storage, so it sees the module's weights as they change. The config is read from the
 tensors' shapes and the module's attributes (the head count from `num_heads` / `n_head`).
 
@@ -31,6 +32,8 @@ from torch import nn
 
 from .config import GPTConfig
 from .errors import ConfigError, GlassError, NonFiniteError, PromptError
+from .families import FamilyConfig, is_family_model
+from .families.adopt import build_family_glass, family_layout, family_line
 from .model import GPTModel
 from .tokenizer import Tokenizer, check_fits
 
@@ -55,6 +58,7 @@ class Layout:
     drop_rate: float = 0.0
     exact_gelu: bool = False
     notes: list[str] = field(default_factory=list)
+    family: FamilyConfig | None = None  # a Qwen3 or Llama 3 module: the config its glass model is built from
 
 
 @dataclass
@@ -73,12 +77,13 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None) ->
     which, the first time the module is used with one, its own logits are checked against
     glassgpt's forward. Raises a one-line GlassError for a module of no known kind, on mixed
     devices or dtypes, or whose logits glassgpt's forward does not reproduce; with `ids` (it is
-    about to compute), also for weights that cannot compute (check_computable) and ids past its rows."""
-    if isinstance(module, GPTModel) or isinstance(getattr(module, "model", None), GPTModel):
+    about to compute), also for weights that cannot compute (check_computable) and ids past its rows.
+    A Qwen3 or Llama 3 glass model (families/) is returned as it is, checked the same way."""
+    if isinstance(module, GPTModel) or is_family_model(module) or isinstance(getattr(module, "model", None), GPTModel):
         if ids is not None:  # about to compute on it
             check_computable(module)
             check_prompt_ids(ids, module.cfg.vocab_size)
-        return module if isinstance(module, GPTModel) else module.model  # an engine, compiled or not, runs a GPTModel
+        return module if isinstance(module, GPTModel) or is_family_model(module) else module.model  # an engine runs a GPTModel
     if not isinstance(module, nn.Module):
         raise GlassError(f"a model must be an nn.Module, got {type(module).__name__}")
     if ids is not None:
@@ -306,9 +311,14 @@ def _adoption(module: nn.Module) -> _Adoption:
     found = _ADOPTED.get(module)
     if found is not None and found.fingerprint == fingerprint:
         return found
-    layout = layout_of(module)
+    family = family_layout(module)
+    if family is not None:
+        kind, cfg, tensors, stages = family
+        layout = Layout(kind, tensors, cfg.n_heads, stages, cfg.norm_eps, family=cfg)
+    else:
+        layout = layout_of(module)
     _check_placement(module)
-    found = _Adoption(_build(module, layout), layout, fingerprint)
+    found = _Adoption(_build_family(module, layout) if layout.family else _build(module, layout), layout, fingerprint)
     _ADOPTED[module] = found
     return found
 
@@ -377,6 +387,13 @@ def _build(module: nn.Module, layout: Layout) -> GPTModel:
     glass.adopted_from = "; ".join([f"{layout.kind} ({_config_line(cfg)}{gelu}), read in place{n_heads}"] + layout.notes)
     glass.adopted_kind = layout.kind
     return glass.eval()
+
+
+def _build_family(module: nn.Module, layout: Layout) -> nn.Module:
+    glass = build_family_glass(module, layout.family, layout.tensors)
+    glass.adopted_from = f"{layout.kind} ({family_line(layout.family)}), read in place"
+    glass.adopted_kind = layout.kind
+    return glass
 
 
 def _has_submodule(glass: GPTModel, path: str) -> bool:

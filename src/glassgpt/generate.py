@@ -45,8 +45,9 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
 
 def glass_model(model: nn.Module) -> GPTModel:
     """The GPTModel itself: `model`, the one an Engine (compiled or not) runs, or a reader's module
-    read in place (adopt.py); a Qwen3 or Llama 3 model (families/) as it is."""
-    return model if is_family_model(model) else adopt(model)
+    read in place (adopt.py); a Qwen3 or Llama 3 model (families/) as it is, or the glass model of one
+    read in place from the book's or transformers' module."""
+    return adopt(model)
 
 
 class GlassSteps:
@@ -134,8 +135,8 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     draw from the random generator, so the ids stay those of a run without it.
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p)
-    family = is_family_model(model)
-    glass = model if family else adopt(model, ids)  # a reader's module is read in place, checked once
+    glass = adopt(model, ids)  # a reader's module is read in place, checked once
+    family = is_family_model(glass)
     if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
         use_cache = False
     if use_cache:

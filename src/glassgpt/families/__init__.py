@@ -5,6 +5,8 @@
 
 They share one config type (config.py), their pieces (layers.py: RMSNorm, RoPE, grouped-query
 attention, SwiGLU) and a KV cache (cache.py); GPT-2 (model.py) stays as the book's chapter 4 has it.
+memory.py counts their bytes from the config; adopt.py reads the book's and transformers' Qwen3 and
+Llama modules in place (what glassgpt.adopt calls for them).
 """
 
 from __future__ import annotations
