@@ -11,6 +11,7 @@ Llama modules in place (what glassgpt.adopt calls for them).
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from .cache import KVCache
@@ -23,7 +24,7 @@ FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Mod
 assert tuple(FAMILIES) == FAMILY_NAMES
 
 __all__ = ["FAMILIES", "FAMILY_PRESETS", "FamilyConfig", "KVCache", "Llama3Model", "Qwen3Model", "RopeFreq",
-           "build_model", "family_config", "is_family_model", "raise_moe"]
+           "build_model", "family_config", "is_family_model", "raise_moe", "random_family_model"]
 
 
 def build_model(cfg: FamilyConfig) -> nn.Module:
@@ -34,3 +35,19 @@ def build_model(cfg: FamilyConfig) -> nn.Module:
 def is_family_model(model: object) -> bool:
     return isinstance(model, tuple(FAMILIES.values()))
 
+
+
+def random_family_model(cfg: FamilyConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu") -> nn.Module:
+    """A model of `cfg` with random weights (a new training run, the benchmarks): N(0, 0.02) matrices,
+    norms at 1, drawn from a generator of its own, so the same seed gives the same weights whatever
+    the global RNG's state."""
+    model = build_model(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():  # a tied matrix is drawn once
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+            else:
+                p.fill_(1.0)
+    return model.to(device=device, dtype=dtype).eval()

@@ -39,7 +39,7 @@ from .. import config as _config, tokenizer as _tokenizer
 from ..adopt import adopt
 from ..config import PRESETS, GPTConfig, init_scheme
 from ..device import resolve_device, resolve_dtype
-from ..families import FAMILY_PRESETS
+from ..families import FAMILY_PRESETS, FamilyConfig, family_config, random_family_model
 from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
 from ..model import GPTModel, init_name
 from ..tokenizer import Tokenizer
@@ -221,9 +221,23 @@ def get_tokenizer(spec: str | os.PathLike = "gpt2", text: str | None = None) -> 
 
 def get_config(spec: str | os.PathLike | GPTConfig, **overrides: Any) -> GPTConfig:
     """A preset by name, or a config from a JSON file, with field overrides applied (None: unchanged)."""
-    if not isinstance(spec, GPTConfig) and str(spec) not in PRESETS and Path(spec).suffix == ".json":
+    if not isinstance(spec, (GPTConfig, FamilyConfig)) and str(spec) not in PRESETS and Path(spec).suffix == ".json":
         spec = read_config_file(spec)
+    if isinstance(spec, FamilyConfig) or str(spec) in FAMILY_PRESETS:
+        return _family_config(spec, overrides)
     return _config.get_config(spec if isinstance(spec, GPTConfig) else str(spec), **overrides)
+
+
+def _family_config(spec: str | FamilyConfig, overrides: dict[str, Any]) -> FamilyConfig:
+    """A Qwen3 or Llama 3 config (a preset or a config file's) with the overrides its fields take."""
+    drop = overrides.pop("drop_rate", None)
+    if drop:
+        raise ConfigError(f"Qwen3 and Llama 3 have no dropout, so drop_rate {drop} cannot apply: drop --drop-rate")
+    heads = overrides.get("n_heads")
+    if heads is not None and overrides.get("n_kv_groups") is None:  # keep each group's share when it divides
+        base = family_config(spec)
+        overrides["n_kv_groups"] = base.n_kv_groups if heads % base.n_kv_groups == 0 else heads
+    return family_config(spec, **overrides)
 
 
 def load_meta(spec: str | os.PathLike) -> dict[str, Any]:
@@ -264,6 +278,8 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
     The same seed gives the same weights whatever the RNG's state; "pytorch-default" draws on the CPU
     (as the book's code does) and then moves the weights to `device`. A config too big for this
     machine's memory is refused before anything is allocated."""
+    if isinstance(cfg, FamilyConfig):  # Qwen3 or Llama 3: N(0, 0.02) matrices, norms at 1
+        return random_family_model(cfg, seed, dtype, device)
     check_buildable(cfg, dtype, device, source or "the config")
     model = meta_model(cfg)
     model.to_empty(device="cpu" if init_name(init) == "pytorch-default" else device)

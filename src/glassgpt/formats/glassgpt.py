@@ -35,12 +35,14 @@ from safetensors.torch import save_file
 
 from ..config import GPTConfig
 from ..errors import CheckpointError, ConfigError, GlassError, TokenizerError
+from ..families import FamilyConfig
 from ..model import GPTModel
 from ..tokenizer import Tokenizer, tokenizer_from_dict
 from ..version import __version__
 from .checks import GLASSGPT, check_sizes, expected_shapes, meta_model
 from .files import (DirFile, OpenDir, atomic_write, checkpoint_tensors, leftover_of, read_json, refuse_leftover, read_safetensors,
                     special_file, tensor_shapes, weights_file)
+from .families import model_from_book_state
 from .hf import HF, config_from_hf, hf_shapes, hf_to_glassgpt
 
 # A run directory's checkpoints, in order of preference; `.NAME.old` is a complete checkpoint
@@ -168,7 +170,8 @@ def checkpoint_config(path: Path | OpenDir) -> tuple[GPTConfig, bool]:
         check_sizes(cfg, hf_shapes(shapes), HF, source, weights)
         return cfg, True
     cfg = config_from_values(raw, source)
-    check_sizes(cfg, shapes, GLASSGPT, source, weights)
+    if not isinstance(cfg, FamilyConfig):  # a family's names and shapes are checked as its model is built
+        check_sizes(cfg, shapes, GLASSGPT, source, weights)
     return cfg, False
 
 
@@ -176,6 +179,8 @@ def config_from_values(values: dict[str, Any], source: str, error: type[Exceptio
     """GPTConfig from glassgpt's own config.json fields (the book's names); errors name the file."""
     values = {k: v for k, v in values.items() if k != "glassgpt_version"}
     try:
+        if "family" in values:  # a Qwen3 or Llama 3 model glassgpt trained or saved (families/)
+            return FamilyConfig.from_dict(values)
         return GPTConfig.from_dict(values)
     except ConfigError as e:
         raise error(f"{source}: {e}") from None
@@ -216,6 +221,8 @@ def _load_model(ckpt: OpenDir, device: torch.device, dtype: torch.dtype) -> GPTM
     if (ckpt / "train_state.json").is_file():  # a training checkpoint: its files' sha256, finite weights
         verify_checkpoint(ckpt, MODEL_FILES)
     cfg, hf_layout = checkpoint_config(ckpt)
+    if isinstance(cfg, FamilyConfig):
+        return model_from_book_state(cfg, dict(checkpoint_tensors(ckpt)), str(ckpt), device, dtype)
     if hf_layout:
         tensors = hf_to_glassgpt(checkpoint_tensors(ckpt), cfg)
     else:

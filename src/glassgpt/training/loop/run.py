@@ -275,6 +275,7 @@ def trained_parts(model: nn.Module) -> dict[str, str]:
     for explain's picture, page and text."""
     parts = ["tok_emb", "pos_emb", *(f"trf_blocks.{i}" for i in range(len(model.trf_blocks))), "final_norm",
              "out_head"]
+    parts = [p for p in parts if p != "pos_emb" or hasattr(model, "pos_emb")]  # Qwen3 and Llama 3 have none
     out = {}
     for part in parts:
         params = list(model.get_submodule(part).named_parameters())
