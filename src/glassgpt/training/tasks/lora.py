@@ -35,10 +35,13 @@ import torch
 from torch import nn
 
 from ...errors import GlassError
+from ...families import FamilyConfig
 from ...model import GPTModel
+from ...formats.families import model_from_book_state
 from ...formats.glassgpt import model_from_state
 
-LORA_TARGETS = ("att.W_query", "att.W_key", "att.W_value", "att.out_proj", "ff.layers.0", "ff.layers.2")
+LORA_TARGETS = ("att.W_query", "att.W_key", "att.W_value", "att.out_proj", "ff.layers.0", "ff.layers.2",
+                "ff.fc1", "ff.fc2", "ff.fc3")  # GPT-2's feed-forward, then SwiGLU's (Qwen3, Llama 3)
 
 
 class LoRALinear(nn.Module):
@@ -165,6 +168,9 @@ def merged_model(model: GPTModel) -> GPTModel:
         w = module.linear.weight
         state[f"{name}.weight"] = w + module.delta_weight().to(w.dtype)
     state = {k: v for k, v in state.items() if not k.rsplit(".", 1)[-1].startswith("lora_")}
+    if isinstance(model.cfg, FamilyConfig):  # Qwen3 or Llama 3: the glass model of its family
+        like = model.tok_emb.weight
+        return model_from_book_state(model.cfg, state, "the merged model", like.device, like.dtype).train(model.training)
     return model_from_state(model.cfg, state).train(model.training)
 
 
