@@ -138,3 +138,38 @@ def test_greedy_tokens_at_batch_2_equal_the_books_batched_kv_cache_code():
     prompt = ids(6, seed=7)
     theirs = book_batched_generate.generate_text_simple(module, prompt, 10)
     assert torch.equal(generate(module, prompt, 10), theirs)
+
+
+def test_generation_feeds_one_token_per_step_through_the_cache_and_never_remakes_ropes_tables(monkeypatch):
+    import glassgpt.families.layers as layers
+    import glassgpt.families.qwen3 as qwen3
+    glass = adopt(book_module("kv_cache.qwen3", seed=5))
+    seen = []
+    glass.tok_emb.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
+    for module in (layers, qwen3):  # made once, when the model was built; generation only slices them
+        monkeypatch.setattr(module, "compute_rope_params", lambda *a, **k: pytest.fail("RoPE's tables made again"))
+    generate(glass, ids(6, seed=7)[:1], 5)
+    assert seen == [6, 1, 1, 1, 1]  # the prompt once, then each new token alone: the cache is used
+
+
+@pytest.mark.parametrize("family", list(TINY))
+def test_the_decoding_twin_shares_the_weights_and_gives_the_glass_models_logits(family):
+    from glassgpt.engine import native
+    from glassgpt.engine.family import gemv_twin
+    from glassgpt.engine.linear import GemvLinear
+    from glassgpt.families import KVCache
+    glass = adopt(book_module(family, tie=True))
+    twin = gemv_twin(glass)
+    assert pointers(twin) == pointers(glass) and twin.tied  # nothing copied
+    ops = native.load()
+    for m in twin.modules():  # glassgpt's kernel on every layer, whichever won here
+        if isinstance(m, GemvLinear) and ops is not None:
+            m.gemv = ops.gemv
+    x = ids(12)
+    caches = [KVCache(glass.cfg, 2, 12), KVCache(glass.cfg, 2, 12)]
+    with torch.no_grad():
+        prompts = [m(x[:, :5], c) for m, c in zip((glass, twin), caches)]
+        assert torch.equal(prompts[0], prompts[1])  # more than GEMV_MAX_ROWS rows: F.linear, as the glass model
+        for i in range(5, 12):
+            ours, twins = (m(x[:, i:i + 1], c) for m, c in zip((glass, twin), caches))
+            torch.testing.assert_close(twins, ours, rtol=0, atol=1e-5)

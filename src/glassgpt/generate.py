@@ -9,7 +9,8 @@ prompt, temperature, top-k and seed, that draws the very tokens the book's `gene
 draws after `torch.manual_seed(seed)` (tests/test_book.py), up to one difference: the
 book stops *before* an `eos_id` and drops it, glassgpt keeps it as the last token.
 
-By default the engine (`glassgpt.engine`) runs the model with a KV cache, so each step
+By default the engine (`glassgpt.engine`; engine/family.py for Qwen3 and Llama 3) runs the model
+with a KV cache, so each step
 feeds it one token; `use_cache=False` is the book's loop instead, the whole sequence
 through the glass model at every step. Either way, when the sequence outgrows
 `context_length` the model sees its last `context_length` tokens (a sliding window).
@@ -26,6 +27,7 @@ from torch import nn
 
 from .adopt import adopt, adopted_from
 from .engine import KVCache, as_engine
+from .engine.family import family_steps
 from .families import KVCache as GroupedKVCache, is_family_model
 from .model import GPTModel
 from .errors import GlassError, NonFiniteError, PromptError
@@ -48,21 +50,6 @@ def glass_model(model: nn.Module) -> GPTModel:
     read in place (adopt.py); a Qwen3 or Llama 3 model (families/) as it is, or the glass model of one
     read in place from the book's or transformers' module."""
     return adopt(model)
-
-
-class GlassSteps:
-    """`prefill` and `decode_one` on a glass model's own forward: a Qwen3 or Llama 3 model, which
-    the engine's fused twin (GPT-2's) does not cover."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-
-    def prefill(self, ids: torch.Tensor, cache) -> torch.Tensor:
-        cache.reset()
-        return self.model(ids, cache, last_only=True)[:, -1]
-
-    def decode_one(self, ids: torch.Tensor, cache) -> torch.Tensor:
-        return self.model(ids[:, None], cache, last_only=True)[:, -1]
 
 
 def as_batch(ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
@@ -140,7 +127,7 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
         use_cache = False
     if use_cache:
-        engine = GlassSteps(glass) if family else as_engine(glass if adopted_from(glass) else model)
+        engine = family_steps(glass) if family else as_engine(glass if adopted_from(glass) else model)
     device = glass.tok_emb.weight.device
     prompt = as_batch(ids, device)
     if max_new_tokens == 0:

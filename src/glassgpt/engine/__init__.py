@@ -23,8 +23,10 @@ the glass model (the same greedy tokens in float32; stated tolerances in bfloat1
                   model's shapes, the choice kept per CPU
     loss.py       cross-entropy a few rows at a time (no float32 copy of the logits)
     mixed.py      bfloat16 training with a float32 master copy (no casts per activation)
+    family.py     Qwen3 and Llama 3 decoding: the glass model's twin with the gemv kernel where it won
 
-generate.py runs every cached generation through `Engine`; training uses `loss.py` and
+generate.py runs every cached generation of GPT-2 through `Engine`, of Qwen3 and Llama 3 through
+family.py's steps; training uses `loss.py` and
 `mixed.py`.
 model.py imports nothing from here: `GPTModel` alone is a complete, correct GPT-2 that
 trains, and `generate(..., use_cache=False)` runs the book's loop on it.
