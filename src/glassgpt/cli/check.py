@@ -13,6 +13,7 @@ import torch
 from ..errors import GlassError
 from ..explain.verify import DEFAULT_TEXT, check
 from ..formats.files import read_json
+from .limits import seed
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, metavar="JSON",
                    help="the config dict the class takes, as a .json file (e.g. the book's GPT_CONFIG_124M)")
     p.add_argument("--weights", metavar="PTH", help="a state dict to load into it (default: its random weights)")
-    p.add_argument("--seed", type=int, default=123, help="torch.manual_seed before building it (default: 123)")
+    p.add_argument("--seed", type=seed, default=123, help="torch.manual_seed before building it (default: 123)")
     p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"the prompt to run (default: {DEFAULT_TEXT!r})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run_check)
