@@ -14,7 +14,7 @@ import torch
 from ..device import pick_threads, resolve_device, resolve_dtype
 from ..errors import GlassError
 from ..model import GPTModel
-from ..tokenizer import Tokenizer, check_fits
+from ..tokenizer import ENDOFTEXT, Tokenizer, check_fits
 from ..errors import KernelWarning, RandomWeightsWarning
 from ..formats import class_labels, load_meta, load_model, load_tokenizer, read_config
 from .. import memory
@@ -144,6 +144,35 @@ def check_training_memory(cfg, dtype: str, batch_size: int, seq_len: int, device
                         memory.available_memory(dev), model_flags, frozen)
     if note:
         say(f"note: {note}", file=sys.stderr)
+
+
+# --- <|endoftext|> in text: plain text unless --allow-special -----------------------------------
+
+ALLOW_SPECIAL_HELP = (f"read {ENDOFTEXT} in {{what}} as the one token that ends a text (id 50256 in GPT-2's "
+                      "vocabulary), as tiktoken's encode(allowed_special={{'<|endoftext|>'}}) and transformers' GPT-2 "
+                      f"tokenizer read it (default: as plain text, the characters <, |, endoftext, ... in 7 tokens, "
+                      "as tiktoken's encode_ordinary; tiktoken's encode refuses it)")
+
+
+def add_special_arg(p: argparse.ArgumentParser, what: str = "the prompt") -> None:
+    p.add_argument("--allow-special", action="store_true", default=None,  # None: not given (a resume's check)
+                   help=ALLOW_SPECIAL_HELP.format(what=what))
+
+
+def special_reading(tokenizer: Tokenizer, text: str, allow: bool, what: str = "the prompt") -> tuple[set[str], str | None]:
+    """(allowed_special for tokenizer.encode, a note saying how ENDOFTEXT in `text` was read, or None when
+    it holds none)."""
+    if allow and tokenizer.eot_id is None:
+        raise GlassError(f"--allow-special reads {ENDOFTEXT} as its token, and this {tokenizer.name} tokenizer has "
+                         f"none: drop --allow-special")
+    allowed = {ENDOFTEXT} if allow else set()
+    if ENDOFTEXT not in text:
+        return allowed, None
+    if allow:
+        return allowed, f"{ENDOFTEXT} in {what} was read as the one token {tokenizer.eot_id} (--allow-special)"
+    pieces = tokenizer.encode(ENDOFTEXT)
+    return allowed, (f"{ENDOFTEXT} in {what} was read as plain text (on its own {len(pieces)} tokens {pieces}); "
+                     f"--allow-special reads it as the one token {tokenizer.eot_id}")
 
 
 def require_language_model(model: GPTModel, spec: str) -> None:

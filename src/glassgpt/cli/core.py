@@ -21,8 +21,8 @@ from ..config import init_scheme
 from ..formats import checkpoint_dir, download, is_random_init, read_config
 from ..formats.gguf import gguf_dtype_note, is_gguf_file
 from ..model import INIT_SCHEMES
-from .common import (add_model_args, check_prompt, encode_prompt, load, nonneg_int, positive_int, probability,
-                     require_language_model, temperature)
+from .common import (add_model_args, add_special_arg, check_prompt, encode_prompt, load, nonneg_int, positive_int, probability,
+                     require_language_model, special_reading, temperature)
 from .limits import MAX_TEMPERATURE, MIN_TEMPERATURE
 from .progress import Heartbeat, duration
 
@@ -44,6 +44,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=probability, default=None,
                    help="sample among the fewest tokens whose probabilities add up to P (default: 1, all of them)")
     p.add_argument("--stop-at-eos", action="store_true", help="stop at <|endoftext|>")
+    add_special_arg(p)
     p.add_argument("--json", action="store_true",
                    help='print {"prompt_ids", "new_ids", "text"} instead of streaming (and "seen" and "note" when '
                         'the prompt is longer than context_length: what the model saw of it)')
@@ -102,7 +103,10 @@ def run_generate(args: argparse.Namespace) -> int:
     report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
     if args.compile:
         model = compile_for_generation(model)
-    prompt_ids = encode_prompt(tok, args.prompt)
+    allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
+    if special_note:
+        print(f"note: {special_note}", file=sys.stderr)
+    prompt_ids = encode_prompt(tok, args.prompt, allowed)
     seen = fit_prompt(prompt_ids, model.cfg.context_length)  # what the model sees of it at the first step
     if seen.note:
         print(f"note: {seen.note}; then the window slides along with each new token", file=sys.stderr)

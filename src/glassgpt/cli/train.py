@@ -31,7 +31,7 @@ from ..errors import GlassError
 from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir, read_config, spec_kind
 from ..formats.book import is_state_dict_file, side_config
 from ..formats.files import atomic_write
-from ..tokenizer import check_fits, get_tokenizer, train_bpe
+from ..tokenizer import ENDOFTEXT, check_fits, get_tokenizer, train_bpe
 from ..training import TrainConfig, plot_run, read_metrics
 from ..training import evaluation, recipes
 from ..training.book import ch05 as book
@@ -40,13 +40,13 @@ from ..training.loop.config import SMALL_TEXT_FINDING, default, runs_as_book
 from ..training.tasks.data import build_tokenizer, resolve_files, scan_file
 from ..training.loop.metrics import snapshot_records
 from ..training.loop.rundir import saved_train_config
-from .common import (add_threads_arg, check_training_memory, fraction, positive_int, require_language_model, say, seed,
+from .common import (add_special_arg, add_threads_arg, check_training_memory, fraction, positive_int, require_language_model, say, seed,
                      set_threads)
 from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16", "auto"]
 MODEL_FLAGS = ("data", "tokenizer", "model", "init", "n_layers", "n_heads", "emb_dim", "context_length",
-               "drop_rate", "val_fraction", "cache_dir", "sample_prompt", "stride", "recipe")
+               "drop_rate", "val_fraction", "cache_dir", "sample_prompt", "stride", "recipe", "allow_special")
 BOOK_DROP_RATE = 0.1  # GPT_CONFIG_124M's: what a state dict, which cannot record it, is assumed to have trained with
 
 
@@ -85,6 +85,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sample-prompt", metavar="TEXT",
                    help="prompt of the samples and snapshots at each evaluation (default: the first tokens of the "
                         f"val split; --recipe book: {book.START_CONTEXT!r})")
+    add_special_arg(p, "the training text (between files it is added as that token either way; --recipe book "
+                       "reads it so always, as the book's code does)")
     add_train_args(p, epochs="none, --max-steps says; --recipe book: 10, the book's",
                    choices={"recipe": recipes.names("train")})
     p.set_defaults(run=run_train)
@@ -185,6 +187,13 @@ def _new_setup(args: argparse.Namespace, start: Start):
             "val_fraction": args.val_fraction if args.val_fraction is not None else 0.1,
             "cache_dir": os.path.abspath(args.cache_dir) if args.cache_dir else "cache",
             "context_length": context, "stride": args.stride or context, "sample_prompt": args.sample_prompt}
+    if args.allow_special:  # (recorded only when given: a resume reads the text as the run did)
+        if tokenizer.eot_id is None:
+            raise GlassError(f"--allow-special reads {ENDOFTEXT} as its token, and the {tokenizer.name} tokenizer has "
+                             "none: drop --allow-special")
+        data["allow_special"] = True
+        say(f"note: {ENDOFTEXT} written in the training text is read as the token {tokenizer.eot_id} "
+            "(--allow-special), as it is between files", file=sys.stderr)
     task, data["fingerprint"], line = recipe.task(files, tokenizer, data, cfg, Path(args.out))
     say(line)
     cfg = _with_epochs(args, cfg, task, start.ranks.world, default=recipe.epochs)
