@@ -90,16 +90,24 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
                         "with one core busy, 2 threads generated 10x slower than 1; OMP_NUM_THREADS=N also sets it)")
 
 
-def set_threads(requested: int | None, emb_dim: int, file=None) -> int:
-    """Set torch's intra-op threads: --threads, else OMP_NUM_THREADS, else device.pick_threads; say which."""
+def set_threads(requested: int | None, emb_dim: int, file=None, recorded: int | None = None) -> int:
+    """Set torch's intra-op threads: --threads, else OMP_NUM_THREADS, else the count a resumed run
+    `recorded`, else device.pick_threads; say which, and when a resume changes the run's count, what
+    that does to exactness."""
     if requested is not None:
         n, why = requested, "--threads"
     elif os.environ.get("OMP_NUM_THREADS"):
         n, why = torch.get_num_threads(), "OMP_NUM_THREADS"
+    elif recorded is not None:
+        n, why = recorded, "the run's own, kept on resume"
     else:
         n, why = pick_threads(emb_dim, torch.get_num_threads())
     torch.set_num_threads(n)
     say(f"threads: {n} ({why}; --threads N to change)", file=file or sys.stderr)
+    if recorded is not None and n != recorded:
+        say(f"note: the run trained with {recorded} threads and resumes with {n} ({why}): sums split over another "
+            "number of threads add in another order, so the results may differ from an uninterrupted run's in the "
+            f"last bits (--threads {recorded} resumes exactly)", file=sys.stderr)
     return n
 
 

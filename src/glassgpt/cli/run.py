@@ -29,6 +29,7 @@ from typing import Any, Callable
 from .. import memory
 from ..device import resolve_device
 from ..engine import autotune
+from ..formats import load_meta
 from ..errors import GlassError
 from ..training import TrainConfig, fit, recipes
 from ..training.loop.checkpoint import checkpoint_bytes, resume_checkpoint
@@ -136,7 +137,9 @@ def run_training(args: argparse.Namespace, command: str, setup: Setup,
         try:
             prepared = setup(args, start)
             model, tokenizer, task, cfg = prepared.model, prepared.tokenizer, prepared.task, prepared.cfg
-            set_threads(args.threads, model.cfg.emb_dim, file=sys.stdout)
+            recorded = load_meta(start.checkpoint).get("threads") if start.checkpoint else None
+            prepared.meta["threads"] = set_threads(args.threads, model.cfg.emb_dim, file=sys.stdout,
+                                                   recorded=recorded)  # saved with each checkpoint
             if model.tok_emb.weight.device.type == "cpu":
                 say(autotune.training_note())
             _checkpoint_note(model, cfg)
