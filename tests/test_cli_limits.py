@@ -229,3 +229,15 @@ def test_evaluation_sizes_that_the_memory_cannot_hold_are_refused_before_the_run
                         "--emb-dim", "16", "--n-heads", "2", "--context-length", "16", flag, str(10**12)], capsys)
     assert_one_line_error(code, err, *words)
     assert not (tmp_path / "run").exists()
+
+
+def test_eval_batches_that_the_memory_cannot_hold_are_refused_before_the_model_is_loaded(small, tmp_path, capsys,
+                                                                                        monkeypatch):
+    fake_memory(monkeypatch, 16)
+    loaded = []
+    monkeypatch.setattr("glassgpt.cli.train.load_model", lambda *a, **k: loaded.append(1))
+    data = tmp_path / "data.txt"
+    data.write_text("a few words of text to evaluate. " * 200)
+    code, _, err = run(["eval", "--model", small, "--data", str(data), "--eval-batches", str(10**12)], capsys)
+    assert_one_line_error(code, err, "--eval-batches 1,000,000,000,000", "fits")
+    assert loaded == []

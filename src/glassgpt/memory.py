@@ -2,6 +2,9 @@
 
     memory_needs(cfg, dtype, batch_size, seq_len) -> {"weights": bytes, "kv_cache": ..., ...}
     parameter_table(cfg) -> the parameters of every module, as `glassgpt info` prints them
+    available_memory() -> Free(ram, swap): what this machine has free now (MemAvailable, SwapFree)
+    training_fit / inference_fit(cfg, ..., free) -> None, a note (only swap would be touched), or a
+        ConfigError with the figure and the nearest settings that fit: what the commands check first
 
 A back-of-the-envelope count that follows what the forward pass keeps (model.py) and
 what AdamW stores, so it tells a reader whether gpt2-xl fits before they load it.

@@ -42,7 +42,8 @@ from ..training.loop.metrics import snapshot_records
 from ..training.loop.rundir import saved_train_config
 from .common import (add_special_arg, add_threads_arg, check_training_memory, fraction, positive_int, require_language_model, say, seed,
                      set_threads)
-from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
+from .run import (Prepared, Start, add_train_args, check_evaluation_sizes, given_flags, run_training, stoppable,
+                  train_config_from_args)
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16", "auto"]
 MODEL_FLAGS = ("data", "tokenizer", "model", "init", "n_layers", "n_heads", "emb_dim", "context_length",
@@ -297,6 +298,7 @@ def _resume_setup(args: argparse.Namespace, start: Start):
 
 @stoppable
 def run_eval(args: argparse.Namespace) -> int:
+    check_evaluation_sizes(args)
     run_cfg, run_data = _run_settings(args.model)
     model = load_model(args.model, device=args.device, dtype="float32")
     require_language_model(model, args.model)
