@@ -172,7 +172,7 @@ def test_the_largest_seed_trains(tmp_path, capsys):
 
 
 def test_the_largest_seed_shuffles_finetuning_data():
-    from glassgpt.training.examples import sample_indices
+    from glassgpt.training.tasks.examples import sample_indices
     assert sorted(sample_indices(10, 10, 0, 2**64 - 1)) == list(range(10))
 
 

@@ -313,7 +313,7 @@ def test_finetune_of_a_model_that_does_not_fit_is_refused_before_it_is_loaded(tm
     data = tmp_path / "train.csv"
     data.write_text("text,label\n" + "\n".join(f"text {i},{i % 2}" for i in range(20)))
     loaded = []
-    monkeypatch.setattr("glassgpt.training.runs.start_model", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("glassgpt.training.finetuning.start_model", lambda *a, **k: loaded.append(1))
     code, _, err = _cli(["finetune", "classify", "--model", "gpt2-medium", "--data", str(data), "--out",
                          str(tmp_path / "run"), "--trainable", "all"], capsys)
     line = _one_error_line(code, err)

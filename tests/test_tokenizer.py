@@ -485,7 +485,7 @@ def test_a_prompt_without_endoftext_gets_no_note(small_model, capsys):
 
 @pytest.mark.parametrize("allow", [False, True])
 def test_training_text_reads_endoftext_as_chosen_and_between_files_always(tmp_path, capsys, allow):
-    from glassgpt.training.data import tokenize_files
+    from glassgpt.training.tasks.data import tokenize_files
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text(TEXT_WITH_EOT)
     b.write_text("second file")

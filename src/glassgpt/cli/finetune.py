@@ -352,7 +352,7 @@ def run_chat(args: argparse.Namespace) -> int:
     if args.recipe == recipes.BOOK and (args.temperature or args.top_k or args.top_p):
         raise GlassError("--recipe book answers greedily, as the book's chapter 7 does: drop --temperature, --top-k "
                          "and --top-p")
-    prompt_bytes = len(ft.format_prompt(args.instruction or "", args.input).encode("utf-8"))
+    prompt_bytes = len(instruct.format_prompt(args.instruction or "", args.input).encode("utf-8"))
     model, tokenizer = load(args, prompt_bytes + args.max_new_tokens, args.max_new_tokens)
     require_language_model(model, args.model)
     if tokenizer.eot_id is None:
