@@ -40,8 +40,9 @@ def number(kind: type, ok: Callable[[Any], bool], words: str, most: int = INT64_
                 f"must be {'an integer' if kind is int else 'a number'} ({words}), got {text!r}") from None
         if kind is float and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be a finite number ({words}), got {text}")
-        if kind is int and not -most - 1 <= value <= most:
-            raise argparse.ArgumentTypeError(f"must be {words} that fits in 64 bits (at most {most:,}), got {text}")
+        if kind is int and not -most - 1 <= value <= most:  # (a seed's words state its own range)
+            fits = "" if most != INT64_MAX else f" that fits in 64 bits (at most {most:,})"
+            raise argparse.ArgumentTypeError(f"must be {words}{fits}, got {text}")
         if not ok(value):  # written as `not ok` so that nan fails every check
             raise argparse.ArgumentTypeError(f"must be {words}, got {text}")
         return value

@@ -134,7 +134,8 @@ def _parse(o: Option):
             raise argparse.ArgumentTypeError(
                 f"must be {'an integer' if o.kind is int else 'a number'}, got {text!r}") from None
         if not _within(o, value):
-            raise argparse.ArgumentTypeError(f"must be {o.bounds()}, got {text}")
+            fits = o.kind is not int or -2**63 <= value < 2**63
+            raise argparse.ArgumentTypeError(f"must be {o.bounds()}{'' if fits else ' and fit in 64 bits'}, got {text}")
         return value
     parse.kind = o.kind  # a number flag, for the tests that find every one (cli/limits.py)
     return parse
