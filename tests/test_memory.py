@@ -13,6 +13,7 @@ up to 20% from run to run for the same step.)
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -218,3 +219,132 @@ def test_gpt2_124m_parameter_table_equals_the_one_counted_from_the_model():
     table = parameter_table(glassgpt.PRESETS["gpt2"])
     assert table == counted_table(model)
     assert table["total"] == 124_439_808 and table["total_untied"] == 163_037_184
+
+
+# --- what is available, and the commands that check it before they allocate ------------------------
+
+GiB = 2**30
+
+
+def fake_memory(monkeypatch, ram_gib: float, swap_gib: float = 0.0):
+    """memory.available_memory, the one reader of MemAvailable, answering `ram_gib` (and swap)."""
+    from glassgpt import memory
+    free = memory.Free(int(ram_gib * GiB), int(swap_gib * GiB), "MemAvailable (faked)")
+    monkeypatch.setattr(memory, "available_memory", lambda device=None: free)
+
+
+def _cli(argv, capsys):
+    from glassgpt.cli import main
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return (code, *capsys.readouterr())
+
+
+def _one_error_line(code, err):
+    """The command's one error line, after any notes; never a traceback."""
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and "Traceback" not in err, err
+    assert len(errors) == 1 and err.strip().splitlines()[-1] == errors[0], err
+    return errors[0]
+
+
+def test_available_memory_is_memavailable_not_memtotal():
+    from glassgpt.memory import available_memory
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    total = int(info["MemTotal"].split()[0]) * 1024
+    free = available_memory()
+    assert free.source == "MemAvailable"
+    assert 0 < free.ram < total
+    assert abs(free.ram - int(info["MemAvailable"].split()[0]) * 1024) < total // 10  # read now, moves a little
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_text("a few words of text to train on. " * 200)
+    return path
+
+
+def test_train_of_a_model_that_does_not_fit_is_refused_with_the_figure_and_what_fits(
+        tmp_path, text_file, capsys, monkeypatch):
+    fake_memory(monkeypatch, 23.5)
+    built = []
+    monkeypatch.setattr("glassgpt.training.recipes.Recipe.new_model", lambda *a, **k: built.append(1))
+    code, out, err = _cli(["train", "--data", str(text_file), "--out", str(tmp_path / "run"), "--n-layers", "38",
+                           "--emb-dim", "2048", "--n-heads", "16", "--batch-size", "1"], capsys)
+    line = _one_error_line(code, err)
+    # 2.0e9 parameters: 4 bytes each for the weights and the gradients, 8 for AdamW's two moments.
+    assert "weights, gradients and AdamW state 30.1 GiB" in line and "23.5 GiB available" in line
+    n = int(re.search(r"--n-layers (\d+) fits at --batch-size 1", line).group(1))
+    cfg = glassgpt.GPTConfig(vocab_size=50257, context_length=1024, emb_dim=2048, n_heads=16, n_layers=n)
+    assert memory_needs(cfg, torch.float32, 1)["training"] <= 23.5 * GiB  # the nearest that fits:
+    assert memory_needs(dataclasses.replace(cfg, n_layers=n + 1), torch.float32, 1)["training"] > 23.5 * GiB
+    assert built == [] and not (tmp_path / "run").exists()
+
+
+def test_train_of_a_batch_that_does_not_fit_names_the_largest_batch_that_does(tmp_path, text_file, capsys,
+                                                                               monkeypatch):
+    fake_memory(monkeypatch, 2)
+    code, _, err = _cli(["train", "--data", str(text_file), "--out", str(tmp_path / "run"), "--n-layers", "1",
+                         "--emb-dim", "16", "--n-heads", "2", "--context-length", "16", "--batch-size", "100000"],
+                        capsys)
+    line = _one_error_line(code, err)
+    cfg = glassgpt.GPTConfig(vocab_size=50257, context_length=16, emb_dim=16, n_heads=2, n_layers=1)
+    one = memory_needs(cfg, torch.float32, 1, 16)
+    fits = (2 * GiB - (one["training"] - one["activations"])) // one["activations"]
+    assert f"--batch-size {fits:,} fits" in line
+    assert memory_needs(cfg, torch.float32, fits, 16)["training"] <= 2 * GiB
+    assert memory_needs(cfg, torch.float32, fits + 1, 16)["training"] > 2 * GiB
+
+
+def test_training_that_only_swap_can_hold_runs_with_a_note(tmp_path, text_file, capsys, monkeypatch):
+    fake_memory(monkeypatch, 0.001, swap_gib=8)
+    code, out, err = _cli(["train", "--data", str(text_file), "--out", str(tmp_path / "run"), "--n-layers", "1",
+                           "--emb-dim", "16", "--n-heads", "2", "--context-length", "16", "--max-steps", "1",
+                           "--sample-tokens", "0", "--no-plot"], capsys)
+    assert code == 0, err
+    assert "will come from swap" in err
+
+
+def test_finetune_of_a_model_that_does_not_fit_is_refused_before_it_is_loaded(tmp_path, capsys, monkeypatch):
+    fake_memory(monkeypatch, 1)
+    data = tmp_path / "train.csv"
+    data.write_text("text,label\n" + "\n".join(f"text {i},{i % 2}" for i in range(20)))
+    loaded = []
+    monkeypatch.setattr("glassgpt.training.finetuning.start_model", lambda *a, **k: loaded.append(1))
+    code, _, err = _cli(["finetune", "classify", "--model", "gpt2-medium", "--data", str(data), "--out",
+                         str(tmp_path / "run"), "--trainable", "all"], capsys)
+    line = _one_error_line(code, err)
+    assert "1.0 GiB available" in line and "LoRA" in line
+    assert loaded == []
+
+
+BIG = dict(vocab_size=50257, context_length=1024, emb_dim=4096, n_heads=32, n_layers=30)  # 23.3 GiB in float32
+
+
+@pytest.mark.parametrize("command", [["generate", "Hello"], ["explain", "Hello"]])
+def test_generate_and_explain_of_a_model_that_does_not_fit_are_refused_before_loading(
+        command, tmp_path, capsys, monkeypatch):
+    import json
+    fake_memory(monkeypatch, 16)
+    config = tmp_path / "big.json"
+    config.write_text(json.dumps(BIG))
+    loaded = []
+    monkeypatch.setattr("glassgpt.cli.common.load_model", lambda *a, **k: loaded.append(1))
+    code, out, err = _cli([*command, "--model", str(config)], capsys)
+    line = _one_error_line(code, err)
+    assert "16.0 GiB available" in line and "--dtype bfloat16 fits" in line
+    assert f"{memory_needs(glassgpt.GPTConfig(**BIG), torch.float32)['weights'] / GiB:.1f}" == "23.3"
+    assert loaded == [] and out == ""
+
+
+def test_generation_that_only_swap_can_hold_runs_with_a_note(tmp_path, capsys, monkeypatch):
+    import json
+    fake_memory(monkeypatch, 0.001, swap_gib=8)
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(dict(BIG, emb_dim=16, n_heads=2, n_layers=1, context_length=16)))
+    code, out, err = _cli(["generate", "Hello", "--model", str(config), "--max-new-tokens", "2"], capsys)
+    assert code == 0, err
+    assert "will come from swap" in err

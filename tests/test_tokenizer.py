@@ -398,3 +398,110 @@ def test_allowed_special_accepts_tiktokens_spellings():
     assert tok.encode(text, allowed_special="<|endoftext|>") == [64, 50256]
     assert tok.encode(text, allowed_special={"<|endoftext|>"}) == [64, 50256]
     assert 50256 not in tok.encode(text)
+
+
+# --- <|endoftext|> written in text: plain text by default, the one token with --allow-special --------
+
+TEXT_WITH_EOT = "The end.<|endoftext|>A new text"
+
+
+def _hf_gpt2_tokenizer():
+    """transformers' GPT-2 tokenizer built offline from the vocabulary glassgpt ships (no hub): its
+    files are `vocab` and `merges` since transformers 5, `vocab_file` and `merges_file` before."""
+    import inspect
+    from transformers import GPT2TokenizerFast
+    vocab = resources.files("glassgpt").joinpath("vocab")
+    files = (str(vocab.joinpath("encoder.json")), str(vocab.joinpath("vocab.bpe")))
+    if "vocab_file" in inspect.signature(GPT2TokenizerFast.__init__).parameters:
+        return GPT2TokenizerFast(vocab_file=files[0], merges_file=files[1])
+    return GPT2TokenizerFast(vocab=files[0], merges=files[1])
+
+
+def test_endoftext_reads_as_tiktoken_and_transformers_read_it_by_choice(offline_tiktoken):
+    import tiktoken
+    enc, hf, tok = tiktoken.get_encoding("gpt2"), _hf_gpt2_tokenizer(), get_tokenizer("gpt2")
+    special = enc.encode(TEXT_WITH_EOT, allowed_special={"<|endoftext|>"})
+    plain = enc.encode_ordinary(TEXT_WITH_EOT)
+    assert special.count(50256) == 1 and 50256 not in plain
+    assert enc.decode(special) == enc.decode(plain) == TEXT_WITH_EOT  # the same text, read two ways
+    # glassgpt's default is tiktoken's ordinary reading (its encode refuses the text instead) ...
+    assert tok.encode(TEXT_WITH_EOT) == plain
+    with pytest.raises(ValueError, match="disallowed special token"):
+        enc.encode(TEXT_WITH_EOT)
+    # ... and allowed_special (--allow-special) is tiktoken's allowed and transformers' own reading.
+    assert tok.encode(TEXT_WITH_EOT, allowed_special={"<|endoftext|>"}) == special
+    assert len(hf) == 50257
+    assert hf(TEXT_WITH_EOT)["input_ids"] == special
+    assert hf(TEXT_WITH_EOT, split_special_tokens=True)["input_ids"] == plain  # transformers' plain reading
+
+
+def _cli(argv, capsys):
+    from glassgpt.cli import main
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return (code, *capsys.readouterr())
+
+
+@pytest.fixture
+def small_model(tmp_path):
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps({"vocab_size": 50257, "context_length": 32, "emb_dim": 16, "n_heads": 2,
+                                "n_layers": 1}))
+    return str(path)
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_generate_reads_endoftext_in_the_prompt_as_chosen_and_says_how(small_model, capsys, allow, offline_tiktoken):
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    code, out, err = _cli(["generate", TEXT_WITH_EOT, "--model", small_model, "--max-new-tokens", "1", "--json"]
+                          + (["--allow-special"] if allow else []), capsys)
+    assert code == 0, err
+    expected = enc.encode(TEXT_WITH_EOT, allowed_special={"<|endoftext|>"}) if allow else enc.encode_ordinary(TEXT_WITH_EOT)
+    assert json.loads(out)["prompt_ids"] == expected
+    notes = [line for line in err.splitlines() if "<|endoftext|> in the prompt" in line]
+    assert len(notes) == 1
+    assert ("the one token 50256 (--allow-special)" if allow else "plain text (on its own 7 tokens") in notes[0]
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_the_trace_says_how_endoftext_in_the_prompt_was_read(small_model, capsys, allow):
+    code, out, err = _cli(["explain", TEXT_WITH_EOT, "--model", small_model, "--format", "json", "--no-embedding-check"]
+                          + (["--allow-special"] if allow else []), capsys)
+    assert code == 0, err
+    trace = json.loads(out)
+    ids = [t["id"] for t in trace["tokens"]]
+    assert (50256 in ids) == allow
+    assert sum("<|endoftext|> in the prompt" in note for note in trace["notes"]) == 1
+
+
+def test_a_prompt_without_endoftext_gets_no_note(small_model, capsys):
+    code, out, err = _cli(["explain", "no special token here", "--model", small_model, "--format", "json",
+                           "--allow-special"], capsys)
+    assert code == 0 and not any("endoftext" in n for n in json.loads(out)["notes"])
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_training_text_reads_endoftext_as_chosen_and_between_files_always(tmp_path, capsys, allow):
+    from glassgpt.training.tasks.data import tokenize_files
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(TEXT_WITH_EOT)
+    b.write_text("second file")
+    tok = get_tokenizer("gpt2")
+    ids = tokenize_files([a, b], tok, tmp_path / "cache", allow_special=allow).ids().tolist()
+    first = tok.encode(TEXT_WITH_EOT, {"<|endoftext|>"} if allow else ())
+    assert ids == first + [50256] + tok.encode("second file")
+    # The reading is part of the cache's key: the other reading never reuses these ids.
+    other = tokenize_files([a, b], tok, tmp_path / "cache", allow_special=not allow)
+    assert other.ids().tolist() != ids
+
+
+def test_allow_special_is_refused_for_a_tokenizer_without_the_token(tmp_path, capsys):
+    data = tmp_path / "data.txt"
+    data.write_text("abc " * 400)
+    code, _, err = _cli(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--tokenizer", "char",
+                         "--n-layers", "1", "--emb-dim", "16", "--n-heads", "2", "--context-length", "16",
+                         "--allow-special"], capsys)
+    assert code == 2 and err.strip().splitlines()[-1].startswith("error: --allow-special")

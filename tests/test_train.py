@@ -91,7 +91,11 @@ def test_batch_tokens_sets_the_accumulation():
     ("recipe", "nanogpt", "recipe must be glassgpt or book"),
     ("beta2", 1.0, r"beta2 must be in \[0, 1\)"),
     ("dtype", "int8", "dtype must be float32, bfloat16"),
-    ("seed", -3, "seed must be a non-negative integer"),
+    ("seed", -3, r"seed must be an integer in \[0, 2\*\*64\), got -3"),
+    ("seed", 2**64, r"seed must be an integer in \[0, 2\*\*64\), got 18446744073709551616"),
+    ("eval_batches", 2**63, "eval_batches must be a positive integer"),
+    ("min_lr", 1e-2, "min_lr 0.01 is above lr 0.0006"),
+    ("weight_decay", 1e300, "weight_decay 1e[+]300 x lr 0.0006 .* must stay below 1"),
 ])
 def test_bad_settings_are_refused_by_name(field, value, message):
     with pytest.raises(TrainError, match=message):

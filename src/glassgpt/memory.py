@@ -2,6 +2,9 @@
 
     memory_needs(cfg, dtype, batch_size, seq_len) -> {"weights": bytes, "kv_cache": ..., ...}
     parameter_table(cfg) -> the parameters of every module, as `glassgpt info` prints them
+    available_memory() -> Free(ram, swap): what this machine has free now (MemAvailable, SwapFree)
+    training_fit / inference_fit(cfg, ..., free) -> None, a note (only swap would be touched), or a
+        ConfigError with the figure and the nearest settings that fit: what the commands check first
 
 A back-of-the-envelope count that follows what the forward pass keeps (model.py) and
 what AdamW stores, so it tells a reader whether gpt2-xl fits before they load it.
@@ -15,13 +18,15 @@ never the [t, t] scores) and no activation checkpointing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from .config import GPTConfig
 from .engine.attention import ATTENTION_BLOCK
+from .errors import ConfigError
 from .families import FamilyConfig
 from .families.memory import family_memory_needs, family_parameter_table
 
@@ -217,3 +222,106 @@ def _dtype_size(dtype: torch.dtype | str) -> tuple[str, int]:
             raise GlassError(f"unknown dtype {dtype!r}: use float32, bfloat16, float16, int8 or int4")
         dtype = DTYPES[dtype]
     return str(dtype).removeprefix("torch."), torch.empty((), dtype=dtype).element_size()
+
+
+# --- what this machine has free, and whether a run fits in it ---------------------------------
+
+# Each token a generation keeps: its id in the [b, t + max_new_tokens] int64 buffer (generate.py's
+# `seq`), and in the CLI's list of new ids (a Python int and its list slot).
+TOKEN_BYTES = 8 + 8 + 32
+
+
+@dataclass(frozen=True)
+class Free:
+    """The memory a run can take now: `ram` without swapping (Linux's MemAvailable, or the GPU's free
+    memory), `swap` beyond it (SwapFree), and where the figures come from."""
+    ram: int
+    swap: int
+    source: str
+
+
+def available_memory(device: torch.device | str | None = None) -> Free:
+    """What this machine (or the GPU `device`) has free now: MemAvailable, not MemTotal, since other
+    processes' memory is not ours to take (tests fake this function)."""
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return Free(free, 0, f"free on {device}")
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:2]}
+        return Free(info["MemAvailable"], info.get("SwapFree", 0), "MemAvailable")
+    except (OSError, KeyError, ValueError, IndexError):
+        pass
+    try:
+        return Free(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), 0, "free pages")
+    except (ValueError, OSError, AttributeError):
+        return Free(1 << 40, 0, "unknown: taken as a terabyte")
+
+
+def gib(n: int | float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def fit_note(need: int, free: Free, what: str, nearest: str) -> str | None:
+    """None when `need` bytes fit in `free.ram`; a note when only swap would be touched; else a ConfigError
+    (one line: the figure, what is available, and `nearest`, the closest settings that fit)."""
+    if need <= free.ram:
+        return None
+    if need <= free.ram + free.swap:
+        return (f"{what} needs {gib(need)} and {gib(free.ram)} is available ({free.source}): the other "
+                f"{gib(need - free.ram)} will come from swap, which runs many times slower ({nearest})")
+    raise ConfigError(f"{what} needs {gib(need)} and this machine has {gib(free.ram)} available ({free.source})"
+                      + (f" and {gib(free.swap)} of swap" if free.swap else "") + f": {nearest}, or free memory")
+
+
+def training_fit(cfg: GPTConfig, dtype: torch.dtype | str, batch_size: int, seq_len: int, free: Free,
+                 model_flags: bool = True, frozen: bool = False) -> str | None:
+    """Whether training `cfg` (weights, gradients, AdamW's state and one batch's activations, as
+    `memory_needs` counts them) fits in `free`: see `fit_note`. The nearest config that fits: the
+    largest --batch-size, else (`model_flags`: the command can change the architecture) the most
+    --n-layers at --batch-size 1. `frozen`: most weights are frozen (LoRA, a last block), so their
+    gradients and AdamW state are left out of the count (a lower bound then)."""
+    def total(c: GPTConfig, b: int) -> int:
+        m = memory_needs(c, dtype, b, seq_len)
+        return m["training"] - (m["gradients"] + m["adamw_state"] if frozen else 0)
+
+    need = memory_needs(cfg, dtype, batch_size, seq_len)
+    per_row = memory_needs(cfg, dtype, 1, seq_len)["activations"]
+    fixed = total(cfg, 1) - per_row
+    if fixed + per_row <= free.ram:
+        nearest = f"--batch-size {(free.ram - fixed) // per_row:,} fits"
+    else:
+        fitting = [n for n in range(cfg.n_layers - 1, 0, -1)
+                   if total(replace(cfg, n_layers=n), 1) <= free.ram]
+        nearest = (f"--n-layers {fitting[0]} fits at --batch-size 1" if fitting and model_flags else
+                   "a smaller model (fewer --n-layers or a smaller --emb-dim)" if model_flags else
+                   "even --batch-size 1 does not fit: a smaller model, or LoRA (--lora-rank 8) to train fewer weights")
+    parts = (f"{'weights' if frozen else 'weights, gradients and AdamW state'} {gib(fixed)}, the activations "
+             f"of one batch of {batch_size:,} x {seq_len:,} tokens {gib(need['activations'])}")
+    return fit_note(fixed + need["activations"], free, f"training {cfg.n_layers} layers of emb_dim {cfg.emb_dim:,} ({parts})",
+                    nearest)
+
+
+def inference_fit(cfg: GPTConfig, dtype: torch.dtype | str, tokens: int, free: Free,
+                  tokens_flag: str = "--max-new-tokens", new_tokens: int = 0) -> str | None:
+    """Whether running `cfg` on a sequence of `tokens` tokens (the prompt and `new_tokens` new ones) fits
+    in `free`: the weights, a KV cache of up to context_length, one forward's temporaries and TOKEN_BYTES
+    for every token kept. The nearest that fits: fewer new tokens, else a smaller dtype."""
+    window = max(1, min(tokens, cfg.context_length))
+    need = memory_needs(cfg, dtype, 1, window)["inference"] + tokens * TOKEN_BYTES
+    if need <= free.ram:
+        return None
+    weights_and_window = need - tokens * TOKEN_BYTES
+    if new_tokens and weights_and_window + (tokens - new_tokens) * TOKEN_BYTES < free.ram:
+        most = (free.ram - weights_and_window) // TOKEN_BYTES - (tokens - new_tokens)
+        nearest = f"{tokens_flag} {max(0, most):,} fits"
+    else:
+        name = _dtype_size(dtype)[0]
+        smaller = [d for d in ("bfloat16", INT8, INT4) if d != name
+                   and memory_needs(cfg, d, 1, window)["inference"] + tokens * TOKEN_BYTES <= free.ram
+                   and _dtype_size(d)[1] <= _dtype_size(dtype)[1]]
+        nearest = f"--dtype {smaller[0]} fits" if smaller else "a smaller model"
+    what = (f"running {cfg.n_layers} layers of emb_dim {cfg.emb_dim:,} in {_dtype_size(dtype)[0]} on "
+            f"{tokens:,} tokens (weights, KV cache and {TOKEN_BYTES} bytes per token kept)")
+    return fit_note(need, free, what, nearest)

@@ -18,7 +18,7 @@ padded with 50256 to the length it was trained at, padding included. `classify`,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Iterable, Literal, Sequence
 
 from .errors import PromptError
 from .tokenizer import Tokenizer
@@ -48,9 +48,10 @@ def check_text(text: str | None) -> str:
     return text
 
 
-def encode(tokenizer: Tokenizer, text: str | None) -> list[int]:
-    """The ids of a non-empty prompt that encodes to at least one token."""
-    ids = tokenizer.encode(check_text(text))
+def encode(tokenizer: Tokenizer, text: str | None, allowed_special: Iterable[str] = ()) -> list[int]:
+    """The ids of a non-empty prompt that encodes to at least one token; `<|endoftext|>` in it is plain
+    text unless `allowed_special` names it (tiktoken's allowed_special)."""
+    ids = tokenizer.encode(check_text(text), allowed_special)
     if not ids:
         raise PromptError("the prompt encodes to no tokens: give some text")
     return ids

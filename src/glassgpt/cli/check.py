@@ -14,6 +14,7 @@ from ..errors import GlassError
 from ..explain.verify import DEFAULT_TEXT
 from ..explain.verify_family import check  # GPT-2, or a Qwen3/Llama port of the book's classes
 from ..formats.files import read_json
+from .limits import seed
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +28,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, metavar="JSON",
                    help="the config dict the class takes, as a .json file (e.g. the book's GPT_CONFIG_124M)")
     p.add_argument("--weights", metavar="PTH", help="a state dict to load into it (default: its random weights)")
-    p.add_argument("--seed", type=int, default=123, help="torch.manual_seed before building it (default: 123)")
+    p.add_argument("--seed", type=seed, default=123, help="torch.manual_seed before building it (default: 123)")
     p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"the prompt to run (default: {DEFAULT_TEXT!r})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run_check)

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
+import dataclasses
 import os
 import sys
 import warnings
 
 import torch
 
-from ..device import pick_threads
+from ..device import pick_threads, resolve_device, resolve_dtype
 from ..errors import GlassError
 from ..model import GPTModel
-from ..tokenizer import Tokenizer, check_fits
+from ..tokenizer import ENDOFTEXT, Tokenizer, check_fits
 from ..errors import KernelWarning, RandomWeightsWarning
-from ..formats import class_labels, load_meta, load_model, load_tokenizer
+from ..formats import class_labels, load_meta, load_model, load_tokenizer, read_config
+from .. import memory
+from ..memory import QUANTIZED, inference_fit, training_fit
 from ..prompt import classifier_reading
 from ..training import recipes
 from ..training.book import ch06 as book_ch06
+# Every number flag parses through cli/limits.py; the commands import the common kinds from here.
+from .limits import (fraction, nonneg_float, nonneg_int, positive_float, positive_int, probability,  # noqa: F401
+                     seed, temperature)
 # The prompt checks live in one place (prompt.py); the commands import them from here.
 from ..prompt import check_text as check_prompt, encode as encode_prompt  # noqa: F401
 
@@ -54,42 +59,6 @@ def notes_for_warnings():
         yield
 
 
-def _number(text: str, kind: type, ok, requirement: str):
-    """Parse a flag's value as `kind` and check it; argparse turns the error into one line."""
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-    if not ok(value):  # written as `not ok` so that nan fails every check
-        raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    return _number(text, int, lambda v: v > 0, "a positive integer")
-
-
-def nonneg_int(text: str) -> int:
-    return _number(text, int, lambda v: v >= 0, "a non-negative integer")
-
-
-def nonneg_float(text: str) -> float:
-    return _number(text, float, lambda v: 0 <= v < math.inf, ">= 0")
-
-
-def positive_float(text: str) -> float:
-    return _number(text, float, lambda v: 0 < v < math.inf, "a positive number")
-
-
-def probability(text: str) -> float:
-    return _number(text, float, lambda v: 0 < v <= 1, "in (0, 1]")
-
-
-def fraction(text: str) -> float:
-    return _number(text, float, lambda v: 0 <= v < 1, "in [0, 1)")
-
-
 def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", quantized: bool = False) -> None:
     p.add_argument("--model", default=default, metavar="SPEC",
                    help="preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-book, ...: random weights), "
@@ -109,7 +78,8 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", qua
                            "32 columns (emb_dim a multiple of 32), an eighth of float32's bytes, perplexity a few "
                            "%% above float32's (benchmarks/RESULTS.md)" if quantized else "")
                         + " (default: float32)")
-    p.add_argument("--seed", type=int, default=None, help="random seed (initialisation of presets; sampling)")
+    p.add_argument("--seed", type=seed, default=None,
+                   help="random seed in [0, 2**64) (initialisation of presets; sampling)")
     add_threads_arg(p)
 
 
@@ -120,27 +90,97 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
                         "with one core busy, 2 threads generated 10x slower than 1; OMP_NUM_THREADS=N also sets it)")
 
 
-def set_threads(requested: int | None, emb_dim: int, file=None) -> int:
-    """Set torch's intra-op threads: --threads, else OMP_NUM_THREADS, else device.pick_threads; say which."""
+def set_threads(requested: int | None, emb_dim: int, file=None, recorded: int | None = None) -> int:
+    """Set torch's intra-op threads: --threads, else OMP_NUM_THREADS, else the count a resumed run
+    `recorded`, else device.pick_threads; say which, and when a resume changes the run's count, what
+    that does to exactness."""
     if requested is not None:
         n, why = requested, "--threads"
     elif os.environ.get("OMP_NUM_THREADS"):
         n, why = torch.get_num_threads(), "OMP_NUM_THREADS"
+    elif recorded is not None:
+        n, why = recorded, "the run's own, kept on resume"
     else:
         n, why = pick_threads(emb_dim, torch.get_num_threads())
     torch.set_num_threads(n)
     say(f"threads: {n} ({why}; --threads N to change)", file=file or sys.stderr)
+    if recorded is not None and n != recorded:
+        say(f"note: the run trained with {recorded} threads and resumes with {n} ({why}): sums split over another "
+            "number of threads add in another order, so the results may differ from an uninterrupted run's in the "
+            f"last bits (--threads {recorded} resumes exactly)", file=sys.stderr)
     return n
 
 
-def load(args: argparse.Namespace) -> tuple[GPTModel, Tokenizer]:
-    """The model and tokenizer that --model names (a preset's RandomWeightsWarning becomes a note: see notes_for_warnings)."""
+def load(args: argparse.Namespace, tokens: int = 1, new_tokens: int = 0) -> tuple[GPTModel, Tokenizer]:
+    """The model and tokenizer that --model names (a preset's RandomWeightsWarning becomes a note: see
+    notes_for_warnings), once its config is known to fit in the memory available for a sequence of
+    `tokens` tokens, `new_tokens` of them generated (check_inference_memory)."""
+    cfg = read_config(args.model, args.n_heads)
+    if cfg is not None:  # a hub id's config may not be here yet: checked once it is loaded
+        check_inference_memory(args, cfg, tokens, new_tokens)
     model = load_model(args.model, device=args.device, dtype=args.dtype,
                        seed=args.seed if args.seed is not None else 0, n_heads=args.n_heads)
+    if cfg is None:
+        check_inference_memory(args, model.cfg, tokens, new_tokens, loaded=model)
     tokenizer = load_tokenizer(args.model)
     check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
     set_threads(getattr(args, "threads", None), model.cfg.emb_dim)
     return model, tokenizer
+
+
+def check_inference_memory(args: argparse.Namespace, cfg, tokens: int, new_tokens: int = 0, loaded=None) -> None:
+    """Refuse (one line, with the nearest setting that fits) a model and sequence that the memory available
+    now cannot hold, before they are allocated; a note where only swap would be touched (memory.inference_fit).
+    `loaded`: a model already in memory, whose weights are no longer available but are ours."""
+    device = resolve_device(args.device)
+    dtype = args.dtype if args.dtype in QUANTIZED else resolve_dtype(args.dtype, device)
+    free = memory.available_memory(device)
+    if loaded is not None:
+        held = sum(t.numel() * t.element_size() for t in {id(t): t for t in loaded.state_dict().values()}.values())
+        free = dataclasses.replace(free, ram=free.ram + held)
+    note = inference_fit(cfg, dtype, max(1, tokens), free, new_tokens=new_tokens)
+    if note:
+        say(f"note: {note}", file=sys.stderr)
+
+
+def check_training_memory(cfg, dtype: str, batch_size: int, seq_len: int, device: str | None,
+                          model_flags: bool = True, frozen: bool = False) -> None:
+    """Refuse training that the memory available now cannot hold (weights, gradients, AdamW's state, one
+    batch's activations), before any of it is allocated; a note where only swap would be touched."""
+    dev = resolve_device(device)
+    note = training_fit(cfg, resolve_dtype(dtype, dev), batch_size, min(seq_len, cfg.context_length),
+                        memory.available_memory(dev), model_flags, frozen)
+    if note:
+        say(f"note: {note}", file=sys.stderr)
+
+
+# --- <|endoftext|> in text: plain text unless --allow-special -----------------------------------
+
+ALLOW_SPECIAL_HELP = (f"read {ENDOFTEXT} in {{what}} as the one token that ends a text (id 50256 in GPT-2's "
+                      "vocabulary), as tiktoken's encode(allowed_special={{'<|endoftext|>'}}) and transformers' GPT-2 "
+                      f"tokenizer read it (default: as plain text, the characters <, |, endoftext, ... in 7 tokens, "
+                      "as tiktoken's encode_ordinary; tiktoken's encode refuses it)")
+
+
+def add_special_arg(p: argparse.ArgumentParser, what: str = "the prompt") -> None:
+    p.add_argument("--allow-special", action="store_true", default=None,  # None: not given (a resume's check)
+                   help=ALLOW_SPECIAL_HELP.format(what=what))
+
+
+def special_reading(tokenizer: Tokenizer, text: str, allow: bool, what: str = "the prompt") -> tuple[set[str], str | None]:
+    """(allowed_special for tokenizer.encode, a note saying how ENDOFTEXT in `text` was read, or None when
+    it holds none)."""
+    if allow and tokenizer.eot_id is None:
+        raise GlassError(f"--allow-special reads {ENDOFTEXT} as its token, and this {tokenizer.name} tokenizer has "
+                         f"none: drop --allow-special")
+    allowed = {ENDOFTEXT} if allow else set()
+    if ENDOFTEXT not in text:
+        return allowed, None
+    if allow:
+        return allowed, f"{ENDOFTEXT} in {what} was read as the one token {tokenizer.eot_id} (--allow-special)"
+    pieces = tokenizer.encode(ENDOFTEXT)
+    return allowed, (f"{ENDOFTEXT} in {what} was read as plain text (on its own {len(pieces)} tokens {pieces}); "
+                     f"--allow-special reads it as the one token {tokenizer.eot_id}")
 
 
 def require_language_model(model: GPTModel, spec: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from ..formats.book import model_notes
@@ -13,7 +14,7 @@ from ..engine.int4 import check_group_size
 from ..engine import autotune, compile_for_generation, quantize_int4, quantize_int8
 from ..errors import GlassError
 from ..recall import MIN_TOKENS, copied_spans
-from ..generate import decode_stream, sampling_probs, stream
+from ..generate import decode_stream, glass_model, sampling_probs, stream
 from ..prompt import fit_prompt
 from ..memory import memory_needs, parameter_table
 from ..config import init_scheme
@@ -22,8 +23,10 @@ from ..families.memory import family_notes
 from ..formats import checkpoint_dir, download, is_random_init, read_config
 from ..formats.gguf import gguf_dtype_note, is_gguf_file
 from ..model import INIT_SCHEMES
-from .common import (add_model_args, check_prompt, encode_prompt, load, nonneg_float, nonneg_int, positive_int,
-                     probability, require_language_model)
+from .common import (add_model_args, add_special_arg, check_prompt, encode_prompt, load, nonneg_int, positive_int, probability,
+                     require_language_model, special_reading, temperature)
+from .limits import MAX_TEMPERATURE, MIN_TEMPERATURE
+from .progress import Heartbeat, duration
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -35,13 +38,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "processes reuse inductor's cache (TORCHINDUCTOR_CACHE_DIR) and start in seconds; pays off "
                         "for long outputs, mostly with --dtype int8 (default: off)")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=50, help="tokens to add to the prompt (default: 50)")
-    p.add_argument("--temperature", type=nonneg_float, default=0.0,
-                   help="divide the logits by this before sampling; 0 takes the most likely token, greedy (default: 0)")
+    p.add_argument("--temperature", type=temperature, default=0.0,
+                   help="divide the logits by this before sampling; 0 takes the most likely token, greedy; else "
+                        f"from {MIN_TEMPERATURE:g} (below it float32 logits overflow) to {MAX_TEMPERATURE:g} (default: 0)")
     p.add_argument("--top-k", type=positive_int, default=None,
                    help="sample among the K most likely tokens only (default: all of them)")
     p.add_argument("--top-p", type=probability, default=None,
                    help="sample among the fewest tokens whose probabilities add up to P (default: 1, all of them)")
     p.add_argument("--stop-at-eos", action="store_true", help="stop at <|endoftext|>")
+    add_special_arg(p)
     p.add_argument("--json", action="store_true",
                    help='print {"prompt_ids", "new_ids", "text"} instead of streaming (and "seen" and "note" when '
                         'the prompt is longer than context_length: what the model saw of it)')
@@ -69,13 +74,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 QUANTIZE = {"int8": quantize_int8, "int4": quantize_int4}
 
 
-def load_quantized_or_float(args: argparse.Namespace):
-    """`load(args)`, where `--dtype int8` or `int4` loads bfloat16 (both keep their activations in
+def load_quantized_or_float(args: argparse.Namespace, tokens: int = 1, new_tokens: int = 0):
+    """`load(args, tokens, new_tokens)`, where `--dtype int8` or `int4` loads bfloat16 (both keep their activations in
     bfloat16). Returns (model, tokenizer, "int8"/"int4"/None): the caller quantizes if it runs the model."""
     quantized = args.dtype if args.dtype in QUANTIZE else None
     if quantized:
         args.dtype = "bfloat16"
-    model, tok = load(args)
+    model, tok = load(args, tokens, new_tokens)
     return model, tok, quantized
 
 
@@ -91,7 +96,9 @@ def report_kernels(cfg, precision: str, device) -> autotune.Choices | None:
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
     data = _read_data(args.check_against) if args.check_against else None
-    model, tok, quantized = load_quantized_or_float(args)
+    # The prompt's UTF-8 bytes bound its tokens: memory is checked before the tokenizer or model is loaded.
+    model, tok, quantized = load_quantized_or_float(args, len(args.prompt.encode("utf-8")) + args.max_new_tokens,
+                                                    args.max_new_tokens)
     require_language_model(model, args.model)
     if quantized:
         model = QUANTIZE[quantized](model)
@@ -99,19 +106,36 @@ def run_generate(args: argparse.Namespace) -> int:
         report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
     if args.compile:
         model = compile_for_generation(model)
-    prompt_ids = encode_prompt(tok, args.prompt)
+    allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
+    if special_note:
+        print(f"note: {special_note}", file=sys.stderr)
+    prompt_ids = encode_prompt(tok, args.prompt, allowed)
     seen = fit_prompt(prompt_ids, model.cfg.context_length)  # what the model sees of it at the first step
     if seen.note:
         print(f"note: {seen.note}; then the window slides along with each new token", file=sys.stderr)
     choices: list[dict] = []
     on_pick = _choice_recorder(choices, tok, args) if args.show_choices else None
+    if args.max_new_tokens >= LONG_GENERATION and not args.compile:
+        print(f"note: {estimate_line(model, len(prompt_ids), args.max_new_tokens)}", file=sys.stderr)
     steps = stream(model, prompt_ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                    eos_id=tok.eot_id if args.stop_at_eos else None, seed=args.seed, on_pick=on_pick)
+    # Streamed to a terminal, the text is its own progress; anywhere else a line at least every 10 s.
+    beat = None if not (args.json or args.show_choices) and sys.stdout.isatty() else \
+        Heartbeat("generate", "token", args.max_new_tokens)
+    t0 = time.perf_counter()
     if args.json or args.show_choices:
-        new_ids = [int(i[0]) for i in steps]
+        new_ids = []
+        for i in steps:
+            new_ids.append(int(i[0]))
+            if beat:
+                beat(len(new_ids))
     else:
         new_ids = []
-        _stream_text(args.prompt, tok, steps, new_ids)
+        _stream_text(args.prompt, tok, steps, new_ids, beat)
+    seconds = time.perf_counter() - t0
+    if new_ids:
+        print(f"generated {len(new_ids):,} tokens in {seconds:.2f} s: {len(new_ids) / max(seconds, 1e-9):,.1f} "
+              "tokens/s (the prompt's prefill included)", file=sys.stderr)
     spans = copied_spans([tok.decode([i]) for i in prompt_ids + new_ids], data, len(prompt_ids)) \
         if data is not None else None
     if args.json:
@@ -131,11 +155,13 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stream_text(prompt: str, tok, steps, new_ids: list[int]) -> None:
+def _stream_text(prompt: str, tok, steps, new_ids: list[int], beat=None) -> None:
     """Print the prompt, then each new token's text as it comes (whole characters only)."""
     def ids():
         for i in steps:
             new_ids.append(int(i[0]))
+            if beat:
+                beat(len(new_ids))
             yield new_ids[-1]
 
     sys.stdout.write(prompt)
@@ -144,6 +170,33 @@ def _stream_text(prompt: str, tok, steps, new_ids: list[int]) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     sys.stdout.write("\n")
+
+
+LONG_GENERATION = 1000  # new tokens from which generate times one step first and says how long it will take
+
+
+def estimate_line(model, n_prompt: int, n_new: int) -> str:
+    """How long `n_new` tokens after `n_prompt` will take, from one step of each kind timed now: a token
+    decoded through the KV cache while the sequence fits in context_length, and past it (the window
+    slides) a whole window prefilled again for every token."""
+    ctx = glass_model(model).cfg.context_length
+    cached = max(0, min(n_new, ctx - n_prompt))
+    sliding = n_new - cached
+
+    def timed(prompt_len: int, new: int) -> float:
+        t0 = time.perf_counter()
+        for _ in stream(model, [0] * prompt_len, new):
+            pass
+        return time.perf_counter() - t0
+
+    decode = (timed(1, 5) - timed(1, 1)) / 4 if cached else 0.0
+    refill = timed(ctx, 1) if sliding else 0.0
+    seconds = cached * max(decode, 0.0) + sliding * refill
+    where = (f"{cached:,} through the KV cache at {1 / max(decode, 1e-9):,.0f} tokens/s" if cached else "") + \
+        (" and " if cached and sliding else "") + \
+        (f"{sliding:,} past context_length {ctx:,}, each re-reading the window at {1 / max(refill, 1e-9):,.1f} tokens/s"
+         if sliding else "")
+    return f"{n_new:,} new tokens will take about {duration(seconds)} ({where}, timed here just now); Ctrl-C stops"
 
 
 def _choice_recorder(choices: list[dict], tok, args: argparse.Namespace):

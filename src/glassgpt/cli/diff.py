@@ -12,7 +12,7 @@ from ..explain.diff import check_same_shapes, diff_weights
 from ..explain.views.compare import comparison_text
 from ..explain.views.diff import diff_layout, diff_text
 from ..formats import read_config
-from .common import add_threads_arg, load, positive_int
+from .common import add_threads_arg, load, positive_int, seed
 from .explain import DEFAULT_PROMPT, about, emit, load_second
 
 
@@ -27,7 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 for both (default: float32: "
                                                       "a bfloat16 copy would differ from float32 weights everywhere)")
-    p.add_argument("--seed", type=int, default=None, help="seed of a preset's random weights (default: 0)")
+    p.add_argument("--seed", type=seed, default=None, help="seed of a preset's random weights (default: 0)")
     add_threads_arg(p)
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"the prompt both models continue (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--top-k", type=positive_int, default=5, help="next tokens listed for each model (default: 5)")

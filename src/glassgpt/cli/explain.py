@@ -31,7 +31,8 @@ from ..formats import class_labels, is_random_init, load_meta, load_model, load_
 from ..model import GPTModel
 from ..prompt import BOOK_FILE_HINT, classifier_reading
 from ..tokenizer import Tokenizer
-from .common import add_model_args, add_reading_args, class_names, classifier_reading_of, load
+from .common import (add_model_args, add_reading_args, add_special_arg, class_names, classifier_reading_of,
+                     encode_prompt, load, special_reading)
 from .progress import StepBar
 
 DEFAULT_PROMPT = "Every effort moves you"
@@ -61,6 +62,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "distributions side by side, their KL divergence, and each block's logit lens")
     add_flags(p, WHY_OPTIONS)
     add_reading_args(p)
+    add_special_arg(p)
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the text view (default: auto, when stdout is a terminal)")
     p.set_defaults(run=run_explain)
@@ -92,22 +94,30 @@ def read_as(args: argparse.Namespace, spec: About, model: GPTModel) -> About:
 def run_explain(args: argparse.Namespace) -> int:
     if (args.versus is not None or args.patch is not None) and not args.why:
         raise GlassError("--versus and --patch belong to --why: add --why")
+    if args.allow_special and (args.passage is not None or args.compare or args.patch is not None):
+        raise GlassError("--allow-special reads the prompt traced or explained (--why); --passage, --compare and "
+                         "--patch read their texts as plain text: drop --allow-special")
     if args.passage is not None:
         return _run_passage(args)
     cfg = read_config(args.model)
     if cfg is not None:  # a preset or local checkpoint: check the flags before the slow load
         _check_layers(args, cfg.n_layers)
-    model, tok = load(args)
+    model, tok = load(args, len(args.prompt.encode("utf-8")))  # (its bytes bound its tokens)
     _check_layers(args, model.cfg.n_layers)
     if is_family_model(model):  # Qwen3, Llama 3.2: the text view of explain/family.py
         return _run_family(args, model, tok)
     spec = read_as(args, about(args.model), model)
+    allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
+    args.ids = encode_prompt(tok, args.prompt, allowed) if allowed and special_note else None
+    args.special_note = special_note
     if args.compare:
         return _run_compare(args, model, tok, spec)
     if args.why:
         return _run_why(args, model, tok, spec)
     options = trace_options(args, embedding_check=args.embedding_check or args.embedding_vs_linear)
-    tr = trace(model, tok, args.prompt, options=options, about=spec)
+    tr = trace(model, tok, None if args.ids else args.prompt, ids=args.ids, options=options, about=spec)
+    if args.special_note:  # how <|endoftext|> in the prompt was read: in the trace, as its other notes
+        tr.notes.append(args.special_note)
     for note in tr.notes:
         print(f"note: {note}", file=sys.stderr)
     if model.cfg.num_classes is not None and not spec.reading.padded and is_state_dict_file(args.model):
@@ -147,7 +157,7 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer) -> int:
 
 def _run_passage(args: argparse.Namespace) -> int:
     text = args.prompt if not args.passage else _read_text(args.passage)
-    model, tok = load(args)
+    model, tok = load(args, len(text.encode("utf-8")))
     with StepBar("passage") as bar:  # a long text runs window after window
         result = passage(model, tok, text, about=about(args.model), worst=args.top_k, progress=bar)
     return _show(args, result.to_dict(), lambda: passage_layout(result), lambda color: passage_text(result, color))
@@ -161,14 +171,17 @@ def _run_compare(args: argparse.Namespace, model: GPTModel, tok: Tokenizer, spec
 
 def _run_why(args: argparse.Namespace, model: GPTModel, tok: Tokenizer, spec: About) -> int:
     """The attribution; its JSON is the trace's with `why` added."""
-    result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, labels=spec.labels, top_k=args.top_k,
-                 reading=spec.reading)
-    for note in result.notes[:-1]:  # the last, on attention, is in every view
-        print(f"note: {note}", file=sys.stderr)
+    result = why(model, tok, None if args.ids else args.prompt, versus=args.versus, patch=args.patch,
+                 ids=args.ids, labels=spec.labels, top_k=args.top_k, reading=spec.reading)
+    for note in result.notes[:-1] + ([args.special_note] if args.special_note else []):  # (the last, on attention,
+        print(f"note: {note}", file=sys.stderr)                                                #  is in every view)
     data = None
     if args.format == "json":
-        data = trace(model, tok, args.prompt, options=trace_options(args, embedding_check=False),
-                     about=spec).to_dict()
+        tr = trace(model, tok, None if args.ids else args.prompt, ids=args.ids,
+                   options=trace_options(args, embedding_check=False), about=spec)
+        if args.special_note:
+            tr.notes.append(args.special_note)
+        data = tr.to_dict()
         data["why"] = result.to_dict()
     return _show(args, data, lambda: why_layout(result), lambda color: result.to_text(color=color))
 

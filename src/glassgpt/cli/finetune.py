@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GlassError
-from ..formats import load_model
+from ..formats import load_model, read_config
 from ..training import TrainConfig
 from ..training.tasks import classify, examples, instruct
 from ..formats.book import is_state_dict_file
@@ -39,8 +39,9 @@ from ..training.tasks import lora
 from ..training.loop.compute import exact
 from ..training.loop.config import default
 from ..prompt import BOOK_FILE_HINT, fit_prompt
-from .common import (add_model_args, add_reading_args, class_names, classifier_reading_of, fraction, load, nonneg_float,
-                     nonneg_int, positive_float, positive_int, probability, require_language_model, say)
+from .common import (add_model_args, add_reading_args, check_training_memory, class_names, classifier_reading_of, fraction, load,
+                     nonneg_int, positive_int, probability, require_language_model, say, temperature)
+from .limits import MAX_TEMPERATURE, MIN_TEMPERATURE, number
 from .progress import StepBar
 from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
 
@@ -91,7 +92,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--input", default="", help="the optional ### Input: part of the prompt (default: none)")
     add_model_args(h, default=None)
     h.add_argument("--max-new-tokens", type=nonneg_int, default=256, help="longest answer in tokens (default 256)")
-    h.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 is greedy (default 0)")
+    h.add_argument("--temperature", type=temperature, default=0.0,
+                   help=f"0 is greedy; else from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g} (default 0)")
     h.add_argument("--top-k", type=positive_int, default=None, help="sample from the k likeliest tokens (default: all)")
     h.add_argument("--top-p", type=probability, default=None,
                    help="sample from the smallest set of tokens with this much probability (default: all)")
@@ -99,6 +101,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                                        "its chapter 7 answers the test set (default: glassgpt's "
                                                        "Alpaca prompt)")
     h.set_defaults(run=run_chat)
+
+
+# Past this, the scale A / R multiplies an adapter's output so much that the first steps overflow.
+LORA_ALPHA = number(float, lambda v: 0 < v <= 10_000, "a positive number of at most 10,000")
 
 
 def _names(text: str) -> list[str]:
@@ -130,7 +136,7 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
                         f"(default {d['trainable']})")
     p.add_argument("--lora-rank", type=positive_int, metavar="R",
                    help="train rank-R LoRA adapters instead of the weights (default: no LoRA)")
-    p.add_argument("--lora-alpha", type=positive_float, metavar="A", help="LoRA scale is A / R; --recipe book: A, as appendix E's LoRALayer scales it, "
+    p.add_argument("--lora-alpha", type=LORA_ALPHA, metavar="A", help="LoRA scale is A / R; --recipe book: A, as appendix E's LoRALayer scales it, "
                         "on every nn.Linear (default: A = R)")
     add_train_args(p, exclude=("batch_tokens", "recipe"), epochs=str(d["epochs"]), shown={
         "lr": f"{examples.BOOK_LR:g} x max(1, 768 / emb_dim): the book's at GPT-2's widths, more for narrower models",
@@ -168,6 +174,9 @@ def _setup(args: argparse.Namespace, start: Start, kind: str):
         settings, source, seed = _new_settings(args, kind), None, args.seed if args.seed is not None else default("seed")
     if settings["lora_rank"] and args.fsdp:
         raise GlassError("--fsdp shards plain weights; LoRA adapters are small enough to replicate: drop --fsdp")
+    batch_size = args.batch_size or (start.saved or {}).get("batch_size") or default("batch_size")
+    _check_memory(source or settings["model"], settings, args.dtype or (start.saved or {}).get("dtype") or "float32",
+                  batch_size, args.device)
     model, tokenizer = finetuning.start_model(source or settings["model"])
     model, data, make_task, lines = finetuning.prepare_glassgpt(kind, model, tokenizer, settings, seed)
     for line in lines:
@@ -196,6 +205,7 @@ def _book_setup(args: argparse.Namespace, start: Start, recipe: recipes.Recipe, 
         settings = _new_settings(args, kind)
         cfg = recipe.train_config({f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)},
                                   {"out": args.out})
+    _check_memory(start.checkpoint or settings["model"], settings, cfg.dtype, cfg.batch_size, cfg.device)
     model, tokenizer = finetuning.start_model(start.checkpoint or settings["model"])
     new = start.checkpoint is None
     model, task, line = finetuning.prepare_book(kind, model, tokenizer, settings, cfg, new, getattr(args, "responses", None))
@@ -208,6 +218,16 @@ def _book_setup(args: argparse.Namespace, start: Start, recipe: recipes.Recipe, 
         f"{cfg.weight_decay:g}, as {recipe.summary}")
     meta = {"finetune": settings, **({"labels": book_ch06.LABELS} if kind == "classify" else {})}
     return Prepared(model, tokenizer, task, cfg, meta, recipe)
+
+
+def _check_memory(source, settings: dict, dtype: str, batch_size: int, device: str | None) -> None:
+    """check_training_memory for the model a run starts from (its config read without its weights): full
+    finetuning's gradients and AdamW state counted for every weight; with LoRA or a frozen body, the weights
+    and activations alone."""
+    cfg = read_config(source)
+    if cfg is not None:
+        check_training_memory(cfg, dtype, batch_size, settings.get("max_length") or cfg.context_length, device,
+                              model_flags=False, frozen=bool(settings.get("lora_rank")) or settings.get("trainable") != "all")
 
 
 def _report(result: dict, cfg: TrainConfig, task, tokenizer, model, kind: str) -> None:
@@ -332,7 +352,8 @@ def run_chat(args: argparse.Namespace) -> int:
     if args.recipe == recipes.BOOK and (args.temperature or args.top_k or args.top_p):
         raise GlassError("--recipe book answers greedily, as the book's chapter 7 does: drop --temperature, --top-k "
                          "and --top-p")
-    model, tokenizer = load(args)
+    prompt_bytes = len(instruct.format_prompt(args.instruction or "", args.input).encode("utf-8"))
+    model, tokenizer = load(args, prompt_bytes + args.max_new_tokens, args.max_new_tokens)
     require_language_model(model, args.model)
     if tokenizer.eot_id is None:
         raise GlassError(f"{args.model}'s tokenizer has no <|endoftext|>, so an answer could not end: "

@@ -3,7 +3,9 @@
 
 On a terminal, a tqdm bar (step, loss, lr, tokens/s, ETA) on stderr. Written to a file or a
 pipe, tqdm would leave a line per refresh, so there a plain line goes to stderr every tenth of
-the run (or minute, if sooner) and at the end. Evaluations and samples print to stdout,
+the run (or every EVERY_S seconds, if sooner) and at the end. `Heartbeat` is the same plain line
+for any other long work (generate's tokens, finetune's responses, explain's passes): the work
+done, its rate and an estimate of what is left, at least every EVERY_S seconds of work. Evaluations and samples print to stdout,
 above the bar: glassgpt's `step N: val_loss ...` lines, or, for `--recipe book`, the book's own
 `Ep 1 (Step 000000): Train loss 9.781, Val loss 9.933` and its samples.
 """
@@ -14,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+
+EVERY_S = 10.0  # the longest a long piece of work goes without a line where no bar shows
 
 NOT_METRICS = {"event", "step", "tokens", "train_loss", "lr", "tokens_per_s", "elapsed_s", "grad_norm", "sample",
                "snapshot", "max_steps", "epoch"}
@@ -73,7 +77,7 @@ class Printer:
 
     def _plain_line(self, r: dict[str, Any]) -> None:
         step, now = r["step"], time.monotonic()
-        if not (step - self.last_step >= self.every or now - self.last_time >= 60 or step == self.total):
+        if not (step - self.last_step >= self.every or now - self.last_time >= EVERY_S or step == self.total):
             return
         rate = (step - self.last_step) / max(now - self.last_time, 1e-9)
         line = (f"train: step {step:,}/{self.total:,}  {rate:.1f} step/s  loss {r['train_loss']:.4f}  "
@@ -99,12 +103,35 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+class Heartbeat:
+    """A plain progress line on stderr at least every `every` seconds of work (checked at each call):
+    `desc: 1,200/100,000 tokens, 35.2 tokens/s, eta 46m48s`; for output that is not a terminal."""
+
+    def __init__(self, desc: str, unit: str, total: int | None = None, every: float = EVERY_S, file=None):
+        self.desc, self.unit, self.total, self.every, self.file = desc, unit, total, every, file
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int | None = None) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        total = total if total is not None else self.total
+        rate = done / max(now - self.start, 1e-9)
+        line = f"{self.desc}: {done:,}" + (f"/{total:,}" if total else "") + f" {self.unit}s, {rate:,.1f} {self.unit}s/s"
+        if total and done < total:
+            line += f", eta {duration((total - done) / max(rate, 1e-9))}"
+        print(line, file=self.file or sys.stderr, flush=True)
+
+
 class StepBar:
-    """The progress of one long explain pass, as `progress(step, done, total)` callbacks: a tqdm bar on
-    stderr when it is a terminal, shown once the pass has taken half a second; nothing otherwise."""
+    """The progress of one long pass, as `progress(step, done, total)` callbacks: a tqdm bar on stderr
+    when it is a terminal, shown once the pass has taken half a second; else a `Heartbeat` line at least
+    every EVERY_S seconds."""
 
     def __init__(self, desc: str, unit: str = "block"):
         self.desc, self.unit, self.bar = desc, unit, None
+        self.heartbeat = None if sys.stderr.isatty() else Heartbeat(desc, unit)
 
     def __enter__(self) -> "StepBar":
         return self
@@ -114,8 +141,10 @@ class StepBar:
             self.bar.close()
 
     def __call__(self, step: str, done: int, total: int) -> None:
-        if self.bar is None and sys.stderr.isatty():
+        if self.heartbeat is not None:
+            self.heartbeat(done, total)
+            return
+        if self.bar is None:
             from tqdm.auto import tqdm
             self.bar = tqdm(total=total, desc=self.desc, unit=self.unit, delay=0.5, dynamic_ncols=True, leave=False)
-        if self.bar is not None:
-            self.bar.update(done - self.bar.n)
+        self.bar.update(done - self.bar.n)

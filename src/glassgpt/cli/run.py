@@ -26,15 +26,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import memory
+from ..device import resolve_device
 from ..engine import autotune
+from ..formats import load_meta
 from ..errors import GlassError
 from ..training import TrainConfig, fit, recipes
 from ..training.loop.checkpoint import checkpoint_bytes, resume_checkpoint
-from ..training.loop.config import setting_type
+from ..training.loop.config import default, setting_type
 from ..training.loop.distributed import Distributed, setup_distributed
 from ..training.loop.rundir import RunDir, open_run_dir, saved_train_config
-from .common import _number, add_threads_arg, is_main_rank, positive_float, say, set_threads
+from .common import add_threads_arg, is_main_rank, say, set_threads
+from .limits import number
 from .progress import Printer
+
+# A million passes is past any run, and keeps max_steps (epochs x steps per epoch) within 64 bits.
+EPOCHS = number(float, lambda v: 0 < v <= 1e6, "a positive number of at most 1,000,000")
 
 
 def add_train_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), shown: dict[str, str] | None = None,
@@ -48,7 +55,7 @@ def add_train_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), sh
     for f in dataclasses.fields(TrainConfig):
         if f.name not in exclude:
             _add_setting(p, f, (shown or {}).get(f.name), (choices or {}).get(f.name))
-    p.add_argument("--epochs", type=positive_float, help=f"passes over the training data (default {epochs}); give this "
+    p.add_argument("--epochs", type=EPOCHS, help=f"passes over the training data (default {epochs}); give this "
                                                          "or --max-steps, not both")
     p.add_argument("--no-progress", action="store_true",
                    help="hide the progress bar (on a terminal) or the progress lines (in a log); the evaluation "
@@ -69,9 +76,7 @@ def _add_setting(p: argparse.ArgumentParser, f: dataclasses.Field, shown: str | 
         p.add_argument(flag, dest=f.name, choices=choices or m["choices"], default=None, help=text)
     else:
         check = m["check"]
-        parse = functools.partial(_number, kind=kind, ok=check or (lambda v: True),
-                                  requirement=check.words if check else "")
-        parse.__name__ = kind.__name__  # argparse names the type in its message
+        parse = number(kind, check, check.words, check.most) if check else number(kind, lambda v: True, "a number")
         p.add_argument(flag, dest=f.name, type=parse, default=None, metavar=m["metavar"], help=text)
 
 
@@ -124,6 +129,7 @@ def run_training(args: argparse.Namespace, command: str, setup: Setup,
         raise GlassError("--resume RUN_DIR writes to RUN_DIR: drop --out")
     if args.epochs is not None and args.max_steps is not None:
         raise GlassError("give --epochs or --max-steps, not both")
+    check_evaluation_sizes(args)
     with open_run_dir(args.resume or args.out, bool(args.resume), is_main_rank()) as run_dir:
         start = _resumed(args, run_dir) if args.resume else Start(run_dir, None)
         device = args.device or (start.saved or {}).get("device")
@@ -131,7 +137,9 @@ def run_training(args: argparse.Namespace, command: str, setup: Setup,
         try:
             prepared = setup(args, start)
             model, tokenizer, task, cfg = prepared.model, prepared.tokenizer, prepared.task, prepared.cfg
-            set_threads(args.threads, model.cfg.emb_dim, file=sys.stdout)
+            recorded = load_meta(start.checkpoint).get("threads") if start.checkpoint else None
+            prepared.meta["threads"] = set_threads(args.threads, model.cfg.emb_dim, file=sys.stdout,
+                                                   recorded=recorded)  # saved with each checkpoint
             if model.tok_emb.weight.device.type == "cpu":
                 say(autotune.training_note())
             _checkpoint_note(model, cfg)
@@ -150,6 +158,31 @@ def run_training(args: argparse.Namespace, command: str, setup: Setup,
     if is_main_rank():
         report(result, cfg, task, tokenizer, model)
     return 0
+
+
+EVAL_WINDOW_BYTES = 16  # a window's start in the float64 linspace and its int64 copy (training/data.py)
+
+
+def check_evaluation_sizes(args: argparse.Namespace) -> None:
+    """What each evaluation allocates, refused before the run starts where the memory available cannot hold
+    it: --sample-tokens (a sample that long) and --eval-batches x --batch-size (the windows' starts)."""
+    free = memory.available_memory(resolve_device(args.device))
+    if getattr(args, "sample_tokens", None):
+        n = args.sample_tokens
+        note = memory.fit_note(n * memory.TOKEN_BYTES, free, f"--sample-tokens {n:,} (a sample of {n:,} tokens "
+                               f"at each evaluation, {memory.TOKEN_BYTES} bytes each)",
+                               f"--sample-tokens {free.ram // memory.TOKEN_BYTES:,} fits")
+        if note:
+            say(f"note: {note}", file=sys.stderr)
+    if getattr(args, "eval_batches", None):
+        batch = args.batch_size or default("batch_size")
+        windows = args.eval_batches * batch
+        note = memory.fit_note(windows * EVAL_WINDOW_BYTES, free,
+                               f"--eval-batches {args.eval_batches:,} x --batch-size {batch:,} ({windows:,} windows "
+                               f"at each evaluation, {EVAL_WINDOW_BYTES} bytes for each one's start)",
+                               f"--eval-batches {max(1, free.ram // EVAL_WINDOW_BYTES // batch):,} fits")
+        if note:
+            say(f"note: {note}", file=sys.stderr)
 
 
 def _resumed(args: argparse.Namespace, run_dir: RunDir) -> Start:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ..config import init_scheme
 from ..errors import GlassError
-from .common import add_model_args, add_reading_args, load, nonneg_int, positive_int
+from .common import add_model_args, add_reading_args, load, positive_int
+from .limits import port
 from .explain import about, read_as
 
 WEB_EXTRA = "the web page needs FastAPI and uvicorn: pip install 'glassgpt[web]'"
@@ -31,7 +32,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 opens it to the network)")
-    p.add_argument("--port", type=nonneg_int, default=8000, help="TCP port (default: 8000; 0 picks a free one)")
+    p.add_argument("--port", type=port, default=8000, help="TCP port, 1 to 65535 (default: 8000; 0 picks a free one)")
     p.add_argument("--allowed-hosts", metavar="NAMES", type=_names, default=None,
                    help="comma-separated names that requests may address the server by (their Host header), "
                         "besides localhost, 127.0.0.1 and [::1]; '*' allows any (default: none besides those and "

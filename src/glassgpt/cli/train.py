@@ -28,10 +28,10 @@ from pathlib import Path
 from ..config import PRESETS, init_scheme
 from ..engine import native
 from ..errors import GlassError
-from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir, spec_kind
+from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir, read_config, spec_kind
 from ..formats.book import is_state_dict_file, side_config
 from ..formats.files import atomic_write
-from ..tokenizer import check_fits, get_tokenizer, train_bpe
+from ..tokenizer import ENDOFTEXT, check_fits, get_tokenizer, train_bpe
 from ..training import TrainConfig, plot_run, read_metrics
 from ..training import evaluation, recipes
 from ..training.book import ch05 as book
@@ -40,20 +40,18 @@ from ..training.loop.config import SMALL_TEXT_FINDING, default, runs_as_book
 from ..training.tasks.data import build_tokenizer, resolve_files, scan_file
 from ..training.loop.metrics import snapshot_records
 from ..training.loop.rundir import saved_train_config
-from .common import add_threads_arg, fraction, nonneg_float, nonneg_int, positive_int, require_language_model, say, set_threads
-from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
+from .common import (add_special_arg, add_threads_arg, check_training_memory, fraction, positive_int, require_language_model, say, seed,
+                     set_threads)
+from .run import (Prepared, Start, add_train_args, check_evaluation_sizes, given_flags, run_training, stoppable,
+                  train_config_from_args)
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16", "auto"]
 MODEL_FLAGS = ("data", "tokenizer", "model", "init", "n_layers", "n_heads", "emb_dim", "context_length",
-               "drop_rate", "val_fraction", "cache_dir", "sample_prompt", "stride", "recipe")
+               "drop_rate", "val_fraction", "cache_dir", "sample_prompt", "stride", "recipe", "allow_special")
 BOOK_DROP_RATE = 0.1  # GPT_CONFIG_124M's: what a state dict, which cannot record it, is assumed to have trained with
 
 
-def dropout(text: str) -> float:
-    value = nonneg_float(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
+dropout = fraction  # a share of the activations zeroed: [0, 1)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -88,6 +86,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sample-prompt", metavar="TEXT",
                    help="prompt of the samples and snapshots at each evaluation (default: the first tokens of the "
                         f"val split; --recipe book: {book.START_CONTEXT!r})")
+    add_special_arg(p, "the training text (between files it is added as that token either way; --recipe book "
+                       "reads it so always, as the book's code does)")
     add_train_args(p, epochs="none, --max-steps says; --recipe book: 10, the book's",
                    choices={"recipe": recipes.names("train")})
     p.set_defaults(run=run_train)
@@ -131,7 +131,7 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, help="default: the run's, else 8 (--recipe book: 2)")
     p.add_argument("--eval-batches", type=positive_int,
                    help="default: the run's, else the windows that score each token once (at most 20 batches)")
-    p.add_argument("--seed", type=nonneg_int, default=None,
+    p.add_argument("--seed", type=seed, default=None,
                    help=f"--recipe book: torch.manual_seed before the shuffled loader (default {recipes.recipe('train', recipes.BOOK).defaults['seed']})")
     p.add_argument("--cache-dir", metavar="DIR", help="where tokenized data is cached (default $XDG_CACHE_HOME/glassgpt/tokens, "
                                                         "~/.cache/glassgpt/tokens without it)")
@@ -181,13 +181,20 @@ def _new_setup(args: argparse.Namespace, start: Start):
     recipe = recipes.recipe("train", args.recipe)
     _check_recipe_flags(args, recipe, start.ranks.world)
     files = resolve_files(args.data)
-    model, tokenizer, context = _model_and_tokenizer(args, files, recipe)
+    cfg = recipe.train_config({f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)},
+                              {"out": args.out})
+    model, tokenizer, context = _model_and_tokenizer(args, files, recipe, cfg)
     data = {"path": os.path.abspath(args.data), "files": len(files), "recipe": recipe.name,
             "val_fraction": args.val_fraction if args.val_fraction is not None else 0.1,
             "cache_dir": os.path.abspath(args.cache_dir) if args.cache_dir else "cache",
             "context_length": context, "stride": args.stride or context, "sample_prompt": args.sample_prompt}
-    cfg = recipe.train_config({f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)},
-                              {"out": args.out})
+    if args.allow_special:  # (recorded only when given: a resume reads the text as the run did)
+        if tokenizer.eot_id is None:
+            raise GlassError(f"--allow-special reads {ENDOFTEXT} as its token, and the {tokenizer.name} tokenizer has "
+                             "none: drop --allow-special")
+        data["allow_special"] = True
+        say(f"note: {ENDOFTEXT} written in the training text is read as the token {tokenizer.eot_id} "
+            "(--allow-special), as it is between files", file=sys.stderr)
     task, data["fingerprint"], line = recipe.task(files, tokenizer, data, cfg, Path(args.out))
     say(line)
     cfg = _with_epochs(args, cfg, task, start.ranks.world, default=recipe.epochs)
@@ -207,8 +214,9 @@ def small_text_note(tokens: int, context: int) -> str:
             f"this small, {SMALL_TEXT_FINDING}")
 
 
-def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: recipes.Recipe):
-    """(model, tokenizer, context length) for a new run: --init's weights, or a random --model."""
+def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: recipes.Recipe, cfg: TrainConfig):
+    """(model, tokenizer, context length) for a new run: --init's weights, or a random --model; either
+    once its training is known to fit in the memory available (check_training_memory)."""
     arch = [f for f in ("model", "n_layers", "n_heads", "emb_dim") if getattr(args, f) is not None]
     if args.init and arch:
         raise GlassError(f"--init loads a model with its own architecture; drop --{arch[0].replace('_', '-')}")
@@ -220,8 +228,13 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: re
         gcfg = get_config(args.model or "gpt2", vocab_size=tokenizer.n_vocab, n_layers=args.n_layers,
                           n_heads=args.n_heads, emb_dim=args.emb_dim, context_length=args.context_length,
                           drop_rate=args.drop_rate)
+        check_training_memory(gcfg, cfg.dtype, cfg.batch_size, gcfg.context_length, args.device)
         seed = args.seed if args.seed is not None else recipe.defaults.get("seed", default("seed"))
         return recipe.new_model(gcfg, init_scheme(args.model or "gpt2"), seed), tokenizer, gcfg.context_length
+    init_cfg = read_config(args.init)
+    if init_cfg is not None:
+        check_training_memory(init_cfg, cfg.dtype, cfg.batch_size, args.context_length or init_cfg.context_length,
+                              args.device, model_flags=False)
     model = load_model(args.init, device="cpu", dtype="float32")
     tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else load_tokenizer(args.init)
     check_fits(tokenizer, model.cfg.vocab_size, f"use {args.init}'s own tokenizer (drop --tokenizer)")
@@ -268,6 +281,9 @@ def _resume_setup(args: argparse.Namespace, start: Start):
     if not data:
         raise GlassError(f"{start.checkpoint}/meta.json does not say what data the run trained on: it was not "
                          "made by glassgpt train")
+    saved_cfg = read_config(start.checkpoint)
+    check_training_memory(saved_cfg, cfg.dtype, cfg.batch_size, data.get("context_length") or saved_cfg.context_length,
+                          cfg.device, model_flags=False)
     model = load_model(start.checkpoint, device="cpu", dtype="float32")
     tokenizer = load_tokenizer(start.checkpoint)
     recipe = recipes.recipe("train", data.get("recipe"))
@@ -282,6 +298,7 @@ def _resume_setup(args: argparse.Namespace, start: Start):
 
 @stoppable
 def run_eval(args: argparse.Namespace) -> int:
+    check_evaluation_sizes(args)
     run_cfg, run_data = _run_settings(args.model)
     model = load_model(args.model, device=args.device, dtype="float32")
     require_language_model(model, args.model)

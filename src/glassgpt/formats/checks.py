@@ -16,7 +16,6 @@ from a one-block model) and `meta_model` (a model with shapes and no memory).
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -25,6 +24,7 @@ import torch
 
 from ..config import GPTConfig
 from ..errors import CheckpointError, ConfigError
+from .. import memory
 from ..memory import parameter_counts
 from ..model import GPTModel
 
@@ -101,17 +101,14 @@ def check_buildable(cfg: GPTConfig, dtype: torch.dtype, device: torch.device, so
         raise ConfigError(
             f"{source}: n_layers {cfg.n_layers:,}, emb_dim {cfg.emb_dim:,} and vocab_size {cfg.vocab_size:,} "
             f"make {params:,} parameters, {need / 2**30:,.1f} GiB in {str(dtype).removeprefix('torch.')}, and "
-            f"this machine has {have / 2**30:,.1f} GiB (GPT-2 XL has {GPT2_XL_PARAMETERS:,}): use smaller sizes")
+            f"this machine has {have / 2**30:,.1f} GiB available (GPT-2 XL has {GPT2_XL_PARAMETERS:,}): use smaller sizes")
 
 
 def memory_bytes(device: torch.device) -> int:
-    """The memory a model's weights can live in: the GPU's, or this machine's RAM."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 40  # unknown: a terabyte, so only the absurd is refused
+    """The memory a model's weights can live in now: the GPU's free memory, or this machine's
+    available RAM and swap (MemAvailable + SwapFree, not MemTotal: other processes hold the rest)."""
+    free = memory.available_memory(device)
+    return free.ram + free.swap
 
 
 # --- what a model of a config holds ---------------------------------------------------------

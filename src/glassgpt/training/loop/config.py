@@ -42,13 +42,15 @@ class Check:
 
     ok: Callable[[Any], bool]
     words: str
+    most: int = 2**63 - 1  # the largest integer the flag's parser reads (64 bits; a seed's 2**64 - 1)
 
     def __call__(self, value: Any) -> bool:
         return self.ok(value)
 
 
 def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer that fits in 64 bits (torch's and numpy's counters)."""
+    return isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63
 
 
 def _number(v) -> bool:
@@ -60,6 +62,8 @@ NONNEG_INT = Check(lambda v: _int(v) and v >= 0, "a non-negative integer")
 POSITIVE = Check(lambda v: _number(v) and v > 0, "a positive number")
 NONNEG = Check(lambda v: _number(v) and v >= 0, "a number >= 0")
 FRACTION = Check(lambda v: _number(v) and 0 <= v < 1, "in [0, 1)")
+SEED = Check(lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**64, "an integer in [0, 2**64)",
+             2**64 - 1)
 
 
 def setting(default: Any, help: str, check: Check | None = None, *, shown: str | None = None,
@@ -104,7 +108,7 @@ class TrainConfig:
     log_every: int = setting(1, "steps between metrics.jsonl lines", POSITIVE_INT)
     sample_tokens: int = setting(40, "tokens sampled at each evaluation (0: none)", NONNEG_INT)
     seed: int = setting(1337, "seed for initialisation, batches and dropout (a resumed run keeps its own)",
-                        NONNEG_INT)
+                        SEED)
     dtype: str = setting("float32", "compute precision; the weights and AdamW stay float32: bfloat16 trains a bf16 "
                                     "copy of them (autocast under --fsdp), float16 autocasts with a grad scaler "
                                     "(CUDA), auto picks bfloat16 where it measured faster", choices=DTYPES)
@@ -125,6 +129,15 @@ class TrainConfig:
                 raise TrainError(f"{f.name} must be {', '.join(choices[:-1])} or {choices[-1]}, got {value!r}")
         if not self.out:
             raise TrainError("out (the run directory) must be given")
+        # AdamW multiplies each weight by 1 - lr x weight_decay a step: at 1 or more it zeroes or flips them all.
+        # (A huge lr is the loop's to catch: it diverges, and says "Lower --lr".)
+        if self.weight_decay > 1 and self.lr * self.weight_decay >= 1:
+            raise TrainError(f"weight_decay {self.weight_decay:g} x lr {self.lr:g} is {self.lr * self.weight_decay:g}: "
+                             "AdamW multiplies each weight by 1 - lr x weight_decay a step, so it must stay below 1: "
+                             "lower --weight-decay")
+        if self.min_lr is not None and self.min_lr > self.lr:
+            raise TrainError(f"min_lr {self.min_lr:g} is above lr {self.lr:g}: the cosine falls from lr to min_lr, so "
+                             "give a --min-lr of at most --lr")
 
     @property
     def final_lr(self) -> float:

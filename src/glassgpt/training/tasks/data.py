@@ -43,7 +43,7 @@ from ...formats.files import create_file, open_to_write, read_json, special_file
 from ...generate import generate
 from ...engine.loss import cross_entropy
 from ...formats import get_tokenizer
-from ...tokenizer import CharTokenizer, Tokenizer, TiktokenTokenizer, iter_text_blocks
+from ...tokenizer import ENDOFTEXT, CharTokenizer, Tokenizer, TiktokenTokenizer, iter_text_blocks
 from ..loop.loop import evaluate_loss
 from ..loop.task import Task
 
@@ -147,15 +147,18 @@ def token_dtype(n_vocab: int) -> str:
     return "uint16" if n_vocab <= 1 << 16 else "uint32"
 
 
-def cache_key(file_hashes: list[str], tokenizer: Tokenizer) -> str:
-    spec = json.dumps({"format": CACHE_FORMAT, "files": file_hashes, "tokenizer": tokenizer.to_dict()},
-                      sort_keys=True, ensure_ascii=False)
+def cache_key(file_hashes: list[str], tokenizer: Tokenizer, allow_special: bool = False) -> str:
+    spec = {"format": CACHE_FORMAT, "files": file_hashes, "tokenizer": tokenizer.to_dict()}
+    if allow_special:  # (only then: the keys of plain-text caches stay what they were)
+        spec["allowed_special"] = [ENDOFTEXT]
+    spec = json.dumps(spec, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(spec.encode("utf-8")).hexdigest()
 
 
 def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: str | os.PathLike,
-                   progress=None, expect_key: str | None = None) -> TokenCache:
+                   progress=None, expect_key: str | None = None, allow_special: bool = False) -> TokenCache:
     """Token ids of `files` (joined by `<|endoftext|>` if the tokenizer has one), cached in `cache_dir`.
+    `<|endoftext|>` written in a file is plain text, unless `allow_special` reads it as its token.
 
     A cache hit costs one read of the files (to hash them). Writing is atomic: the
     .bin is written under a temporary name, then its .json record; a cache without
@@ -166,7 +169,7 @@ def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: str | os.
     """
     cache_dir = Path(cache_dir)
     hashes = [scan_file(p) for p in files]
-    key = cache_key(hashes, tokenizer)
+    key = cache_key(hashes, tokenizer, allow_special)
     if expect_key is not None and key != expect_key:
         raise DataError(f"the data changed since the run started ({len(files)} file(s) now, whose sha256 "
                         "differ from the run's record), so --resume could not continue it exactly: restore "
@@ -176,13 +179,15 @@ def tokenize_files(files: list[Path], tokenizer: Tokenizer, cache_dir: str | os.
         with _lock(cache_dir / ".lock"):  # ranks of a torchrun job on one machine tokenize once
             for orphan in cache_dir.glob(".tokens-*.tmp"):  # a killed process's (we hold the lock)
                 orphan.unlink(missing_ok=True)
-            return _read_cache(cache_dir, key) or _write_cache(files, tokenizer, cache_dir, key, progress)
+            return _read_cache(cache_dir, key) or _write_cache(files, tokenizer, cache_dir, key, progress,
+                                                               allow_special)
     except OSError as e:  # a full disk, a file-size limit, a read-only disk
         raise DataError(f"could not write the token cache in {cache_dir} ({e.strerror or e}): free some space "
                         "or pass --cache-dir on a writable disk") from None
 
 
-def _write_cache(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, key: str, progress) -> TokenCache:
+def _write_cache(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, key: str, progress,
+                 allow_special: bool = False) -> TokenCache:
     dtype = token_dtype(tokenizer.n_vocab)
     bin_path = cache_dir / f"tokens-{key[:16]}.bin"
     tmp = bin_path.with_name(f".{bin_path.name}.{os.getpid()}.tmp")
@@ -193,7 +198,7 @@ def _write_cache(files: list[Path], tokenizer: Tokenizer, cache_dir: Path, key: 
                 if i and tokenizer.eot_id is not None:
                     out.write(np.array([tokenizer.eot_id], dtype=dtype).tobytes())
                     n_tokens += 1
-                for ids in _encode_file(path, tokenizer):
+                for ids in _encode_file(path, tokenizer, allow_special):
                     out.write(ids.astype(dtype, copy=False).tobytes())
                     n_tokens += len(ids)
                 if progress is not None:
@@ -229,8 +234,11 @@ def _read_cache(cache_dir: Path, key: str) -> TokenCache | None:
     return TokenCache(bin_path, key, record["n_tokens"], dtype)
 
 
-def _encode_file(path: Path, tokenizer: Tokenizer) -> Iterator[np.ndarray]:
-    if isinstance(tokenizer, CharTokenizer):
+def _encode_file(path: Path, tokenizer: Tokenizer, allow_special: bool = False) -> Iterator[np.ndarray]:
+    if allow_special and not isinstance(tokenizer, CharTokenizer):  # (a block never splits the token: no newline)
+        for block in read_blocks(path):
+            yield np.array(tokenizer.encode(block, allowed_special={ENDOFTEXT}), dtype=np.int64)
+    elif isinstance(tokenizer, CharTokenizer):
         # One vectorised lookup per block instead of a dict lookup per character.
         codes = np.array([ord(c) for c in tokenizer.chars], dtype=np.uint32)
         for block in read_blocks(path):
@@ -313,14 +321,14 @@ def text_task(files: list[Path], tokenizer: Tokenizer, data: dict, cfg, run_dir:
     t0 = time.perf_counter()
     # A run records its cache relative to itself; older runs recorded it relative to where they started.
     cache_dir = run_dir / data["cache_dir"] if "fingerprint" in data or data["cache_dir"] == "cache" else data["cache_dir"]
-    cache = tokenize_files(files, tokenizer, cache_dir, expect_key=expect)
+    cache = tokenize_files(files, tokenizer, cache_dir, expect_key=expect, allow_special=data.get("allow_special", False))
     train, val = split_ids(cache.ids(), data["val_fraction"])
     line = (f"data: {len(files)} file(s), {cache.n_tokens:,} tokens ({len(train):,} train, {len(val):,} val), "
             f"tokenizer {tokenizer.name} ({tokenizer.n_vocab:,} tokens), cached in {cache.path} "
             f"({time.perf_counter() - t0:.1f} s)")
     task = TextTask(train, val, data["context_length"], cfg.batch_size, tokenizer=tokenizer, seed=cfg.seed,
                     eval_batches=cfg.eval_batches, sample_tokens=cfg.sample_tokens,
-                    sample_prompt=data.get("sample_prompt"))
+                    sample_prompt=data.get("sample_prompt"), allow_special=data.get("allow_special", False))
     return task, cache.key, line
 
 
@@ -336,7 +344,7 @@ class TextTask(Task):
 
     def __init__(self, train: np.ndarray, val: np.ndarray, context_length: int, batch_size: int,
                  tokenizer: Tokenizer | None = None, seed: int = 1337, eval_batches: int | None = EVAL_BATCHES,
-                 sample_tokens: int = 40, sample_prompt: str | None = None):
+                 sample_tokens: int = 40, sample_prompt: str | None = None, allow_special: bool = False):
         self.train, self.val = train, val
         self.context_length, self.batch_size, self.seed = context_length, batch_size, seed
         self.tokenizer, self.sample_tokens, self.n_eval_batches = tokenizer, sample_tokens, eval_batches
@@ -348,7 +356,7 @@ class TextTask(Task):
             raise DataError(f"the validation split has {len(val):,} tokens, fewer than context_length + 1 "
                             f"= {need:,}: raise --val-fraction, give more text or a smaller --context-length")
         if sample_prompt is not None and tokenizer is not None:
-            self.sample_prompt_ids = tokenizer.encode(sample_prompt)
+            self.sample_prompt_ids = tokenizer.encode(sample_prompt, {ENDOFTEXT} if allow_special else ())
         else:  # the first few tokens of held-out text, so every sample starts the same way
             source = val if len(val) else train
             self.sample_prompt_ids = [int(i) for i in source[:max(1, min(8, context_length // 2))]]

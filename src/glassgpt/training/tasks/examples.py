@@ -202,7 +202,8 @@ def finetune_defaults(n_train: int, emb_dim: int, batch_size: int, grad_accum: i
 
 @functools.lru_cache(maxsize=8)
 def _permutation(n: int, seed: int, epoch: int) -> tuple[int, ...]:
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    # (mod 2**64: a seed up to 2**64 - 1 stays in manual_seed's range; smaller seeds draw as before)
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % 2**64)
     return tuple(torch.randperm(n, generator=gen).tolist())
 
 
