@@ -14,6 +14,8 @@ analyses, each a function over the model that returns a result:
     diff.py      two models' weights: the relative change of every tensor, and which did not move
     why.py       why this token: the parts' exact sum, the prompt tokens' shares, activation patching
     verify.py    check(model): a reader's own module against the book's formulas, stage by stage
+    pieces/      check(piece): any piece of chapters 2 to 7 as the reader wrote it (a class, a function,
+                 a tokenizer, a dataset), its first difference and the mistake that reproduces it
 views/, above the analyses: each result's text, picture and notebook HTML, registered in views/__init__.py
 """
 
@@ -21,10 +23,11 @@ from . import views  # registers every result's views (views/__init__.py)
 from .check import check_embedding_is_linear
 from .record import Progress
 from .trace import About, Stage, Trace, TraceOptions, trace
-from .verify import CheckResult, check
+from .pieces import PieceResult, check
+from .verify import CheckResult
 from .views import diagram
 from .views.notebook import show
 from .why import Why, why
 
-__all__ = ["About", "CheckResult", "Progress", "Stage", "Trace", "TraceOptions", "Why", "check_embedding_is_linear", "check",
+__all__ = ["About", "CheckResult", "PieceResult", "Progress", "Stage", "Trace", "TraceOptions", "Why", "check_embedding_is_linear", "check",
            "diagram", "show", "trace", "why"]
