@@ -233,7 +233,10 @@ def _judge(result: PieceResult, reader, book, variant: Callable, kind: str, caus
 
 def _found(result: PieceResult, stage: str, where: str, mistake: str | None, prefix: str = "") -> PieceResult:
     result.stage, result.where, result.mistake = stage, where, mistake
-    what = f"{prefix}the {stage} first differ from glassgpt's at {where}"
+    if where.startswith("shape"):
+        what = f"{prefix}the {stage} has {where}"
+    else:
+        what = f"{prefix}the {stage} first differ{'s' if stage == 'output' else ''} from glassgpt's at {where}"
     result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
         f"{what}; no known mistake reproduces it: compare your forward line by line with the book's"
     return result
