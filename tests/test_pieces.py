@@ -236,3 +236,67 @@ def test_a_class_that_cannot_be_built_with_the_arguments_says_which_and_how():
     with pytest.raises(PieceError) as err:
         glassgpt.check(ch03.MultiHeadAttention, args={"d_in": 3})
     assert "could not be built with {'d_in': 3}" in str(err.value) and "--args" in str(err.value)
+
+
+# --- the command line -----------------------------------------------------------------------------------
+
+MY_ATTENTION = '''import torch
+from llms_from_scratch import ch03
+
+
+class MultiHeadAttention(ch03.MultiHeadAttention):  # the issue's trial: the mask also covers the diagonal
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=0)
+
+
+class Mystery(torch.nn.Module):
+    def __init__(self, size):
+        super().__init__()
+'''
+
+
+@pytest.fixture
+def my_attention(tmp_path):
+    (tmp_path / "my_attention.py").write_text(MY_ATTENTION)
+    return tmp_path / "my_attention.py"
+
+
+@pytest.mark.parametrize("how", [["--args", "ch03"], ["--args", "ch04"], [],
+                                 ["--args", '{"d_in": 8, "d_out": 8, "context_length": 6, "dropout": 0.0, '
+                                            '"num_heads": 2}']])
+def test_the_command_line_builds_a_piece_with_its_arguments_and_names_the_mistake(my_attention, capsys, how):
+    from glassgpt.cli import main
+    assert main(["check", f"{my_attention}:MultiHeadAttention", *how]) == 1
+    out = capsys.readouterr().out
+    assert "row 0 of head 0 of the attention weights is NaN: every position is masked, including the diagonal" in out
+
+
+def test_the_issues_config_file_with_missing_arguments_is_one_line_not_a_type_error(my_attention, tmp_path, capsys):
+    from glassgpt.cli import main
+    (tmp_path / "att.json").write_text('{"d_in": 768}')
+    assert main(["check", f"{my_attention}:MultiHeadAttention", "--config", str(tmp_path / "att.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "missing 4 required positional arguments" in err and "--args ch03 or ch04" in err
+
+
+def test_the_command_line_says_which_kinds_it_knows_for_a_class_it_does_not(my_attention, capsys):
+    from glassgpt.cli import main
+    assert main(["check", f"{my_attention}:Mystery"]) == 2
+    err = capsys.readouterr().err
+    assert "Mystery is no kind glassgpt check knows" in err and "MultiHeadAttention, LayerNorm" in err
+    assert err.count("\n") == 1
+
+
+def test_the_command_line_checks_a_function_by_its_name(tmp_path, capsys):
+    from glassgpt.cli import main
+    (tmp_path / "mine.py").write_text("from llms_from_scratch.ch07 import custom_collate_fn\n")
+    assert main(["check", f"{tmp_path / 'mine.py'}:custom_collate_fn", "--json"]) == 0
+    assert '"ok": true' in capsys.readouterr().out
+
+
+def test_a_bad_args_value_is_one_line(my_attention, capsys):
+    from glassgpt.cli import main
+    assert main(["check", f"{my_attention}:MultiHeadAttention", "--args", "ch09"]) == 2
+    assert "one of ch03, ch04" in capsys.readouterr().err

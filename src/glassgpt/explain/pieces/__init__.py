@@ -165,9 +165,9 @@ def preset_args(name: str, preset: str) -> Any:
     return PRESETS[preset][name]
 
 
-def build(cls: type, args: Any = None) -> Any:
+def build(cls: type, args: Any = None, seed: int = 123) -> Any:
     """cls built as the book builds it: with `args` (a dict, or a chapter preset's name), after
-    torch.manual_seed(123); a one-line PieceError when it cannot be."""
+    torch.manual_seed(seed); a one-line PieceError when it cannot be."""
     name = cls.__name__
     if args is None:
         args = next((p for p in PRESETS if name in PRESETS[p]), None)
@@ -177,12 +177,13 @@ def build(cls: type, args: Any = None) -> Any:
             if args is None:
                 raise PieceError(f"{name} is no kind glassgpt check knows (by its name or its constructor's "
                                  f"arguments): it knows {known_kinds()}")
-            return build(cls, preset_args(kind, args))
+            return build(cls, preset_args(kind, args), seed)
     if isinstance(args, str):
         args = preset_args(_kind_by_signature(cls) or name, args)
     params = [p for p in inspect.signature(cls.__init__).parameters.values()][1:]
-    one_config = len(params) == 1 and params[0].name in ("cfg", "config")
-    torch.manual_seed(123)
+    one_config = len(params) == 1 and params[0].kind is params[0].POSITIONAL_OR_KEYWORD and (
+        params[0].name in ("cfg", "config") or (isinstance(args, dict) and set(args) - {params[0].name}))
+    torch.manual_seed(seed)
     try:
         return cls(args) if one_config or not isinstance(args, dict) else cls(**args)
     except Exception as err:
