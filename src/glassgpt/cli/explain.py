@@ -18,6 +18,7 @@ from ..explain.compare import compare
 from ..explain.views.compare import comparison_layout, comparison_text
 from ..explain.views.diagram import layout, save_attention_png
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
+from ..explain.pieces import sliding_windows
 from ..explain.passage import passage
 from ..explain.views.passage import passage_layout, passage_text
 from ..explain.why import why
@@ -58,6 +59,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="a second model (any --model spec) traced on the same prompt: both next-token "
                         "distributions side by side, their KL divergence, and each block's logit lens")
     add_flags(p, WHY_OPTIONS)
+    p.add_argument("--windows", action="store_true",
+                   help="show the PROMPT's sliding windows as the book's GPTDatasetV1 cuts them (no model needed): "
+                        "each window's inputs and targets, the stride and the overlap")
+    p.add_argument("--window-length", type=int, default=4, metavar="N",
+                   help="--windows: tokens per window, the book's max_length (default: 4)")
+    p.add_argument("--stride", type=int, default=None, metavar="N",
+                   help="--windows: tokens from one window's start to the next (default: the window length)")
     add_reading_args(p)
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the text view (default: auto, when stdout is a terminal)")
@@ -92,6 +100,9 @@ def run_explain(args: argparse.Namespace) -> int:
         raise GlassError("--versus and --patch belong to --why: add --why")
     if args.passage is not None:
         return _run_passage(args)
+    if args.windows:
+        w = sliding_windows(args.prompt, args.window_length, args.stride)
+        return emit(json.dumps(w.to_dict(), indent=2) if args.format == "json" else w.to_text(), args.out)
     cfg = read_config(args.model)
     if cfg is not None:  # a preset or local checkpoint: check the flags before the slow load
         _check_layers(args, cfg.n_layers)

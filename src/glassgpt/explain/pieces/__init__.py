@@ -27,6 +27,7 @@ from .data import check_dataset, check_dataset_class, check_loader_function, che
 from .functions import CHECKS as FUNCTION_CHECKS, check_function
 from .layers import check_block, check_feed_forward, check_gelu, check_layer_norm
 from .report import PieceError, PieceResult
+from .view import SlidingWindows, sliding_windows  # also gives PieceResult its picture in a notebook
 
 GPT_CONFIG_124M = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12,
                    "drop_rate": 0.1, "qkv_bias": False}
@@ -54,17 +55,18 @@ def known_kinds() -> str:
 
 
 def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, args: Any = None,
-          max_length: int | None = None, stride: int | None = None) -> PieceResult:
+          max_length: int | None = None, stride: int | None = None, inputs: torch.Tensor | None = None
+          ) -> PieceResult:
     """Check `piece` (a class, an instance, a function or a tokenizer of the book's chapters 2 to 7)
     against glassgpt's formula for it: see the module's docstring. A whole GPT model goes to
     verify.check(model, text, ids). A class is built with `args` (a dict of its constructor's
     arguments, or "ch03" / "ch04" for the book's; default: the book's for its chapter) after
     torch.manual_seed(123). A dataset already built needs the `text`, `max_length` and `stride`
-    it was built with."""
+    it was built with. `inputs`: a module's input instead of the book's."""
     if isinstance(piece, type):
         if _is_dataset_class(piece):
             return check_dataset_class(piece)
-        return check(build(piece, args), text, ids)
+        return check(build(piece, args), text, ids, inputs=inputs)
     if inspect.isfunction(piece) or inspect.ismethod(piece):
         return _check_callable(piece)
     kind = identify(piece)
@@ -72,15 +74,46 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
         return check_model(piece, text or DEFAULT_TEXT, ids)
     try:
         if kind in ATTENTION:
-            return check_attention(piece, kind)
+            return check_attention(piece, kind, inputs)
         if kind in ("LayerNorm", "GELU", "FeedForward", "TransformerBlock"):
             return {"LayerNorm": check_layer_norm, "GELU": check_gelu, "FeedForward": check_feed_forward,
-                    "TransformerBlock": check_block}[kind](piece)
+                    "TransformerBlock": check_block}[kind](piece, inputs)
     except AttributeError as err:  # a part of the book's names is missing
         raise PieceError(f"{type(piece).__name__} looks like the book's {kind} but has {err}") from None
     if kind == "tokenizer":
         return check_tokenizer(piece, type(piece).__name__)
     return check_dataset(piece, kind, text, max_length, stride)
+
+
+def show(piece: Any, input: Any = None, tokenizer: Any = None) -> Any:
+    """In a notebook, any piece as a picture: a whole model's trace of the text `input`; a dataset class
+    (or create_dataloader_v1) with a text, its windows beside the book's; a text alone, the book's
+    windows; any other piece checked and drawn (attention weights as its softmax returned them, beside
+    glassgpt's), on `input` (a tensor) or the book's input."""
+    if isinstance(piece, str):
+        return sliding_windows(piece, **(input or {}), tokenizer=tokenizer)
+    if isinstance(piece, nn.Module) and _is_whole_model(piece):
+        from ..notebook import show as show_model
+        return show_model(piece, input or DEFAULT_TEXT, tokenizer)
+    if isinstance(input, str) and (isinstance(piece, type) and _is_dataset_class(piece)):
+        from .data import check_windows, windows_of
+        return check_windows(lambda text, tok, L, s: windows_of(piece(text, tok, L, s)), piece.__name__, input)
+    if isinstance(input, str) and getattr(piece, "__name__", "") == "create_dataloader_v1":
+        from .data import check_windows, loader_windows
+        return check_windows(lambda text, _tok, L, s: loader_windows(piece(text, batch_size=2, max_length=L,
+                                                                            stride=s, shuffle=False)),
+                             piece.__name__, input, batch_size=2)
+    return check(piece, inputs=input if torch.is_tensor(input) else None)
+
+
+def _is_whole_model(m: nn.Module) -> bool:
+    if type(m).__name__ in ATTENTION or type(m).__name__ in LAYERS[:-1]:
+        return False
+    try:
+        read_in_place(m)
+        return True
+    except GlassError:
+        return False
 
 
 def identify(piece: Any) -> str:
