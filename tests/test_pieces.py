@@ -300,3 +300,15 @@ def test_a_bad_args_value_is_one_line(my_attention, capsys):
     from glassgpt.cli import main
     assert main(["check", f"{my_attention}:MultiHeadAttention", "--args", "ch09"]) == 2
     assert "one of ch03, ch04" in capsys.readouterr().err
+
+
+def test_the_docs_chapter_3_example_prints_what_the_docs_say():
+    from pathlib import Path
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "check.md").read_text()
+    printed = docs.split("it prints:\n\n```\n")[1].split("\n```")[0]
+
+    class MultiHeadAttention(ch03.MultiHeadAttention):
+        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+            super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+            self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=0)
+    assert glassgpt.check(MultiHeadAttention, args="ch03").finding == printed
