@@ -273,3 +273,13 @@ def test_a_dataset_class_of_its_own_is_not_a_dataset_of_windows():
             self.n = n
     with pytest.raises(PieceError, match="no kind glassgpt check knows"):
         glassgpt.check(Pairs(3))
+
+
+def test_a_data_loader_already_built_is_checked_batch_by_batch():
+    from torch.utils.data import DataLoader
+    tok = glassgpt.get_tokenizer("gpt2")
+    loader = DataLoader(ch02.GPTDatasetV1(BOOK_TEXT, tok, 4, 2), batch_size=3, shuffle=False)
+    assert glassgpt.check(loader, text=BOOK_TEXT, max_length=4, stride=2).ok
+    skipping = DataLoader(StrideSkips(BOOK_TEXT, tok, 4, 2), batch_size=3, shuffle=False)
+    result = glassgpt.check(skipping, text=BOOK_TEXT, max_length=4, stride=2)
+    assert result.mistake == "stride_skips" and result.where == "window 1"

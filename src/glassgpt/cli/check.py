@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..errors import GlassError
-from ..explain.pieces import PRESETS, build, check as check_piece
+from ..explain.pieces import PRESETS, build, check as check_piece, is_whole_model
 from ..explain.verify import DEFAULT_TEXT, check
 from ..formats.files import read_json
 
@@ -45,7 +45,7 @@ def run_check(args: argparse.Namespace) -> int:
     obj = load_class(args.target)
     if isinstance(obj, type):
         obj = _build(obj, args)
-    result = check(obj, args.prompt) if _is_whole_model(obj) else check_piece(obj)
+    result = check(obj, args.prompt) if is_whole_model(obj) else check_piece(obj)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.to_text())
     return 0 if result.ok else 1
 
@@ -77,17 +77,6 @@ def _args(text: str | None):
         return read_json(text, what="arguments")
     raise GlassError(f"--args {text!r}: give a JSON object of the constructor's arguments, a .json file, or one of "
                      f"{', '.join(PRESETS)}")
-
-
-def _is_whole_model(obj) -> bool:
-    from ..adopt import read_in_place
-    if not isinstance(obj, torch.nn.Module) or type(obj).__name__ in ("TransformerBlock", "FeedForward"):
-        return False
-    try:
-        read_in_place(obj)
-        return True
-    except GlassError:
-        return False
 
 
 def load_class(target: str):

@@ -92,7 +92,7 @@ def show(piece: Any, input: Any = None, tokenizer: Any = None) -> Any:
     glassgpt's), on `input` (a tensor) or the book's input."""
     if isinstance(piece, str):
         return sliding_windows(piece, **(input or {}), tokenizer=tokenizer)
-    if isinstance(piece, nn.Module) and _is_whole_model(piece):
+    if isinstance(piece, nn.Module) and is_whole_model(piece):
         from ..notebook import show as show_model
         return show_model(piece, input or DEFAULT_TEXT, tokenizer)
     if isinstance(input, str) and (isinstance(piece, type) and _is_dataset_class(piece)):
@@ -106,7 +106,10 @@ def show(piece: Any, input: Any = None, tokenizer: Any = None) -> Any:
     return check(piece, inputs=input if torch.is_tensor(input) else None)
 
 
-def _is_whole_model(m: nn.Module) -> bool:
+def is_whole_model(m: Any) -> bool:
+    """Whether `m` is a whole GPT that verify.py checks stage by stage (not one of its parts)."""
+    if not isinstance(m, nn.Module):
+        return False
     if type(m).__name__ in ATTENTION or type(m).__name__ in LAYERS[:-1]:
         return False
     try:
