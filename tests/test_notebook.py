@@ -74,11 +74,12 @@ def test_every_result_gets_its_views_from_the_one_registry_and_none_is_patched_o
     from glassgpt.explain.compare import Comparison
     from glassgpt.explain.diff import WeightDiff
     from glassgpt.explain.passage import Passage
+    from glassgpt.explain.pieces import PieceResult, SlidingWindows
     from glassgpt.explain.trace import Trace
     from glassgpt.explain.verify import CheckResult
     from glassgpt.explain.why import Why
 
-    for cls in (Trace, Why, Passage, Comparison, WeightDiff, CheckResult):
+    for cls in (Trace, Why, Passage, Comparison, WeightDiff, CheckResult, PieceResult, SlidingWindows):
         assert issubclass(cls, result.Result) and "_repr_html_" not in vars(cls), cls.__name__
         assert {"picture", "html"} <= set(result.VIEWS[cls]), cls.__name__
     assert result.VIEWS[Trace]["text"] is views.render_text and result.VIEWS[Why]["html"] is views.why_html

@@ -23,10 +23,10 @@ from . import views  # registers every result's views (views/__init__.py)
 from .check import check_embedding_is_linear
 from .record import Progress
 from .trace import About, Stage, Trace, TraceOptions, trace
-from .pieces import PieceResult, SlidingWindows, check, show, sliding_windows
+from .pieces import PieceResult, SlidingWindows, check, sliding_windows
 from .verify import CheckResult
 from .views import diagram
-from .views.notebook import show
+from .views.pieces import show
 from .why import Why, why
 
 __all__ = ["About", "CheckResult", "PieceResult", "Progress", "SlidingWindows", "sliding_windows", "Stage", "Trace", "TraceOptions", "Why", "check_embedding_is_linear", "check",

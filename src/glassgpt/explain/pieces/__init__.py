@@ -8,7 +8,8 @@
 What a piece is comes from its class or function name (the book's), then its constructor's
 arguments, then what it holds (W_query and heads, scale and shift, encode and decode, windows).
 Each kind's check lives beside its chapter: data.py (chapter 2), attention.py (3), layers.py
-(4), functions.py (4 to 7); report.py holds what they share.
+(4), functions.py (4 to 7); report.py holds what they share. Their pictures, and show(piece, input),
+are views: views/pieces.py.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .data import check_dataset, check_dataset_class, check_loader_function, che
 from .functions import CHECKS as FUNCTION_CHECKS, check_function
 from .layers import check_block, check_feed_forward, check_gelu, check_layer_norm
 from .report import PieceError, PieceResult
-from .view import SlidingWindows, sliding_windows  # also gives PieceResult its picture in a notebook
+from .data import SlidingWindows, sliding_windows
 
 GPT_CONFIG_124M = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12,
                    "drop_rate": 0.1, "qkv_bias": False}
@@ -64,7 +65,7 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
     torch.manual_seed(123). A dataset already built needs the `text`, `max_length` and `stride`
     it was built with. `inputs`: a module's input instead of the book's."""
     if isinstance(piece, type):
-        if _is_dataset_class(piece):
+        if is_dataset_class(piece):
             return check_dataset_class(piece)
         return check(build(piece, args), text, ids, inputs=inputs)
     if inspect.isfunction(piece) or inspect.ismethod(piece):
@@ -83,27 +84,6 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
     if kind == "tokenizer":
         return check_tokenizer(piece, type(piece).__name__)
     return check_dataset(piece, kind, text, max_length, stride)
-
-
-def show(piece: Any, input: Any = None, tokenizer: Any = None) -> Any:
-    """In a notebook, any piece as a picture: a whole model's trace of the text `input`; a dataset class
-    (or create_dataloader_v1) with a text, its windows beside the book's; a text alone, the book's
-    windows; any other piece checked and drawn (attention weights as its softmax returned them, beside
-    glassgpt's), on `input` (a tensor) or the book's input."""
-    if isinstance(piece, str):
-        return sliding_windows(piece, **(input or {}), tokenizer=tokenizer)
-    if isinstance(piece, nn.Module) and is_whole_model(piece):
-        from ..notebook import show as show_model
-        return show_model(piece, input or DEFAULT_TEXT, tokenizer)
-    if isinstance(input, str) and (isinstance(piece, type) and _is_dataset_class(piece)):
-        from .data import check_windows, windows_of
-        return check_windows(lambda text, tok, L, s: windows_of(piece(text, tok, L, s)), piece.__name__, input)
-    if isinstance(input, str) and getattr(piece, "__name__", "") == "create_dataloader_v1":
-        from .data import check_windows, loader_windows
-        return check_windows(lambda text, _tok, L, s: loader_windows(piece(text, batch_size=2, max_length=L,
-                                                                            stride=s, shuffle=False)),
-                             piece.__name__, input, batch_size=2)
-    return check(piece, inputs=input if torch.is_tensor(input) else None)
 
 
 def is_whole_model(m: Any) -> bool:
@@ -166,7 +146,7 @@ def _is_pair(item: Any) -> bool:
     return isinstance(item, (tuple, list)) and len(item) == 2 and all(torch.is_tensor(t) for t in item)
 
 
-def _is_dataset_class(cls: type) -> bool:
+def is_dataset_class(cls: type) -> bool:
     params = list(inspect.signature(cls.__init__).parameters)[1:]
     return cls.__name__ == "GPTDatasetV1" or params[:4] == ["txt", "tokenizer", "max_length", "stride"]
 

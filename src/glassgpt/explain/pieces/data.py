@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ...tokenizer import get_tokenizer
+from ...tokenizer import Tokenizer, get_tokenizer
+from ..result import Result
 from .report import PieceError, PieceResult, run_reader
 
 # The opening of the book's text, Edith Wharton's "The Verdict" (1908).
@@ -152,6 +153,44 @@ def book_windows(ids: Sequence[int], max_length: int, stride: int, mistake: str 
     starts = range(0, len(ids) - max_length, step)
     shift = 0 if mistake == "not_shifted" else 1
     return Windows([list(ids[i:i + length]) for i in starts], [list(ids[i + shift:i + shift + length]) for i in starts])
+
+
+@dataclass
+class SlidingWindows(Result):
+    """GPTDatasetV1's windows over a text: window k's inputs are ids[k*stride : k*stride + max_length],
+    its targets the same one token later. Its text, picture and notebook cell: views/pieces.py."""
+
+    text: str
+    ids: list[int]
+    tokens: list[str]
+    max_length: int
+    stride: int
+    inputs: list[list[int]]
+    targets: list[list[int]]
+
+    @property
+    def overlap(self) -> int:
+        """Tokens each window shares with the next one's inputs (negative: tokens no input holds)."""
+        return self.max_length - self.stride
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "ids": self.ids, "tokens": self.tokens, "max_length": self.max_length,
+                "stride": self.stride, "overlap": self.overlap, "inputs": self.inputs, "targets": self.targets}
+
+
+def sliding_windows(text: str, max_length: int = 4, stride: int | None = None,
+                    tokenizer: Tokenizer | None = None) -> SlidingWindows:
+    """The book's windows over `text` (GPT-2's tokenizer unless one is given); stride defaults to max_length."""
+    stride = max_length if stride is None else stride
+    if max_length < 1 or stride < 1:
+        raise PieceError(f"max_length {max_length} and stride {stride} must be at least 1")
+    tok = tokenizer or get_tokenizer("gpt2")
+    ids = tok.encode(text, allowed_special={"<|endoftext|>"})
+    if len(ids) <= max_length:
+        raise PieceError(f"the text is {len(ids)} tokens: a window needs max_length + 1 = {max_length + 1} "
+                         f"(its targets run one token further); give a longer text or a smaller max_length")
+    w = book_windows(ids, max_length, stride)
+    return SlidingWindows(text, ids, [tok.decode([i]) for i in ids], max_length, stride, w.inputs, w.targets)
 
 
 def windows_of(dataset: Any) -> Windows:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from ...errors import GlassError
+from ..result import Result
 
 # A piece matches when max |reader - glassgpt| <= RTOL * max |glassgpt| (float32 against float64:
 # rounding stays some 10x below it, every known mistake far above it).
@@ -26,8 +27,9 @@ class PieceError(GlassError):
 
 
 @dataclass
-class PieceResult:
-    """What `check(piece)` found: the first thing that differs (None: none) and one sentence."""
+class PieceResult(Result):
+    """What `check(piece)` found: the first thing that differs (None: none) and one sentence. Its text is
+    to_text here; its picture and notebook cell are views/pieces.py's."""
 
     kind: str
     fed: str                                 # what the piece was given, in words

@@ -4,6 +4,7 @@
     why.py        a Why: text, picture, HTML             passage.py  a Passage: text and picture
     compare.py    a Comparison: text and picture         diff.py     a WeightDiff: text and picture
     notebook.py   each result's notebook cell (its picture and key lines); show(model, text)
+    pieces.py     a text's sliding windows; a checked piece's picture; show(piece, input) for any piece
     draw.py       boxes, text and lines, measured; written as SVG or PNG
 
 The views import the analyses and never the reverse: a result finds its views in result.py's
@@ -13,6 +14,7 @@ registry, filled here when glassgpt.explain is imported.
 from ..compare import Comparison
 from ..diff import WeightDiff
 from ..passage import Passage
+from ..pieces import PieceResult, SlidingWindows
 from ..result import register
 from ..trace import Trace
 from ..verify import CheckResult
@@ -22,6 +24,7 @@ from .diagram import layout as trace_layout
 from .diff import diff_layout, diff_text
 from .notebook import check_html, check_layout, comparison_html, diff_html, passage_html, trace_html
 from .passage import passage_layout, passage_text
+from .pieces import piece_html, piece_layout, windows_html, windows_layout, windows_text
 from .text import render_text
 from .why import why_html, why_layout, why_text
 
@@ -31,3 +34,5 @@ register(Passage, text=passage_text, picture=passage_layout, html=passage_html)
 register(Comparison, text=comparison_text, picture=comparison_layout, html=comparison_html)
 register(WeightDiff, text=diff_text, picture=diff_layout, html=diff_html)
 register(CheckResult, picture=check_layout, html=check_html)  # its text is CheckResult.to_text, in verify.py
+register(PieceResult, picture=piece_layout, html=piece_html)  # its text is PieceResult.to_text, in pieces/report.py
+register(SlidingWindows, text=windows_text, picture=windows_layout, html=windows_html)

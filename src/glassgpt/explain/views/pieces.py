@@ -1,87 +1,56 @@
 """The pieces, seen: a text's sliding windows (explain --windows, show(GPTDatasetV1, text)), and a checked
 piece's picture in a notebook: the attention weights as the reader's class produced them beside
-glassgpt's, the windows the reader's dataset made beside the book's, and the finding.
+glassgpt's, the windows the reader's dataset made beside the book's, and the finding. show(piece,
+input) is the notebook's one call for a whole model or any piece.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
-from ...tokenizer import Tokenizer, get_tokenizer
-from .. import draw
-from ..draw import BLUE, BLUE_BG, GRAY, GREEN, INK, MUTED, ORANGE, ORANGE_BG, RED, Drawing, Rect, Text
-from ..notebook import figure_html
-from .data import book_windows
-from .report import PieceError, PieceResult
+from ...tokenizer import get_tokenizer
+from ..pieces import DEFAULT_TEXT, check, is_whole_model, is_dataset_class, sliding_windows
+from ..pieces.data import SlidingWindows, check_windows, loader_windows, windows_of
+from ..pieces.report import PieceResult
+from . import draw
+from .draw import BLUE, BLUE_BG, GRAY, GREEN, INK, MUTED, ORANGE, ORANGE_BG, RED, Drawing, Rect, Text
+from .notebook import figure_html, show as show_model
 
 MAX_SHOWN = 12  # windows drawn or printed; the rest are counted
 
 
-@dataclass
-class SlidingWindows:
-    """GPTDatasetV1's windows over a text: window k's inputs are ids[k*stride : k*stride + max_length],
-    its targets the same one token later."""
-
-    text: str
-    ids: list[int]
-    tokens: list[str]
-    max_length: int
-    stride: int
-    inputs: list[list[int]]
-    targets: list[list[int]]
-
-    @property
-    def overlap(self) -> int:
-        """Tokens each window shares with the next one's inputs (negative: tokens no input holds)."""
-        return self.max_length - self.stride
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "ids": self.ids, "tokens": self.tokens, "max_length": self.max_length,
-                "stride": self.stride, "overlap": self.overlap, "inputs": self.inputs, "targets": self.targets}
-
-    def to_text(self) -> str:
-        lines = [f"sliding windows: {len(self.ids)} tokens, max_length {self.max_length}, stride {self.stride} -> "
-                 f"{len(self.inputs)} windows (GPTDatasetV1)", self._overlap_line(), ""]
-        for k, (x, y) in enumerate(zip(self.inputs[:MAX_SHOWN], self.targets[:MAX_SHOWN])):
-            start = k * self.stride
-            lines.append(f"window {k}: tokens {start}..{start + self.max_length - 1}")
-            lines.append(f"  inputs  {x}  {self._words(x)}")
-            lines.append(f"  targets {y}  {self._words(y)}")
-        if len(self.inputs) > MAX_SHOWN:
-            lines.append(f"... and {len(self.inputs) - MAX_SHOWN} more windows")
-        lines.append("each target is the input one token later: position j of a window learns to predict token j + 1")
-        return "\n".join(lines)
-
-    def _overlap_line(self) -> str:
-        if self.overlap > 0:
-            return f"overlap: each window shares {self.overlap} input tokens with the next (stride < max_length)"
-        if self.overlap == 0:
-            return "overlap: none; every token is in exactly one window's inputs (stride == max_length)"
-        return f"overlap: none, and {-self.overlap} tokens between windows are in no input (stride > max_length)"
-
-    def _words(self, ids: list[int]) -> str:
-        return " ".join(repr(self.tokens[self.ids.index(i)]) if i in self.ids else str(i) for i in ids)
-
-    def _repr_html_(self) -> str:
-        return figure_html(windows_layout(self), self.to_text().splitlines()[:2])
+def windows_text(w: SlidingWindows) -> str:
+    """The terminal view of a text's windows: each window's tokens, inputs and targets."""
+    lines = [f"sliding windows: {len(w.ids)} tokens, max_length {w.max_length}, stride {w.stride} -> "
+             f"{len(w.inputs)} windows (GPTDatasetV1)", _overlap_line(w), ""]
+    for k, (x, y) in enumerate(zip(w.inputs[:MAX_SHOWN], w.targets[:MAX_SHOWN])):
+        start = k * w.stride
+        lines.append(f"window {k}: tokens {start}..{start + w.max_length - 1}")
+        lines.append(f"  inputs  {x}  {_words(w, x)}")
+        lines.append(f"  targets {y}  {_words(w, y)}")
+    if len(w.inputs) > MAX_SHOWN:
+        lines.append(f"... and {len(w.inputs) - MAX_SHOWN} more windows")
+    lines.append("each target is the input one token later: position j of a window learns to predict token j + 1")
+    return "\n".join(lines)
 
 
-def sliding_windows(text: str, max_length: int = 4, stride: int | None = None,
-                    tokenizer: Tokenizer | None = None) -> SlidingWindows:
-    """The book's windows over `text` (GPT-2's tokenizer unless one is given); stride defaults to max_length."""
-    stride = max_length if stride is None else stride
-    if max_length < 1 or stride < 1:
-        raise PieceError(f"max_length {max_length} and stride {stride} must be at least 1")
-    tok = tokenizer or get_tokenizer("gpt2")
-    ids = tok.encode(text, allowed_special={"<|endoftext|>"})
-    if len(ids) <= max_length:
-        raise PieceError(f"the text is {len(ids)} tokens: a window needs max_length + 1 = {max_length + 1} "
-                         f"(its targets run one token further); give a longer text or a smaller max_length")
-    w = book_windows(ids, max_length, stride)
-    return SlidingWindows(text, ids, [tok.decode([i]) for i in ids], max_length, stride, w.inputs, w.targets)
+def _overlap_line(w: SlidingWindows) -> str:
+    if w.overlap > 0:
+        return f"overlap: each window shares {w.overlap} input tokens with the next (stride < max_length)"
+    if w.overlap == 0:
+        return "overlap: none; every token is in exactly one window's inputs (stride == max_length)"
+    return f"overlap: none, and {-w.overlap} tokens between windows are in no input (stride > max_length)"
+
+
+def _words(w: SlidingWindows, ids: list[int]) -> str:
+    return " ".join(repr(w.tokens[w.ids.index(i)]) if i in w.ids else str(i) for i in ids)
+
+
+def windows_html(w: SlidingWindows) -> str:
+    return figure_html(windows_layout(w), windows_text(w).splitlines()[:2])
 
 
 def windows_layout(w: SlidingWindows, reader: Any = None, width: float = 1040) -> Drawing:
@@ -174,4 +143,19 @@ def piece_html(result: PieceResult) -> str:
     return figure_html(piece_layout(result), result.to_text().splitlines())
 
 
-PieceResult._repr_html_ = piece_html
+def show(piece: Any, input: Any = None, tokenizer: Any = None) -> Any:
+    """In a notebook, any piece as a picture: a whole model's trace of the text `input`; a dataset class
+    (or create_dataloader_v1) with a text, its windows beside the book's; a text alone, the book's
+    windows (`input`: {"max_length": .., "stride": ..}); any other piece checked and drawn (attention
+    weights as its softmax returned them, beside glassgpt's), on `input` (a tensor) or the book's input."""
+    if isinstance(piece, str):
+        return sliding_windows(piece, **(input or {}), tokenizer=tokenizer)
+    if isinstance(piece, nn.Module) and is_whole_model(piece):
+        return show_model(piece, input or DEFAULT_TEXT, tokenizer)
+    if isinstance(input, str) and isinstance(piece, type) and is_dataset_class(piece):
+        return check_windows(lambda text, tok, L, s: windows_of(piece(text, tok, L, s)), piece.__name__, input)
+    if isinstance(input, str) and getattr(piece, "__name__", "") == "create_dataloader_v1":
+        return check_windows(lambda text, _tok, L, s: loader_windows(piece(text, batch_size=2, max_length=L,
+                                                                            stride=s, shuffle=False)),
+                             piece.__name__, input, batch_size=2)
+    return check(piece, inputs=input if torch.is_tensor(input) else None)
