@@ -354,6 +354,7 @@ def test_why_shows_top_heads_and_prompt_shares_as_numbers_with_a_legend(open_pag
     # the prediction is on the first screen of a phone (390 x 844), above the long flow
     box = page.locator("#prediction").bounding_box()
     assert page.inner_text("#prediction").startswith("next token: ") and box["y"] + box["height"] <= 844, box
+    assert "null" not in page.inner_text("#random-banner")
     first = page.locator(".why-candidate").first
     with page.expect_response("**/api/why") as answer:
         first.click()

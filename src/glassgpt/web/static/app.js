@@ -236,7 +236,7 @@ function renderModel(m) {
       `${m.name} is a preset initialised at random, not trained: every shape below is real, but the `,
       "probabilities and the generated text are noise. For GPT-2's trained weights run ",
       el("code", { text: "glassgpt serve --model openai-community/gpt2" }), ".",
-      m.init ? el("span", { class: "init", text: ` Initialisation: ${m.init}.` }) : null);
+      m.init ? el("span", { class: "init", text: ` Initialisation: ${m.init}.` }) : "");  // replaceChildren writes null as "null"
   }
   $("prompt").setAttribute("aria-describedby", "status");
   // A classifier's output is a class, not a token: there is nothing to append.
