@@ -734,6 +734,7 @@ function renderWhy() {
     for (const id of ["why-grid", "why-sources", "why-patch", "why-top"]) $(id).replaceChildren();
     $("why-source").textContent = "";
     $("why-disagree").textContent = "";
+    $("why-top-title").textContent = "";
     return;
   }
   const metric = w.versus ? `logit[${JSON.stringify(w.target.text)}] − logit[${JSON.stringify(w.versus.text)}]`
@@ -755,6 +756,7 @@ function signed(v, digits = 3) {
 function renderWhyTop(w) {
   const terms = w.heads.flatMap((row, i) => row.map((v, h) => ({ name: `block ${i} head ${h}`, v })));
   const top = terms.sort((a, b) => Math.abs(b.v) - Math.abs(a.v)).slice(0, 5);
+  $("why-top-title").textContent = "the five largest heads' terms:";
   $("why-top").replaceChildren(...top.map((t) => el("li", { class: "why-top-head", "data-value": t.v },
     `${t.name}: `, el("strong", { text: signed(t.v) }))));
 }
