@@ -283,3 +283,34 @@ def test_a_data_loader_already_built_is_checked_batch_by_batch():
     skipping = DataLoader(StrideSkips(BOOK_TEXT, tok, 4, 2), batch_size=3, shuffle=False)
     result = glassgpt.check(skipping, text=BOOK_TEXT, max_length=4, stride=2)
     assert result.mistake == "stride_skips" and result.where == "window 1"
+
+
+class SimpleTokenizerV1:  # the book's chapter 2 listing: no <|unk|>, no <|endoftext|>
+    def __init__(self, vocab):
+        self.str_to_int = vocab
+        self.int_to_str = {i: s for s, i in vocab.items()}
+
+    def encode(self, text):
+        preprocessed = [item.strip() for item in re.split(r'([,.:;?_!"()\']|--|\s)', text) if item.strip()]
+        return [self.str_to_int[s] for s in preprocessed]
+
+    def decode(self, ids):
+        return re.sub(r'\s+([,.?!"()\'])', r'\1', " ".join([self.int_to_str[i] for i in ids]))
+
+
+def test_simple_tokenizer_v1_is_checked_on_words_its_vocabulary_knows_and_a_decode_slip_is_placed():
+    words = {w: i for i, w in enumerate(sorted(set(re.findall(r"\w+|[^\w\s]", BOOK_TEXT))))}
+    result = glassgpt.check(SimpleTokenizerV1(words))
+    assert result.ok and result.kind == "SimpleTokenizerV1", result.to_text()
+
+    class NoPunctuationFix(SimpleTokenizerV1):
+        def decode(self, ids):
+            return " ".join(self.int_to_str[i] for i in ids)  # planted: the space before punctuation stays
+    result = glassgpt.check(NoPunctuationFix(words))
+    assert result.stage == "decode" and "remove the space before punctuation" in result.finding
+
+
+def test_a_whole_gpt_class_goes_to_the_stage_by_stage_check():
+    result = glassgpt.check(ch04.GPTModel, args={"vocab_size": 50257, "context_length": 16, "emb_dim": 32,
+                                                 "n_heads": 2, "n_layers": 1, "drop_rate": 0.1, "qkv_bias": False})
+    assert result.ok and result.finding.startswith("matches the book's formulas at every stage")
