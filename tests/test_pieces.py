@@ -126,6 +126,35 @@ class PostNorm(ch04.TransformerBlock):
         return self.norm2(x + self.drop_resid(self.ff(x)))
 
 
+class NoMask(ch03.CausalAttention):
+    def forward(self, x):
+        keys = self.W_key(x)
+        scores = self.W_query(x) @ keys.transpose(1, 2)  # planted: no masked_fill
+        return self.dropout(torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)) @ self.W_value(x)
+
+
+class WrapperConcatBatch(ch03.MultiHeadAttentionWrapper):
+    def forward(self, x):
+        return torch.cat([head(x) for head in self.heads], dim=0)  # planted: dim=0
+
+
+class ReLU(ch04.GELU):
+    def forward(self, x):
+        return torch.relu(x)  # planted
+
+
+class NoFirstShortcut(ch04.TransformerBlock):
+    def forward(self, x):
+        x = self.drop_resid(self.att(self.norm1(x)))  # planted: no + shortcut here
+        return x + self.drop_resid(self.ff(self.norm2(x)))
+
+
+class NoSecondShortcut(ch04.TransformerBlock):
+    def forward(self, x):
+        x = x + self.drop_resid(self.att(self.norm1(x)))
+        return self.drop_resid(self.ff(self.norm2(x)))  # planted: no + shortcut here
+
+
 def named(cls, name):
     return type(name, (cls,), {})
 
@@ -144,6 +173,14 @@ PLANTED = {  # id: (the class, its args, the stage, the mistake, words of the fi
                           ".transpose(1, 2)"),
     "concat_tokens": (named(WrapperConcatTokens, "MultiHeadAttentionWrapper"), None, "output", "concat_tokens",
                       "dim=-1"),
+    "no_mask": (named(NoMask, "CausalAttention"), None, "attention weights", "no_mask", "triu(..., diagonal=1)"),
+    "concat_batch": (named(WrapperConcatBatch, "MultiHeadAttentionWrapper"), None, "output", "concat_batch",
+                     "dim 0 (the batch)"),
+    "relu": (named(ReLU, "GELU"), None, "output", "relu", "ReLU"),
+    "no_shortcut1": (named(NoFirstShortcut, "TransformerBlock"), SMALL_CFG, "output", "no_shortcut1",
+                     "around the attention"),
+    "no_shortcut2": (named(NoSecondShortcut, "TransformerBlock"), SMALL_CFG, "output", "no_shortcut2",
+                     "around the feed forward"),
     "no_eps": (named(LayerNormNoEps, "LayerNorm"), None, "output", "no_eps", "torch.sqrt(var + self.eps)"),
     "unbiased_var": (named(LayerNormUnbiased, "LayerNorm"), None, "output", "unbiased_var", "unbiased=False"),
     "exact_gelu": (named(ExactGELU, "GELU"), None, "output", "exact_gelu", "tanh approximation"),
@@ -161,6 +198,12 @@ def test_each_planted_mistake_is_named_at_its_stage_with_its_words(bug):
     assert result.stage == stage, result.to_text()
     assert result.mistake == mistake, result.to_text()
     assert words in result.finding and "\n" not in result.finding
+
+
+def test_every_known_mistake_of_chapters_3_and_4_is_planted_in_a_test():
+    from glassgpt.explain.pieces import attention, layers
+    planted = {mistake for _, _, _, mistake, _ in PLANTED.values()} | {"dropout_eval"}  # the test below
+    assert set(attention.MISTAKES) | set(layers.MISTAKES) == planted
 
 
 def test_a_diagonal_masked_too_is_placed_at_row_0_as_nan_not_as_dropout():

@@ -80,12 +80,23 @@ class MaxLengthPlusOne(ch02.GPTDatasetV1):
             self.target_ids.append(torch.tensor(ids[i + 1:i + max_length + 2]))
 
 
+class MaxLengthMinusOne(ch02.GPTDatasetV1):
+    def __init__(self, txt, tokenizer, max_length, stride):
+        self.input_ids, self.target_ids = [], []
+        ids = tokenizer.encode(txt, allowed_special={"<|endoftext|>"})
+        for i in range(0, len(ids) - max_length, stride):
+            self.input_ids.append(torch.tensor(ids[i:i + max_length - 1]))  # planted: - 1
+            self.target_ids.append(torch.tensor(ids[i + 1:i + max_length]))
+
+
 DATA_PLANTED = {  # id: (piece, stage, mistake, words)
     "stride_skips": (type("GPTDatasetV1", (StrideSkips,), {}), "windows", "stride_skips", "stride + 1"),
     "not_shifted": (type("GPTDatasetV1", (TargetsNotShifted,), {}), "windows", "not_shifted",
                     "token_ids[i + 1:i + max_length + 1]"),
     "max_length_plus_1": (type("GPTDatasetV1", (MaxLengthPlusOne,), {}), "windows", "max_length_plus_1",
                           "max_length + 1 tokens"),
+    "max_length_minus_1": (type("GPTDatasetV1", (MaxLengthMinusOne,), {}), "windows", "max_length_minus_1",
+                           "max_length - 1 tokens"),
     "drops_unk": (lambda: DropsUnk(vocab()), "tokens", "drops_unk", "<|unk|>"),
     "drops_endoftext": (lambda: DropsEndOfText(vocab()), "tokens", "drops_endoftext", "<|endoftext|>"),
 }
@@ -205,6 +216,23 @@ def collate_first_eot_masked(batch, pad_token_id=50256, ignore_index=-100, allow
     return inputs, targets
 
 
+def generate_text_first_position(model, idx, max_new_tokens, context_size):
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(idx[:, -context_size:])
+        idx_next = torch.argmax(logits[:, 0, :], dim=-1, keepdim=True)  # planted: the first position
+        idx = torch.cat((idx, idx_next), dim=1)
+    return idx
+
+
+def collate_not_shifted(batch, pad_token_id=50256, ignore_index=-100, allowed_max_length=None, device="cpu"):
+    inputs, _ = ch07.custom_collate_fn(batch, pad_token_id, ignore_index, allowed_max_length, device)
+    targets = inputs.clone()  # planted: the targets are the inputs
+    for row, item in enumerate(batch):
+        targets[row, len(item) + 1:] = ignore_index
+    return inputs, targets
+
+
 def rename(fn, name):
     fn.__name__ = name
     return fn
@@ -220,6 +248,10 @@ FUNCTION_PLANTED = {  # id: (function, stage, mistake, words)
                              "[:, -1, :]"),
     "first_token_loss": (rename(calc_loss_batch_first_token, "calc_loss_batch"), "loss", "first_token",
                          "[:, -1, :]"),
+    "first_position": (rename(generate_text_first_position, "generate_text_simple"), "tokens", "first_position",
+                       "logits[:, -1, :]"),
+    "collate_not_shifted": (rename(collate_not_shifted, "custom_collate_fn"), "targets", "not_shifted",
+                            "padded[1:]"),
     "no_ignore_index": (rename(collate_no_ignore, "custom_collate_fn"), "targets", "no_ignore_index", "-100"),
     "first_eot_masked": (rename(collate_first_eot_masked, "custom_collate_fn"), "targets", "first_eot_masked",
                          "indices[1:]"),
@@ -232,6 +264,12 @@ def test_each_planted_function_mistake_is_named(bug):
     result = glassgpt.check(fn)
     assert (result.stage, result.mistake) == (stage, mistake), result.to_text()
     assert words in result.finding and "\n" not in result.finding
+
+
+def test_every_known_mistake_of_chapters_2_and_5_to_7_is_planted_in_a_test():
+    from glassgpt.explain.pieces import data, functions
+    planted = {m for _, _, m, _ in DATA_PLANTED.values()} | {m for _, _, m, _ in FUNCTION_PLANTED.values()}
+    assert set(data.MISTAKES) | set(functions.MISTAKES) == planted
 
 
 def test_a_sampling_mistake_names_the_first_new_token_that_differs_and_both_ids():
