@@ -68,3 +68,18 @@ def test_show_of_a_whole_model_is_still_its_trace():
 def test_show_of_the_books_attention_matches_and_says_so():
     html = glassgpt.show(ch03.MultiHeadAttention)._repr_html_()
     assert "matches glassgpt&#x27;s attention formula" in html
+
+
+def test_the_api_answers_a_texts_windows_and_refuses_a_text_too_short_in_one_line():
+    from fastapi.testclient import TestClient
+    from glassgpt.formats import random_model
+    from glassgpt.web import create_app
+    cfg = glassgpt.GPTConfig(vocab_size=50257, context_length=16, emb_dim=8, n_heads=2, n_layers=1)
+    app = create_app(random_model(cfg, torch.device("cpu"), torch.float32, seed=0), glassgpt.get_tokenizer("gpt2"))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        answer = client.post("/api/windows", json={"prompt": BOOK_TEXT, "max_length": 4, "stride": 3})
+        assert answer.status_code == 200
+        w = answer.json()
+        assert w["overlap"] == 1 and w["inputs"][1] == w["ids"][3:7] and w["targets"][1] == w["ids"][4:8]
+        short = client.post("/api/windows", json={"prompt": "Every effort", "max_length": 4})
+        assert short.status_code == 400 and "a window needs max_length + 1 = 5" in short.json()["error"]

@@ -380,3 +380,21 @@ def test_why_says_in_one_line_when_the_direct_and_causal_answers_disagree(open_p
                            'lowers the logit by 1.300')
     assert "\n" not in said
     assert page.evaluate("""disagreement({sources: [{text: " effort", direct: 0.2, causal: {logit_change: -0.5}}]})""") == ""
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_page_shows_the_prompts_training_windows_and_their_overlap(open_page, width):
+    page = open_page(width)
+    trace_prompt(page, "Every effort moves you forward, one step at a time", 11)
+    page.wait_for_selector('#windows-count:has-text("windows")')
+    assert page.inner_text("#windows-overlap") == "max_length 4, stride 2: each window shares 2 input tokens with the next"
+    assert page.locator("#windows li").count() == len(range(0, 11 - 4, 2))
+    first = page.locator('#windows li[data-window="1"]')
+    inputs = first.locator(".in .win-tok").all_inner_texts()
+    targets = first.locator(".target .win-tok").all_inner_texts()
+    assert len(inputs) == 4 and inputs[1:] == targets[:3]  # the targets are the inputs one token later
+    page.fill("#win-stride", "5")
+    page.dispatch_event("#win-stride", "change")
+    page.wait_for_selector('#windows-overlap:has-text("1 tokens between windows are in no input")')
+    assert page.locator("#windows li").count() == len(range(0, 11 - 4, 5))
+    assert page.evaluate("document.documentElement.scrollWidth") <= width

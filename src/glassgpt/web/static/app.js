@@ -851,7 +851,42 @@ function render() {
   renderLens(tr);
   renderParams(tr);
   renderWhy();
+  renderWindows(tr);
   updateButtons();
+}
+
+// --- training windows: POST /api/windows (GPTDatasetV1's cut, computed by the server) -----------------
+
+let windowsAsked = null;  // the latest request; an older answer arriving late is dropped
+
+async function renderWindows(tr) {
+  const n = tr.tokens.length;
+  const length = Math.min(Number($("win-length").value) || 4, Math.max(1, n - 1));
+  const stride = Number($("win-stride").value) || length;
+  if (n < 2) {
+    $("windows-overlap").textContent = "a window needs at least 2 tokens: its targets run one token further";
+    $("windows").replaceChildren();
+    return;
+  }
+  const asked = windowsAsked = JSON.stringify({ prompt: tr.prompt, max_length: length, stride });
+  const res = await fetch("/api/windows", { method: "POST", headers: { "Content-Type": "application/json" }, body: asked });
+  if (asked !== windowsAsked) return;
+  const w = await res.json();
+  if (!res.ok) { $("windows-overlap").textContent = w.error || res.statusText; $("windows").replaceChildren(); return; }
+  $("windows-count").textContent = `${w.inputs.length} windows`;
+  $("windows-overlap").textContent = `max_length ${w.max_length}, stride ${w.stride}: ` + (w.overlap > 0
+    ? `each window shares ${w.overlap} input tokens with the next`
+    : w.overlap === 0 ? "no overlap, every token in one window's inputs"
+      : `${-w.overlap} tokens between windows are in no input`);
+  const word = (id) => w.tokens[w.ids.indexOf(id)];
+  const row = (cls, ids) => el("span", { class: `win-row ${cls}` },
+    ...ids.map((id) => el("span", { class: "win-tok", title: `id ${id}` }, tokenNode(word(id)))));
+  $("windows").replaceChildren(...w.inputs.slice(0, 12).map((x, k) => el("li", { class: "window", "data-window": k },
+    el("span", { class: "win-label", text: `window ${k}` }), row("in", x), row("target", w.targets[k]))));
+}
+
+for (const id of ["win-length", "win-stride"]) {
+  document.addEventListener("change", (ev) => { if (ev.target.id === id && state.trace) renderWindows(state.trace); });
 }
 
 async function downloadSvg(ev) {
