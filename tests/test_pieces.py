@@ -355,3 +355,13 @@ def test_the_docs_chapter_3_example_prints_what_the_docs_say():
             super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
             self.mask = torch.triu(torch.ones(context_length, context_length), diagonal=0)
     assert glassgpt.check(MultiHeadAttention, args="ch03").finding == printed
+
+
+def test_a_piece_whose_weight_holds_nan_is_refused_naming_the_weight():
+    from glassgpt.errors import NonFiniteError
+    from glassgpt.explain.pieces import build
+    att = build(ch03.MultiHeadAttention)
+    with torch.no_grad():
+        att.W_key.weight[1, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"W_key\.weight holds 1 NaN"):
+        glassgpt.check(att)

@@ -49,13 +49,14 @@ def test_a_diagonal_masked_too_is_named_as_a_nan_row_not_as_dropout():
 
 
 def test_a_nan_in_one_weight_is_named_with_the_weight_not_dropout():
+    from glassgpt.errors import NonFiniteError
     model = book_model()
     with torch.no_grad():
         model.trf_blocks[1].ff.layers[0].weight[3, 7] = float("nan")
-    result = glassgpt.check(model)
-    assert result.first.name == "trf_blocks.1.ff" and result.mistake == "weight"
-    assert "the weight trf_blocks.1.ff.layers.0.weight holds NaN at [3, 7] (1 of 16384 numbers)" in result.finding
-    assert "dropout" not in result.finding
+    with pytest.raises(NonFiniteError) as caught:
+        glassgpt.check(model)
+    assert "trf_blocks.1.ff.layers.0.weight holds 1 NaN of its 16,384 values" in str(caught.value)
+    assert "dropout" not in str(caught.value)
 
 
 def test_dropout_is_named_only_when_two_eval_runs_differ():

@@ -11,7 +11,8 @@ with each known mistake (MISTAKES) and taking the one that reproduces the reader
 A second run of the same prompt tells dropout left active in eval mode (the numbers change; a NaN
 equals a NaN here, so NaNs alone never read as dropout). A NaN or inf is never a correct output: the
 first stage that gives one is named with the position where it first appears and what makes it (a
-NaN or inf in a weight, or a row of attention scores masked everywhere, the diagonal included).
+row of attention scores masked everywhere, the diagonal included). Weights that hold a NaN or inf
+are refused before anything runs (adopt.check_computable names the tensor).
 """
 
 from __future__ import annotations
@@ -99,7 +100,6 @@ class CheckResult(Result):
     mistake: str | None
     finding: str
     notes: list[str] = field(default_factory=list)
-    weight: str | None = None  # the first weight holding a NaN or inf, where it is
 
     @property
     def ok(self) -> bool:
@@ -135,7 +135,6 @@ def check(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None = No
     ref = copy.deepcopy(glass).double()
     for blk in ref.trf_blocks:  # the book's tanh GELU, where adopt keeps a module's exact one
         blk.ff.layers[1] = GELU()
-    weight = _non_finite_weight(model)
     stages, first, mistake = [], None, None
     for name, (key, io), book_fn, kind in _stages(ref, runs[0], batch):
         got = runs[0][key][io]
@@ -143,15 +142,12 @@ def check(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None = No
         stages.append(stage)
         if first is None and not stage.ok:
             first = stage
-            if weight is not None and stage.non_finite:
-                mistake = "weight"
-            elif not same_numbers(got, runs[1][key][io]):  # eval mode must give the same numbers twice
+            if not same_numbers(got, runs[1][key][io]):  # eval mode must give the same numbers twice
                 mistake = "dropout"
             else:
                 mistake = _likely_mistake(kind, got, book_fn, stage.tolerance)
-    result = CheckResult(layout.kind, shown, stages, first, mistake, "", _tie_note(glass), weight)
-    result.finding = _finding(stages, first, mistake, weight)
-    return result
+    return CheckResult(layout.kind, shown, stages, first, mistake, _finding(stages, first, mistake),
+                       _tie_note(glass))
 
 
 def same_numbers(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -165,19 +161,6 @@ def nan_aware_diff(got: torch.Tensor, want: torch.Tensor) -> float:
     same = (got == want) | (got.isnan() & want.isnan())
     diff = torch.where(same, torch.zeros_like(got), (got - want).abs())
     return float(torch.nan_to_num(diff, nan=math.inf).max()) if diff.numel() else 0.0
-
-
-def _non_finite_weight(model: nn.Module) -> str | None:
-    """'NAME holds NaN at [i, j] (n of N numbers)' for the first parameter or buffer with a NaN or inf."""
-    for name, p in [*model.named_parameters(), *model.named_buffers()]:
-        if not p.is_floating_point():
-            continue
-        bad = ~torch.isfinite(p.detach())
-        if bool(bad.any()):
-            index = [int(i) for i in torch.nonzero(bad)[0]]
-            value = "NaN" if bool(torch.isnan(p.detach()).any()) else "inf"
-            return f"{name} holds {value} at {index} ({int(bad.sum())} of {p.numel()} numbers)"
-    return None
 
 
 def _decode(ids: list[int]) -> str:
@@ -336,7 +319,7 @@ def _where_text(where: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in where.items())
 
 
-def _finding(stages: list[StageCheck], first: StageCheck | None, mistake: str | None, weight: str | None) -> str:
+def _finding(stages: list[StageCheck], first: StageCheck | None, mistake: str | None) -> str:
     if first is None:
         worst = max(stages, key=lambda s: s.max_diff / s.tolerance)
         return (f"matches the book's formulas at every stage (largest difference {worst.max_diff:.2g}, at "
@@ -347,9 +330,6 @@ def _finding(stages: list[StageCheck], first: StageCheck | None, mistake: str | 
     else:
         at = f"{first.name} is the first stage that differs from the book's formulas (largest difference " \
              f"{first.max_diff:.3g} at {_where_text(first.where)})"
-    if mistake == "weight":
-        return f"{at}: the weight {weight}; a NaN or inf in a weight spreads to every number computed from it: " \
-               f"load the weights again, or retrain from a checkpoint before the loss went NaN."
     if mistake == "dropout":
         return f"{at}: {DROPOUT}."
     if mistake is not None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...adopt import read_in_place
+from ...adopt import check_computable, read_in_place
 from ...errors import GlassError
 from ..verify import DEFAULT_TEXT, check as check_model
 from .attention import check_attention
@@ -70,6 +70,8 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
         return check(build(piece, args), text, ids, inputs=inputs)
     if inspect.isfunction(piece) or inspect.ismethod(piece):
         return _check_callable(piece)
+    if isinstance(piece, nn.Module):
+        check_computable(piece)  # a NaN, inf or meta tensor is named before anything runs
     kind = identify(piece)
     if kind in ("GPTModel", "a GPT model"):
         return check_model(piece, text or DEFAULT_TEXT, ids)
