@@ -386,7 +386,8 @@ def test_why_says_in_one_line_when_the_direct_and_causal_answers_disagree(open_p
 def test_the_page_shows_the_prompts_training_windows_and_their_overlap(open_page, width):
     page = open_page(width)
     trace_prompt(page, "Every effort moves you forward, one step at a time", 11)
-    page.wait_for_selector('#windows-count:has-text("windows")')
+    # the default prompt's windows (4 tokens: max_length 3) come first; wait for this prompt's
+    page.wait_for_selector(f'#windows-count:has-text("{len(range(0, 11 - 4, 2))} windows")')
     assert page.inner_text("#windows-overlap") == "max_length 4, stride 2: each window shares 2 input tokens with the next"
     assert page.locator("#windows li").count() == len(range(0, 11 - 4, 2))
     first = page.locator('#windows li[data-window="1"]')
@@ -396,5 +397,6 @@ def test_the_page_shows_the_prompts_training_windows_and_their_overlap(open_page
     page.fill("#win-stride", "5")
     page.dispatch_event("#win-stride", "change")
     page.wait_for_selector('#windows-overlap:has-text("1 tokens between windows are in no input")')
+    page.wait_for_selector(f'#windows-count:has-text("{len(range(0, 11 - 4, 5))} windows")')
     assert page.locator("#windows li").count() == len(range(0, 11 - 4, 5))
     assert page.evaluate("document.documentElement.scrollWidth") <= width

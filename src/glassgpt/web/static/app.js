@@ -873,7 +873,7 @@ async function renderWindows(tr) {
   if (asked !== windowsAsked) return;
   const w = await res.json();
   if (!res.ok) { $("windows-overlap").textContent = w.error || res.statusText; $("windows").replaceChildren(); return; }
-  $("windows-count").textContent = `${w.inputs.length} windows`;
+  $("windows-count").textContent = `${w.inputs.length} window${w.inputs.length === 1 ? "" : "s"}`;
   $("windows-overlap").textContent = `max_length ${w.max_length}, stride ${w.stride}: ` + (w.overlap > 0
     ? `each window shares ${w.overlap} input tokens with the next`
     : w.overlap === 0 ? "no overlap, every token in one window's inputs"
