@@ -107,7 +107,7 @@ class MyAttention(ch03.MultiHeadAttention):
                  else (lambda y: y.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)))
         keys, queries, values = split(self.W_key(x)), split(self.W_query(x)), split(self.W_value(x))
         scores = queries @ keys.transpose(2, 3)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool).triu(0 if self.bug == "mask_diagonal" else 1)
         if self.bug == "mask_wrong_side":
             mask = torch.ones(t, t, dtype=torch.bool).tril(-1)
         if self.bug != "no_mask":

@@ -74,11 +74,12 @@ def test_every_result_gets_its_views_from_the_one_registry_and_none_is_patched_o
     from glassgpt.explain.compare import Comparison
     from glassgpt.explain.diff import WeightDiff
     from glassgpt.explain.passage import Passage
+    from glassgpt.explain.pieces import PieceResult, SlidingWindows
     from glassgpt.explain.trace import Trace
     from glassgpt.explain.verify import CheckResult
     from glassgpt.explain.why import Why
 
-    for cls in (Trace, Why, Passage, Comparison, WeightDiff, CheckResult):
+    for cls in (Trace, Why, Passage, Comparison, WeightDiff, CheckResult, PieceResult, SlidingWindows):
         assert issubclass(cls, result.Result) and "_repr_html_" not in vars(cls), cls.__name__
         assert {"picture", "html"} <= set(result.VIEWS[cls]), cls.__name__
     assert result.VIEWS[Trace]["text"] is views.render_text and result.VIEWS[Why]["html"] is views.why_html
@@ -93,3 +94,34 @@ def test_every_result_gets_its_views_from_the_one_registry_and_none_is_patched_o
         result.VIEWS[Trace] = original
     assert "next token" in tr.to_text() and tr.picture().fit_canvas is not None
     assert tr._repr_html_().startswith('<div class="glassgpt"><svg')
+
+
+CHECK_AS_YOU_GO = Path(__file__).resolve().parents[1] / "examples" / "check_as_you_go.ipynb"
+
+
+@pytest.fixture(scope="module")
+def check_as_you_go(tmp_path_factory):
+    nb = nbformat.read(CHECK_AS_YOU_GO, as_version=4)
+    src = str(Path(__import__("glassgpt").__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    client = NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path_factory.mktemp("nb"))}})
+    client.km = client.kernel_manager_class(kernel_name="python3")
+    client.km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    with client.setup_kernel(env=env):
+        client.execute(cleanup_kc=False)
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def test_check_as_you_go_has_one_cell_per_chapter_each_showing_its_verdict(check_as_you_go):
+    chapters = {c.source.splitlines()[0].split(":")[0] for c in check_as_you_go[1:]}
+    assert chapters == {f"# Chapter {n}" for n in range(2, 8)}
+    windows = html_of(check_as_you_go[1])
+    assert "<svg" in windows and "makes the book&#x27;s windows" in windows and "blue: inputs" in windows
+    attention = html_of(check_as_you_go[2])
+    assert "<svg" in attention and "row 0 of head 0 of the attention weights is NaN: every position is masked, " \
+                                   "including the diagonal" in attention
+    for cell, words in zip(check_as_you_go[3:], ("TransformerBlock matches", "generate picks the same tokens",
+                                                  "calc_accuracy_loader gives glassgpt&#x27;s accuracy",
+                                                  "custom_collate_fn pads with 50256")):
+        assert words in html_of(cell), html_of(cell)[-500:]

@@ -22,7 +22,7 @@ PLANTED = {  # mistake -> the first stage that must differ
     "no_mask": "trf_blocks.0.att", "mask_wrong_side": "trf_blocks.0.att", "softmax_dim": "trf_blocks.0.att",
     "no_scale": "trf_blocks.0.att", "view_no_transpose": "trf_blocks.0.att", "dropout": "trf_blocks.0.att",
     "no_shortcut": "trf_blocks.0.shortcut1", "unbiased_var": "trf_blocks.0.norm1", "no_eps": "trf_blocks.0.norm1",
-    "exact_gelu": "trf_blocks.0.ff", "pos_from_1": "pos_emb",
+    "exact_gelu": "trf_blocks.0.ff", "pos_from_1": "pos_emb", "mask_diagonal": "trf_blocks.0.att",
 }
 
 
@@ -34,6 +34,35 @@ def test_each_planted_mistake_is_named_at_its_stage(bug):
     assert result.mistake == bug, result.to_text()
     assert result.finding.startswith(f"{PLANTED[bug]} is the first stage that differs")
     assert "\n" not in result.finding
+
+
+def test_a_diagonal_masked_too_is_named_as_a_nan_row_not_as_dropout():
+    model = my_model("mask_diagonal")
+    model.drop_emb.p = 0.0
+    result = glassgpt.check(model)
+    assert result.first.name == "trf_blocks.0.att" and result.first.non_finite == "NaN"
+    assert result.first.where["position"] == 0
+    assert "its output is NaN, first at block 0, position 0" in result.finding
+    assert "row 0 of the attention weights is masked, the diagonal too" in result.finding
+    assert "dropout" not in result.finding and "max |diff| inf" not in result.to_text()
+    assert "NaN from" in result.to_text()
+
+
+def test_a_nan_in_one_weight_is_named_with_the_weight_not_dropout():
+    from glassgpt.errors import NonFiniteError
+    model = book_model()
+    with torch.no_grad():
+        model.trf_blocks[1].ff.layers[0].weight[3, 7] = float("nan")
+    with pytest.raises(NonFiniteError) as caught:
+        glassgpt.check(model)
+    assert "trf_blocks.1.ff.layers.0.weight holds 1 NaN of its 16,384 values" in str(caught.value)
+    assert "dropout" not in str(caught.value)
+
+
+def test_dropout_is_named_only_when_two_eval_runs_differ():
+    result = glassgpt.check(my_model("dropout"))
+    assert result.mistake == "dropout"
+    assert result.first.non_finite is None
 
 
 def test_a_correct_copy_and_the_books_own_model_match_at_every_stage():

@@ -345,3 +345,58 @@ def test_the_first_paint_says_it_is_tracing(browser, server_url):
     page.goto(server_url + "/")
     assert "tracing" in page.inner_text("#status") and "tracing" in page.inner_text("#tokens")
     context.close()
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_why_shows_top_heads_and_prompt_shares_as_numbers_with_a_legend(open_page, width):
+    page = open_page(width)
+    settled(page)
+    # the prediction is on the first screen of a phone (390 x 844), above the long flow
+    box = page.locator("#prediction").bounding_box()
+    assert page.inner_text("#prediction").startswith("next token: ") and box["y"] + box["height"] <= 844, box
+    assert "null" not in page.inner_text("#random-banner")
+    first = page.locator(".why-candidate").first
+    with page.expect_response("**/api/why") as answer:
+        first.click()
+    why = answer.value.json()
+    settled(page)
+    page.wait_for_selector(".why-top-head")
+    terms = sorted((v for row in why["heads"] for v in row), key=abs, reverse=True)[:5]
+    shown = [float(t.replace("−", "-")) for t in page.locator(".why-top-head strong").all_inner_texts()]
+    assert shown == pytest.approx([round(v, 3) for v in terms], abs=1e-3)
+    shares = [float(t.replace("−", "-")) for t in page.locator(".why-source-token .share").all_inner_texts()]
+    assert shares == pytest.approx([round(s["direct"], 3) for s in why["sources"]], abs=1e-3)
+    legend = page.inner_text("#why-legend")
+    assert "blue: raises the logit" in legend and "red: lowers it" in legend and page.is_visible("#why-legend .swatch.neg")
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+
+
+def test_why_says_in_one_line_when_the_direct_and_causal_answers_disagree(open_page):
+    page = open_page(390)
+    said = page.evaluate("""disagreement({sources: [
+        {text: " effort", direct: 0.2, causal: {logit_change: -0.5}},
+        {text: " you", direct: -0.12, causal: {logit_change: -1.3}}]})""")
+    assert said.startswith('" you": the two answers disagree. Its direct share is −0.120 (red), yet removing it '
+                           'lowers the logit by 1.300')
+    assert "\n" not in said
+    assert page.evaluate("""disagreement({sources: [{text: " effort", direct: 0.2, causal: {logit_change: -0.5}}]})""") == ""
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_page_shows_the_prompts_training_windows_and_their_overlap(open_page, width):
+    page = open_page(width)
+    trace_prompt(page, "Every effort moves you forward, one step at a time", 11)
+    # the default prompt's windows (4 tokens: max_length 3) come first; wait for this prompt's
+    page.wait_for_selector(f'#windows-count:has-text("{len(range(0, 11 - 4, 2))} windows")')
+    assert page.inner_text("#windows-overlap") == "max_length 4, stride 2: each window shares 2 input tokens with the next"
+    assert page.locator("#windows li").count() == len(range(0, 11 - 4, 2))
+    first = page.locator('#windows li[data-window="1"]')
+    inputs = first.locator(".in .win-tok").all_inner_texts()
+    targets = first.locator(".target .win-tok").all_inner_texts()
+    assert len(inputs) == 4 and inputs[1:] == targets[:3]  # the targets are the inputs one token later
+    page.fill("#win-stride", "5")
+    page.dispatch_event("#win-stride", "change")
+    page.wait_for_selector('#windows-overlap:has-text("1 tokens between windows are in no input")')
+    page.wait_for_selector(f'#windows-count:has-text("{len(range(0, 11 - 4, 5))} windows")')
+    assert page.locator("#windows li").count() == len(range(0, 11 - 4, 5))
+    assert page.evaluate("document.documentElement.scrollWidth") <= width

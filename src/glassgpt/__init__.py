@@ -8,6 +8,7 @@
     print(glassgpt.trace(model, tok, "Every effort moves you").to_text())
     glassgpt.show(my_gpt, "Every effort moves you")  # your own module (the book's GPTModel ...), in a notebook
     glassgpt.check(my_gpt)                           # ... and where it parts from the book's formulas
+    glassgpt.check(MultiHeadAttention, args="ch03")  # any piece of chapters 2-7: its first difference, its mistake
 
 The package's layers, from errors and config at the bottom to cli/ and web/ at the top, are stated
 and enforced in one place: tests/test_layout.py. Each folder's __init__.py names its files.

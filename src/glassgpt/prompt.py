@@ -26,6 +26,19 @@ from .tokenizer import Tokenizer
 EXAMPLE = "\"Every effort moves you\""
 
 
+ALPACA_PREAMBLE = ("Below is an instruction that describes a task. "
+                   "Write a response that appropriately completes the request.")
+
+
+def format_prompt(instruction: str, input: str = "") -> str:
+    """The Alpaca prompt, up to and including "### Response:\n" (the book's format_input, then its
+    response header)."""
+    text = f"{ALPACA_PREAMBLE}\n\n### Instruction:\n{instruction}"
+    if input:
+        text += f"\n\n### Input:\n{input}"
+    return text + "\n\n### Response:\n"
+
+
 PAD_ID = 50256  # <|endoftext|>: what the book's SpamDataset and classify_review pad with
 # Said of a classifier in a .pth, which records nothing of how it was trained.
 BOOK_FILE_HINT = ("a classifier trained by the book's code reads the last position of its padded length (glassgpt "

@@ -1,4 +1,5 @@
-"""`glassgpt check my_gpt.py:GPTModel --config cfg.json`: a reader's own implementation against the book's formulas."""
+"""`glassgpt check my_gpt.py:GPTModel --config cfg.json`, `glassgpt check my_attention.py:MultiHeadAttention
+--args ch03`: a reader's own implementation, whole or one piece, against the book's formulas."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..errors import GlassError
+from ..explain.pieces import PRESETS, build, check as check_piece, is_whole_model
 from ..explain.verify import DEFAULT_TEXT
 from ..explain.verify_family import check  # GPT-2, or a Qwen3/Llama port of the book's classes
 from ..formats.files import read_json
@@ -18,45 +20,74 @@ from .limits import seed
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help="check your own GPTModel against the book's formulas, stage by stage",
-                       description="Build FILE's CLASS with the config (as the book builds GPTModel(GPT_CONFIG_124M), "
-                                   "after torch.manual_seed), run it on a prompt with hooks on its submodules, and "
-                                   "compute every stage again with glassgpt's model.py on the same weights: the first "
-                                   "stage that differs, where, and the known mistake that reproduces it. Exit code 1 "
-                                   "when a stage differs.")
-    p.add_argument("target", metavar="FILE:CLASS", help="the Python file and the class in it, e.g. my_gpt.py:GPTModel")
-    p.add_argument("--config", required=True, metavar="JSON",
-                   help="the config dict the class takes, as a .json file (e.g. the book's GPT_CONFIG_124M)")
+    p = sub.add_parser("check", help="check your own GPTModel, or any piece of it, against the book's formulas",
+                       description="Build FILE's CLASS (after torch.manual_seed) and run it on the book's inputs "
+                                   "against glassgpt's formula for it in float64: a whole GPTModel stage by stage "
+                                   "(with --config, as the book builds GPTModel(GPT_CONFIG_124M)), or one piece of "
+                                   "chapters 2 to 7: an attention class, LayerNorm, GELU, FeedForward, "
+                                   "TransformerBlock, GPTDatasetV1, create_dataloader_v1, generate, calc_loss_batch, "
+                                   "custom_collate_fn, ... (NAME may be a function). Says the first thing that "
+                                   "differs and the known mistake that reproduces it. Exit code 1 when it differs.")
+    p.add_argument("target", metavar="FILE:NAME",
+                   help="the Python file and the class or function in it, e.g. my_attention.py:MultiHeadAttention")
+    p.add_argument("--args", metavar="JSON|PRESET",
+                   help="the constructor's arguments: a JSON object ('{\"d_in\": 768, \"d_out\": 768, ...}', or "
+                        f"a .json file), or the book's for a chapter's examples: {', '.join(PRESETS)} (default: the "
+                        "book's for the class's chapter)")
+    p.add_argument("--config", metavar="JSON",
+                   help="the config dict a GPTModel takes, as a .json file (e.g. the book's GPT_CONFIG_124M)")
     p.add_argument("--weights", metavar="PTH", help="a state dict to load into it (default: its random weights)")
     p.add_argument("--seed", type=seed, default=123, help="torch.manual_seed before building it (default: 123)")
-    p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"the prompt to run (default: {DEFAULT_TEXT!r})")
+    p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"a whole model's prompt (default: {DEFAULT_TEXT!r})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run_check)
 
 
 def run_check(args: argparse.Namespace) -> int:
-    cls = load_class(args.target)
-    config = read_json(args.config, what="config")
-    if isinstance(config.get("dtype"), str):  # the book's Qwen3/Llama dicts hold a torch dtype; JSON its name
-        config["dtype"] = getattr(torch, config["dtype"].removeprefix("torch."), None)
-        if not isinstance(config["dtype"], torch.dtype):
-            raise GlassError(f"{args.config}: dtype must name a torch dtype such as \"float32\" or \"bfloat16\"")
-    torch.manual_seed(args.seed)
-    try:
-        model = cls(config)
-        if args.weights:
-            model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
-    except GlassError:
-        raise
-    except Exception as err:  # the reader's own code: one line, where and what
-        raise GlassError(f"{args.target}({args.config}) failed: {type(err).__name__}: {err}") from None
-    result = check(model, args.prompt)
+    obj = load_class(args.target)
+    if isinstance(obj, type):
+        obj = _build(obj, args)
+    result = check(obj, args.prompt) if is_whole_model(obj) else check_piece(obj)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.to_text())
     return 0 if result.ok else 1
 
 
-def load_class(target: str) -> type:
-    """The class named by FILE:CLASS, imported from the file; a one-line GlassError if it cannot be."""
+def _build(cls: type, args: argparse.Namespace):
+    if args.config and args.args:
+        raise GlassError("give --config (a GPTModel's config) or --args (a piece's arguments), not both")
+    config = read_json(args.config, what="config") if args.config else _args(args.args)
+    if isinstance(config, dict) and isinstance(config.get("dtype"), str):  # the book's Qwen3/Llama dicts hold a torch dtype; JSON its name
+        config["dtype"] = getattr(torch, config["dtype"].removeprefix("torch."), None)
+        if not isinstance(config["dtype"], torch.dtype):
+            raise GlassError(f"{args.config or args.args}: dtype must name a torch dtype such as \"float32\" or \"bfloat16\"")
+    model = build(cls, config, seed=args.seed)
+    if args.weights:
+        try:
+            model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
+        except Exception as err:  # the reader's own file: one line, where and what
+            raise GlassError(f"{args.weights} does not load into {cls.__name__}: {type(err).__name__}: "
+                             f"{str(err).splitlines()[0]}") from None
+    return model
+
+
+def _args(text: str | None):
+    """--args: None, a preset's name, a JSON object, or a .json file holding one."""
+    if text is None or text in PRESETS:
+        return text
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise GlassError(f"--args is not a JSON object: {err.msg} at character {err.pos}") from None
+    if Path(text).suffix == ".json":
+        return read_json(text, what="arguments")
+    raise GlassError(f"--args {text!r}: give a JSON object of the constructor's arguments, a .json file, or one of "
+                     f"{', '.join(PRESETS)}")
+
+
+def load_class(target: str):
+    """The class (or function, or object) named by FILE:NAME, imported from the file; a one-line
+    GlassError if it cannot be."""
     path_text, sep, name = target.rpartition(":")
     if not sep or not path_text or not name:
         raise GlassError(f"{target!r}: give FILE:CLASS, e.g. my_gpt.py:GPTModel")
@@ -74,8 +105,9 @@ def load_class(target: str) -> type:
         raise GlassError(f"{path} does not import: {type(err).__name__}: {err}") from None
     finally:
         sys.path.remove(str(path.resolve().parent))
-    cls = getattr(module, name, None)
-    if not isinstance(cls, type):
-        found = sorted(k for k, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)
+    obj = getattr(module, name, None)
+    if obj is None:
+        found = sorted(k for k, v in vars(module).items()
+                       if callable(v) and getattr(v, "__module__", None) == module.__name__)
         raise GlassError(f"{path} has no class {name!r}: it defines {', '.join(found) or 'no classes'}")
-    return cls
+    return obj

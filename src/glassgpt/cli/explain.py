@@ -20,6 +20,7 @@ from ..explain.views.diagram import layout, save_attention_png
 from ..explain.family import changes_from_gpt2, family_trace
 from ..families import is_family_model
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
+from ..explain.pieces import sliding_windows
 from ..explain.passage import passage
 from ..explain.views.passage import passage_layout, passage_text
 from ..explain.why import why
@@ -61,6 +62,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="a second model (any --model spec) traced on the same prompt: both next-token "
                         "distributions side by side, their KL divergence, and each block's logit lens")
     add_flags(p, WHY_OPTIONS)
+    p.add_argument("--windows", action="store_true",
+                   help="show the PROMPT's sliding windows as the book's GPTDatasetV1 cuts them (no model needed): "
+                        "each window's inputs and targets, the stride and the overlap")
+    p.add_argument("--window-length", type=int, default=4, metavar="N",
+                   help="--windows: tokens per window, the book's max_length (default: 4)")
+    p.add_argument("--stride", type=int, default=None, metavar="N",
+                   help="--windows: tokens from one window's start to the next (default: the window length)")
     add_reading_args(p)
     add_special_arg(p)
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
@@ -99,6 +107,9 @@ def run_explain(args: argparse.Namespace) -> int:
                          "--patch read their texts as plain text: drop --allow-special")
     if args.passage is not None:
         return _run_passage(args)
+    if args.windows:
+        w = sliding_windows(args.prompt, args.window_length, args.stride)
+        return emit(json.dumps(w.to_dict(), indent=2) if args.format == "json" else w.to_text(), args.out)
     cfg = read_config(args.model)
     if cfg is not None:  # a preset or local checkpoint: check the flags before the slow load
         _check_layers(args, cfg.n_layers)

@@ -16,6 +16,8 @@ analyses, each a function over the model that returns a result:
     verify.py    check(model): a reader's own module against the book's formulas, stage by stage
     verify_family.py  the same for a reader's Qwen3 or Llama 3 port, with their mistakes; check() for both
     family.py    explain for Qwen3 and Llama 3.2: the four answers, RoPE, the heads; what changed from GPT-2
+    pieces/      check(piece): any piece of chapters 2 to 7 as the reader wrote it (a class, a function,
+                 a tokenizer, a dataset), its first difference and the mistake that reproduces it
 views/, above the analyses: each result's text, picture and notebook HTML, registered in views/__init__.py
 """
 
@@ -23,11 +25,11 @@ from . import views  # registers every result's views (views/__init__.py)
 from .check import check_embedding_is_linear
 from .record import Progress
 from .trace import About, Stage, Trace, TraceOptions, trace
+from .pieces import PieceResult, SlidingWindows, check, sliding_windows
 from .verify import CheckResult
-from .verify_family import check
 from .views import diagram
-from .views.notebook import show
+from .views.pieces import show
 from .why import Why, why
 
-__all__ = ["About", "CheckResult", "Progress", "Stage", "Trace", "TraceOptions", "Why", "check_embedding_is_linear", "check",
+__all__ = ["About", "CheckResult", "PieceResult", "Progress", "SlidingWindows", "sliding_windows", "Stage", "Trace", "TraceOptions", "Why", "check_embedding_is_linear", "check",
            "diagram", "show", "trace", "why"]

@@ -8,7 +8,11 @@ that stage, so a mistake shows at the stage that makes it and not at every stage
 The first stage that differs beyond the tolerance is reported with its largest difference and
 where it sits (block, position, feature); then the likely mistake, found by computing that stage
 with each known mistake (MISTAKES) and taking the one that reproduces the reader's numbers.
-A second run of the same prompt tells dropout left active in eval mode (the numbers change).
+A second run of the same prompt tells dropout left active in eval mode (the numbers change; a NaN
+equals a NaN here, so NaNs alone never read as dropout). A NaN or inf is never a correct output: the
+first stage that gives one is named with the position where it first appears and what makes it (a
+row of attention scores masked everywhere, the diagonal included). Weights that hold a NaN or inf
+are refused before anything runs (adopt.check_computable names the tensor).
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ MISTAKES = {
                         "softmax(scores / keys.shape[-1]**0.5, dim=-1)"),
     "scale_emb_dim": ("att", "the attention scores are divided by sqrt(emb_dim), not by sqrt(head_dim): use "
                              "keys.shape[-1]**0.5 after the split into heads"),
+    "mask_diagonal": ("att", "every position of row 0 of the attention weights is masked, the diagonal too, so "
+                             "its softmax is NaN (0 / 0): mask only the future, torch.triu(..., diagonal=1), "
+                             "so each token still sees itself"),
     "view_no_transpose": ("att", "the heads are split with .view(b, num_heads, num_tokens, head_dim) and no "
                                  "transpose, which mixes tokens into heads: view(b, num_tokens, num_heads, "
                                  "head_dim).transpose(1, 2)"),
@@ -59,6 +66,8 @@ MISTAKES = {
                          "approximation: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))"),
     "relu": ("ff", "the feed forward uses ReLU where GPT-2 uses GELU"),
 }
+NON_FINITE = ("a NaN or inf comes from 0 / 0, inf - inf or a softmax over a row that is all -inf: print the "
+              "stage's input and its intermediate values (the scores, the mask) at that position")
 DROPOUT = ("dropout is active in eval mode (two runs of the same prompt give different numbers): use "
            "nn.Dropout modules, or F.dropout(x, p, training=self.training)")
 
@@ -69,10 +78,15 @@ class StageCheck:
     max_diff: float
     tolerance: float
     where: dict[str, int] = field(default_factory=dict)  # block, position, feature of the largest difference
+    non_finite: str | None = None  # "NaN" or "inf" when the reader's output holds one (where: the first)
 
     @property
     def ok(self) -> bool:
-        return self.max_diff <= self.tolerance
+        return self.non_finite is None and self.max_diff <= self.tolerance
+
+    @property
+    def diff_text(self) -> str:
+        return f"{self.non_finite} from" if self.non_finite else f"max |diff| {self.max_diff:.3g}"
 
 
 @dataclass
@@ -95,14 +109,14 @@ class CheckResult(Result):
         return {"kind": self.kind, "prompt": self.prompt, "ok": self.ok, "mistake": self.mistake,
                 "finding": self.finding, "notes": self.notes,
                 "stages": [{"name": s.name, "max_diff": s.max_diff, "tolerance": s.tolerance, "ok": s.ok,
-                            "where": s.where} for s in self.stages]}
+                            "where": s.where, "non_finite": s.non_finite} for s in self.stages]}
 
     def to_text(self) -> str:
         lines = [f"glassgpt check: {self.kind}", f"  on {self.prompt!r}, each stage against model.py in float64"]
         for s in self.stages:
             mark = "ok" if s.ok else "DIFFERS"
             where = f"  at {_where_text(s.where)}" if not s.ok else ""
-            lines.append(f"  {s.name:<26} {mark:<8} max |diff| {s.max_diff:.3g}{where}")
+            lines.append(f"  {s.name:<26} {mark:<8} {s.diff_text}{where}")
         return "\n".join(lines + [""] + [self.finding] + [f"note: {n}" for n in self.notes])
 
 
@@ -128,10 +142,25 @@ def check(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None = No
         stages.append(stage)
         if first is None and not stage.ok:
             first = stage
-            dropout = not torch.equal(got, runs[1][key][io])  # eval mode must give the same numbers twice
-            mistake = "dropout" if dropout else _likely_mistake(kind, got, book_fn, stage.tolerance)
+            if not same_numbers(got, runs[1][key][io]):  # eval mode must give the same numbers twice
+                mistake = "dropout"
+            else:
+                mistake = _likely_mistake(kind, got, book_fn, stage.tolerance)
     return CheckResult(layout.kind, shown, stages, first, mistake, _finding(stages, first, mistake),
                        _tie_note(glass))
+
+
+def same_numbers(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b hold the same numbers, a NaN matching a NaN (torch.equal says NaN != NaN)."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def nan_aware_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| where both are numbers; 0 where both are NaN (or the same inf); inf where only one is."""
+    got, want = got.double().reshape(want.shape), want.to(got.device).double()
+    same = (got == want) | (got.isnan() & want.isnan())
+    diff = torch.where(same, torch.zeros_like(got), (got - want).abs())
+    return float(torch.nan_to_num(diff, nan=math.inf).max()) if diff.numel() else 0.0
 
 
 def _decode(ids: list[int]) -> str:
@@ -237,7 +266,7 @@ def _attention(att: nn.Module, x: torch.Tensor) -> Callable[[str | None], torch.
             split = lambda y: y.view(b, t, nh, hd).transpose(1, 2)  # noqa: E731
         q, k, v = split(att.W_query(h)), split(att.W_key(h)), split(att.W_value(h))
         scores = q @ k.transpose(-2, -1)  # [b, h, t, t]
-        future = torch.ones(t, t, dtype=torch.bool, device=h.device).triu(1)
+        future = torch.ones(t, t, dtype=torch.bool, device=h.device).triu(0 if mistake == "mask_diagonal" else 1)
         if mistake == "mask_wrong_side":
             future = torch.ones(t, t, dtype=torch.bool, device=h.device).tril(-1)
         if mistake != "no_mask":
@@ -256,14 +285,19 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtyp
     got, want = got.double().reshape(want.shape), want.to(got.device)
     diff = (got - want).abs()
     tol = TOLERANCE.get(dtype, 1e-5) * max(float(want.abs().max()), 1e-30)
-    worst = float(diff.max()) if diff.numel() else 0.0
-    if math.isnan(worst) or bool(torch.isnan(got).any()):
-        worst = math.inf
-    index = torch.unravel_index(torch.nan_to_num(diff, nan=math.inf).argmax(), diff.shape)
+    bad = ~torch.isfinite(got)
+    non_finite = None
+    if bool(bad.any()):  # where the first NaN (or inf) sits, in the order of the positions
+        non_finite = "NaN" if bool(torch.isnan(got).any()) else "inf"
+        index = tuple(torch.nonzero(bad.reshape(-1, *bad.shape[-2:]).any(0))[0])  # (position, feature)
+        worst = nan_aware_diff(got, want)
+    else:
+        worst = float(diff.max()) if diff.numel() else 0.0
+        index = torch.unravel_index(diff.argmax(), diff.shape)
     where = {"position": int(index[-2]), "feature": int(index[-1])}
     if name.startswith("trf_blocks."):
         where = {"block": int(name.split(".")[1]), **where}
-    return StageCheck(name, worst, tol, where)
+    return StageCheck(name, worst, tol, where, non_finite)
 
 
 def _likely_mistake(kind: str, got: torch.Tensor, book_fn, tol: float) -> str | None:
@@ -275,7 +309,7 @@ def _likely_mistake(kind: str, got: torch.Tensor, book_fn, tol: float) -> str | 
         want = book_fn(mistake)
         if want is None or want.numel() != got.numel():
             continue
-        diff = float((got.double().reshape(want.shape) - want.to(got.device)).abs().max())
+        diff = nan_aware_diff(got, want)
         if diff < best_diff:
             best, best_diff = mistake, diff
     return best if best_diff <= tol else None
@@ -290,12 +324,18 @@ def _finding(stages: list[StageCheck], first: StageCheck | None, mistake: str | 
         worst = max(stages, key=lambda s: s.max_diff / s.tolerance)
         return (f"matches the book's formulas at every stage (largest difference {worst.max_diff:.2g}, at "
                 f"{worst.name}; tolerance {TOLERANCE[torch.float32]:g} of each stage's largest value)")
-    at = f"{first.name} is the first stage that differs from the book's formulas (largest difference " \
-         f"{first.max_diff:.3g} at {_where_text(first.where)})"
+    if first.non_finite:
+        at = f"{first.name} is the first stage that differs from the book's formulas: its output is " \
+             f"{first.non_finite}, first at {_where_text(first.where)}"
+    else:
+        at = f"{first.name} is the first stage that differs from the book's formulas (largest difference " \
+             f"{first.max_diff:.3g} at {_where_text(first.where)})"
     if mistake == "dropout":
         return f"{at}: {DROPOUT}."
     if mistake is not None:
         return f"{at}: {MISTAKES[mistake][1]}."
+    if first.non_finite:
+        return f"{at}: {NON_FINITE}."
     return f"{at}; no known mistake reproduces it: compare your {first.name.split('.')[-1]} line by line with the book's."
 
 

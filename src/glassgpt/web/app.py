@@ -10,6 +10,7 @@
     POST /api/diagram.svg   same body as /api/explain -> the trace drawn as SVG
     POST /api/why           same body + "target": id -> which parts and prompt tokens made that token
     GET  /api/snapshots     served on a run directory: its evaluations, each with its snapshot
+    POST /api/windows       {"prompt": "...", "max_length": 4, "stride": 2} -> the text's sliding windows
 
 The rules (which prompts, which limits, what a trace holds) are the service's; this module
 adds what only HTTP needs. Errors are JSON `{"error": "..."}`: 400 for a prompt the model
@@ -61,7 +62,7 @@ from ..prompt import Reading
 from ..tokenizer import Tokenizer
 from .guards import LOOPBACK_HOSTS, BodyLimit, Busy, HostCheck, Lane
 from .guards import error_response as _error
-from .service import MAX_BODY_BYTES, AppendRequest, ExplainRequest, ExplainService, WhyRequest
+from .service import MAX_BODY_BYTES, AppendRequest, ExplainRequest, ExplainService, WhyRequest, WindowsRequest
 
 # Each trace already uses every core for its matmuls; more at once would only share them out.
 MAX_CONCURRENT_TRACES = 4
@@ -153,6 +154,10 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom"
     @app.get("/api/snapshots")
     async def snapshots() -> dict[str, Any]:
         return await anyio.to_thread.run_sync(service.snapshots)
+
+    @app.post("/api/windows")
+    async def windows(req: WindowsRequest) -> dict[str, Any]:
+        return await anyio.to_thread.run_sync(service.windows, req)
 
     return app
 

@@ -25,6 +25,7 @@ from ..adopt import adopt, check_computable
 from ..errors import GlassError
 from ..explain import About, Progress, trace
 from ..explain.views.diagram import to_svg
+from ..explain.pieces import sliding_windows
 from ..explain.options import MAX_TOP_K, TRACE_OPTIONS, WHY_OPTIONS, api_fields, controls
 from ..explain.why import why
 from ..explain.trace import model_facts, trace_options
@@ -69,6 +70,16 @@ class AppendRequest(ExplainRequest):
 
 class WhyRequest(ExplainRequest):
     target: int | None = Field(None, ge=0)  # the candidate to explain (default: the top one)
+
+
+class WindowsRequest(BaseModel):
+    """A text's sliding windows, as the book's GPTDatasetV1 cuts them (no model runs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(max_length=20_000)
+    max_length: int = Field(4, ge=1, le=1024)
+    stride: int | None = Field(None, ge=1, le=1024)
 
 
 def public_name(spec: str) -> str:
@@ -167,6 +178,10 @@ class ExplainService:
         if self.run_dir is None:
             raise GlassError("this server was not started on a run directory: serve --model RUN_DIR to watch it learn")
         return read_snapshots(self.run_dir)
+
+    def windows(self, req: WindowsRequest) -> dict[str, Any]:
+        """POST /api/windows: the prompt's windows under this server's tokenizer (inputs, targets, overlap)."""
+        return sliding_windows(req.prompt, req.max_length, req.stride, tokenizer=self.tokenizer).to_dict()
 
     # -- the rules every trace request follows -------------------------------------------------
 

@@ -21,20 +21,9 @@ from ...engine.loss import IGNORE_INDEX, cross_entropy
 from ...errors import DataError, GlassError
 from ...generate import generate
 from ...model import GPTModel
+from ...prompt import ALPACA_PREAMBLE, format_prompt  # noqa: F401  (the Alpaca template lives with the prompts)
 from ...tokenizer import Tokenizer
 from .examples import ExampleStream, holdout, read_records, set_trainable
-
-ALPACA_PREAMBLE = ("Below is an instruction that describes a task. "
-                   "Write a response that appropriately completes the request.")
-
-
-
-def format_prompt(instruction: str, input: str = "") -> str:
-    """The Alpaca prompt, up to and including "### Response:\\n" (the book's format_input)."""
-    text = f"{ALPACA_PREAMBLE}\n\n### Instruction:\n{instruction}"
-    if input:
-        text += f"\n\n### Input:\n{input}"
-    return text + "\n\n### Response:\n"
 
 
 def check_instruction_record(rec: Any) -> str | None:

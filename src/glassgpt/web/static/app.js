@@ -236,7 +236,7 @@ function renderModel(m) {
       `${m.name} is a preset initialised at random, not trained: every shape below is real, but the `,
       "probabilities and the generated text are noise. For GPT-2's trained weights run ",
       el("code", { text: "glassgpt serve --model openai-community/gpt2" }), ".",
-      m.init ? el("span", { class: "init", text: ` Initialisation: ${m.init}.` }) : null);
+      m.init ? el("span", { class: "init", text: ` Initialisation: ${m.init}.` }) : "");  // replaceChildren writes null as "null"
   }
   $("prompt").setAttribute("aria-describedby", "status");
   // A classifier's output is a class, not a token: there is nothing to append.
@@ -435,6 +435,9 @@ function renderNext(tr) {
     return row;
   }));
   const chosen = top.find((t) => t.id === state.chosen) || top[0];
+  $("prediction").replaceChildren(el("span", { class: "muted", text: isClass ? "predicted class: " : "next token: " }),
+    el("strong", {}, tokenNode(top[0].text)), ` ${pct(top[0].prob)}` + (top.length > 1 ? `, then ` : ""),
+    ...top.slice(1, 3).flatMap((t, k) => [k ? ", " : "", tokenNode(t.text), ` ${pct(t.prob)}`]));
   const label = chosen.text.replace(/\n/g, "↵");
   $("append").textContent = isClass ? "Append" : `Append “${label}”`;
   $("text-after").replaceChildren(
@@ -728,8 +731,10 @@ function renderWhy() {
       onclick: () => whyFor(t.id) }, tokenNode(t.text))));
   if (!w) {
     $("why-headline").textContent = "click a candidate to see which blocks, heads and prompt tokens made it";
-    for (const id of ["why-grid", "why-sources", "why-patch"]) $(id).replaceChildren();
+    for (const id of ["why-grid", "why-sources", "why-patch", "why-top"]) $(id).replaceChildren();
     $("why-source").textContent = "";
+    $("why-disagree").textContent = "";
+    $("why-top-title").textContent = "";
     return;
   }
   const metric = w.versus ? `logit[${JSON.stringify(w.target.text)}] − logit[${JSON.stringify(w.versus.text)}]`
@@ -737,9 +742,37 @@ function renderWhy() {
   $("why-headline").textContent = `${metric} = ${w.metric.toFixed(3)}: the largest parts are ` +
     [...w.parts].sort((a, b) => Math.abs(b.value) - Math.abs(a.value)).slice(0, 3)
       .map((p) => `${p.name} ${p.value >= 0 ? "+" : ""}${p.value.toFixed(3)}`).join(", ");
+  renderWhyTop(w);
   renderWhyGrid(w);
   renderWhySources(w);
+  $("why-disagree").textContent = disagreement(w);
   renderWhyPatch(w.patch);
+}
+
+function signed(v, digits = 3) {
+  return `${v >= 0 ? "+" : "−"}${Math.abs(v).toFixed(digits)}`;
+}
+
+function renderWhyTop(w) {
+  const terms = w.heads.flatMap((row, i) => row.map((v, h) => ({ name: `block ${i} head ${h}`, v })));
+  const top = terms.sort((a, b) => Math.abs(b.v) - Math.abs(a.v)).slice(0, 5);
+  $("why-top-title").textContent = "the five largest heads' terms:";
+  $("why-top").replaceChildren(...top.map((t) => el("li", { class: "why-top-head", "data-value": t.v },
+    `${t.name}: `, el("strong", { text: signed(t.v) }))));
+}
+
+// The prompt token whose two answers disagree most: its direct share (attention's straight path to the
+// last position) has one sign, removing it moves the logit the other way (it mattered through later positions).
+function disagreement(w) {
+  const split = w.sources.filter((s) => s.causal.logit_change !== null && Math.abs(s.direct) > 1e-6 &&
+    Math.sign(s.direct) === Math.sign(s.causal.logit_change) && s.causal.logit_change !== 0);
+  if (!split.length) return "";
+  const s = split.sort((a, b) => Math.abs(b.causal.logit_change) - Math.abs(a.causal.logit_change))[0];
+  const moved = s.causal.logit_change < 0 ? "lowers" : "raises";
+  return `${JSON.stringify(s.text)}: the two answers disagree. Its direct share is ${signed(s.direct)} ` +
+    `(${s.direct < 0 ? "red" : "blue"}), yet removing it ${moved} the logit by ${Math.abs(s.causal.logit_change).toFixed(3)}: ` +
+    "it matters through what later blocks read at other positions, which the direct share (attention's straight " +
+    "path from this token to the last position) does not count.";
 }
 
 function renderWhyGrid(w) {
@@ -767,7 +800,7 @@ function renderWhySources(w) {
       "data-position": s.position, "data-focus": `src-${s.position}`, style: { background: whyColor(s.direct, most) },
       title: `position ${s.position}: click to see what it did`,
       onclick: keepingFocus(() => { state.source = state.source === s.position ? null : s.position; renderWhy(); }) },
-    tokenNode(s.text))));
+    tokenNode(s.text), el("span", { class: "share", "data-value": s.direct, text: signed(s.direct) }))));
   const s = state.source === null ? null : w.sources[state.source];
   $("why-source").textContent = s === null
     ? "The grid shows each head's term and each feed-forward's. Click a prompt token to split the heads' terms over it."
@@ -818,7 +851,42 @@ function render() {
   renderLens(tr);
   renderParams(tr);
   renderWhy();
+  renderWindows(tr);
   updateButtons();
+}
+
+// --- training windows: POST /api/windows (GPTDatasetV1's cut, computed by the server) -----------------
+
+let windowsAsked = null;  // the latest request; an older answer arriving late is dropped
+
+async function renderWindows(tr) {
+  const n = tr.tokens.length;
+  const length = Math.min(Number($("win-length").value) || 4, Math.max(1, n - 1));
+  const stride = Number($("win-stride").value) || length;
+  if (n < 2) {
+    $("windows-overlap").textContent = "a window needs at least 2 tokens: its targets run one token further";
+    $("windows").replaceChildren();
+    return;
+  }
+  const asked = windowsAsked = JSON.stringify({ prompt: tr.prompt, max_length: length, stride });
+  const res = await fetch("/api/windows", { method: "POST", headers: { "Content-Type": "application/json" }, body: asked });
+  if (asked !== windowsAsked) return;
+  const w = await res.json();
+  if (!res.ok) { $("windows-overlap").textContent = w.error || res.statusText; $("windows").replaceChildren(); return; }
+  $("windows-count").textContent = `${w.inputs.length} window${w.inputs.length === 1 ? "" : "s"}`;
+  $("windows-overlap").textContent = `max_length ${w.max_length}, stride ${w.stride}: ` + (w.overlap > 0
+    ? `each window shares ${w.overlap} input tokens with the next`
+    : w.overlap === 0 ? "no overlap, every token in one window's inputs"
+      : `${-w.overlap} tokens between windows are in no input`);
+  const word = (id) => w.tokens[w.ids.indexOf(id)];
+  const row = (cls, ids) => el("span", { class: `win-row ${cls}` },
+    ...ids.map((id) => el("span", { class: "win-tok", title: `id ${id}` }, tokenNode(word(id)))));
+  $("windows").replaceChildren(...w.inputs.slice(0, 12).map((x, k) => el("li", { class: "window", "data-window": k },
+    el("span", { class: "win-label", text: `window ${k}` }), row("in", x), row("target", w.targets[k]))));
+}
+
+for (const id of ["win-length", "win-stride"]) {
+  document.addEventListener("change", (ev) => { if (ev.target.id === id && state.trace) renderWindows(state.trace); });
 }
 
 async function downloadSvg(ev) {

@@ -1,0 +1,224 @@
+"""check(piece): any piece of the book as the reader wrote it, against glassgpt's formula for it.
+
+    glassgpt.check(MultiHeadAttention)                       # a class: built with the book's chapter-3 arguments
+    glassgpt.check(MultiHeadAttention(768, 768, 1024, 0.0, 12))
+    glassgpt.check(generate)                                 # a function: called as the book calls it
+    glassgpt.check(model)                                    # a whole GPT: verify.py, stage by stage
+
+What a piece is comes from its class or function name (the book's), then its constructor's
+arguments, then what it holds (W_query and heads, scale and shift, encode and decode, windows).
+Each kind's check lives beside its chapter: data.py (chapter 2), attention.py (3), layers.py
+(4), functions.py (4 to 7); report.py holds what they share. Their pictures, and show(piece, input),
+are views: views/pieces.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...adopt import check_computable, read_in_place
+from ...errors import GlassError
+from ..verify import DEFAULT_TEXT
+from ..verify_family import check as check_model, is_family_port  # GPT-2, or a Qwen3/Llama port
+from .attention import check_attention
+from .data import check_dataset, check_dataset_class, check_loader_function, check_tokenizer
+from .functions import CHECKS as FUNCTION_CHECKS, check_function
+from .layers import check_block, check_feed_forward, check_gelu, check_layer_norm
+from .report import PieceError, PieceResult
+from .data import SlidingWindows, sliding_windows
+
+GPT_CONFIG_124M = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12,
+                   "drop_rate": 0.1, "qkv_bias": False}
+_CH03_MHA = {"d_in": 3, "d_out": 2, "context_length": 6, "dropout": 0.0, "num_heads": 2}
+# The book's constructor arguments for each class, in its chapters' examples.
+PRESETS: dict[str, dict[str, Any]] = {
+    "ch03": {"SelfAttention_v1": {"d_in": 3, "d_out": 2}, "SelfAttention_v2": {"d_in": 3, "d_out": 2},
+             "CausalAttention": {"d_in": 3, "d_out": 2, "context_length": 6, "dropout": 0.0},
+             "MultiHeadAttentionWrapper": _CH03_MHA, "MultiHeadAttention": _CH03_MHA},
+    "ch04": {"MultiHeadAttention": {"d_in": 768, "d_out": 768, "context_length": 1024, "dropout": 0.0,
+                                    "num_heads": 12},
+             "LayerNorm": {"emb_dim": 5}, "GELU": {}, "FeedForward": GPT_CONFIG_124M,
+             "TransformerBlock": GPT_CONFIG_124M, "GPTModel": GPT_CONFIG_124M},
+}
+ATTENTION = ("SelfAttention_v1", "SelfAttention_v2", "CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention")
+LAYERS = ("LayerNorm", "GELU", "FeedForward", "TransformerBlock", "GPTModel")
+DATA = ("SimpleTokenizerV1", "SimpleTokenizerV2", "a tiktoken-style tokenizer (encode/decode)", "GPTDatasetV1",
+        "a dataset or DataLoader of windows", "create_dataloader_v1")
+KNOWN = (*DATA, *ATTENTION, *LAYERS, *FUNCTION_CHECKS)
+CFG_CLASSES = ("FeedForward", "TransformerBlock", "GPTModel")  # the classes built from one config dict
+
+
+def known_kinds() -> str:
+    return ", ".join(KNOWN)
+
+
+def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, args: Any = None,
+          max_length: int | None = None, stride: int | None = None, inputs: torch.Tensor | None = None
+          ) -> PieceResult:
+    """Check `piece` (a class, an instance, a function or a tokenizer of the book's chapters 2 to 7)
+    against glassgpt's formula for it: see the module's docstring. A whole GPT model goes to
+    verify.check(model, text, ids). A class is built with `args` (a dict of its constructor's
+    arguments, or "ch03" / "ch04" for the book's; default: the book's for its chapter) after
+    torch.manual_seed(123). A dataset already built needs the `text`, `max_length` and `stride`
+    it was built with. `inputs`: a module's input instead of the book's."""
+    if isinstance(piece, type):
+        if is_dataset_class(piece):
+            return check_dataset_class(piece)
+        return check(build(piece, args), text, ids, inputs=inputs)
+    if inspect.isfunction(piece) or inspect.ismethod(piece):
+        return _check_callable(piece)
+    if isinstance(piece, nn.Module):
+        check_computable(piece)  # a NaN, inf or meta tensor is named before anything runs
+    kind = "a GPT model" if isinstance(piece, nn.Module) and is_family_port(piece) else identify(piece)
+    if kind in ("GPTModel", "a GPT model"):
+        return check_model(piece, text or DEFAULT_TEXT, ids)
+    try:
+        if kind in ATTENTION:
+            return check_attention(piece, kind, inputs)
+        if kind in ("LayerNorm", "GELU", "FeedForward", "TransformerBlock"):
+            return {"LayerNorm": check_layer_norm, "GELU": check_gelu, "FeedForward": check_feed_forward,
+                    "TransformerBlock": check_block}[kind](piece, inputs)
+    except AttributeError as err:  # a part of the book's names is missing
+        raise PieceError(f"{type(piece).__name__} looks like the book's {kind} but has {err}") from None
+    if kind == "tokenizer":
+        return check_tokenizer(piece, type(piece).__name__)
+    return check_dataset(piece, kind, text, max_length, stride)
+
+
+def is_whole_model(m: Any) -> bool:
+    """Whether `m` is a whole GPT that verify.py checks stage by stage (not one of its parts)."""
+    if not isinstance(m, nn.Module):
+        return False
+    if type(m).__name__ in ATTENTION or type(m).__name__ in LAYERS[:-1]:
+        return False
+    try:
+        read_in_place(m)
+        return True
+    except GlassError:
+        return False
+
+
+def identify(piece: Any) -> str:
+    """The kind of `piece`, from its class name, then what it holds; a PieceError naming the known kinds."""
+    name = type(piece).__name__
+    if isinstance(piece, nn.Module):
+        if name in ATTENTION or name in LAYERS:
+            return name
+        return _module_by_contents(piece, name)
+    if callable(getattr(piece, "encode", None)) and callable(getattr(piece, "decode", None)):
+        return "tokenizer"
+    if isinstance(piece, torch.utils.data.DataLoader):
+        return "DataLoader"
+    if hasattr(piece, "__getitem__") and hasattr(piece, "__len__") and len(piece) and _is_pair(piece[0]):
+        return "dataset"
+    raise PieceError(f"{name} is no kind glassgpt check knows: it knows {known_kinds()}")
+
+
+def _module_by_contents(m: nn.Module, name: str) -> str:
+    children = dict(m.named_children())
+    if isinstance(children.get("heads"), nn.ModuleList):
+        return "MultiHeadAttentionWrapper"
+    if hasattr(m, "W_query"):
+        if hasattr(m, "out_proj"):
+            return "MultiHeadAttention"
+        if not isinstance(m.W_query, nn.Module):
+            return "SelfAttention_v1"
+        return "CausalAttention" if hasattr(m, "mask") or hasattr(m, "dropout") else "SelfAttention_v2"
+    if {"att", "ff", "norm1", "norm2"} <= set(children):
+        return "TransformerBlock"
+    if hasattr(m, "scale") and hasattr(m, "shift"):
+        return "LayerNorm"
+    if isinstance(children.get("layers"), nn.Sequential):
+        return "FeedForward"
+    try:
+        read_in_place(m)
+        return "a GPT model"
+    except GlassError:
+        pass
+    if not list(m.parameters()) and "gelu" in name.lower():
+        return "GELU"
+    raise PieceError(f"{name} is no kind glassgpt check knows (by its name, its constructor's arguments or what "
+                     f"it holds): it knows {known_kinds()}")
+
+
+def _is_pair(item: Any) -> bool:
+    return isinstance(item, (tuple, list)) and len(item) == 2 and all(torch.is_tensor(t) for t in item)
+
+
+def is_dataset_class(cls: type) -> bool:
+    params = list(inspect.signature(cls.__init__).parameters)[1:]
+    return cls.__name__ == "GPTDatasetV1" or params[:4] == ["txt", "tokenizer", "max_length", "stride"]
+
+
+def _check_callable(fn) -> PieceResult:
+    name = fn.__name__
+    if name in FUNCTION_CHECKS:
+        return check_function(fn, name)
+    if name == "create_dataloader_v1":
+        return check_loader_function(fn)
+    params = list(inspect.signature(fn).parameters)
+    by_signature = {("model", "idx", "max_new_tokens", "context_size"): "generate_text_simple",
+                    ("input_batch", "target_batch", "model", "device"): "calc_loss_batch",
+                    ("batch", "pad_token_id", "ignore_index"): "custom_collate_fn", ("entry",): "format_input"}
+    for head, kind in by_signature.items():
+        if tuple(params[:len(head)]) == head:
+            if kind == "generate_text_simple" and "temperature" in params:
+                kind = "generate"
+            return check_function(fn, kind)
+    raise PieceError(f"the function {name} is no kind glassgpt check knows: it knows {known_kinds()}")
+
+
+def preset_args(name: str, preset: str) -> Any:
+    if preset not in PRESETS:
+        raise PieceError(f"--args {preset!r}: give a JSON object of the constructor's arguments, or one of "
+                         f"{', '.join(PRESETS)}")
+    if name not in PRESETS[preset]:
+        where = [p for p, classes in PRESETS.items() if name in classes]
+        raise PieceError(f"{preset} has no arguments for {name}: " +
+                         (f"use {' or '.join(where)}" if where else f"give them as JSON; {preset} has "
+                          f"{', '.join(PRESETS[preset])}"))
+    return PRESETS[preset][name]
+
+
+def build(cls: type, args: Any = None, seed: int = 123) -> Any:
+    """cls built as the book builds it: with `args` (a dict, or a chapter preset's name), after
+    torch.manual_seed(seed); a one-line PieceError when it cannot be."""
+    name = cls.__name__
+    if args is None:
+        args = next((p for p in PRESETS if name in PRESETS[p]), None)
+        if args is None:
+            kind = _kind_by_signature(cls)
+            args = next((p for p in PRESETS if kind in PRESETS[p]), None) if kind else None
+            if args is None:
+                raise PieceError(f"{name} is no kind glassgpt check knows (by its name or its constructor's "
+                                 f"arguments): it knows {known_kinds()}")
+            return build(cls, preset_args(kind, args), seed)
+    if isinstance(args, str):
+        args = preset_args(_kind_by_signature(cls) or name, args)
+    params = [p for p in inspect.signature(cls.__init__).parameters.values()][1:]
+    one_config = len(params) == 1 and params[0].kind is params[0].POSITIONAL_OR_KEYWORD and (
+        params[0].name in ("cfg", "config") or (isinstance(args, dict) and set(args) - {params[0].name}))
+    torch.manual_seed(seed)
+    try:
+        return cls(args) if one_config or not isinstance(args, dict) else cls(**args)
+    except Exception as err:
+        raise PieceError(f"{name}{inspect.signature(cls.__init__)} could not be built with {args}: "
+                         f"{type(err).__name__}: {err}; pass its arguments as --args '{{...}}' or a chapter "
+                         f"preset, --args ch03 or ch04") from None
+
+
+def _kind_by_signature(cls: type) -> str | None:
+    params = tuple(list(inspect.signature(cls.__init__).parameters)[1:])
+    if params[:5] == ("d_in", "d_out", "context_length", "dropout", "num_heads"):
+        return "MultiHeadAttention"  # or the wrapper: both take these; the instance tells them apart
+    if params[:4] == ("d_in", "d_out", "context_length", "dropout"):
+        return "CausalAttention"
+    if params[:2] == ("d_in", "d_out"):
+        return "SelfAttention_v2"
+    if params == ("emb_dim",):
+        return "LayerNorm"
+    return None

@@ -1,0 +1,279 @@
+"""Chapter 2's pieces, as the reader wrote them: a tokenizer, and the sliding windows of GPTDatasetV1.
+
+Tokenizers: the book's SimpleTokenizerV1/V2 (a vocabulary `str_to_int` over the text split on
+punctuation and spaces; V2 adds <|unk|> and <|endoftext|>) against the same split written here
+over the reader's own vocabulary; a tiktoken-style `encode`/`decode` against GPT-2's ids and the
+round trip. Windows: input k is ids[k * stride : k * stride + max_length], its target the same
+shifted by one token; a GPTDatasetV1 class is built on the opening of the book's text with
+max_length 4 and strides 1 and 4, create_dataloader_v1 is called as the book calls it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ...tokenizer import Tokenizer, get_tokenizer
+from ..result import Result
+from .report import PieceError, PieceResult, run_reader
+
+# The opening of the book's text, Edith Wharton's "The Verdict" (1908).
+BOOK_TEXT = ("I HAD always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so it was no "
+             "great surprise to me to hear that, in the height of his glory, he had dropped his painting, married "
+             "a rich widow, and established himself in a villa on the Riviera.")
+V1_TEXT = '"It\'s the last he painted, you know," Mrs. Gisburn said with pardonable pride.'
+V2_TEXT = "Hello, do you like tea? <|endoftext|> In the sunlit terraces of the palace."
+SPLIT = r'([,.:;?_!"()\']|--|\s)'  # the book's split: punctuation, double dashes, spaces
+SETTINGS = [(4, 1), (4, 4)]  # (max_length, stride): the book's two examples
+
+MISTAKES = {
+    "drops_unk": "encode leaves out the words it does not know: map each to <|unk|>, "
+                 "item if item in self.str_to_int else \"<|unk|>\"",
+    "drops_endoftext": "encode leaves out <|endoftext|>: keep it as one token (add it to the vocabulary, and "
+                       "pass allowed_special={\"<|endoftext|>\"} to tiktoken)",
+    "stride_skips": "the windows step by stride + 1, so one token between windows is in no input: "
+                    "for i in range(0, len(token_ids) - max_length, stride)",
+    "not_shifted": "the targets are the inputs, not shifted: target_chunk = token_ids[i + 1:i + max_length + 1]",
+    "max_length_plus_1": "each window holds max_length + 1 tokens: input_chunk = token_ids[i:i + max_length]",
+    "max_length_minus_1": "each window holds max_length - 1 tokens: input_chunk = token_ids[i:i + max_length]",
+}
+
+
+# --- tokenizers -----------------------------------------------------------------------------------
+
+def simple_encode(text: str, vocab: dict[str, int], mistake: str | None = None) -> list[int]:
+    """The book's SimpleTokenizer encode over `vocab` (V2's <|unk|> when the vocabulary has it)."""
+    words = [w.strip() for w in re.split(SPLIT, text) if w.strip()]
+    if mistake == "drops_endoftext":
+        words = [w for w in words if w != "<|endoftext|>"]
+    if "<|unk|>" in vocab:
+        words = [w for w in words if w in vocab] if mistake == "drops_unk" else \
+            [w if w in vocab else "<|unk|>" for w in words]
+    return [vocab[w] for w in words]
+
+
+def simple_decode(ids: Sequence[int], vocab: dict[str, int]) -> str:
+    words = {i: w for w, i in vocab.items()}
+    return re.sub(r'\s+([,.?!"()\'])', r"\1", " ".join(words[i] for i in ids))
+
+
+def check_tokenizer(tok: Any, kind: str) -> PieceResult:
+    vocab = getattr(tok, "str_to_int", None)
+    if isinstance(vocab, dict):
+        return _check_simple(tok, vocab)
+    return _check_tiktoken_style(tok, kind)
+
+
+def _check_simple(tok: Any, vocab: dict[str, int]) -> PieceResult:
+    v2 = "<|unk|>" in vocab
+    kind = "SimpleTokenizerV2" if v2 else "SimpleTokenizerV1"
+    text = V2_TEXT if v2 else V1_TEXT
+    if not v2 and any(w.strip() not in vocab for w in re.split(SPLIT, text) if w.strip()):
+        text = " ".join(list(vocab)[:8])  # a V1 vocabulary of another text: words it knows
+    result = PieceResult(kind, f"{text!r}, over your own vocabulary ({len(vocab):,} entries)")
+    got = run_reader(f"{type(tok).__name__}.encode", lambda: list(tok.encode(text)))
+    want = simple_encode(text, vocab)
+    result.views = {"reader_ids": got, "book_ids": want}
+    result.lines.append(f"encode: {len(got)} ids, glassgpt's split gives {len(want)}")
+    if got != want:
+        variants = {m: (lambda m=m: simple_encode(text, vocab, m)) for m in ("drops_unk", "drops_endoftext")}
+        return _ids_differ(result, got, want, variants, {i: w for w, i in vocab.items()})
+    back = run_reader(f"{type(tok).__name__}.decode", lambda: tok.decode(want))
+    if back != simple_decode(want, vocab):
+        return _text_differs(result, "decode", back, simple_decode(want, vocab))
+    result.lines.append("decode: the same text as glassgpt's join")
+    result.finding = f"{kind} gives the book's ids and text" + (" (unknown words as <|unk|>, <|endoftext|> kept)."
+                                                               if v2 else ".")
+    return result
+
+
+def _check_tiktoken_style(tok: Any, kind: str) -> PieceResult:
+    gpt2 = get_tokenizer("gpt2")
+    text = V2_TEXT.replace("palace.", "someunknownPlace.")  # the book's example for BPE's unknown words
+    result = PieceResult(kind, f"{text!r}, against GPT-2's BPE")
+
+    def encode():
+        try:
+            return list(tok.encode(text, allowed_special={"<|endoftext|>"}))
+        except TypeError:  # an encode without tiktoken's allowed_special
+            return list(tok.encode(text))
+    got = run_reader(f"{type(tok).__name__}.encode", encode)
+    want = gpt2.encode(text, allowed_special={"<|endoftext|>"})
+    result.views = {"reader_ids": got, "book_ids": want}
+    if got != want:
+        variants = {"drops_endoftext": lambda: [i for i in want if i != gpt2.eot_id]}
+        return _ids_differ(result, got, want, variants, None, gpt2)
+    result.lines.append(f"encode: GPT-2's {len(want)} ids")
+    back = run_reader(f"{type(tok).__name__}.decode", lambda: tok.decode(want))
+    if back != text:
+        return _text_differs(result, "decode", back, text)
+    result.lines.append("decode(encode(text)) gives the text back")
+    result.finding = f"{kind} gives GPT-2's ids, <|endoftext|> as 50256, and the text back."
+    return result
+
+
+def _ids_differ(result: PieceResult, got: list[int], want: list[int], variants: dict, words: dict | None,
+                bpe=None) -> PieceResult:
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    show = (lambda i: repr(words.get(i, "?"))) if words else (lambda i: repr(bpe.decode([i])))
+    yours = f"{got[k]} {show(got[k])}" if k < len(got) else "nothing"
+    book = f"{want[k]} {show(want[k])}" if k < len(want) else "nothing"
+    result.stage, result.where = "tokens", f"token {k}"
+    result.mistake = next((m for m, fn in variants.items() if fn() == got), None)
+    what = f"token {k} first differs: yours is {yours}, the book's {book}"
+    result.finding = f"{what}: {MISTAKES[result.mistake]}" if result.mistake else \
+        f"{what}; no known mistake reproduces it: compare your encode with the book's"
+    return result
+
+
+def _text_differs(result: PieceResult, stage: str, got: str, want: str) -> PieceResult:
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    result.stage, result.where = stage, f"character {k}"
+    result.finding = (f"decode gives {got[max(0, k - 10):k + 10]!r} where the book's gives "
+                      f"{want[max(0, k - 10):k + 10]!r} (character {k}): join the words with spaces, then remove "
+                      f"the space before punctuation, re.sub(r'\\s+([,.?!\"()\\'])', r'\\1', text)")
+    return result
+
+
+# --- sliding windows ------------------------------------------------------------------------------
+
+@dataclass
+class Windows:
+    inputs: list[list[int]]
+    targets: list[list[int]]
+
+
+def book_windows(ids: Sequence[int], max_length: int, stride: int, mistake: str | None = None) -> Windows:
+    """The book's windows over `ids` (or with `mistake`)."""
+    length = max_length + {"max_length_plus_1": 1, "max_length_minus_1": -1}.get(mistake, 0)
+    step = stride + 1 if mistake == "stride_skips" else stride
+    starts = range(0, len(ids) - max_length, step)
+    shift = 0 if mistake == "not_shifted" else 1
+    return Windows([list(ids[i:i + length]) for i in starts], [list(ids[i + shift:i + shift + length]) for i in starts])
+
+
+@dataclass
+class SlidingWindows(Result):
+    """GPTDatasetV1's windows over a text: window k's inputs are ids[k*stride : k*stride + max_length],
+    its targets the same one token later. Its text, picture and notebook cell: views/pieces.py."""
+
+    text: str
+    ids: list[int]
+    tokens: list[str]
+    max_length: int
+    stride: int
+    inputs: list[list[int]]
+    targets: list[list[int]]
+
+    @property
+    def overlap(self) -> int:
+        """Tokens each window shares with the next one's inputs (negative: tokens no input holds)."""
+        return self.max_length - self.stride
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "ids": self.ids, "tokens": self.tokens, "max_length": self.max_length,
+                "stride": self.stride, "overlap": self.overlap, "inputs": self.inputs, "targets": self.targets}
+
+
+def sliding_windows(text: str, max_length: int = 4, stride: int | None = None,
+                    tokenizer: Tokenizer | None = None) -> SlidingWindows:
+    """The book's windows over `text` (GPT-2's tokenizer unless one is given); stride defaults to max_length."""
+    stride = max_length if stride is None else stride
+    if max_length < 1 or stride < 1:
+        raise PieceError(f"max_length {max_length} and stride {stride} must be at least 1")
+    tok = tokenizer or get_tokenizer("gpt2")
+    ids = tok.encode(text, allowed_special={"<|endoftext|>"})
+    if len(ids) <= max_length:
+        raise PieceError(f"the text is {len(ids)} tokens: a window needs max_length + 1 = {max_length + 1} "
+                         f"(its targets run one token further); give a longer text or a smaller max_length")
+    w = book_windows(ids, max_length, stride)
+    return SlidingWindows(text, ids, [tok.decode([i]) for i in ids], max_length, stride, w.inputs, w.targets)
+
+
+def windows_of(dataset: Any) -> Windows:
+    pairs = [dataset[k] for k in range(len(dataset))]
+    return Windows([_ids(x) for x, _ in pairs], [_ids(y) for _, y in pairs])
+
+
+def loader_windows(loader: Any) -> Windows:
+    w = Windows([], [])
+    for x, y in loader:
+        w.inputs += [_ids(row) for row in x]
+        w.targets += [_ids(row) for row in y]
+    return w
+
+
+def _ids(t: Any) -> list[int]:
+    return [int(i) for i in (t.tolist() if torch.is_tensor(t) else t)]
+
+
+def check_windows(make: Callable[[str, Any, int, int], Windows], kind: str, text: str = BOOK_TEXT,
+                  settings: Sequence[tuple[int, int]] = SETTINGS, batch_size: int | None = None) -> PieceResult:
+    """`make(text, tokenizer, max_length, stride)` gives the reader's windows; each setting against the book's."""
+    tok = get_tokenizer("gpt2")
+    ids = tok.encode(text, allowed_special={"<|endoftext|>"})
+    result = PieceResult(kind, f"{len(ids)} tokens of the book's text, (max_length, stride) = "
+                               f"{', '.join(map(str, settings))}")
+    for max_length, stride in settings:
+        got = run_reader(f"{kind} with max_length={max_length}, stride={stride}",
+                         lambda: make(text, tok, max_length, stride))
+        want = book_windows(ids, max_length, stride)
+        if batch_size:  # a loader with drop_last keeps whole batches only
+            want = Windows(want.inputs[:len(got.inputs)], want.targets[:len(got.targets)]) \
+                if len(got.inputs) == len(want.inputs) // batch_size * batch_size else want
+        result.views.setdefault("windows", []).append({"max_length": max_length, "stride": stride, "ids": ids,
+                                                       "reader": got, "book": want})
+        result.lines.append(f"max_length {max_length}, stride {stride}: {len(got.inputs)} windows, the book's "
+                            f"{len(want.inputs)}")
+        if (got.inputs, got.targets) != (want.inputs, want.targets):
+            return _windows_differ(result, ids, got, want, max_length, stride, tok)
+    result.finding = (f"{kind} makes the book's windows: max_length tokens each, stride apart, targets shifted by "
+                      f"one token.")
+    return result
+
+
+def _windows_differ(result, ids, got: Windows, want: Windows, max_length: int, stride: int, tok) -> PieceResult:
+    k = next((i for i in range(min(len(got.inputs), len(want.inputs)))
+              if (got.inputs[i], got.targets[i]) != (want.inputs[i], want.targets[i])), None)
+    mistake = None
+    for m in ("stride_skips", "not_shifted", "max_length_plus_1", "max_length_minus_1"):
+        v = book_windows(ids, max_length, stride, m)
+        if (v.inputs[:len(got.inputs)], v.targets[:len(got.targets)]) == (got.inputs, got.targets):
+            mistake = m
+            break
+    result.stage, result.mistake = "windows", mistake
+    if k is None:
+        result.where = "the number of windows"
+        what = f"you make {len(got.inputs)} windows, the book {len(want.inputs)}"
+    else:
+        part = "inputs" if got.inputs[k] != want.inputs[k] else "targets"
+        result.where = f"window {k}"
+        what = (f"window {k}'s {part} first differ (max_length {max_length}, stride {stride}): yours "
+                f"{getattr(got, part)[k]}, the book's {getattr(want, part)[k]}")
+    result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
+        f"{what}; no known mistake reproduces it: compare your __init__'s loop with the book's GPTDatasetV1"
+    return result
+
+
+def check_dataset_class(cls: type) -> PieceResult:
+    return check_windows(lambda text, tok, L, s: windows_of(cls(text, tok, L, s)), cls.__name__)
+
+
+def check_loader_function(fn: Callable) -> PieceResult:
+    """create_dataloader_v1(txt, batch_size, max_length, stride, shuffle=False), as the book calls it."""
+    def make(text, _tok, L, s):
+        return loader_windows(fn(text, batch_size=2, max_length=L, stride=s, shuffle=False))
+    return check_windows(make, fn.__name__, batch_size=2)
+
+
+def check_dataset(obj: Any, kind: str, text: str | None, max_length: int | None, stride: int | None) -> PieceResult:
+    """A dataset or loader the reader already built: its windows against the book's over `text`."""
+    if text is None or max_length is None or stride is None:
+        raise PieceError(f"a {kind} already built holds windows but not what made them: give them, "
+                         f"glassgpt.check(dataset, text=raw_text, max_length=4, stride=4)")
+    windows = loader_windows(obj) if kind == "DataLoader" else windows_of(obj)
+    return check_windows(lambda *_: windows, kind, text, [(max_length, stride)],
+                         batch_size=getattr(obj, "batch_size", None) if kind == "DataLoader" else None)

@@ -1,0 +1,332 @@
+"""The functions of chapters 4 to 7, as the reader wrote them, against glassgpt's formulas.
+
+Each is called as the book calls it, on a small model.py GPT (seeded, its logits spread so that
+sampling and the last-token read make a difference) and the book's example inputs:
+generate_text_simple and generate (the same seed before both: the same tokens must come out),
+calc_loss_batch and calc_loss_loader (chapter 5: every position; chapter 6: the last token's
+class), calc_accuracy_loader, custom_collate_fn (the book's three examples) and format_input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ...config import GPTConfig
+from ...generate import pick_next
+from ...model import GPTModel
+from ...prompt import format_prompt
+from ...tokenizer import get_tokenizer
+from .report import PieceError, PieceResult, run_reader
+
+PROMPT = "Hello, I am"  # the book's chapter 4 prompt
+COLLATE_BATCH = [[0, 1, 2, 3, 4], [5, 6], [7, 8, 9]]  # the book's chapter 7 example
+ENTRIES = [{"instruction": "Identify the correct spelling of the following word.", "input": "Ocassion",
+            "output": "The correct spelling is 'Occasion.'"},
+           {"instruction": "What is an antonym of 'complicated'?", "input": "",
+            "output": "An antonym of 'complicated' is 'simple'."}]
+
+MISTAKES = {
+    "first_position": "it reads the logits of the first position, logits[:, 0, :]: the next token follows the "
+                      "last one, logits[:, -1, :]",
+    "temperature_after_softmax": "the temperature divides the probabilities after the softmax, where it changes "
+                                 "nothing (multinomial renormalizes): divide the logits, softmax(logits / "
+                                 "temperature)",
+    "top_k_minus_1": "top-k keeps k - 1 tokens: keep every logit >= the k-th largest, "
+                     "torch.where(logits < top_logits[:, -1], -inf, logits)",
+    "not_flattened": "cross_entropy reads dim 1 of [b, t, V] logits as the classes: flatten both, "
+                     "cross_entropy(logits.flatten(0, 1), target_batch.flatten())",
+    "first_token": "it reads the first token's logits, model(input_batch)[:, 0, :]; the classifier was trained "
+                   "on the last token, the only one that has seen the whole text: [:, -1, :]",
+    "no_ignore_index": "the padding in the targets is left as 50256, so the loss learns to predict padding: "
+                       "replace every padding token after the first with ignore_index (-100)",
+    "first_eot_masked": "the first <|endoftext|> of each target is masked too, so the model never learns to end "
+                        "its answer: keep the first padding token, mask only indices[1:]",
+    "not_shifted": "the targets are the inputs, not shifted by one: targets = padded[1:]",
+}
+
+
+def book_model(num_classes: int | None = None, seed: int = 123) -> GPTModel:
+    """A small model.py GPT whose logits are spread (a random head gives near-uniform ones)."""
+    cfg = GPTConfig(vocab_size=50257, context_length=8, emb_dim=32, n_heads=2, n_layers=1, drop_rate=0.0,
+                    num_classes=num_classes, tie_embeddings=False)
+    torch.manual_seed(seed)
+    model = GPTModel(cfg).eval()
+    with torch.no_grad():
+        model.out_head.weight.mul_(40.0 if num_classes is None else 4.0)
+    return model
+
+
+# --- generation -----------------------------------------------------------------------------------
+
+def generate_formula(model, idx: torch.Tensor, max_new_tokens: int, context_size: int, temperature: float = 0.0,
+                     top_k: int | None = None, mistake: str | None = None) -> torch.Tensor:
+    """The book's loop with glassgpt's pick_next (top-k cut, logits / temperature, softmax, multinomial)."""
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(idx[:, -context_size:])
+        logits = logits[:, 0 if mistake == "first_position" else -1, :]
+        k = top_k - 1 if mistake == "top_k_minus_1" and top_k else top_k
+        t = 1.0 if mistake == "temperature_after_softmax" and temperature > 0 else temperature
+        idx = torch.cat((idx, pick_next(logits, t, k).reshape(-1, 1)), dim=1)
+    return idx
+
+
+def check_generate(fn: Callable, kind: str) -> PieceResult:
+    model = book_model()
+    idx = torch.tensor([get_tokenizer("gpt2").encode(PROMPT)])
+    ctx = model.cfg.context_length
+    simple = kind == "generate_text_simple"
+    settings = [dict(temperature=0.0, top_k=None)] if simple else \
+        [dict(temperature=0.0, top_k=None), dict(temperature=0.5, top_k=None), dict(temperature=1.5, top_k=3)]
+    n = 12
+    result = PieceResult(kind, f"{PROMPT!r} ({idx.shape[1]} tokens), {n} new tokens, context_size {ctx}, "
+                               f"a small model.py GPT, torch.manual_seed(123) before each run")
+    for s in settings:
+        def run(fn=fn, s=s):
+            kwargs = {} if simple else s
+            return fn(model, idx.clone(), max_new_tokens=n, context_size=ctx, **kwargs)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(123)
+            got = run_reader(f"{kind}({_args(s, simple)})", run)
+
+        def book(mistake=None, s=s):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(123)
+                return generate_formula(model, idx.clone(), n, ctx, s["temperature"], s["top_k"], mistake)
+        want = book()
+        result.lines.append(f"{_args(s, simple)}: {'the same' if torch.equal(got, want) else 'other'} tokens")
+        result.views.setdefault("runs", []).append({"settings": s, "reader": got.tolist(), "book": want.tolist()})
+        if not torch.equal(got, want):
+            mistakes = ["first_position"] + ([] if simple else ["temperature_after_softmax", "top_k_minus_1"])
+            mistake = next((m for m in mistakes if _same_ids(got, book(m))), None)
+            k = _first_token(got, want)
+            result.stage, result.where, result.mistake = "tokens", f"new token {k - idx.shape[1]}", mistake
+            what = (f"with {_args(s, simple)}, new token {k - idx.shape[1]} first differs: yours "
+                    f"{_at(got, k)}, glassgpt's {_at(want, k)}")
+            result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
+                f"{what}; no known mistake reproduces it: compare your loop with the book's generate"
+            return result
+    result.finding = f"{kind} picks the same tokens as glassgpt's formula" + \
+        ("." if simple else ", greedy and sampled with the same seed.")
+    return result
+
+
+def _args(s: dict, simple: bool) -> str:
+    return "greedy" if simple or s["temperature"] == 0 else \
+        f"temperature={s['temperature']}" + (f", top_k={s['top_k']}" if s["top_k"] else "")
+
+
+def _same_ids(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a, b)
+
+
+def _first_token(a: torch.Tensor, b: torch.Tensor) -> int:
+    n = min(a.shape[1], b.shape[1])
+    diff = (a[:, :n] != b[:, :n]).any(0).nonzero()
+    return int(diff[0]) if diff.numel() else n
+
+
+def _at(ids: torch.Tensor, k: int) -> str:
+    return str(ids[0, k].item()) if k < ids.shape[1] else "nothing (it stopped)"
+
+
+# --- losses and accuracy ----------------------------------------------------------------------------
+
+def lm_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The book's windows (max_length 4, stride 4) of its text, two batches of two."""
+    from .data import BOOK_TEXT, book_windows
+    ids = get_tokenizer("gpt2").encode(BOOK_TEXT)
+    w = book_windows(ids, 4, 4)
+    x, y = torch.tensor(w.inputs[:4]), torch.tensor(w.targets[:4])
+    return [(x[:2], y[:2]), (x[2:], y[2:])]
+
+
+def class_batches(model: GPTModel) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of random texts and labels on which reading the first token and the last give other
+    accuracies (the first seed that does, so the two mistakes cannot look alike)."""
+    for seed in range(100):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randint(0, 50257, (16, 6), generator=g)
+        y = torch.randint(0, 2, (16,), generator=g)
+        with torch.no_grad():
+            logits = model(x)
+        if (logits[:, -1].argmax(-1) == y).sum() != (logits[:, 0].argmax(-1) == y).sum():
+            return [(x[:8], y[:8]), (x[8:], y[8:])]
+    raise AssertionError("no seed separates the first token from the last")
+
+
+def loss_formula(model, x, y, chapter: int, mistake: str | None = None) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(x).double()
+    if chapter == 6:
+        return F.cross_entropy(logits[:, 0 if mistake == "first_token" else -1, :], y)
+    if mistake == "not_flattened":
+        return F.cross_entropy(logits, y)
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def accuracy_formula(model, batches, mistake: str | None = None) -> float:
+    right = seen = 0
+    for x, y in batches:
+        with torch.no_grad():
+            logits = model(x)[:, 0 if mistake == "first_token" else -1, :]
+        right += int((logits.argmax(-1) == y).sum())
+        seen += len(y)
+    return right / seen
+
+
+def check_loss(fn: Callable, kind: str) -> PieceResult:
+    """calc_loss_batch / calc_loss_loader: chapter 5's (every position) or chapter 6's (the last token's class)."""
+    loader = kind == "calc_loss_loader"
+    tries = []
+    for chapter, model in ((5, book_model()), (6, book_model(num_classes=2))):
+        batches = lm_batches() if chapter == 5 else class_batches(model)
+        try:
+            got = fn(batches, model, "cpu") if loader else fn(*batches[0], model, "cpu")
+            got = float(got.detach() if torch.is_tensor(got) else got)
+        except Exception as err:  # the reader's function on this chapter's batches
+            got = err
+        want = (sum(float(loss_formula(model, x, y, chapter)) for x, y in batches) / len(batches) if loader
+                else float(loss_formula(model, *batches[0], chapter)))
+        tries.append((chapter, model, batches, got, want))
+        if isinstance(got, float) and abs(got - want) <= 1e-5 * abs(want):
+            return PieceResult(f"{kind} (chapter {chapter})", _fed(chapter, loader, batches),
+                               lines=[f"loss {got:.6f}, glassgpt's {want:.6f}"],
+                               finding=f"{kind} gives glassgpt's {'mean ' if loader else ''}cross-entropy "
+                                       f"({'every position' if chapter == 5 else 'the last token'}).")
+    chapter, model, batches, got, want = next((t for t in tries if isinstance(t[3], float)), tries[0])
+    result = PieceResult(f"{kind} (chapter {chapter})", _fed(chapter, loader, batches))
+    result.stage = "loss"
+    if isinstance(got, Exception):
+        mistake = None
+        try:
+            loss_formula(model, *batches[0], chapter, "not_flattened")
+        except Exception as err:
+            mistake = "not_flattened" if type(err) is type(got) and str(err) == str(got) else None
+        result.where = "the call"
+        what = f"{kind} raised {type(got).__name__}: {str(got).splitlines()[0]}"
+    else:
+        variants = {"first_token": lambda: loss_formula(model, *batches[0], chapter, "first_token")} \
+            if chapter == 6 and not loader else {}
+        mistake = next((m for m, fn_ in variants.items() if abs(float(fn_()) - got) <= 1e-5 * abs(got)), None)
+        result.where = "the loss"
+        what = f"the loss is {got:.6f}, glassgpt's {want:.6f}"
+    result.mistake = mistake
+    result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
+        f"{what}; no known mistake reproduces it: compare with the book's {kind}"
+    return result
+
+
+def _fed(chapter: int, loader: bool, batches) -> str:
+    what = "the book's windows (max_length 4, stride 4)" if chapter == 5 else "random texts with labels 0/1"
+    return f"{len(batches) if loader else 1} batch(es) of {what}, a small model.py GPT"
+
+
+def check_accuracy(fn: Callable, kind: str) -> PieceResult:
+    model = book_model(num_classes=2)
+    batches = class_batches(model)
+    result = PieceResult(kind, "2 batches of 8 random texts with labels 0/1, a small model.py classifier")
+    got = float(run_reader(f"{kind}(loader, model, 'cpu')", lambda: fn(batches, model, "cpu")))
+    want = accuracy_formula(model, batches)
+    result.lines.append(f"accuracy {got:.4f}, glassgpt's {want:.4f}")
+    if abs(got - want) <= 1e-9:
+        result.finding = f"{kind} gives glassgpt's accuracy (the argmax of the last token's logits)."
+        return result
+    mistake = "first_token" if abs(got - accuracy_formula(model, batches, "first_token")) <= 1e-9 else None
+    result.stage, result.where, result.mistake = "accuracy", "the accuracy", mistake
+    what = f"the accuracy is {got:.4f}, glassgpt's {want:.4f}"
+    result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
+        f"{what}; no known mistake reproduces it: compare with the book's calc_accuracy_loader"
+    return result
+
+
+# --- chapter 7 --------------------------------------------------------------------------------------
+
+def collate_formula(batch, pad_token_id=50256, ignore_index=-100, allowed_max_length=None, mistake=None):
+    """Pad each example with <|endoftext|> to the longest + 1; targets are the inputs shifted by one,
+    their padding after the first <|endoftext|> set to ignore_index."""
+    longest = max(len(item) + 1 for item in batch)
+    inputs, targets = [], []
+    for item in batch:
+        padded = list(item) + [pad_token_id] * (longest - len(item))
+        x, y = padded[:-1], list(padded[:-1] if mistake == "not_shifted" else padded[1:])
+        first_pad = len(item) - (0 if mistake == "not_shifted" else 1)
+        keep = first_pad if mistake == "first_eot_masked" else first_pad + 1
+        if mistake != "no_ignore_index":
+            y = y[:keep] + [ignore_index] * (len(y) - keep)
+        if allowed_max_length is not None:
+            x, y = x[:allowed_max_length], y[:allowed_max_length]
+        inputs.append(x)
+        targets.append(y)
+    return torch.tensor(inputs), torch.tensor(targets)
+
+
+def check_collate(fn: Callable, kind: str) -> PieceResult:
+    result = PieceResult(kind, f"the book's batch {COLLATE_BATCH}, then again with allowed_max_length=4")
+    for kwargs in ({}, {"allowed_max_length": 4}):
+        got = run_reader(f"{kind}(batch{', allowed_max_length=4' if kwargs else ''})",
+                         lambda: fn([list(b) for b in COLLATE_BATCH], **kwargs))
+        want = collate_formula(COLLATE_BATCH, **kwargs)
+        result.views.setdefault("batches", []).append({"reader": [t.tolist() for t in got],
+                                                       "book": [t.tolist() for t in want]})
+        for part, g, w in (("inputs", got[0], want[0]), ("targets", got[1], want[1])):
+            if g.shape != w.shape or not torch.equal(g.cpu(), w):
+                mistake = next((m for m in ("no_ignore_index", "first_eot_masked", "not_shifted")
+                                if all(torch.equal(a.cpu(), b) for a, b in
+                                       zip(got, collate_formula(COLLATE_BATCH, mistake=m, **kwargs)))), None)
+                row, col = _first_cell(g, w)
+                result.stage, result.where, result.mistake = part, f"row {row}, position {col}", mistake
+                what = (f"the {part} first differ at row {row}, position {col}: yours {g.tolist()[row]}, "
+                        f"the book's {w.tolist()[row]}")
+                result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
+                    f"{what}; no known mistake reproduces it: compare with the book's custom_collate_fn"
+                return result
+        result.lines.append(f"{kwargs or 'defaults'}: the book's inputs and targets")
+    result.finding = f"{kind} pads with 50256, shifts the targets by one and masks the padding after the first " \
+                     f"<|endoftext|> with -100, as the book's does."
+    return result
+
+
+def _first_cell(g: torch.Tensor, w: torch.Tensor) -> tuple[int, int]:
+    if g.shape != w.shape:
+        return 0, min(g.shape[-1], w.shape[-1])
+    cell = (g.cpu() != w).nonzero()[0]
+    return int(cell[0]), int(cell[1])
+
+
+def format_formula(entry: dict[str, Any]) -> str:
+    """The book's format_input: glassgpt's Alpaca prompt without its response header."""
+    return format_prompt(entry["instruction"], entry["input"]).removesuffix("\n\n### Response:\n")
+
+
+def check_format(fn: Callable, kind: str) -> PieceResult:
+    result = PieceResult(kind, "two of the book's entries, one with an input and one without")
+    for entry in ENTRIES:
+        got = run_reader(f"{kind}(entry)", lambda: fn(dict(entry)))
+        want = format_formula(entry)
+        if got != want:
+            k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            which = "with an input" if entry["input"] else "without an input"
+            result.stage, result.where = "text", f"character {k} of the entry {which}"
+            result.finding = (f"the entry {which} first differs at character {k}: yours "
+                              f"{got[max(0, k - 12):k + 12]!r}, the book's {want[max(0, k - 12):k + 12]!r}")
+            return result
+        result.lines.append(f"entry {'with' if entry['input'] else 'without'} an input: the book's text")
+    result.finding = f"{kind} writes the book's Alpaca prompt, with and without an input."
+    return result
+
+
+CHECKS: dict[str, Callable[[Callable, str], PieceResult]] = {
+    "generate_text_simple": check_generate, "generate": check_generate, "calc_loss_batch": check_loss,
+    "calc_loss_loader": check_loss, "calc_accuracy_loader": check_accuracy, "custom_collate_fn": check_collate,
+    "format_input": check_format,
+}
+
+
+def check_function(fn: Callable, kind: str) -> PieceResult:
+    if kind not in CHECKS:
+        raise PieceError(f"no check for the function {kind!r}")
+    return CHECKS[kind](fn, kind)
