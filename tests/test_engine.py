@@ -48,7 +48,7 @@ from glassgpt.errors import PromptError
 from glassgpt.generate import generate, stream
 from glassgpt.formats import random_model
 
-from conftest import layer_norm_and_input, make_hf_model, save_hf_model
+from conftest import layer_norm_and_input, make_hf_model, needs_kernels, save_hf_model
 
 # Our own words, so the fixture model is the same on every machine (no ../shared needed).
 TEXT = (
@@ -593,13 +593,6 @@ def test_cli_int4_on_a_width_that_is_not_whole_groups_is_one_line(tmp_path, caps
 
 
 # --- glassgpt's own kernels, and the PyTorch path where they are missing ------------------------
-
-def needs_kernels():
-    ops = native.load()
-    if ops is None:
-        pytest.skip(f"glassgpt's kernels are not built here: {native.status()}")
-    return ops
-
 
 def check_kernels(ops) -> None:
     """Each kernel against PyTorch's product of the same weights, on shapes with ragged ends."""
