@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import NoReturn
 
@@ -191,3 +192,15 @@ def offline_tiktoken(tmp_path_factory):
     finally:
         tiktoken.load.read_file = saved_read
         os.environ.pop("TIKTOKEN_CACHE_DIR") if saved_env is None else os.environ.__setitem__("TIKTOKEN_CACHE_DIR", saved_env)
+
+
+@pytest.fixture(scope="module")
+def openai_dir(tmp_path_factory) -> Path:
+    from helpers import write_openai_folder
+    return write_openai_folder(tmp_path_factory.mktemp("gpt2") / "124M")
+
+
+@pytest.fixture
+def openai_copy(openai_dir, tmp_path) -> Path:
+    """A copy of the folder that a test may damage."""
+    return Path(shutil.copytree(openai_dir, tmp_path / "124M"))

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import glassgpt
-from glassgpt.engine import Engine, KVCache, quantize_int4, quantize_int8
+from glassgpt.engine import Engine, KVCache, native, quantize_int4, quantize_int8
 from glassgpt.engine import decode
 from glassgpt.engine import step as step_module
 from glassgpt.errors import KernelWarning
@@ -32,7 +32,7 @@ from glassgpt.formats import random_model
 from glassgpt.generate import generate
 
 from conftest import make_hf_model, needs_kernels, randomize_, save_hf_model
-from test_engine import copy_of, decode_with, prompts, trained_model
+from helpers import copy_of, decode_with, prompts, trained_model
 
 
 @pytest.fixture(scope="module", autouse=True)
