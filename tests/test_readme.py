@@ -10,10 +10,15 @@ minutes; `generate` with MAX_NEW_TOKENS appended, since argparse takes the last 
 other flag still runs as written). The tests read whatever the pages say today, so they follow
 their edits, and a page whose command drifts from the code fails here.
 
-A block that cannot run as written (it needs real weights, a data set or a long training run) and
-cannot be written to run small is marked on the line before it with `<!-- output only: why -->`;
-it is shown, not run. Few may be (MAX_OUTPUT_ONLY), and each must say why. Blocks in ```text (or
-no language) are printed output, not commands.
+A ```bash block marked `<!-- runs small -->` on the line before it runs whole, command after
+command, in one directory holding the-verdict.txt (its first 3,000 characters) and
+../shared/data/tinyshakespeare.txt: each `train` made tiny by flags appended after its own
+(argparse takes the last value: one block, 32 wide, a few steps or one epoch), a `--resume` given
+two steps more, `generate` three tokens; every other command as written, on what the commands
+before it wrote. A block that cannot run as
+written (it needs real weights, a data set or a long training run) and cannot be written to run
+small is marked `<!-- output only: why -->`; it is shown, not run. Few may be (MAX_OUTPUT_ONLY),
+and each must say why. Blocks in ```text (or no language) are printed output, not commands.
 
 Also: README.md stays at most 250 lines and maps every page of docs/; every relative link of every
 page reaches a file (and a heading, for a #fragment); docs/api.md names everything in
@@ -41,7 +46,11 @@ MAX_OUTPUT_ONLY = 3
 SEPARATORS = {"&&", "||", ";", "|", "&"}
 CHEAP_TO_RUN = {"info": set(glassgpt.PRESETS), "explain": {"gpt2", "gpt2-book"}, "generate": {"gpt2"}}
 MAX_NEW_TOKENS = ["--max-new-tokens", "3"]  # 50 (the default) random-weight tokens prove nothing more
-FENCE = re.compile(r"^(?:<!-- output only: (?P<why>.*?) -->\n)?```(?P<language>\w*)\n(?P<code>.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^(?:<!-- (?:output only: (?P<why>.*?)|(?P<small>runs small)) -->\n)?```(?P<language>\w*)\n"
+                   r"(?P<code>.*?)^```", re.S | re.M)
+# What makes a training command tiny, appended after its own flags (the last value wins).
+TINY_MODEL = ["--n-layers", "1", "--emb-dim", "32", "--n-heads", "2", "--context-length", "32", "--threads", "1",
+              "--no-progress"]
 
 
 def name_of(page: Path) -> str:
@@ -52,6 +61,11 @@ def fenced_blocks(page: Path, language: str, output_only: bool = False) -> list[
     """The code of `page`'s ```LANGUAGE blocks: those to run, or with output_only those marked not to."""
     return [m["code"] for m in FENCE.finditer(page.read_text(encoding="utf-8"))
             if m["language"] == language and (m["why"] is not None) == output_only]
+
+
+def small_blocks(page: Path) -> list[str]:
+    """The code of `page`'s ```bash blocks marked to run whole, made small."""
+    return [m["code"] for m in FENCE.finditer(page.read_text(encoding="utf-8")) if m["small"]]
 
 
 def shell_commands(block: str) -> list[list[str]]:
@@ -143,6 +157,40 @@ def test_every_cheap_command_runs(page, argv, tmp_path, monkeypatch, capsys):
             assert (tmp_path / path).is_file(), f"{page}: glassgpt {shlex.join(argv)} wrote no {path}"
 
 
+SMALL_BLOCKS = [(name_of(page), i, block) for page in PAGES for i, block in enumerate(small_blocks(page))]
+
+
+def made_small(argv: list[str]) -> list[str]:
+    """`argv` with what makes it tiny appended: a new training run 1 block 32 wide for 4 steps (the
+    book's recipes, which fix the steps, for 1 epoch), a resumed one 2 steps more, 3 new tokens."""
+    args = build_parser().parse_args(argv)
+    if args.command == "train" and args.resume:
+        return argv + ["--max-steps", str(args.max_steps + 2 if args.max_steps else 6)]
+    if args.command == "train":
+        steps = ["--epochs", "1"] if args.recipe and args.recipe.startswith("book") else ["--max-steps", "4",
+                                                                                          "--eval-every", "2"]
+        return argv + TINY_MODEL + steps
+    return argv + (MAX_NEW_TOKENS if args.command == "generate" else [])
+
+
+@pytest.mark.parametrize("page, index, block", SMALL_BLOCKS, ids=[f"{p}-small-{i}" for p, i, _ in SMALL_BLOCKS])
+def test_every_block_marked_to_run_small_runs_whole(page, index, block, tmp_path, monkeypatch, capsys,
+                                                      shared_data):
+    work = tmp_path / "work"
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    work.mkdir()
+    (tmp_path / "shared" / "data" / "tinyshakespeare.txt").write_bytes(shared_data("tinyshakespeare.txt").read_bytes())
+    verdict = shared_data("the-verdict.txt").read_text(encoding="utf-8")[:3000]  # an epoch of about 20 windows
+    (work / "the-verdict.txt").write_text(verdict, encoding="utf-8")
+    monkeypatch.chdir(work)
+    commands = [argv for argv in map(glassgpt_argv, shell_commands(block)) if argv is not None]
+    assert commands, f"{page}: a block marked to run small holds no glassgpt command"
+    for argv in commands:
+        code = main(made_small(argv))
+        _, err = capsys.readouterr()
+        assert code == 0 and "Traceback" not in err, f"{page}: glassgpt {shlex.join(made_small(argv))}\n{err}"
+
+
 def test_blocks_shown_and_not_run_are_few_and_each_says_why():
     marked = [(name_of(page), m["why"].strip()) for page in PAGES
               for m in FENCE.finditer(page.read_text(encoding="utf-8")) if m["why"] is not None]
@@ -151,8 +199,8 @@ def test_blocks_shown_and_not_run_are_few_and_each_says_why():
     # a marker must sit right above a fence, or it marks nothing and hides nothing
     for page in PAGES:
         text = page.read_text(encoding="utf-8")
-        markers = re.findall(r"^<!-- output only:", text, re.M)
-        assert len(markers) == len([m for m in FENCE.finditer(text) if m["why"] is not None]), page
+        markers = re.findall(r"^<!-- (?:output only:|runs small -->)", text, re.M)
+        assert len(markers) == len([m for m in FENCE.finditer(text) if m["why"] is not None or m["small"]]), page
 
 
 def test_a_marked_block_is_not_run_and_an_unmarked_one_is(tmp_path):
