@@ -6,13 +6,20 @@ in the weight mapping cannot hide behind HF's zero/one initialisation, and saves
 it with `save_pretrained` to a temporary directory. `shared_data(name)` is the
 path of a text file under ../shared/data, or of a small stand-in under tests/data
 when ../shared is absent (a bare clone), so that every test still runs.
+
+What a machine may lack (a browser, a C++ compiler or an AVX-512 CPU for the kernels) skips the
+tests that need it, through `skip_unless_required`, except where an environment variable says
+it must be there (CI sets GLASSGPT_REQUIRE_BROWSER=1 and GLASSGPT_REQUIRE_KERNELS=1): there the
+test fails, so that it never passes for nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import torch
@@ -41,6 +48,23 @@ def shared_data(name: str) -> Path:
     if name not in STAND_INS:
         raise FileNotFoundError(f"{path} is absent and tests/data has no stand-in for it: add one to STAND_INS")
     return Path(__file__).parent / "data" / STAND_INS[name]
+
+
+def skip_unless_required(message: str, variable: str) -> NoReturn:
+    """Skip the test because this machine lacks something, unless `variable` is 1: then fail."""
+    if os.environ.get(variable) == "1":
+        pytest.fail(f"{variable}=1 but {message}")
+    pytest.skip(message)
+
+
+def needs_kernels():
+    """`torch.ops.glassgpt` with glassgpt's own kernels (and the native step) loaded; where they
+    cannot be built here, the test skips, or fails under GLASSGPT_REQUIRE_KERNELS=1."""
+    from glassgpt.engine import native
+    ops = native.load()
+    if ops is None or native.library() is None:
+        skip_unless_required(f"glassgpt's kernels are not available here: {native.status()}", "GLASSGPT_REQUIRE_KERNELS")
+    return ops
 
 
 def stored_bytes(model: torch.nn.Module) -> int:
@@ -168,3 +192,15 @@ def offline_tiktoken(tmp_path_factory):
     finally:
         tiktoken.load.read_file = saved_read
         os.environ.pop("TIKTOKEN_CACHE_DIR") if saved_env is None else os.environ.__setitem__("TIKTOKEN_CACHE_DIR", saved_env)
+
+
+@pytest.fixture(scope="module")
+def openai_dir(tmp_path_factory) -> Path:
+    from helpers import write_openai_folder
+    return write_openai_folder(tmp_path_factory.mktemp("gpt2") / "124M")
+
+
+@pytest.fixture
+def openai_copy(openai_dir, tmp_path) -> Path:
+    """A copy of the folder that a test may damage."""
+    return Path(shutil.copytree(openai_dir, tmp_path / "124M"))

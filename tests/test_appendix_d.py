@@ -28,7 +28,7 @@ from glassgpt.errors import ConfigError
 from glassgpt.training.book.appendix_d import in_book_order, run_appendix_d, train_model
 
 from glassgpt.training import read_metrics
-from test_book_ch05 import FLAGS, SMALL, TEXT, _one_line_error, book_loaders
+from helpers import CH05_FLAGS as FLAGS, CH05_SMALL as SMALL, CH05_TEXT as TEXT, book_loaders, one_line_error
 
 from llms_from_scratch import appendix_d  # noqa: E402
 from llms_from_scratch.ch04 import GPTModel as BookGPTModel  # noqa: E402
@@ -157,5 +157,5 @@ def test_flags_appendix_d_fixes_or_has_no_place_for_are_refused_by_name(verdict,
     run = tmp_path / "r"
     assert main(["train", "--recipe", "book-appendix-d", "--data", verdict, "--out", str(run), *CLI_FLAGS,
                  *flags]) == 2
-    assert message in _one_line_error(capsys)
+    assert message in one_line_error(capsys)
     assert not run.exists() or sorted(p.name for p in run.iterdir()) == []  # left as it was found, lock included

@@ -12,13 +12,9 @@ Every bad file is one line and exit code 2, with nothing written.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-from importlib import resources
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from llms_from_scratch.ch04 import GPTModel as BookGPTModel
@@ -33,8 +29,7 @@ from glassgpt.formats.tensorflow import crc32c
 from glassgpt.formats import read_config
 
 from conftest import randomize_
-from test_cli_core import assert_one_line_error, run
-from test_weights import Trap
+from helpers import HPARAMS, Trap, assert_one_line_error, run
 
 TOL = dict(atol=1e-5, rtol=0.0)  # fp32 logits vs the book's GPTModel: max |diff| <= 1e-5
 
@@ -332,60 +327,6 @@ def test_eval_train_init_and_finetune_open_a_book_state_dict(book_pth, tmp_path,
 
 
 # --- the OpenAI folder (gpt_download.py's gpt2/124M), written by real TensorFlow --------------------
-
-HPARAMS = {"n_vocab": 50257, "n_ctx": 24, "n_embd": 32, "n_head": 2, "n_layer": 2}
-
-
-def openai_arrays(h: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random weights under OpenAI's variable names and shapes (convolutions as [1, in, out])."""
-    rng = np.random.default_rng(seed)
-    d = h["n_embd"]
-
-    def r(*shape, around=0.0):
-        return (around + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-
-    arrays = {"model/wte": r(h["n_vocab"], d), "model/wpe": r(h["n_ctx"], d),
-              "model/ln_f/g": r(d, around=1.0), "model/ln_f/b": r(d)}
-    for i in range(h["n_layer"]):
-        p = f"model/h{i}/"
-        arrays.update({
-            p + "ln_1/g": r(d, around=1.0), p + "ln_1/b": r(d), p + "ln_2/g": r(d, around=1.0), p + "ln_2/b": r(d),
-            p + "attn/c_attn/w": r(1, d, 3 * d), p + "attn/c_attn/b": r(3 * d),
-            p + "attn/c_proj/w": r(1, d, d), p + "attn/c_proj/b": r(d),
-            p + "mlp/c_fc/w": r(1, d, 4 * d), p + "mlp/c_fc/b": r(4 * d),
-            p + "mlp/c_proj/w": r(1, 4 * d, d), p + "mlp/c_proj/b": r(d),
-        })
-    return arrays
-
-
-def write_openai_folder(path: Path, h: dict = HPARAMS) -> Path:
-    """A gpt2/124M-style folder: a checkpoint written by TensorFlow's own SaveV2, hparams.json,
-    the `checkpoint` pointer, and GPT-2's encoder.json and vocab.bpe."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # read by TensorFlow only
-    import tensorflow as tf
-
-    path.mkdir(parents=True)
-    arrays = openai_arrays(h)
-    tf.raw_ops.SaveV2(prefix=str(path / "model.ckpt"), tensor_names=list(arrays),
-                      shape_and_slices=[""] * len(arrays), tensors=[tf.constant(a) for a in arrays.values()])
-    (path / "hparams.json").write_text(json.dumps(h))
-    (path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt"\n'
-                                     'all_model_checkpoint_paths: "model.ckpt"\n')
-    for name in ("encoder.json", "vocab.bpe"):
-        (path / name).write_bytes(resources.files("glassgpt").joinpath("vocab", name).read_bytes())
-    return path
-
-
-@pytest.fixture(scope="module")
-def openai_dir(tmp_path_factory) -> Path:
-    return write_openai_folder(tmp_path_factory.mktemp("gpt2") / "124M")
-
-
-@pytest.fixture
-def openai_copy(openai_dir, tmp_path) -> Path:
-    """A copy of the folder that a test may damage."""
-    return Path(shutil.copytree(openai_dir, tmp_path / "124M"))
-
 
 def test_openai_folder_loads_without_tensorflow_with_the_books_logits(openai_dir, monkeypatch):
     import tensorflow as tf

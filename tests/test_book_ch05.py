@@ -27,19 +27,13 @@ from glassgpt.model import GPTModel
 from glassgpt.training import TrainConfig, fit, read_metrics
 from glassgpt.training.book.ch05 import BookTask, split_text, windows
 
-from conftest import shared_data
+from helpers import CH05_FLAGS as FLAGS, CH05_SMALL as SMALL, CH05_TEXT as TEXT, book_loaders, one_line_error
 
 ch02 = pytest.importorskip("llms_from_scratch.ch02", reason="the README's test command installs llms-from-scratch")
 from llms_from_scratch.ch04 import GPTModel as BookGPTModel, generate_text_simple  # noqa: E402
 from llms_from_scratch.ch05 import calc_loss_loader, train_model_simple  # noqa: E402
 
-SMALL = dict(vocab_size=50257, context_length=32, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.1, qkv_bias=False)
-FLAGS = ["--model", "gpt2-book", "--n-layers", "2", "--emb-dim", "32", "--n-heads", "4", "--context-length", "32",
-         "--threads", "1", "--no-progress"]
 pytestmark = pytest.mark.usefixtures("one_thread", "offline_tiktoken")
-
-
-TEXT = [shared_data("the-verdict.txt").read_text(encoding="utf-8")[:6000]]  # (its stand-in when ../shared is absent)
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +41,6 @@ def text(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("verdict") / "verdict-6000.txt"
     path.write_text(TEXT[0], encoding="utf-8")
     return path
-
-
-def book_loaders(text: str, batch_size: int = 2):
-    """The notebook's loaders: split by characters at 90%, windows at stride context_length."""
-    split = int(0.90 * len(text))
-    kw = dict(batch_size=batch_size, max_length=SMALL["context_length"], stride=SMALL["context_length"], num_workers=0)
-    return (ch02.create_dataloader_v1(text[:split], drop_last=True, shuffle=True, **kw),
-            ch02.create_dataloader_v1(text[split:], drop_last=False, shuffle=False, **kw))
 
 
 @pytest.fixture(scope="module")
@@ -195,13 +181,6 @@ def test_the_untrained_book_preset_says_hello_as_the_book_does():
 
 # --- bad input --------------------------------------------------------------------------------------
 
-def _one_line_error(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if not line.startswith(("note:", "threads:"))]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
-
-
 @pytest.mark.parametrize("flags, message", [
     (["--warmup-steps", "100"], "--recipe book sets --warmup-steps itself (0, as chapter 5 trains"),
     (["--grad-clip", "1"], "--recipe book sets --grad-clip itself"),
@@ -209,7 +188,7 @@ def _one_line_error(capsys) -> str:
 ])
 def test_flags_the_recipe_overrides_are_refused_by_name(text, tmp_path, capsys, flags, message):
     assert main(["train", "--recipe", "book", "--data", str(text), "--out", str(tmp_path / "r"), *FLAGS, *flags]) == 2
-    assert message in _one_line_error(capsys)
+    assert message in one_line_error(capsys)
     assert not (tmp_path / "r" / "train_config.json").exists()
 
 
@@ -218,7 +197,7 @@ def test_a_text_too_short_for_one_window_says_how_many_tokens_it_has(tmp_path, c
     short.write_text("Every effort moves you. " * 12)
     val_tokens = len(glassgpt.get_tokenizer("gpt2").encode(split_text(short.read_text(), 0.1)[1]))
     assert main(["train", "--recipe", "book", "--data", str(short), "--out", str(tmp_path / "r"), *FLAGS]) == 2
-    line = _one_line_error(capsys)
+    line = one_line_error(capsys)
     assert f"the validation text is {val_tokens} tokens, but one window needs context_length + 1 = 33" in line
 
 

@@ -17,32 +17,12 @@ import pytest
 import torch
 
 import glassgpt
-from glassgpt.cli import main
 from glassgpt.engine import quantize_int8
 
 from conftest import stored_bytes
+from helpers import assert_one_line_error, run
 
 SMALL = {"vocab_size": 50257, "context_length": 16, "emb_dim": 16, "n_heads": 2, "n_layers": 1}
-
-
-def run(argv, capsys) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `glassgpt ARGV`, argparse's own exits included."""
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, err, *words):
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ")
-    assert "Traceback" not in err
-    for word in words:
-        assert word in lines[0]
 
 
 @pytest.fixture
@@ -288,7 +268,7 @@ def test_an_abbreviated_flag_is_refused_not_guessed(capsys):
 
 
 def test_no_parser_takes_abbreviations():
-    from test_cli_help import subparsers
+    from helpers import subparsers
     from glassgpt.cli import build_parser
     parser = build_parser()
     assert not parser.allow_abbrev

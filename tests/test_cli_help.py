@@ -16,17 +16,10 @@ import pytest
 
 from glassgpt.cli import build_parser
 
+from helpers import subparsers
 
-def subparsers(parser: argparse.ArgumentParser, path: str = ""):
-    """(command path, parser) for every subcommand, depth first."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            seen = set()
-            for name, sub in action.choices.items():
-                if id(sub) not in seen:  # an alias is the same parser
-                    seen.add(id(sub))
-                    yield f"{path} {name}".strip(), sub
-                    yield from subparsers(sub, f"{path} {name}".strip())
+
+
 
 
 def options():

@@ -26,8 +26,7 @@ from glassgpt.config import GPTConfig
 from glassgpt.errors import CheckpointError, GlassError, TokenizerError
 from glassgpt.formats import export_hf, load_meta, random_model, save_model
 
-from test_book import openai_copy, openai_dir  # noqa: F401 (fixtures: the gpt2/124M folder, written by TensorFlow)
-from test_cli_core import assert_one_line_error, run
+from helpers import assert_one_line_error, run
 
 SECONDS = 30  # "within seconds": a deadline, not a speed test (the slowest answer takes well under one here)
 PEAK_GROWTH = 1 << 30  # bytes the process's peak memory may grow by while it answers: nothing the file claims

@@ -48,36 +48,8 @@ from glassgpt.errors import PromptError
 from glassgpt.generate import generate, stream
 from glassgpt.formats import random_model
 
-from conftest import layer_norm_and_input, make_hf_model, save_hf_model
-
-# Our own words, so the fixture model is the same on every machine (no ../shared needed).
-TEXT = (
-    "The model reads a row of numbers for every token, adds where the token stands, and "
-    "passes the sum through the same block again and again. Each block lets every token "
-    "look back at the ones before it, then widens each row four times and narrows it again. "
-    "At the end one matrix turns every row into a score for each word it knows, and the "
-    "last row's scores say which word comes next. Then it does it all once more."
-)
-
-
-def trained_model(steps: int = 300) -> tuple[glassgpt.GPTModel, list[int]]:
-    """A 2-block character model that has learnt TEXT by heart."""
-    ids = glassgpt.get_tokenizer("char", text=TEXT).encode(TEXT)
-    cfg = glassgpt.GPTConfig(vocab_size=max(ids) + 1, context_length=64, emb_dim=64, n_heads=4, n_layers=2)
-    model = random_model(cfg, torch.device("cpu"), torch.float32, seed=0).train()
-    data = torch.tensor(ids)
-    gen = torch.Generator().manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    for _ in range(steps):
-        starts = torch.randint(0, len(ids) - 65, (16,), generator=gen)
-        x = torch.stack([data[s:s + 64] for s in starts])
-        y = torch.stack([data[s + 1:s + 65] for s in starts])
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval(), ids
-
+from conftest import layer_norm_and_input, make_hf_model, needs_kernels, save_hf_model
+from helpers import copy_of, decode_with, prompts, trained_model
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
@@ -93,17 +65,6 @@ def trained(one_thread):
     return trained_model()
 
 
-def decode_with(engine: Engine, step: str) -> None:
-    """Make the engine decode with `step` ("native": step.py; "engine": its PyTorch forward), this engine only."""
-    engine.choices = dataclasses.replace(engine.choices, winners={**engine.choices.winners, "step": step}, path=None)
-
-
-def copy_of(model: glassgpt.GPTModel, dtype: torch.dtype = torch.float32) -> glassgpt.GPTModel:
-    clone = random_model(model.cfg, torch.device("cpu"), torch.float32)
-    clone.load_state_dict(model.state_dict())
-    return clone.to(dtype).eval()
-
-
 @torch.no_grad()
 def perplexity(model: glassgpt.GPTModel, ids: list[int], window: int = 64) -> float:
     data = torch.tensor(ids[: (len(ids) - 1) // window * window + 1])
@@ -111,11 +72,6 @@ def perplexity(model: glassgpt.GPTModel, ids: list[int], window: int = 64) -> fl
     y = data[1:].view(-1, window)
     logits = model(x).float()
     return math.exp(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item())
-
-
-def prompts(ids: list[int], n: int = 4, length: int = 12) -> torch.Tensor:
-    step = len(ids) // n
-    return torch.tensor([ids[i * step: i * step + length] for i in range(n)])
 
 
 # --- the engine's forward pass equals the glass model's --------------------------------------
@@ -593,13 +549,6 @@ def test_cli_int4_on_a_width_that_is_not_whole_groups_is_one_line(tmp_path, caps
 
 
 # --- glassgpt's own kernels, and the PyTorch path where they are missing ------------------------
-
-def needs_kernels():
-    ops = native.load()
-    if ops is None:
-        pytest.skip(f"glassgpt's kernels are not built here: {native.status()}")
-    return ops
-
 
 def check_kernels(ops) -> None:
     """Each kernel against PyTorch's product of the same weights, on shapes with ragged ends."""

@@ -23,7 +23,7 @@ from glassgpt.formats.gguf import _reader
 from glassgpt.generate import generate
 from glassgpt.tokenizer import gpt2_vocab
 
-from test_cli_core import assert_one_line_error, run
+from helpers import assert_one_line_error, run
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (pip install 'glassgpt[gguf]') is not installed")
 

@@ -23,7 +23,7 @@ from glassgpt.config import GPTConfig
 from glassgpt.formats import export_hf, random_model, save_model
 from glassgpt.formats.files import clean_leftovers, leftover_of
 
-from test_cli_core import assert_one_line_error, run
+from helpers import assert_one_line_error, run
 
 CFG = GPTConfig(vocab_size=50257, context_length=16, emb_dim=32, n_heads=2, n_layers=1)
 SRC = Path(__file__).resolve().parents[1] / "src"

@@ -23,6 +23,7 @@ __init__.py is its public API and may gather every part:
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -228,3 +229,45 @@ def test_no_function_a_reader_reads_is_much_over_a_screen():
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 65:
                     long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
     assert long == []
+
+
+# --- the tests: each module imports what it shares from conftest.py or helpers.py --------------------
+
+TESTS = Path(__file__).resolve().parent
+
+
+def imports_of_other_test_modules(path: Path) -> list[str]:
+    """Where the test file at `path` imports another test module (`test_*`, or anything under `tests.`),
+    in its own imports or in code it hands to another process as a string."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            targets = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            targets = re.findall(r"\b(?:from|import)\s+([\w.]+)", node.value)
+        else:
+            continue
+        for target in targets:
+            top = target.split(".")[0]
+            if (top.startswith("test_") and top != path.stem) or top == "tests":
+                found.append(f"{path.name}:{node.lineno} imports {target}")
+    return found
+
+
+def test_test_modules_import_shared_helpers_never_each_other():
+    # What two test modules share lives in conftest.py (fixtures), helpers.py or readers.py (the
+    # readers' own models); a module may run itself in another process (test_memory does).
+    wrong = [line for path in sorted(TESTS.glob("*.py")) for line in imports_of_other_test_modules(path)]
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_an_import_of_another_test_module_is_found(tmp_path):
+    path = tmp_path / "test_mine.py"
+    test = "test"  # (written in two parts, so that this file does not import them itself)
+    path.write_text(f"from helpers import run\nimport {test}_mine\n"
+                    f"from {test}_engine import copy_of\n"
+                    f"code = 'import sys; import {test}_memory'\n", encoding="utf-8")
+    assert imports_of_other_test_modules(path) == ["test_mine.py:3 imports test_engine",
+                                                   "test_mine.py:4 imports test_memory"]

@@ -31,13 +31,8 @@ from glassgpt.errors import KernelWarning
 from glassgpt.formats import random_model
 from glassgpt.generate import generate
 
-from conftest import make_hf_model, randomize_, save_hf_model
-from test_engine import copy_of, decode_with, prompts, trained_model
-
-
-def needs_step():
-    if native.library() is None:
-        pytest.skip(f"glassgpt's kernels are not available here: {native.status()}")
+from conftest import make_hf_model, needs_kernels, randomize_, save_hf_model
+from helpers import copy_of, decode_with, prompts, trained_model
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,7 +64,7 @@ def model_of(cfg: glassgpt.GPTConfig) -> glassgpt.GPTModel:
 @pytest.mark.parametrize("layout", ["book", "openai"])
 @pytest.mark.parametrize("batch", [1, 8])
 def test_float32_step_logits_equal_the_glass_models(layout, batch):
-    needs_step()
+    needs_kernels()
     model = model_of(layouts()[layout])
     assert model.tied == (layout == "openai")
     engine = Engine(model)
@@ -89,7 +84,7 @@ def test_float32_step_logits_equal_the_glass_models(layout, batch):
 @pytest.mark.parametrize("layout", ["book", "openai"])
 @pytest.mark.parametrize("batch", [1, 8])
 def test_float32_greedy_tokens_equal_the_books_loop_past_the_window(layout, batch):
-    needs_step()
+    needs_kernels()
     model = model_of(layouts()[layout])
     engine = Engine(model)
     decode_with(engine, "native")
@@ -100,7 +95,7 @@ def test_float32_greedy_tokens_equal_the_books_loop_past_the_window(layout, batc
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_float32_greedy_tokens_equal_transformers(tmp_path, tied):
-    needs_step()
+    needs_kernels()
     hf = make_hf_model(seed=0 if tied else 1, tie_word_embeddings=tied)
     model = glassgpt.load_model(save_hf_model(hf, tmp_path / "hf"))
     assert model.tied == tied
@@ -122,7 +117,7 @@ QUANTIZED = {"bfloat16": (lambda m: copy_of(m, torch.bfloat16), 0.03), "int8": (
 @pytest.mark.parametrize("precision", list(QUANTIZED))
 @pytest.mark.parametrize("batch", [1, 8])
 def test_low_precision_step_logits_are_within_the_stated_tolerance_of_the_engines(trained, precision, batch):
-    needs_step()
+    needs_kernels()
     model, ids = trained
     make, tolerance = QUANTIZED[precision]
     quantized = make(model)
@@ -144,7 +139,7 @@ def test_low_precision_step_logits_are_within_the_stated_tolerance_of_the_engine
 
 @pytest.mark.parametrize("precision", list(QUANTIZED))
 def test_low_precision_greedy_tokens_equal_the_pytorch_engines(trained, precision):
-    needs_step()
+    needs_kernels()
     model, ids = trained
     quantized = QUANTIZED[precision][0](model)
     native_engine, torch_engine = Engine(quantized), Engine(quantized)
@@ -155,7 +150,7 @@ def test_low_precision_greedy_tokens_equal_the_pytorch_engines(trained, precisio
 
 
 def test_the_step_allocates_nothing_per_token_and_reads_the_models_own_weights():
-    needs_step()
+    needs_kernels()
     model = model_of(layouts()["openai"])
     engine = Engine(model)
     decode_with(engine, "native")
@@ -174,7 +169,7 @@ def test_the_step_allocates_nothing_per_token_and_reads_the_models_own_weights()
 
 
 def test_decode_n_picks_each_next_id_from_decode_ones_logits(trained):
-    needs_step()
+    needs_kernels()
     model, ids = trained
     engine = Engine(model)
     decode_with(engine, "native")
@@ -215,7 +210,7 @@ def test_without_the_kernels_the_engine_decodes_and_the_tokens_are_the_same(trai
 
 @pytest.mark.parametrize("n_heads", [4, 8])  # head_dim 16: heads split between threads; 8: 4-bit rows by blocks
 def test_two_threads_split_the_heads_and_rows_and_give_one_threads_logits(trained, n_heads):
-    needs_step()
+    needs_kernels()
     cfg = dataclasses.replace(layouts()["openai"], n_heads=n_heads)
     model = model_of(cfg)
     for make in (lambda m: m, lambda m: quantize_int4(copy_of(m))):

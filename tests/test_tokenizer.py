@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 
 import glassgpt
 from glassgpt import get_tokenizer
-from glassgpt.errors import GlassError
 from glassgpt.tokenizer import (
     ENDOFTEXT, VOCAB_SHA256, CharTokenizer, TokenizerError, gpt2_byte_to_unicode, tokenizer_from_dict,
 )
 
 from conftest import shared_data
+from helpers import assert_one_line_error, run
 
 DATA = resources.files("glassgpt").joinpath("vocab")
 GPT2_URLS = {  # the URLs in tiktoken_ext/openai_public.py gpt2()
@@ -327,7 +327,6 @@ def test_out_of_range_ids_raise_tokenizer_error_naming_the_id(tok, bad):
     assert str(bad) in str(err.value) and "50256" in str(err.value)
     with pytest.raises(TokenizerError):
         tok.token_bytes(bad)
-    assert issubclass(TokenizerError, GlassError)
 
 
 def test_decode_of_a_split_character_shows_replacement_not_an_error(tok):
@@ -337,9 +336,15 @@ def test_decode_of_a_split_character_shows_replacement_not_an_error(tok):
     assert b"".join(tok.token_bytes(i) for i in ids) == "😀".encode("utf-8")
 
 
-def test_unknown_tokenizer_spec_lists_choices():
+def test_unknown_tokenizer_spec_lists_choices(tmp_path, capsys):
     with pytest.raises(TokenizerError, match="gpt2, char"):
         get_tokenizer("gpt5")
+    # and on the command line, the same words in one line, exit code 2
+    data = tmp_path / "text.txt"
+    data.write_text("hello world\n" * 20, encoding="utf-8")
+    code, _, err = run(["train", "--data", str(data), "--tokenizer", "gpt5", "--out", str(tmp_path / "run")], capsys)
+    assert_one_line_error(code, err, "unknown tokenizer 'gpt5'", "gpt2, char")
+    assert not (tmp_path / "run" / "latest").exists()
 
 
 # --- char tokenizer -------------------------------------------------------------------

@@ -32,6 +32,8 @@ from glassgpt.web.server import serving
 from glassgpt.config import GPTConfig
 from glassgpt.formats import is_random_init, load_model, load_tokenizer, random_model
 
+from conftest import skip_unless_required
+
 CHROMIUM = os.environ.get("GLASSGPT_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 # Root in a container: no sandbox; and nothing that reaches for the network.
@@ -51,10 +53,7 @@ def server_url():
 @pytest.fixture(scope="module")
 def browser():
     if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
-        message = f"no chromium at {CHROMIUM} (apt-get install chromium)"
-        if os.environ.get("GLASSGPT_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"GLASSGPT_REQUIRE_BROWSER=1 but {message}")
-        pytest.skip(message)
+        skip_unless_required(f"no chromium at {CHROMIUM} (apt-get install chromium)", "GLASSGPT_REQUIRE_BROWSER")
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield browser

@@ -19,11 +19,12 @@ from safetensors.torch import load_file, save_file
 
 import glassgpt
 from glassgpt import GPTConfig, export_hf, load_meta, load_model, load_tokenizer, save_model
-from glassgpt.errors import CheckpointError, GlassError
+from glassgpt.errors import CheckpointError
 from glassgpt.formats.files import atomic_write
 from glassgpt.formats.hf import hf_state_dict
 
 from conftest import make_hf_model, randomize_, save_hf_model
+from helpers import Trap, assert_one_line_error, run
 
 TOL = dict(atol=1e-4, rtol=0.0)  # fp32 logits vs transformers: max |diff| <= 1e-4
 IDS = torch.randint(0, 101, (2, 17), generator=torch.Generator().manual_seed(0))
@@ -321,16 +322,6 @@ def test_config_without_weights_is_a_checkpoint_error(ckpt):
         load_model(path)
 
 
-class Trap:
-    """Unpickling this object would create a file: weights_only must refuse it."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 def test_bin_with_a_pickled_object_is_refused_and_never_run(hf_tiny, tmp_path):
     hf, _ = hf_tiny
     path = save_hf_model(hf, tmp_path / "evil", safetensors=False)
@@ -364,11 +355,13 @@ def test_a_file_instead_of_a_directory_is_a_checkpoint_error(tmp_path):
 
 
 @pytest.mark.parametrize("spec", ["gpt5", "./no/such/dir", "/no/such/dir"])
-def test_unknown_spec_lists_the_choices_without_network(spec):
+def test_unknown_spec_lists_the_choices_without_network(spec, capsys):
     with pytest.raises(CheckpointError) as err:
         load_model(spec)
     assert "gpt2-medium" in str(err.value)
-    assert issubclass(CheckpointError, GlassError)
+    # and on the command line, the same words in one line, exit code 2
+    code, _, err_text = run(["generate", "Hi", "--model", spec], capsys)
+    assert_one_line_error(code, err_text, f"no model {spec!r}", "gpt2-medium")
 
 
 def test_hub_id_offline_says_where_to_put_the_files(monkeypatch, tmp_path):

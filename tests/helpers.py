@@ -1,0 +1,197 @@
+"""What several test modules share, in one place: test modules import from here or conftest.py,
+never from each other (tests/test_layout.py checks it). Fixtures live in conftest.py.
+
+- the command line: `run` it in-process, and what a one-line error looks like;
+- chapter 5's small setting (tests/test_book_ch05.py, tests/test_appendix_d.py);
+- a character model that has learnt a text by heart, and decoding with a chosen step (the engine's
+  and the native step's tests);
+- a gpt2/124M folder written by TensorFlow (the book's tests, the crafted files);
+- a pickled object that must never be unpickled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import glassgpt
+from glassgpt.cli import main
+from glassgpt.engine import Engine
+from glassgpt.formats import random_model
+
+from conftest import shared_data
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `glassgpt ARGV`, argparse's own exits included."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *words):
+    """Exit code 2 and one line on stderr, `error: ...`, holding each of `words`; no traceback."""
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in err
+    for word in words:
+        assert word in lines[0]
+
+
+def one_line_error(capsys) -> str:
+    """The one error line of a command, around its notes (and its threads line)."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if not line.startswith(("note:", "threads:"))]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def subparsers(parser: argparse.ArgumentParser, path: str = ""):
+    """(command path, parser) for every subcommand, depth first."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen = set()
+            for name, sub in action.choices.items():
+                if id(sub) not in seen:  # an alias is the same parser
+                    seen.add(id(sub))
+                    yield f"{path} {name}".strip(), sub
+                    yield from subparsers(sub, f"{path} {name}".strip())
+
+
+# --- chapter 5, small ------------------------------------------------------------------------------
+
+CH05_SMALL = dict(vocab_size=50257, context_length=32, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.1, qkv_bias=False)
+CH05_FLAGS = ["--model", "gpt2-book", "--n-layers", "2", "--emb-dim", "32", "--n-heads", "4", "--context-length", "32",
+              "--threads", "1", "--no-progress"]
+CH05_TEXT = [shared_data("the-verdict.txt").read_text(encoding="utf-8")[:6000]]  # (its stand-in when ../shared is absent)
+
+
+def book_loaders(text: str, batch_size: int = 2):
+    """The notebook's loaders: split by characters at 90%, windows at stride context_length."""
+    from llms_from_scratch import ch02
+
+    split = int(0.90 * len(text))
+    kw = dict(batch_size=batch_size, max_length=CH05_SMALL["context_length"], stride=CH05_SMALL["context_length"], num_workers=0)
+    return (ch02.create_dataloader_v1(text[:split], drop_last=True, shuffle=True, **kw),
+            ch02.create_dataloader_v1(text[split:], drop_last=False, shuffle=False, **kw))
+
+
+# --- a model that has learnt a text, and the decoding step it runs --------------------------------
+
+# Our own words, so the fixture model is the same on every machine (no ../shared needed).
+LEARNT_TEXT = (
+    "The model reads a row of numbers for every token, adds where the token stands, and "
+    "passes the sum through the same block again and again. Each block lets every token "
+    "look back at the ones before it, then widens each row four times and narrows it again. "
+    "At the end one matrix turns every row into a score for each word it knows, and the "
+    "last row's scores say which word comes next. Then it does it all once more."
+)
+
+
+def trained_model(steps: int = 300) -> tuple[glassgpt.GPTModel, list[int]]:
+    """A 2-block character model that has learnt LEARNT_TEXT by heart."""
+    ids = glassgpt.get_tokenizer("char", text=LEARNT_TEXT).encode(LEARNT_TEXT)
+    cfg = glassgpt.GPTConfig(vocab_size=max(ids) + 1, context_length=64, emb_dim=64, n_heads=4, n_layers=2)
+    model = random_model(cfg, torch.device("cpu"), torch.float32, seed=0).train()
+    data = torch.tensor(ids)
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - 65, (16,), generator=gen)
+        x = torch.stack([data[s:s + 64] for s in starts])
+        y = torch.stack([data[s + 1:s + 65] for s in starts])
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), ids
+
+
+def decode_with(engine: Engine, step: str) -> None:
+    """Make the engine decode with `step` ("native": step.py; "engine": its PyTorch forward), this engine only."""
+    engine.choices = dataclasses.replace(engine.choices, winners={**engine.choices.winners, "step": step}, path=None)
+
+
+def copy_of(model: glassgpt.GPTModel, dtype: torch.dtype = torch.float32) -> glassgpt.GPTModel:
+    """A model of its own with `model`'s weights, in `dtype` (to quantize without touching `model`)."""
+    clone = random_model(model.cfg, torch.device("cpu"), torch.float32)
+    clone.load_state_dict(model.state_dict())
+    return clone.to(dtype).eval()
+
+
+def prompts(ids: list[int], n: int = 4, length: int = 12) -> torch.Tensor:
+    """`n` prompts of `length` ids, from evenly spaced places in `ids`."""
+    step = len(ids) // n
+    return torch.tensor([ids[i * step: i * step + length] for i in range(n)])
+
+
+# --- the book's gpt2/124M folder, written by TensorFlow -------------------------------------------
+
+HPARAMS = {"n_vocab": 50257, "n_ctx": 24, "n_embd": 32, "n_head": 2, "n_layer": 2}
+
+
+def openai_arrays(h: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random weights under OpenAI's variable names and shapes (convolutions as [1, in, out])."""
+    rng = np.random.default_rng(seed)
+    d = h["n_embd"]
+
+    def r(*shape, around=0.0):
+        return (around + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+    arrays = {"model/wte": r(h["n_vocab"], d), "model/wpe": r(h["n_ctx"], d),
+              "model/ln_f/g": r(d, around=1.0), "model/ln_f/b": r(d)}
+    for i in range(h["n_layer"]):
+        p = f"model/h{i}/"
+        arrays.update({
+            p + "ln_1/g": r(d, around=1.0), p + "ln_1/b": r(d), p + "ln_2/g": r(d, around=1.0), p + "ln_2/b": r(d),
+            p + "attn/c_attn/w": r(1, d, 3 * d), p + "attn/c_attn/b": r(3 * d),
+            p + "attn/c_proj/w": r(1, d, d), p + "attn/c_proj/b": r(d),
+            p + "mlp/c_fc/w": r(1, d, 4 * d), p + "mlp/c_fc/b": r(4 * d),
+            p + "mlp/c_proj/w": r(1, 4 * d, d), p + "mlp/c_proj/b": r(d),
+        })
+    return arrays
+
+
+def write_openai_folder(path: Path, h: dict = HPARAMS) -> Path:
+    """A gpt2/124M-style folder: a checkpoint written by TensorFlow's own SaveV2, hparams.json,
+    the `checkpoint` pointer, and GPT-2's encoder.json and vocab.bpe."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # read by TensorFlow only
+    import tensorflow as tf
+
+    path.mkdir(parents=True)
+    arrays = openai_arrays(h)
+    tf.raw_ops.SaveV2(prefix=str(path / "model.ckpt"), tensor_names=list(arrays),
+                      shape_and_slices=[""] * len(arrays), tensors=[tf.constant(a) for a in arrays.values()])
+    (path / "hparams.json").write_text(json.dumps(h))
+    (path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt"\n'
+                                     'all_model_checkpoint_paths: "model.ckpt"\n')
+    for name in ("encoder.json", "vocab.bpe"):
+        (path / name).write_bytes(resources.files("glassgpt").joinpath("vocab", name).read_bytes())
+    return path
+
+
+# --- a file that must never be unpickled ----------------------------------------------------------
+
+class Trap:
+    """Unpickling this object would create a file: weights_only must refuse it."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
