@@ -27,6 +27,11 @@ from glassgpt.cli import main
 from glassgpt.engine import Engine
 from glassgpt.formats import random_model
 
+import llms_from_scratch.ch02 as _book_ch02
+import llms_from_scratch.ch03 as _book_ch03
+from glassgpt.families import FamilyConfig, RopeFreq
+from glassgpt.formats.families import config_to_hf
+
 from conftest import shared_data
 
 
@@ -195,3 +200,70 @@ class Trap:
 
     def __reduce__(self):
         return (open, (self.marker, "w"))
+
+
+# --- the command line's small model (test_cli_*) ---
+
+SMALL = {"vocab_size": 50257, "context_length": 16, "emb_dim": 16, "n_heads": 2, "n_layers": 1}
+
+
+
+# --- tiny Qwen3 and Llama 3.2 (test_families*, test_family_*) ---
+
+V = 97
+
+
+TINY = {
+    "qwen3": FamilyConfig(family="qwen3", vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=2,
+                          hidden_dim=48, head_dim=16, n_kv_groups=2, rope_base=10_000.0, qk_norm=True, norm_eps=1e-6),
+    "llama3": FamilyConfig(family="llama3", vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=2,
+                           hidden_dim=48, n_kv_groups=2, rope_base=500_000.0, norm_eps=1e-5,
+                           rope_freq=RopeFreq(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                              original_context_length=16)),
+}
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter random (norm scales around 1), so no mapping mistake hides behind ones and zeros."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * 0.1
+            p.copy_(1.0 + noise if "norm" in name else noise * 3)
+    return model.eval()
+
+
+def ids(n: int = 20, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
+def transformers_config(family: str, cfg: FamilyConfig):
+    from transformers import LlamaConfig, Qwen3Config
+    raw = config_to_hf(cfg)
+    raw.pop("architectures"), raw.pop("model_type"), raw.pop("torch_dtype")
+    if family == "llama3":
+        raw.pop("head_dim")
+    return (Qwen3Config if family == "qwen3" else LlamaConfig)(**raw, attn_implementation="eager")
+
+
+
+# --- planted mistakes that several piece tests use (test_pieces*) ---
+
+class MaskDiagonal(_book_ch03.CausalAttention):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.mask = torch.triu(torch.ones_like(self.mask), diagonal=0)  # planted: diagonal=0
+
+
+def named(cls, name):
+    return type(name, (cls,), {})
+
+
+class StrideSkips(_book_ch02.GPTDatasetV1):
+    def __init__(self, txt, tokenizer, max_length, stride):
+        self.input_ids, self.target_ids = [], []
+        ids = tokenizer.encode(txt, allowed_special={"<|endoftext|>"})
+        for i in range(0, len(ids) - max_length, stride + 1):  # planted: stride + 1
+            self.input_ids.append(torch.tensor(ids[i:i + max_length]))
+            self.target_ids.append(torch.tensor(ids[i + 1:i + max_length + 1]))
+

@@ -198,21 +198,18 @@ def readers_cfg() -> dict:
     return dict(BOOK_TINY)
 
 
-@pytest.mark.slow
-def test_the_readmes_reader_gets_the_books_shapes_parameters_next_token_and_the_checks_verdict(tmp_path):
-    """The README's block, run as written, on the book's full GPT_CONFIG_124M model."""
+def test_the_readmes_reader_gets_the_books_shapes_and_the_checks_verdict(tmp_path):
+    """The README's notebook block, run as written, on the book's own GPTModel."""
     import re
     import subprocess
     import sys
     from pathlib import Path
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Your own model, in your notebook"):]
+    section = readme[readme.index("**2. Your notebook.**"):]
     code = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                          timeout=600).stdout.splitlines()
-    model = book_model(**{"context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12})
-    expected = int(own_logits(model.eval(), torch.tensor([PROMPT]))[0, -1].argmax())
-    assert out[0].startswith("the book's GPTModel (vocab_size 50257, context_length 1024, emb_dim 768, n_heads 12")
-    assert out[1:3] == ["163,009,536 parameters", "[1, 4, 768] [1, 4, 50257]"]
-    assert out[3].startswith(f"{expected} ")
-    assert out[4].startswith("trf_blocks.0.norm2 is the first stage that differs") and "n - 1" in out[4]
+    assert out[0].startswith("the book's GPTModel (vocab_size 50257, context_length 256, emb_dim 256, n_heads 4")
+    assert out[0].endswith("read in place")
+    assert out[1] == "[1, 4, 256] [1, 4, 50257]"
+    assert out[2].startswith("matches the book's formulas at every stage")

@@ -20,9 +20,7 @@ import glassgpt
 from glassgpt.engine import quantize_int8
 
 from conftest import stored_bytes
-from helpers import assert_one_line_error, run
-
-SMALL = {"vocab_size": 50257, "context_length": 16, "emb_dim": 16, "n_heads": 2, "n_layers": 1}
+from helpers import SMALL, assert_one_line_error, run
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from glassgpt import memory
 from glassgpt.cli import build_parser, main, parse
 
-from test_cli_core import SMALL, assert_one_line_error, run
+from helpers import SMALL, assert_one_line_error, run
 
 GiB = 2**30
 HUGE = {int: str(2**64), float: "1e300"}

@@ -13,7 +13,7 @@ import pytest
 from glassgpt.cli import progress
 from glassgpt.formats import load_meta
 
-from test_cli_core import SMALL, run
+from helpers import SMALL, run
 
 
 class FakeTime:

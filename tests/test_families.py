@@ -16,44 +16,21 @@ import torch
 import llms_from_scratch.llama3 as book_llama
 import llms_from_scratch.qwen3 as book_qwen
 from glassgpt.errors import CheckpointError, ConfigError
-from glassgpt.families import (FAMILY_PRESETS, FamilyConfig, KVCache, Llama3Model, Qwen3Model, RopeFreq,
-                               build_model, family_config)
-from glassgpt.formats.families import (config_to_hf, export_family_book, export_family_hf, hf_names,
+from glassgpt.families import (FAMILY_PRESETS, FamilyConfig, KVCache, Llama3Model, Qwen3Model, build_model, family_config)
+from glassgpt.formats.families import (export_family_book, export_family_hf, hf_names,
                                        load_book_family, load_hf_family)
 from glassgpt.generate import generate
+from helpers import TINY, ids, randomize_, transformers_config
 
-V = 97
-TINY = {
-    "qwen3": FamilyConfig(family="qwen3", vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=2,
-                          hidden_dim=48, head_dim=16, n_kv_groups=2, rope_base=10_000.0, qk_norm=True, norm_eps=1e-6),
-    "llama3": FamilyConfig(family="llama3", vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=2,
-                           hidden_dim=48, n_kv_groups=2, rope_base=500_000.0, norm_eps=1e-5,
-                           rope_freq=RopeFreq(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                              original_context_length=16)),
-}
 BOOK = {"qwen3": (book_qwen.Qwen3Model, book_qwen.load_weights_into_qwen),
         "llama3": (book_llama.Llama3Model, book_llama.load_weights_into_llama)}
 FAMILIES = list(TINY)
-
-
-def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every parameter random (norm scales around 1), so no mapping mistake hides behind ones and zeros."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * 0.1
-            p.copy_(1.0 + noise if "norm" in name else noise * 3)
-    return model.eval()
 
 
 def book_model(family: str, cfg: FamilyConfig | None = None, seed: int = 0) -> torch.nn.Module:
     cfg = cfg or TINY[family]
     torch.manual_seed(seed)
     return randomize_(BOOK[family][0](cfg.to_book_dict(torch.float32)), seed)
-
-
-def ids(n: int = 20, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, V, (2, n), generator=torch.Generator().manual_seed(seed))
 
 
 def hf_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -131,14 +108,6 @@ def test_greedy_tokens_equal_the_books_and_transformers_past_the_cache_window(fa
 
 
 # --- transformers' folders ------------------------------------------------------------------------
-
-def transformers_config(family: str, cfg: FamilyConfig):
-    from transformers import LlamaConfig, Qwen3Config
-    raw = config_to_hf(cfg)
-    raw.pop("architectures"), raw.pop("model_type"), raw.pop("torch_dtype")
-    if family == "llama3":
-        raw.pop("head_dim")
-    return (Qwen3Config if family == "qwen3" else LlamaConfig)(**raw, attn_implementation="eager")
 
 
 def transformers_model(family: str, source: torch.nn.Module, tmp_path):

@@ -25,7 +25,7 @@ from glassgpt.errors import GlassError
 from glassgpt.families import Llama3Model, Qwen3Model
 from glassgpt.generate import generate
 
-from test_families import TINY, V, ids, randomize_, transformers_config
+from helpers import TINY, ids, randomize_, transformers_config
 
 BOOK_CLASSES = {
     "qwen3": book_qwen.Qwen3Model, "llama3": book_llama.Llama3Model,

@@ -527,8 +527,8 @@ def test_help_shows_the_defaults_a_run_uses(capsys):
     assert examples.DATA_FORMATS in text
 
 
-def test_the_readme_lists_the_data_formats_that_help_shows():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_training_docs_list_the_data_formats_that_help_shows():
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
     assert examples.DATA_FORMATS in " ".join(readme.split())
 
 

@@ -13,6 +13,7 @@ from torch import nn
 import glassgpt
 from glassgpt.explain.pieces import PieceError
 from llms_from_scratch import ch03, ch04
+from helpers import MaskDiagonal, named
 
 SMALL_CFG = {"vocab_size": 50257, "context_length": 32, "emb_dim": 64, "n_heads": 4, "n_layers": 1,
              "drop_rate": 0.1, "qkv_bias": False}
@@ -43,12 +44,6 @@ class MaskWrongSide(ch03.CausalAttention):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.mask = torch.tril(torch.ones_like(self.mask), diagonal=-1)  # planted: the past, not the future
-
-
-class MaskDiagonal(ch03.CausalAttention):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.mask = torch.triu(torch.ones_like(self.mask), diagonal=0)  # planted: diagonal=0
 
 
 class SoftmaxDim(ch03.SelfAttention_v1):
@@ -153,10 +148,6 @@ class NoSecondShortcut(ch04.TransformerBlock):
     def forward(self, x):
         x = x + self.drop_resid(self.att(self.norm1(x)))
         return self.drop_resid(self.ff(self.norm2(x)))  # planted: no + shortcut here
-
-
-def named(cls, name):
-    return type(name, (cls,), {})
 
 
 PLANTED = {  # id: (the class, its args, the stage, the mistake, words of the finding)

@@ -18,6 +18,7 @@ from glassgpt.explain.pieces.data import BOOK_TEXT
 from llms_from_scratch import ch02, ch04, ch05, ch06, ch07
 
 from readers import my_model
+from helpers import StrideSkips
 
 
 # --- chapter 2 ----------------------------------------------------------------------------------------
@@ -54,15 +55,6 @@ def vocab():
                                                                                        "the sunlit terraces of")
                        if w.strip()))
     return {w: i for i, w in enumerate(words + ["<|endoftext|>", "<|unk|>"])}
-
-
-class StrideSkips(ch02.GPTDatasetV1):
-    def __init__(self, txt, tokenizer, max_length, stride):
-        self.input_ids, self.target_ids = [], []
-        ids = tokenizer.encode(txt, allowed_special={"<|endoftext|>"})
-        for i in range(0, len(ids) - max_length, stride + 1):  # planted: stride + 1
-            self.input_ids.append(torch.tensor(ids[i:i + max_length]))
-            self.target_ids.append(torch.tensor(ids[i + 1:i + max_length + 1]))
 
 
 class TargetsNotShifted(ch02.GPTDatasetV1):

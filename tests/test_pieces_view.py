@@ -14,8 +14,7 @@ from glassgpt.explain.pieces import build
 from glassgpt.explain.pieces.data import BOOK_TEXT
 from llms_from_scratch import ch02, ch03
 
-from test_pieces import MaskDiagonal, named
-from test_pieces_data import StrideSkips
+from helpers import MaskDiagonal, StrideSkips, named
 
 
 def test_windows_overlap_by_max_length_minus_stride_and_targets_are_one_token_later():

@@ -136,8 +136,8 @@ def _check_finite(model: nn.Module, tensors: list[tuple[str, torch.Tensor]]) -> 
     stamp = _stamp(tensors)
     if stamp is not None and _FINITE.get(model) == stamp:
         return
-    with torch.no_grad():
-        sums = [t.detach().sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32) for _, t in tensors]
+    with torch.inference_mode():  # also reads inference tensors (a model loaded under inference_mode, FSDP's shards)
+        sums = [_sum(t) for _, t in tensors]
         suspects = [(name, t) for (name, t), s in zip(tensors, sums) if not bool(torch.isfinite(s))]
         broken = []
         for name, t in suspects:  # a sum overflows on huge finite values: count exactly before blaming
@@ -154,6 +154,16 @@ def _check_finite(model: nn.Module, tensors: list[tuple[str, torch.Tensor]]) -> 
                              "that diverged saves such weights), or find what wrote them")
     if stamp is not None:
         _FINITE[model] = stamp
+
+
+def _sum(t: torch.Tensor, rows: int = 1 << 20) -> torch.Tensor:
+    """The sum of `t` (NaN or inf if it holds one), in float32 or wider, a slice of at most about `rows`
+    values at a time: a bf16 tensor widened whole would double the weights' memory for a moment."""
+    dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
+    if t.dim() == 0 or t.dtype == dtype or t.numel() <= rows:
+        return t.sum(dtype=dtype)
+    step = max(1, rows // max(1, t[0].numel()))
+    return sum(chunk.sum(dtype=dtype) for chunk in t.split(step))
 
 
 def _stamp(tensors: list[tuple[str, torch.Tensor]]) -> tuple | None:

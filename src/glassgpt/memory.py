@@ -299,7 +299,7 @@ def training_fit(cfg: GPTConfig, dtype: torch.dtype | str, batch_size: int, seq_
                    "even --batch-size 1 does not fit: a smaller model, or LoRA (--lora-rank 8) to train fewer weights")
     parts = (f"{'weights' if frozen else 'weights, gradients and AdamW state'} {gib(fixed)}, the activations "
              f"of one batch of {batch_size:,} x {seq_len:,} tokens {gib(need['activations'])}")
-    return fit_note(fixed + need["activations"], free, f"training {cfg.n_layers} layers of emb_dim {cfg.emb_dim:,} ({parts})",
+    return fit_note(fixed + need["activations"], free, f"training a model of n_layers {cfg.n_layers:,}, emb_dim {cfg.emb_dim:,} ({parts})",
                     nearest)
 
 
@@ -322,6 +322,8 @@ def inference_fit(cfg: GPTConfig, dtype: torch.dtype | str, tokens: int, free: F
                    and memory_needs(cfg, d, 1, window)["inference"] + tokens * TOKEN_BYTES <= free.ram
                    and _dtype_size(d)[1] <= _dtype_size(dtype)[1]]
         nearest = f"--dtype {smaller[0]} fits" if smaller else "a smaller model"
-    what = (f"running {cfg.n_layers} layers of emb_dim {cfg.emb_dim:,} in {_dtype_size(dtype)[0]} on "
+    parameters = memory_needs(cfg, dtype, 1, 1)["parameters"]
+    what = (f"running a model of n_layers {cfg.n_layers:,}, emb_dim {cfg.emb_dim:,} ({parameters:,} parameters) in "
+            f"{_dtype_size(dtype)[0]} on "
             f"{tokens:,} tokens (weights, KV cache and {TOKEN_BYTES} bytes per token kept)")
     return fit_note(need, free, what, nearest)

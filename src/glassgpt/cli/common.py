@@ -15,7 +15,7 @@ from ..device import pick_threads, resolve_device, resolve_dtype
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import ENDOFTEXT, Tokenizer, check_fits
-from ..errors import KernelWarning, RandomWeightsWarning
+from ..errors import ConfigError, KernelWarning, RandomWeightsWarning
 from ..formats import class_labels, load_meta, load_model, load_tokenizer, read_config
 from .. import memory
 from ..memory import QUANTIZED, inference_fit, training_fit
@@ -138,7 +138,10 @@ def check_inference_memory(args: argparse.Namespace, cfg, tokens: int, new_token
     if loaded is not None:
         held = sum(t.numel() * t.element_size() for t in {id(t): t for t in loaded.state_dict().values()}.values())
         free = dataclasses.replace(free, ram=free.ram + held)
-    note = inference_fit(cfg, dtype, max(1, tokens), free, new_tokens=new_tokens)
+    try:
+        note = inference_fit(cfg, dtype, max(1, tokens), free, new_tokens=new_tokens)
+    except ConfigError as err:  # name the model whose config asks for it
+        raise ConfigError(f"{getattr(args, 'model', None) or 'the model'}: {err}") from None
     if note:
         say(f"note: {note}", file=sys.stderr)
 

@@ -33,7 +33,7 @@ from ..model import GPTModel
 from ..prompt import BOOK_FILE_HINT, classifier_reading
 from ..tokenizer import Tokenizer
 from .common import (add_model_args, add_reading_args, add_special_arg, class_names, classifier_reading_of,
-                     encode_prompt, load, special_reading)
+                     encode_prompt, load, positive_int, special_reading)
 from .progress import StepBar
 
 DEFAULT_PROMPT = "Every effort moves you"
@@ -65,9 +65,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--windows", action="store_true",
                    help="show the PROMPT's sliding windows as the book's GPTDatasetV1 cuts them (no model needed): "
                         "each window's inputs and targets, the stride and the overlap")
-    p.add_argument("--window-length", type=int, default=4, metavar="N",
+    p.add_argument("--window-length", type=positive_int, default=4, metavar="N",
                    help="--windows: tokens per window, the book's max_length (default: 4)")
-    p.add_argument("--stride", type=int, default=None, metavar="N",
+    p.add_argument("--stride", type=positive_int, default=None, metavar="N",
                    help="--windows: tokens from one window's start to the next (default: the window length)")
     add_reading_args(p)
     add_special_arg(p)
