@@ -137,6 +137,8 @@ def _check_finite(model: nn.Module, tensors: list[tuple[str, torch.Tensor]]) -> 
     if stamp is not None and _FINITE.get(model) == stamp:
         return
     with torch.inference_mode():  # also reads inference tensors (a model loaded under inference_mode, FSDP's shards)
+        # an FSDP/DTensor parameter: each rank reads the shard it holds
+        tensors = [(name, t.to_local() if hasattr(t, "to_local") else t) for name, t in tensors]
         sums = [_sum(t) for _, t in tensors]
         suspects = [(name, t) for (name, t), s in zip(tensors, sums) if not bool(torch.isfinite(s))]
         broken = []
