@@ -49,7 +49,8 @@ PROMPTS = ["Every effort moves you", "The quick brown fox jumps over the lazy do
 
 # The flood's model: as SMALL, with room for the issue's 256-token patching requests.
 FLOOD = glassgpt.GPTConfig(vocab_size=50257, context_length=256, emb_dim=128, n_heads=4, n_layers=4)
-HEAVY_BODY = {"prompt": "Every effort moves you " * 64, "patch": "Every effort moves him " * 64, "versus": " the"}
+HEAVY_BODY = {"prompt": " ".join(["Every effort moves you"] * 64), "patch": " ".join(["Every effort moves him"] * 64),
+              "versus": " the"}  # 256 tokens each, as the patch must match the prompt token for token
 SHORT_BODY = {"prompt": "Every effort moves you", "top_k": 10, "attention": True, "logit_lens": True}
 
 
