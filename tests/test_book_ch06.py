@@ -1,6 +1,7 @@
 """`glassgpt finetune classify --recipe book` against the book's own chapter-6 code (llms_from_scratch.ch06).
 
-A small random model in the book's layout (2 blocks 32 wide, context 64, BASE_CONFIG's drop_rate 0.0)
+A small random model in the book's layout (2 blocks 64 wide with 4 heads, context 64, BASE_CONFIG's drop_rate 0.0,
+saved as a bare state dict, so the head count comes from `--n-heads 4`)
 and made-up CSVs in the book's layout (Label, Text): the notebook's seeds, head, freezing, AdamW and
 `train_classifier_simple` for 2 epochs, side by side with glassgpt's recipe. The lines it prints
 (evaluations, the accuracies after each epoch and the three at the end) are equal character for
@@ -28,7 +29,8 @@ from llms_from_scratch.ch04 import GPTModel as BookGPTModel  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread", "offline_tiktoken")
 
-SMALL = dict(vocab_size=50257, context_length=64, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0, qkv_bias=False)
+# 4 heads of 16: GPT-2's rule (64 per head) would say 1, so the run is told with --n-heads 4 (no JSON beside it).
+SMALL = dict(vocab_size=50257, context_length=64, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0, qkv_bias=False)
 HAM = ["are we still on for lunch?", "see you at 6 then", "ok, call me when you get home tonight",
        "can you pick up some milk on the way back", "I'll be late, the bus broke down again", "thanks for yesterday!",
        "what time is the game", "happy birthday, have a lovely day"]
@@ -55,7 +57,6 @@ def files(tmp_path_factory) -> dict[str, Path]:
     torch.manual_seed(7)
     model = BookGPTModel(SMALL)
     torch.save(model.state_dict(), root / "model.pth")
-    (root / "model.json").write_text(json.dumps({"n_heads": 4}))
     return {"root": root, "model": root / "model.pth", "train": write_csv(root / "train.csv", 40, 0),
             "val": write_csv(root / "validation.csv", 12, 1), "test": write_csv(root / "test.csv", 10, 2)}
 
@@ -109,12 +110,13 @@ def book_run(files):
 
 
 def finetune(files, out: Path, *extra: str) -> list[str]:
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        code = main(["finetune", "classify", "--recipe", "book", "--model", str(files["model"]), "--data",
-                     str(files["train"]), "--val", str(files["val"]), "--out", str(out), "--threads", "1",
+    printed, said = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(said):
+        code = main(["finetune", "classify", "--recipe", "book", "--model", str(files["model"]), "--n-heads", "4",
+                     "--data", str(files["train"]), "--val", str(files["val"]), "--out", str(out), "--threads", "1",
                      "--no-progress", *extra])
     assert code == 0
+    assert "note:" not in said.getvalue()  # told the head count, the book's recipe assumes nothing
     return printed.getvalue().splitlines()
 
 
@@ -133,6 +135,18 @@ def test_the_lines_are_train_classifier_simples_character_for_character(book_run
     book_lines = book_run[0]
     assert book_lines[0].startswith("Ep 1 (Step 000000): Train loss ") and len(book_lines) == 4 + EPOCHS + 3
     assert [line for line in glass_run[0] if line.startswith(BOOK_LINES)] == book_lines
+
+
+def test_without_n_heads_the_run_says_it_took_gpt2s_rule_and_trains_another_model(files, book_run, tmp_path, capsys):
+    """The same state dict without --n-heads: one note on stderr (1 head of 64, by GPT-2's rule), before any line."""
+    assert main(["finetune", "classify", "--recipe", "book", "--model", str(files["model"]), "--data",
+                 str(files["train"]), "--val", str(files["val"]), "--out", str(tmp_path / "run"), "--threads", "1",
+                 "--no-progress", "--max-steps", "1", "--eval-every", "1"]) == 0
+    out, err = capsys.readouterr()
+    notes = [line for line in err.splitlines() if line.startswith("note: n_heads")]
+    assert notes == ["note: n_heads 1 by GPT-2's rule, 64 per head (a state dict's shapes cannot tell the head count; "
+                     "pass --n-heads if the model was built with another)"]
+    assert [line for line in out.splitlines() if line.startswith("Ep ")][0] != book_run[0][0]  # other numbers
 
 
 def test_the_weights_after_two_epochs_equal_the_books_bit_for_bit(book_run, glass_run):
@@ -197,12 +211,12 @@ def test_serve_recipe_book_hands_the_page_the_books_reading(book_run, files, mon
         def run(self, sockets):
             sockets[0].close()
     seen = {}
-    monkeypatch.setattr(web, "create_app", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setattr(web, "create_app", lambda model, tok, about, **kw: seen.update(about=about))
     monkeypatch.setattr("glassgpt.web.server.make_server", lambda app: NoServer())
     assert main(["serve", "--model", str(files["root"] / "review_classifier.pth"), "--port", "0", "--recipe", "book",
                  "--max-length", str(book_run[2])]) == 0
-    assert seen["reading"].padded and seen["reading"].length == book_run[2]
-    assert seen["labels"] == ["not spam", "spam"]
+    assert seen["about"].reading.padded and seen["about"].reading.length == book_run[2]
+    assert seen["about"].labels == ["not spam", "spam"]
 
 
 def test_explain_recipe_book_on_a_language_model_is_refused_in_one_line(files, capsys):
@@ -271,7 +285,7 @@ def test_the_recipe_runs_from_python_with_no_command_line(files, book_run, tmp_p
     from glassgpt.training.book.ch06 import accuracy_lines, prepare
     recipe = recipes.recipe("finetune classify", "book")
     cfg = recipe.train_config({"eval_every": EVAL_FREQ}, {"out": str(tmp_path / "run"), "plot": False})
-    model = glassgpt.load_model(files["model"], device="cpu", dtype="float32")
+    model = glassgpt.load_model(files["model"], device="cpu", dtype="float32", n_heads=4)
     model, task = prepare(model, glassgpt.load_tokenizer(files["model"]), files["train"], files["val"])
     cfg.max_steps = EPOCHS * task.steps_per_epoch
     lines = []
@@ -289,10 +303,9 @@ def test_explain_of_the_books_pth_says_it_reads_the_last_real_token_and_how_to_r
 
 
 def test_explain_names_the_classes_the_json_beside_a_pth_gives(files, book_run):
-    from glassgpt.cli.explain import about
     (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4, "labels": ["ham", "spam"]}))
     try:
-        assert about(str(files["root"] / "review_classifier.pth")).labels == ["ham", "spam"]
+        assert glassgpt.formats.open(files["root"] / "review_classifier.pth").about().labels == ["ham", "spam"]
     finally:
         (files["root"] / "review_classifier.json").write_text(json.dumps({"n_heads": 4}))
 
@@ -301,7 +314,6 @@ def test_explain_names_the_classes_the_json_beside_a_pth_gives(files, book_run):
 def test_explain_why_and_the_page_read_a_run_of_the_recipe_as_classify_and_classify_review_do(book_run, glass_run,
                                                                                              text, capsys):
     """The run records its padded length: every view reads the last position of the padded text, as trained."""
-    from glassgpt.cli.explain import about
     from glassgpt.web.service import ExplainRequest, ExplainService
     model, max_length = book_run[1], book_run[2]
     expected = ch06.classify_review(text, model, tiktoken.get_encoding("gpt2"), "cpu", max_length=max_length)
@@ -316,7 +328,7 @@ def test_explain_why_and_the_page_read_a_run_of_the_recipe_as_classify_and_class
     assert main(["explain", text, "--model", str(glass_run[1]), "--why", "--format", "json"]) == 0
     why = json.loads(capsys.readouterr().out)["why"]
     served = ExplainService(glassgpt.load_model(glass_run[1]), glassgpt.load_tokenizer(glass_run[1]),
-                            about(str(glass_run[1]))).explain(ExplainRequest(prompt=text, attention=False))
+                            glassgpt.formats.open(glass_run[1]).about()).explain(ExplainRequest(prompt=text, attention=False))
     assert classified["label"] == expected == explained["text"] == why["target"]["text"] == \
         served["next_token"]["text"]
     # float32 on one machine: the same ids through the same forward give the same probability to 1e-6
@@ -337,11 +349,10 @@ def test_the_run_records_what_chapter_6_trained_and_explain_marks_it(glass_run, 
     assert main(["explain", "hi", "--model", str(glass_run[1])]) == 0
     line = "trained: trf_blocks.1, final_norm, out_head; frozen: tok_emb, pos_emb, trf_blocks.0"
     assert sum(line in x for x in capsys.readouterr().out.splitlines()) == 1
-    from glassgpt.cli.explain import about
     from glassgpt.explain import trace
     from glassgpt.explain.views.diagram import layout, to_svg
     tr = trace(glassgpt.load_model(glass_run[1]), glassgpt.load_tokenizer(glass_run[1]), "hi",
-               about=about(str(glass_run[1])))
+               about=glassgpt.formats.open(glass_run[1]).about())
     marks = {item.key for item in layout(tr).keyed("trained:") if item.key != "trained:blocks"}
     assert marks == {f"trained:{part}:{state}" for part, state in trained.items()}
     svg = to_svg(tr)

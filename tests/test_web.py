@@ -48,7 +48,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def client(model, tok):
-    with local_client(create_app(model, tok, model_name="tiny", random_weights=True)) as c:
+    with local_client(create_app(model, tok, About("tiny", random_weights=True))) as c:
         yield c
 
 
@@ -57,7 +57,7 @@ def classifier(tok):
     cfg = glassgpt.GPTConfig(vocab_size=50257, context_length=16, emb_dim=8, n_heads=2, n_layers=2,
                              tie_embeddings=False, num_classes=2)
     model = random_model(cfg, torch.device("cpu"), torch.float32, seed=1)
-    with local_client(create_app(model, tok, model_name="spam", labels=["ham", "spam"])) as c:
+    with local_client(create_app(model, tok, About("spam", labels=["ham", "spam"]))) as c:
         yield c
 
 
@@ -665,7 +665,7 @@ def test_a_path_is_shown_by_its_name_never_the_servers_directories(model, tok, t
     run = tmp_path / "secret" / "layout" / "verdict-run"
     (run / "best").mkdir(parents=True)
     for name, want in ((str(run), "verdict-run"), (str(run / "best"), "verdict-run/best")):
-        with local_client(create_app(model, tok, model_name=name)) as c:
+        with local_client(create_app(model, tok, About(name))) as c:
             info = c.get("/api/model").json()
             assert info["name"] == want and "secret" not in json.dumps(info)
             assert "secret" not in json.dumps(explain(c, prompt=PROMPT).json())
@@ -702,14 +702,14 @@ def test_serve_on_a_run_directory_gives_the_page_its_evaluations(tmp_path, monke
     made = {}
     real = glassgpt.web.create_app
 
-    def spy(*args, **kwargs):
-        made.update(kwargs)
-        return real(*args, **kwargs)
+    def spy(model, tokenizer, about, **kwargs):
+        made.update(kwargs, about=about)
+        return real(model, tokenizer, about, **kwargs)
 
     monkeypatch.setattr(glassgpt.web, "create_app", spy)
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: sockets[0].close())
     assert main(["serve", "--model", str(run), "--port", "0"]) == 0
-    assert str(made["run_dir"]) == str(run) and made["model_name"] == str(run)
+    assert str(made["run_dir"]) == str(run) and made["about"].name == str(run)
 
 
 def test_why_over_http_and_its_options_from_one_declaration(client, model, tok):

@@ -30,7 +30,8 @@ from playwright.sync_api import sync_playwright
 from glassgpt.web import create_app
 from glassgpt.web.server import serving
 from glassgpt.config import GPTConfig
-from glassgpt.formats import is_random_init, load_model, load_tokenizer, random_model
+import glassgpt
+from glassgpt.formats import About, load_model, load_tokenizer, random_model
 
 from conftest import skip_unless_required
 
@@ -45,7 +46,7 @@ LONG_PROMPT = " ".join(["Every effort moves you"] * 25)  # 100 tokens: 12 x 12 x
 @pytest.fixture(scope="module")
 def server_url():
     model = load_model("gpt2", device="cpu", dtype="float32")
-    app = create_app(model, load_tokenizer("gpt2"), model_name="gpt2", random_weights=is_random_init("gpt2"))
+    app = create_app(model, load_tokenizer("gpt2"), glassgpt.formats.open("gpt2"))
     with serving(app) as url:
         yield url
 
@@ -85,7 +86,7 @@ def run_url(tmp_path_factory):
     cfg = GPTConfig(vocab_size=50257, context_length=64, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=False,
                     tie_embeddings=False)
     model = random_model(cfg, torch.device("cpu"), torch.float32, seed=0)
-    app = create_app(model, load_tokenizer("gpt2"), model_name=str(run.resolve()), run_dir=run, trained=TRAINED)
+    app = create_app(model, load_tokenizer("gpt2"), About(str(run.resolve()), trained=TRAINED), run_dir=run)
     with serving(app) as url:
         yield url
 

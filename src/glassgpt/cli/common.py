@@ -16,10 +16,10 @@ from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import ENDOFTEXT, Tokenizer, check_fits
 from ..errors import ConfigError, KernelWarning, RandomWeightsWarning
-from ..formats import class_labels, load_meta, load_model, load_tokenizer, read_config
+from .. import formats
 from .. import memory
+from ..formats import Source
 from ..memory import QUANTIZED, inference_fit, training_fit
-from ..prompt import classifier_reading
 from ..training import recipes
 from ..training.book import ch06 as book_ch06
 # Every number flag parses through cli/limits.py; the commands import the common kinds from here.
@@ -65,9 +65,7 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", qua
                         "checkpoint or run directory, Hugging Face-layout directory, hub id such as "
                         "openai-community/gpt2, the book's model.pth, its gpt2/124M folder, or a .gguf file"
                         + (f" (default: {default})" if default else ""))
-    p.add_argument("--n-heads", type=positive_int, default=None, metavar="H",
-                   help="attention heads of a .pth state dict, whose shapes cannot tell (default: n_heads "
-                        "in the .json beside it, else GPT-2's rule of 64 per head)")
+    add_source_args(p)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--dtype", default="float32",
                    help="float32: exact, the reference's logits and greedy tokens; bfloat16 / float16: half "
@@ -81,6 +79,47 @@ def add_model_args(p: argparse.ArgumentParser, default: str | None = "gpt2", qua
     p.add_argument("--seed", type=seed, default=None,
                    help="random seed in [0, 2**64) (initialisation of presets; sampling)")
     add_threads_arg(p)
+
+
+dropout = fraction  # a share of the activations zeroed: [0, 1)
+
+
+# The model flags every command that reads a state dict takes, declared here once and passed to formats.open.
+N_HEADS_HELP = ("attention heads of a .pth state dict, whose shapes cannot tell (default: n_heads in the .json "
+                "beside it, else GPT-2's rule of 64 per head, said in a note)")
+DROP_RATE_HELP = ("dropout of a .pth state dict, which cannot record it (default: drop_rate in the .json beside it, "
+                  "else 0.0, said in a note)")
+
+
+def add_source_args(p: argparse.ArgumentParser, context_length: str | None = None, n_heads: str = N_HEADS_HELP,
+                    drop_rate: str = DROP_RATE_HELP) -> None:
+    """--n-heads, --drop-rate and, where a command reads windows, --context-length (its help given): the flags
+    that formats.open takes, in every command that reads a state dict (train gives them its own help too)."""
+    p.add_argument("--n-heads", type=positive_int, default=None, metavar="H", help=n_heads)
+    p.add_argument("--drop-rate", type=dropout, default=None, metavar="P", help=drop_rate)
+    if context_length is not None:
+        p.add_argument("--context-length", type=positive_int, default=None, metavar="T", help=context_length)
+
+
+def open_model(args: argparse.Namespace, spec=None, dropout_matters: bool = False, window: bool = False) -> Source:
+    """formats.open of --model (or `spec`) with the model flags, its first lines said at once on stderr: the
+    checkpoint a run directory opens as, then a note for each value that was assumed (drop_rate only where
+    the command trains or writes it: `dropout_matters`). `window`: --context-length is a window length."""
+    source = formats.open(args.model if spec is None else spec, n_heads=getattr(args, "n_heads", None),
+                          drop_rate=getattr(args, "drop_rate", None),
+                          context_length=getattr(args, "context_length", None) if window else None)
+    say_opened(source, dropout_matters)
+    return source
+
+
+def say_opened(source: Source, dropout_matters: bool = False) -> None:
+    """The lines a command says of the model it opened, on stderr (the first it prints)."""
+    if source.checkpoint is not None:
+        say(f"note: {source.checkpoint.line()}", file=sys.stderr)
+    if source.kind == "state_dict":
+        for note in source.notes():
+            if note.assumed and (dropout_matters or note.field != "drop_rate"):
+                say(f"note: {note}", file=sys.stderr)
 
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
@@ -111,18 +150,20 @@ def set_threads(requested: int | None, emb_dim: int, file=None, recorded: int | 
     return n
 
 
-def load(args: argparse.Namespace, tokens: int = 1, new_tokens: int = 0) -> tuple[GPTModel, Tokenizer]:
-    """The model and tokenizer that --model names (a preset's RandomWeightsWarning becomes a note: see
-    notes_for_warnings), once its config is known to fit in the memory available for a sequence of
-    `tokens` tokens, `new_tokens` of them generated (check_inference_memory)."""
-    cfg = read_config(args.model, args.n_heads)
+def load(args: argparse.Namespace, source: Source | None = None, tokens: int = 1,
+         new_tokens: int = 0) -> tuple[GPTModel, Tokenizer]:
+    """The model and tokenizer of `source` (default: --model, opened here) on --device in --dtype (int8 and int4
+    quantize: source.load), once its config is known to fit in the memory available for a sequence of `tokens`
+    tokens, `new_tokens` of them generated (check_inference_memory); a preset's RandomWeightsWarning becomes a
+    note (see notes_for_warnings)."""
+    source = source or open_model(args)
+    cfg = source.local_config()
     if cfg is not None:  # a hub id's config may not be here yet: checked once it is loaded
         check_inference_memory(args, cfg, tokens, new_tokens)
-    model = load_model(args.model, device=args.device, dtype=args.dtype,
-                       seed=args.seed if args.seed is not None else 0, n_heads=args.n_heads)
+    model = source.load(args.device, args.dtype, seed=args.seed if args.seed is not None else 0)
     if cfg is None:
         check_inference_memory(args, model.cfg, tokens, new_tokens, loaded=model)
-    tokenizer = load_tokenizer(args.model)
+    tokenizer = source.tokenizer()
     check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
     set_threads(getattr(args, "threads", None), model.cfg.emb_dim)
     return model, tokenizer
@@ -203,22 +244,18 @@ def add_reading_args(p: argparse.ArgumentParser) -> None:
                    help="--recipe book: the padded length it was trained at (the book's train_dataset.max_length)")
 
 
-def classifier_reading_of(spec: str, recipe: str | None, max_length: int | None):
-    """(reading, notes): how the classifier `spec` reads a text, as its checkpoint records it was finetuned, or
-    with `--recipe book [--max-length N]` as the book's classify_review reads it (prompt.classifier_reading)."""
-    trained = load_meta(spec).get("finetune") or {}
-    if max_length is not None and recipe != recipes.BOOK and "padded_length" not in trained:
-        raise GlassError("--max-length is --recipe book's (the length the book padded to): drop it, or add "
-                         "--recipe book")
-    return classifier_reading(trained, recipe == recipes.BOOK, max_length)
+def classifier_reading_of(source: Source, recipe: str | None, max_length: int | None):
+    """(reading, notes): how the classifier `source` reads a text, as its checkpoint records it was finetuned, or
+    with `--recipe book [--max-length N]` as the book's classify_review reads it (Source.classifier_reading)."""
+    return source.classifier_reading(recipe == recipes.BOOK, max_length)
 
 
-def class_names(spec: str, num_classes: int, book: bool) -> list[str]:
+def class_names(source: Source, num_classes: int, book: bool) -> list[str]:
     """The run's labels, or {"labels": [...]} beside a .pth, or the book's "not spam"/"spam", or the indices."""
-    labels = class_labels(spec)
+    labels = source.labels
     if labels is not None and len(labels) != num_classes:
-        raise GlassError(f"{spec} has {num_classes} classes but its labels name {len(labels)} ({labels}): give one "
-                         "name for each class")
+        raise GlassError(f"{source.name} has {num_classes} classes but its labels name {len(labels)} ({labels}): give "
+                         "one name for each class")
     if labels is None and book and num_classes == len(book_ch06.LABELS):
         labels = book_ch06.LABELS
     return labels or [str(k) for k in range(num_classes)]

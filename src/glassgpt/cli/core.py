@@ -8,23 +8,23 @@ import sys
 import time
 from pathlib import Path
 
-from ..formats.book import model_notes
+from ..formats.book import layout_note
 from ..device import resolve_device, resolve_dtype
 from ..engine.int4 import check_group_size
-from ..engine import autotune, compile_for_generation, quantize_int4, quantize_int8
+from ..engine import autotune, compile_for_generation
 from ..errors import GlassError
 from ..recall import MIN_TOKENS, copied_spans
 from ..generate import decode_stream, glass_model, sampling_probs, stream
 from ..prompt import fit_prompt
 from ..memory import memory_needs, parameter_table
-from ..config import init_scheme
 from ..families import FamilyConfig
 from ..families.memory import family_notes
-from ..formats import checkpoint_dir, download, is_random_init, read_config
-from ..formats.gguf import gguf_dtype_note, is_gguf_file
+from ..formats import download
+from ..formats.gguf import gguf_dtype_note
+from ..formats.source import QUANTIZED
 from ..model import INIT_SCHEMES
-from .common import (add_model_args, add_special_arg, check_prompt, encode_prompt, load, nonneg_int, positive_int, probability,
-                     require_language_model, special_reading, temperature)
+from .common import (add_model_args, add_special_arg, check_prompt, encode_prompt, load, nonneg_int, open_model,
+                     positive_int, probability, require_language_model, special_reading, temperature)
 from .limits import MAX_TEMPERATURE, MIN_TEMPERATURE
 from .progress import Heartbeat, duration
 
@@ -71,19 +71,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_download)
 
 
-QUANTIZE = {"int8": quantize_int8, "int4": quantize_int4}
-
-
-def load_quantized_or_float(args: argparse.Namespace, tokens: int = 1, new_tokens: int = 0):
-    """`load(args, tokens, new_tokens)`, where `--dtype int8` or `int4` loads bfloat16 (both keep their activations in
-    bfloat16). Returns (model, tokenizer, "int8"/"int4"/None): the caller quantizes if it runs the model."""
-    quantized = args.dtype if args.dtype in QUANTIZE else None
-    if quantized:
-        args.dtype = "bfloat16"
-    model, tok = load(args, tokens, new_tokens)
-    return model, tok, quantized
-
-
 def report_kernels(cfg, precision: str, device) -> autotune.Choices | None:
     """Say on stderr which kernels this machine runs for the model (measured once, then cached); CPU only."""
     if device.type != "cpu":
@@ -97,11 +84,10 @@ def run_generate(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
     data = _read_data(args.check_against) if args.check_against else None
     # The prompt's UTF-8 bytes bound its tokens: memory is checked before the tokenizer or model is loaded.
-    model, tok, quantized = load_quantized_or_float(args, len(args.prompt.encode("utf-8")) + args.max_new_tokens,
-                                                    args.max_new_tokens)
+    # int8 and int4: loaded in bfloat16 and quantized by Source.load.
+    model, tok = load(args, tokens=len(args.prompt.encode("utf-8")) + args.max_new_tokens,
+                      new_tokens=args.max_new_tokens)
     require_language_model(model, args.model)
-    if quantized:
-        model = QUANTIZE[quantized](model)
     if not isinstance(model.cfg, FamilyConfig):  # Qwen3 and Llama run their glass code: no kernels to choose
         report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
     if args.compile:
@@ -247,9 +233,10 @@ def _print_spans(path: str, spans, n_tokens: int) -> None:
 
 def run_info(args: argparse.Namespace) -> int:
     # From the config alone: gpt2-xl's table needs no 6 GB of weights (a hub id is fetched, not loaded).
-    cfg = read_config(args.model, args.n_heads) or read_config(checkpoint_dir(args.model))
+    source = open_model(args)
+    cfg = source.config
     device = resolve_device(args.device)
-    dtype = args.dtype if args.dtype in QUANTIZE else resolve_dtype(args.dtype, device)
+    dtype = args.dtype if args.dtype in QUANTIZED else resolve_dtype(args.dtype, device)
     precision = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     if precision == "int4":
         check_group_size(cfg)
@@ -259,11 +246,12 @@ def run_info(args: argparse.Namespace) -> int:
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len,
                        prompt_attention=choices.winners.get("attention prompt", "sdpa") if choices else "sdpa")
-    notes = family_notes(cfg) if family else model_notes(args.model, cfg)
-    if is_random_init(args.model):
-        notes.insert(0, f"random weights drawn by {INIT_SCHEMES[init_scheme(args.model)]}")
-    elif is_gguf_file(args.model):
-        notes.insert(0, gguf_dtype_note(args.model))
+    notes = family_notes(cfg) if family else [str(note) for note in source.notes()] + [
+        n for n in (layout_note(cfg),) if n]
+    if source.random_weights:
+        notes.insert(0, f"random weights drawn by {INIT_SCHEMES[source.init]}")
+    elif source.kind == "gguf":
+        notes.insert(0, gguf_dtype_note(source.name))
     if args.json:
         kernels = {"machine": choices.machine, "chosen": choices.winners, "ms": choices.ms} if choices else None
         print(json.dumps({"config": cfg.to_dict(), "notes": notes, "parameters": rows, "memory": mem,

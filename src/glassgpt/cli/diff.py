@@ -11,9 +11,8 @@ from ..explain.compare import compare
 from ..explain.diff import check_same_shapes, diff_weights
 from ..explain.views.compare import comparison_text
 from ..explain.views.diff import diff_layout, diff_text
-from ..formats import read_config
-from .common import add_threads_arg, load, positive_int, seed
-from .explain import DEFAULT_PROMPT, about, emit, load_second
+from .common import add_source_args, add_threads_arg, load, open_model, positive_int, seed
+from .explain import DEFAULT_PROMPT, emit, load_second
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +28,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                                       "a bfloat16 copy would differ from float32 weights everywhere)")
     p.add_argument("--seed", type=seed, default=None, help="seed of a preset's random weights (default: 0)")
     add_threads_arg(p)
+    add_source_args(p)  # for two .pth state dicts: both have the same shapes, so the same head count
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"the prompt both models continue (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--top-k", type=positive_int, default=5, help="next tokens listed for each model (default: 5)")
     p.add_argument("--format", choices=("txt", "json", "svg", "png"), default="txt",
@@ -38,14 +38,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    cfg_a, cfg_b = read_config(args.a), read_config(args.b)
+    a, b = open_model(args, spec=args.a), open_model(args, spec=args.b)
+    cfg_a, cfg_b = a.local_config(), b.local_config()
     if cfg_a is not None and cfg_b is not None:  # models of other shapes are refused before either loads
         check_same_shapes(cfg_a, cfg_b, args.a, args.b)
-    args.model, args.n_heads = args.a, None  # what load() reads
-    model_a, tok = load(args)
-    model_b, _ = load_second(args, args.b, tok)
+    model_a, tok = load(args, a)
+    model_b, _ = load_second(args, b, tok)
     weights = diff_weights(model_a, model_b, args.a, args.b)
-    comparison = compare(model_a, model_b, tok, args.prompt, about(args.a), about(args.b), top_k=args.top_k)
+    comparison = compare(model_a, model_b, tok, args.prompt, a.about(), b.about(), top_k=args.top_k)
     if args.format == "json":
         return emit(json.dumps({"weights": weights.to_dict(), "next_token": comparison.to_dict()}, indent=2,
                                 ensure_ascii=False), args.out)

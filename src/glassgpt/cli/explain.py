@@ -7,10 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from ..config import init_scheme
 from ..errors import GlassError
 from ..explain import About, trace
 from ..explain.views import draw
@@ -27,13 +25,13 @@ from ..explain.why import why
 from ..explain.views.why import why_layout
 from ..explain.views.text import embedding_section
 from ..explain.trace import trace_options
-from ..formats.book import is_state_dict_file
-from ..formats import class_labels, is_random_init, load_meta, load_model, load_tokenizer, read_config
+from .. import formats
+from ..formats import Source
 from ..model import GPTModel
-from ..prompt import BOOK_FILE_HINT, classifier_reading
+from ..prompt import BOOK_FILE_HINT
 from ..tokenizer import Tokenizer
 from .common import (add_model_args, add_reading_args, add_special_arg, class_names, classifier_reading_of,
-                     encode_prompt, load, positive_int, special_reading)
+                     encode_prompt, load, open_model, positive_int, say_opened, special_reading)
 from .progress import StepBar
 
 DEFAULT_PROMPT = "Every effort moves you"
@@ -76,27 +74,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_explain)
 
 
-def about(spec: str) -> About:
-    """What the CLI knows of a --model spec that its weights cannot say (from its checkpoint's record)."""
-    random = is_random_init(spec)
-    meta = load_meta(spec)
-    return About(spec, random, init_scheme(spec) if random else None, class_labels(spec),
-                 classifier_reading(meta.get("finetune"))[0], meta.get("trained"))
-
-
-def read_as(args: argparse.Namespace, spec: About, model: GPTModel) -> About:
-    """`spec` with `--recipe book` / `--max-length`: a classifier the book's code saved, read at its padded length
-    and named "not spam" / "spam" as classify_review names its classes (unless its .json names them)."""
+def read_as(args: argparse.Namespace, source: Source, model: GPTModel) -> About:
+    """What `source` says of the model that its weights cannot, with `--recipe book` / `--max-length`: a classifier
+    the book's code saved, read at its padded length and named "not spam" / "spam" as classify_review names its
+    classes (unless its .json names them)."""
     if args.recipe is None and args.max_length is None:
-        return spec
+        return source.about()
     if model.cfg.num_classes is None:
         raise GlassError(f"--recipe book and --max-length read a classifier as the book's classify_review does, and "
                          f"{args.model} is a language model: drop them")
-    reading, notes = classifier_reading_of(args.model, args.recipe, args.max_length)
+    reading, notes = classifier_reading_of(source, args.recipe, args.max_length)
     for note in notes:
         print(f"note: {args.model}: {note}", file=sys.stderr)
-    labels = class_names(args.model, model.cfg.num_classes, reading.padded)
-    return replace(spec, reading=reading, labels=labels)
+    return source.about(reading, class_names(source, model.cfg.num_classes, reading.padded))
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -106,32 +96,32 @@ def run_explain(args: argparse.Namespace) -> int:
         raise GlassError("--allow-special reads the prompt traced or explained (--why); --passage, --compare and "
                          "--patch read their texts as plain text: drop --allow-special")
     if args.passage is not None:
-        return _run_passage(args)
+        return _run_passage(args, open_model(args))
     if args.windows:
         w = sliding_windows(args.prompt, args.window_length, args.stride)
         return emit(json.dumps(w.to_dict(), indent=2) if args.format == "json" else w.to_text(), args.out)
-    cfg = read_config(args.model)
+    source = open_model(args)
+    cfg = source.local_config()
     if cfg is not None:  # a preset or local checkpoint: check the flags before the slow load
         _check_layers(args, cfg.n_layers)
-    model, tok = load(args, len(args.prompt.encode("utf-8")))  # (its bytes bound its tokens)
+    model, tok = load(args, source, tokens=len(args.prompt.encode("utf-8")))  # (its bytes bound its tokens)
     _check_layers(args, model.cfg.n_layers)
     if is_family_model(model):  # Qwen3, Llama 3.2: the text view of explain/family.py
         return _run_family(args, model, tok)
-    spec = read_as(args, about(args.model), model)
+    about = read_as(args, source, model)
     allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
-    args.ids = encode_prompt(tok, args.prompt, allowed) if allowed and special_note else None
-    args.special_note = special_note
+    ids = encode_prompt(tok, args.prompt, allowed) if allowed and special_note else None
     if args.compare:
-        return _run_compare(args, model, tok, spec)
+        return _run_compare(args, model, tok, about)
     if args.why:
-        return _run_why(args, model, tok, spec)
+        return _run_why(args, model, tok, about, ids, special_note)
     options = trace_options(args, embedding_check=args.embedding_check or args.embedding_vs_linear)
-    tr = trace(model, tok, None if args.ids else args.prompt, ids=args.ids, options=options, about=spec)
-    if args.special_note:  # how <|endoftext|> in the prompt was read: in the trace, as its other notes
-        tr.notes.append(args.special_note)
+    tr = trace(model, tok, None if ids else args.prompt, ids=ids, options=options, about=about)
+    if special_note:  # how <|endoftext|> in the prompt was read: in the trace, as its other notes
+        tr.notes.append(special_note)
     for note in tr.notes:
         print(f"note: {note}", file=sys.stderr)
-    if model.cfg.num_classes is not None and not spec.reading.padded and is_state_dict_file(args.model):
+    if model.cfg.num_classes is not None and not about.reading.padded and source.kind == "state_dict":
         print(f"note: {BOOK_FILE_HINT}", file=sys.stderr)
     heat = None
     if args.attention:
@@ -152,7 +142,7 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer) -> int:
         raise GlassError(f"for a {model.cfg.family} model explain has its text, JSON and picture views, and --compare "
                          "with a GPT-2: drop --why, --attention and --embedding-vs-linear")
     if args.compare:
-        gpt2 = load_model(args.compare, device=model.tok_emb.weight.device, dtype=model.tok_emb.weight.dtype)
+        gpt2, _ = load_second(args, args.compare, None, dtype=model.tok_emb.weight.dtype)
         if is_family_model(gpt2):
             raise GlassError(f"--compare {args.compare} is not a GPT-2: explain --compare shows what changed from "
                              "GPT-2 (give gpt2, or a GPT-2 checkpoint)")
@@ -166,47 +156,58 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer) -> int:
     return _show(args, tr.to_dict(), tr.picture, lambda color: tr.to_text())
 
 
-def _run_passage(args: argparse.Namespace) -> int:
+def _run_passage(args: argparse.Namespace, source: Source) -> int:
     text = args.prompt if not args.passage else _read_text(args.passage)
-    model, tok = load(args, len(text.encode("utf-8")))
+    model, tok = load(args, source, tokens=len(text.encode("utf-8")))
     with StepBar("passage") as bar:  # a long text runs window after window
-        result = passage(model, tok, text, about=about(args.model), worst=args.top_k, progress=bar)
+        result = passage(model, tok, text, about=source.about(), worst=args.top_k, progress=bar)
     return _show(args, result.to_dict(), lambda: passage_layout(result), lambda color: passage_text(result, color))
 
 
 def _run_compare(args: argparse.Namespace, model: GPTModel, tok: Tokenizer, spec: About) -> int:
-    other, _ = load_second(args, args.compare, tok)
-    result = compare(model, other, tok, args.prompt, spec, about(args.compare), top_k=args.top_k)
+    other, second = load_second(args, args.compare, tok)
+    result = compare(model, other, tok, args.prompt, spec, second.about(), top_k=args.top_k)
     return _show(args, result.to_dict(), lambda: comparison_layout(result), lambda color: comparison_text(result))
 
 
-def _run_why(args: argparse.Namespace, model: GPTModel, tok: Tokenizer, spec: About) -> int:
-    """The attribution; its JSON is the trace's with `why` added."""
-    result = why(model, tok, None if args.ids else args.prompt, versus=args.versus, patch=args.patch,
-                 ids=args.ids, labels=spec.labels, top_k=args.top_k, reading=spec.reading)
-    for note in result.notes[:-1] + ([args.special_note] if args.special_note else []):  # (the last, on attention,
-        print(f"note: {note}", file=sys.stderr)                                                #  is in every view)
+def _run_why(args: argparse.Namespace, model: GPTModel, tok: Tokenizer, spec: About, ids: list[int] | None,
+             special_note: str | None) -> int:
+    """The attribution; its JSON is the trace's with `why` added. `ids`: the prompt's, when --allow-special
+    read <|endoftext|> in it as its token (`special_note` says so)."""
+    result = why(model, tok, None if ids else args.prompt, versus=args.versus, patch=args.patch,
+                 ids=ids, labels=spec.labels, top_k=args.top_k, reading=spec.reading)
+    for note in result.notes[:-1] + ([special_note] if special_note else []):  # (the last, on attention,
+        print(f"note: {note}", file=sys.stderr)                                      #  is in every view)
     data = None
     if args.format == "json":
-        tr = trace(model, tok, None if args.ids else args.prompt, ids=args.ids,
+        tr = trace(model, tok, None if ids else args.prompt, ids=ids,
                    options=trace_options(args, embedding_check=False), about=spec)
-        if args.special_note:
-            tr.notes.append(args.special_note)
+        if special_note:
+            tr.notes.append(special_note)
         data = tr.to_dict()
         data["why"] = result.to_dict()
     return _show(args, data, lambda: why_layout(result), lambda color: result.to_text(color=color))
 
 
-def load_second(args: argparse.Namespace, spec: str, tok: Tokenizer) -> tuple[GPTModel, Tokenizer]:
+def load_second(args: argparse.Namespace, spec: str | Source, tok: Tokenizer | None,
+                dtype=None) -> tuple[GPTModel, Source]:
     """The model a second spec names (diff's B, explain's --compare), on the same device and dtype as the
-    first; its tokenizer must be the first's, or the two would not read the prompt alike."""
-    model = load_model(spec, device=args.device, dtype=args.dtype, seed=args.seed if args.seed is not None else 0)
-    other = load_tokenizer(spec)
+    first (or `dtype`), and its source; its tokenizer must be the first's (`tok`; None: not checked, a
+    family model's --compare), or the two would not read the prompt alike."""
+    source = spec if isinstance(spec, Source) else formats.open(spec)
+    if not isinstance(spec, Source):
+        say_opened(source)
+    spec = source.name
+    model = source.load(args.device, dtype or args.dtype, seed=args.seed if args.seed is not None else 0)
+    if tok is None:
+        return model, source
+    other = source.tokenizer()
     if (other.name, other.n_vocab) != (tok.name, tok.n_vocab) or other.encode("Every effort moves you") != \
             tok.encode("Every effort moves you"):
-        raise GlassError(f"{spec} has another tokenizer ({other.name}, {other.n_vocab:,} tokens) than {args.model} "
+        first = getattr(args, "model", None) or args.a  # explain's --model, diff's A
+        raise GlassError(f"{spec} has another tokenizer ({other.name}, {other.n_vocab:,} tokens) than {first} "
                          f"({tok.name}, {tok.n_vocab:,}): compare models that read text alike")
-    return model, other
+    return model, source
 
 
 def _show(args: argparse.Namespace, data: dict, drawing, text) -> int:

@@ -10,13 +10,13 @@ from pathlib import Path
 import torch
 
 from ..errors import GlassError
-from ..formats import export_hf, load_model, load_tokenizer
-from ..formats.book import book_cfg, book_state_dict, dropout_note
+from ..formats import export_hf
+from ..formats.book import book_cfg, book_state_dict
 from ..formats.files import atomic_write, clean_leftovers
 from ..formats.gguf import write_gguf
 from ..families import is_family_model
 from ..formats.families import export_family_book, export_family_hf
-from .common import positive_int
+from .common import add_source_args, open_model
 
 
 FORMATS = ("pth", "hf", "gguf")
@@ -48,9 +48,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "(llama.cpp's 8-bit blocks of 32 weights, a quarter), q4_0 (4-bit blocks of 32 with one "
                         "scale, about an eighth: the layout ollama users pull most) (default: f32)")
     p.add_argument("--force", action="store_true", help="write over an existing --out (default: refuse)")
-    p.add_argument("--n-heads", type=positive_int, default=None, metavar="H",
-                   help="attention heads, if MODEL is a .pth state dict (default: n_heads in the .json beside "
-                        "it, else GPT-2's rule of 64 per head)")
+    add_source_args(p)
     p.set_defaults(run=run_export)
 
 
@@ -79,14 +77,12 @@ def run_export(args: argparse.Namespace) -> int:
         print(f"note: removed what an interrupted export left: {', '.join(str(p) for p in removed)}")
     if out.exists() and not args.force:
         raise GlassError(f"--out {out} exists: pass --force to write over it, or choose another name")
-    model = load_model(args.model, device="cpu", dtype="float32", n_heads=args.n_heads)
+    source = open_model(args, dropout_matters=True)  # the cfg it writes holds drop_rate
+    model = source.load("cpu", "float32")
     if is_family_model(model):
         return _export_family(args, model, out)
-    note = dropout_note(args.model, model.cfg)
-    if note:
-        print(f"note: {note}")
     if args.format == "gguf":
-        write_gguf(model, out, load_tokenizer(args.model), args.dtype, name=Path(str(args.model)).name or "glassgpt")
+        write_gguf(model, out, source.tokenizer(), args.dtype, name=Path(str(args.model)).name or "glassgpt")
         print(f"wrote {out} ({model.num_parameters():,} parameters, matrices in {args.dtype}, GPT-2's tokenizer): "
               f"llama.cpp runs it (llama-cli -m {out}), and so does glassgpt (--model {out})")
         return 0

@@ -28,19 +28,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import formats
 from ..errors import GlassError
-from ..formats import load_model, read_config
 from ..training import TrainConfig
 from ..training.tasks import classify, examples, instruct
-from ..formats.book import is_state_dict_file
 from ..training import finetuning, recipes
 from ..training.book import ch06 as book_ch06, ch07 as book_ch07
 from ..training.tasks import lora
 from ..training.loop.compute import exact
 from ..training.loop.config import default
 from ..prompt import BOOK_FILE_HINT, fit_prompt
-from .common import (add_model_args, add_reading_args, check_training_memory, class_names, classifier_reading_of, fraction, load,
-                     nonneg_int, positive_int, probability, require_language_model, say, temperature)
+from .common import (add_model_args, add_reading_args, add_source_args, check_training_memory, class_names,
+                     classifier_reading_of, fraction, load, nonneg_int, open_model, positive_int, probability,
+                     require_language_model, say, temperature)
 from .limits import MAX_TEMPERATURE, MIN_TEMPERATURE, number
 from .progress import StepBar
 from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
@@ -48,6 +48,7 @@ from .run import Prepared, Start, add_train_args, given_flags, run_training, sto
 # Flags that describe what a run is made of; --resume takes them from the run instead.
 SETTINGS = ("model", "data", "val", "test", "val_fraction", "text_column", "label_column", "labels", "max_length",
             "trainable", "lora_rank", "lora_alpha", "on_bad_record", "recipe")
+MODEL_FLAGS = ("n_heads", "drop_rate")  # formats.open's, for a .pth state dict: a resume reads its checkpoint
 DEFAULTS = finetuning.DEFAULTS  # each kind's (the book's), what --help shows and a run uses; the lr is finetune.default_lr
 
 
@@ -123,8 +124,9 @@ def _add_common(p: argparse.ArgumentParser, kind: str) -> None:
                         "custom_collate_fn, train_model_simple's lines, the test set's responses written as "
                         f"RUN_DIR/{book_ch07.RESPONSES_FILE}) (default glassgpt)")
     p.add_argument("--model", metavar="SPEC", help="the model to start from: checkpoint or run directory, "
-                                                   "hub id (openai-community/gpt2), or a preset (random weights); "
-                                                   "required for a new run")
+                                                   "hub id (openai-community/gpt2), the book's model.pth, or a preset "
+                                                   "(random weights); required for a new run")
+    add_source_args(p)
     p.add_argument("--data", metavar="FILE", help="training data, required for a new run: " + (
         f"{examples.DATA_FORMATS} with a text and a label column" if kind == "classify"
         else f"{examples.DATA_FORMATS} of Alpaca records (instruction, optional input, output)"))
@@ -175,9 +177,10 @@ def _setup(args: argparse.Namespace, start: Start, kind: str):
     if settings["lora_rank"] and args.fsdp:
         raise GlassError("--fsdp shards plain weights; LoRA adapters are small enough to replicate: drop --fsdp")
     batch_size = args.batch_size or (start.saved or {}).get("batch_size") or default("batch_size")
-    _check_memory(source or settings["model"], settings, args.dtype or (start.saved or {}).get("dtype") or "float32",
-                  batch_size, args.device)
-    model, tokenizer = finetuning.start_model(source or settings["model"])
+    opened = source or _open_start(args, settings)  # (a resume's checkpoint, or the model flags' source)
+    _check_memory(opened, settings, args.dtype or (start.saved or {}).get("dtype") or "float32", batch_size,
+                  args.device)
+    model, tokenizer = finetuning.start_model(opened)
     model, data, make_task, lines = finetuning.prepare_glassgpt(kind, model, tokenizer, settings, seed)
     for line in lines:
         say(line, file=sys.stderr if line.startswith("skipped") else sys.stdout)
@@ -205,8 +208,9 @@ def _book_setup(args: argparse.Namespace, start: Start, recipe: recipes.Recipe, 
         settings = _new_settings(args, kind)
         cfg = recipe.train_config({f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)},
                                   {"out": args.out})
-    _check_memory(start.checkpoint or settings["model"], settings, cfg.dtype, cfg.batch_size, cfg.device)
-    model, tokenizer = finetuning.start_model(start.checkpoint or settings["model"])
+    opened = start.checkpoint or _open_start(args, settings, book=True)
+    _check_memory(opened, settings, cfg.dtype, cfg.batch_size, cfg.device)
+    model, tokenizer = finetuning.start_model(opened)
     new = start.checkpoint is None
     model, task, line = finetuning.prepare_book(kind, model, tokenizer, settings, cfg, new, getattr(args, "responses", None))
     say(line)
@@ -224,7 +228,7 @@ def _check_memory(source, settings: dict, dtype: str, batch_size: int, device: s
     """check_training_memory for the model a run starts from (its config read without its weights): full
     finetuning's gradients and AdamW state counted for every weight; with LoRA or a frozen body, the weights
     and activations alone."""
-    cfg = read_config(source)
+    cfg = formats.open(source).local_config()
     if cfg is not None:
         check_training_memory(cfg, dtype, batch_size, settings.get("max_length") or cfg.context_length, device,
                               model_flags=False, frozen=bool(settings.get("lora_rank")) or settings.get("trainable") != "all")
@@ -247,7 +251,7 @@ def _report(result: dict, cfg: TrainConfig, task, tokenizer, model, kind: str) -
     if result["val_loss"] is not None:
         print(f"done: step {result['step']:,}, val loss {result['val_loss']:.4f} "
               f"(best {result['best_val_loss']:.4f}), {result['elapsed_s']:.0f} s of training")
-    best = load_model(run_dir, device=cfg.device, dtype="float32")  # best/ if any: what users will load
+    best = formats.open(run_dir).load(cfg.device, "float32")  # best/ if any: what users will load
     if kind == "classify":
         _report_classification(best, task, Path(run_dir))
         print(f"model: {run_dir}   try: glassgpt classify \"...\" --model {run_dir}")
@@ -259,13 +263,19 @@ def _report(result: dict, cfg: TrainConfig, task, tokenizer, model, kind: str) -
         print(f"model: {run_dir}   try: glassgpt chat \"...\" --model {run_dir}")
 
 
+def _open_start(args: argparse.Namespace, settings: dict[str, Any], book: bool = False) -> formats.Source:
+    """The model a new run starts from, opened with the model flags, its lines said first (a drop_rate assumed
+    matters to glassgpt's recipe; the book's chapters 6 and 7 finetune with drop_rate 0.0, what is assumed)."""
+    return open_model(args, spec=settings["model"], dropout_matters=not book)
+
+
 def _new_settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     return finetuning.new_settings(kind, **{name: getattr(args, name, None) for name in SETTINGS})
 
 
 def _resume_settings(args: argparse.Namespace, kind: str, start: Start) -> dict[str, Any]:
     """The run's settings (model, data, columns, LoRA), with its data checked unchanged."""
-    given = given_flags(args, SETTINGS + ("epochs",))
+    given = given_flags(args, SETTINGS + MODEL_FLAGS + ("epochs",))
     if given:
         raise GlassError(f"--resume continues a run with its own model and data: drop {given[0]} "
                          "(training flags such as --max-steps may change)")
@@ -322,14 +332,15 @@ def run_classify(args: argparse.Namespace) -> int:
         raise GlassError("glassgpt classify needs --model RUN_DIR (a run of glassgpt finetune classify)")
     if not args.text.strip():
         raise GlassError("the text is empty: give something to classify")
-    model, tokenizer = load(args)
+    source = open_model(args)
+    model, tokenizer = load(args, source)
     if model.cfg.num_classes is None:
         raise GlassError(f"{args.model} is a language model (no classifier head): make a classifier with "
                          "glassgpt finetune classify")
-    reading, notes = classifier_reading_of(args.model, args.recipe, args.max_length)
-    labels = class_names(args.model, model.cfg.num_classes, reading.padded)
+    reading, notes = classifier_reading_of(source, args.recipe, args.max_length)
+    labels = class_names(source, model.cfg.num_classes, reading.padded)
     prompt = reading.fit(tokenizer.encode(args.text), model.cfg.context_length)
-    hint = f": {BOOK_FILE_HINT}" if not reading.padded and is_state_dict_file(args.model) else ""
+    hint = f": {BOOK_FILE_HINT}" if not reading.padded and source.kind == "state_dict" else ""
     for note in [f"{args.model}: {n}" for n in notes] + [prompt.note, reading.line(prompt) + hint]:
         if note:
             print(f"note: {note}", file=sys.stderr)
@@ -353,7 +364,7 @@ def run_chat(args: argparse.Namespace) -> int:
         raise GlassError("--recipe book answers greedily, as the book's chapter 7 does: drop --temperature, --top-k "
                          "and --top-p")
     prompt_bytes = len(instruct.format_prompt(args.instruction or "", args.input).encode("utf-8"))
-    model, tokenizer = load(args, prompt_bytes + args.max_new_tokens, args.max_new_tokens)
+    model, tokenizer = load(args, tokens=prompt_bytes + args.max_new_tokens, new_tokens=args.max_new_tokens)
     require_language_model(model, args.model)
     if tokenizer.eot_id is None:
         raise GlassError(f"{args.model}'s tokenizer has no <|endoftext|>, so an answer could not end: "

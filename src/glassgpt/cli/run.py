@@ -196,8 +196,7 @@ def _resumed(args: argparse.Namespace, run_dir: RunDir) -> Start:
     if args.seed is not None and args.seed != saved.get("seed"):
         raise GlassError(f"--resume continues {run_dir.path} with its seed {saved.get('seed')} (another seed draws "
                          "other batches, so it would not be the same run): drop --seed")
-    args.out = str(run_dir.path)
-    return Start(run_dir, None, ckpt, saved)
+    return Start(run_dir, None, ckpt, {**saved, "out": str(run_dir.path)})  # written where it is now
 
 
 def _checkpoint_note(model, cfg: TrainConfig) -> None:

@@ -13,11 +13,10 @@ import sys
 
 from pathlib import Path
 
-from ..config import init_scheme
 from ..errors import GlassError
-from .common import add_model_args, add_reading_args, load, positive_int
+from .common import add_model_args, add_reading_args, load, open_model, positive_int
 from .limits import port
-from .explain import about, read_as
+from .explain import read_as
 
 WEB_EXTRA = "the web page needs FastAPI and uvicorn: pip install 'glassgpt[web]'"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -53,13 +52,14 @@ def run_serve(args: argparse.Namespace) -> int:
         from ..web.server import make_server
     except ImportError as e:
         raise GlassError(f"{WEB_EXTRA} ({e})") from None
-    model, tok = load(args)
+    source = open_model(args)
+    model, tok = load(args, source)
     hosts = allowed_hosts(args.host, args.allowed_hosts, LOOPBACK_HOSTS)
-    run_dir = Path(args.model) if (Path(args.model) / "metrics.jsonl").is_file() else None
-    spec = read_as(args, about(args.model), model)  # what explain knows of the model that its weights cannot say
-    app = create_app(model, tok, model_name=args.model, random_weights=spec.random_weights, labels=spec.labels,
-                     max_prompt_tokens=args.max_prompt_tokens, allowed_hosts=hosts, init=init_scheme(args.model),
-                     run_dir=run_dir, reading=spec.reading, trained=spec.trained)
+    run_dir = Path(source.name) if source.kind == "checkpoint" and (Path(source.name) / "metrics.jsonl").is_file() \
+        else None
+    about = read_as(args, source, model)  # what the source says of the model that its weights cannot
+    app = create_app(model, tok, about, max_prompt_tokens=args.max_prompt_tokens, allowed_hosts=hosts,
+                     run_dir=run_dir)
     # Bind the socket ourselves so that --port 0 can print the port it got.
     sock = _bind(args.host, args.port)
     port = sock.getsockname()[1]

@@ -25,11 +25,11 @@ import sys
 import time
 from pathlib import Path
 
+from .. import formats
 from ..config import PRESETS, init_scheme
 from ..engine import native
 from ..errors import GlassError
-from ..formats import get_config, load_meta, load_model, load_tokenizer, local_checkpoint_dir, read_config, spec_kind
-from ..formats.book import is_state_dict_file, side_config
+from ..formats import get_config
 from ..formats.files import atomic_write
 from ..tokenizer import ENDOFTEXT, check_fits, get_tokenizer, train_bpe
 from ..training import TrainConfig, plot_run, read_metrics
@@ -40,8 +40,8 @@ from ..training.loop.config import SMALL_TEXT_FINDING, default, runs_as_book
 from ..training.tasks.data import build_tokenizer, resolve_files, scan_file
 from ..training.loop.metrics import snapshot_records
 from ..training.loop.rundir import saved_train_config
-from .common import (add_special_arg, add_threads_arg, check_training_memory, fraction, positive_int, require_language_model, say, seed,
-                     set_threads)
+from .common import (N_HEADS_HELP, add_source_args, add_special_arg, add_threads_arg, check_training_memory, fraction,
+                     open_model, positive_int, require_language_model, say, seed, set_threads)
 from .run import (Prepared, Start, add_train_args, check_evaluation_sizes, given_flags, run_training, stoppable,
                   train_config_from_args)
 
@@ -49,9 +49,6 @@ DTYPE_CHOICES = ["float32", "bfloat16", "float16", "auto"]
 MODEL_FLAGS = ("data", "tokenizer", "model", "init", "n_layers", "n_heads", "emb_dim", "context_length",
                "drop_rate", "val_fraction", "cache_dir", "sample_prompt", "stride", "recipe", "allow_special")
 BOOK_DROP_RATE = 0.1  # GPT_CONFIG_124M's: what a state dict, which cannot record it, is assumed to have trained with
-
-
-dropout = fraction  # a share of the activations zeroed: [0, 1)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -71,13 +68,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                                   "book's model.pth, the gpt2/124M folder, or a hub id such as "
                                                   "openai-community/gpt2 (default: random weights)")
     p.add_argument("--n-layers", type=positive_int, metavar="N", help="transformer blocks (default: the --model's)")
-    p.add_argument("--n-heads", type=positive_int, metavar="H", help="attention heads per block (default: the --model's)")
     p.add_argument("--emb-dim", type=positive_int, metavar="D", help="embedding width (default: the --model's)")
-    p.add_argument("--context-length", type=positive_int, metavar="T",
-                   help="tokens per training window (default: the --model's)")
-    p.add_argument("--drop-rate", type=dropout, metavar="P",
-                   help=f"dropout (default: the preset's; a .pth state dict, which cannot record it: {BOOK_DROP_RATE}, "
-                        "the book's)")
+    add_source_args(p, context_length="tokens per training window (default: the --model's, at most --init's)",
+                    n_heads="attention heads per block (default: the --model's); with --init: " + N_HEADS_HELP,
+                    drop_rate=f"dropout (default: the preset's; a .pth state dict, which cannot record it: "
+                              f"{BOOK_DROP_RATE}, the book's)")
     p.add_argument("--val-fraction", type=fraction, help="share held out at the end (default 0.1: of the tokens; "
                                                          "--recipe book: of the characters, as the notebook splits)")
     p.add_argument("--stride", type=positive_int, metavar="N",
@@ -126,7 +121,7 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
                    help="glassgpt: the evenly spaced windows training evaluates; book: the book's loaders, every "
                         "window at --stride from the start (default glassgpt)")
     p.add_argument("--val-fraction", type=fraction, help="default: the run's, else 0.1")
-    p.add_argument("--context-length", type=positive_int, help="window length (default: the run's or the model's)")
+    add_source_args(p, context_length="window length (default: the run's or the model's)")
     p.add_argument("--stride", type=positive_int, help="--recipe book: tokens between windows (default: the context length)")
     p.add_argument("--batch-size", type=positive_int, help="default: the run's, else 8 (--recipe book: 2)")
     p.add_argument("--eval-batches", type=positive_int,
@@ -215,9 +210,10 @@ def small_text_note(tokens: int, context: int) -> str:
 
 
 def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: recipes.Recipe, cfg: TrainConfig):
-    """(model, tokenizer, context length) for a new run: --init's weights, or a random --model; either
-    once its training is known to fit in the memory available (check_training_memory)."""
-    arch = [f for f in ("model", "n_layers", "n_heads", "emb_dim") if getattr(args, f) is not None]
+    """(model, tokenizer, context length) for a new run: --init's weights (--n-heads and --drop-rate for a state
+    dict), or a random --model; either once its training is known to fit in the memory available
+    (check_training_memory)."""
+    arch = [f for f in ("model", "n_layers", "emb_dim") if getattr(args, f) is not None]
     if args.init and arch:
         raise GlassError(f"--init loads a model with its own architecture; drop --{arch[0].replace('_', '-')}")
     if not args.init:
@@ -231,15 +227,16 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: re
         check_training_memory(gcfg, cfg.dtype, cfg.batch_size, gcfg.context_length, args.device)
         seed = args.seed if args.seed is not None else recipe.defaults.get("seed", default("seed"))
         return recipe.new_model(gcfg, init_scheme(args.model or "gpt2"), seed), tokenizer, gcfg.context_length
-    init_cfg = read_config(args.init)
+    source = open_model(args, spec=args.init, window=True)  # --n-heads, --drop-rate, --context-length: its own
+    init_cfg = source.local_config()
     if init_cfg is not None:
         check_training_memory(init_cfg, cfg.dtype, cfg.batch_size, args.context_length or init_cfg.context_length,
                               args.device, model_flags=False)
-    model = load_model(args.init, device="cpu", dtype="float32")
-    tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else load_tokenizer(args.init)
+    model = source.load("cpu", "float32")
+    tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else source.tokenizer()
     check_fits(tokenizer, model.cfg.vocab_size, f"use {args.init}'s own tokenizer (drop --tokenizer)")
     drop_rate = args.drop_rate
-    if drop_rate is None and is_state_dict_file(args.init) and "drop_rate" not in side_config(args.init)[0]:
+    if drop_rate is None and source.assumed("drop_rate"):
         drop_rate = BOOK_DROP_RATE
         say(f"note: {args.init} is a state dict, which cannot record dropout: training assumes drop_rate "
             f"{BOOK_DROP_RATE}, the book's GPT_CONFIG_124M (--drop-rate P to change)", file=sys.stderr)
@@ -275,17 +272,17 @@ def _resume_setup(args: argparse.Namespace, start: Start):
         raise GlassError(f"--resume continues a run with its own data and model: drop {given[0]} "
                          "(training flags such as --max-steps may change)")
     cfg = train_config_from_args(args, start.saved)
-    meta = load_meta(start.checkpoint)
+    source = formats.open(start.checkpoint)
+    meta = dict(source.meta)
     meta.pop("train", None)
     data = meta.get("data")
     if not data:
         raise GlassError(f"{start.checkpoint}/meta.json does not say what data the run trained on: it was not "
                          "made by glassgpt train")
-    saved_cfg = read_config(start.checkpoint)
+    saved_cfg = source.config
     check_training_memory(saved_cfg, cfg.dtype, cfg.batch_size, data.get("context_length") or saved_cfg.context_length,
                           cfg.device, model_flags=False)
-    model = load_model(start.checkpoint, device="cpu", dtype="float32")
-    tokenizer = load_tokenizer(start.checkpoint)
+    model, tokenizer = source.load("cpu", "float32"), source.tokenizer()
     recipe = recipes.recipe("train", data.get("recipe"))
     _check_recipe_flags(args, recipe, start.ranks.world)
     task, _, line = recipe.task(resolve_files(data["path"]), tokenizer, data, cfg, start.run_dir.path,
@@ -299,12 +296,13 @@ def _resume_setup(args: argparse.Namespace, start: Start):
 @stoppable
 def run_eval(args: argparse.Namespace) -> int:
     check_evaluation_sizes(args)
-    run_cfg, run_data = _run_settings(args.model)
-    model = load_model(args.model, device=args.device, dtype="float32")
+    source = open_model(args, window=True)
+    run_cfg, run_data = _run_settings(source)
+    model = source.load(args.device, "float32")
     require_language_model(model, args.model)
     set_threads(args.threads, model.cfg.emb_dim)
     files = resolve_files(args.data)
-    tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else load_tokenizer(args.model)
+    tokenizer = build_tokenizer(args.tokenizer, files) if args.tokenizer else source.tokenizer()
     check_fits(tokenizer, model.cfg.vocab_size)
     context = args.context_length or run_data.get("context_length") or model.cfg.context_length
     if context > model.cfg.context_length:
@@ -318,7 +316,7 @@ def run_eval(args: argparse.Namespace) -> int:
             model, tokenizer, files, context, val_fraction, args.split, args.batch_size or run_cfg.get("batch_size", 8),
             args.eval_batches or run_cfg.get("eval_batches"), args.dtype,
             args.cache_dir or native.cache_dir() / "tokens")
-        if spec_kind(args.model) in ("state_dict", "openai") or runs_as_book(run_cfg):
+        if source.kind in ("state_dict", "openai") or runs_as_book(run_cfg):
             say("note: these are glassgpt's evaluation windows, evenly spaced over the split; the book scores the "
                 "windows its loaders cut (every context_length tokens from the start), the very ones a chapter-5 "
                 "model memorised, so it reports a much lower loss: --recipe book scores those", file=sys.stderr)
@@ -330,11 +328,11 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_settings(spec: str) -> tuple[dict, dict]:
+def _run_settings(source: formats.Source) -> tuple[dict, dict]:
     """(train_config, data settings) of the run a checkpoint came from, or ({}, {})."""
     try:
-        ckpt = local_checkpoint_dir(spec)
-    except GlassError:  # a path with no checkpoint in it: load_model says so, with the fix
+        ckpt = source.dir
+    except GlassError:  # a path with no checkpoint in it: loading says so, with the fix
         return {}, {}
     if ckpt is None:
         return {}, {}
@@ -345,7 +343,7 @@ def _run_settings(spec: str) -> tuple[dict, dict]:
         run_cfg, note = {}, (str(e) if (run_dir / "train_config.json").exists() else None)
     if note:
         print(f"note: {note}", file=sys.stderr)
-    return run_cfg, load_meta(ckpt).get("data") or {}
+    return run_cfg, source.meta.get("data") or {}
 
 
 def run_plot(args: argparse.Namespace) -> int:

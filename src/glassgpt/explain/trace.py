@@ -29,6 +29,7 @@ from ..adopt import adopt, adopted_from, adopted_kind, check_computable, is_adde
 from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
+from ..formats.source import About, Source  # what the weights cannot tell: a Source's about()
 from ..memory import parameter_table
 from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights, init_name
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
@@ -49,18 +50,6 @@ OPENAI_LAYOUT = "OpenAI's GPT-2 layout: qkv biases, and out_head is tok_emb.weig
 def trace_options(values: Any, **changes: Any) -> TraceOptions:
     """TraceOptions from an object that holds the options under their names (parsed flags, a web request)."""
     return TraceOptions(**{o.name: getattr(values, o.name) for o in TRACE_OPTIONS if not o.view_only} | changes)
-
-
-@dataclass(frozen=True)
-class About:
-    """What the weights cannot tell about a model: how to name it, and where they came from."""
-
-    name: str = "custom"
-    random_weights: bool = False
-    init: str | None = None        # a random model's initialisation: a key of model.INIT_SCHEMES
-    labels: list[str] | None = None  # class names, for a classifier
-    reading: Reading | None = None   # where a classifier reads a text, as its checkpoint records it was trained
-    trained: dict[str, str] | None = None  # each part's "trained" / "frozen" / "lora" in its finetuning run
 
 
 @dataclass
@@ -109,7 +98,7 @@ class Trace(Result):
 # --- the trace --------------------------------------------------------------------
 
 def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
-          options: TraceOptions | None = None, about: About | None = None,
+          options: TraceOptions | None = None, about: About | Source | None = None,
           cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace:
     """Run `text` (or token `ids`) through `model` once and record every stage from the real tensors.
     (trace_with_logits: the same, and the last position's logits from the same forward pass.)
@@ -128,12 +117,13 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
 
 @torch.inference_mode()
 def trace_with_logits(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *,
-                      ids: list[int] | None = None, options: TraceOptions | None = None, about: About | None = None,
+                      ids: list[int] | None = None, options: TraceOptions | None = None,
+                      about: About | Source | None = None,
                       cancel: threading.Event | None = None, progress: Progress | None = None
                       ) -> tuple[Trace, torch.Tensor]:
     """trace(...), and the last position's logits `[V]` (or `[classes]`) of its one forward pass."""
     opt, named = options or TraceOptions(), about
-    about = about or About()
+    about = about.about() if isinstance(about, Source) else about or About()  # a Source says its About
     check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model).cfg
     prompt = _prompt(cfg, tokenizer, text, ids, opt, about.reading)
@@ -226,7 +216,7 @@ def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str
     facts = {"name": about.name, "random_weights": about.random_weights, "config": cfg.to_dict(),
              "dtype": _dtype(model.tok_emb.weight), "device": str(model.tok_emb.weight.device),
              "tokenizer": tokenizer.name, "n_vocab": tokenizer.n_vocab, "labels": about.labels,
-             "layout": layout_line(cfg)}
+             "layout": layout_line(cfg), "notes": list(about.notes)}
     if about.random_weights and init_name(about.init or "") in INIT_SCHEMES:
         facts["init"] = INIT_SCHEMES[init_name(about.init)]
     if about.trained:  # as the run that finetuned it recorded

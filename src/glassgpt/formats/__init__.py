@@ -1,9 +1,11 @@
-"""Every file a reader brings, behind one `load_model(spec)`: the front door of glassgpt's formats.
+"""Every file a reader brings, behind one door: `open(spec)` resolves a spec once into a Source
+(source.py) that knows its kind, config, notes, meta and checkpoint, and loads it; `load_model(spec)`
+is `open(spec).load()`.
 
-`load_model(spec)` takes
+`open(spec)` takes
   - a preset name (`gpt2`, `gpt2-medium`, ..., `gpt2-book`, ...): random weights, seeded;
   - a glassgpt checkpoint directory (glassgpt.py), or a training run directory holding
-    `best/` or `latest/` checkpoints;
+    `best/` or `latest/` checkpoints (best/; a `--recipe book` run's final latest/: source.py);
   - a directory in Hugging Face's GPT-2 layout (hf.py: `config.json` + `model.safetensors`,
     or `pytorch_model.bin`, read with `weights_only=True`: nothing is unpickled);
   - a hub id such as `openai-community/gpt2`, fetched with huggingface_hub and cached (hub.py);
@@ -26,138 +28,66 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import warnings
 from pathlib import Path
-from typing import Any, Iterator
-
-import dataclasses
+from typing import Any
 
 import torch
 from torch import nn
 
 from .. import config as _config, tokenizer as _tokenizer
-from ..adopt import adopt
-from ..config import PRESETS, GPTConfig, init_scheme
-from ..device import resolve_device, resolve_dtype
+from ..config import PRESETS, GPTConfig
+from ..errors import CheckpointError, ConfigError
 from ..families import FAMILY_PRESETS, FamilyConfig, family_config, random_family_model
-from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
 from ..model import GPTModel, init_name
 from ..tokenizer import Tokenizer
-from . import book, families, gguf, openai
+from . import source as _source
 from .checks import check_buildable, meta_model
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, model_from_state,
-                       read_checkpoint, read_checkpoint_file, read_config_file, read_meta, read_tokenizer,
-                       resolve_checkpoint_dir, save_model)
-from .files import leftovers, refuse_leftover, upgrade_name
-from .hf import export_hf, hf_to_glassgpt
+                       read_checkpoint, read_config_file, read_tokenizer, resolve_checkpoint_dir, save_model)
+from .files import leftovers, upgrade_name
+from .hf import export_hf
 from .hub import download, try_download
+from .source import FIXED_BY_TENSORS, About, Checkpoint, Note, Source, is_random_init, open
 
-__all__ = ["CHECKPOINT_SUBDIRS", "assign_model", "checkpoint_config", "checkpoint_dir", "download", "export_hf",
-           "get_config", "get_tokenizer", "is_random_init", "load_checkpoint", "load_meta", "load_model",
+__all__ = ["About", "CHECKPOINT_SUBDIRS", "Checkpoint", "Note", "Source", "assign_model", "checkpoint_config",
+           "checkpoint_dir", "download", "export_hf", "get_config", "get_tokenizer", "is_random_init", "load_checkpoint", "load_meta", "load_model",
            "load_tokenizer", "local_checkpoint_dir", "model_from_state", "random_model", "read_config",
-           "resolve_checkpoint_dir", "save_model", "spec_kind", "upgrade_name"]
+           "open", "resolve_checkpoint_dir", "save_model", "spec_kind", "upgrade_name"]
 
 # What --model takes, for the one line that answers a spec that is none of them.
 SPEC_KINDS = ("a checkpoint or run directory, the book's model.pth (any .pth state dict), its gpt2/124M "
               "folder, a .gguf file, or a Hugging Face id such as openai-community/gpt2")
 
 
-def is_random_init(spec: str) -> bool:
-    return spec in PRESETS or (str(spec).endswith(".json") and Path(spec).is_file())
-
-
 def spec_kind(spec: Any) -> str:
-    """Which kind of model `spec` names, the one dispatch every reader of specs goes through:
-    "module" (an nn.Module in memory, read in place by adopt.py), "gguf" (a .gguf file),
-    "random" (a preset or a config .json: random weights), "openai" (the book's gpt2/124M
-    folder), "state_dict" (a .pth state dict such as the book's model.pth), or "checkpoint"
-    (a glassgpt or Hugging Face directory, a run directory, or a hub id)."""
-    if isinstance(spec, nn.Module):
-        return "module"
-    refuse_leftover(Path(spec))
-    if gguf.is_gguf_file(spec):
-        return "gguf"
-    if is_random_init(str(spec)):
-        return "random"
-    if openai.is_openai_dir(spec):
-        return "openai"
-    return "state_dict" if book.is_state_dict_file(spec) else "checkpoint"
-
-
-# The config fields a file's tensors fix; a config passed with a file must agree on each.
-FIXED_BY_TENSORS = ("vocab_size", "context_length", "emb_dim", "n_layers", "qkv_bias", "tie_embeddings", "num_classes")
+    """Which kind of model `spec` names (source.resolve_kind): "module", "gguf", "random", "openai",
+    "state_dict" or "checkpoint". A reader that goes on to read the model opens it once instead."""
+    return _source.resolve_kind(spec)
 
 
 def load_model(spec: str | os.PathLike | nn.Module = "gpt2", device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, seed: int = 0,
                config: GPTConfig | None = None, n_heads: int | None = None) -> GPTModel:
     """A GPTModel in eval mode from a preset, a local checkpoint, an HF directory, a hub id,
-    the book's files, or an nn.Module in memory (read in place, on its own device and dtype).
+    the book's files, or an nn.Module in memory (read in place, on its own device and dtype):
+    `open(spec, n_heads=n_heads).load(device, dtype, seed=seed, config=config)`.
     `n_heads` sets the head count of a book state dict (.pth), whose shapes cannot tell it
     (default: the JSON beside it, else GPT-2's 64 per head). `config` with a preset: random
     weights of that config; with a file: the file's weights, when the config fits them
     (FIXED_BY_TENSORS; its n_heads and drop_rate are used), else a ConfigError naming the field."""
-    kind = spec_kind(spec)
-    if kind == "module":
-        return adopt(spec)
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    if families.is_family_spec(spec):  # Qwen3 or Llama 3.2 (families/): their own glass models
-        if config is not None or n_heads is not None:
-            raise ConfigError(f"{spec} is a Qwen3/Llama model whose config.json sets its own shapes: drop "
-                              f"{'config=' if config is not None else 'n_heads (--n-heads)'}")
-        return families.load_family(spec, dev, dt)
-    spec = str(spec)
-    _check_n_heads(spec, n_heads)
-    if config is not None and kind != "random":
-        return _load_with_config(spec, kind, config, dev, dt, n_heads)
-    if config is not None:
-        return random_model(config, dev, dt, seed)
-    if kind == "gguf":
-        cfg, tensors = gguf.read_gguf(spec)
-        return assign_model(cfg, tensors, dev, dt, source=spec)
-    if kind == "random":
-        warnings.warn(f"{spec} has random weights (a preset, not trained): the shapes are real, the "
-                      "probabilities and text are not. Load trained weights from a hub id such as "
-                      "openai-community/gpt2 or from a checkpoint directory.", RandomWeightsWarning, stacklevel=2)
-        return random_model(read_config(spec), dev, dt, seed, init_scheme(spec), source=spec)
-    if kind in ("openai", "state_dict"):
-        cfg, tensors = _book_source(spec, n_heads)
-        return assign_model(cfg, tensors, dev, dt, source=spec)
-    return load_checkpoint(checkpoint_dir(spec), dev, dt)
+    return open(spec, n_heads=n_heads).load(device, dtype, seed=seed, config=config)
 
 
-def _load_with_config(spec: str, kind: str, config: GPTConfig, dev: torch.device, dt: torch.dtype,
-                      n_heads: int | None) -> GPTModel:
-    """The file's own weights under `config`, or one line naming the first field they disagree on."""
-    if n_heads is not None and n_heads != config.n_heads:
-        raise ConfigError(f"n_heads is {n_heads} but the config says {config.n_heads}: give one of them")
-    heads = config.n_heads if kind == "state_dict" else None  # a state dict's shapes cannot tell the head count
-    file_cfg = read_config(spec, n_heads=heads)
-    model = None
-    if file_cfg is None:  # a hub id not fetched yet: its config comes with it
-        model = load_model(spec, dev, dt)
-        file_cfg = model.cfg
-    for name in FIXED_BY_TENSORS + (() if kind == "state_dict" else ("n_heads",)):
-        if getattr(file_cfg, name) != getattr(config, name):
-            raise ConfigError(f"{spec} holds weights for {name} {getattr(file_cfg, name)!r} but the config says "
-                              f"{getattr(config, name)!r}: fix the config's {name}, or drop config= to use the "
-                              "file's own")
-    model = model or load_model(spec, dev, dt, n_heads=heads)
-    if config.drop_rate != model.cfg.drop_rate:  # not in the tensors: the config's is used
-        model.cfg = dataclasses.replace(model.cfg, drop_rate=config.drop_rate)
-        for module in model.modules():
-            if isinstance(module, nn.Dropout):
-                module.p = config.drop_rate
-    return model
+def checkpoint_dir(spec: str | os.PathLike | Source) -> Path:
+    """The directory of a checkpoint spec: a local one (a run directory's best/, or a --recipe book run's
+    latest/: source.py), a hub id fetched into the cache."""
+    source = open(spec)
+    return source.dir if source.is_local_checkpoint else fetch(source.name)
 
 
-def checkpoint_dir(spec: str | os.PathLike) -> Path:
-    """The directory of a checkpoint spec: a local one as it is (a run directory too: its readers pick
-    best/ or latest/ as they read), a hub id fetched into the cache."""
-    spec = str(spec)
-    if names_checkpoint(spec):
-        return Path(spec)
+def fetch(spec: str) -> Path:
+    """A hub id fetched into the cache; else one line on what `spec` could have been (a typo beside it, an
+    interrupted export's leftovers, the kinds --model takes)."""
     ckpt, where = None, ""
     if is_hub_id(spec):
         ckpt, reason = try_download(spec)
@@ -195,21 +125,10 @@ def _near_miss(spec: str) -> str:
     return f" (did you mean {meant!r}?)"
 
 
-def load_tokenizer(spec: str | os.PathLike = "gpt2") -> Tokenizer:
-    """The tokenizer of a model spec: the one saved with a checkpoint (tokenizer.json), the OpenAI
-    folder's or a GGUF file's own (each checked to be GPT-2's), else GPT-2's."""
-    kind = spec_kind(spec)
-    if families.is_family_spec(spec):
-        return families.load_family_tokenizer(spec)
-    if kind == "openai":
-        return openai.openai_tokenizer(spec)
-    if kind == "gguf":
-        return gguf.gguf_tokenizer(spec)
-    if names_checkpoint(spec):
-        saved = read_checkpoint_file(spec, "tokenizer.json", read_tokenizer)
-        if saved is not None:
-            return saved
-    return _tokenizer.get_tokenizer("gpt2")
+def load_tokenizer(spec: str | os.PathLike | Source = "gpt2") -> Tokenizer:
+    """The tokenizer of a model spec (`open(spec).tokenizer()`): the one saved with a checkpoint
+    (tokenizer.json), the OpenAI folder's or a GGUF file's own (each checked to be GPT-2's), else GPT-2's."""
+    return open(spec).tokenizer()
 
 
 def get_tokenizer(spec: str | os.PathLike = "gpt2", text: str | None = None) -> Tokenizer:
@@ -240,35 +159,27 @@ def _family_config(spec: str | FamilyConfig, overrides: dict[str, Any]) -> Famil
     return family_config(spec, **overrides)
 
 
-def load_meta(spec: str | os.PathLike) -> dict[str, Any]:
-    """Extra facts saved with a checkpoint (label names, training step, ...), or {}."""
-    if not names_checkpoint(spec):
-        return {}
-    return read_checkpoint_file(spec, "meta.json", read_meta) or {}
+
+def load_meta(spec: str | os.PathLike | Source) -> dict[str, Any]:
+    """Extra facts saved with a checkpoint (label names, training step, ...), or {}: `open(spec).meta`."""
+    return open(spec).meta
 
 
-def class_labels(spec: str | os.PathLike) -> list[str] | None:
+def class_labels(spec: str | os.PathLike | Source) -> list[str] | None:
     """A classifier's class names: those its checkpoint records (meta.json), or those of
     `{"labels": [...]}` in the .json beside a .pth state dict; None if neither says."""
-    labels = load_meta(spec).get("labels")
-    if labels is None and book.is_state_dict_file(spec):
-        labels = book.side_labels(spec)
-    return labels
+    return open(spec).labels
 
 
-def local_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
-    """The local checkpoint directory a spec names, or None (a preset, config file, book file or hub id)."""
-    if spec_kind(spec) != "checkpoint":
-        return None
-    return resolve_checkpoint_dir(spec)
+def local_checkpoint_dir(spec: str | os.PathLike | Source) -> Path | None:
+    """The local checkpoint directory a spec names (a run directory's best/, or a --recipe book run's
+    latest/), or None (a preset, config file, book file or hub id)."""
+    return open(spec).dir
 
 
-def names_checkpoint(spec: str | os.PathLike) -> bool:
-    """Whether `spec` is a local checkpoint or run directory: one that `read_checkpoint` reads (picking
-    best/ or latest/ as it reads, and waiting for a run's first save under way)."""
-    if spec_kind(spec) != "checkpoint":
-        return False
-    return Path(spec).is_dir() or resolve_checkpoint_dir(spec) is not None
+def names_checkpoint(spec: str | os.PathLike | Source) -> bool:
+    """Whether `spec` is a local checkpoint or run directory: one that `read_checkpoint` reads."""
+    return open(spec).is_local_checkpoint
 
 
 def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed: int = 0,
@@ -288,45 +199,7 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
     return model.to(device=device, dtype=dtype).eval()
 
 
-def read_config(spec: str | os.PathLike | nn.Module, n_heads: int | None = None) -> GPTConfig | None:
+def read_config(spec: str | os.PathLike | nn.Module | Source, n_heads: int | None = None) -> GPTConfig | None:
     """The GPTConfig that `load_model(spec, n_heads=n_heads)` would build, read without loading
-    any weights (a preset, a config .json, a local checkpoint, or the book's files, whose
-    tensors are only memory-mapped for their shapes); None for a hub id, whose config.json
-    may not be here yet. Lets the CLI check flags against the model before loading it."""
-    kind = spec_kind(spec)
-    if kind == "module":
-        return adopt(spec).cfg
-    if families.is_family_spec(spec):
-        return families.read_family_config(spec)
-    if str(spec) in FAMILY_PRESETS:  # Qwen3 and Llama 3.2's sizes: for info, no weights
-        return FAMILY_PRESETS[str(spec)]
-    spec = str(spec)
-    _check_n_heads(spec, n_heads)
-    if kind == "random":
-        return PRESETS[spec] if spec in PRESETS else read_config_file(spec)
-    if kind == "gguf":
-        return gguf.read_gguf(spec, tensors=False)[0]
-    if kind == "openai":
-        return openai.openai_config(spec)
-    if kind == "state_dict":
-        return book.config_from_state(book.read_state_dict(spec), spec, n_heads)
-    if not names_checkpoint(spec):
-        return None
-    return read_checkpoint(spec, checkpoint_config)[0]
-
-
-def _check_n_heads(spec: str, n_heads: int | None) -> None:
-    if n_heads is not None and not book.is_state_dict_file(spec):
-        raise ConfigError(f"n_heads (--n-heads) is for a state dict file such as model.pth, whose shapes "
-                          f"cannot tell the head count; {spec!r} sets its own: drop it")
-
-
-def _book_source(spec: str, n_heads: int | None) -> tuple[GPTConfig, Iterator[tuple[str, torch.Tensor]]]:
-    """(config, glassgpt-named tensors) of the book's files: a state dict or the OpenAI folder."""
-    if openai.is_openai_dir(spec):
-        cfg = openai.openai_config(spec)
-        return cfg, hf_to_glassgpt((openai.hf_name(name, w) for name, w in openai.openai_tensors(spec)), cfg)
-    state = book.read_state_dict(spec)
-    cfg = book.config_from_state(state, spec, n_heads)
-    return cfg, book.glassgpt_tensors(state, cfg)
-
+    any weights (`open(spec).local_config()`); None for a hub id, whose config.json may not be here yet."""
+    return open(spec, n_heads=n_heads).local_config()

@@ -10,7 +10,7 @@
   `n_heads` is given or a JSON file beside the weights (`model.json` beside `model.pth`,
   or `config.json`) holds `n_heads`. Read with `torch.load(weights_only=True)` only.
 - The OpenAI folder (`gpt2/124M/`) is openai.py's. Which kind a spec is ("state_dict", "openai", ...)
-  is formats.spec_kind's to say.
+  is formats.open's to say, once (source.py); where each assumed value came from is its Source's notes().
 - Back to the book: `book_state_dict(model)` and `book_cfg(cfg)`, for `glassgpt export --format pth`.
 """
 
@@ -30,7 +30,6 @@ from ..memory import parameter_counts
 from ..model import GPTModel
 from .checks import field, meta_model
 from .files import read_json
-from .openai import is_openai_dir
 
 GPT2_HEAD_DIM = 64  # every GPT-2 size has heads of 64: the rule for a head count that shapes cannot tell
 BOOK_CFG_KEYS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
@@ -115,6 +114,12 @@ def config_from_state(state: dict[str, torch.Tensor], source: str | Path,
                                   "out_head.bias: a classifier head (the book's chapter 6) has one")
         num_classes = head.shape[0]
     side, side_path = side_config(source)
+    if n_heads is not None and side.get("n_heads") not in (None, n_heads):
+        raise ConfigError(f"--n-heads {n_heads} but {side_path} beside {Path(source).name} says n_heads "
+                          f"{side['n_heads']}: drop --n-heads, or fix the JSON")
+    if n_heads is not None and emb_dim % n_heads:
+        raise ConfigError(f"--n-heads {n_heads} does not divide emb_dim {emb_dim} of {source}: give one of "
+                          f"{', '.join(str(h) for h in range(1, emb_dim + 1) if emb_dim % h == 0)}")
     heads = n_heads or side.get("n_heads") or gpt2_head_count(emb_dim, source)
     cfg = GPTConfig(
         vocab_size=vocab_size, context_length=state["pos_emb.weight"].shape[0], emb_dim=emb_dim,
@@ -224,42 +229,6 @@ def book_state_dict(model: GPTModel) -> dict[str, torch.Tensor]:
 
 
 # --- what info and explain say -------------------------------------------------------------------
-
-def model_notes(spec: str | Path, cfg: GPTConfig | dict[str, Any]) -> list[str]:
-    """One line on where n_heads came from (for the book's files), one on the dropout a state dict
-    cannot record, and one on how the layout differs from OpenAI's GPT-2 (no qkv biases, an untied
-    head): what `info` and `explain` print."""
-    cfg = GPTConfig.from_dict(cfg) if isinstance(cfg, dict) else cfg
-    return [note for note in (_head_count_note(spec, cfg), dropout_note(spec, cfg), layout_note(cfg)) if note]
-
-
-def dropout_note(spec: str | Path, cfg: GPTConfig) -> str | None:
-    """For a state dict file: that it cannot record dropout, and the drop_rate assumed instead."""
-    if not is_state_dict_file(spec):
-        return None
-    side, side_path = side_config(spec)
-    if "drop_rate" in side:
-        return f"drop_rate {cfg.drop_rate} from {side_path.name} beside the weights (a state dict cannot record dropout)"
-    return (f"drop_rate {cfg.drop_rate} is assumed: a state dict cannot record dropout (the book trains with 0.1); "
-            f"put {{\"n_heads\": {cfg.n_heads}, \"drop_rate\": 0.1}} in {Path(spec).with_suffix('.json').name} beside "
-            "it, or pass --drop-rate to train, to train with dropout")
-
-
-def _head_count_note(spec: str | Path, cfg: GPTConfig) -> str | None:
-    if is_openai_dir(spec):
-        return f"n_heads {cfg.n_heads} from hparams.json"
-    if not is_state_dict_file(spec):
-        return None  # presets and checkpoints carry their config
-    side, side_path = side_config(spec)
-    unseen = "a state dict's shapes cannot tell the head count"
-    if side.get("n_heads") == cfg.n_heads:
-        return f"n_heads {cfg.n_heads} from {side_path.name} beside the weights ({unseen})"
-    rule = cfg.emb_dim // GPT2_HEAD_DIM if cfg.emb_dim % GPT2_HEAD_DIM == 0 else None
-    if rule == cfg.n_heads:
-        return (f"n_heads {cfg.n_heads} by GPT-2's rule, {GPT2_HEAD_DIM} per head ({unseen}; "
-                "pass --n-heads if the model was built with another)")
-    return f"n_heads {cfg.n_heads} as given with --n-heads ({unseen})"
-
 
 def layout_note(cfg: GPTConfig) -> str | None:
     """How this language model's parameters differ from OpenAI's GPT-2 of the same sizes,

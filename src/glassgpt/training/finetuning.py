@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GlassError
-from ..formats import load_meta, load_model, load_tokenizer
+from .. import formats
+from ..formats import load_meta
 from ..tokenizer import check_fits
 from .book import ch06 as book_ch06
 from .book import ch07 as book_ch07
@@ -81,9 +82,11 @@ def resumed_settings(checkpoint: str | Path, run_dir: str | Path, kind: str) -> 
     return settings
 
 
-def start_model(source: str | Path):
-    """(model, tokenizer) a run starts from, in float32 on the CPU; a tokenizer that does not fit is refused."""
-    model, tokenizer = load_model(source, device="cpu", dtype="float32"), load_tokenizer(source)
+def start_model(source: str | Path | formats.Source):
+    """(model, tokenizer) a run starts from (a spec, or a Source opened with its model flags), in float32 on
+    the CPU; a tokenizer that does not fit is refused."""
+    source = formats.open(source)
+    model, tokenizer = source.load("cpu", "float32"), source.tokenizer()
     check_fits(tokenizer, model.cfg.vocab_size, "the checkpoint's tokenizer.json does not belong to it")
     return model, tokenizer
 

@@ -1,6 +1,6 @@
 """The web page's server: one static page and thin routes over `ExplainService` (service.py).
 
-    app = create_app(model, tokenizer, model_name="gpt2", random_weights=True)
+    app = create_app(model, tokenizer, glassgpt.formats.open("gpt2").about())
 
     GET  /                  the page (static/index.html; its script and style under /static/)
     GET  /api/model         the loaded model: name, config, layout, parameters, limits, random or not
@@ -57,8 +57,8 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from ..errors import GlassError, TraceCancelled
 from ..explain import About, Progress
+from ..formats import Source
 from ..model import GPTModel
-from ..prompt import Reading
 from ..tokenizer import Tokenizer
 from .guards import LOOPBACK_HOSTS, BodyLimit, Busy, HostCheck, Lane
 from .guards import error_response as _error
@@ -86,26 +86,23 @@ SECURITY_HEADERS = {
 }
 
 
-def create_app(model: GPTModel, tokenizer: Tokenizer, model_name: str = "custom", random_weights: bool = False,
-               labels: list[str] | None = None, max_prompt_tokens: int | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
-               init: str | None = None, run_dir: str | Path | None = None, reading: Reading | None = None,
-               trained: dict[str, str] | None = None, heavy_slots: int = HEAVY_SLOTS,
-               heavy_waiting: int = HEAVY_WAITING) -> FastAPI:
+def create_app(model: GPTModel, tokenizer: Tokenizer, about: About | Source | None = None, *,
+               max_prompt_tokens: int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, run_dir: str | Path | None = None,
+               heavy_slots: int = HEAVY_SLOTS, heavy_waiting: int = HEAVY_WAITING) -> FastAPI:
     """The FastAPI app serving the page for `model` (read-only, shared by every request).
 
-    model_name: how the page names the model (a path is shown by its file's name only).
+    about: what the weights cannot say (its name, shown by its file's name only; a random model's
+    initialisation; a classifier's labels and reading; what its finetuning trained; the notes on values
+    its file does not hold): a Source's `about()`, or the Source itself (default: About()).
     max_prompt_tokens: most tokens of a prompt traced (default and upper bound: context_length).
     max_body_bytes: larger request bodies are refused with 413 before they are parsed.
     allowed_hosts: the names (with any port) that the Host header may hold; "*" allows any.
-    init: a random model's initialisation (a key of model.INIT_SCHEMES).
     run_dir: the training run the model came from: the page gets a slider over its evaluations.
-    reading, trained: a classifier's reading (prompt.Reading) and which parts its finetuning trained,
-    as its checkpoint records them (explain's About).
     heavy_slots, heavy_waiting: how many heavy requests (patching, long prompts) run at once and how
     many more wait; past that they are answered 429 with Retry-After, and plain traces never wait for them.
     """
-    about = About(model_name, random_weights, init, labels, reading, trained)
+    about = about.about() if isinstance(about, Source) else about
     service = ExplainService(model, tokenizer, about, max_prompt_tokens, max_body_bytes, run_dir)
     app = FastAPI(title="glassgpt", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(GZipMiddleware, minimum_size=2048)

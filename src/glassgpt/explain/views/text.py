@@ -9,7 +9,7 @@ where each token looks most.
 
 from __future__ import annotations
 
-from ...formats.book import layout_note, model_notes
+from ...formats.book import layout_note
 from ...config import GPTConfig
 from ..trace import Stage, Trace
 from ..notation import clip, numel, rank, shape as _shape, token
@@ -54,10 +54,10 @@ def _header(tr: Trace, lines: list[str], c) -> None:
     out(c(DIM, f"vocab_size {cfg['vocab_size']:,} · emb_dim {cfg['emb_dim']:,} · context_length "
                f"{cfg['context_length']:,} · n_heads {cfg['n_heads']} · n_layers {cfg['n_layers']}"
                f" · tie_embeddings {cfg['tie_embeddings']}"))
-    for note in model_notes(m["name"], cfg):  # head-count rule; how it differs from GPT-2
+    for note in m.get("notes", []):  # where a value the file does not hold came from (its Source's notes)
         out(c(DIM, note))
-    if layout_note(GPTConfig.from_dict(cfg)) is None:
-        out(c(DIM, m["layout"]))  # OpenAI's layout, or a classifier's
+    layout = layout_note(GPTConfig.from_dict(cfg))  # how it differs from GPT-2, or OpenAI's / a classifier's
+    out(c(DIM, layout if layout is not None else m["layout"]))
     for note in tr.notes:
         out(c(ORANGE, f"note: {note}"))
     if m.get("trained"):
