@@ -47,12 +47,13 @@ from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load
 from .files import leftovers, upgrade_name
 from .hf import export_hf
 from .hub import download, try_download
-from .source import FIXED_BY_TENSORS, About, Checkpoint, Note, Source, is_random_init, open
+from .source import FIXED_BY_TENSORS, About, Checkpoint, Note, Source, is_random_init, open  # noqa: A004
+# (`open` is formats.open, left out of __all__ so that `from glassgpt.formats import *` keeps the builtin)
 
 __all__ = ["About", "CHECKPOINT_SUBDIRS", "Checkpoint", "Note", "Source", "assign_model", "checkpoint_config",
            "checkpoint_dir", "download", "export_hf", "get_config", "get_tokenizer", "is_random_init", "load_checkpoint", "load_meta", "load_model",
            "load_tokenizer", "local_checkpoint_dir", "model_from_state", "random_model", "read_config",
-           "open", "resolve_checkpoint_dir", "save_model", "spec_kind", "upgrade_name"]
+           "resolve_checkpoint_dir", "save_model", "spec_kind", "upgrade_name"]
 
 # What --model takes, for the one line that answers a spec that is none of them.
 SPEC_KINDS = ("a checkpoint or run directory, the book's model.pth (any .pth state dict), its gpt2/124M "
