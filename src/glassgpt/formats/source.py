@@ -419,7 +419,10 @@ def pick_checkpoint(path: Path) -> tuple[Path, Checkpoint | None]:
     with no checkpoint yet: (path, None), for `read_checkpoint` to wait on its first save or say so."""
     if (path / "config.json").is_file():
         return path, None
-    found = {name: path / name for name in CHECKPOINT_SUBDIRS if (path / name / "config.json").is_file()}
+    # Named best/ or latest/ even when only .NAME.old is there (a save between its two renames): read_checkpoint
+    # resolves the name at each read, so a save that replaces it meanwhile is read again, never half.
+    found = {name: path / name.strip(".").removesuffix(".old") for name in CHECKPOINT_SUBDIRS
+             if (path / name / "config.json").is_file()}
     best = found.get("best") or found.get(".best.old")
     latest = found.get("latest") or found.get(".latest.old")
     if best is None and latest is None:
