@@ -210,7 +210,7 @@ def fake_memory(monkeypatch, ram_gib: float, swap_gib: float = 0.0):
 def test_max_new_tokens_that_the_memory_cannot_hold_is_refused_with_what_fits(small, capsys, monkeypatch):
     fake_memory(monkeypatch, 16)
     allocated = []
-    monkeypatch.setattr("glassgpt.cli.common.load_model", lambda *a, **k: allocated.append(1))
+    monkeypatch.setattr("glassgpt.formats.source.Source.load", lambda *a, **k: allocated.append(1))
     code, out, err = run(["generate", "Hi", "--model", small, "--max-new-tokens", str(10**12)], capsys)
     assert_one_line_error(code, err, "1,000,000,000,002 tokens", "16.0 GiB available", "--max-new-tokens")
     assert allocated == [] and out == ""
@@ -235,7 +235,7 @@ def test_eval_batches_that_the_memory_cannot_hold_are_refused_before_the_model_i
                                                                                         monkeypatch):
     fake_memory(monkeypatch, 16)
     loaded = []
-    monkeypatch.setattr("glassgpt.cli.train.load_model", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("glassgpt.formats.source.Source.load", lambda *a, **k: loaded.append(1))
     data = tmp_path / "data.txt"
     data.write_text("a few words of text to evaluate. " * 200)
     code, _, err = run(["eval", "--model", small, "--data", str(data), "--eval-batches", str(10**12)], capsys)
