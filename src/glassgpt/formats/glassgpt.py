@@ -60,6 +60,13 @@ def resolve_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
     """The directory that holds config.json for a local spec, or None if spec is not a local path."""
     path = Path(spec)
     refuse_leftover(path)
+    moved = path.parent / f".{path.name}.old"
+    if path.name in ("best", "latest"):
+        for _ in range(3):  # a save swaps NAME and .NAME.old by renames while we look: look again
+            if (path / "config.json").is_file():
+                return path
+            if (moved / "config.json").is_file():
+                return moved  # a save between its two renames: the checkpoint before it, read where it is
     if path.is_dir():
         if (path / "config.json").is_file():
             return path
@@ -72,9 +79,6 @@ def resolve_checkpoint_dir(spec: str | os.PathLike) -> Path | None:
                                   "interrupted while it wrote here left; run the export again (it cleans them up)")
         raise CheckpointError(f"{path} holds no config.json (nor best/ or latest/ checkpoints): "
                               "pass a checkpoint directory or a run directory")
-    moved = path.parent / f".{path.name}.old"
-    if path.name in ("best", "latest") and (moved / "config.json").is_file():
-        return moved  # a save between its two renames: the checkpoint before it, read where it is
     if special_file(path):
         raise CheckpointError(f"{path} is {special_file(path)}, not a model file or directory: pass a checkpoint "
                               "or run directory, a .pth or a .gguf file")

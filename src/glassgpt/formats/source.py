@@ -130,9 +130,12 @@ class Source:
         self.path = None if self.module is not None or self.name in PRESETS or not Path(self.name).exists() \
             else Path(self.name)
         self.n_heads, self.drop_rate, self.context_length = n_heads, drop_rate, context_length
-        if self.kind == "family" and (n_heads is not None or drop_rate):
-            raise ConfigError(f"{self.name} is a Qwen3/Llama model whose config.json sets its own shapes and has no "
-                              f"dropout: drop {'--n-heads' if n_heads is not None else '--drop-rate'}")
+        if self.kind == "family" and n_heads is not None:
+            raise ConfigError(f"{self.name} is a Qwen3/Llama model whose config.json sets its own shapes: drop "
+                              "n_heads (--n-heads)")
+        if self.kind == "family" and drop_rate:
+            raise ConfigError(f"Qwen3 and Llama 3 have no dropout, so drop_rate {drop_rate} cannot apply: drop "
+                              "--drop-rate")
         if n_heads is not None and self.kind != "state_dict":
             raise ConfigError(f"n_heads (--n-heads) is for a state dict file such as model.pth, whose shapes "
                               f"cannot tell the head count; {self.name!r} sets its own: drop it")
