@@ -37,11 +37,13 @@ from ..adopt import adopt, check_computable
 from ..device import evaluating
 from ..engine.fused import fused
 from ..errors import PromptError, TraceCancelled
+from ..families import is_family_model
 from ..model import GPTModel, attention_weights
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .record import Recorder, record
 from .result import Result, view
+from .family import why_family
 
 ATTENTION_IS_NOT = ("attention weights alone are neither answer: `direct` weighs each source by what its value "
                     "vector, through W_O and final_norm, adds to the logit; `causal` removes it and runs again")
@@ -91,7 +93,13 @@ def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: 
     classifier is always explained against a second class (the runner-up by default).
     patch: a corrupted prompt with as many tokens, for the activation-patching grids.
     reading: where a classifier reads a text (prompt.Reading; the book's recipe pads), as trace's About says.
+    A Qwen3 or Llama 3.2 model is answered by family.py's why_family (its parts through RMSNorm, one per query head).
     """
+    if is_family_model(model):
+        if versus is not None or patch is not None or ids is not None or labels is not None or reading is not None:
+            raise PromptError(f"why for a {model.cfg.family} model splits the top token's logit (or target's) over its "
+                              "parts: drop versus, patch, ids, labels and reading")
+        return why_family(model, tokenizer, text, target=target, top_k=top_k)
     check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model).cfg
     ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from ..family import FAMILY_NAMES, FamilyTrace, GPT2Changes
+from ..family import FAMILY_NAMES, FamilyTrace, FamilyWhy, GPT2Changes
 from . import draw
 from .draw import GRAY, INK, MUTED, Drawing, Line, Rect, Text
 
@@ -100,3 +100,23 @@ def family_html(result: FamilyTrace | GPT2Changes) -> str:
     """A notebook cell: the picture (a FamilyTrace's), then the text view as it reads in the terminal."""
     svg = draw.to_svg(result.picture()) if isinstance(result, FamilyTrace) else ""
     return f"{svg}<pre>{html.escape(result.to_text())}</pre>"
+
+
+def render_family_why_text(w: FamilyWhy, top: int = 12, **_options) -> str:
+    """The attribution in the terminal: the target, the exact sum, the top parts, and the heads grid."""
+    name = FAMILY_NAMES[w.family]
+    t = w.target
+    lines = [f"{name}: why {t['text']!r} (id {t['id']}) after " + " ".join(repr(s) for s in w.tokens[-8:]),
+             f"logit {t['logit']:+.4f} = sum of {len(w.parts)} parts {w.total:+.4f} "
+             f"(final_norm's 1/rms frozen at the last position: rms {w.rms:.4g}; its weight folded into out_head)",
+             "", f"top parts (of {len(w.parts)})"]
+    for p in sorted(w.parts, key=lambda p: -abs(p["value"]))[:top]:
+        group = f"  (read key/value group {p['group']})" if "group" in p else ""
+        lines.append(f"  {p['name']:<28} {p['value']:+9.4f}{group}")
+    n_heads = len(w.groups)
+    lines += ["", "heads (blocks x query heads; g = the key/value group each head read)",
+              "  block " + "".join(f"{f'h{j} g{w.groups[j]}':>10}" for j in range(n_heads)) + f"{'ff':>10}"]
+    for i, row in enumerate(w.heads):
+        lines.append(f"  {i:>5} " + "".join(f"{v:>+10.3f}" for v in row) + f"{w.ff[i]:>+10.3f}")
+    lines.append(f"  tok_emb {w.parts[0]['value']:+.3f}; no pos_emb: positions entered as RoPE inside each attention")
+    return "\n".join(lines)
