@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -84,9 +85,11 @@ def test_the_text_shows_the_sum_the_top_parts_and_the_heads_grid_with_groups():
     assert "h0 g0" in text and "h3 g1" in text and "no pos_emb" in text
 
 
-def test_versus_and_patch_are_refused_for_a_family_model_in_one_line():
+def test_versus_and_a_target_outside_the_vocabulary_are_refused_for_a_family_model_in_one_line():
     with pytest.raises(GlassError, match="drop versus, patch"):
         glassgpt.why(model_of("qwen3"), TOK, TEXT, versus="e")
+    with pytest.raises(GlassError, match="not a row of out_head: give an id from 0 to 96"):
+        glassgpt.why(model_of("qwen3"), TOK, TEXT, target=97)
 
 
 def test_glassgpt_explain_why_prints_the_attribution_of_a_family_folder(tmp_path, monkeypatch, capsys):
@@ -97,3 +100,8 @@ def test_glassgpt_explain_why_prints_the_attribution_of_a_family_folder(tmp_path
     assert main(["explain", "--why", "--model", str(tmp_path), TEXT]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "Llama 3: why" in out and "= sum of 11 parts" in out and "h3 g1" in out
+    assert main(["explain", "--why", "--model", str(tmp_path), TEXT, "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)["why"]
+    assert abs(sum(p["value"] for p in data["parts"]) - data["target"]["logit"]) < 1e-5
+    assert main(["explain", "--why", "--model", str(tmp_path), TEXT, "--versus", "e"]) == 2
+    assert "without --versus or --patch: drop them" in capsys.readouterr().err

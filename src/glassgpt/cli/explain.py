@@ -143,8 +143,8 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer) -> int:
                          "--compare with a GPT-2: drop --attention and --embedding-vs-linear")
     if args.why:
         if args.versus is not None or args.patch is not None or args.format in ("svg", "png"):
-            raise GlassError(f"why for a {model.cfg.family} model is text (or --format json), without --versus "
-                             "or --patch: drop them")
+            raise GlassError(f"why for a {model.cfg.family} model is text (or --format json), "
+                             "without --versus or --patch: drop them")
         result = why(model, tok, args.prompt, top_k=args.top_k)
         return _show(args, {"why": result.to_dict()}, None, lambda color: result.to_text())
     if args.compare:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import PromptError
 from ..families import is_family_model
 from ..memory import parameter_table
 from ..prompt import encode
@@ -287,6 +288,8 @@ def why_family(model: nn.Module, tokenizer: Tokenizer, text: str, target: int | 
     finally:
         for h in handles:
             h.remove()
+    if target is not None and not 0 <= target < cfg.vocab_size:
+        raise PromptError(f"target {target} is not a row of out_head: give an id from 0 to {cfg.vocab_size - 1}")
     a = int(last.argmax()) if target is None else int(target)
     x = seen["resid"]  # [d]
     rms = float(torch.sqrt(x.pow(2).mean() + model.final_norm.eps))  # frozen at this position
