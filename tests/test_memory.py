@@ -332,7 +332,7 @@ def test_generate_and_explain_of_a_model_that_does_not_fit_are_refused_before_lo
     config = tmp_path / "big.json"
     config.write_text(json.dumps(BIG))
     loaded = []
-    monkeypatch.setattr("glassgpt.cli.common.load_model", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("glassgpt.formats.source.Source.load", lambda *a, **k: loaded.append(1))  # commands load through the source
     code, out, err = _cli([*command, "--model", str(config)], capsys)
     line = _one_error_line(code, err)
     assert "16.0 GiB available" in line and "--dtype bfloat16 fits" in line
