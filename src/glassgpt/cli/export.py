@@ -117,6 +117,7 @@ def _export_family(args: argparse.Namespace, model, out: Path) -> int:
               f"{str(out)!r}) loads it (copy the tokenizer files beside them)")
         return 0
     export_family_book(model, out)
-    print(f"wrote {out} and {out.with_suffix('.json')}: the book's {name}(cfg).load_state_dict(torch.load({str(out)!r}, "
-          "weights_only=True)) accepts it, with cfg the .json's dict (its dtype a torch dtype)")
+    load = f"torch.load({str(out)!r}, weights_only=True)"
+    print(f"wrote {out} and {out.with_suffix('.json')}: the book's {name}(cfg).load_state_dict({load}) accepts it, "
+          "with cfg the .json's dict (its dtype a torch dtype)")
     return 0
