@@ -16,7 +16,8 @@ import torch
 import llms_from_scratch.llama3 as book_llama
 import llms_from_scratch.qwen3 as book_qwen
 from glassgpt.errors import CheckpointError, ConfigError
-from glassgpt.families import (FAMILY_PRESETS, FamilyConfig, KVCache, Llama3Model, Qwen3Model, build_model, family_config)
+from glassgpt import KVCache
+from glassgpt.families import (FAMILY_PRESETS, FamilyConfig, Llama3Model, Qwen3Model, build_model, family_config)
 from glassgpt.formats.families import (export_family_book, export_family_hf, hf_names,
                                        load_book_family, load_hf_family)
 from glassgpt.generate import generate

@@ -157,7 +157,7 @@ def test_the_decoding_twin_shares_the_weights_and_gives_the_glass_models_logits(
     from glassgpt.engine import native
     from glassgpt.engine.family import gemv_twin
     from glassgpt.engine.linear import GemvLinear
-    from glassgpt.families import KVCache
+    from glassgpt import KVCache
     glass = adopt(book_module(family, tie=True))
     twin = gemv_twin(glass)
     assert pointers(twin) == pointers(glass) and twin.tied  # nothing copied

@@ -56,6 +56,11 @@ class GPTConfig:
         return self.emb_dim // self.n_heads
 
     @property
+    def kv_heads(self) -> tuple[int, int]:
+        """What a KV cache keeps per token and layer: (key/value heads, head size); every head here."""
+        return self.n_heads, self.head_dim
+
+    @property
     def out_dim(self) -> int:
         """Width of the model's output: vocab_size for a language model, else num_classes."""
         return self.vocab_size if self.num_classes is None else self.num_classes

@@ -28,7 +28,7 @@ from torch import nn
 from .adopt import adopt, adopted_from
 from .engine import KVCache, as_engine
 from .engine.family import family_steps
-from .families import KVCache as GroupedKVCache, is_family_model
+from .families import is_family_model
 from .model import GPTModel
 from .errors import GlassError, NonFiniteError, PromptError
 from .tokenizer import Tokenizer
@@ -142,8 +142,8 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     seq = torch.empty(b, t + max_new_tokens, dtype=torch.long, device=device)
     seq[:, :t] = prompt
     # The cache holds what this call can use, not a whole context: short replies stay cheap.
-    cache = (GroupedKVCache if family else KVCache)(glass.cfg, b, max_len=min(ctx, t + max_new_tokens), device=device,
-                                                    dtype=glass.tok_emb.weight.dtype) if use_cache else None
+    cache = KVCache(glass.cfg, b, max_len=min(ctx, t + max_new_tokens), device=device,
+                    dtype=glass.tok_emb.weight.dtype) if use_cache else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)
 
     def last_logits(length: int) -> torch.Tensor:

@@ -20,7 +20,8 @@ from ..errors import PromptError
 class KVCache:
     """Keys and values of every layer, allocated once and written in place.
 
-    `k[layer]` and `v[layer]` are `[b, h, max_len, hd]`; positions `[0, pos)` are filled.
+    `k[layer]` and `v[layer]` are `[b, h, max_len, hd]` (`[b, g, max_len, hd]` for a grouped-query
+    model: its key/value groups, `cfg.kv_heads`); positions `[0, pos)` are filled.
     Appending never reallocates or concatenates, so a decode step costs the same at
     token 10 as at token 1,000 (apart from attention itself).
 
@@ -32,7 +33,8 @@ class KVCache:
     def __init__(self, cfg: GPTConfig, batch_size: int, max_len: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
         max_len = max_len or cfg.context_length
-        shape = (batch_size, cfg.n_heads, max_len, cfg.head_dim)
+        heads, head_dim = cfg.kv_heads  # GPT-2: every head; Qwen3/Llama: the key/value groups
+        shape = (batch_size, heads, max_len, head_dim)
         # Uninitialised on purpose: only positions [0, pos) are ever read, and zeroing a
         # full-context cache (75 MB for gpt2 at batch 1 in float32) costs more than a short reply.
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]

@@ -4,7 +4,7 @@
     model = build_model(cfg)                        # Qwen3Model or Llama3Model, by cfg.family
 
 They share one config type (config.py), their pieces (layers.py: RMSNorm, RoPE, grouped-query
-attention, SwiGLU) and a KV cache (cache.py); GPT-2 (model.py) stays as the book's chapter 4 has it.
+attention, SwiGLU); the engine's KVCache keeps their key/value groups (`cfg.kv_heads`); GPT-2 (model.py) stays as the book's chapter 4 has it.
 memory.py counts their bytes from the config; adopt.py reads the book's and transformers' Qwen3 and
 Llama modules in place (what glassgpt.adopt calls for them).
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cache import KVCache
 from .config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config, raise_moe
 from .llama3 import Llama3Model
 from .qwen3 import Qwen3Model
@@ -23,7 +22,7 @@ from .qwen3 import Qwen3Model
 FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model}
 assert tuple(FAMILIES) == FAMILY_NAMES
 
-__all__ = ["FAMILIES", "FAMILY_PRESETS", "FamilyConfig", "KVCache", "Llama3Model", "Qwen3Model", "RopeFreq",
+__all__ = ["FAMILIES", "FAMILY_PRESETS", "FamilyConfig", "Llama3Model", "Qwen3Model", "RopeFreq",
            "build_model", "family_config", "is_family_model", "raise_moe", "random_family_model"]
 
 

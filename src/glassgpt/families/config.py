@@ -80,6 +80,12 @@ class FamilyConfig:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     @property
+    def kv_heads(self) -> tuple[int, int]:
+        """What a KV cache keeps per token and layer: the g key/value groups (before repeat_interleave:
+        8 heads, not 16, in Qwen3 0.6B), each of head size hd; keys are kept after RoPE."""
+        return self.n_kv_groups, self.head_dim_value
+
+    @property
     def head_dim_value(self) -> int:
         """hd: the given head_dim, else emb_dim // n_heads."""
         return self.emb_dim // self.n_heads if self.head_dim is None else self.head_dim

@@ -142,7 +142,7 @@ class GroupedQueryAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
         """`[b, t, d] -> [b, t, d]`. cos, sin: `[t, hd]` for these tokens' positions. `cache`: this
-        layer's part of a KVCache (cache.py), which keeps the g rotated key heads, not h copies."""
+        layer's part of a KVCache (engine/cache.py), which keeps the g rotated key heads, not h copies."""
         b, t, _ = x.shape
         queries = self.W_query(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)    # [b, h, t, hd]
         keys = self.W_key(x).view(b, t, self.num_kv_groups, self.head_dim).transpose(1, 2)     # [b, g, t, hd]

@@ -61,7 +61,7 @@ class Qwen3Model(nn.Module):
     def forward(self, in_idx: torch.Tensor, cache=None, last_only: bool = False) -> torch.Tensor:
         """Token ids `[b, t]` (int64) -> logits `[b, t, V]` in the weights' dtype (`[b, 1, V]` with last_only).
 
-        cache: a KVCache (cache.py) holding the tokens before `in_idx`, which are then at
+        cache: a KVCache (engine/cache.py) holding the tokens before `in_idx`, which are then at
         positions cache.pos ...; None, as in the book, for whole sequences.
         """
         t = in_idx.shape[1]
