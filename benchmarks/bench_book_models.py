@@ -3,8 +3,10 @@ code and transformers, on the same random weights, in the same process and threa
 
 Rows, for each dtype (float32, bfloat16):
   - glassgpt: `glassgpt.generate` on the glass model (families/), with its grouped KV cache
-    (families/cache.py: the g key/value heads written in place, RoPE's rows sliced, not recomputed)
-    and engine/family.py's twin (the gemv kernel on the layers where autotune measured it faster);
+    (engine/cache.py: the g key/value heads written in place, RoPE's rows sliced, not recomputed):
+    the prompt through engine/family.py's twin (the gemv kernel on the layers where autotune
+    measured it faster), then each new token by the native step (kernels/family_step.cpp, one C++
+    call per token) where it measured faster than the twin on this machine;
   - the book: `llms_from_scratch.kv_cache.generate.generate_text_simple` on the book's KV-cache
     `Qwen3Model` / `Llama3Model` (`kv_cache/qwen3.py`, `kv_cache/llama3.py`), its cache of
     concatenated tensors;

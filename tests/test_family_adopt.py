@@ -148,8 +148,18 @@ def test_generation_feeds_one_token_per_step_through_the_cache_and_never_remakes
     glass.tok_emb.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
     for module in (layers, qwen3):  # made once, when the model was built; generation only slices them
         monkeypatch.setattr(module, "compute_rope_params", lambda *a, **k: pytest.fail("RoPE's tables made again"))
+    import glassgpt.engine.family as family_engine
+    monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: False)
     generate(glass, ids(6, seed=7)[:1], 5)
     assert seen == [6, 1, 1, 1, 1]  # the prompt once, then each new token alone: the cache is used
+    # The native step (engine/family.py) too: the prompt through the model, then one id per call.
+    seen.clear()
+    fed = []
+    real_call = family_engine.FamilyStep.__call__
+    monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: True)
+    monkeypatch.setattr(family_engine.FamilyStep, "__call__", lambda self, x: fed.append(x.numel()) or real_call(self, x))
+    generate(glass, ids(6, seed=7)[:1], 5)
+    assert seen == [6] and fed == [1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("family", list(TINY))

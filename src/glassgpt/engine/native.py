@@ -1,7 +1,7 @@
-"""glassgpt's own CPU kernels (kernels/gemv.cpp, kernels/ops.cpp): built once per machine, then loaded.
+"""glassgpt's own CPU kernels (kernels/*.cpp): built once per machine, then loaded.
 
     ops = native.load()        # torch.ops.glassgpt, or None where they cannot be had
-    lib = native.library()     # the same build as a ctypes library (gg_step: kernels/step.cpp), or None
+    lib = native.library()     # the same build as a ctypes library (gg_step: kernels/step.cpp; gg_family_step: family_step.cpp), or None
     native.status()            # one line: what was built and where, or why there is none
 
 The kernels are matrix-vector products for decoding (float32, bfloat16, int8 and 4-bit
@@ -125,6 +125,10 @@ def library() -> ctypes.CDLL | None:
         lib.gg_step.restype = None
         lib.gg_step_scratch_bytes.argtypes = [ctypes.c_int64] * 3
         lib.gg_step_scratch_bytes.restype = ctypes.c_int64
+        lib.gg_family_step.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+        lib.gg_family_step.restype = None
+        lib.gg_family_step_scratch_bytes.argtypes = [ctypes.c_int64] * 4
+        lib.gg_family_step_scratch_bytes.restype = ctypes.c_int64
         lib._glassgpt_typed = True
     return lib
 
@@ -152,8 +156,10 @@ def build(isa: list[str], directory: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         steps = [[compiler, *kernel_cmd, "-c", str(SOURCES / "gemv.cpp"), "-o", f"{tmp}/gemv.o"],
                  [compiler, *kernel_cmd, "-c", str(SOURCES / "step.cpp"), "-o", f"{tmp}/step.o"],
+                 [compiler, *kernel_cmd, "-c", str(SOURCES / "family_step.cpp"), "-o", f"{tmp}/family_step.o"],
                  [compiler, *ops_cmd, "-c", str(SOURCES / "ops.cpp"), "-o", f"{tmp}/ops.o"],
-                 [compiler, "-shared", f"{tmp}/gemv.o", f"{tmp}/step.o", f"{tmp}/ops.o", "-o", f"{tmp}/lib.so", "-fopenmp",
+                 [compiler, "-shared", f"{tmp}/gemv.o", f"{tmp}/step.o", f"{tmp}/family_step.o", f"{tmp}/ops.o",
+                  "-o", f"{tmp}/lib.so", "-fopenmp",
                   f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]]
         for cmd in steps:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_SECONDS)

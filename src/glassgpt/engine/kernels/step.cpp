@@ -15,11 +15,12 @@
 // the next phase reads what other threads wrote. LayerNorm, and the rounding of a product's input
 // to bfloat16/int16/int8, are redone by each thread into its own scratch: B x 4d values, cheaper
 // than another barrier. Nothing is allocated here: every buffer is in the plan.
-#include "gemv.h"
+#include "step.h"
 
 namespace {
 
-enum Kind { KIND_F32 = 0, KIND_BF16 = 1, KIND_Q8 = 2, KIND_Q4 = 3 };
+using namespace step_parts;
+
 
 // plan[]: a header, then LAYER_FIELDS entries per block (the layout engine/step.py writes).
 enum Header {
@@ -49,31 +50,6 @@ enum Layer {
     L_FF1 = L_O + 3, L_FF2 = L_FF1 + 3, L_KCACHE = L_FF2 + 3, L_VCACHE, LAYER_FIELDS
 };
 
-template <typename P> const P* ptr(const int64_t* plan, int i) { return reinterpret_cast<const P*>(plan[i]); }
-
-// exp on 16 lanes: 2^n * p(f), x = n ln2 + f, |f| <= ln2 / 2, p of degree 7 (relative error ~1e-7).
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-103.f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), f);
-    __m512 p = _mm512_set1_ps(1.f / 5040);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 720));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
-}
-
-static inline __m512 loadf(const float* p, int64_t left) { return _mm512_maskz_loadu_ps(tail16(left), p); }
-static inline __m512 loadf(const bf16* p, int64_t left) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(tail16(left), p)), 16));
-}
-
 // y [M, d] = LayerNorm(x [M, d]) * scale + shift (biased variance, eps inside the root: F.layer_norm).
 template <typename T>
 static void layer_norm(const float* x, const T* scale, const T* shift, float* y, int64_t M, int64_t d, float eps) {
@@ -92,229 +68,6 @@ static void layer_norm(const float* x, const T* scale, const T* shift, float* y,
             __m512 c = _mm512_mul_ps(_mm512_sub_ps(loadf(xm + k, d - k), mv), inv);
             c = _mm512_fmadd_ps(c, loadf(scale + k, d - k), loadf(shift + k, d - k));
             _mm512_mask_storeu_ps(y + m * d + k, tail16(d - k), c);
-        }
-    }
-}
-
-#ifdef __AVX512VNNI__
-// int8 weights x int8 activations, for the step's int8 products: x rounded to int8 per group of
-// Q8_GROUP columns (one scale each, as llama.cpp's q8_0 activations), 64 products per vpdpbusd.
-// vpdpbusd multiplies unsigned by signed bytes, so each weight's sign moves onto x (|w| x +-x);
-// its int32 lanes 0-7 sum one group and 8-15 the next, scaled into float32 by their own scales.
-// R rows of W against MB rows of x.
-#define Q8_GROUP 32
-template <int R, int MB>
-static void q8x8_rows(const int8_t* W, const int8_t* x, const float* xs, int64_t K, float (*out)[4]) {
-    __m512 acc[MB][R];
-    for (int m = 0; m < MB; m++)
-        for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
-    const __m512i zero = _mm512_setzero_si512();
-    for (int64_t k = 0; k < K; k += 64) {
-        __m512i w[R];
-        __mmask64 neg[R];
-        for (int r = 0; r < R; r++) {
-            const __m512i v = _mm512_loadu_si512(W + r * K + k);
-            neg[r] = _mm512_movepi8_mask(v);
-            w[r] = _mm512_abs_epi8(v);
-        }
-        for (int m = 0; m < MB; m++) {
-            const __m512i xv = _mm512_loadu_si512(x + m * K + k);
-            const float* g = xs + m * (K / Q8_GROUP) + k / Q8_GROUP;
-            const __m512 s = _mm512_insertf32x8(_mm512_set1_ps(g[0]), _mm256_set1_ps(g[1]), 1);
-            for (int r = 0; r < R; r++) {
-                const __m512i i = _mm512_dpbusd_epi32(zero, w[r], _mm512_mask_sub_epi8(xv, neg[r], zero, xv));
-                acc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[m][r]);
-            }
-        }
-    }
-    for (int m = 0; m < MB; m++)
-        for (int r = 0; r < R; r++) out[m][r] = _mm512_reduce_add_ps(acc[m][r]);
-}
-#endif
-
-// One row of W against one x, four accumulators over consecutive steps: for a batch of one, a
-// thread streams one row at a time (gemv.h's 4-row loop streams four at once, for x rows > 1).
-template <class D>
-static inline float dot_row(const typename D::WT* w, const typename D::XT* x, int64_t K) {
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    int64_t k = 0;
-    for (; k + 4 * D::STEP <= K; k += 4 * D::STEP)
-        for (int u = 0; u < 4; u++)
-            acc[u] = D::mac(acc[u], D::load_w(w + k + u * D::STEP, D::STEP), D::load_x(x + k + u * D::STEP, D::STEP));
-    for (; k < K; k += D::STEP) acc[0] = D::mac(acc[0], D::load_w(w + k, K - k), D::load_x(x + k, K - k));
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-}
-
-template <class D, class Finish>
-static inline void dense(const typename D::WT* W, const typename D::XT* x, int64_t M, int64_t lo, int64_t hi,
-                         int64_t K, Finish finish) {
-    if (M == 1) {
-        for (int64_t n = lo; n < hi; n++) finish(0, n, dot_row<D>(W + n * K, x, K));
-        return;
-    }
-    row_range(lo, hi, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
-        float_rows<D, R.value, MB.value>(W + n * K, x + m0 * K, K, K, out);
-    }, finish);
-}
-
-// gemv.h's quantize_groups for float32 x and groups of a multiple of 16, 16 columns per instruction
-// (the same rounding: to nearest even, as lrintf).
-static void quantize_groups16(const float* x, int64_t M, int64_t K, int64_t gs, int8_t* xq, float* xscale,
-                              float* xsum) {
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t g = 0; g < K / gs; g++) {
-            const int64_t k0 = m * K + g * gs;
-            __m512 amax = _mm512_setzero_ps();
-            for (int64_t k = 0; k < gs; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + k0 + k)));
-            const float a = _mm512_reduce_max_ps(amax);
-            const float s = a > 0.f ? a / 127.f : 1.f;
-            const __m512 inv = _mm512_set1_ps(1.f / s);
-            __m512i sum = _mm512_setzero_si512();
-            for (int64_t k = 0; k < gs; k += 16) {
-                const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k0 + k), inv));
-                _mm_storeu_si128((__m128i*)(xq + k0 + k), _mm512_cvtsepi32_epi8(v));
-                sum = _mm512_add_epi32(sum, v);
-            }
-            xscale[m * (K / gs) + g] = s;
-            xsum[m * (K / gs) + g] = s * (float)_mm512_reduce_add_epi32(sum);
-        }
-}
-
-// A product's input as its kernel reads it, in this thread's scratch.
-struct Input {
-    const float* f;          // float32 [M, K]
-    bf16* b;                 // bfloat16 [M, K]
-    int16_t* i16;            // q8: int16 [M, K] and one scale per row
-    float* s16;
-    int8_t* i8;              // q4: int8 [M, K], a scale and a sum per group
-    float *s8, *sum8;
-};
-
-static void prepare(int kind, Input& in, int64_t M, int64_t K, int64_t gs) {
-    if (kind == KIND_BF16) {
-#ifdef __AVX512BF16__
-        for (int64_t i = 0; i < M * K; i++) in.b[i] = f32_to_bf16(in.f[i]);
-#endif
-    } else if (kind == KIND_Q8) {
-#ifdef __AVX512VNNI__
-        if (K % 64 == 0) {
-            quantize_groups16(in.f, M, K, Q8_GROUP, in.i8, in.s8, in.sum8);
-            return;
-        }
-#endif
-        quantize_rows(in.f, M, K, in.i16, in.s16);
-    } else if (kind == KIND_Q4) {
-        if (gs % 16 == 0)
-            quantize_groups16(in.f, M, K, gs, in.i8, in.s8, in.sum8);
-        else
-            quantize_groups(in.f, M, K, gs, in.i8, in.s8, in.sum8);
-    }
-}
-
-// Rows [lo, hi) of y = x W^T * scales + bias for a Linear at plan[at..at+2] (weight, scales, bias) of
-// N x K (for 4-bit weights lo is a multiple of 16, and so is hi unless it is N); `store(m, n, v)`
-// takes each result. `linear` below: this thread's share of the N rows.
-template <typename T, class Store>
-static void linear_rows(const int64_t* plan, int at, int kind, const Input& in, int64_t M, int64_t N, int64_t K,
-                        int64_t gs, int64_t lo, int64_t hi, Store store) {
-    const T* bias = ptr<T>(plan, at + 2);
-    const T* scales = ptr<T>(plan, at + 1);
-    auto finish = [&](int64_t m, int64_t n, float v) { store(m, n, v + (bias ? load1(bias, n) : 0.f)); };
-    if (kind == KIND_F32) {
-        dense<F32>(ptr<float>(plan, at), in.f, M, lo, hi, K, finish);
-    } else if (kind == KIND_BF16) {
-#ifdef __AVX512BF16__
-        dense<BF16>(ptr<bf16>(plan, at), in.b, M, lo, hi, K, finish);
-#else
-        dense<BF16Widened>(ptr<bf16>(plan, at), in.f, M, lo, hi, K, finish);
-#endif
-    } else if (kind == KIND_Q8) {
-        const int8_t* W = ptr<int8_t>(plan, at);
-#ifdef __AVX512VNNI__
-        if (K % 64 == 0) {
-            row_range(lo, hi, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
-                q8x8_rows<R.value, MB.value>(W + n * K, in.i8 + m0 * K, in.s8 + m0 * (K / Q8_GROUP), K, out);
-            }, [&](int64_t m, int64_t n, float v) { finish(m, n, v * load1(scales, n)); });
-            return;
-        }
-#endif
-        row_range(lo, hi, M, [&](auto R, auto MB, int64_t n, int64_t m0, float (*out)[4]) {
-            q8_rows<R.value, MB.value>(W + n * K, in.i16 + m0 * K, K, K, out);
-        }, [&](int64_t m, int64_t n, float v) { finish(m, n, v * in.s16[m] * load1(scales, n)); });
-    } else {
-        const uint8_t* P = ptr<uint8_t>(plan, at);
-        const int64_t G = K / gs;
-        for (int64_t nb = lo / 16; nb < (hi + 15) / 16; nb++)
-            for (int64_t m0 = 0; m0 < M; m0 += MAXM) {
-                const int64_t mb = M - m0 < MAXM ? M - m0 : MAXM;
-                __m512 out[MAXM];
-                const uint8_t* P_nb = P + nb * (K / 8) * 64;
-                const T* sm = scales + nb * G * 32;
-                const int8_t* xq = in.i8 + m0 * K;
-                const float *xs = in.s8 + m0 * G, *xsum = in.sum8 + m0 * G;
-                switch (mb) {
-                    case 1: q4_block<T, 1>(P_nb, sm, xq, xs, xsum, K, gs, out); break;
-                    case 2: q4_block<T, 2>(P_nb, sm, xq, xs, xsum, K, gs, out); break;
-                    case 3: q4_block<T, 3>(P_nb, sm, xq, xs, xsum, K, gs, out); break;
-                    default: q4_block<T, 4>(P_nb, sm, xq, xs, xsum, K, gs, out); break;
-                }
-                for (int64_t m = 0; m < mb; m++) {
-                    float v[16];
-                    _mm512_storeu_ps(v, out[m]);
-                    for (int j = 0; j < 16 && nb * 16 + j < N; j++) finish(m0 + m, nb * 16 + j, v[j]);
-                }
-            }
-    }
-}
-
-// This thread's share of linear_rows: rows for dense weights, blocks of 16 rows for 4-bit ones.
-template <typename T, class Store>
-static void linear(const int64_t* plan, int at, int kind, const Input& in, int64_t M, int64_t N, int64_t K,
-                   int64_t gs, Store store) {
-    int64_t lo, hi;
-    if (kind == KIND_Q4) {
-        share((N + 15) / 16, &lo, &hi);
-        lo *= 16;
-        hi = hi * 16 < N ? hi * 16 : N;
-    } else {
-        share(N, &lo, &hi);
-    }
-    linear_rows<T>(plan, at, kind, in, M, N, K, gs, lo, hi, store);
-}
-
-// Heads [h0, h1) of every sequence: q [B, d] against the cache's positions 0..pos of [B, H, L, hd],
-// softmax in float32, the context into att [B, d].
-template <typename T>
-static void attention(const float* q, const T* kc, const T* vc, float* att, float* scores, int64_t B, int64_t H,
-                      int64_t L, int64_t hd, int64_t pos, int64_t h0, int64_t h1) {
-    const float scale = 1.f / sqrtf((float)hd);
-    for (int64_t b = 0; b < B; b++)
-    for (int64_t h = h0; h < h1; h++) {
-        const int64_t bh = b * H + h;
-        const float* qv = q + b * H * hd + h * hd;
-        const T* k = kc + bh * L * hd;
-        const T* v = vc + bh * L * hd;
-        float best = -INFINITY;
-        for (int64_t j = 0; j <= pos; j++) {
-            __m512 s = _mm512_setzero_ps();
-            for (int64_t i = 0; i < hd; i += 16) s = _mm512_fmadd_ps(loadf(qv + i, hd - i), loadf(k + j * hd + i, hd - i), s);
-            scores[j] = _mm512_reduce_add_ps(s) * scale;
-            best = fmaxf(best, scores[j]);
-        }
-        __m512 total = _mm512_setzero_ps();
-        const __m512 top = _mm512_set1_ps(best);
-        for (int64_t j = 0; j <= pos; j += 16) {
-            const __mmask16 mask = tail16(pos + 1 - j);
-            __m512 e = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores + j), top)));
-            _mm512_mask_storeu_ps(scores + j, mask, e);
-            total = _mm512_add_ps(total, e);
-        }
-        const float inv = 1.f / _mm512_reduce_add_ps(total);
-        float* out = att + b * H * hd + h * hd;
-        for (int64_t i = 0; i < hd; i += 16) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t j = 0; j <= pos; j++) acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), loadf(v + j * hd + i, hd - i), acc);
-            _mm512_mask_storeu_ps(out + i, tail16(hd - i), _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
         }
     }
 }
@@ -396,7 +149,7 @@ static void step(const int64_t* plan, const int64_t* ids, int64_t pos) {
             clock.tick(P_QKV);
             barrier();
         }
-        attention(q, (const T*)kc, (const T*)vc, att, scores, B, H, L, hd, pos, h0, h1);
+        attention(q, (const T*)kc, (const T*)vc, att, scores, B, H, H, L, hd, pos, h0, h1);
         clock.tick(P_ATTENTION);
         barrier();
         prepare(kind, attin, B, d, gs);
