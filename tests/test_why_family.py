@@ -128,6 +128,17 @@ def test_glassgpt_explain_why_prints_the_attribution_of_a_family_folder(tmp_path
     assert capsys.readouterr().out.startswith("<svg")
 
 
+def test_the_books_own_qwen3model_is_explained_in_place_and_its_logits_are_what_the_parts_sum_to():
+    from llms_from_scratch.qwen3 import Qwen3Model
+    torch.manual_seed(1)
+    book = Qwen3Model(CONFIGS["qwen3"].to_book_dict()).eval()
+    w = glassgpt.why(book, TOK, TEXT, versus="e")
+    with torch.no_grad():
+        logits = book(torch.tensor([encode(TOK, TEXT)]))[0, -1]
+    assert isinstance(w, FamilyWhy) and w.family == "qwen3"
+    assert abs(sum(p["value"] for p in w.parts) - float(logits[w.target["id"]] - logits[w.versus["id"]])) < 1e-5
+
+
 # --- which prompt tokens -----------------------------------------------------------------------------
 
 SHARES = 1e-5  # float32 model, float64 sums: each head's split over the prompt sums back to its term within this
@@ -181,8 +192,8 @@ def test_the_token_that_decides_the_next_gets_the_largest_share_through_the_head
     assert min(w.sources, key=lambda s: s["causal"]["prob_change"])["position"] == 1
     shares = torch.tensor(w.by_source[0])  # [h, t]: the share is query head 0's, at token 5's position
     assert divmod(int(shares.abs().argmax()), 4) == (0, 1) and w.groups[0] == 0
-    assert "b0 h0 (kv group 0)" in w.to_text().splitlines()[[i for i, line in enumerate(w.to_text().splitlines())
-                                                              if line.startswith("   pos")][0] + 2]
+    row = next(line for line in w.to_text().splitlines() if line.startswith("     1  'f'"))  # token 5's row
+    assert "b0 h0 (kv group 0)" in row
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama3"])
@@ -248,7 +259,7 @@ def test_patching_gives_the_logits_of_a_rerun_with_that_activation_replaced(fami
     for i, module in enumerate(blocks):
         x_clean = clean_input(model, clean, module)  # [1, t, d]
         for p in (len(bad) - 1, 3):
-            def swap(x, p=p):
+            def swap(x, p=p, x_clean=x_clean):
                 x = x.clone()
                 x[:, p] = x_clean[:, p]
                 return x
@@ -257,7 +268,7 @@ def test_patching_gives_the_logits_of_a_rerun_with_that_activation_replaced(fami
     for i, block in enumerate(model.trf_blocks):
         context = clean_input(model, clean, block.att.out_proj)  # [1, t, h*hd]: every head's context
         for j in range(model.cfg.n_heads):
-            def swap(x, j=j):
+            def swap(x, j=j, context=context):
                 x = x.clone()
                 x[..., j * hd:(j + 1) * hd] = context[..., j * hd:(j + 1) * hd]
                 return x
@@ -279,6 +290,7 @@ def test_the_picture_and_the_notebook_view_of_a_family_models_why():
 
 def test_a_cancelled_family_why_stops_in_its_reruns():
     import threading
+
     from glassgpt.errors import TraceCancelled
     from glassgpt.explain.why_family import patch_grid_family, remove_each_family
     model, ids, cancel = model_of("qwen3"), encode(TOK, TEXT), threading.Event()

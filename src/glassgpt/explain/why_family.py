@@ -92,7 +92,7 @@ def why_family(model: nn.Module, tokenizer: Tokenizer, prompt: Prompt, target: i
         sources=sources_of(ids, result["by_source"], causal, tokenizer),
         metric=float(last[a] - (last[b] if b is not None else 0.0)),
         candidates=[{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)],
-        contrast=contrast, patch=patched, notes=[n for n in (prompt.note,) if n] + [ATTENTION_IS_NOT],
+        contrast=contrast, patch=patched, notes=([prompt.note] if prompt.note else []) + [ATTENTION_IS_NOT],
         family=cfg.family, groups=[j // cfg.group_size for j in range(cfg.n_heads)], rms=result["rms"],
         total=sum(p["value"] for p in result["parts"]))
 

@@ -152,8 +152,8 @@ def _family_sources(w: FamilyWhy) -> list[str]:
                    key=lambda ih: abs(w.by_source[ih[0]][ih[1]][j]))
         through = f"b{i} h{h} (kv group {w.groups[h]}) {w.by_source[i][h][j]:+.4f}"
         cause = s["causal"]
-        tail = f"   {cause['how']}" if cause["prob_change"] is None else \
-            f"{cause['prob_change']:>+17.4f} {cause['logit_change']:>+13.4f}"
+        tail = (f"   {cause['how']}" if cause["prob_change"] is None
+                else f"{cause['prob_change']:>+17.4f} {cause['logit_change']:>+13.4f}")
         lines.append(f"  {j:>4}  {token(s['text']):<18} {s['direct']:>+9.4f}   {through:<30}{tail}")
     lines.append(f"  note: {w.notes[-1]}")
     return lines
