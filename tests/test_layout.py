@@ -36,8 +36,8 @@ LAYERS = [("errors", "version"), ("config", "tokenizer"), ("model", "adopt", "fa
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 FOLDERS = {
     "glassgpt.explain": [("record", "options", "result", "notation"),
-                         ("trace", "head", "check", "passage", "compare", "diff", "why", "verify", "family",
-                          "verify_family", "pieces"),
+                         ("trace", "head", "check", "passage", "compare", "diff", "why", "why_result", "why_family",
+                          "verify", "family", "verify_family", "pieces"),
                          ("views",)],
     "glassgpt.training": [("loop",), ("tasks",), ("book",), ("recipes", "finetuning", "evaluation")],
 }

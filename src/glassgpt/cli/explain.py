@@ -141,12 +141,11 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer) -> int:
     if args.attention or args.embedding_vs_linear:
         raise GlassError(f"for a {model.cfg.family} model explain has its text, JSON and picture views, --why, and "
                          "--compare with a GPT-2: drop --attention and --embedding-vs-linear")
-    if args.why:
-        if args.versus is not None or args.patch is not None or args.format in ("svg", "png"):
-            raise GlassError(f"why for a {model.cfg.family} model is text (or --format json), "
-                             "without --versus or --patch: drop them")
-        result = why(model, tok, args.prompt, top_k=args.top_k)
-        return _show(args, {"why": result.to_dict()}, None, lambda color: result.to_text())
+    if args.why:  # the same answer as GPT-2's (its JSON under "why"), and the same picture
+        result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, top_k=args.top_k)
+        for note in result.notes[:-1]:  # (the last, on attention, is in every view)
+            print(f"note: {note}", file=sys.stderr)
+        return _show(args, {"why": result.to_dict()}, lambda: why_layout(result), lambda color: result.to_text())
     if args.compare:
         gpt2, _ = load_second(args, args.compare, None, dtype=model.tok_emb.weight.dtype)
         if is_family_model(gpt2):

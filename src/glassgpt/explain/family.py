@@ -13,8 +13,7 @@ the live weights (check.py), the weight shapes, and whether the head is tied, to
 gives equal values in two tensors.
 
 Its text is views/family.py's. Leaves out what trace.py draws for GPT-2 (the picture, the page,
-the logit lens). `why_family` (below; glassgpt.why hands a family model to it) splits the next
-token's logit over tok_emb, every query head and every feed-forward, through RMSNorm.
+the logit lens). why_family.py answers `why` for these models.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PromptError
 from ..families import is_family_model
 from ..memory import parameter_table
 from ..prompt import encode
@@ -223,100 +221,3 @@ def _head_words(model: nn.Module) -> str:
     w = list(model.out_head.weight.shape)
     return f"out_head {w}, " + ("tok_emb's own storage (tied)" if _tied(model) else "its own weights (untied)")
 
-
-# --- why: the next token's logit as an exact sum of parts (why.py hands a family model here) ----------
-#     why(model, tokenizer, "Every effort moves you") -> FamilyWhy   (why.py hands a family model here)
-#
-# The last position's residual x (final_norm's input) is the sum of what every part wrote into it:
-# tok_emb (no pos_emb: positions entered as RoPE inside each attention), each block's attention and
-# each block's feed-forward. final_norm is RMSNorm: x * scale / sqrt(mean(x^2) + eps). With its
-# 1 / rms frozen at that position (as TransformerLens freezes LayerNorm's scale) and its `scale`
-# folded into out_head's row, each logit is linear in x, so it splits exactly:
-#
-#     logit[a] = sum over parts of  part @ (out_head.weight[a] * final_norm.scale) / rms
-#
-# An attention's output is out_proj(context), and out_proj has no bias, so it splits over the query
-# heads: head j's term is context[j*hd:(j+1)*hd] @ out_proj.weight[:, j*hd:(j+1)*hd].T. Head j read
-# the keys and values of group j // group_size (repeat_interleave), which each head's row says.
-# No attribution to prompt tokens and no patching here yet (why.py has them for GPT-2).
-
-
-@dataclass
-class FamilyWhy(Result):
-    """One attribution of a Qwen3/Llama model's next token, as plain data."""
-
-    family: str
-    tokens: list[str]
-    target: dict[str, Any]                 # {"id", "text", "logit"}: the model's own logit
-    parts: list[dict[str, Any]]            # [{"name", "value"}]: tok_emb, blocks.i.head.j, blocks.i.ff; sum = logit
-    heads: list[list[float]]               # [n_layers][n_heads]: each query head's term
-    ff: list[float]                        # [n_layers]: each feed-forward's term
-    groups: list[int]                      # [n_heads]: the key/value group each query head read
-    rms: float                             # final_norm's 1 / rms denominator at the last position, frozen
-    total: float                           # the sum of the parts
-    candidates: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@torch.inference_mode()
-def why_family(model: nn.Module, tokenizer: Tokenizer, text: str, target: int | None = None,
-               top_k: int = 10) -> FamilyWhy:
-    """Split the top next token's logit (or `target`'s) over tok_emb, every query head and every feed-forward."""
-    cfg = model.cfg
-    ids = torch.tensor([encode(tokenizer, text)], device=model.tok_emb.weight.device)  # [1, t]
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep_output(name: str):
-        def hook(module, inputs, output):
-            seen[name] = output[0, -1].detach().float()  # [d]: the last position's
-        return hook
-
-    def keep_input(name: str):
-        def hook(module, inputs):
-            seen[name] = inputs[0][0, -1].detach().float()  # [h*hd] (out_proj's) or [d] (final_norm's)
-        return hook
-
-    handles = [model.tok_emb.register_forward_hook(keep_output("tok_emb")),
-               model.final_norm.register_forward_pre_hook(keep_input("resid"))]
-    for i, block in enumerate(model.trf_blocks):
-        handles.append(block.att.out_proj.register_forward_pre_hook(keep_input(f"context.{i}")))
-        handles.append(block.ff.register_forward_hook(keep_output(f"ff.{i}")))
-    try:
-        last = model(ids)[0, -1].float()  # [V]
-    finally:
-        for h in handles:
-            h.remove()
-    if target is not None and not 0 <= target < cfg.vocab_size:
-        raise PromptError(f"target {target} is not a row of out_head: give an id from 0 to {cfg.vocab_size - 1}")
-    a = int(last.argmax()) if target is None else int(target)
-    x = seen["resid"]  # [d]
-    rms = float(torch.sqrt(x.pow(2).mean() + model.final_norm.eps))  # frozen at this position
-    direction = model.out_head.weight[a].float() * _norm_weight(model.final_norm).float() / rms  # [d]
-
-    h, hd, gs = cfg.n_heads, cfg.head_dim_value, cfg.group_size
-    parts = [{"name": "tok_emb", "value": float(seen["tok_emb"] @ direction)}]
-    heads, ff = [], []
-    for i, block in enumerate(model.trf_blocks):
-        context = seen[f"context.{i}"].view(h, hd)  # [h*hd] -> [h, hd]
-        w_o = block.att.out_proj.weight.float().view(-1, h, hd)  # [d, h*hd] -> [d, h, hd]
-        per_head = torch.einsum("jk,djk->jd", context, w_o) @ direction  # [h]: each head's slice of out_proj
-        heads.append([float(v) for v in per_head])
-        parts += [{"name": f"trf_blocks.{i}.att.head.{j}", "value": heads[-1][j], "group": j // gs}
-                  for j in range(h)]
-        ff.append(float(seen[f"ff.{i}"] @ direction))
-        parts.append({"name": f"trf_blocks.{i}.ff", "value": ff[-1]})
-    probs = last.softmax(-1).topk(min(top_k, cfg.vocab_size))
-    return FamilyWhy(
-        family=cfg.family, tokens=[tokenizer.decode([int(i)]) for i in ids[0]],
-        target={"id": a, "text": _text(tokenizer, a), "logit": float(last[a])},
-        parts=parts, heads=heads, ff=ff, groups=[j // gs for j in range(h)], rms=rms,
-        total=sum(p["value"] for p in parts),
-        candidates=[{"id": int(i), "text": _text(tokenizer, int(i)), "prob": float(p)}
-                    for p, i in zip(probs.values, probs.indices)])
-
-
-def _norm_weight(norm: nn.Module) -> torch.Tensor:
-    """RMSNorm's per-dimension weight: `scale` in Qwen3's file, `weight` in Llama's."""
-    return norm.scale if hasattr(norm, "scale") else norm.weight

@@ -28,7 +28,6 @@ the patched runs start from the corrupted run's recorded block inputs.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,51 +35,15 @@ import torch
 from ..adopt import adopt, check_computable
 from ..device import evaluating
 from ..engine.fused import fused
-from ..errors import PromptError, TraceCancelled
+from ..errors import TraceCancelled
 from ..families import is_family_model
 from ..model import GPTModel, attention_weights
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .record import Recorder, record
-from .result import Result, view
-from .family import why_family
-
-ATTENTION_IS_NOT = ("attention weights alone are neither answer: `direct` weighs each source by what its value "
-                    "vector, through W_O and final_norm, adds to the logit; `causal` removes it and runs again")
-
-
-@dataclass
-class Why(Result):
-    """One attribution, as plain data; `to_dict()` is the JSON's `why`."""
-
-    prompt: str
-    tokens: list[dict[str, Any]]
-    kind: str                                   # "token" or "class"
-    target: dict[str, Any]                      # {"id", "text", "logit"}
-    versus: dict[str, Any] | None
-    parts: list[dict[str, Any]]                 # [{"name", "value"}], summing to the metric
-    heads: list[list[float]]                    # [n_layers][n_heads]: each head's term
-    ff: list[float]                             # [n_layers]: each feed-forward's term
-    by_source: list[list[list[float]]]          # [n_layers][n_heads][t]: each head's term split over sources
-    sources: list[dict[str, Any]]
-    metric: float                               # the true logit, or the true logit difference
-    candidates: list[dict[str, Any]] = field(default_factory=list)  # the top tokens, to ask about another
-    contrast: dict[str, Any] | None = None      # without versus: {"versus", "parts"} of logit[target] - logit[runner-up]
-    patch: dict[str, Any] | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("prompt", "tokens", "kind", "target", "versus", "metric", "parts",
-                                             "sources", "heads", "ff", "by_source", "candidates", "contrast",
-                                             "notes")}
-        if self.patch is not None:
-            out["patch"] = self.patch
-        return out
-
-    def to_text(self, color: bool = False, top: int = 12) -> str:
-        """The terminal view (views/why.py)."""
-        return view(self, "text")(self, color=color, top=top)
-
+from .why_family import why_family
+from .why_result import (ATTENTION_IS_NOT, Why, check_id, corrupted_ids, first_difference, labeller, patch_pair,
+                         runner_up, sources_of, versus_id)
 
 @torch.inference_mode()
 def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: str | int | None = None,
@@ -93,31 +56,30 @@ def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: 
     classifier is always explained against a second class (the runner-up by default).
     patch: a corrupted prompt with as many tokens, for the activation-patching grids.
     reading: where a classifier reads a text (prompt.Reading; the book's recipe pads), as trace's About says.
-    A Qwen3 or Llama 3.2 model is answered by family.py's why_family (its parts through RMSNorm, one per query head).
+    A Qwen3 or Llama 3.2 model (or the book's, or transformers' module of one) is answered by why_family.py, with the
+    same fields: its parts through RMSNorm, one per query head, each naming the key/value group it read.
     """
-    if is_family_model(model):
-        if versus is not None or patch is not None or ids is not None or labels is not None or reading is not None:
-            raise PromptError(f"why for a {model.cfg.family} model splits the top token's logit (or target's) over its "
-                              "parts: drop versus, patch, ids, labels and reading")
-        return why_family(model, tokenizer, text, target=target, top_k=top_k)
     check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model).cfg
     ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)
     prompt = fit_for(ids, cfg.context_length, cfg.num_classes, reading)
     model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once
-    label = _labeller(model, tokenizer, labels)
+    if is_family_model(model):
+        return why_family(model, tokenizer, prompt, target=target, versus=versus, patch=patch, top_k=top_k,
+                          cancel=cancel)
+    label = labeller(model, tokenizer, labels)
     with evaluating(model):
         seen, logits = record_run(model, prompt.ids, cancel)
         last = logits[0, -1].float()  # [V]
-        a = int(last.argmax()) if target is None else _check_id(target, cfg.out_dim, "target")
-        b = _versus(model, tokenizer, versus, labels, last, a)
+        a = int(last.argmax()) if target is None else check_id(target, cfg.out_dim, "target")
+        b = versus_id(model, tokenizer, versus, labels, last, a)
         result = attribute(model, seen, prompt.ids, a, b)
         contrast = None
         if b is None and cfg.out_dim > 1:  # why A and not the runner-up: the same sum for the difference
-            r = _runner_up(last, a)
+            r = runner_up(last, a)
             contrast = {"versus": {"id": r, "text": label(r), "logit": float(last[r])},
                         "parts": attribute(model, seen, prompt.ids, a, r)["parts"]}
-        sources = _sources(prompt.ids, result["by_source"], remove_each(model, seen, prompt.ids, last, a, cancel),
+        sources = sources_of(prompt.ids, result["by_source"], remove_each(model, seen, prompt.ids, last, a, cancel),
                            tokenizer)
         patched = None if patch is None else patch_grid(model, tokenizer, seen, prompt.ids, last, patch,
                                                        b if versus is not None else None, label, cancel)
@@ -132,50 +94,6 @@ def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: 
         candidates=[{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)],
         contrast=contrast, patch=patched,
         notes=[n for n in (prompt.note, reading_line(cfg.num_classes, reading, prompt)) if n] + [ATTENTION_IS_NOT])
-
-
-def _labeller(model: GPTModel, tokenizer: Tokenizer, labels: list[str] | None):
-    if model.cfg.num_classes is None:
-        return lambda i: tokenizer.decode([i])
-    return lambda i: labels[i] if labels and i < len(labels) else f"class {i}"
-
-
-def _check_id(i: int, n: int, what: str) -> int:
-    if not 0 <= int(i) < n:
-        raise PromptError(f"{what} id {i} does not exist: choose 0..{n - 1:,}")
-    return int(i)
-
-
-def _runner_up(last: torch.Tensor, a: int) -> int:
-    """The highest-scoring id other than a."""
-    others = last.clone()
-    others[a] = -torch.inf
-    return int(others.argmax())
-
-
-def _versus(model: GPTModel, tokenizer: Tokenizer, versus: str | int | None, labels: list[str] | None,
-            last: torch.Tensor, a: int) -> int | None:
-    """The id of B in logit[A] - logit[B]: as given, or for a classifier the runner-up class."""
-    cfg = model.cfg
-    if versus is None:
-        if cfg.num_classes is None:
-            return None
-        return _runner_up(last, a)
-    if isinstance(versus, int):
-        return _check_id(versus, cfg.out_dim, "--versus")
-    if cfg.num_classes is not None:
-        names = labels or [f"class {i}" for i in range(cfg.num_classes)]
-        if versus in names:
-            return names.index(versus)
-        if versus.isdigit():
-            return _check_id(int(versus), cfg.out_dim, "--versus")
-        raise PromptError(f"--versus {versus!r} is not a class of this classifier: choose one of {names}")
-    pieces = tokenizer.encode(versus)
-    if len(pieces) != 1:
-        split = " + ".join(repr(tokenizer.decode([i])) for i in pieces) or "no tokens"
-        raise PromptError(f"--versus {versus!r} is {len(pieces)} tokens ({split}), not one: give a single token, "
-                          "e.g. with its leading space (' know')")
-    return pieces[0]
 
 
 def record_run(model: GPTModel, ids: list[int], cancel: threading.Event | None) -> tuple[dict, torch.Tensor]:
@@ -323,14 +241,6 @@ def _own_attention(clean: dict, p: str, spans: list, t: int, h: int, device: tor
     return attend
 
 
-def _sources(ids: list[int], by_source: list, causal: list | str, tokenizer: Tokenizer) -> list[dict[str, Any]]:
-    direct = torch.tensor(by_source, dtype=torch.float64).sum(dim=(0, 1))  # [n_layers, h, t] -> [t]
-    return [{"position": j, "id": i, "text": tokenizer.decode([i]), "direct": float(direct[j]),
-             "causal": causal[j] if isinstance(causal, list) else {"how": causal, "prob_change": None,
-                                                                    "logit_change": None}}
-            for j, i in enumerate(ids)]
-
-
 def patch_grid(model: GPTModel, tokenizer: Tokenizer, clean: dict, ids: list[int], last: torch.Tensor,
               corrupted_text: str, versus: int | None, label, cancel) -> dict[str, Any]:
     """The clean run's block inputs (and heads' outputs) copied one at a time into the corrupted run.
@@ -342,28 +252,14 @@ def patch_grid(model: GPTModel, tokenizer: Tokenizer, clean: dict, ids: list[int
     removals do), and read only out_head's rows A and B.
     """
     cfg = model.cfg
-    bad = encode(tokenizer, corrupted_text)
-    if len(bad) != len(ids):
-        show = lambda xs: " ".join(repr(tokenizer.decode([i])) for i in xs)  # noqa: E731
-        raise PromptError(f"--patch needs as many tokens as the prompt: the prompt is {len(ids)} ({show(ids)}), "
-                          f"the corrupted prompt {len(bad)} ({show(bad)})")
+    bad = corrupted_ids(tokenizer, ids, corrupted_text)
     corrupt, bad_logits = record_run(model, bad, cancel)
-    bad_last = bad_logits[0, -1].float()
-    a = int(last.argmax())
-    b = int(bad_last.argmax()) if versus is None else versus
-    if a == b:
-        raise PromptError(f"both prompts' top token is {label(a)!r}, so logit[A] - logit[B] is 0 on both: "
-                          "pass --versus TOKEN to measure against another token")
-    m_clean, m_bad = float(last[a] - last[b]), float(bad_last[a] - bad_last[b])
-    if abs(m_clean - m_bad) < 1e-6:
-        raise PromptError(f"the clean and the corrupted prompt give the same logit difference ({m_clean:.4g}): "
-                          "nothing for patching to restore; choose a corrupted prompt that changes the answer")
+    a, b, m_clean, m_bad = patch_pair(last, bad_logits[0, -1].float(), versus, label)
     head = model.out_head
     w = (head.weight[a] - head.weight[b]).double()  # only logit[A] - logit[B] is read: two rows of out_head
     shift = 0.0 if head.bias is None else float(head.bias[a].double() - head.bias[b].double())
     restored = lambda h: ((h.double() @ w + shift) - m_bad) / (m_clean - m_bad)  # noqa: E731
-    # Before the first token the prompts differ in, both runs hold the same numbers: copying changes nothing.
-    first = next(j for j, (x, y) in enumerate(zip(ids, bad)) if x != y)
+    first = first_difference(ids, bad)
     grid = [[0.0] * first + restored(_patched_resid(model, clean, corrupt, i, first, cancel)).tolist()
             for i in range(cfg.n_layers + 1)]
     heads = [restored(_patched_heads(model, clean, corrupt, i, cancel)).tolist() for i in range(cfg.n_layers)]

@@ -3,7 +3,8 @@
     text.py       a Trace in the terminal                diagram.py  a Trace's picture; attention heatmaps
     why.py        a Why: text, picture, HTML             passage.py  a Passage: text and picture
     compare.py    a Comparison: text and picture         diff.py     a WeightDiff: text and picture
-    family.py     a Qwen3/Llama FamilyTrace (text, picture), its FamilyWhy (text) and what changed from GPT-2 (text)
+    family.py     a Qwen3/Llama FamilyTrace (text, picture), its FamilyWhy (text, HTML; its picture is why.py's)
+                  and what changed from GPT-2 (text)
     notebook.py   each result's notebook cell (its picture and key lines); show(model, text)
     pieces.py     a text's sliding windows; a checked piece's picture; show(piece, input) for any piece
     draw.py       boxes, text and lines, measured; written as SVG or PNG
@@ -14,17 +15,19 @@ registry, filled here when glassgpt.explain is imported.
 
 from ..compare import Comparison
 from ..diff import WeightDiff
-from ..family import FamilyTrace, FamilyWhy, GPT2Changes
+from ..family import FamilyTrace, GPT2Changes
 from ..passage import Passage
 from ..pieces import PieceResult, SlidingWindows
 from ..result import register
 from ..trace import Trace
 from ..verify import CheckResult
 from ..why import Why
+from ..why_family import FamilyWhy
 from .compare import comparison_layout, comparison_text
 from .diagram import layout as trace_layout
 from .diff import diff_layout, diff_text
-from .family import family_html, family_layout, render_changes_text, render_family_text, render_family_why_text
+from .family import (family_html, family_layout, family_why_html, render_changes_text, render_family_text,
+                     render_family_why_text)
 from .notebook import check_html, check_layout, comparison_html, diff_html, passage_html, trace_html
 from .passage import passage_layout, passage_text
 from .pieces import piece_html, piece_layout, windows_html, windows_layout, windows_text
@@ -38,7 +41,7 @@ register(Comparison, text=comparison_text, picture=comparison_layout, html=compa
 register(WeightDiff, text=diff_text, picture=diff_layout, html=diff_html)
 register(FamilyTrace, text=render_family_text, picture=family_layout, html=family_html)
 register(GPT2Changes, text=render_changes_text, html=family_html)
-register(FamilyWhy, text=render_family_why_text)
+register(FamilyWhy, text=render_family_why_text, picture=why_layout, html=family_why_html)
 register(CheckResult, picture=check_layout, html=check_html)  # its text is CheckResult.to_text, in verify.py
 register(PieceResult, picture=piece_layout, html=piece_html)  # its text is PieceResult.to_text, in pieces/report.py
 register(SlidingWindows, text=windows_text, picture=windows_layout, html=windows_html)

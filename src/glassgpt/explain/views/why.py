@@ -49,7 +49,7 @@ def why_text(w: Why, color: bool = False, top: int = 12) -> str:
                                      f"(logit difference {diff:+.4f}; --versus picks another)", diff)
     lines += ["", *_grid_lines(w), "", *_source_lines(w)]
     if w.patch is not None:
-        lines += ["", *_patch_lines(w.patch)]
+        lines += ["", *patch_lines(w.patch)]
     return "\n".join(lines)
 
 
@@ -90,7 +90,7 @@ def _source_lines(w: Why) -> list[str]:
     return lines
 
 
-def _patch_lines(patch: dict) -> list[str]:
+def patch_lines(patch: dict) -> list[str]:
     a, b = token(patch["clean_top"]["text"]), token(patch["versus"]["text"])
     cols = [token(t, 9) for t in patch["positions"]]
     lines = [f"activation patching from {patch['corrupted']!r}: the fraction of logit[{a}] - logit[{b}] restored "
