@@ -226,6 +226,16 @@ def test_an_uncovered_architecture_is_refused_from_config_json_before_any_weight
     assert fake.network_calls() == [("hf_hub_download", "config.json", False)] and fake.sent == ["config.json"]
 
 
+def test_a_quantized_repository_is_refused_from_config_json_before_any_weights(tmp_path, fake_hub, capsys):
+    repo = qwen_repo(tmp_path / "repo")
+    raw = json.loads((repo / "config.json").read_text())
+    (repo / "config.json").write_text(json.dumps(raw | {"quantization_config": {"quant_method": "fp8"}}))
+    fake = fake_hub({"Qwen/Qwen3-tiny-FP8": repo})
+    code, _, err = run(["explain", PROMPT, "--model", "Qwen/Qwen3-tiny-FP8"], capsys)
+    assert_one_line_error(code, err, "describes fp8 weights (quantization_config)", "unquantized repository")
+    assert fake.sent == ["config.json"]
+
+
 def test_a_model_too_big_for_this_machine_is_refused_before_its_weights_are_fetched(tmp_path, fake_hub, capsys,
                                                                                      monkeypatch):
     fake = fake_hub({"Qwen/Qwen3-tiny": qwen_repo(tmp_path / "repo")})

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import CheckpointError
 from .families import HF_ARCHITECTURES, config_from_hf, hf_architecture
+from .family_tokenizers import TOKENIZER_FILES
 from .files import read_json
 
 GPT2_ARCHITECTURE = "GPT2LMHeadModel"
@@ -32,8 +33,8 @@ _FAMILY_FILES = ("config.json", "generation_config.json", "model*.safetensors", 
 # never another folder's copy).
 REPO_FILES: dict[str, tuple[str, ...]] = {
     "gpt2": ("config.json", "model.safetensors"),
-    "qwen3": _FAMILY_FILES + ("tokenizer.json",),
-    "llama3": _FAMILY_FILES + ("tokenizer.model", "original/tokenizer.model"),
+    "qwen3": _FAMILY_FILES + TOKENIZER_FILES["qwen3"],
+    "llama3": _FAMILY_FILES + TOKENIZER_FILES["llama3"],
 }
 # The repository of each Qwen3 / Llama 3.2 preset's trained weights (the presets themselves are random).
 PRESET_REPOS = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "qwen3-1.7b": "Qwen/Qwen3-1.7B",
@@ -117,9 +118,7 @@ def has_files(path: Path, family: str) -> bool:
         weights = bool(shards) and all((path / str(s)).is_file() for s in shards)
     else:
         weights = (path / "model.safetensors").is_file()
-    tokenizers = [path / "tokenizer.json"] if family == "qwen3" else [path / "tokenizer.model",
-                                                                       path / "original" / "tokenizer.model"]
-    return weights and any(t.is_file() for t in tokenizers)
+    return weights and any((path / name).is_file() for name in TOKENIZER_FILES[family])
 
 
 def _fetch(repo_id: str, get, complete, lacks: str, progress: bool) -> tuple[Path | None, str]:
