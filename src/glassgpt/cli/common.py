@@ -157,8 +157,8 @@ def load(args: argparse.Namespace, source: Source | None = None, tokens: int = 1
     tokens, `new_tokens` of them generated (check_inference_memory); a preset's RandomWeightsWarning becomes a
     note (see notes_for_warnings)."""
     source = source or open_model(args)
-    cfg = source.local_config()
-    if cfg is not None:  # a hub id's config may not be here yet: checked once it is loaded
+    cfg = source.config_before_weights()  # a Qwen3/Llama hub id's from its config.json alone
+    if cfg is not None:  # a GPT-2 hub id's is read with its weights: checked once it is loaded
         check_inference_memory(args, cfg, tokens, new_tokens)
     model = source.load(args.device, args.dtype, seed=args.seed if args.seed is not None else 0)
     if cfg is None:

@@ -249,7 +249,8 @@ def run_info(args: argparse.Namespace) -> int:
     notes = family_notes(cfg) if family else [str(note) for note in source.notes()] + [
         n for n in (layout_note(cfg),) if n]
     if source.random_weights:
-        notes.insert(0, f"random weights drawn by {INIT_SCHEMES[source.init]}")
+        notes.insert(0, f"random weights drawn by {INIT_SCHEMES[source.init]}" if source.init else
+                     "random weights: N(0, 0.02) matrices, norms at 1 (glassgpt.families.random_family_model)")
     elif source.kind == "gguf":
         notes.insert(0, gguf_dtype_note(source.name))
     if args.json:

@@ -228,7 +228,7 @@ def _check_memory(source, settings: dict, dtype: str, batch_size: int, device: s
     """check_training_memory for the model a run starts from (its config read without its weights): full
     finetuning's gradients and AdamW state counted for every weight; with LoRA or a frozen body, the weights
     and activations alone."""
-    cfg = formats.open(source).local_config()
+    cfg = formats.open(source).config_before_weights()  # a Qwen3/Llama hub id's: its config.json alone
     if cfg is not None:
         check_training_memory(cfg, dtype, batch_size, settings.get("max_length") or cfg.context_length, device,
                               model_flags=False, frozen=bool(settings.get("lora_rank")) or settings.get("trainable") != "all")

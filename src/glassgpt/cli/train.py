@@ -228,7 +228,7 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: re
         seed = args.seed if args.seed is not None else recipe.defaults.get("seed", default("seed"))
         return recipe.new_model(gcfg, init_scheme(args.model or "gpt2"), seed), tokenizer, gcfg.context_length
     source = open_model(args, spec=args.init, window=True)  # --n-heads, --drop-rate, --context-length: its own
-    init_cfg = source.local_config()
+    init_cfg = source.config_before_weights()  # a Qwen3/Llama hub id's: its config.json alone
     if init_cfg is not None:
         check_training_memory(init_cfg, cfg.dtype, cfg.batch_size, args.context_length or init_cfg.context_length,
                               args.device, model_flags=False)

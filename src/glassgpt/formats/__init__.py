@@ -8,13 +8,15 @@ is `open(spec).load()`.
     `best/` or `latest/` checkpoints (best/; a `--recipe book` run's final latest/: source.py);
   - a directory in Hugging Face's GPT-2 layout (hf.py: `config.json` + `model.safetensors`,
     or `pytorch_model.bin`, read with `weights_only=True`: nothing is unpickled);
-  - a hub id such as `openai-community/gpt2`, fetched with huggingface_hub and cached (hub.py);
+  - a hub id such as `openai-community/gpt2` or `Qwen/Qwen3-0.6B`, fetched with huggingface_hub and cached
+    (hub.py): its config.json first, which says the model, then only the files that model needs;
   - the book's files: a state dict saved by its GPTModel (`model.pth`, book.py), or the
     OpenAI folder its gpt_download.py writes (`gpt2/124M/`, a TensorFlow checkpoint: openai.py);
   - a GGUF file in llama.cpp's GPT-2 layout (gguf.py), as `glassgpt export --format gguf` writes it;
   - Qwen3 and Llama 3.2 (families.py): a Hugging Face folder (Qwen3ForCausalLM, LlamaForCausalLM;
     sharded safetensors) or the book's .pth with its config .json; their glass models are
-    glassgpt.families', not GPTModel, and their tokenizers family_tokenizers.py's.
+    glassgpt.families', not GPTModel, and their tokenizers family_tokenizers.py's; their presets
+    (`qwen3-0.6b`, ...) are their shapes with random weights.
 
 Each reader checks its file before it builds anything from it (checks.py: the config's values,
 the config against the tensors' shapes, in the file's own words), and every one of them ends in
@@ -27,9 +29,8 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -46,7 +47,7 @@ from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load
                        read_checkpoint, read_config_file, read_tokenizer, resolve_checkpoint_dir, save_model)
 from .files import leftovers, upgrade_name
 from .hf import export_hf
-from .hub import download, try_download
+from .hub import Repo, download, is_hub_id, try_fetch_config, try_fetch_files
 from .source import FIXED_BY_TENSORS, About, Checkpoint, Note, Source, is_random_init, open  # noqa: A004
 # (`open` is formats.open, left out of __all__ so that `from glassgpt.formats import *` keeps the builtin)
 
@@ -86,28 +87,35 @@ def checkpoint_dir(spec: str | os.PathLike | Source) -> Path:
     return source.dir if source.is_local_checkpoint else fetch(source.name)
 
 
-def fetch(spec: str) -> Path:
-    """A hub id fetched into the cache; else one line on what `spec` could have been (a typo beside it, an
-    interrupted export's leftovers, the kinds --model takes)."""
-    ckpt, where = None, ""
-    if is_hub_id(spec):
-        ckpt, reason = try_download(spec)
-        where = (f" here or on the Hugging Face hub ({reason}): put its config.json and model.safetensors "
-                 "in a directory and pass that, or")
+def fetch_repo(spec: str) -> Repo:
+    """A hub id's config.json, fetched alone (hub.py: which model the repository holds, before any weights);
+    else one line on what `spec` could have been (a typo beside it, an interrupted export's leftovers, the kinds
+    --model takes)."""
+    repo, reason = try_fetch_config(spec) if is_hub_id(spec) else (None, None)
+    if repo is None:
+        _no_model(spec, reason)
+    return repo
+
+
+def fetch(spec: str | Repo) -> Path:
+    """The folder of a hub id's files in the cache: config.json, then the files its model needs (hub.REPO_FILES);
+    else one line, as fetch_repo's."""
+    repo = spec if isinstance(spec, Repo) else fetch_repo(spec)
+    path, reason = try_fetch_files(repo)
+    if path is None:
+        _no_model(repo.repo_id, reason)
+    return path
+
+
+def _no_model(spec: str, hub_reason: str | None) -> NoReturn:
+    where = "" if hub_reason is None else (f" here or on the Hugging Face hub ({hub_reason}): put its config.json "
+                                           "and model.safetensors in a directory and pass that, or")
     left = leftovers(Path(spec))
-    if ckpt is None and left:
+    if left:
         raise CheckpointError(f"no model {spec!r}: beside it is only {left[0].name}, what an export or save of it "
                               "left when it was interrupted (its process is gone): run that export again")
-    if ckpt is None:
-        raise CheckpointError(f"no model {spec!r}{_near_miss(spec)}{where or ':'} use a preset "
-                              f"({', '.join(PRESETS)}), {SPEC_KINDS}")
-    return ckpt
-
-
-def is_hub_id(spec: str) -> bool:
-    """`owner/name` as the Hugging Face hub spells a repository; never a local-looking path or file name."""
-    return (re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) is not None
-            and not spec.endswith((".pth", ".pt", ".bin", ".json", ".gguf", ".safetensors")))
+    raise CheckpointError(f"no model {spec!r}{_near_miss(spec)}{where or ':'} use a preset "
+                          f"({', '.join(PRESETS)}), {SPEC_KINDS}")
 
 
 def _near_miss(spec: str) -> str:
@@ -190,9 +198,9 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
     The same seed gives the same weights whatever the RNG's state; "pytorch-default" draws on the CPU
     (as the book's code does) and then moves the weights to `device`. A config too big for this
     machine's memory is refused before anything is allocated."""
+    check_buildable(cfg, dtype, device, source or "the config")
     if isinstance(cfg, FamilyConfig):  # Qwen3 or Llama 3: N(0, 0.02) matrices, norms at 1
         return random_family_model(cfg, seed, dtype, device)
-    check_buildable(cfg, dtype, device, source or "the config")
     model = meta_model(cfg)
     model.to_empty(device="cpu" if init_name(init) == "pytorch-default" else device)
     model.tie_weights()

@@ -25,7 +25,7 @@ import torch
 from ..config import GPTConfig
 from ..errors import CheckpointError, ConfigError
 from .. import memory
-from ..memory import parameter_counts
+from ..memory import parameter_table
 from ..model import GPTModel
 
 GPT2_XL_PARAMETERS = 1_557_611_200
@@ -93,8 +93,7 @@ def check_sizes(cfg: GPTConfig, shapes: Mapping[str, tuple[int, ...]], spelling:
 
 def check_buildable(cfg: GPTConfig, dtype: torch.dtype, device: torch.device, source: str) -> None:
     """Refuse a model whose weights alone would not fit in this machine's memory (before any is asked for)."""
-    counts = parameter_counts(cfg)
-    params = counts["linear"] + counts["other"]
+    params = parameter_table(cfg)["total"]  # GPT-2's, or a Qwen3/Llama config's (families/memory.py)
     need = params * dtype.itemsize
     have = memory_bytes(device)
     if need > have:

@@ -65,6 +65,11 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyCo
                               f"{' (' + str(raw.get('model_type')) + ')' if raw.get('model_type') else ''}: "
                               f"glassgpt covers {COVERED} and GPT2LMHeadModel (gpt2)")
     family = HF_ARCHITECTURES[arch]
+    quant = raw.get("quantization_config")
+    if quant:  # FP8, AWQ, GPTQ, bitsandbytes: packed weights and scales in place of the matrices
+        method = quant.get("quant_method", "quantized") if isinstance(quant, dict) else "quantized"
+        raise CheckpointError(f"{source} describes {method} weights (quantization_config): glassgpt reads float "
+                              f"weights (float32, bfloat16, float16): use the model's unquantized repository")
     rope = raw.get("rope_parameters") or {}  # transformers 5 keeps rope_theta and the scaling here
     scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type") == "llama3" else None)
     rope_base = raw.get("rope_theta", rope.get("rope_theta", 10_000.0))

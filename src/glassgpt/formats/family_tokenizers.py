@@ -35,6 +35,10 @@ LLAMA3_SPECIALS = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|start_header
                    "<|end_header_id|>": 7, "<|eot_id|>": 9}  # offsets after the ranks; the rest are reserved
 
 
+# Where a model folder keeps each family's tokenizer (Meta's repositories: in original/), in the order tried.
+TOKENIZER_FILES = {"qwen3": ("tokenizer.json",), "llama3": ("tokenizer.model", "original/tokenizer.model")}
+
+
 class Qwen3Tokenizer(Tokenizer):
     """Qwen3's byte-level BPE from tokenizer.json; special tokens in the text are split out first."""
 
@@ -145,13 +149,8 @@ def family_tokenizer(path: str | os.PathLike, family: str, vocab_size: int) -> T
     """The tokenizer in a model folder (tokenizer.json for Qwen3; tokenizer.model or original/tokenizer.model
     for Llama 3), checked against the model's vocabulary; None when the folder has none."""
     path = Path(path)
-    if family == "qwen3":
-        found = [path / "tokenizer.json"]
-        make = Qwen3Tokenizer
-    else:
-        found = [path / "tokenizer.model", path / "original" / "tokenizer.model"]
-        make = Llama3Tokenizer
-    for file in found:
+    make = Qwen3Tokenizer if family == "qwen3" else Llama3Tokenizer
+    for file in (path / name for name in TOKENIZER_FILES[family]):
         if file.is_file():
             tokenizer = make(file)
             check_vocabulary(tokenizer, vocab_size, str(file))

@@ -33,12 +33,14 @@ from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
 from ..model import GPTModel
 from ..prompt import Reading, classifier_reading
 from ..tokenizer import Tokenizer, get_tokenizer
-from ..families import FAMILY_PRESETS
+from ..families import FAMILY_PRESETS, FamilyConfig
 from . import book, families, gguf, openai
+from .checks import check_buildable
 from .files import refuse_leftover
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, read_checkpoint,
                        read_checkpoint_file, read_config_file, read_meta, read_tokenizer, resolve_checkpoint_dir)
 from .hf import hf_to_glassgpt
+from .hub import PRESET_REPOS, Repo
 
 # The config fields a file's tensors fix; a config passed with a file must agree on each.
 FIXED_BY_TENSORS = ("vocab_size", "context_length", "emb_dim", "n_layers", "qkv_bias", "tie_embeddings", "num_classes")
@@ -47,7 +49,8 @@ UNSEEN = "a state dict's shapes cannot tell the head count"
 
 
 def is_random_init(spec: str) -> bool:
-    return spec in PRESETS or (str(spec).endswith(".json") and Path(spec).is_file())
+    """A preset (GPT-2's, the book's, or a Qwen3/Llama 3.2 size) or a config .json: random weights."""
+    return spec in PRESETS or spec in FAMILY_PRESETS or (str(spec).endswith(".json") and Path(spec).is_file())
 
 
 def resolve_kind(spec: Any) -> str:
@@ -55,7 +58,8 @@ def resolve_kind(spec: Any) -> str:
     read in place by adopt.py), "gguf" (a .gguf file), "random" (a preset or a config .json: random
     weights), "openai" (the book's gpt2/124M folder), "family" (a Qwen3 or Llama 3.2 folder, or the book's
     .pth of one with its config beside it: formats/families.py), "state_dict" (a .pth state dict such as the
-    book's model.pth), or "checkpoint" (a glassgpt or Hugging Face directory, a run directory, or a hub id)."""
+    book's model.pth), or "checkpoint" (a glassgpt or Hugging Face directory, a run directory, or a hub id:
+    which model a hub id holds its config.json says, fetched when it is first needed, Source._repo)."""
     if isinstance(spec, nn.Module):
         return "module"
     refuse_leftover(Path(spec))
@@ -182,10 +186,30 @@ class Source:
         return self._local_dir if self._local_dir is not None else self.__dict__.get("_fetched")
 
     @cached_property
+    def _repo(self) -> Repo | None:
+        """A hub id's repository, known by its config.json fetched alone, before any weights (hub.py); None for
+        every other spec. A name that is nothing here or on the hub is answered in one line (formats.fetch_repo)."""
+        if self.kind != "checkpoint" or self._local_dir is not None:
+            return None
+        from . import fetch_repo  # the hub's door, with its one-line answer for a name that is nothing
+        return fetch_repo(self.name)
+
+    @property
+    def _hub_family(self) -> bool:
+        """A hub id whose config.json names Qwen3ForCausalLM or LlamaForCausalLM (fetched to tell)."""
+        return self._repo is not None and self._repo.family != "gpt2"
+
+    @cached_property
     def _fetched(self) -> Path:
-        """The directory of a checkpoint spec: a local one, or a hub id fetched into the cache."""
-        from . import fetch  # the hub's door, with its one-line answer for a name that is nothing
-        return self._local_dir if self._local_dir is not None else fetch(self.name)
+        """The directory of a checkpoint spec: a local one, or a hub id's files fetched into the cache (those
+        its model needs: hub.REPO_FILES)."""
+        from . import fetch
+        return self._local_dir if self._local_dir is not None else fetch(self._repo)
+
+    @property
+    def _family_path(self) -> Path | str:
+        """A Qwen3 or Llama model's folder or .pth: the spec's own, or a hub id's files fetched into the cache."""
+        return self.name if self.kind == "family" else self._fetched
 
     # --- what it is -----------------------------------------------------------------------------
 
@@ -196,7 +220,7 @@ class Source:
     @property
     def init(self) -> str | None:
         """A random model's initialisation scheme (model.INIT_SCHEMES); None for trained weights."""
-        return init_scheme(self.name) if self.random_weights else None
+        return init_scheme(self.name) if self.random_weights and self.name not in FAMILY_PRESETS else None
 
     @cached_property
     def _state(self) -> dict[str, torch.Tensor]:
@@ -214,8 +238,10 @@ class Source:
             return adopt(self.module).cfg
         if self.kind == "family":
             return families.read_family_config(self.name)
-        if self.name in FAMILY_PRESETS:  # Qwen3 and Llama 3.2's sizes: for info, no weights
+        if self.name in FAMILY_PRESETS:  # Qwen3 and Llama 3.2's sizes, random weights
             return FAMILY_PRESETS[self.name]
+        if self._hub_family:  # from its config.json alone: the memory is checked before the weights are fetched
+            return families.config_from_hf(self._repo.raw, f"{self.name}'s config.json")
         if self.kind == "random":
             cfg = PRESETS[self.name] if self.name in PRESETS else read_config_file(self.name)
             given = {"drop_rate": self.drop_rate, "context_length": self.context_length}
@@ -238,10 +264,19 @@ class Source:
 
     def local_config(self) -> GPTConfig | None:
         """`config`, or None for a hub id not fetched: a command checks its flags with it before a slow load."""
-        if self.kind == "checkpoint" and self.name not in FAMILY_PRESETS and self._local_dir is None \
-                and "_fetched" not in self.__dict__:
+        if self.kind == "checkpoint" and self._local_dir is None and "_fetched" not in self.__dict__ \
+                and not ("_repo" in self.__dict__ and self._hub_family):
             return None
         return self.config
+
+    def config_before_weights(self) -> GPTConfig | FamilyConfig | None:
+        """`local_config()`, or a Qwen3 or Llama hub id's config read from its config.json alone (fetched, the
+        cache first), so that a command checks the memory before the weights are downloaded; None for a GPT-2
+        hub id, whose config is read with its weights."""
+        cfg = self.local_config()
+        if cfg is None and self._hub_family:
+            return self.config
+        return cfg
 
     def notes(self) -> list[Note]:
         """Where each config value that the file does not hold came from: a state dict's head count and dropout,
@@ -341,19 +376,22 @@ class Source:
 
     def _load(self, dev: torch.device, dt: torch.dtype, seed: int, config: GPTConfig | None) -> GPTModel:
         from . import random_model
-        if self.kind == "family":  # Qwen3 or Llama 3.2 (families/): their own glass models
+        if self.kind == "family" or self._hub_family:  # Qwen3 or Llama 3.2 (families/): their own glass models
             if config is not None:
                 raise ConfigError(f"{self.name} is a Qwen3/Llama model whose config.json sets its own shapes: drop "
                                   "config=")
-            return families.load_family(self.name, dev, dt)
+            if self.drop_rate:
+                raise ConfigError(f"Qwen3 and Llama 3 have no dropout, so drop_rate {self.drop_rate} cannot apply: "
+                                  "drop --drop-rate")
+            if self._hub_family and "_fetched" not in self.__dict__:  # before its weights are downloaded
+                check_buildable(self.config, dt, dev, self.name)
+            return families.load_family(self._family_path, dev, dt)
         if config is not None and self.kind == "random":
             return random_model(config, dev, dt, seed)
         if config is not None:
             return self._load_with_config(config, dev, dt)
         if self.kind == "random":
-            warnings.warn(f"{self.name} has random weights (a preset, not trained): the shapes are real, the "
-                          "probabilities and text are not. Load trained weights from a hub id such as "
-                          "openai-community/gpt2 or from a checkpoint directory.", RandomWeightsWarning, stacklevel=4)
+            warnings.warn(self._random_warning(), RandomWeightsWarning, stacklevel=4)
             return random_model(self.config, dev, dt, seed, self.init, source=self.name)
         if self.kind == "gguf":
             cfg, tensors = gguf.read_gguf(self.name)
@@ -370,6 +408,17 @@ class Source:
         if self.drop_rate is not None:  # no tensor holds it: the override is the model's
             model = with_drop_rate(model, self.drop_rate)
         return model
+
+    def _random_warning(self) -> str:
+        if self.name in FAMILY_PRESETS:
+            repo = PRESET_REPOS[self.name]
+            return (f"{self.name} has random weights (a preset, not trained): every shape and weight matrix is "
+                    f"{repo}'s, the probabilities and text are not, and the prompt is read with GPT-2's tokenizer "
+                    f"(glassgpt ships none of Qwen3's or Llama's). Load {repo} (a hub id) or its folder for its "
+                    "weights and tokenizer.")
+        return (f"{self.name} has random weights (a preset, not trained): the shapes are real, the probabilities "
+                "and text are not. Load trained weights from a hub id such as openai-community/gpt2 or from a "
+                "checkpoint directory.")
 
     def _load_with_config(self, config: GPTConfig, dev: torch.device, dt: torch.dtype) -> GPTModel:
         """The file's own weights under `config`, or one line naming the first field they disagree on."""
@@ -393,8 +442,8 @@ class Source:
     def tokenizer(self) -> Tokenizer:
         """The tokenizer saved with a checkpoint (tokenizer.json), the OpenAI folder's or a GGUF file's own
         (each checked to be GPT-2's), else GPT-2's."""
-        if self.kind == "family":
-            return families.load_family_tokenizer(self.name)
+        if self.kind == "family" or self._hub_family:
+            return families.load_family_tokenizer(self._family_path)
         if self.kind == "openai":
             return openai.openai_tokenizer(self.name)
         if self.kind == "gguf":
