@@ -23,6 +23,7 @@ from glassgpt.formats.gguf import _reader
 from glassgpt.generate import generate
 from glassgpt.tokenizer import gpt2_vocab
 
+from conftest import skip_unless_required
 from helpers import assert_one_line_error, run
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (pip install 'glassgpt[gguf]') is not installed")
@@ -259,8 +260,12 @@ print(json.dumps({"tokens": tokens, "greedy": out}))
 @pytest.mark.parametrize("exported, dtype", [(BOOK, "f32"), (GPT2, "f32"), (BOOK, "q8_0")],
                          ids=["book-layout-f32", "gpt2-layout-f32", "book-layout-q8_0"], indirect=["exported"])
 def test_llama_cpp_runs_the_export_with_glassgpts_float32_greedy_tokens(exported, dtype):
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (CMAKE_ARGS='-DGGML_NATIVE=ON' "
-                                            "pip install llama-cpp-python builds llama.cpp): nothing runs the file")
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        skip_unless_required("llama-cpp-python is not installed (CMAKE_ARGS='-DGGML_NATIVE=ON' pip install "
+                             "llama-cpp-python builds llama.cpp; .ci/run does): nothing runs the file",
+                             "GLASSGPT_REQUIRE_LLAMA_CPP")
     model, paths = exported
     prompt = glassgpt.get_tokenizer("gpt2").encode(PROMPT)
     done = subprocess.run([sys.executable, "-c", LLAMA_GREEDY, str(paths[dtype]), str(model.cfg.context_length),
