@@ -242,16 +242,6 @@ def test_small_config_matches_transformers_block_by_block(hf_tiny):
     assert_matches_hf(hf, model, ids)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_small_config_matches_transformers_on_cuda(hf_tiny):
-    hf, path = hf_tiny
-    model = glassgpt.load_model(path, device="cuda", dtype="float32")
-    assert model.tok_emb.weight.device.type == "cuda"
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids.cuda()).cpu(), hf(ids).logits, **TOL)
-
-
 def test_untied_small_config_matches_transformers(hf_tiny_untied):
     hf, path = hf_tiny_untied
     model = glassgpt.load_model(path, device="cpu", dtype="float32")
