@@ -107,7 +107,7 @@ def run_explain(args: argparse.Namespace) -> int:
     model, tok = load(args, source, tokens=len(args.prompt.encode("utf-8")))  # (its bytes bound its tokens)
     _check_layers(args, model.cfg.n_layers)
     if is_family_model(model):  # Qwen3, Llama 3.2: the text view of explain/family.py
-        return _run_family(args, model, tok)
+        return _run_family(args, model, tok, source)
     about = read_as(args, source, model)
     allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
     ids = encode_prompt(tok, args.prompt, allowed) if allowed and special_note else None
@@ -137,20 +137,19 @@ def run_explain(args: argparse.Namespace) -> int:
                                           heatmap=heat))
 
 
-def _run_family(args: argparse.Namespace, model, tok: Tokenizer) -> int:
+def _run_family(args: argparse.Namespace, model, tok: Tokenizer, source: Source) -> int:
     if args.attention or args.embedding_vs_linear:
         raise GlassError(f"for a {model.cfg.family} model explain has its text, JSON and picture views, --why, and "
-                         "--compare with a GPT-2: drop --attention and --embedding-vs-linear")
+                         "--compare: drop --attention and --embedding-vs-linear")
     if args.why:  # the same answer as GPT-2's (its JSON under "why"), and the same picture
         result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, top_k=args.top_k)
         for note in result.notes[:-1]:  # (the last, on attention, is in every view)
             print(f"note: {note}", file=sys.stderr)
         return _show(args, {"why": result.to_dict()}, lambda: why_layout(result), lambda color: result.to_text())
     if args.compare:
-        gpt2, _ = load_second(args, args.compare, None, dtype=model.tok_emb.weight.dtype)
-        if is_family_model(gpt2):
-            raise GlassError(f"--compare {args.compare} is not a GPT-2: explain --compare shows what changed from "
-                             "GPT-2 (give gpt2, or a GPT-2 checkpoint)")
+        gpt2, second = load_second(args, args.compare, None, dtype=model.tok_emb.weight.dtype)
+        if is_family_model(gpt2):  # two Qwen3/Llama models: their next tokens side by side
+            return _run_compare(args, model, tok, source.about(), (gpt2, second))
         changes = changes_from_gpt2(model, gpt2)
         if args.format in ("svg", "png"):
             raise GlassError("what changed from GPT-2 is text (or --format json): drop --format " + args.format)
@@ -169,9 +168,12 @@ def _run_passage(args: argparse.Namespace, source: Source) -> int:
     return _show(args, result.to_dict(), lambda: passage_layout(result), lambda color: passage_text(result, color))
 
 
-def _run_compare(args: argparse.Namespace, model: GPTModel, tok: Tokenizer, spec: About) -> int:
-    other, second = load_second(args, args.compare, tok)
-    result = compare(model, other, tok, args.prompt, spec, second.about(), top_k=args.top_k)
+def _run_compare(args: argparse.Namespace, model: GPTModel, tok: Tokenizer, spec: About,
+                 loaded: tuple[GPTModel, Source] | None = None) -> int:
+    """Both models' next tokens side by side; the second reads the text with its own tokenizer."""
+    other, second = loaded or load_second(args, args.compare, None)
+    result = compare(model, other, tok, args.prompt, spec, second.about(), top_k=args.top_k,
+                     tokenizer_b=second.tokenizer())
     return _show(args, result.to_dict(), lambda: comparison_layout(result), lambda color: comparison_text(result))
 
 

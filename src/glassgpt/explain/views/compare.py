@@ -19,6 +19,9 @@ def comparison_text(c: Comparison) -> str:
     a, b = c.a, c.b
     lines = [f"the next token of A = {a['name']} and B = {b['name']} after {c.prompt!r}"]
     lines += [f"note: {n}" for n in c.notes]
+    if c.tokens_b is not None:
+        for name, tokens in (("A", c.tokens), ("B", c.tokens_b)):
+            lines.append(f"{name} reads {len(tokens)} tokens: " + " ".join(repr(t["text"]) for t in tokens))
     if c.kl_ab is not None:
         lines.append(f"KL(A || B) = {c.kl_ab:.4f} nats · KL(B || A) = {c.kl_ba:.4f} nats "
                      "(0 when both give every token the same probability)")
@@ -32,9 +35,9 @@ def comparison_text(c: Comparison) -> str:
         right = f"{token(y['text']):<18} {y['prob']:>8.4f} {other(y['other_prob'])}" if y else ""
         lines.append(f"  {k:>4}  {left}   │  {right}".rstrip())
     lines += ["", "logit lens at the last position: the top token after each block, in A and in B"]
-    for x, y in zip(a["lens_last"], b["lens_last"]):
-        lines.append(f"  trf_blocks.{x['layer']:<3} A {token(x['text']):<18} {x['prob']:.4f}   "
-                     f"B {token(y['text']):<18} {y['prob']:.4f}")
+    lens = lambda x: f"{token(x['text']):<18} {x['prob']:.4f}" if x else f"{'(no such block)':<25}"  # noqa: E731
+    for k, (x, y) in enumerate(zip_longest(a["lens_last"], b["lens_last"])):
+        lines.append(f"  trf_blocks.{k:<3} A {lens(x)}   B {lens(y)}".rstrip())
     for side, name in ((a, "A"), (b, "B")):
         row = side["head_top"]
         if row:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from ..diff import BLOCK_PARTS, TensorChange, WeightDiff
+from ..diff import BLOCK_PARTS, FAMILY_BLOCK_PARTS, TensorChange, WeightDiff
+from ..family import FAMILY_NAMES
 from ..notation import shape
 from .compare import bar_columns
 from .draw import GRAY, INK, MUTED, ORANGE, Drawing, Rect, Text, header, wrap
@@ -29,7 +30,8 @@ def _value(t: TensorChange) -> str:
 
 
 def diff_text(d: WeightDiff) -> str:
-    lines = [f"glassgpt diff: how far each tensor moved from A = {d.a} to B = {d.b}",
+    of = f" (two {FAMILY_NAMES[d.family]} models)" if d.family else ""
+    lines = [f"glassgpt diff: how far each tensor moved from A = {d.a} to B = {d.b}{of}",
              "  ||B - A|| / ||A||, grouped as the book draws the model; bars on a log scale (4 per factor of 10, "
              "full at 1)"]
     lines += [f"note: {n}" for n in d.notes]
@@ -62,6 +64,15 @@ def diff_text(d: WeightDiff) -> str:
                      "in B (a new head: nothing to compare it with)")
     lines += ["", summary(d)]
     return "\n".join(lines)
+
+
+def block_parts(d: WeightDiff) -> list[tuple[str, tuple[str, ...]]]:
+    """The grid's columns: GPT-2's block as the book draws it, or a family block's tensors that this model has."""
+    if d.family is None:
+        return BLOCK_PARTS
+    names = {t.name for t in d.tensors}
+    parts = [(m, tuple(p for p in ps if f"trf_blocks.0.{m}.{p}" in names)) for m, ps in FAMILY_BLOCK_PARTS]
+    return [(m, ps) for m, ps in parts if ps]
 
 
 def _head_shapes(shapes: dict[str, list[int]]) -> str:
@@ -139,18 +150,21 @@ def _cell(out: Drawing, x: float, y: float, t: TensorChange | None, scale) -> No
 def _grid(out: Drawing, d: WeightDiff, x0: float, y: float, scale) -> float:
     by_name = {t.name: t for t in d.tensors}
     x = x0 + LABEL_W
-    for module, params in BLOCK_PARTS:  # two header lines: the module over its columns, then each tensor
-        out.add(Text(x + CELL_W - 2, y, module.replace("att.", "").replace("ff.layers.", "ff."), 10, True, MUTED,
-                     anchor="middle"))
+    parts = block_parts(d)
+    for module, params in parts:  # two header lines: the module over its columns, then each tensor
+        out.add(Text(x + CELL_W * len(params) / 2 - 2, y, module.replace("att.", "").replace("ff.layers.", "ff."),
+                     10 if len(params) > 1 else 9, True, MUTED, anchor="middle"))
         for k, param in enumerate(params):
-            out.add(Text(x + k * CELL_W + CELL_W / 2 - 2, y + 13, {"weight": "W", "bias": "b"}.get(param, param), 9,
+            out.add(Text(x + k * CELL_W + CELL_W / 2 - 2, y + 13, {"weight": "W", "bias": "b"}.get(param, param)
+                         if module.startswith(("att.", "ff.")) or d.family is None else "scale", 9,
                          color=MUTED, anchor="middle"))
         x += CELL_W * len(params)
     y += 22
     blocks = sorted({t.group for t in d.tensors if t.group.startswith("trf_blocks.")}, key=lambda g: int(g.split(".")[1]))
-    for group in ["tok_emb", "pos_emb"] + blocks + ["final_norm", "out_head"]:
+    groups = ["tok_emb"] + (["pos_emb"] if "pos_emb.weight" in by_name else []) + blocks + ["final_norm", "out_head"]
+    for group in groups:  # no pos_emb row for a family model: RoPE has no weights
         if group.startswith("trf_blocks."):
-            names = [f"{group}.{m}.{p}" for m, ps in BLOCK_PARTS for p in ps]
+            names = [f"{group}.{m}.{p}" for m, ps in parts for p in ps]
         else:
             names = [n for n in by_name if by_name[n].group == group]
         out.add(Text(x0 + LABEL_W - 8, y + 12, group, 11, anchor="end", mono=True))
