@@ -27,12 +27,11 @@ import torch
 
 from ..adopt import adopt, check_computable
 from ..families import is_family_model
-from ..families.adopt import family_line
 from ..model import GPTModel
 from ..prompt import encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
 from .head import head_products
-from .trace import About, TraceOptions, trace_with_logits
+from .trace import About, TraceOptions, layout_line, trace_with_logits
 from .result import Result
 
 
@@ -137,4 +136,4 @@ def _family_run(model, tokenizer: Tokenizer, ids: list[int], top_k: int) -> tupl
         lens.append({"id": j, "text": label(j), "prob": float(p[j]), "layer": layer})
     head = head_products(model, h, last, [top[0]["id"]], ids, label)
     return {"next_token": {k: top[0][k] for k in ("id", "text", "prob")}, "top": top, "lens_last": lens,
-            "head_top": head["rows"][0], "layout": f"{model.cfg.family}: {family_line(model.cfg)}"}, last
+            "head_top": head["rows"][0], "layout": layout_line(model.cfg)}, last

@@ -71,11 +71,13 @@ class RecordingCache:
 
 
 @torch.no_grad()
-def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str, top_k: int = 5) -> FamilyTrace:
-    """Run `text` through a Qwen3Model or Llama3Model once and keep what each stage looked like."""
+def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, top_k: int = 5, *,
+                 ids: list[int] | None = None) -> FamilyTrace:
+    """Run `text` (or its token `ids`, as the web page sends them) through a Qwen3Model or Llama3Model once
+    and keep what each stage looked like."""
     assert is_family_model(model)
     cfg = model.cfg
-    ids = torch.tensor([encode(tokenizer, text)], device=model.tok_emb.weight.device)  # [1, t]
+    ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=model.tok_emb.weight.device)  # [1, t]
     seen: dict[str, tuple[tuple, tuple]] = {}
 
     def tap(name: str):

@@ -29,6 +29,8 @@ from ..adopt import adopt, adopted_from, adopted_kind, check_computable, is_adde
 from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
+from ..families import FamilyConfig
+from ..families.adopt import family_line
 from ..formats.source import About, Source  # what the weights cannot tell: a Source's about()
 from ..memory import parameter_table
 from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights, init_name
@@ -224,8 +226,11 @@ def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str
     return facts
 
 
-def layout_line(cfg: GPTConfig) -> str:
-    """Which layout the parameters follow, in one short line: OpenAI's GPT-2, the book's, or between."""
+def layout_line(cfg: GPTConfig | FamilyConfig) -> str:
+    """Which layout the parameters follow, in one short line: OpenAI's GPT-2, the book's, or between (or a
+    Qwen3/Llama model's shapes)."""
+    if isinstance(cfg, FamilyConfig):
+        return f"{cfg.family}: {family_line(cfg)}"
     bias = "qkv biases" if cfg.qkv_bias else "no qkv biases"
     if cfg.num_classes is not None:
         return f"a classifier: out_head [{cfg.num_classes}, {cfg.emb_dim}] with a bias in place of the vocabulary head; {bias}"

@@ -7,6 +7,13 @@
     service.why(WhyRequest(prompt=..., target=2300))                  -> why that token (explain/why.py)
     service.info(), service.snapshots()
 
+A Qwen3 or Llama 3.2 model (families/) gets explain/family.py's trace: its stages, the four answers,
+where positions enter (RoPE), the query and key/value head shapes and the group sharing, under
+`family`, beside the tokens and next tokens the page shows for every model; and its why
+(why_family: the parts through RMSNorm, one per query head). Its controls are the options that
+apply to it (top_k, why); the attention heatmap, the logit lens and the head's dot products
+are GPT-2's, and the page says so in one line where they would be.
+
 app.py wires these to routes and adds what only HTTP needs (streaming, cancelling when the
 client leaves, status codes). A prompt longer than the server takes is cut as prompt.py cuts
 it for every command, and the answer's `notes` say what was kept.
@@ -24,11 +31,14 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from ..adopt import adopt, check_computable
 from ..errors import GlassError
 from ..explain import About, Progress, trace
+from ..explain.family import FAMILY_NAMES, family_trace
+from ..explain.views import draw
 from ..explain.views.diagram import to_svg
 from ..explain.pieces import sliding_windows
 from ..explain.options import MAX_TOP_K, TRACE_OPTIONS, WHY_OPTIONS, api_fields, controls
 from ..explain.why import why
 from ..explain.trace import model_facts, trace_options
+from ..families import is_family_model
 from ..formats import CHECKPOINT_SUBDIRS
 from ..model import GPTModel
 from ..prompt import check_ids, encode, fit_for
@@ -41,6 +51,8 @@ MAX_ATTENTION_WEIGHTS = 1_000_000
 # The embedding check builds a [t, V] one-hot matrix (and its int64 indices first): 2**24 numbers is
 # 64 MB in float32, up to 333 of GPT-2's tokens; past it the check is left out and says why.
 MAX_ONE_HOT_NUMBERS = 2 ** 24
+# The options that apply to a Qwen3/Llama model's trace and why (explain/family.py): the page draws these alone.
+FAMILY_OPTIONS = ("top_k", "why")
 # Heavy work waits in a queue of its own (app.py), so that a flood of it never delays a plain trace:
 # activation patching (a forward pass per layer and prompt position), why past HEAVY_WHY_TOKENS (one
 # forward pass per prompt token, each removed in turn), and any trace past HEAVY_TOKENS.
@@ -109,19 +121,22 @@ class ExplainService:
         self.about = dataclasses.replace(about, name=public_name(about.name))
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.is_classifier = cfg.num_classes is not None
+        self.family = cfg.family if is_family_model(model) else None
         self.max_body_bytes = max_body_bytes
 
     def info(self) -> dict[str, Any]:
         """GET /api/model: the loaded model, its limits, and whether a run's evaluations can be shown."""
         model = self.model
         facts = model_facts(model, self.tokenizer, self.about)
+        lists = {"trace": controls(TRACE_OPTIONS), "why": controls(WHY_OPTIONS)}
+        if self.family:  # only the options its trace and why take
+            lists = {k: [c for c in v if c["name"] in FAMILY_OPTIONS] for k, v in lists.items()}
         return {
-            **facts, "kind": "classifier" if self.is_classifier else "language model",
-            "params": {"total": model.num_parameters(), "total_untied": model.num_parameters(count_tied_twice=True),
-                       "tied": model.tied},
+            **facts, "kind": "classifier" if self.is_classifier else "language model", "family": self.family,
+            "params": _params(model),
             "limits": {"max_prompt_tokens": self.limit, "max_top_k": MAX_TOP_K, "max_body_bytes": self.max_body_bytes,
                        "max_attention_weights": MAX_ATTENTION_WEIGHTS},
-            "run": self.run_dir is not None, "controls": {"trace": controls(TRACE_OPTIONS), "why": controls(WHY_OPTIONS)},
+            "run": self.run_dir is not None, "controls": lists,
         }
 
     def explain(self, req: ExplainRequest, cancel: threading.Event | None = None,
@@ -140,6 +155,8 @@ class ExplainService:
                 progress: Progress | None = None) -> str:
         """POST /api/diagram.svg: the same trace, drawn."""
         prompt = self._fit(self._ids(req))
+        if self.family:
+            return draw.to_svg(family_trace(self.model, self.tokenizer, ids=prompt.ids, top_k=req.top_k).picture())
         with_check = req.embedding_check and len(prompt.ids) * self.model.cfg.vocab_size <= MAX_ONE_HOT_NUMBERS
         options = trace_options(req, embedding_check=with_check, timing=False)  # the picture says when it was left out
         tr = trace(self.model, self.tokenizer, ids=prompt.ids, options=options, about=self.about, cancel=cancel,
@@ -154,6 +171,9 @@ class ExplainService:
         return self._why(req, prompt.ids, cancel)
 
     def _why(self, req: ExplainRequest, ids: list[int], cancel) -> dict[str, Any]:
+        if self.family:  # versus and patch are refused in why's own words
+            return why(self.model, self.tokenizer, ids=ids, versus=req.versus or None, patch=req.patch or None,
+                       target=getattr(req, "target", None), top_k=req.top_k).to_dict()
         versus = req.versus or None
         if versus is not None and versus.lstrip("-").isdigit() and self.is_classifier:
             versus = int(versus)
@@ -202,6 +222,8 @@ class ExplainService:
     def _trace_json(self, req: ExplainRequest, ids: list[int], cancel, progress) -> dict[str, Any]:
         cfg = self.model.cfg
         prompt = self._fit(ids)
+        if self.family:
+            return self._family_json(req, prompt, cancel)
         t = len(prompt.ids)
         n_weights = cfg.n_layers * cfg.n_heads * t ** 2
         with_attention = req.attention and n_weights <= MAX_ATTENTION_WEIGHTS
@@ -227,6 +249,38 @@ class ExplainService:
                                            f"({cfg.n_layers} layers x {cfg.n_heads} heads x {t} x {t}); "
                                            f"the page shows them for prompts of up to {most} tokens"}
         return out
+
+
+    def _family_json(self, req: ExplainRequest, prompt, cancel) -> dict[str, Any]:
+        """A Qwen3/Llama model's trace (explain/family.py) under `family`, with the tokens and next tokens
+        every model's page shows, and each GPT-2-only panel's one line."""
+        tr = family_trace(self.model, self.tokenizer, ids=prompt.ids, top_k=req.top_k)
+        top = tr.next_tokens
+        name = FAMILY_NAMES[tr.family]
+        out = {"model": model_facts(self.model, self.tokenizer, self.about), "family": tr.to_dict(),
+               "prompt": self.tokenizer.decode(prompt.ids),
+               "tokens": [{"id": i, "text": self.tokenizer.decode([i])} for i in prompt.ids],
+               "next_token": {"id": top[0]["id"], "text": top[0]["text"], "prob": top[0]["prob"], "top": top,
+                              "kind": "token", "temperature": 1.0},
+               "params": tr.params, "modules": tr.params["modules"], "notes": [prompt.note] if prompt.note else [],
+               "not_shown": {  # the GPT-2 panels, each with its one line
+                   "head": f"the head's dot products are drawn for GPT-2; the flow's four answers say what out_head is "
+                           f"for this {name} model",
+                   "attention": f"the attention heatmaps are drawn for GPT-2; the flow shows how this {name} model's "
+                                "query heads share the key/value groups",
+                   "lens": "the logit lens is drawn for GPT-2 here; glassgpt explain --compare shows this model's at "
+                           "the last position"}}
+        if req.why:
+            out["why"] = self._why(req, prompt.ids, cancel)
+        return out
+
+
+def _params(model) -> dict[str, Any]:
+    """The parameter counts, each tensor once (a tied head is tok_emb's), and with the head counted twice."""
+    unique = {id(p): p.numel() for p in model.parameters()}
+    total = sum(unique.values())
+    return {"total": total, "total_untied": total + (model.tok_emb.weight.numel() if model.tied else 0),
+            "tied": model.tied}
 
 
 def _rounded(layers: list) -> list:

@@ -223,7 +223,8 @@ function renderModel(m) {
     : `where ${fmt(c.vocab_size)} becomes ${fmt(c.emb_dim)} and back`;
   $("model-info").replaceChildren(
     el("strong", { text: m.name }), ` · ${m.kind} · ${fmt(m.params.total)} parameters · `,
-    `${c.n_layers} blocks × ${c.n_heads} heads · d = ${fmt(c.emb_dim)} · V = ${fmt(c.vocab_size)} · `,
+    c.n_kv_groups ? `${c.n_layers} blocks × ${c.n_heads} query heads sharing ${c.n_kv_groups} key/value groups · `
+      : `${c.n_layers} blocks × ${c.n_heads} heads · `, `d = ${fmt(c.emb_dim)} · V = ${fmt(c.vocab_size)} · `,
     `context ${fmt(c.context_length)} · ${m.dtype} on ${m.device}`);
   $("model-layout").textContent = m.layout;
   $("model-trained").hidden = !m.trained;  // which parts its training run trained, as its checkpoint records
@@ -457,7 +458,12 @@ function sampleTopK(tr) {
 
 function renderHead(tr) {
   const hd = tr.head;
-  if (!hd) { $("head").replaceChildren(); return; }
+  if (!hd) {  // a Qwen3/Llama model: the server's one line says why
+    $("head-caption").textContent = tr.not_shown ? tr.not_shown.head : "";
+    $("head").replaceChildren();
+    $("head-notes").replaceChildren();
+    return;
+  }
   const isClass = hd.kind === "classes";
   const untied = hd.rows.length && hd.rows[0].cos_emb_head !== undefined;
   const bias = hd.has_bias ? " + bias[id]" : "";
@@ -547,8 +553,9 @@ function renderAttention(tr) {
   canvas.hidden = $("heat-hover").hidden = !shown;
   $("att-layer").disabled = $("att-head").disabled = !shown;
   if (!shown) {
-    $("attention-caption").textContent = att ? att.omitted : "not traced";
+    $("attention-caption").textContent = att ? att.omitted : tr.not_shown ? tr.not_shown.attention : "not traced";
     $("head-thumbs").replaceChildren();
+    if (tr.not_shown) { $("att-layer").replaceChildren(); $("att-head").replaceChildren(); }
     return;
   }
   state.layer = Math.min(state.layer, c.n_layers - 1);
@@ -636,7 +643,7 @@ function renderLens(tr) {
   const lens = tr.logit_lens;
   const labels = tr.next_token.kind === "class" ? tr.model.labels : null;
   const label = (p) => (labels && p.id < labels.length ? labels[p.id] : p.text);
-  if (!lens) { $("lens").replaceChildren(el("p", { class: "caption", text: "not traced" })); return; }
+  if (!lens) { $("lens").replaceChildren(el("p", { class: "caption", text: tr.not_shown ? tr.not_shown.lens : "not traced" })); return; }
   const head = el("tr", {}, el("th", { text: "after" }),
     ...tr.tokens.map((t, i) => el("th", { class: i === tr.tokens.length - 1 ? "last" : "" }, tokenNode(t.text))));
   const rows = lens.layers.map((layer) => el("tr", {},
@@ -729,6 +736,7 @@ function renderWhy() {
     el("button", { type: "button", class: "chip why-candidate" + (t.id === chosen ? " chosen" : ""), "data-id": t.id,
       "data-focus": `why-${t.id}`, title: `${pct(t.prob)}: click to see what made it`,
       onclick: () => whyFor(t.id) }, tokenNode(t.text))));
+  if (w && w.family) { renderFamilyWhy(w); return; }
   if (!w) {
     $("why-headline").textContent = "click a candidate to see which blocks, heads and prompt tokens made it";
     for (const id of ["why-grid", "why-sources", "why-patch", "why-top"]) $(id).replaceChildren();
@@ -783,7 +791,8 @@ function renderWhyGrid(w) {
   const most = Math.max(...cells.map(Math.abs), ...(src === null ? w.ff.map(Math.abs) : [0]));
   const grid = $("why-grid");
   grid.style.setProperty("--why-cols", nHeads + 1);
-  const header = [el("span", { class: "why-label" }), ...Array.from({ length: nHeads }, (_, h) => el("span", { class: "why-col", text: `h${h}` })),
+  const header = [el("span", { class: "why-label" }), ...Array.from({ length: nHeads }, (_, h) => el("span", {
+    class: "why-col", text: `h${h}`, title: w.groups ? `query head ${h} reads key/value group ${w.groups[h]}` : null })),
     el("span", { class: "why-col", text: "ff" })];
   const rows = w.heads.flatMap((row, i) => [el("span", { class: "why-label", text: `block ${i}` }),
     ...row.map((_, h) => el("span", { class: "why-cell", "data-cell": `${i}.${h}`, title: `trf_blocks.${i}.att.head.${h}: ${value(i, h).toFixed(4)}`,
@@ -820,6 +829,69 @@ function renderWhyPatch(patch) {
   el("table", { class: "why-patch" }, el("thead", {}, head), el("tbody", {}, rows)));
 }
 
+// --- Qwen3 and Llama 3.2: explain/family.py's trace (the answer's `family`) -------------------
+
+const FAMILY_NAMES = { qwen3: "Qwen3", llama3: "Llama 3" };
+
+function renderFamily(tr) {
+  const f = tr.family, a = f.answers, att = f.attention, c = f.config;
+  const by = Object.fromEntries(f.stages.map((s) => [s.name, s]));
+  const V = c.vocab_size, d = c.emb_dim;
+  $("summary").replaceChildren(
+    summaryStep("ids", by.ids.shape), arrow("tok_emb", "in"), summaryStep("hidden", by.tok_emb.shape),
+    arrow(`${c.n_layers} × trf_blocks`, ""), summaryStep("hidden", by.final_norm.shape), arrow("out_head", "out"),
+    summaryStep("logits", by.out_head.shape));
+  const maxWidth = Math.max(...f.stages.map((s) => s.shape[s.shape.length - 1]));
+  const view = { ...tr, embedding_check: a.one_hot, params: { ...tr.params, tied: a.tied } };
+  $("flow").replaceChildren(...f.stages.map((s) => {
+    if (s.name === "tok_emb" || s.name === "out_head") {
+      const into = s.name === "tok_emb";
+      return transitionStage({ ...s, transition: into ? "vocab->hidden" : "hidden->vocab", input_shape: into ? null : by.final_norm.shape,
+        weight_shape: (into ? a.vocab_to_hidden : a.hidden_to_vocab).weight_shape, params: V * d,
+        shared_with: !into && a.tied ? "tok_emb.weight" : null }, view, maxWidth);
+    }
+    return stageRow(s, maxWidth);
+  }));
+  const one = a.one_hot.equal_one_hot_matmul && a.one_hot.equal_linear;
+  const tie = a.tied ? "one tensor: out_head.weight and tok_emb.weight share their storage (the same data_ptr)"
+    : a.equal_values ? "two tensors with equal values: a copy, not a tie (different data_ptr), so training would move them apart"
+      : "two separate tensors (untied)";
+  const groups = att.groups.map((g, j) => el("span", { class: "chip kv-group", "data-group": j },
+    el("strong", { text: `kv${j}` }), ` q${g[0]}…q${g[g.length - 1]}`));
+  $("family").replaceChildren(
+    el("h3", { text: `${FAMILY_NAMES[f.family]}: the four questions` }),
+    el("ol", { class: "answers" },
+      el("li", { "data-answer": "1", text: `Where does ${fmt(V)} become ${fmt(d)}? At tok_emb: a lookup in the ${shapeText(a.vocab_to_hidden.weight_shape)} weight.` }),
+      el("li", { "data-answer": "2", text: `Where does ${fmt(d)} become ${fmt(V)}? At out_head: x @ W.T with W ${shapeText(a.hidden_to_vocab.weight_shape)}.` }),
+      el("li", { "data-answer": "3", text: `Is nn.Embedding an nn.Linear on one-hot vectors? ${one ? "Yes: the lookup and one_hot(ids) @ W are identical here" : `Not bit for bit here (max difference ${a.one_hot.max_abs_diff})`}; the lookup skips the zeros.` }),
+      el("li", { "data-answer": "4", text: `Are there weight matrices for both, and are they shared? ${tie}.` })),
+    el("h3", { text: "Where positions enter" }),
+    el("p", { class: "rope", text: `No pos_emb: tok_emb's output is the same for a token wherever it stands. Inside every attention ` +
+      `the queries and keys (not the values) are rotated by RoPE, base ${fmt(att.rope_base)}` +
+      (att.rope_scaled ? ", with Llama 3's frequency scaling" : "") + "." + (att.qk_norm ? " QK-norm: each query and key head is RMS-normed before the rotation." : "") }),
+    el("h3", { text: "The heads" }),
+    el("p", { class: "heads", text: `queries ${shapeText(att.q_shape)}, keys and values ${shapeText(att.kv_shape)}: ` +
+      `${c.n_heads} query heads share ${c.n_kv_groups} key/value heads, ${att.group_size} each (repeat_interleave).` }),
+    el("div", { class: "chips kv-groups" }, ...groups));
+}
+
+function renderFamilyWhy(w) {
+  const t = w.target;
+  $("why-headline").textContent = `logit[${JSON.stringify(t.text)}] = ${t.logit.toFixed(3)} = the sum of ${w.parts.length} parts ` +
+    `(${w.total.toFixed(3)}; final_norm's 1/rms frozen at the last position): the largest are ` +
+    [...w.parts].sort((a, b) => Math.abs(b.value) - Math.abs(a.value)).slice(0, 3)
+      .map((p) => `${p.name} ${p.value >= 0 ? "+" : ""}${p.value.toFixed(3)}`).join(", ");
+  state.source = null;
+  renderWhyTop(w);
+  renderWhyGrid(w);
+  $("why-sources").replaceChildren(el("p", { class: "caption why-family-note", text:
+    "Each query head read the key/value group over its column. The prompt tokens' shares and patching are GPT-2's for now: " +
+    `this ${FAMILY_NAMES[w.family]} model's why splits the logit over tok_emb, every query head and every feed-forward.` }));
+  $("why-source").textContent = "";
+  $("why-disagree").textContent = "";
+  $("why-patch").replaceChildren();
+}
+
 // --- parameters -----------------------------------------------------------------------
 
 function renderParams(tr) {
@@ -843,7 +915,8 @@ function render() {
   const tr = state.trace;
   if (!tr) return;
   renderTokens(tr);
-  renderFlow(tr);
+  $("family").hidden = !tr.family;
+  if (tr.family) renderFamily(tr); else renderFlow(tr);
   renderNext(tr);
   renderNotes(tr);
   renderHead(tr);
