@@ -12,7 +12,7 @@ from pathlib import Path
 from ..errors import GlassError
 from ..explain import About, trace
 from ..explain.views import draw
-from ..explain.compare import compare
+from ..explain.compare import compare, same_tokenizer
 from ..explain.views.compare import comparison_layout, comparison_text
 from ..explain.views.diagram import layout, save_attention_png
 from ..explain.family import changes_from_gpt2, family_trace
@@ -209,8 +209,7 @@ def load_second(args: argparse.Namespace, spec: str | Source, tok: Tokenizer | N
     if tok is None:
         return model, source
     other = source.tokenizer()
-    if (other.name, other.n_vocab) != (tok.name, tok.n_vocab) or other.encode("Every effort moves you") != \
-            tok.encode("Every effort moves you"):
+    if not same_tokenizer(other, tok):
         first = getattr(args, "model", None) or args.a  # explain's --model, diff's A
         raise GlassError(f"{spec} has another tokenizer ({other.name}, {other.n_vocab:,} tokens) than {first} "
                          f"({tok.name}, {tok.n_vocab:,}): compare models that read text alike")
