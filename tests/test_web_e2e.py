@@ -9,7 +9,9 @@ progress; an API error shows on the page. At 360 px: the page is no wider than t
 Served on a run directory (a metrics.jsonl written here in the training engineer's snapshot
 format), the page shows a slider over the evaluations, and moving it shows each one's
 snapshot; the header names the run, not its path; the SVG's every text lies inside it, as
-chromium measures it. Screenshots go to artifacts/.
+chromium measures it. Served on a tiny Qwen3 model, the page shows its four answers, RoPE and
+the key/value groups, says in one line why GPT-2's panels are empty, and draws its why grid.
+Screenshots go to artifacts/.
 
 A missing /usr/bin/chromium skips, unless GLASSGPT_REQUIRE_BROWSER=1 (set by CI, which
 installs it), where it fails; a missing Playwright fails.
@@ -400,3 +402,56 @@ def test_the_page_shows_the_prompts_training_windows_and_their_overlap(open_page
     page.wait_for_selector(f'#windows-count:has-text("{len(range(0, 11 - 4, 5))} windows")')
     assert page.locator("#windows li").count() == len(range(0, 11 - 4, 5))
     assert page.evaluate("document.documentElement.scrollWidth") <= width
+
+
+@pytest.fixture(scope="module")
+def family_url():
+    """The page of a tiny random Qwen3 model (a character tokenizer that covers the default prompt)."""
+    from glassgpt.families import FamilyConfig, build_model
+    from glassgpt.tokenizer import CharTokenizer
+    tok = CharTokenizer.from_text("Every effort moves you abcdefghijklmnopqrstuvwxyz")
+    cfg = FamilyConfig(family="qwen3", vocab_size=tok.n_vocab, context_length=64, emb_dim=32, n_heads=4, n_layers=2,
+                       hidden_dim=48, head_dim=16, n_kv_groups=2, rope_base=1_000_000.0, qk_norm=True,
+                       tie_embeddings=True)
+    torch.manual_seed(0)
+    with serving(create_app(build_model(cfg).eval(), tok, About("qwen3-tiny"))) as url:
+        yield url
+
+
+def test_a_qwen3_page_shows_its_answers_groups_and_why_and_says_what_is_gpt2s(browser, family_url):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    console, requests = [], []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(family_url + "/")
+    page.wait_for_selector('#token-count[data-count="22"]')  # one token per character
+    settled(page)
+    assert "4 query heads sharing 2 key/value groups" in page.inner_text("#model-info")
+    answers = page.locator("#family .answers li").all_inner_texts()
+    assert answers[0] == "Where does 28 become 32? At tok_emb: a lookup in the [28, 32] weight."
+    assert "share their storage (the same data_ptr)" in answers[3]
+    family = page.inner_text("#family")
+    assert "No pos_emb" in family and "rotated by RoPE, base 1,000,000" in family and "QK-norm" in family
+    assert page.locator(".kv-group").all_text_contents() == ["kv0 q0…q1", "kv1 q2…q3"]
+    assert page.locator('#flow [data-stage="out_head"] .tied').inner_text() == "= tok_emb.weight"
+    for panel in ("#head-caption", "#attention-caption", "#lens"):  # GPT-2's panels: one line each
+        assert "drawn for GPT-2" in page.inner_text(panel)
+    assert page.locator("#heatmap").is_hidden() and page.locator("#trace-controls [data-option]").count() == 1
+    with page.expect_response("**/api/why") as answer:
+        page.locator(".why-candidate").nth(1).click()
+    assert answer.value.ok
+    settled(page)
+    assert page.locator(".why-cell").count() == 2 * (4 + 1)  # 2 blocks x (4 query heads + the feed-forward)
+    assert "= the sum of" in page.inner_text("#why-headline") and "GPT-2's for now" in page.inner_text("#why-sources")
+    with page.expect_response("**/api/append") as answer:
+        page.click("#append")
+    assert answer.value.ok
+    page.wait_for_selector('#token-count[data-count="23"]')
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "web-e2e-qwen3.png"), full_page=True)
+    context.close()
+    assert all(url.startswith(family_url) for url in requests if not url.startswith(("data:", "blob:"))), requests
+    assert not [m for m in console if m.startswith(("error", "pageerror"))], console
