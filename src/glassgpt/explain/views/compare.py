@@ -52,6 +52,7 @@ def comparison_layout(c: Comparison, width: float = 1040) -> Drawing:
     """Both models' top tokens as bars from 0 to 1, each with a tick at the other model's probability."""
     d = Drawing()
     kl = (f"KL(A || B) = {c.kl_ab:.4f} nats · KL(B || A) = {c.kl_ba:.4f} nats" if c.kl_ab is not None
+          else "no KL divergence: each model reads the text with its own tokenizer" if c.tokens_b is not None
           else "no KL divergence: the two heads score different things")
     y = header(d, f"glassgpt · A = {c.a['name']} · B = {c.b['name']}",
                [f"prompt “{c.prompt}”", kl] + [f"note: {n}" for n in c.notes], width)
