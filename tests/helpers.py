@@ -31,6 +31,7 @@ import llms_from_scratch.ch02 as _book_ch02
 import llms_from_scratch.ch03 as _book_ch03
 from glassgpt.families import FamilyConfig, RopeFreq
 from glassgpt.formats.families import config_to_hf
+from glassgpt.tokenizer import CharTokenizer
 
 from conftest import shared_data
 
@@ -221,6 +222,17 @@ TINY = {
                            rope_freq=RopeFreq(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                               original_context_length=16)),
 }
+
+
+# the same kinds over a character tokenizer, for the views that read text (test_family_explain, test_family_views)
+CHAR_TEXT = "every effort moves you"
+CHAR_TOK = CharTokenizer.from_text(CHAR_TEXT + " abcdefghijklmnopqrstuvwxyz")
+CHAR_QWEN = FamilyConfig(family="qwen3", vocab_size=CHAR_TOK.n_vocab, context_length=32, emb_dim=32, n_heads=4,
+                         n_layers=2, hidden_dim=48, head_dim=16, n_kv_groups=2, rope_base=1_000_000.0, qk_norm=True,
+                         tie_embeddings=True)
+CHAR_LLAMA = FamilyConfig(family="llama3", vocab_size=CHAR_TOK.n_vocab, context_length=32, emb_dim=32, n_heads=8,
+                          n_layers=2, hidden_dim=48, n_kv_groups=2, rope_base=500_000.0, norm_eps=1e-5,
+                          rope_freq=RopeFreq(factor=8.0, original_context_length=16))
 
 
 def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

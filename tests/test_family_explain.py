@@ -10,18 +10,10 @@ import torch
 
 import llms_from_scratch.qwen3 as book_qwen
 from glassgpt.explain.family import family_trace
-from glassgpt.families import FamilyConfig, RopeFreq, build_model
+from glassgpt.families import FamilyConfig, build_model
 from glassgpt.formats.families import export_family_hf, hf_names
-from glassgpt.tokenizer import CharTokenizer
 
-TEXT = "every effort moves you"
-TOK = CharTokenizer.from_text(TEXT + " abcdefghijklmnopqrstuvwxyz")
-QWEN = FamilyConfig(family="qwen3", vocab_size=TOK.n_vocab, context_length=32, emb_dim=32, n_heads=4, n_layers=2,
-                    hidden_dim=48, head_dim=16, n_kv_groups=2, rope_base=1_000_000.0, qk_norm=True,
-                    tie_embeddings=True)
-LLAMA = FamilyConfig(family="llama3", vocab_size=TOK.n_vocab, context_length=32, emb_dim=32, n_heads=8, n_layers=2,
-                     hidden_dim=48, n_kv_groups=2, rope_base=500_000.0, norm_eps=1e-5,
-                     rope_freq=RopeFreq(factor=8.0, original_context_length=16))
+from helpers import CHAR_LLAMA as LLAMA, CHAR_QWEN as QWEN, CHAR_TEXT as TEXT, CHAR_TOK as TOK
 
 
 def model_of(cfg: FamilyConfig) -> torch.nn.Module:

@@ -16,28 +16,14 @@ from glassgpt.errors import GlassError
 from glassgpt.explain.compare import compare
 from glassgpt.explain.diff import diff_weights
 from glassgpt.explain.views.diff import diff_layout, diff_text
-from glassgpt.families import FamilyConfig, RopeFreq, build_model
+from glassgpt.families import FamilyConfig, build_model
 from glassgpt.formats.families import export_family_hf
-from glassgpt.tokenizer import CharTokenizer
 
-TEXT = "every effort moves you"
-TOK = CharTokenizer.from_text(TEXT + " abcdefghijklmnopqrstuvwxyz")
-QWEN = FamilyConfig(family="qwen3", vocab_size=TOK.n_vocab, context_length=32, emb_dim=32, n_heads=4, n_layers=2,
-                    hidden_dim=48, head_dim=16, n_kv_groups=2, rope_base=1_000_000.0, qk_norm=True,
-                    tie_embeddings=True)
-LLAMA = FamilyConfig(family="llama3", vocab_size=TOK.n_vocab, context_length=32, emb_dim=32, n_heads=8, n_layers=2,
-                     hidden_dim=48, n_kv_groups=2, rope_base=500_000.0, norm_eps=1e-5,
-                     rope_freq=RopeFreq(factor=8.0, original_context_length=16))
+from helpers import CHAR_LLAMA as LLAMA, CHAR_QWEN as QWEN, CHAR_TEXT as TEXT, CHAR_TOK as TOK, randomize_
 
 
 def model_of(cfg: FamilyConfig, seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = build_model(cfg).eval()
-    with torch.no_grad():  # norms away from 1, so that every tensor matters to the logits
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
+    return randomize_(build_model(cfg), seed)  # norms away from 1: every tensor matters to the logits
 
 
 def finetuned(model: torch.nn.Module, steps: int = 3) -> torch.nn.Module:
