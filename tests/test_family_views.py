@@ -249,3 +249,16 @@ def test_the_pages_append_why_and_picture_work_on_a_family_model(family_client):
     lines = [json.loads(x) for x in family_client.post("/api/explain", json={"prompt": TEXT},
                                                         headers={"accept": "application/x-ndjson"}).text.splitlines()]
     assert lines[-1]["trace"]["family"]["family"] == "qwen3"
+
+
+def test_the_page_of_a_llama_model_has_its_groups_its_scaled_rope_and_its_why():
+    from fastapi.testclient import TestClient
+    from glassgpt.formats import About
+    from glassgpt.web import create_app
+    with TestClient(create_app(model_of(LLAMA), TOK, About("llama-tiny")), base_url="http://127.0.0.1") as client:
+        tr = client.post("/api/explain", json={"prompt": TEXT, "why": True}).json()
+    att = tr["family"]["attention"]
+    assert att["rope_scaled"] and not att["qk_norm"] and att["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert not tr["family"]["answers"]["tied"]  # Llama's head here is its own tensor
+    assert tr["why"]["groups"] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert sum(p["value"] for p in tr["why"]["parts"]) == pytest.approx(tr["why"]["target"]["logit"], abs=1e-4)
