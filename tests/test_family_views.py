@@ -219,7 +219,7 @@ def test_the_page_gets_the_family_trace_and_only_the_options_that_apply(family_c
     assert info["family"] == "qwen3" and info["params"]["tied"]
     assert info["layout"].startswith("qwen3: vocab_size")
     assert [c["name"] for c in info["controls"]["trace"]] == ["top_k"]
-    assert [c["name"] for c in info["controls"]["why"]] == ["why"]
+    assert [c["name"] for c in info["controls"]["why"]] == ["why", "versus", "patch"]
     r = family_client.post("/api/explain", json={"prompt": TEXT, "top_k": 3})
     assert r.status_code == 200, r.text
     tr = r.json()
@@ -239,11 +239,12 @@ def test_the_pages_append_why_and_picture_work_on_a_family_model(family_client):
     w = family_client.post("/api/why", json={"ids": ids, "target": 7}).json()
     assert w["family"] == "qwen3" and w["target"]["id"] == 7
     assert sum(p["value"] for p in w["parts"]) == pytest.approx(w["target"]["logit"], abs=1e-4)
-    assert len(w["heads"]) == 2 and w["groups"] == [0, 0, 1, 1]
+    assert len(w["heads"]) == 2 and w["groups"] == [0, 0, 1, 1] and len(w["sources"]) == len(ids)
     with_why = family_client.post("/api/explain", json={"ids": ids, "why": True}).json()
     assert with_why["why"]["target"]["id"] == with_why["next_token"]["id"]
-    refused = family_client.post("/api/why", json={"ids": ids, "versus": " e"})
-    assert refused.status_code == 400 and "drop versus" in refused.json()["error"]
+    versus = family_client.post("/api/why", json={"ids": ids, "target": 7, "versus": "e"}).json()
+    assert versus["versus"]["id"] == TOK.encode("e")[0]
+    assert versus["metric"] == pytest.approx(versus["target"]["logit"] - versus["versus"]["logit"], abs=1e-4)
     svg = family_client.post("/api/diagram.svg", json={"prompt": TEXT})
     assert svg.status_code == 200 and svg.text.startswith("<svg") and "kv1" in svg.text
     lines = [json.loads(x) for x in family_client.post("/api/explain", json={"prompt": TEXT},
@@ -261,4 +262,4 @@ def test_the_page_of_a_llama_model_has_its_groups_its_scaled_rope_and_its_why():
     assert att["rope_scaled"] and not att["qk_norm"] and att["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert not tr["family"]["answers"]["tied"]  # Llama's head here is its own tensor
     assert tr["why"]["groups"] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert sum(p["value"] for p in tr["why"]["parts"]) == pytest.approx(tr["why"]["target"]["logit"], abs=1e-4)
+    assert sum(p["value"] for p in tr["why"]["parts"]) == pytest.approx(tr["why"]["metric"], abs=1e-4)

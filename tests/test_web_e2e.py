@@ -10,7 +10,8 @@ Served on a run directory (a metrics.jsonl written here in the training engineer
 format), the page shows a slider over the evaluations, and moving it shows each one's
 snapshot; the header names the run, not its path; the SVG's every text lies inside it, as
 chromium measures it. Served on a tiny Qwen3 model, the page shows its four answers, RoPE and
-the key/value groups, says in one line why GPT-2's panels are empty, and draws its why grid.
+the key/value groups, says in one line why GPT-2's panels are empty, and draws its why grid and a
+prompt token's share.
 Screenshots go to artifacts/.
 
 A missing /usr/bin/chromium skips, unless GLASSGPT_REQUIRE_BROWSER=1 (set by CI, which
@@ -445,7 +446,11 @@ def test_a_qwen3_page_shows_its_answers_groups_and_why_and_says_what_is_gpt2s(br
     assert answer.value.ok
     settled(page)
     assert page.locator(".why-cell").count() == 2 * (4 + 1)  # 2 blocks x (4 query heads + the feed-forward)
-    assert "= the sum of" in page.inner_text("#why-headline") and "GPT-2's for now" in page.inner_text("#why-sources")
+    assert "logit[" in page.inner_text("#why-headline")
+    assert page.locator(".why-col").first.get_attribute("title") == "query head 0 reads key/value group 0"
+    page.locator(".why-source-token").nth(2).click()  # the prompt's third token: what it did
+    page.wait_for_selector('.why-source-token.chosen[data-position="2"]')
+    assert "direct share" in page.inner_text("#why-source")
     with page.expect_response("**/api/append") as answer:
         page.click("#append")
     assert answer.value.ok

@@ -9,9 +9,9 @@
 
 A Qwen3 or Llama 3.2 model (families/) gets explain/family.py's trace: its stages, the four answers,
 where positions enter (RoPE), the query and key/value head shapes and the group sharing, under
-`family`, beside the tokens and next tokens the page shows for every model; and its why
-(why_family: the parts through RMSNorm, one per query head). Its controls are the options that
-apply to it (top_k, why); the attention heatmap, the logit lens and the head's dot products
+`family`, beside the tokens and next tokens the page shows for every model; its why is why.py's
+(why_family.py: the parts through RMSNorm, one per query head, with the same fields as GPT-2's).
+Its controls are the options that apply to it (top_k and why's); the attention heatmap, the logit lens and the head's dot products
 are GPT-2's, and the page says so in one line where they would be.
 
 app.py wires these to routes and adds what only HTTP needs (streaming, cancelling when the
@@ -51,8 +51,9 @@ MAX_ATTENTION_WEIGHTS = 1_000_000
 # The embedding check builds a [t, V] one-hot matrix (and its int64 indices first): 2**24 numbers is
 # 64 MB in float32, up to 333 of GPT-2's tokens; past it the check is left out and says why.
 MAX_ONE_HOT_NUMBERS = 2 ** 24
-# The options that apply to a Qwen3/Llama model's trace and why (explain/family.py): the page draws these alone.
-FAMILY_OPTIONS = ("top_k", "why")
+# The options that apply to a Qwen3/Llama model's trace (explain/family.py) and why (why_family.py): the page
+# draws these alone.
+FAMILY_OPTIONS = ("top_k", "why", "versus", "patch")
 # Heavy work waits in a queue of its own (app.py), so that a flood of it never delays a plain trace:
 # activation patching (a forward pass per layer and prompt position), why past HEAVY_WHY_TOKENS (one
 # forward pass per prompt token, each removed in turn), and any trace past HEAVY_TOKENS.
@@ -171,9 +172,6 @@ class ExplainService:
         return self._why(req, prompt.ids, cancel)
 
     def _why(self, req: ExplainRequest, ids: list[int], cancel) -> dict[str, Any]:
-        if self.family:  # versus and patch are refused in why's own words
-            return why(self.model, self.tokenizer, ids=ids, versus=req.versus or None, patch=req.patch or None,
-                       target=getattr(req, "target", None), top_k=req.top_k).to_dict()
         versus = req.versus or None
         if versus is not None and versus.lstrip("-").isdigit() and self.is_classifier:
             versus = int(versus)

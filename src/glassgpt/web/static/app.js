@@ -736,7 +736,6 @@ function renderWhy() {
     el("button", { type: "button", class: "chip why-candidate" + (t.id === chosen ? " chosen" : ""), "data-id": t.id,
       "data-focus": `why-${t.id}`, title: `${pct(t.prob)}: click to see what made it`,
       onclick: () => whyFor(t.id) }, tokenNode(t.text))));
-  if (w && w.family) { renderFamilyWhy(w); return; }
   if (!w) {
     $("why-headline").textContent = "click a candidate to see which blocks, heads and prompt tokens made it";
     for (const id of ["why-grid", "why-sources", "why-patch", "why-top"]) $(id).replaceChildren();
@@ -873,23 +872,6 @@ function renderFamily(tr) {
     el("p", { class: "heads", text: `queries ${shapeText(att.q_shape)}, keys and values ${shapeText(att.kv_shape)}: ` +
       `${c.n_heads} query heads share ${c.n_kv_groups} key/value heads, ${att.group_size} each (repeat_interleave).` }),
     el("div", { class: "chips kv-groups" }, ...groups));
-}
-
-function renderFamilyWhy(w) {
-  const t = w.target;
-  $("why-headline").textContent = `logit[${JSON.stringify(t.text)}] = ${t.logit.toFixed(3)} = the sum of ${w.parts.length} parts ` +
-    `(${w.total.toFixed(3)}; final_norm's 1/rms frozen at the last position): the largest are ` +
-    [...w.parts].sort((a, b) => Math.abs(b.value) - Math.abs(a.value)).slice(0, 3)
-      .map((p) => `${p.name} ${p.value >= 0 ? "+" : ""}${p.value.toFixed(3)}`).join(", ");
-  state.source = null;
-  renderWhyTop(w);
-  renderWhyGrid(w);
-  $("why-sources").replaceChildren(el("p", { class: "caption why-family-note", text:
-    "Each query head read the key/value group over its column. The prompt tokens' shares and patching are GPT-2's for now: " +
-    `this ${FAMILY_NAMES[w.family]} model's why splits the logit over tok_emb, every query head and every feed-forward.` }));
-  $("why-source").textContent = "";
-  $("why-disagree").textContent = "";
-  $("why-patch").replaceChildren();
 }
 
 // --- parameters -----------------------------------------------------------------------
