@@ -218,7 +218,7 @@ def test_the_page_gets_the_family_trace_and_only_the_options_that_apply(family_c
     info = family_client.get("/api/model").json()
     assert info["family"] == "qwen3" and info["params"]["tied"]
     assert info["layout"].startswith("qwen3: vocab_size")
-    assert [c["name"] for c in info["controls"]["trace"]] == ["top_k"]
+    assert [c["name"] for c in info["controls"]["trace"]] == ["top_k", "logit_lens", "attention"]  # the last two: panels
     assert [c["name"] for c in info["controls"]["why"]] == ["why", "versus", "patch"]
     r = family_client.post("/api/explain", json={"prompt": TEXT, "top_k": 3})
     assert r.status_code == 200, r.text
@@ -228,8 +228,40 @@ def test_the_page_gets_the_family_trace_and_only_the_options_that_apply(family_c
     assert f["attention"]["q_shape"] == [1, 4, len(TEXT), 16] and f["attention"]["kv_shape"] == [1, 2, len(TEXT), 16]
     assert f["attention"]["groups"] == [[0, 1], [2, 3]] and f["attention"]["qk_norm"]
     assert [t["id"] for t in tr["tokens"]] == TOK.encode(TEXT) and len(tr["next_token"]["top"]) == 3
-    assert set(tr["not_shown"]) == {"head", "attention", "lens"}
-    assert "GPT-2" in tr["not_shown"]["lens"] and "\n" not in "".join(tr["not_shown"].values())
+    assert "not_shown" not in tr and "attention" not in tr and "logit_lens" not in tr  # only what was asked for
+    assert tr["head"]["rows"][0]["id"] == tr["next_token"]["id"] and tr["head"]["tied"]
+
+
+@pytest.mark.parametrize("cfg", [QWEN, LLAMA], ids=["qwen3", "llama3"])
+def test_the_pages_head_lens_and_heatmaps_of_a_family_model_are_its_own(cfg, monkeypatch):
+    """What the page's three panels draw, under the names GPT-2's answer gives them, from the family model itself."""
+    from fastapi.testclient import TestClient
+    from glassgpt.formats import About
+    from glassgpt.web import create_app
+    model = model_of(cfg)
+    ids = torch.tensor([TOK.encode(TEXT)])
+    with torch.no_grad():
+        logits = model(ids)[0].float()  # [t, V]
+    with TestClient(create_app(model, TOK, About("tiny")), base_url="http://127.0.0.1") as client:
+        tr = client.post("/api/explain", json={"prompt": TEXT, "top_k": 3, "attention": True, "logit_lens": True}).json()
+        from glassgpt.web import service
+        monkeypatch.setattr(service, "MAX_ATTENTION_WEIGHTS", cfg.n_layers * cfg.n_heads * 10 ** 2)  # 10 tokens fit
+        fits = client.post("/api/explain", json={"prompt": TEXT[:10], "attention": True}).json()["attention"]
+        left_out = client.post("/api/explain", json={"prompt": TEXT[:11], "attention": True}).json()["attention"]
+    t, g = len(TEXT), cfg.n_heads // cfg.n_kv_groups
+    att = tr["attention"]
+    assert att["shape"] == [cfg.n_layers, cfg.n_heads, t, t] and att["tokens"] == list(TEXT)
+    assert att["groups"] == [j // g for j in range(cfg.n_heads)]
+    for layer in att["layers"]:  # causal rows that sum to 1 (rounded to 4 decimals for the page)
+        for head in layer:
+            assert all(abs(sum(row) - 1) < 1e-3 and not any(row[j + 1:]) for j, row in enumerate(head))
+    assert "layers" not in tr["family"]["attention"] and "head" not in tr["family"]  # each thing once in the JSON
+    assert [p["id"] for p in tr["logit_lens"]["layers"][-1]["top"]] == logits.argmax(-1).tolist()
+    assert [r["id"] for r in tr["head"]["rows"]] == [t_["id"] for t_ in tr["next_token"]["top"]]
+    assert tr["head"]["rows"][0]["logit"] == pytest.approx(float(logits[-1].max()), abs=1e-6)
+    assert tr["head"]["tied"] == model.tied
+    assert fits["shape"][-1] == 10 and set(left_out) == {"omitted"}  # as GPT-2's: said in one line
+    assert left_out["omitted"].startswith(f"11 tokens give {cfg.n_layers * cfg.n_heads * 121:,} attention weights")
 
 
 def test_the_pages_append_why_and_picture_work_on_a_family_model(family_client):

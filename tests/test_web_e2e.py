@@ -419,7 +419,7 @@ def family_url():
         yield url
 
 
-def test_a_qwen3_page_shows_its_answers_groups_and_why_and_says_what_is_gpt2s(browser, family_url):
+def test_a_qwen3_page_shows_its_answers_groups_heatmaps_lens_and_why(browser, family_url):
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(60_000)
@@ -438,9 +438,18 @@ def test_a_qwen3_page_shows_its_answers_groups_and_why_and_says_what_is_gpt2s(br
     assert "No pos_emb" in family and "rotated by RoPE, base 1,000,000" in family and "QK-norm" in family
     assert page.locator(".kv-group").all_text_contents() == ["kv0 q0…q1", "kv1 q2…q3"]
     assert page.locator('#flow [data-stage="out_head"] .tied').inner_text() == "= tok_emb.weight"
-    for panel in ("#head-caption", "#attention-caption", "#lens"):  # GPT-2's panels: one line each
-        assert "drawn for GPT-2" in page.inner_text(panel)
-    assert page.locator("#heatmap").is_hidden() and page.locator("#trace-controls [data-option]").count() == 1
+    # the panels GPT-2's page has, drawn from this model: its heatmaps, labelled with each head's group
+    assert page.locator("#heatmap").is_visible() and page.locator("#trace-controls [data-option]").count() == 1
+    assert page.locator("#head-thumbs .thumb-box").all_inner_texts() == ["h0 · kv0", "h1 · kv0", "h2 · kv1", "h3 · kv1"]
+    assert "reads key/value group 0" in page.inner_text("#attention-caption")
+    drawn = page.evaluate("""() => { const c = document.getElementById('heatmap');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i + 3] && (d[i] < 200 || d[i + 2] < 200)) n++; return n; }""")
+    assert drawn > 1000  # cells painted, not an empty canvas
+    page.locator("#head-thumbs .thumb-box").nth(3).click()
+    page.wait_for_selector('#attention-caption:has-text("head 3 (it reads key/value group 1")')
+    assert "(RMSNorm)" in page.inner_text("#head-caption") and page.locator("#head tbody tr").count() == 10
+    assert page.locator("#lens tbody tr").count() == 2  # the logit lens after each of the 2 blocks
     with page.expect_response("**/api/why") as answer:
         page.locator(".why-candidate").nth(1).click()
     assert answer.value.ok

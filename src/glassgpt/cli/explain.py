@@ -138,9 +138,9 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def _run_family(args: argparse.Namespace, model, tok: Tokenizer, source: Source) -> int:
-    if args.attention or args.embedding_vs_linear:
-        raise GlassError(f"for a {model.cfg.family} model explain has its text, JSON and picture views, --why, and "
-                         "--compare: drop --attention and --embedding-vs-linear")
+    if args.embedding_vs_linear:
+        raise GlassError(f"for a {model.cfg.family} model the one-hot proof is the third of the four answers that "
+                         "explain prints: drop --embedding-vs-linear")
     if args.why:  # the same answer as GPT-2's (its JSON under "why"), and the same picture
         result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, top_k=args.top_k)
         for note in result.notes[:-1]:  # (the last, on attention, is in every view)
@@ -156,8 +156,14 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer, source: Source)
         if args.format == "json":
             return emit(json.dumps(changes.to_dict(), indent=2), args.out)
         return emit(changes.to_text(), args.out)
-    tr = family_trace(model, tok, args.prompt, top_k=args.top_k)
-    return _show(args, tr.to_dict(), tr.picture, lambda color: tr.to_text())
+    tr = family_trace(model, tok, args.prompt, top_k=args.top_k, attention=args.attention, logit_lens=args.logit_lens)
+    heat = None
+    if args.attention:  # every query head of --layer, each titled with the key/value group it reads
+        heat = args.attention_out or f"attention-L{args.layer}.png"
+        w, h = save_attention_png(tr, args.layer, heat)
+        print(f"wrote {heat} ({w}x{h}): attention weights of trf_blocks.{args.layer}", file=sys.stderr)
+    return _show(args, tr.to_dict(), tr.picture,
+                 lambda color: tr.to_text(attention_layer=args.layer if args.attention else None, heatmap=heat))
 
 
 def _run_passage(args: argparse.Namespace, source: Source) -> int:

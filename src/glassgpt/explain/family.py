@@ -12,8 +12,13 @@ the live weights (check.py), the weight shapes, and whether the head is tied, to
 (`data_ptr`), never by equal values: the book's loader copies the embedding into the head, which
 gives equal values in two tensors.
 
-Its text is views/family.py's. Leaves out what trace.py draws for GPT-2 (the picture, the page,
-the logit lens). why_family.py answers `why` for these models.
+And what GPT-2's trace shows beside its flow, from the same forward pass: the head's logits as dot
+products h . W[id] (head.py's, h being final_norm's RMSNorm output at the last position), the logit
+lens (each block's output through the model's own final_norm and out_head, trace.py's), and with
+`attention` every query head's causal weights over the prompt, from its queries through QK-norm and
+RoPE against the rotated keys of the group it reads (`attention_of`).
+
+Its text is views/family.py's. why_family.py answers `why` for these models.
 """
 
 from __future__ import annotations
@@ -25,11 +30,15 @@ import torch
 from torch import nn
 
 from ..families import is_family_model
+from ..families.layers import apply_rope
 from ..memory import parameter_table
+from ..model import attention_weights
 from ..prompt import encode
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
+from .head import head_products
 from .result import Result
+from .trace import logit_lens_of
 
 FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3"}
 
@@ -44,6 +53,9 @@ class FamilyTrace(Result):
     answers: dict[str, Any]               # the four questions, as facts
     params: dict[str, Any]
     next_tokens: list[dict[str, Any]] = field(default_factory=list)
+    head: dict[str, Any] | None = None               # the logits as dot products h . W[id] (head.py)
+    logit_lens: dict[str, Any] | None = None         # the top token at every position after every block
+    attention_weights: dict[str, Any] | None = None  # shape [n_layers, h, t, t], tokens, groups, layers
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,24 +84,35 @@ class RecordingCache:
 
 @torch.no_grad()
 def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, top_k: int = 5, *,
-                 ids: list[int] | None = None) -> FamilyTrace:
+                 ids: list[int] | None = None, attention: bool = False, logit_lens: bool = False) -> FamilyTrace:
     """Run `text` (or its token `ids`, as the web page sends them) through a Qwen3Model or Llama3Model once
-    and keep what each stage looked like."""
+    and keep what each stage looked like; with `attention`, every query head's weights, with `logit_lens`, the
+    top token after every block (as GPT-2's trace takes them: TraceOptions' attention and logit_lens)."""
     assert is_family_model(model)
     cfg = model.cfg
     ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=model.tok_emb.weight.device)  # [1, t]
     seen: dict[str, tuple[tuple, tuple]] = {}
+    kept: dict[str, torch.Tensor] = {}
 
     def tap(name: str):
         def hook(module, inputs, output):
             seen[name] = (tuple(inputs[0].shape), tuple(output.shape))
         return hook
 
+    def keep(name: str):
+        return lambda module, inputs, output: kept.__setitem__(name, output.detach())
+
     first = model.trf_blocks[0]
     taps = {"tok_emb": model.tok_emb, "trf_blocks.0.att.W_query": first.att.W_query,
             "trf_blocks.0.att.W_key": first.att.W_key, "trf_blocks.0.att.W_value": first.att.W_value,
             "trf_blocks.0.ff.fc1": first.ff.fc1, "final_norm": model.final_norm, "out_head": model.out_head}
     handles = [m.register_forward_hook(tap(n)) for n, m in taps.items()]
+    handles.append(model.final_norm.register_forward_hook(keep("final_norm")))
+    for i, block in enumerate(model.trf_blocks):
+        if logit_lens:
+            handles.append(block.register_forward_hook(keep(f"trf_blocks.{i}")))
+        if attention:
+            handles.append(block.att.W_query.register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
     cache = RecordingCache()
     try:
         logits = model(ids, cache)  # [1, t, V]
@@ -116,17 +139,43 @@ def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         {"name": "out_head", "module": "out_head", "shape": list(seen["out_head"][1]),
          "note": f"hidden -> vocab: x @ W.T with W {[V, d]}"},
     ]
+    label = lambda i: _text(tokenizer, i)  # noqa: E731
     probs = torch.softmax(logits[0, -1].float(), dim=-1)
     top = probs.topk(min(top_k, V))
-    next_tokens = [{"id": int(i), "text": _text(tokenizer, int(i)), "prob": float(p)}
-                   for p, i in zip(top.values, top.indices)]
-    return FamilyTrace(
-        family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()},
-        tokens=[tokenizer.decode([int(i)]) for i in ids[0]], stages=stages,
+    next_tokens = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
+    tokens = [tokenizer.decode([int(i)]) for i in ids[0]]
+    groups = [j // cfg.group_size for j in range(h)]
+    tr = FamilyTrace(
+        family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens, stages=stages,
         attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
                    "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
                    "qk_norm": cfg.qk_norm, "rope_base": cfg.rope_base, "rope_scaled": cfg.rope_freq is not None},
-        answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens)
+        answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens,
+        head=head_products(model, kept["final_norm"][0, -1], logits[0, -1], [n["id"] for n in next_tokens],
+                           ids[0].tolist(), label))
+    if logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
+        tr.logit_lens = logit_lens_of(model, [kept[f"trf_blocks.{i}"] for i in range(cfg.n_layers)], logits, label)
+    if attention:
+        cos, sin = model.rope.at(0, t, ids.device)  # [t, hd]: the angles of the positions it ran at
+        layers = [attention_of(block.att, kept[f"trf_blocks.{i}.att.W_query"], cache.seen[i][0], cos, sin)[0]
+                  for i, block in enumerate(model.trf_blocks)]  # [h, t, t] each
+        tr.attention_weights = {"shape": [cfg.n_layers, h, t, t], "tokens": tokens, "groups": groups,
+                                "layers": [w.float().tolist() for w in layers]}
+    return tr
+
+
+def attention_of(att: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Attention weights `[b, h, tq, s]` by the model's own modules and formula: the queries `q` (W_query's output
+    `[b, tq, h*hd]`, at the positions of the `[tq, hd]` rows cos and sin) through QK-norm (Qwen3) and RoPE, against
+    the rotated keys `k` a cache is handed (`[b, g, s, hd]`), each query head reading its group's
+    (repeat_interleave). Query j sits at position s - tq + j and sees the positions up to it."""
+    b, tq, _ = q.shape
+    q = q.view(b, tq, att.num_heads, att.head_dim).transpose(1, 2)  # [b, tq, h*hd] -> [b, h, tq, hd]
+    if att.q_norm is not None:
+        q = att.q_norm(q)
+    q = apply_rope(q, cos, sin)
+    k = k.repeat_interleave(att.group_size, dim=1)  # [b, g, s, hd] -> [b, h, s, hd]
+    return attention_weights(q, k)
 
 
 def _text(tokenizer: Tokenizer, token_id: int) -> str:

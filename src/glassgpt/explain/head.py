@@ -1,6 +1,7 @@
 """The head as a dot product: logit[id] = h · W[id] (+ bias[id]), checked against out_head.
 
-h is the last position's final vector (final_norm's output there, [d]) and W is
+h is the last position's final vector (final_norm's output there, [d]: GPT-2's LayerNorm, the
+RMSNorm of Qwen3 and Llama 3) and W is
 out_head.weight ([V, d]). The model predicts the token whose row W[id] has the largest dot
 product with h. With tying (GPT-2), W *is* tok_emb.weight: the row that scores id at the
 output is the very row that embedded id at the input. Untied (the book's GPT_CONFIG_124M),
@@ -46,6 +47,8 @@ def head_products(model: GPTModel, h: torch.Tensor, logits: torch.Tensor, top_id
                     for j, r in zip(nearest, _ranks(logits, nearest))],
         "kind": "classes" if model.cfg.num_classes is not None else "tokens",
     }
+    if getattr(model.cfg, "family", None):  # Qwen3, Llama 3: h is their RMSNorm's output
+        out["family"] = model.cfg.family
     if model.cfg.num_classes is None:
         out.update(_tying(model, W, prompt_ids, logits, rows, label))
     out["tying_note"] = tying_note(out)
@@ -60,7 +63,8 @@ def tying_note(hd: dict[str, Any]) -> str:
         storage = "one storage" if hd["shares_storage"] else "NOT one storage"
         return (f"tied: W is tok_emb.weight ({storage}), so W[id] is the very row that embedded id at the input: "
                 "the model predicts the token whose embedding its last vector most resembles (by dot product)")
-    return ("untied (the book's layout): W is its own tensor; tok_emb.weight[id] embedded id at the input, "
+    whose = " (the book's layout)" if hd.get("family") is None else ""  # GPT-2's: the book's GPT_CONFIG_124M
+    return (f"untied{whose}: W is its own tensor; tok_emb.weight[id] embedded id at the input, "
             "out_head.weight[id] scores it at the output, and training sets the two apart")
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -159,7 +159,8 @@ def trace_with_logits(model: GPTModel, tokenizer: Tokenizer, text: str | None = 
                             "tokens": [tk["text"] for tk in result.tokens],
                             "layers": [_attention_of(rec.seen, i, cfg)[0].tolist() for i in range(cfg.n_layers)]}
     if opt.logit_lens:
-        result.logit_lens = _logit_lens(model, rec.seen, logits, label, rec)
+        result.logit_lens = logit_lens_of(model, [rec.seen[f"trf_blocks.{i}"][1] for i in range(cfg.n_layers)], logits,
+                                          label, rec.step)
     if opt.embedding_check:
         rec.check()
         result.embedding_check = check_embedding_is_linear(model, batch, timing=opt.timing)
@@ -394,21 +395,24 @@ def _probs(last: torch.Tensor, temperature: float) -> torch.Tensor:
     return scaled.softmax(dim=-1)
 
 
-def _logit_lens(model: GPTModel, seen: dict, logits: torch.Tensor, label, rec: Recorder) -> dict[str, Any]:
-    """The top token (or class) at every position after every block: out_head(final_norm(residual)).
+def logit_lens_of(model: nn.Module, residuals: list[torch.Tensor], logits: torch.Tensor, label,
+                  step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The top token (or class) at every position after every block: out_head(final_norm(residual)), through the
+    model's own final_norm (GPT-2's LayerNorm; RMSNorm in Qwen3 and Llama) and out_head, tied or not.
 
-    Only each row's top is needed: its id is the max of the logits, its probability
-    exp(max - logsumexp(logits)), so no softmax over [t, V] is kept. After the last block
-    the lens is the model's own output, so those logits are reused.
+    residuals: each block's output `[b, t, d]`; logits: the model's own `[b, t, V]`. Only each row's top
+    is needed: its id is the max of the logits, its probability exp(max - logsumexp(logits)), so no
+    softmax over [t, V] is kept. After the last block the lens is the model's own output, so those
+    logits are reused. step: called with `logit_lens.N` after each block (a trace's progress).
     """
     layers = []
-    n = model.cfg.n_layers
-    for i in range(n):
-        resid = seen[f"trf_blocks.{i}"][1]  # [b, t, d]
+    n = len(residuals)
+    for i, resid in enumerate(residuals):
         lens = (logits[0] if i == n - 1 else model.out_head(model.final_norm(resid))[0]).float()  # [t, V]
         top, idx = lens.max(dim=-1)  # [t, V] -> [t]
         prob = (top - lens.logsumexp(dim=-1)).exp()
         layers.append({"layer": i, "top": [{"id": int(j), "text": label(int(j)), "prob": float(q)}
                                            for q, j in zip(prob, idx)]})
-        rec.step(f"logit_lens.{i}")
+        if step is not None:
+            step(f"logit_lens.{i}")
     return {"layers": layers}

@@ -38,11 +38,9 @@ from torch import nn
 
 from ..device import evaluating
 from ..errors import TraceCancelled
-from ..families.layers import apply_rope
-from ..model import attention_weights
 from ..prompt import Prompt
 from ..tokenizer import Tokenizer
-from .family import RecordingCache
+from .family import RecordingCache, attention_of
 from .why_result import (ATTENTION_IS_NOT, Why, check_id, corrupted_ids, first_difference, labeller, patch_pair,
                          runner_up, sources_of, versus_id)
 
@@ -170,15 +168,10 @@ def attribute_family(model: nn.Module, seen: dict, a: int, b: int | None) -> dic
 
 
 def last_row_attention(att: nn.Module, seen: dict, p: str, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The last query's attention weights over the sources, [h, t], by the model's own modules and formula:
-    its query through QK-norm (Qwen3) and RoPE at the last position, against the recorded rotated keys."""
+    """The last query's attention weights over the sources, [h, t] (family.py's attention_of: its query through
+    QK-norm (Qwen3) and RoPE at the last position, against the recorded rotated keys)."""
     q = seen[f"{p}.att.W_query"][:, -1:]  # [1, 1, h*hd]
-    q = q.view(1, 1, att.num_heads, att.head_dim).transpose(1, 2)  # [1, 1, h*hd] -> [1, h, 1, hd]
-    if att.q_norm is not None:
-        q = att.q_norm(q)
-    q = apply_rope(q, cos[-1:], sin[-1:])
-    k = seen[f"{p}.att.kv"][0].repeat_interleave(att.group_size, dim=1)  # [1, g, t, hd] -> [1, h, t, hd]
-    return attention_weights(q, k)[0, :, 0].double()  # the last query sees every source
+    return attention_of(att, q, seen[f"{p}.att.kv"][0], cos[-1:], sin[-1:])[0, :, 0].double()  # every source
 
 
 def remove_each_family(model: nn.Module, seen: dict, ids: list[int], last: torch.Tensor, a: int,

@@ -11,8 +11,9 @@ A Qwen3 or Llama 3.2 model (families/) gets explain/family.py's trace: its stage
 where positions enter (RoPE), the query and key/value head shapes and the group sharing, under
 `family`, beside the tokens and next tokens the page shows for every model; its why is why.py's
 (why_family.py: the parts through RMSNorm, one per query head, with the same fields as GPT-2's).
-Its controls are the options that apply to it (top_k and why's); the attention heatmap, the logit lens and the head's dot products
-are GPT-2's, and the page says so in one line where they would be.
+The head's dot products, the logit lens and the attention heatmaps (every query head's, with the
+key/value group it reads) come from the family trace too, under the names GPT-2's answer gives them,
+so the page draws them alike. Its controls are the options that apply to it (top_k and why's).
 
 app.py wires these to routes and adds what only HTTP needs (streaming, cancelling when the
 client leaves, status codes). A prompt longer than the server takes is cut as prompt.py cuts
@@ -31,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from ..adopt import adopt, check_computable
 from ..errors import GlassError
 from ..explain import About, Progress, trace
-from ..explain.family import FAMILY_NAMES, family_trace
+from ..explain.family import family_trace
 from ..explain.views import draw
 from ..explain.views.diagram import to_svg
 from ..explain.pieces import sliding_windows
@@ -53,7 +54,7 @@ MAX_ATTENTION_WEIGHTS = 1_000_000
 MAX_ONE_HOT_NUMBERS = 2 ** 24
 # The options that apply to a Qwen3/Llama model's trace (explain/family.py) and why (why_family.py): the page
 # draws these alone.
-FAMILY_OPTIONS = ("top_k", "why", "versus", "patch")
+FAMILY_OPTIONS = ("top_k", "logit_lens", "attention", "why", "versus", "patch")
 # Heavy work waits in a queue of its own (app.py), so that a flood of it never delays a plain trace:
 # activation patching (a forward pass per layer and prompt position), why past HEAVY_WHY_TOKENS (one
 # forward pass per prompt token, each removed in turn), and any trace past HEAVY_TOKENS.
@@ -223,8 +224,7 @@ class ExplainService:
         if self.family:
             return self._family_json(req, prompt, cancel)
         t = len(prompt.ids)
-        n_weights = cfg.n_layers * cfg.n_heads * t ** 2
-        with_attention = req.attention and n_weights <= MAX_ATTENTION_WEIGHTS
+        with_attention, omitted = self._attention_fits(req, t)
         with_check = req.embedding_check and t * cfg.vocab_size <= MAX_ONE_HOT_NUMBERS
         options = trace_options(req, attention=with_attention, embedding_check=with_check, timing=False)
         out = trace(self.model, self.tokenizer, ids=prompt.ids, options=options, about=self.about, cancel=cancel,
@@ -241,33 +241,43 @@ class ExplainService:
             out["why"] = self._why(req, prompt.ids, cancel)
         if with_attention:
             out["attention"]["layers"] = _rounded(out["attention"]["layers"])
-        elif req.attention:
-            most = int((MAX_ATTENTION_WEIGHTS / (cfg.n_layers * cfg.n_heads)) ** 0.5)
-            out["attention"] = {"omitted": f"{t:,} tokens give {n_weights:,} attention weights "
-                                           f"({cfg.n_layers} layers x {cfg.n_heads} heads x {t} x {t}); "
-                                           f"the page shows them for prompts of up to {most} tokens"}
+        elif omitted:
+            out["attention"] = {"omitted": omitted}
         return out
 
+    def _attention_fits(self, req: ExplainRequest, t: int) -> tuple[bool, str | None]:
+        """Whether the page gets the attention weights of a t-token prompt, and if asked and left out, why."""
+        cfg = self.model.cfg
+        n_weights = cfg.n_layers * cfg.n_heads * t ** 2
+        if not req.attention or n_weights <= MAX_ATTENTION_WEIGHTS:
+            return req.attention, None
+        most = int((MAX_ATTENTION_WEIGHTS / (cfg.n_layers * cfg.n_heads)) ** 0.5)
+        return False, (f"{t:,} tokens give {n_weights:,} attention weights ({cfg.n_layers} layers x {cfg.n_heads} "
+                       f"heads x {t} x {t}); the page shows them for prompts of up to {most} tokens")
 
     def _family_json(self, req: ExplainRequest, prompt, cancel) -> dict[str, Any]:
-        """A Qwen3/Llama model's trace (explain/family.py) under `family`, with the tokens and next tokens
-        every model's page shows, and each GPT-2-only panel's one line."""
-        tr = family_trace(self.model, self.tokenizer, ids=prompt.ids, top_k=req.top_k)
+        """A Qwen3/Llama model's trace (explain/family.py) under `family`, with what every model's page shows
+        under GPT-2's names: the tokens, the next tokens, the head's dot products, the logit lens and the
+        attention weights (each query head's, with `groups`: the key/value group each head reads)."""
+        with_attention, omitted = self._attention_fits(req, len(prompt.ids))
+        tr = family_trace(self.model, self.tokenizer, ids=prompt.ids, top_k=req.top_k, attention=with_attention,
+                          logit_lens=req.logit_lens)
+        family = tr.to_dict()
+        head, lens, weights = family.pop("head"), family.pop("logit_lens"), family.pop("attention_weights")
         top = tr.next_tokens
-        name = FAMILY_NAMES[tr.family]
-        out = {"model": model_facts(self.model, self.tokenizer, self.about), "family": tr.to_dict(),
+        out = {"model": model_facts(self.model, self.tokenizer, self.about), "family": family,
                "prompt": self.tokenizer.decode(prompt.ids),
                "tokens": [{"id": i, "text": self.tokenizer.decode([i])} for i in prompt.ids],
                "next_token": {"id": top[0]["id"], "text": top[0]["text"], "prob": top[0]["prob"], "top": top,
                               "kind": "token", "temperature": 1.0},
                "params": tr.params, "modules": tr.params["modules"], "notes": [prompt.note] if prompt.note else [],
-               "not_shown": {  # the GPT-2 panels, each with its one line
-                   "head": f"the head's dot products are drawn for GPT-2; the flow's four answers say what out_head is "
-                           f"for this {name} model",
-                   "attention": f"the attention heatmaps are drawn for GPT-2; the flow shows how this {name} model's "
-                                "query heads share the key/value groups",
-                   "lens": "the logit lens is drawn for GPT-2 here; glassgpt explain --compare shows this model's at "
-                           "the last position"}}
+               "head": head}
+        if lens is not None:
+            out["logit_lens"] = lens
+        if weights is not None:
+            out["attention"] = dict(weights, layers=_rounded(weights["layers"]))
+        elif omitted:
+            out["attention"] = {"omitted": omitted}
         if req.why:
             out["why"] = self._why(req, prompt.ids, cancel)
         return out

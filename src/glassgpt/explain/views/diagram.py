@@ -19,6 +19,7 @@ from ...errors import GlassError
 from . import draw
 from .draw import (BLUE, BLUE_BG, GRAY, GRAY_BG, GREEN, MUTED, ORANGE, ORANGE_BG, PURPLE, RED, Drawing, Line, Rect,
                    Text, drawable, fit, wrap)
+from ..family import FamilyTrace
 from ..trace import Stage, Trace
 from ..notation import TRAINED_STATES, clip, shape as _shape, token, trained_line
 
@@ -408,7 +409,7 @@ def _tie(d: Drawing, tr: Trace, emb_y: float, head_y: float) -> None:
 
 # --- attention heatmaps ------------------------------------------------------------------------
 
-def save_attention_png(tr: Trace, layer: int, path: str) -> tuple[int, int]:
+def save_attention_png(tr: Trace | FamilyTrace, layer: int, path: str) -> tuple[int, int]:
     """A grid of heatmaps, one per head, of layer `layer`'s attention weights, saved as PNG: (width, height)."""
     fig = attention_figure(tr, layer)
     fig.savefig(path)
@@ -416,11 +417,14 @@ def save_attention_png(tr: Trace, layer: int, path: str) -> tuple[int, int]:
     return width, height
 
 
-def attention_figure(tr: Trace, layer: int):
-    """The matplotlib Figure of `save_attention_png`: one heatmap per head, one colour bar for all."""
-    if tr.attention is None:
+def attention_figure(tr: Trace | FamilyTrace, layer: int):
+    """The matplotlib Figure of `save_attention_png`: one heatmap per head, one colour bar for all (a Qwen3/Llama
+    model's query heads each titled with the key/value group it reads)."""
+    family = isinstance(tr, FamilyTrace)
+    att = tr.attention_weights if family else tr.attention
+    if att is None:
         raise GlassError("this trace has no attention weights: trace it with attention=True (--attention)")
-    n_layers = len(tr.attention["layers"])
+    n_layers = len(att["layers"])
     if not 0 <= layer < n_layers:
         raise GlassError(f"layer {layer} does not exist: choose 0..{n_layers - 1}")
     try:
@@ -428,11 +432,11 @@ def attention_figure(tr: Trace, layer: int):
         from matplotlib.figure import Figure
     except ImportError:
         raise GlassError("attention heatmaps need matplotlib: pip install 'glassgpt[plot]'") from None
-    heads = tr.attention["layers"][layer]
-    labels = [clip(repr(drawable(t))[1:-1], 10) for t in tr.attention["tokens"]]
+    heads, groups = att["layers"][layer], att.get("groups")
+    labels = [clip(repr(drawable(t))[1:-1], 10) for t in att["tokens"]]
     cols = min(4, len(heads))
     rows = -(-len(heads) // cols)
-    random_note = tr.model["random_weights"]
+    random_note = not family and tr.model["random_weights"]  # (a FamilyTrace does not know whether it was trained)
     fig = Figure(figsize=(3.2 * cols + 1.0, 3.0 * rows + (0.9 if random_note else 0.6)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     title = f"trf_blocks.{layer} attention weights [heads, t, t]: row = query token, column = key token"
@@ -443,7 +447,7 @@ def attention_figure(tr: Trace, layer: int):
     for k, weights in enumerate(heads):
         ax = fig.add_subplot(rows, cols, k + 1)
         image = ax.imshow(weights, cmap="Oranges", vmin=0.0, vmax=1.0)
-        ax.set_title(f"head {k}", fontsize=9)
+        ax.set_title(f"head {k}" if groups is None else f"query head {k}, kv group {groups[k]}", fontsize=9)
         ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         for label in ax.get_xticklabels() + ax.get_yticklabels():

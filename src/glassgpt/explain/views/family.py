@@ -6,10 +6,11 @@ from __future__ import annotations
 import html
 
 from ..family import FAMILY_NAMES, FamilyTrace, GPT2Changes
-from ..notation import token
+from ..notation import clip, token
 from ..why_family import FamilyWhy
 from . import draw
-from .draw import GRAY, INK, MUTED, Drawing, Line, Rect, Text
+from .draw import GRAY, GREEN, INK, MUTED, Drawing, Line, Rect, Text
+from .text import attention_lines, head_lines, lens_lines, painter
 from .why import metric_name, patch_lines, top_parts, why_svg
 
 TRANSITION = "#b45309"  # the two stages where the width changes (V -> d, d -> V), as the GPT-2 picture marks them
@@ -19,7 +20,10 @@ def _shape(shape) -> str:
     return "[" + ", ".join(f"{s:,}" for s in shape) + "]"
 
 
-def render_family_text(tr: FamilyTrace, **_options) -> str:
+def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heatmap: str | None = None,
+                       **_options) -> str:
+    """The flow, the four answers, RoPE and the groups, the next tokens; then, as GPT-2's text view has them,
+    the head's dot products, `attention_layer`'s heads (if the trace has the weights) and the logit lens."""
     cfg, a, att = tr.config, tr.answers, tr.attention
     V, d, h, g = cfg["vocab_size"], cfg["emb_dim"], cfg["n_heads"], cfg["n_kv_groups"]
     name = FAMILY_NAMES[tr.family]
@@ -59,6 +63,15 @@ def render_family_text(tr: FamilyTrace, **_options) -> str:
     if tr.next_tokens:
         lines += ["", "next token"]
         lines += [f"  {t['text']!r:<16} {t['prob']:.4f}" for t in tr.next_tokens]
+    c = painter(False)
+    if tr.head:
+        head_lines(tr.head, a["hidden_to_vocab"]["weight_shape"], V, lines, c)
+    if attention_layer is not None and tr.attention_weights:
+        attention_lines(tr.attention_weights, attention_layer, heatmap, lines, c,
+                        "kvN: the key/value group the query head reads (repeat_interleave); its queries and keys "
+                        "were RoPE-rotated (and QK-normed in Qwen3) before the softmax")
+    if tr.logit_lens:
+        lens_lines(tr.logit_lens, tr.tokens, lines, c)
     return "\n".join(lines)
 
 
@@ -97,7 +110,29 @@ def family_layout(tr: FamilyTrace, width: float = 980, **_options) -> Drawing:
         d.add(Text(gx + 62, row + 14, "  ".join(f"q{q}" for q in group), size=11, mono=True, color=MUTED))
     d.add(Text(gx, gy + 48 + len(att["groups"]) * 26, "RoPE turns q and k in every block; no pos_emb", size=11,
                color=MUTED))
+    if tr.head:
+        y = _dot_products(d, tr.head, x, y, w)
     return d.fit_canvas(width, y)
+
+
+def _dot_products(d: Drawing, hd: dict, x: float, y: float, w: float) -> float:
+    """The top logits as the dot products they are, h · W[id] with h final_norm's (RMSNorm) output, under the flow."""
+    rows = hd["rows"][:3]
+    height = 74 + 16 * len(rows)
+    d.add(Rect(x, y, w, height, fill="white", stroke=TRANSITION, dash=True, key="dot_products"))
+    d.add(Text(x + 10, y + 17, f"each logit is a dot product: logit[id] = h · W[id], |h| = {hd['h_norm']:.2f}", size=12,
+               bold=True, mono=True))
+    d.add(Text(x + 10, y + 33, f"{'':<16}{'logit':>9}{'|W[id]|':>10}{'cos(h, W[id])':>15}", size=11, color=MUTED,
+               mono=True))
+    row_y = y + 33
+    for row in rows:
+        row_y += 16
+        d.add(Text(x + 10, row_y, f"{clip(repr(row['text']), 15):<16}{row['logit']:>9.3f}{row['w_norm']:>10.3f}"
+                                  f"{row['cos']:>15.4f}", size=11, mono=True, key="dot_row"))
+    d.add(Text(x + 10, row_y + 18, draw.fit(hd["tying_note"], w - 20, 11), size=11, color=MUTED))
+    d.add(Text(x + 10, row_y + 34, f"checked: every logit equals out_head's (max |diff| {hd['max_abs_diff']:.0e})",
+               size=11, color=GREEN))
+    return y + height + 14
 
 
 def family_html(result: FamilyTrace | GPT2Changes) -> str:

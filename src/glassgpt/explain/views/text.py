@@ -31,11 +31,14 @@ def render_text(tr: Trace, color: bool = False, attention_layer: int | None = No
     _flow(tr, lines, c)
     _next_token(tr, lines, c)
     if tr.head:
-        _head(tr, lines, c)
+        head_lines(tr.head, tr.stage("out_head").weight_shape, tr.stage("probs").shape[-1], lines, c)
     if attention_layer is not None and tr.attention:
-        _attention(tr, attention_layer, heatmap, lines, c)
+        opened = next((s.parent for s in tr.stages if s.parent), "trf_blocks.0")
+        attention_lines(tr.attention, attention_layer, heatmap, lines, c,
+                        f"--layer {attention_layer} chose this block's attention; --block {opened.split('.')[-1]} "
+                        f"chose which block the flow above opens up ({opened}). The two are independent.")
     if tr.logit_lens:
-        _logit_lens(tr, lines, c)
+        lens_lines(tr.logit_lens, [t["text"] for t in tr.tokens], lines, c)
     if tr.embedding_check:
         _embedding(tr, lines, c)
     _params(tr, lines, c)
@@ -104,16 +107,17 @@ def _next_token(tr: Trace, lines: list[str], c) -> None:
     out(c(DIM, f"  (a bar of 30 is probability 1; all {V:,} equally likely would be {1 / V:.2g} each)"))
 
 
-def _head(tr: Trace, lines: list[str], c) -> None:
-    """The logits as dot products: h · W[id] (+ bias), |h|, |W[id]|, the cosine; tying; nearest by cosine."""
-    hd, out = tr.head, lines.append
+def head_lines(hd: dict, weight_shape: list[int], n_out: int, lines: list[str], c) -> None:
+    """The logits as dot products (head.py's `hd`): h · W[id] (+ bias), |h|, |W[id]|, the cosine; tying; nearest by
+    cosine. weight_shape: out_head.weight's; n_out: how many logits (V, or the classes)."""
+    out = lines.append
     is_class = hd["kind"] == "classes"
     bias = " + bias[id]" if hd["has_bias"] else ""
     out("")
     out(c(BOLD, f"why this {'class' if is_class else 'token'}: each logit is a dot product, "
                 f"logit[id] = h · W[id]{bias}"))
-    out(f"  h = final_norm's output at the last position [{tr.model['config']['emb_dim']}], |h| = {hd['h_norm']:.3f}; "
-        f"W = out_head.weight {_shape(tr.stage('out_head').weight_shape)}, one row per {'class' if is_class else 'token'}")
+    out(f"  h = final_norm's output at the last position [{weight_shape[-1]}], |h| = {hd['h_norm']:.3f}; "
+        f"W = out_head.weight {_shape(weight_shape)}, one row per {'class' if is_class else 'token'}")
     if not is_class:
         out("  " + hd["tying_note"])
     untied = "cos_emb_head" in (hd["rows"][0] if hd["rows"] else {})
@@ -125,8 +129,7 @@ def _head(tr: Trace, lines: list[str], c) -> None:
         line += (f" + {row['bias']:>7.3f}" if hd["has_bias"] else "") + f"   {row['w_norm']:>7.3f}  {row['cos']:>13.4f}"
         out(line + (f"   {row['cos_emb_head']:>+.4f} (|tok_emb[id]| {row['emb_norm']:.3f})" if untied else ""))
     ok = GREEN if hd["max_abs_diff"] <= 1e-3 * max(1.0, abs(hd["rows"][0]["logit"])) else RED
-    n = tr.stage("probs").shape[-1]
-    out("  " + c(ok, f"checked: all {n:,} dot products equal out_head's logits (max |diff| {hd['max_abs_diff']:.1e})"))
+    out("  " + c(ok, f"checked: all {n_out:,} dot products equal out_head's logits (max |diff| {hd['max_abs_diff']:.1e})"))
     nearest = " · ".join(f"{token(t['text'], 14)} {t['cos']:.3f} (logit rank {t['logit_rank']:,})" for t in hd["nearest"])
     out(f"  nearest to h by cosine: {nearest}")
     out(c(DIM, "  (another order than the logits': a logit is |h| · |W[id]| · cos, and |h| is the same for every id, "
@@ -180,13 +183,14 @@ def _block(name: str, tr: Trace, lines: list[str], c) -> None:
         lines.append(f"   {branch} {short:<18} {shape:<31} {s.module:<42} {params:>10}  {c(DIM, s.note)}".rstrip())
 
 
-def _logit_lens(tr: Trace, lines: list[str], c) -> None:
+def lens_lines(lens: dict, tokens: list[str], lines: list[str], c) -> None:
+    """The logit lens (trace.py's logit_lens_of): after each block, the top token at each position."""
     lines.append("")
     lines.append(c(BOLD, "logit lens: the top token at each position after each block, and its probability "
                          "(softmax(out_head(final_norm(residual))))"))
-    header = " ".join(f"{tok['text'][:10]!r:<20}" for tok in tr.tokens)
+    header = " ".join(f"{tok[:10]!r:<20}" for tok in tokens)
     lines.append(f"  {'after':<14} {header}")
-    for layer in tr.logit_lens["layers"]:
+    for layer in lens["layers"]:
         cells = " ".join(f"{_lens_cell(cell):<20}" for cell in layer["top"])
         lines.append(f"  trf_blocks.{layer['layer']:<3} {cells}")
 
@@ -198,16 +202,16 @@ def _lens_cell(cell: dict) -> str:
     return f"{cell['text'][:10]!r} {prob}"
 
 
-def _attention(tr: Trace, layer: int, heatmap: str | None, lines: list[str], c, max_tokens: int = 12) -> None:
-    """Per head of one layer: the earlier token that each token attends to most, and its weight."""
-    heads, tokens = tr.attention["layers"][layer], tr.attention["tokens"]
+def attention_lines(att: dict, layer: int, heatmap: str | None, lines: list[str], c, note: str,
+                    max_tokens: int = 12) -> None:
+    """Per head of one layer: the earlier token that each token attends to most, and its weight. `att`: a trace's
+    attention weights (tokens, layers; a Qwen3/Llama model's also `groups`, each query head's key/value group)."""
+    heads, tokens, groups = att["layers"][layer], att["tokens"], att.get("groups")
     shown = range(min(len(tokens), max_tokens))
-    opened = next((s.parent for s in tr.stages if s.parent), "trf_blocks.0")
     cell = lambda text: f"{text:<15}"  # noqa: E731
     lines.append("")
     lines.append(c(BOLD, f"attention in trf_blocks.{layer}: for each head, the token that each token attends to most"))
-    lines.append(c(DIM, f"  --layer {layer} chose this block's attention; --block {opened.split('.')[-1]} chose which "
-                        f"block the flow above opens up ({opened}). The two are independent."))
+    lines.append(c(DIM, f"  {note}"))
     lines.append(("  " + cell("query token") + "".join(cell(clip(repr(tokens[j]), 14)) for j in shown)).rstrip())
     for h, weights in enumerate(heads):
         cells = []
@@ -215,7 +219,8 @@ def _attention(tr: Trace, layer: int, heatmap: str | None, lines: list[str], c, 
             row = weights[j][: j + 1]  # token j sees tokens 0..j
             k = max(range(j + 1), key=row.__getitem__)
             cells.append(cell(f"{clip(repr(tokens[k]), 9)} {row[k]:.2f}"))
-        lines.append(("  " + cell(f"head {h}") + "".join(cells)).rstrip())
+        name = f"head {h}" if groups is None else f"head {h} kv{groups[h]}"
+        lines.append(("  " + cell(name) + "".join(cells)).rstrip())
     if len(tokens) > max_tokens:
         lines.append(c(DIM, f"  (the first {max_tokens} of {len(tokens)} tokens; the heatmap has them all)"))
     if heatmap:

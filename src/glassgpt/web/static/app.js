@@ -458,8 +458,8 @@ function sampleTopK(tr) {
 
 function renderHead(tr) {
   const hd = tr.head;
-  if (!hd) {  // a Qwen3/Llama model: the server's one line says why
-    $("head-caption").textContent = tr.not_shown ? tr.not_shown.head : "";
+  if (!hd) {
+    $("head-caption").textContent = "";
     $("head").replaceChildren();
     $("head-notes").replaceChildren();
     return;
@@ -467,7 +467,7 @@ function renderHead(tr) {
   const isClass = hd.kind === "classes";
   const untied = hd.rows.length && hd.rows[0].cos_emb_head !== undefined;
   const bias = hd.has_bias ? " + bias[id]" : "";
-  $("head-caption").textContent = `logit[id] = h · W[id]${bias}: h is final_norm's output at the last position ` +
+  $("head-caption").textContent = `logit[id] = h · W[id]${bias}: h is final_norm's ${tr.family ? "(RMSNorm) " : ""}output at the last position ` +
     `(|h| = ${hd.h_norm.toFixed(2)}), W is out_head.weight, one row per ${isClass ? "class" : "token"}. ` +
     "A dot product is |h| · |W[id]| · cos(h, W[id]).";
   const cols = ["", isClass ? "class" : "token", "logit", "= h · W[id]", "|W[id]|", "cos(h, W[id])"];
@@ -553,25 +553,29 @@ function renderAttention(tr) {
   canvas.hidden = $("heat-hover").hidden = !shown;
   $("att-layer").disabled = $("att-head").disabled = !shown;
   if (!shown) {
-    $("attention-caption").textContent = att ? att.omitted : tr.not_shown ? tr.not_shown.attention : "not traced";
+    $("attention-caption").textContent = att ? att.omitted : "not traced";
     $("head-thumbs").replaceChildren();
-    if (tr.not_shown) { $("att-layer").replaceChildren(); $("att-head").replaceChildren(); }
     return;
   }
   state.layer = Math.min(state.layer, c.n_layers - 1);
   state.head = Math.min(state.head, c.n_heads - 1);
   $("att-layer").replaceChildren(...att.layers.map((_, i) => el("option", { value: i, text: `trf_blocks.${i}`, selected: i === state.layer })));
-  $("att-head").replaceChildren(...att.layers[0].map((_, i) => el("option", { value: i, text: `head ${i}`, selected: i === state.head })));
-  $("attention-caption").textContent = `trf_blocks.${state.layer}, head ${state.head}: row = the token attending (query), ` +
-    `column = the token attended to (key); each row sums to 1, the causal mask hides the future. ` +
+  // A Qwen3/Llama model's query heads each read one key/value group (`groups`): the labels say which.
+  const kv = (h) => (att.groups ? ` · kv${att.groups[h]}` : "");
+  $("att-head").replaceChildren(...att.layers[0].map((_, i) => el("option", { value: i, text: `head ${i}${kv(i)}`, selected: i === state.head })));
+  $("attention-caption").textContent = `trf_blocks.${state.layer}, ${att.groups ? "query " : ""}head ${state.head}` +
+    (att.groups ? ` (it reads key/value group ${att.groups[state.head]}, shared with ` +
+      `${att.groups.filter((g) => g === att.groups[state.head]).length - 1} other query heads; its queries and keys RoPE-rotated)` : "") +
+    `: row = the token attending (query), column = the token attended to (key); each row sums to 1, the causal mask hides the future. ` +
     `All weights: ${shapeText(att.shape)}.`;
   drawHeatmap(canvas, att.layers[state.layer][state.head], att.tokens, true);
   $("head-thumbs").replaceChildren(...att.layers[state.layer].map((w, h) => {
-    const thumb = el("canvas", { width: 56, height: 56, class: "thumb" + (h === state.head ? " active" : ""), title: `head ${h}` });
+    const thumb = el("canvas", { width: 56, height: 56, class: "thumb" + (h === state.head ? " active" : ""),
+      title: att.groups ? `query head ${h}, key/value group ${att.groups[h]}` : `head ${h}` });
     drawHeatmap(thumb, w, null, false);
     const box = el("button", { type: "button", class: "thumb-box", "data-focus": `thumb-${h}`,
       onclick: keepingFocus(() => { state.head = h; renderAttention(tr); }) },
-      thumb, el("span", { text: `h${h}` }));
+      thumb, el("span", { text: `h${h}${kv(h)}` }));
     return box;
   }));
 }
@@ -643,7 +647,7 @@ function renderLens(tr) {
   const lens = tr.logit_lens;
   const labels = tr.next_token.kind === "class" ? tr.model.labels : null;
   const label = (p) => (labels && p.id < labels.length ? labels[p.id] : p.text);
-  if (!lens) { $("lens").replaceChildren(el("p", { class: "caption", text: tr.not_shown ? tr.not_shown.lens : "not traced" })); return; }
+  if (!lens) { $("lens").replaceChildren(el("p", { class: "caption", text: "not traced" })); return; }
   const head = el("tr", {}, el("th", { text: "after" }),
     ...tr.tokens.map((t, i) => el("th", { class: i === tr.tokens.length - 1 ? "last" : "" }, tokenNode(t.text))));
   const rows = lens.layers.map((layer) => el("tr", {},
