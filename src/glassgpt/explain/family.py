@@ -121,24 +121,8 @@ def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
             h.remove()
     k, v = cache.seen[0]  # [1, g, t, hd], after RoPE (and QK-norm)
     b, t = ids.shape
-    h, g, hd, d, V = cfg.n_heads, cfg.n_kv_groups, cfg.head_dim_value, cfg.emb_dim, cfg.vocab_size
-    q_shape = (b, h, t, hd)
-    stages = [
-        {"name": "ids", "module": "", "shape": [b, t], "note": "token ids"},
-        {"name": "tok_emb", "module": "tok_emb", "shape": list(seen["tok_emb"][1]),
-         "note": f"vocab -> hidden: row lookup in the {[V, d]} weight; no pos_emb is added"},
-        {"name": "queries", "module": "trf_blocks.N.att.W_query", "shape": list(q_shape),
-         "note": f"{list(seen['trf_blocks.0.att.W_query'][1])} split into {h} heads, RoPE-rotated"},
-        {"name": "keys, values", "module": "trf_blocks.N.att.W_key, W_value", "shape": list(k.shape),
-         "note": f"{list(seen['trf_blocks.0.att.W_key'][1])} split into {g} heads; the cache keeps these"},
-        {"name": "repeat_interleave", "module": "", "shape": list(q_shape),
-         "note": f"each key/value head serves {h // g} neighbouring query heads"},
-        {"name": "ff", "module": "trf_blocks.N.ff", "shape": list(seen["trf_blocks.0.ff.fc1"][1]),
-         "note": f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {cfg.hidden_dim} -> {d}"},
-        {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]), "note": "RMSNorm"},
-        {"name": "out_head", "module": "out_head", "shape": list(seen["out_head"][1]),
-         "note": f"hidden -> vocab: x @ W.T with W {[V, d]}"},
-    ]
+    h, g, V = cfg.n_heads, cfg.n_kv_groups, cfg.vocab_size
+    q_shape = (b, h, t, cfg.head_dim_value)
     label = lambda i: _text(tokenizer, i)  # noqa: E731
     probs = torch.softmax(logits[0, -1].float(), dim=-1)
     top = probs.topk(min(top_k, V))
@@ -146,7 +130,8 @@ def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     tokens = [tokenizer.decode([int(i)]) for i in ids[0]]
     groups = [j // cfg.group_size for j in range(h)]
     tr = FamilyTrace(
-        family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens, stages=stages,
+        family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
+        stages=_stages(cfg, seen, q_shape, list(k.shape)),
         attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
                    "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
                    "qk_norm": cfg.qk_norm, "rope_base": cfg.rope_base, "rope_scaled": cfg.rope_freq is not None},
@@ -164,7 +149,31 @@ def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     return tr
 
 
-def attention_of(att: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:
+    """The stages in the order the forward pass ran them, with the shapes the taps saw (`seen`: input and output
+    shapes by module name)."""
+    b, h, t, hd = q_shape
+    g, d, V = cfg.n_kv_groups, cfg.emb_dim, cfg.vocab_size
+    return [
+        {"name": "ids", "module": "", "shape": [b, t], "note": "token ids"},
+        {"name": "tok_emb", "module": "tok_emb", "shape": list(seen["tok_emb"][1]),
+         "note": f"vocab -> hidden: row lookup in the {[V, d]} weight; no pos_emb is added"},
+        {"name": "queries", "module": "trf_blocks.N.att.W_query", "shape": list(q_shape),
+         "note": f"{list(seen['trf_blocks.0.att.W_query'][1])} split into {h} heads, RoPE-rotated"},
+        {"name": "keys, values", "module": "trf_blocks.N.att.W_key, W_value", "shape": kv_shape,
+         "note": f"{list(seen['trf_blocks.0.att.W_key'][1])} split into {g} heads; the cache keeps these"},
+        {"name": "repeat_interleave", "module": "", "shape": list(q_shape),
+         "note": f"each key/value head serves {h // g} neighbouring query heads"},
+        {"name": "ff", "module": "trf_blocks.N.ff", "shape": list(seen["trf_blocks.0.ff.fc1"][1]),
+         "note": f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {cfg.hidden_dim} -> {d}"},
+        {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]), "note": "RMSNorm"},
+        {"name": "out_head", "module": "out_head", "shape": list(seen["out_head"][1]),
+         "note": f"hidden -> vocab: x @ W.T with W {[V, d]}"},
+    ]
+
+
+def attention_of(att: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> torch.Tensor:
     """Attention weights `[b, h, tq, s]` by the model's own modules and formula: the queries `q` (W_query's output
     `[b, tq, h*hd]`, at the positions of the `[tq, hd]` rows cos and sin) through QK-norm (Qwen3) and RoPE, against
     the rotated keys `k` a cache is handed (`[b, g, s, hd]`), each query head reading its group's
