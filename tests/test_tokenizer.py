@@ -175,6 +175,19 @@ def test_byte_to_unicode_map_is_openais():
     assert gpt2_byte_to_unicode() == openai_bytes_to_unicode()
 
 
+def test_encoder_ranks_follow_the_merge_order_of_vocab_bpe():
+    # tiktoken merges by rank, so the packaged encoder.json must number each merge's result in
+    # vocab.bpe's order; the tokenizer no longer re-checks this pinned fact at every start.
+    from glassgpt.tokenizer import _gpt2_ranks
+
+    ranks = _gpt2_ranks()
+    to_bytes = {c: b for b, c in openai_bytes_to_unicode().items()}
+    merges = DATA.joinpath("vocab.bpe").read_text(encoding="utf-8").split("\n")[1:-1]
+    assert len(merges) == 50000
+    assert all(ranks[bytes(to_bytes[c] for c in first + second)] == rank
+               for rank, (first, second) in enumerate((line.split() for line in merges), start=256))
+
+
 # --- GPT-2 BPE: basic facts -----------------------------------------------------------
 
 def test_gpt2_tokenizer_has_50257_tokens_and_eot_50256(tok):

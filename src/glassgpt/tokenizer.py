@@ -236,21 +236,11 @@ def gpt2_vocab() -> tuple[list[str], list[str]]:
 
 
 def _gpt2_ranks() -> dict[bytes, int]:
-    """token bytes -> rank, from encoder.json, checked against the merge order in vocab.bpe."""
-    char_to_byte = {c: b for b, c in gpt2_byte_to_unicode().items()}
-
-    def to_bytes(token: str) -> bytes:
-        return bytes(char_to_byte[c] for c in token)
-
+    """token bytes -> rank, from encoder.json, whose order is vocab.bpe's merge order (tiktoken merges by
+    rank; both files are pinned by VOCAB_SHA256, and tests/test_tokenizer.py checks that they agree)."""
+    to_bytes = {ord(c): b for b, c in gpt2_byte_to_unicode().items()}  # str.translate: one char per byte
     encoder = json.loads(_read_vocab_file("encoder.json"))
-    ranks = {to_bytes(tok): i for tok, i in encoder.items() if tok != ENDOFTEXT}
-    # tiktoken merges by rank, so ranks must follow the merge order of vocab.bpe.
-    merges = _read_vocab_file("vocab.bpe").decode("utf-8").split("\n")[1:-1]
-    for rank, line in enumerate(merges, start=256):
-        first, second = line.split()
-        if ranks.get(to_bytes(first) + to_bytes(second)) != rank:
-            raise TokenizerError("encoder.json and vocab.bpe disagree: reinstall glassgpt")
-    return ranks
+    return {tok.translate(to_bytes).encode("latin-1"): i for tok, i in encoder.items() if tok != ENDOFTEXT}
 
 
 def _bpe_from_dict(spec: dict, source: str = "tokenizer spec") -> TiktokenTokenizer:

@@ -11,7 +11,9 @@ from pathlib import Path
 from ..formats.book import layout_note
 from ..device import resolve_device, resolve_dtype
 from ..engine.int4 import check_group_size
-from ..engine import autotune, compile_for_generation
+from ..device import cpu_flags
+from ..engine import KVCache, as_engine, autotune, compile_for_generation, compiling, native
+from ..engine.advice import advise
 from ..errors import GlassError
 from ..recall import MIN_TOKENS, copied_spans
 from ..generate import decode_stream, glass_model, sampling_probs, stream
@@ -34,9 +36,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt")
     add_model_args(p, quantized=True)
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model: the first run on a machine compiles for tens of seconds; later "
-                        "processes reuse inductor's cache (TORCHINDUCTOR_CACHE_DIR) and start in seconds; pays off "
-                        "for long outputs, mostly with --dtype int8 (default: off)")
+                   help="torch.compile the model where it pays for this command's length: skipped, with a note "
+                        "saying why, where the native step decodes or where compiling (measured the first time it "
+                        "runs here, kept with the autotune's choices) costs more than it saves over "
+                        "--max-new-tokens; the compiled code is kept in ~/.cache/glassgpt/inductor for later "
+                        "processes (default: off)")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=50, help="tokens to add to the prompt (default: 50)")
     p.add_argument("--temperature", type=temperature, default=0.0,
                    help="divide the logits by this before sampling; 0 takes the most likely token, greedy; else "
@@ -90,8 +94,9 @@ def run_generate(args: argparse.Namespace) -> int:
     require_language_model(model, args.model)
     if not isinstance(model.cfg, FamilyConfig):  # Qwen3 and Llama run their glass code: no kernels to choose
         report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
+    measure = None  # where a compile runs for the first time here: what it costs and saves is measured
     if args.compile:
-        model = compile_for_generation(model)
+        model, measure = compile_if_it_pays(model, args.max_new_tokens)
     allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
     if special_note:
         print(f"note: {special_note}", file=sys.stderr)
@@ -105,6 +110,9 @@ def run_generate(args: argparse.Namespace) -> int:
         print(f"note: {estimate_line(model, len(prompt_ids), args.max_new_tokens)}", file=sys.stderr)
     steps = stream(model, prompt_ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                    eos_id=tok.eot_id if args.stop_at_eos else None, seed=args.seed, on_pick=on_pick)
+    arrivals: list[float] = []  # perf_counter at each new token, for a compile's measurement
+    if measure is not None:
+        steps = _clocked(steps, arrivals)
     # Streamed to a terminal, the text is its own progress; anywhere else a line at least every 10 s.
     beat = None if not (args.json or args.show_choices) and sys.stdout.isatty() else \
         Heartbeat("generate", "token", args.max_new_tokens)
@@ -119,6 +127,8 @@ def run_generate(args: argparse.Namespace) -> int:
         new_ids = []
         _stream_text(args.prompt, tok, steps, new_ids, beat)
     seconds = time.perf_counter() - t0
+    if measure is not None and len(arrivals) >= 2:
+        measure(arrivals[1] - t0, min(model.cfg.context_length, len(prompt_ids) + args.max_new_tokens))
     if new_ids:
         print(f"generated {len(new_ids):,} tokens in {seconds:.2f} s: {len(new_ids) / max(seconds, 1e-9):,.1f} "
               "tokens/s (the prompt's prefill included)", file=sys.stderr)
@@ -139,6 +149,37 @@ def run_generate(args: argparse.Namespace) -> int:
     if spans is not None:
         _print_spans(args.check_against, spans, len(prompt_ids) + len(new_ids))
     return 0
+
+
+def compile_if_it_pays(model, new_tokens: int):
+    """(the model to generate with, a measure(seconds to the second token, cache length) to call after a compile
+    that runs for the first time here, or None): `model` compiled where compiling pays for `new_tokens` new
+    tokens (engine/compiling.py decides, from what it measured here), with a note on stderr saying why or
+    why not. Off the CPU, and for Qwen3 and Llama, it compiles as asked."""
+    if isinstance(model.cfg, FamilyConfig) or model.tok_emb.weight.device.type != "cpu":
+        return compile_for_generation(model), None
+    engine = as_engine(model)
+    choices = engine.choices
+    if choices is None:  # (float16 on a CPU: nothing chosen, nothing measured)
+        return compile_for_generation(engine), None
+    native = autotune.native_step_chosen(engine, KVCache(engine.cfg, 1, 4, dtype=model.tok_emb.weight.dtype))
+    decision = compiling.decide(choices.ms.get(compiling.COMPILE), native, new_tokens, choices.ms.get("step"))
+    print(f"note: {decision.note}", file=sys.stderr)
+    if not decision.compile:
+        return engine, None
+    engine = compile_for_generation(engine)
+
+    def measure(to_second_token: float, max_len: int) -> None:
+        steps = compiling.measure_steps(engine, max_len)
+        compiling.remember(choices, to_second_token - 2 * steps["compiled"] / 1e3, steps)
+    return engine, measure
+
+
+def _clocked(steps, arrivals: list[float]):
+    """`steps`, noting the time each new token arrives in `arrivals`."""
+    for i in steps:
+        arrivals.append(time.perf_counter())
+        yield i
 
 
 def _stream_text(prompt: str, tok, steps, new_ids: list[int], beat=None) -> None:
@@ -253,10 +294,14 @@ def run_info(args: argparse.Namespace) -> int:
                      "random weights: N(0, 0.02) matrices, norms at 1 (glassgpt.families.random_family_model)")
     elif source.kind == "gguf":
         notes.insert(0, gguf_dtype_note(source.name))
+    advice = None
+    if choices:  # the dtype and flags to use here, from what each precision measured on this machine
+        measured = {p: choices if p == precision else autotune.recorded(cfg, p) for p in autotune.PRECISIONS}
+        advice = advise(cfg, precision, cpu_flags(), measured, None if native.load() is not None else native.status())
     if args.json:
         kernels = {"machine": choices.machine, "chosen": choices.winners, "ms": choices.ms} if choices else None
         print(json.dumps({"config": cfg.to_dict(), "notes": notes, "parameters": rows, "memory": mem,
-                          "kernels": kernels}, indent=2))
+                          "kernels": kernels, "advice": advice}, indent=2))
         return 0
     print("config")
     for key, value in cfg.to_dict().items():
@@ -274,6 +319,9 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"  {key:<14} {mem[key] / 2**30:>9.2f} GiB   {mem['notes'][key]}")
     if choices:
         print(f"\n{autotune.describe(choices, cfg)}")
+        print("\non this CPU")
+        for line in advice:
+            print(f"  {line}")
     return 0
 
 

@@ -20,6 +20,8 @@ next, and the attention written out in blocks won on one and lost on another
     step             a decoding step of the model itself, batch 1: "native" (step.py, one C++ call)
                      or "engine" (the forward in PyTorch, on the winners above); timed at the
                      first decoding step, where the native step covers the model
+    compile          what a torch.compile cost and saved, measured where one ran (compiling.py): not a
+                     choice between candidates, but the figures `generate --compile` decides from
 
 The choice is saved in `native.cache_dir()/autotune.json` under a key that names the CPU
 (model name and instruction-set flags), torch's version, the thread count, the precision,
@@ -104,18 +106,13 @@ _training_memo: dict[str, str] = {}  # tune_training's key -> the winning path
 def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices:
     """The winners for a model of `cfg`'s shapes at `precision` on this machine (timed once, then cached)."""
     cache = cache or native.cache_dir() / "autotune.json"
-    shapes = linear_shapes(cfg)
-    machine = machine_key()
-    ops = native.load()
-    key = (f"{machine} | {precision} | d {cfg.emb_dim}, h {cfg.n_heads}, out {cfg.out_dim}, "
-           f"ctx {cfg.context_length} | {'with' if ops is not None else 'without'} glassgpt's kernels")
+    key = _key(cfg, precision)
     if key in _memo:
         return _memo[key]
-    saved = _read(cache).get(key)
-    if saved is not None:
-        choices = Choices(machine, precision, saved["winners"], saved["ms"], cached=True, key=key, path=cache)
-    else:
-        choices = Choices(machine, precision, key=key, path=cache)
+    choices = recorded(cfg, precision, cache)
+    if choices is None:
+        shapes, ops = linear_shapes(cfg), native.load()
+        choices = Choices(machine_key(), precision, key=key, path=cache)
         with torch.random.fork_rng(devices=[]):  # the inputs are random: a seeded run draws the same with or without a measurement
             for shape in shapes:
                 measure(choices, f"linear {shape[0]}x{shape[1]}", linear_candidates(shape, precision, ops))
@@ -124,6 +121,23 @@ def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices
         _write(cache, key, {"winners": choices.winners, "ms": choices.ms})
     _memo[key] = choices
     return choices
+
+
+def recorded(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices | None:
+    """What was measured on this machine for a model of `cfg`'s shapes at `precision`, without measuring; None if nothing."""
+    cache = cache or native.cache_dir() / "autotune.json"
+    key = _key(cfg, precision)
+    if key in _memo:
+        return _memo[key]
+    saved = _read(cache).get(key)
+    if saved is None:
+        return None
+    return Choices(machine_key(), precision, saved["winners"], saved["ms"], cached=True, key=key, path=cache)
+
+
+def _key(cfg: GPTConfig, precision: str) -> str:
+    return (f"{machine_key()} | {precision} | d {cfg.emb_dim}, h {cfg.n_heads}, out {cfg.out_dim}, "
+            f"ctx {cfg.context_length} | {'with' if native.load() is not None else 'without'} glassgpt's kernels")
 
 
 def tune_training(twin: nn.Module) -> str | None:
@@ -200,9 +214,14 @@ def native_step_chosen(engine: nn.Module, cache: KVCache) -> bool:
             measure(choices, "step", {"native": at(1, lambda: native(token)),
                                       "engine": at(1, lambda: engine.run(token[:, None], scratch, True))},
                     STEP_BUDGET_S, STEP_REPEATS)
-        if choices.path is not None:
-            _write(choices.path, choices.key, {"winners": choices.winners, "ms": choices.ms})
+        save(choices)
     return choices.winners["step"] == "native"
+
+
+def save(choices: Choices) -> None:
+    """Keep `choices` (a decision measured after `choose`: the step, compile's cost) in its cache file."""
+    if choices.path is not None:
+        _write(choices.path, choices.key, {"winners": choices.winners, "ms": choices.ms})
 
 
 def describe(choices: Choices, cfg: GPTConfig) -> str:

@@ -32,7 +32,7 @@ from torch import nn
 from ..config import GPTConfig
 from ..errors import KernelWarning
 from ..model import GPTModel
-from . import autotune
+from . import autotune, compiling
 from .cache import KVCache
 from .fused import fused
 from .int8 import is_quantized
@@ -117,8 +117,10 @@ def as_engine(model: nn.Module) -> Engine:
     return model if isinstance(model, Engine) else Engine(model)
 
 
-def compile_for_generation(model: GPTModel) -> Engine:
-    """An Engine over `model` whose forward runs through torch.compile, for `generate`/`stream` (same results).
+def compile_for_generation(model: GPTModel | Engine) -> Engine:
+    """An Engine over `model` (or `model` itself, an Engine) whose forward runs through torch.compile, for
+    `generate`/`stream` (same results). The compiled code is kept in glassgpt's cache root
+    (compiling.use_cache), where a later process finds it.
 
     The first call compiles twice (the prompt, then the one-token step, whose cache
     position stays symbolic), which takes tens of seconds on a CPU; later steps run
@@ -143,11 +145,12 @@ def compile_for_generation(model: GPTModel) -> Engine:
       model's modules after compiling is not noticed; generation changes nothing, and a
       changed model should be compiled again.
     """
+    compiling.use_cache()
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     options: dict = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe, "freezing": False}
-    if is_quantized(model):
+    engine = as_engine(model)
+    if is_quantized(engine.model):
         options.update(realize_opcount_threshold=4)
-    engine = Engine(model)
     # Dynamo keeps its graphs on the code object they were traced from, and without guards on
     # the modules a second compiled model with inputs of the same shapes would run the first
     # one's graphs (an int4 model the int8 model's, reading weights it does not have). Each

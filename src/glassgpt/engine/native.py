@@ -135,16 +135,12 @@ def library() -> ctypes.CDLL | None:
 
 def build(isa: list[str], directory: Path) -> Path:
     """Compile and link the kernels for `isa` into `directory` (once: the file name holds the inputs' hash)."""
-    from torch.utils import cpp_extension
-
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise OSError("no C++ compiler (g++) found: install one, e.g. apt-get install g++")
     torch_lib = str(Path(torch.__file__).parent / "lib")
-    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     kernel_cmd = ["-O3", "-std=c++17", "-fPIC", "-fopenmp", *isa]
-    ops_cmd = ["-O2", "-std=c++20", "-fPIC", abi, *includes]
     key = hashlib.sha256()
     for part in sorted(SOURCES.iterdir()):
         key.update(part.name.encode() + part.read_bytes())
@@ -152,6 +148,8 @@ def build(isa: list[str], directory: Path) -> Path:
     path = directory / f"glassgpt_kernels-{key.hexdigest()[:16]}.so"
     if path.exists():
         return path
+    from torch.utils import cpp_extension  # (setuptools: only a build needs it)
+    ops_cmd = ["-O2", "-std=c++20", "-fPIC", abi, *[f"-I{p}" for p in cpp_extension.include_paths()]]
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         steps = [[compiler, *kernel_cmd, "-c", str(SOURCES / "gemv.cpp"), "-o", f"{tmp}/gemv.o"],

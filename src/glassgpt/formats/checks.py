@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ..config import GPTConfig
 from ..errors import CheckpointError, ConfigError
@@ -115,8 +116,31 @@ def memory_bytes(device: torch.device) -> int:
 def meta_model(cfg: GPTConfig) -> GPTModel:
     """A GPTModel of `cfg` whose parameters have shapes but no memory (the meta device):
     the frame that tensors are assigned into, or that `to_empty` fills."""
-    with torch.device("meta"):
+    with on_meta():
         return GPTModel(cfg)
+
+
+class on_meta(TorchFunctionMode):
+    """`with on_meta():` builds modules on the meta device without drawing their initial weights.
+
+    There is nothing to draw into, and the meta device's `normal_` runs through torch._refs,
+    whose first call imports torch._dynamo: 1.5 s of every command's start-up on a CPU, for
+    values that do not exist."""
+
+    def __enter__(self):
+        self.device = torch.device("meta")
+        self.device.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        return self.device.__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":  # normal_, uniform_, kaiming_uniform_, ...
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
 
 
 def expected_shapes(cfg: GPTConfig) -> dict[str, torch.Size]:

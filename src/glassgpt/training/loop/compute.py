@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ...device import resolve_dtype
-from ...engine import autotune
+from ...engine import autotune, compiling
 from ...engine.fused import fused
 from ...engine.mixed import LowPrecisionCopy, keep_freed_memory
 from ...errors import TrainError
@@ -116,6 +116,8 @@ class Compute:
         if not cfg.fsdp and not exact(cfg):  # the fused kernels, on a twin sharing the weights
             compute = self.fused_twin = fused(compute)
             autotune.tune_training(compute)  # which attention its short sequences take (measured once here)
+        if cfg.compile:
+            compiling.use_cache()  # a resumed or repeated run loads the graphs this one compiles
         forward = torch.compile(compute) if cfg.compile else compute
         if ranks.world > 1 and not cfg.fsdp:
             from torch.nn.parallel import DistributedDataParallel
