@@ -35,10 +35,14 @@ def use_cache() -> str:
     """Point inductor's on-disk caches (compiled FX graphs, AOT autograd's, the dynamic-shape decisions)
     at `native.cache_dir()/inductor`, so that a later process loads what this one compiles instead of
     compiling again; a TORCHINDUCTOR_CACHE_DIR the user set is kept. Returns the directory."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # torch writes its default (a folder in /tmp) into the variable the first time it looks: not the user's.
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(native.cache_dir() / "inductor")
     import torch._functorch.config
     import torch._inductor.config
 
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(native.cache_dir() / "inductor"))
     torch._inductor.config.fx_graph_cache = True
     torch._functorch.config.enable_autograd_cache = True
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
