@@ -54,3 +54,18 @@ def test_every_flag_has_help_that_states_its_default(action, parser):
         return
     assert "default" in help_text.lower(), f"help does not mention the default {default!r}: {help_text!r}"
     assert names_the_default(help_text, default), f"help does not name the default {default!r}: {help_text!r}"
+
+
+def test_each_command_is_parsed_by_its_own_module_alone_as_by_the_whole_parser():
+    # `glassgpt generate` builds only cli/core's parsers (a command imports only its own module):
+    # the map names every command, and each command's parser alone takes its flags as the whole one.
+    from glassgpt.cli import COMMANDS
+
+    whole = build_parser()
+    top = {command for command, _ in subparsers(whole) if " " not in command}
+    assert set(COMMANDS) == top
+    for command in COMMANDS:
+        alone = {name for name, _ in subparsers(build_parser(command))}
+        assert command in alone
+        assert dict(subparsers(build_parser(command)))[command].format_help() == \
+            dict(subparsers(whole))[command].format_help()

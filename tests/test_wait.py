@@ -54,7 +54,7 @@ def test_generate_loads_no_compiler_and_no_library_it_does_not_use(small_checkpo
     # use on a machine builds them, which needs setuptools, and measures).
     code = ("import sys\nfrom glassgpt.cli import main\n"
             "assert main(['generate', 'Every effort', '--model', sys.argv[1], '--max-new-tokens', '3']) == 0\n"
-            "heavy = ['torch._dynamo', 'torch._inductor', 'sympy', 'transformers', 'matplotlib', 'setuptools']\n"
+            "heavy = ['torch._dynamo', 'torch._inductor', 'sympy', 'transformers', 'matplotlib', 'setuptools', 'glassgpt.explain']\n"
             "print([m for m in heavy if m in sys.modules])")
     for _ in range(2):
         done = fresh_process(code, None, str(small_checkpoint))

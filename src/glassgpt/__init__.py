@@ -16,22 +16,45 @@ and enforced in one place: tests/test_layout.py. Each folder's __init__.py names
 This module is the public API and nothing else.
 """
 
+import importlib as _importlib
 import sys as _sys
+import types as _types
 
 from .adopt import adopt
 from .config import PRESETS, GPTConfig
 from .engine import KVCache
 from .errors import GlassError, RandomWeightsWarning
-from .explain import Trace, Why, check, show, trace, why
-from .explain.views import diagram as explain_diagram
 from .formats import download, export_hf, get_config, get_tokenizer, load_meta, load_model, load_tokenizer, save_model
 from .generate import generate, stream
 from .model import GPTModel
 from .tokenizer import Tokenizer
 from .version import __version__
 
+# The explain tools load when first named, so that a command which does not explain (`glassgpt
+# generate`) does not wait for them: `glassgpt.trace`, `from glassgpt import why` work as ever.
+_EXPLAIN = ("Trace", "Why", "check", "show", "trace", "why")
+
+
+def __getattr__(name: str):
+    if name in _EXPLAIN:
+        return getattr(_importlib.import_module(".explain", __name__), name)
+    if name == "explain_diagram":
+        return _importlib.import_module(".explain.views.diagram", __name__)
+    try:  # a subpackage not imported yet (`glassgpt.explain`), as an eager import would have left it
+        return _importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+class _LaterModule(_types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # what inspect asks of every module in sys.modules: not a reason to load it
+            raise AttributeError(name)
+        return getattr(__getattr__(self.__name__.rpartition(".")[2]), name)
+
+
 # `import glassgpt.explain_diagram` is a documented import path: the picture module under its public name.
-_sys.modules[__name__ + ".explain_diagram"] = explain_diagram
+_sys.modules[__name__ + ".explain_diagram"] = _LaterModule(__name__ + ".explain_diagram")
 
 __all__ = [
     "GPTConfig", "PRESETS", "Trace", "Why", "adopt", "check", "show", "trace", "why", "get_config", "GlassError",

@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 
 from ..formats.book import layout_note
-from ..device import resolve_device, resolve_dtype
+from ..device import cpu_flags, resolve_device, resolve_dtype
 from ..engine.int4 import check_group_size
-from ..device import cpu_flags
 from ..engine import KVCache, as_engine, autotune, compile_for_generation, compiling, native
 from ..engine.advice import advise
 from ..errors import GlassError
@@ -94,7 +93,7 @@ def run_generate(args: argparse.Namespace) -> int:
     require_language_model(model, args.model)
     if not isinstance(model.cfg, FamilyConfig):  # Qwen3 and Llama run their glass code: no kernels to choose
         report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
-    measure = None  # where a compile runs for the first time here: what it costs and saves is measured
+    measure = None  # where a compile runs: what it costs and saves is measured, for the next command
     if args.compile:
         model, measure = compile_if_it_pays(model, args.max_new_tokens)
     allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
@@ -153,7 +152,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def compile_if_it_pays(model, new_tokens: int):
     """(the model to generate with, a measure(seconds to the second token, cache length) to call after a compile
-    that runs for the first time here, or None): `model` compiled where compiling pays for `new_tokens` new
+    that ran, or None): `model` compiled where compiling pays for `new_tokens` new
     tokens (engine/compiling.py decides, from what it measured here), with a note on stderr saying why or
     why not. Off the CPU, and for Qwen3 and Llama, it compiles as asked."""
     if isinstance(model.cfg, FamilyConfig) or model.tok_emb.weight.device.type != "cpu":
