@@ -47,15 +47,18 @@ def fresh_process(code: str, cache_root: Path | None, *args: str, timeout: int =
 
 # --- start-up: nothing the command does not need ---------------------------------------------
 
+HEAVY = ["torch._dynamo", "torch._inductor", "sympy", "transformers", "matplotlib", "setuptools", "glassgpt.explain",
+         "glassgpt.training"]
+
+
 def test_generate_loads_no_compiler_and_no_library_it_does_not_use(small_checkpoint):
     # torch._dynamo alone was 1.5 s of every start-up: building the model's frame on the meta device
     # drew initial weights through torch._refs, whose first call imports it (formats/checks.on_meta).
-    # The second process is a user's every day: the kernels built and the autotune's choice kept (a first
+    # The explain and training modules load only for the commands that use them. The second process is a user's every day: the kernels built and the autotune's choice kept (a first
     # use on a machine builds them, which needs setuptools, and measures).
     code = ("import sys\nfrom glassgpt.cli import main\n"
             "assert main(['generate', 'Every effort', '--model', sys.argv[1], '--max-new-tokens', '3']) == 0\n"
-            "heavy = ['torch._dynamo', 'torch._inductor', 'sympy', 'transformers', 'matplotlib', 'setuptools', 'glassgpt.explain']\n"
-            "print([m for m in heavy if m in sys.modules])")
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
     for _ in range(2):
         done = fresh_process(code, None, str(small_checkpoint))
         assert done.returncode == 0, done.stderr[-2000:]

@@ -20,8 +20,6 @@ from .. import formats
 from .. import memory
 from ..formats import Source
 from ..memory import QUANTIZED, inference_fit, training_fit
-from ..training import recipes
-from ..training.book import ch06 as book_ch06
 # Every number flag parses through cli/limits.py; the commands import the common kinds from here.
 from .limits import (fraction, nonneg_float, nonneg_int, positive_float, positive_int, probability,  # noqa: F401
                      seed, temperature)
@@ -237,6 +235,8 @@ def require_language_model(model: GPTModel, spec: str) -> None:
 # --- how a classifier reads a text: classify, explain and serve ---------------------------------
 
 def add_reading_args(p: argparse.ArgumentParser) -> None:
+    from ..training import recipes  # (here, not above: `generate` does not wait for training's modules)
+
     p.add_argument("--recipe", choices=[recipes.BOOK],
                    help="book: read a classifier as the book's classify_review does, the text padded with 50256 to "
                         "--max-length and the last position read (default: as its checkpoint records it was trained)")
@@ -247,6 +247,8 @@ def add_reading_args(p: argparse.ArgumentParser) -> None:
 def classifier_reading_of(source: Source, recipe: str | None, max_length: int | None):
     """(reading, notes): how the classifier `source` reads a text, as its checkpoint records it was finetuned, or
     with `--recipe book [--max-length N]` as the book's classify_review reads it (Source.classifier_reading)."""
+    from ..training import recipes
+
     return source.classifier_reading(recipe == recipes.BOOK, max_length)
 
 
@@ -256,6 +258,8 @@ def class_names(source: Source, num_classes: int, book: bool) -> list[str]:
     if labels is not None and len(labels) != num_classes:
         raise GlassError(f"{source.name} has {num_classes} classes but its labels name {len(labels)} ({labels}): give "
                          "one name for each class")
+    from ..training.book import ch06 as book_ch06
+
     if labels is None and book and num_classes == len(book_ch06.LABELS):
         labels = book_ch06.LABELS
     return labels or [str(k) for k in range(num_classes)]
