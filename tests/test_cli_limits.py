@@ -56,7 +56,7 @@ PARSER = build_parser()  # built once: every case below parses through it (main(
 
 @pytest.fixture(autouse=True)
 def one_parser(monkeypatch):
-    monkeypatch.setattr("glassgpt.cli.build_parser", lambda: PARSER)
+    monkeypatch.setattr("glassgpt.cli.build_parser", lambda command=None: PARSER)
 
 
 def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
