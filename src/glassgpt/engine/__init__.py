@@ -21,6 +21,9 @@ the glass model (the same greedy tokens in float32; stated tolerances in bfloat1
                   with the system's g++, loaded as torch operators; PyTorch's where they cannot be
     autotune.py   which kernel, attention path and decoding step run here: timed once for the
                   model's shapes, the choice kept per CPU
+    compiling.py  torch.compile for one command: inductor's caches under glassgpt's cache root, and
+                  whether compiling pays for a generation's length, from what it cost and saved here
+    advice.py     the dtype and flags to use on this CPU, in words, from autotune's records (`info`)
     loss.py       cross-entropy a few rows at a time (no float32 copy of the logits)
     mixed.py      bfloat16 training with a float32 master copy (no casts per activation)
     family.py     Qwen3 and Llama 3 decoding: the glass model's twin with the gemv kernel where it won
