@@ -31,6 +31,7 @@ from ..adopt import adopt, check_computable
 from ..config import GPTConfig
 from ..errors import GlassError
 from ..families import FamilyConfig, build_model, is_family_model
+from ..formats.checks import on_meta
 from ..model import GPTModel
 from .family import FAMILY_NAMES
 from .notation import shape
@@ -155,7 +156,7 @@ def check_same_shapes(cfg_a: GPTConfig | FamilyConfig, cfg_b: GPTConfig | Family
     """diff's check from the configs alone, before any weights load (the models are built on the meta device)."""
     check_same_kind(cfg_a, cfg_b, name_a, name_b)
     family = isinstance(cfg_a, FamilyConfig)
-    with torch.device("meta"):
+    with on_meta():  # (no initial weights drawn: nothing to draw into)
         sa, sb = ((build_model if family else GPTModel)(cfg).state_dict() for cfg in (cfg_a, cfg_b))
     _comparable(sa, sb, name_a, name_b, cfg_a.num_classes != cfg_b.num_classes, family)
 

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError, TokenizerError
 from ..families import FAMILIES, FamilyConfig, RopeFreq, build_model, is_family_model, raise_moe
+from .checks import on_meta
 from .family_tokenizers import family_tokenizer
 from .files import atomic_write, read_json, read_safetensors
 
@@ -227,7 +228,7 @@ def load_hf_family(path: str | os.PathLike, device: torch.device | str = "cpu",
 def model_from_book_state(cfg: FamilyConfig, state: dict[str, torch.Tensor], source: str,
                           device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
     """The glass model of `cfg` holding `state` (the book's names), every name and shape checked first."""
-    with torch.device("meta"):
+    with on_meta():  # (no initial weights drawn: nothing to draw into)
         model = build_model(cfg)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     if cfg.tie_embeddings:
