@@ -111,6 +111,7 @@ def fake_hub(tmp_path, monkeypatch):
 
     def serve(repos: dict[str, Path], gated: tuple[str, ...] = ()) -> FakeHub:
         fake = FakeHub(tmp_path / "hf-cache", repos, gated)
+        monkeypatch.setattr(hub, "reachable", lambda: True)  # the fake hub answers without a network
         monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake.hf_hub_download)
         monkeypatch.setattr(huggingface_hub, "snapshot_download", fake.snapshot_download)
         return fake
@@ -302,3 +303,20 @@ def test_a_hub_id_that_is_nothing_offline_still_says_where_to_put_the_files(fake
     with pytest.raises(CheckpointError, match="no model 'nobody/nothing' here or on the Hugging Face hub .*"
                                               "model.safetensors"):
         glassgpt.load_model("nobody/nothing")
+
+
+def test_without_a_network_a_hub_id_is_one_line_at_once_not_the_hubs_retries(monkeypatch):
+    """huggingface_hub retries an unreachable host for about 20 s and logs each try; glassgpt asks the
+    resolver first and says it in one line (what a mistyped local path that looks like owner/name gets)."""
+    import socket
+
+    import huggingface_hub
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(socket.gaierror(-2, "unknown")))
+    called = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
+                        lambda *a, local_files_only=False, **k: called.append(local_files_only) or
+                        (_ for _ in ()).throw(FileNotFoundError("not in the cache")))
+    repo, reason = hub.try_fetch_config("Qwen/Qwen3-0.6B")
+    assert repo is None and reason == "huggingface.co cannot be reached from here (no network?)"
+    assert called == [True]  # the cache was asked; the network never

@@ -16,8 +16,10 @@ a token in one line: accept its license and set HF_TOKEN.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,8 +134,17 @@ def _fetch(repo_id: str, get, complete, lacks: str, progress: bool) -> tuple[Pat
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     reason = lacks
     for local in (True, False):  # the cache first: no network needed for what is already here
+        if not local and not reachable():
+            # huggingface_hub would retry for about 20 s, logging each try: no network is said at once
+            return None, f"{hub_host()} cannot be reached from here (no network?)"
         try:
-            path = Path(get(huggingface_hub, local))
+            hub_log = logging.getLogger("huggingface_hub")
+            level = hub_log.level
+            hub_log.setLevel(logging.ERROR)  # its retry warnings: the one line below says what went wrong
+            try:
+                path = Path(get(huggingface_hub, local))
+            finally:
+                hub_log.setLevel(level)
         except Exception as e:  # offline, unknown repository, auth: each said in a few words
             if _is(e, "GatedRepoError"):
                 raise CheckpointError(gated_line(repo_id)) from None
@@ -143,6 +154,23 @@ def _fetch(repo_id: str, get, complete, lacks: str, progress: bool) -> tuple[Pat
         if complete(path):
             return path, ""
     return None, reason
+
+
+def hub_host() -> str:
+    """The hub's host name: huggingface.co, or HF_ENDPOINT's (a mirror)."""
+    from urllib.parse import urlparse
+    return urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+
+
+def reachable() -> bool:
+    """Whether the hub's host name resolves here (offline mode, HF_HUB_OFFLINE=1, is huggingface_hub's to say)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return True
+    try:
+        socket.getaddrinfo(hub_host(), 443)
+    except OSError:
+        return False
+    return True
 
 
 def _is(error: Exception, name: str) -> bool:
