@@ -32,7 +32,7 @@ from torch import nn
 from ..config import GPTConfig
 from ..errors import KernelWarning
 from ..model import GPTModel
-from . import autotune, compiling, pages
+from . import autotune, compiling
 from .cache import KVCache
 from .fused import fused
 from .int8 import is_quantized
@@ -101,7 +101,6 @@ class Engine(nn.Module):
         if self.step is not None and self.step.cache is cache:
             return self.step
         self.step = None
-        pages.for_run(self.model, cache)  # a long run: the weights onto 2 MB pages (pages.py)
         reason = why_not(self.model, cache)
         if reason is None and self.choices is not None and autotune.native_step_chosen(self, cache):
             self.step = NativeStep(self.model, cache)

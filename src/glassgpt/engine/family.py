@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import PromptError
-from . import native, pages
+from . import native
 from .autotune import PRECISIONS, STEP_BUDGET_S, STEP_REPEATS, Choices, linear_candidates, machine_key, measure
 from .cache import KVCache
 from .linear import GemvLinear
@@ -58,7 +58,6 @@ class FamilySteps:
         """One new token per row, `[b]` at `cache.pos` -> its logits `[b, V]` (the native step's are
         float32, in a buffer the next step overwrites)."""
         if self.step is None or self.step.cache is not cache:
-            pages.for_run(self.model, cache)  # a long run: the weights onto 2 MB pages (pages.py)
             self.step = family_step(self.model, cache) if native_step_chosen(self.model, self.twin) else None
         if self.step is not None:
             return self.step(ids)
