@@ -30,13 +30,12 @@ import weakref
 import torch
 from torch import nn
 
-from ..errors import PromptError
 from . import native
 from .autotune import PRECISIONS, STEP_BUDGET_S, STEP_REPEATS, Choices, linear_candidates, machine_key, measure
 from .cache import KVCache
 from .linear import GemvLinear
+from .step import MAX_BATCH, PlannedStep
 
-MAX_BATCH = 8
 
 _TWINS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, FamilySteps]]" = weakref.WeakKeyDictionary()
 _WINNERS: dict[tuple, dict[str, str]] = {}
@@ -167,9 +166,11 @@ HEADER_FIELDS = ("params_bf16", "layers", "d", "heads", "groups", "head_dim", "h
                  "ff", "logits", "scratch", "scratch_bytes", "eps_bits", "qk_norm")
 
 
-class FamilyStep:
+class FamilyStep(PlannedStep):
     """One decoding step of a Qwen3 or Llama 3 model in one native call, over its tensors and `cache`'s
     (their addresses are written once into a plan; nothing is copied, and a step allocates nothing)."""
+
+    entry = "gg_family_step"
 
     def __init__(self, model: nn.Module, cache: KVCache):
         self.lib = native.library()
@@ -210,20 +211,6 @@ class FamilyStep:
         assert len(plan) == HEADER + LAYER_FIELDS * cfg.n_layers
         self.plan = torch.tensor(plan, dtype=torch.int64)
         self.ids = torch.empty(b, dtype=torch.int64)
-
-    def addr(self, t: torch.Tensor) -> int:
-        self.keep.append(t)
-        return t.data_ptr()
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids `[b]` at position `cache.pos` -> logits `[b, V]` float32, in a buffer the next step overwrites."""
-        cache = self.cache
-        if cache.pos >= cache.max_len:  # generate refills a full cache before it steps
-            raise PromptError(f"the KV cache holds {cache.max_len:,} positions, all filled")
-        self.ids.copy_(ids.reshape(-1))
-        self.lib.gg_family_step(self.plan.data_ptr(), self.ids.data_ptr(), cache.pos, self.threads)
-        cache.advance(1)
-        return self.buffers["logits"]
 
 
 _STEP_WINNERS: dict[tuple, str] = {}

@@ -93,7 +93,32 @@ def native_step(model: nn.Module, cache: KVCache) -> "NativeStep | None":
     return None if why_not(model, cache) is not None else NativeStep(model, cache)
 
 
-class NativeStep:
+class PlannedStep:
+    """A decoding step in one native call whose plan holds the addresses of a model's tensors and its cache's
+    (this file's NativeStep for GPT-2, family.py's FamilyStep for Qwen3 and Llama 3): `entry` names the
+    library's function, the subclass writes `plan`, `buffers` (with "logits"), `ids` and `threads`."""
+
+    entry = "gg_step"
+
+    def addr(self, t: torch.Tensor | None) -> int:
+        """The address of `t` for the plan (0 for None), keeping `t` alive as long as the step."""
+        if t is None:
+            return 0
+        self.keep.append(t)
+        return t.data_ptr()
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids `[b]` at position `cache.pos` -> logits `[b, V]` float32, in a buffer the next step overwrites."""
+        cache = self.cache
+        if cache.pos >= cache.max_len:  # the engine refills a full cache before it steps
+            raise PromptError(f"the KV cache holds {cache.max_len:,} positions, all filled")
+        self.ids.copy_(ids.reshape(-1))
+        getattr(self.lib, self.entry)(self.plan.data_ptr(), self.ids.data_ptr(), cache.pos, self.threads)
+        cache.advance(1)
+        return self.buffers["logits"]
+
+
+class NativeStep(PlannedStep):
     """One decoding step in one native call, over `model`'s tensors and `cache`'s (module docstring)."""
 
     def __init__(self, model: GPTModel, cache: KVCache):
@@ -135,12 +160,6 @@ class NativeStep:
         self.plan = torch.tensor(plan, dtype=torch.int64)
         self.ids = torch.empty(b, dtype=torch.int64)
 
-    def addr(self, t: torch.Tensor | None) -> int:
-        if t is None:
-            return 0
-        self.keep.append(t)
-        return t.data_ptr()
-
     def linear(self, m: nn.Module) -> list[int]:
         """(weight, scales, bias) addresses of one Linear of any kind the step runs."""
         if isinstance(m, Int4Linear):
@@ -154,13 +173,3 @@ class NativeStep:
         self.phases = torch.zeros(len(PHASES), dtype=torch.float64)
         self.plan[HEADER_FIELDS.index("profile")] = self.phases.data_ptr()
         return self.phases
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids `[b]` at position `cache.pos` -> logits `[b, V]` float32, in a buffer the next step overwrites."""
-        cache = self.cache
-        if cache.pos >= cache.max_len:  # the engine refills a full cache before it steps
-            raise PromptError(f"the KV cache holds {cache.max_len:,} positions, all filled")
-        self.ids.copy_(ids.reshape(-1))
-        self.lib.gg_step(self.plan.data_ptr(), self.ids.data_ptr(), cache.pos, self.threads)
-        cache.advance(1)
-        return self.buffers["logits"]
