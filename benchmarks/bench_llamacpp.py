@@ -37,7 +37,7 @@ from harness import (Row, bandwidth_note, common_args, copy_bandwidth, models_at
                      print_views, setup, time_rows, weight_bytes_per_token)
 
 from glassgpt.config import PRESETS  # noqa: E402
-from glassgpt.engine import KVCache, as_engine, autotune, compile_for_generation  # noqa: E402
+from glassgpt.engine import KVCache, as_engine, autotune, compile_for_generation, pages  # noqa: E402
 from glassgpt.generate import generate  # noqa: E402
 from glassgpt.tokenizer import _read_vocab_file  # noqa: E402
 
@@ -92,6 +92,9 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prefill", type=int, default=512)
+    p.add_argument("--no-large-pages", dest="large_pages", action="store_false",
+                   help="keep glassgpt's weights on 4 KB pages (by default they are moved onto 2 MB pages, as a "
+                        "generation of engine/pages.py's PAYS_AT new tokens or more moves them)")
     args = p.parse_args()
     device = setup(args)
     if device.type != "cpu":
@@ -104,6 +107,10 @@ def main() -> None:
     print(f"measured copy bandwidth: {copy_bw / 1e9:.1f} GB/s (256 MB tensor copy, read + write)")
     models, _ = models_at_each_precision(cfg, device, reference=False, int4=True)
     ours = {name: (precision, m) for (name, precision), m in models.items()}
+    if args.large_pages:  # what a long run does before its first token (64 tokens alone would not move them)
+        moved = sum(pages.move_to_large_pages(m) for _, m in ours.values())
+        print(f"glassgpt's weights on 2 MB pages ({moved / 1e9:.2f} GB moved; transparent huge pages: {pages.mode()}), "
+              f"as a generation of {pages.PAYS_AT}+ new tokens has them; --no-large-pages keeps 4 KB pages")
     for _, m in ours.values():
         print(autotune.describe(as_engine(m).choices, cfg))
     fp32 = ours["glassgpt float32"][1]

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .adopt import adopt, adopted_from
-from .engine import KVCache, as_engine
+from .engine import KVCache, as_engine, pages
 from .engine.family import family_steps
 from .families import is_family_model
 from .model import GPTModel
@@ -134,6 +134,9 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
         return  # nothing to generate: no forward pass at all
     b, t = prompt.shape
     ctx = glass.cfg.context_length
+    if use_cache and device.type == "cpu" and b * max_new_tokens >= pages.PAYS_AT and not glass.training \
+            and getattr(engine, "compiled", None) is None:
+        pages.move_to_large_pages(glass)  # a long run: the weights onto 2 MB pages (engine/pages.py)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)

@@ -98,7 +98,7 @@ class Engine(nn.Module):
 
     def native_step(self, cache: KVCache) -> NativeStep | None:
         """The native step over `cache`, where autotune chose it here and it covers this model; else None."""
-        if self.step is not None and self.step.cache is cache:
+        if self.step is not None and self.step.cache is cache and not self.step.stale():
             return self.step
         self.step = None
         reason = why_not(self.model, cache)

@@ -56,7 +56,7 @@ class FamilySteps:
     def decode_one(self, ids: torch.Tensor, cache) -> torch.Tensor:
         """One new token per row, `[b]` at `cache.pos` -> its logits `[b, V]` (the native step's are
         float32, in a buffer the next step overwrites)."""
-        if self.step is None or self.step.cache is not cache:
+        if self.step is None or self.step.cache is not cache or self.step.stale():
             self.step = family_step(self.model, cache) if native_step_chosen(self.model, self.twin) else None
         if self.step is not None:
             return self.step(ids)
@@ -187,6 +187,7 @@ class FamilyStep(PlannedStep):
                         "logits": torch.empty(b, vocab, **f32),
                         "scratch": torch.empty(self.threads * scratch_bytes + 64, dtype=torch.uint8)}
         self.keep = list(self.buffers.values())  # every tensor whose address is in the plan stays alive
+        self.watch(model.tok_emb.weight)
         eps = {m.eps for m in model.modules() if hasattr(m, "eps")}
         assert len(eps) == 1, "every RMSNorm of a family model has the config's eps"
         header = dict(params_bf16=int(model.tok_emb.weight.dtype == torch.bfloat16), layers=cfg.n_layers, d=d,

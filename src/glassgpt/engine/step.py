@@ -99,13 +99,24 @@ class PlannedStep:
     library's function, the subclass writes `plan`, `buffers` (with "logits"), `ids` and `threads`."""
 
     entry = "gg_step"
+    anchor: tuple[torch.Tensor, int] | None = None  # a weight of the model, and its address when planned
 
     def addr(self, t: torch.Tensor | None) -> int:
-        """The address of `t` for the plan (0 for None), keeping `t` alive as long as the step."""
+        """The address of `t` for the plan (0 for None), keeping its memory alive as long as the step (an
+        alias of the storage: if `t` itself moves, pages.py, the plan still reads what it was given)."""
         if t is None:
             return 0
-        self.keep.append(t)
+        self.keep.append(t.detach())
         return t.data_ptr()
+
+    def watch(self, t: torch.Tensor) -> None:
+        """Note where one of the model's weights is now (its token embedding): `stale` compares."""
+        self.anchor = (t, t.data_ptr())
+
+    def stale(self) -> bool:
+        """Whether the model's tensors moved since the plan was written (pages.py): the step still reads
+        the old copies, correctly, but the engine plans again so that they can go."""
+        return self.anchor is not None and self.anchor[0].data_ptr() != self.anchor[1]
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """ids `[b]` at position `cache.pos` -> logits `[b, V]` float32, in a buffer the next step overwrites."""
@@ -137,6 +148,7 @@ class NativeStep(PlannedStep):
                         "scratch": torch.empty(threads * scratch_bytes + 64, dtype=torch.uint8)}
         self.threads = threads
         self.keep = list(self.buffers.values())  # every tensor whose address is in the plan stays alive
+        self.watch(model.tok_emb.weight)
         header = dict(kind=KINDS[kind], params_bf16=int(model.tok_emb.weight.dtype == torch.bfloat16),
                       layers=cfg.n_layers, d=d, heads=cfg.n_heads, vocab=vocab, max_len=max_len, batch=b,
                       group=layers[0].group_size if kind == "int4" else 0,
