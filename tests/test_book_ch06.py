@@ -414,3 +414,91 @@ def test_a_resumed_appendix_e_run_ends_with_the_same_adapters(files, tmp_path):
                      "--threads", "1", "--no-progress"]) == 0
     whole, resumed = (load_file(tmp_path / r / "latest" / "train_model.safetensors") for r in ("whole", "run"))
     assert sorted(whole) == sorted(resumed) and all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+# --- the fast path: the frozen blocks' output kept per text (book/ch06.py: BookClassifierTask.logits) -----------
+
+def counted_frozen_rows(monkeypatch) -> list[int]:
+    """Wrap ch06.run_frozen: the list receives each call's number of rows."""
+    from glassgpt.training.book import ch06 as book_ch06
+    rows, real = [], book_ch06.run_frozen
+    monkeypatch.setattr(book_ch06, "run_frozen", lambda glass, k, ids: rows.append(ids.shape[0]) or real(glass, k, ids))
+    return rows
+
+
+def distinct_padded_texts(files, book_run) -> int:
+    tokenizer = tiktoken.get_encoding("gpt2")
+    texts = set()
+    for part in ("train", "val", "test"):
+        with open(files[part], encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                texts.add(tuple(tokenizer.encode(row["Text"])[:book_run[2]]))
+    return len(texts)
+
+
+def test_the_fast_path_reads_each_text_through_the_frozen_blocks_once_and_ends_within_the_books_tolerance(
+        files, book_run, tmp_path, monkeypatch):
+    """bfloat16, chapter 6's recipe: the 1 frozen block of 2 runs once per distinct text over two epochs, the
+    evaluations and the three final accuracies (train, validation, test); the losses end within 0.05 of the
+    book's and the accuracies within two points (the benchmark's tolerance, bench_book_ch06.py)."""
+    rows = counted_frozen_rows(monkeypatch)
+    lines = finetune(files, tmp_path / "fast", "--test", str(files["test"]), "--epochs", str(EPOCHS), "--eval-every",
+                     str(EVAL_FREQ), "--dtype", "bfloat16")
+    assert sum(rows) == distinct_padded_texts(files, book_run)
+    ours, book = [x for x in lines if x.startswith(BOOK_LINES)], book_run[0]
+    assert len(ours) == len(book)
+    for a, b in zip(ours, book):
+        numbers = [(float(x), float(y)) for x, y in zip(a.replace("%", " ").split(), b.replace("%", " ").split())
+                   if x.replace(".", "").isdigit() and "." in x]
+        assert numbers, (a, b)
+        for x, y in numbers:
+            assert abs(x - y) <= (2.0 if "accuracy" in a else 0.05), (a, b)
+
+
+def test_the_exact_run_reads_every_text_through_every_block_every_time(files, tmp_path, monkeypatch):
+    rows = counted_frozen_rows(monkeypatch)
+    finetune(files, tmp_path / "exact", "--max-steps", "2", "--eval-every", "1")
+    assert rows == []
+
+
+def test_logits_through_the_kept_output_equal_the_whole_forwards_and_are_computed_once(files):
+    """float32: from the kept output of the frozen block, the logits equal model(ids)[:, -1] (1e-6 of the
+    largest; the same sums, batched otherwise); a text seen before is not run through the frozen blocks again,
+    whatever batch it comes in."""
+    from glassgpt.training.book import ch06 as book_ch06
+    from glassgpt.tokenizer import get_tokenizer
+    from glassgpt.training.tasks.examples import freeze
+    model = glassgpt.load_model("gpt2", dtype="float32", seed=0, config=glassgpt.GPTConfig(
+        vocab_size=50257, context_length=64, emb_dim=64, n_heads=4, n_layers=3, qkv_bias=True, tie_embeddings=False)).eval()
+    freeze(model, "last-block")
+    assert book_ch06.frozen_blocks(model) == 2
+    ids = torch.randint(0, 50257, (8, 20), generator=torch.Generator().manual_seed(0))
+    task = book_ch06.BookClassifierTask({"train": (ids, [0] * 8), "val": (ids[:2], [0, 1])}, 8, 5,
+                                        get_tokenizer("gpt2"))
+    task.reuse_frozen = True
+    with torch.no_grad():
+        want = book_ch06.last_position_logits(model, ids)
+        got = task.logits(model, ids)
+        kept = dict(task.frozen_rows)
+        again = task.logits(model, ids[[5, 3, 3, 0]])
+    assert ((got - want).abs().max() / want.abs().max()) < 1e-6
+    assert ((again - want[[5, 3, 3, 0]]).abs().max() / want.abs().max()) < 1e-6
+    assert len(kept) == 8 and all(kept[k] is task.frozen_rows[k] for k in kept)  # nothing computed again
+
+
+@pytest.mark.parametrize("change", ["embeddings train", "every block trains", "dropout in training"])
+def test_nothing_is_kept_where_the_first_block_or_the_embeddings_train_or_dropout_draws(change):
+    from glassgpt.training.book import ch06 as book_ch06
+    from glassgpt.training.tasks.examples import freeze
+    cfg = glassgpt.GPTConfig(vocab_size=97, context_length=16, emb_dim=32, n_heads=2, n_layers=2, tie_embeddings=False,
+                             drop_rate=0.1 if change == "dropout in training" else 0.0)
+    model = glassgpt.load_model("gpt2", dtype="float32", seed=0, config=cfg)
+    freeze(model, "last-block")
+    if change == "embeddings train":
+        model.pos_emb.requires_grad_(True)
+    elif change == "every block trains":
+        model.trf_blocks[0].requires_grad_(True)
+    model.train()
+    assert book_ch06.frozen_blocks(model) == 0
+    model.eval()
+    assert book_ch06.frozen_blocks(model) == (0 if change != "dropout in training" else 1)

@@ -108,6 +108,7 @@ def prepare_book(kind: str, model, tokenizer, settings: dict[str, Any], cfg: Tra
         model, task = book_ch06.prepare(model, tokenizer, settings["data"], settings["val"], settings["test"],
                                         settings["max_length"], cfg.seed, cfg.batch_size, cfg.eval_batches, new, adapt)
         settings.update(padded_length=task.max_length, labels=book_ch06.LABELS)
+        task.reuse_frozen = not exact(cfg)  # the fast path computes the frozen blocks once per text
         sets = f"{len(task.train):,} train, {len(task.val):,} val" + (
             f", {len(task.test):,} test" if task.test is not None else "")
         return model, task, (f"data: {sets} texts padded with 50256 to {task.max_length:,} tokens (the longest "

@@ -126,16 +126,67 @@ def last_position_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(ids)[:, -1, :]
 
 
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The GPTModel under DistributedDataParallel's and torch.compile's wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif type(model).__name__ == "DistributedDataParallel":
+            model = model.module
+        else:
+            return model
+
+
+def frozen_blocks(model: nn.Module) -> int:
+    """How many leading blocks, with the embeddings, no gradient changes and no dropout draws from: their
+    output is a function of the ids alone (chapter 6 freezes 11 of gpt2's 12). 0 where there is none, or
+    where `model` is not a GPTModel's layout."""
+    if not all(hasattr(model, name) for name in ("tok_emb", "pos_emb", "drop_emb", "trf_blocks", "final_norm",
+                                                 "out_head")):
+        return 0
+    if model.training and any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+        return 0
+    if any(p.requires_grad for p in [*model.tok_emb.parameters(), *model.pos_emb.parameters()]):
+        return 0
+    k = 0
+    for block in model.trf_blocks:
+        if any(p.requires_grad for p in block.parameters()):
+            break
+        k += 1
+    return k
+
+
+@torch.no_grad()
+def run_frozen(glass: nn.Module, k: int, ids: torch.Tensor) -> torch.Tensor:
+    """GPTModel.forward's first part: the embeddings and blocks 0..k-1, [b, t] -> [b, t, d]."""
+    x = glass.tok_emb(ids) + glass.pos_emb(torch.arange(ids.shape[1], device=ids.device))
+    x = glass.drop_emb(x)
+    for block in glass.trf_blocks[:k]:
+        x = block(x)
+    return x
+
+
+# What the frozen blocks' outputs may hold in memory, at most (beyond it they are computed each time).
+FROZEN_ROWS_BYTES = 1 << 30
+
+
 class BookClassifierTask(BookTask):
     """Chapter 6's loaders, evaluation and accuracy lines for `fit` (see the module docstring).
 
     Rows are the padded ids with the label appended, so chapter 5's loaders draw and cut them."""
 
     perplexity = False
+    # The fast path's (finetuning.prepare_book sets it where the run is not the exact float32 one): the frozen
+    # blocks' output for each text, computed once and kept (`logits`); the exact run computes everything, as the
+    # book does, every time.
+    reuse_frozen = False
 
     def __init__(self, data: dict[str, tuple[torch.Tensor, list[int]]], batch_size: int, eval_batches: int,
                  tokenizer: Tokenizer):
         """`data`: {"train", "val" and optionally "test"}: (padded ids [n, L], labels)."""
+        self.frozen_rows: dict[bytes, torch.Tensor] = {}  # the text's ids -> the last frozen block's output [L, d]
+        self.frozen_of: tuple | None = None  # (the weights' address, dtype, blocks) those outputs came from
+        self.fast_model: nn.Module | None = None  # the model the run's steps and evaluations ran (reuse_frozen)
         rows = {part: torch.cat([x, torch.tensor(y, dtype=torch.long).view(-1, 1)], dim=1)
                 for part, (x, y) in data.items()}
         super().__init__(rows["train"], rows["val"], batch_size, eval_batches, tokenizer, sample_tokens=0)
@@ -146,15 +197,47 @@ class BookClassifierTask(BookTask):
         return {"input_ids": rows[:, :-1], "labels": rows[:, -1]}
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return F.cross_entropy(last_position_logits(model, batch["input_ids"]), batch["labels"])
+        return F.cross_entropy(self.logits(model, batch["input_ids"]), batch["labels"])
 
-    @torch.no_grad()
+    def logits(self, model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """last_position_logits; with `reuse_frozen`, from each text's output of the frozen blocks, kept from
+        the first time the text was read (the embeddings and those blocks never change, and nothing random
+        runs in them), then the trainable blocks, final_norm and the head on the last position. The same
+        function of the same weights: only the frozen part is not computed again (tests/test_book_ch06.py)."""
+        glass = unwrapped(model) if self.reuse_frozen else model
+        k = frozen_blocks(glass) if self.reuse_frozen else 0
+        if k == 0:
+            return last_position_logits(model, ids)
+        self.fast_model = model
+        x = self.frozen_output(glass, k, ids)
+        for block in glass.trf_blocks[k:]:
+            x = block(x)
+        return glass.out_head(glass.final_norm(x)[:, -1:])[:, -1, :]
+
+    def frozen_output(self, glass: nn.Module, k: int, ids: torch.Tensor) -> torch.Tensor:
+        """The output of blocks 0..k-1 for `ids` [b, L]: [b, L, d], each text's kept after its first time
+        (while they fit in FROZEN_ROWS_BYTES; past that, computed every time)."""
+        weight = glass.tok_emb.weight
+        of = (weight.data_ptr(), weight.dtype, k)
+        if of != self.frozen_of:
+            self.frozen_rows, self.frozen_of = {}, of
+        keys = [row.numpy().tobytes() for row in ids.cpu()]
+        new = [i for i, key in enumerate(keys) if key not in self.frozen_rows and key not in keys[:i]]
+        if new:
+            row_bytes = ids.shape[1] * glass.cfg.emb_dim * weight.element_size()
+            if (len(self.frozen_rows) + len(new)) * row_bytes > FROZEN_ROWS_BYTES:
+                return run_frozen(glass, k, ids)
+            x = run_frozen(glass, k, ids[new])
+            for j, i in enumerate(new):
+                self.frozen_rows[keys[i]] = x[j].clone()
+        return torch.stack([self.frozen_rows[key] for key in keys])
+
     def accuracy(self, model: nn.Module, rows: torch.Tensor, shuffle: bool, limit: int | None) -> float:
         """calc_accuracy_loader: the share right over `limit` batches of a new iterator (None: all)."""
         device = next(model.parameters()).device
         right, n = 0, 0
         for batch in self._loader(rows, shuffle, limit):
-            predicted = last_position_logits(model, batch["input_ids"].to(device)).argmax(-1)
+            predicted = self.logits(model, batch["input_ids"].to(device)).argmax(-1)
             right += int((predicted.cpu() == batch["labels"]).sum())
             n += predicted.shape[0]
         return right / n
@@ -170,7 +253,10 @@ class BookClassifierTask(BookTask):
         return merged_model(model)
 
     def final_accuracies(self, model: nn.Module) -> dict[str, float]:
-        """The notebook's last cell: calc_accuracy_loader over every batch of each loader."""
+        """The notebook's last cell: calc_accuracy_loader over every batch of each loader (with `reuse_frozen`,
+        on the model the run's evaluations ran, which holds the final weights: the frozen blocks' outputs kept)."""
+        if self.reuse_frozen and self.fast_model is not None:
+            model = self.fast_model
         out = {"train": self.accuracy(model, self.train, shuffle=True, limit=None),
                "val": self.accuracy(model, self.val, shuffle=False, limit=None)}
         if self.test is not None:
