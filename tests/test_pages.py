@@ -140,3 +140,19 @@ def test_info_says_a_long_generation_moves_onto_2mb_pages(thp_on):
     line = advice.pages_line(pages.mode())
     assert line.startswith(f"pages: a generation of {pages.PAYS_AT:,}+ new tokens moves the weights onto 2 MB pages")
     assert "madvise" in line
+
+
+def test_a_moved_model_saves_and_loads_as_before(thp_on, tmp_path):
+    """Each moved tensor has a storage of its own (torch.save writes a view's whole storage), and a checkpoint
+    of the moved model loads with the same values."""
+    from glassgpt.formats.glassgpt import save_model
+    model = small_model()
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    assert pages.move_to_large_pages(model) > 0
+    weight = model.tok_emb.weight
+    assert weight.untyped_storage().nbytes() == weight.nbytes
+    torch.save(weight.detach(), tmp_path / "one.pt")
+    assert (tmp_path / "one.pt").stat().st_size < weight.nbytes + 4096
+    save_model(model, tmp_path / "moved")
+    back = glassgpt.load_model(tmp_path / "moved").state_dict()
+    assert sorted(back) == sorted(want) and all(torch.equal(back[k], want[k]) for k in want)

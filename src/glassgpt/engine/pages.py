@@ -86,17 +86,19 @@ def move_to_large_pages(model: nn.Module) -> int:
     if not tensors or not available() or free_bytes() < total * 1.25:
         return 0
     buf = mmap.mmap(-1, total + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    arena = torch.frombuffer(buf, dtype=torch.uint8)  # holds `buf` for as long as any view of it lives
-    start = (-arena.data_ptr()) % HUGE
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    start = (-base) % HUGE
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if libc.madvise(arena.data_ptr() + start, total, MADV_HUGEPAGE) != 0:
+    if libc.madvise(base + start, total, MADV_HUGEPAGE) != 0:
         return 0
-    libc.madvise(arena.data_ptr() + start, total, MADV_POPULATE_WRITE)  # the pages now, in one call (Linux 5.14+)
+    libc.madvise(base + start, total, MADV_POPULATE_WRITE)  # the pages now, in one call (Linux 5.14+)
     offset = start
     with torch.no_grad():
         for t in tensors:
-            new = arena[offset:offset + t.nbytes].view(t.dtype).view(t.shape)
+            # A storage of its own for each tensor, each holding `buf` for as long as it lives (torch.save writes
+            # a view's whole storage: one shared arena would be written whole for every tensor saved alone).
+            new = torch.frombuffer(buf, dtype=torch.uint8, count=t.nbytes, offset=offset).view(t.dtype).view(t.shape)
             new.copy_(t)
             t.data = new  # the old storage goes once nothing else holds it
             t._glassgpt_large_pages = True
