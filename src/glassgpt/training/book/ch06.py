@@ -12,7 +12,10 @@ loss of `calc_loss_batch` on the last position, `evaluate_model`'s two losses ev
 as `train_classifier_simple` prints it. `new_head` is the notebook's `torch.manual_seed(123);
 model.out_head = torch.nn.Linear(emb_dim, num_classes)`. With the book's recipe (plain AdamW,
 lr 5e-5, weight decay 0.1 on every parameter that trains) the run prints the book's lines and
-ends with its weights, bit for bit, on the same machine and thread count.
+ends with its weights, bit for bit, on the same machine and thread count. On the fast path (`--dtype
+bfloat16`), where the embeddings and the first blocks are frozen and nothing random runs in them, their
+output for each text is computed once and kept (`BookClassifierTask.logits`): the same function of the
+same weights, without computing its frozen part again at every step, evaluation and epoch.
 
 Appendix E (`--lora-rank R --lora-alpha A`) is the same notebook with `book_lora` in place of the
 freezing: after the head and the accuracy cell of the untrained classifier (whose loaders draw from
