@@ -277,68 +277,66 @@ static inline __m512 widen16(const bf16* p) {
 }
 static inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
 
-template <typename T, int MB>
-static void q4_block(const uint8_t* P, const T* sm, const int8_t* xq, const float* xscale, const float* xsum,
-                     int64_t K, int64_t gs, __m512 out[MB]) {
+// S blocks of 16 rows, `ps` bytes (and `ss` scale entries) apart, against MB rows of x: out[s][m]. S > 1
+// streams from memory at once (the step's batch of one); MB > 1 reads each block once for several rows.
+template <typename T, int S, int MB>
+static void q4_tile(const uint8_t* P, int64_t ps, const T* sm, int64_t ss, const int8_t* xq, const float* xscale,
+                    const float* xsum, int64_t K, int64_t gs, __m512 (&out)[S][MB]) {
     const __m512i low = _mm512_set1_epi8(0x0f);
     const int64_t G = K / gs, units = gs / 8;
-    __m512 acc[MB];
-    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    __m512 acc[S][MB];
+    for (int s = 0; s < S; s++)
+        for (int m = 0; m < MB; m++) acc[s][m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m512i iacc[MB];
-        for (int m = 0; m < MB; m++) iacc[m] = _mm512_setzero_si512();
+        __m512i iacc[S][MB];
+        for (int s = 0; s < S; s++)
+            for (int m = 0; m < MB; m++) iacc[s][m] = _mm512_setzero_si512();
         for (int64_t u = 0; u < units; u++) {
             const int64_t k = g * gs + 8 * u;
-            __m512i v = _mm512_loadu_si512((const void*)(P + (k / 8) * 64));
-            __m512i qlo = _mm512_and_si512(v, low), qhi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            __m512i b0[MB], b1[MB];
             for (int m = 0; m < MB; m++) {
                 int32_t x0, x1;
                 memcpy(&x0, xq + m * K + k, 4);
                 memcpy(&x1, xq + m * K + k + 4, 4);
-                iacc[m] = dot8(iacc[m], qlo, _mm512_set1_epi32(x0));
-                iacc[m] = dot8(iacc[m], qhi, _mm512_set1_epi32(x1));
+                b0[m] = _mm512_set1_epi32(x0);
+                b1[m] = _mm512_set1_epi32(x1);
+            }
+            for (int s = 0; s < S; s++) {
+                const __m512i v = _mm512_loadu_si512((const void*)(P + s * ps + (k / 8) * 64));
+                const __m512i qlo = _mm512_and_si512(v, low), qhi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                for (int m = 0; m < MB; m++) {
+                    iacc[s][m] = dot8(iacc[s][m], qlo, b0[m]);
+                    iacc[s][m] = dot8(iacc[s][m], qhi, b1[m]);
+                }
             }
         }
-        const __m512 scale = widen16(sm + g * 32), mins = widen16(sm + g * 32 + 16);
-        for (int m = 0; m < MB; m++) {
-            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xscale[m * G + g])),
-                                     _mm512_cvtepi32_ps(iacc[m]), acc[m]);
-            acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[m * G + g]), acc[m]);
+        for (int s = 0; s < S; s++) {
+            const __m512 scale = widen16(sm + s * ss + g * 32), mins = widen16(sm + s * ss + g * 32 + 16);
+            for (int m = 0; m < MB; m++) {
+                acc[s][m] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xscale[m * G + g])),
+                                            _mm512_cvtepi32_ps(iacc[s][m]), acc[s][m]);
+                acc[s][m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[m * G + g]), acc[s][m]);
+            }
         }
     }
-    for (int m = 0; m < MB; m++) out[m] = acc[m];
+    for (int s = 0; s < S; s++)
+        for (int m = 0; m < MB; m++) out[s][m] = acc[s][m];
 }
 
-// q4_block for one row of x and S blocks of 16 rows, `ps` bytes (and `ss` scale entries) apart: S
-// streams from memory at once, each block summed exactly as q4_block sums it.
+// One block of 16 rows against MB rows of x.
+template <typename T, int MB>
+static void q4_block(const uint8_t* P, const T* sm, const int8_t* xq, const float* xscale, const float* xsum,
+                     int64_t K, int64_t gs, __m512 out[MB]) {
+    __m512 tile[1][MB];
+    q4_tile<T, 1, MB>(P, 0, sm, 0, xq, xscale, xsum, K, gs, tile);
+    for (int m = 0; m < MB; m++) out[m] = tile[0][m];
+}
+
+// S blocks against one row of x: S streams from memory at once.
 template <typename T, int S>
 static void q4_blocks(const uint8_t* P, int64_t ps, const T* sm, int64_t ss, const int8_t* xq, const float* xscale,
                       const float* xsum, int64_t K, int64_t gs, __m512 out[S]) {
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    const int64_t G = K / gs, units = gs / 8;
-    __m512 acc[S];
-    for (int s = 0; s < S; s++) acc[s] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g++) {
-        __m512i iacc[S];
-        for (int s = 0; s < S; s++) iacc[s] = _mm512_setzero_si512();
-        for (int64_t u = 0; u < units; u++) {
-            const int64_t k = g * gs + 8 * u;
-            int32_t x0, x1;
-            memcpy(&x0, xq + k, 4);
-            memcpy(&x1, xq + k + 4, 4);
-            const __m512i b0 = _mm512_set1_epi32(x0), b1 = _mm512_set1_epi32(x1);
-            for (int s = 0; s < S; s++) {
-                __m512i v = _mm512_loadu_si512((const void*)(P + s * ps + (k / 8) * 64));
-                iacc[s] = dot8(iacc[s], _mm512_and_si512(v, low), b0);
-                iacc[s] = dot8(iacc[s], _mm512_and_si512(_mm512_srli_epi16(v, 4), low), b1);
-            }
-        }
-        const __m512 xs = _mm512_set1_ps(xscale[g]), xm = _mm512_set1_ps(xsum[g]);
-        for (int s = 0; s < S; s++) {
-            const __m512 scale = widen16(sm + s * ss + g * 32), mins = widen16(sm + s * ss + g * 32 + 16);
-            acc[s] = _mm512_fmadd_ps(_mm512_mul_ps(scale, xs), _mm512_cvtepi32_ps(iacc[s]), acc[s]);
-            acc[s] = _mm512_fmadd_ps(mins, xm, acc[s]);
-        }
-    }
-    for (int s = 0; s < S; s++) out[s] = acc[s];
+    __m512 tile[S][1];
+    q4_tile<T, S, 1>(P, ps, sm, ss, xq, xscale, xsum, K, gs, tile);
+    for (int s = 0; s < S; s++) out[s] = tile[s][0];
 }
