@@ -171,3 +171,18 @@ def test_the_responses_report_progress_and_never_write_through_a_link(book_run, 
     with pytest.raises(TrainError, match="is a symbolic link"):
         book_ch07.write_responses(model, tok, test, link)
     assert outside.read_text() == "keep" and link.is_symlink()
+
+
+def test_the_responses_run_in_eval_mode_and_the_model_keeps_its_mode(book_run, glass_run, tmp_path, monkeypatch):
+    """A model left in training mode (as fit leaves it) answers in eval mode: no dropout, and the engine
+    (which tunes and runs glassgpt's kernels for eval-mode models only) decodes with the KV cache."""
+    from glassgpt.training.book import ch07 as book_ch07
+    model, tok = glassgpt.load_model(glass_run[1] / "latest"), glassgpt.get_tokenizer("gpt2")
+    test = json.loads(book_run[2].read_text())
+    modes = []
+    real = book_ch07.generate
+    monkeypatch.setattr(book_ch07, "generate", lambda m, *a, **k: (modes.append(m.training), real(m, *a, **k))[1])
+    model.train()
+    path = book_ch07.write_responses(model, tok, test, tmp_path / "answers.json", exact=False)
+    assert modes == [False] * len(test) and model.training
+    assert path.read_text() == book_run[2].read_text()

@@ -149,6 +149,25 @@ def test_low_precision_greedy_tokens_equal_the_pytorch_engines(trained, precisio
     assert torch.equal(generate(native_engine, x, 30), generate(torch_engine, x, 30))
 
 
+def test_a_training_runs_bf16_twin_decodes_with_the_step_and_its_greedy_tokens(trained):
+    """What a bf16 training run samples and snapshots with (Compute.eval_model: the fused twin of its bf16
+    copy, whose Linear layers are GemvLinear) is a model the step covers, and decodes as the PyTorch engine."""
+    needs_kernels()
+    from glassgpt.engine.fused import fused
+    from glassgpt.engine.mixed import LowPrecisionCopy
+    model, ids = trained
+    twin = fused(LowPrecisionCopy(copy_of(model).train()).module)
+    cache = KVCache(twin.cfg, 2, 24, dtype=torch.bfloat16)
+    with glassgpt.device.evaluating(twin):
+        assert step_module.kind_of(twin) == "bfloat16" and step_module.why_not(twin, cache) is None
+        native_engine, torch_engine = Engine(twin), Engine(twin)
+        decode_with(native_engine, "native")
+        decode_with(torch_engine, "engine")
+        x = prompts(ids, n=2)
+        assert torch.equal(generate(native_engine, x, 30), generate(torch_engine, x, 30))
+        assert native_engine.step is not None
+
+
 def test_the_step_allocates_nothing_per_token_and_reads_the_models_own_weights():
     needs_kernels()
     model = model_of(layouts()["openai"])

@@ -6,9 +6,10 @@
 The step reads the glass model's own tensors and the KVCache's (their addresses are written
 once into a plan; nothing is copied), and writes into buffers made once per NativeStep: a
 step allocates nothing. It covers a GPTModel on the CPU in eval mode whose Linear layers are
-all plain float32 or all bfloat16 `nn.Linear`s, or all `Int8Linear`s, or all `Int4Linear`s
-(int8.py, int4.py), for a batch of 1 to `MAX_BATCH`. Anything else (a LoRA layer, float16, a
-larger batch, a GPU) returns None, and the engine runs its PyTorch forward instead.
+all plain float32 or all bfloat16 `nn.Linear`s (a fused twin's GemvLinear is one: the same
+layer), or all `Int8Linear`s, or all `Int4Linear`s (int8.py, int4.py), for a batch of 1 to
+`MAX_BATCH`. Anything else (a LoRA layer, float16, a larger batch, a GPU) returns None, and
+the engine runs its PyTorch forward instead.
 
 The residual stream, LayerNorm, attention and GELU run in float32 whatever the weights (the
 PyTorch engine rounds them to the weights' dtype at each operation), so bfloat16, int8 and int4
@@ -29,6 +30,7 @@ from . import native
 from .cache import KVCache
 from .int4 import Int4Linear
 from .int8 import Int8Linear
+from .linear import GemvLinear
 
 MAX_BATCH = 8
 KINDS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
@@ -52,7 +54,7 @@ def kind_of(model: GPTModel) -> str | None:
     """"float32", "bfloat16", "int8" or "int4" where every Linear is of one kind the step runs; else None."""
     layers = linears(model)
     dtype = model.tok_emb.weight.dtype
-    if all(type(m) is nn.Linear and m.weight.dtype == dtype for m in layers):
+    if all(type(m) in (nn.Linear, GemvLinear) and m.weight.dtype == dtype for m in layers):  # (a fused twin's)
         return {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(dtype)
     if all(type(m) is Int8Linear and m.scales.dtype == dtype for m in layers):
         return "int8"

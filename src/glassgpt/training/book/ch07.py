@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ...device import evaluating
 from ...errors import DataError, TrainError
 from ...formats.files import atomic_write
 from ...generate import generate
@@ -123,10 +124,11 @@ def write_responses(model: nn.Module, tokenizer: Tokenizer, test: list[dict[str,
 
     progress(step, done, total) after each record, as the notebook's tqdm over the test set."""
     answered = []
-    for k, entry in enumerate(test, 1):
-        answered.append({**entry, "model_response": respond(model, tokenizer, entry, exact=exact)})
-        if progress is not None:
-            progress(f"record {k}", k, len(test))
+    with evaluating(model):  # no dropout; and in eval mode the engine may decode with glassgpt's kernels
+        for k, entry in enumerate(test, 1):
+            answered.append({**entry, "model_response": respond(model, tokenizer, entry, exact=exact)})
+            if progress is not None:
+                progress(f"record {k}", k, len(test))
     path, text = Path(path), json.dumps(answered, indent=4)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text), TrainError)  # never through a link
     return path
