@@ -21,6 +21,7 @@ else runs SDPA.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -73,3 +74,20 @@ def attention_in_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             scores.masked_fill_(future, float("-inf"))
         blocks.append(scores.softmax(dim=-1).to(v.dtype) @ v[..., :start + e, :])
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
+
+
+
+def attend_packed(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  index: torch.Tensor, b: int, t: int) -> torch.Tensor:
+    """`attend` over packed `q`, `k`, `v` `[1, h, N, hd]` (packing.py): the N positions scattered to their
+    rows, `[b, h, t, hd]` (zeros where a row was cut: only that row's later positions could see them, and
+    they are not computed), attended causally row by row, and the kept positions' context gathered back."""
+    h, hd = q.shape[1], q.shape[-1]
+
+    def scatter(x: torch.Tensor) -> torch.Tensor:  # [1, h, N, hd] -> [b, h, t, hd], laid out as split_heads'
+        rows = x.new_zeros(b * t, h, hd).index_copy(0, index, x[0].transpose(0, 1))
+        return rows.view(b, t, h, hd).transpose(1, 2)
+
+    context = attend(scatter(q), scatter(k), scatter(v))  # [b, h, t, hd]
+    kept = context.transpose(1, 2).reshape(b * t, h, hd).index_select(0, index)  # [N, h, hd]
+    return kept.transpose(0, 1).unsqueeze(0)  # [1, h, N, hd]

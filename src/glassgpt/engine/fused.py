@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model import GELU, LayerNorm, MultiHeadAttention
-from .attention import attend
+from .attention import attend, attend_packed
 from .linear import GemvLinear
 
 # nn.Module's hook dictionaries: a twin starts with empty ones.
@@ -51,8 +51,14 @@ class FusedGELU(GELU):
 
 class FusedAttention(MultiHeadAttention):
     decode_path, prompt_path, train_path = "blocks", "sdpa", "sdpa"  # attention.PATHS; autotune.py sets them
+    packing = None  # (index, b, t) while packing.py runs packed rows through the blocks
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.packing is not None:
+            return attend_packed(self._attend, q, k, v, *self.packing)
+        return self._attend(q, k, v)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return attend(q, k, v, self.dropout.p if self.training else 0.0, self.decode_path, self.prompt_path,
                       self.train_path)
 

@@ -26,9 +26,10 @@ from torch import nn
 from ...device import evaluating
 from ...errors import DataError, TrainError
 from ...formats.files import atomic_write
+from ...engine.packing import packed_loss
 from ...generate import generate
 from ...tokenizer import Tokenizer
-from .ch05 import BookTask
+from .ch05 import BookTask, book_loss
 from ..tasks.examples import read_records
 
 PAD_ID = 50256            # custom_collate_fn's pad_token_id, also its end of text
@@ -104,6 +105,11 @@ class BookInstructionTask(BookTask):
 
     def _batch(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         return collate([self.examples[i] for i in rows[:, 0].tolist()])
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """calc_loss_batch; off the exact run, over the positions the loss reads only (engine/packing.py)."""
+        packed = None if self.exact else packed_loss(model, batch["input_ids"], batch["targets"])
+        return book_loss(model, batch) if packed is None else packed
 
 
 def respond(model: nn.Module, tokenizer: Tokenizer, entry: dict[str, str], max_new_tokens: int = RESPONSE_TOKENS,

@@ -18,6 +18,7 @@ from torch import nn
 
 from ...device import evaluating
 from ...engine.loss import IGNORE_INDEX, cross_entropy
+from ...engine.packing import packed_loss
 from ...errors import DataError, GlassError
 from ...generate import generate
 from ...model import GPTModel
@@ -142,6 +143,9 @@ class InstructionTask(ExampleStream):
             yield collate_instructions([self.val[i] for i in idx], self.pad_id)
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        packed = packed_loss(model, batch["input_ids"], batch["targets"])  # the positions the loss reads only
+        if packed is not None:
+            return packed
         logits = model(batch["input_ids"])  # [b, t, V]
         targets = batch["targets"].to(logits.device)
         return cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
