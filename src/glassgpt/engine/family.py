@@ -33,7 +33,7 @@ from torch import nn
 from . import native
 from .autotune import PRECISIONS, STEP_BUDGET_S, STEP_REPEATS, Choices, linear_candidates, machine_key, measure
 from .cache import KVCache
-from .linear import GemvLinear
+from .linear import GemvLinear, is_plain
 from .step import MAX_BATCH, PlannedStep
 
 
@@ -124,7 +124,7 @@ def why_not(model: nn.Module, cache: KVCache) -> str | None:
     if weight.dtype not in (torch.float32, torch.bfloat16):
         return f"it runs float32 and bfloat16 weights, not {weight.dtype}"
     linears = _linears(model)
-    if not all(type(m) in (nn.Linear, GemvLinear) and m.weight.dtype == weight.dtype and m.bias is None for m in linears):
+    if not all(is_plain(m) and m.weight.dtype == weight.dtype and m.bias is None for m in linears):
         return "its Linear layers are not all plain, bias-free and of the embedding's dtype (a LoRA layer, int8 or int4)"
     if cfg.head_dim_value % 2 or cfg.n_heads % cfg.n_kv_groups:
         return "its heads are not pairs of dimensions in whole groups"

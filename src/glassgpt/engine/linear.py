@@ -43,6 +43,12 @@ def needs_grad(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and (x.requires_grad or any(p is not None and p.requires_grad for p in params))
 
 
+def is_plain(m: nn.Module) -> bool:
+    """An nn.Linear computing x W^T + b and nothing else: nn.Linear itself or the fused twin's GemvLinear
+    (not a LoRA layer or another subclass), which the native steps may read by its weight alone."""
+    return type(m) in (nn.Linear, GemvLinear)
+
+
 class GemvLinear(nn.Linear):
     gemv = None  # the kernel, where autotune.py chose it for this layer; None: F.linear
 

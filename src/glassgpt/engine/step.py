@@ -30,7 +30,7 @@ from . import native
 from .cache import KVCache
 from .int4 import Int4Linear
 from .int8 import Int8Linear
-from .linear import GemvLinear
+from .linear import is_plain
 
 MAX_BATCH = 8
 KINDS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
@@ -54,7 +54,7 @@ def kind_of(model: GPTModel) -> str | None:
     """"float32", "bfloat16", "int8" or "int4" where every Linear is of one kind the step runs; else None."""
     layers = linears(model)
     dtype = model.tok_emb.weight.dtype
-    if all(type(m) in (nn.Linear, GemvLinear) and m.weight.dtype == dtype for m in layers):  # (a fused twin's)
+    if all(is_plain(m) and m.weight.dtype == dtype for m in layers):
         return {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(dtype)
     if all(type(m) is Int8Linear and m.scales.dtype == dtype for m in layers):
         return "int8"
