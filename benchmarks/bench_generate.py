@@ -74,11 +74,22 @@ def main() -> None:
         if choices is not None:
             print(autotune.describe(choices, cfg))
 
+    # One Engine per model, made once, as `glassgpt generate` makes it: on a GPU it keeps the CUDA graph of the
+    # decoding step (engine/graphs.py) from one call to the next. On a GPU each glassgpt row also runs without
+    # the graph ("eager"), the reference that its tokens are compared with, to show what the graph gives.
+    eager = {}
+    if device.type == "cuda":
+        for (name, precision), m in list(ours.items()):
+            eager[(name + " eager (no CUDA graph)", precision)] = as_engine(m)
+            eager[(name + " eager (no CUDA graph)", precision)].use_graphs = False
+    reference_model = eager.get(("glassgpt float32 eager (no CUDA graph)", "float32"), fp32)
+    engines = {key: as_engine(m) for key, m in ours.items()}
+
     gen = torch.Generator().manual_seed(0)
     for b in args.batch:
         ids = torch.randint(0, cfg.vocab_size, (b, args.prompt_len), generator=gen).to(device)
         fns, meta = {}, {}
-        for (name, precision), m in ours.items():
+        for (name, precision), m in [*engines.items(), *eager.items()]:
             fns[name] = lambda m=m: generate(m, ids, n)
             meta[name] = (precision, False, False)
         for (name, precision), m in theirs.items():
@@ -100,10 +111,10 @@ def main() -> None:
                     meta[label] = (precision, True, True)
         with torch.inference_mode():
             seconds = time_rows(fns, device, args.repeats)
-            reference = generate(fp32, ids, n)
+            reference = generate(reference_model, ids, n)
             notes = {name: agreement(fn(), reference, args.prompt_len) for name, fn in fns.items()}
         if b == 1:  # glassgpt's rows (transformers' Conv1D blocks are not counted by weight_bytes_per_token)
-            models = {name: m for (name, _), m in ours.items()}
+            models = {name: getattr(m, "model", m) for (name, _), m in [*ours.items(), *eager.items()]}
             for name, s in seconds.items():
                 if name.removesuffix(" + compile") in models:
                     notes[name] += "; " + bandwidth_note(models[name.removesuffix(" + compile")], n / s, copy_bw)

@@ -1,31 +1,35 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue 13, point 6), for a session that is lent a GPU machine.
-# One command, well inside a 10-minute device call; everything it prints lands in $OUT/gpu.log:
-#   run(command="bash benchmarks/gpu_check.sh", timeout_s=580)
-# It needs torch with CUDA (the device image has it), tiktoken, safetensors, numpy, tqdm and
-# regex; transformers for the reference rows (skipped with --no-hf where absent).
+# The prepared GPU check (issue 36, point 6), for a session that is lent a GPU machine. Two parts, each
+# well inside one device call (a session has 15 minutes of device time, each machine's start included):
+#   run(command="bash benchmarks/gpu_check.sh train", timeout_s=330)      # checks + training MFU
+#   run(command="bash benchmarks/gpu_check.sh generate", timeout_s=330)   # gpt2 and gpt2-xl generation
+# (no argument: both, one after the other). Everything it prints lands in $OUT/gpu-<part>.log.
+# It needs torch with CUDA (the device image has it), tiktoken, safetensors, numpy, tqdm and regex;
+# transformers for the reference rows (skipped with --no-hf where absent).
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-log="${OUT:-.}/gpu.log"
+part="${1:-all}"
 hf=$(python3 -c "import transformers" 2>/dev/null && echo "" || echo "--no-hf")
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-  # Correctness on the GPU first (was a test that skipped on every CPU machine, CI included): a
-  # random gpt2 on cuda against the same weights on the CPU, float32 logits within 1e-4.
-  timeout 120 python3 -c "
-import torch, glassgpt
-from glassgpt.formats import random_model
-cpu = random_model(glassgpt.PRESETS['gpt2'], torch.device('cpu'), torch.float32)
-gpu = random_model(glassgpt.PRESETS['gpt2'], torch.device('cpu'), torch.float32).cuda()
-gpu.load_state_dict(cpu.state_dict())
-ids = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(0))
-with torch.no_grad():
-    err = (gpu(ids.cuda()).cpu() - cpu(ids)).abs().max().item()
-print('cuda float32 logits vs the CPU: max abs difference', err, 'OK' if err < 1e-4 else 'FAIL')"
-  # Training MFU for gpt2 at context 1024 (goal: >= 50%), eager and compiled.
-  timeout 240 python3 benchmarks/bench_train_step.py --device cuda --model gpt2 --batch 8 --seq-len 1024 --compile $hf
-  # Generation for gpt2 and gpt2-xl, batch 1 and 8.
-  timeout 150 python3 benchmarks/bench_generate.py --device cuda --model gpt2 --batch 1 8 --compile $hf
-  timeout 150 python3 benchmarks/bench_generate.py --device cuda --model gpt2-xl --batch 1 $hf
-} 2>&1 | tee "$log"
+run_part() {
+  case "$1" in
+    train)
+      nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+      python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+      # Training MFU for gpt2 at context 1024 (goal: >= 50%): bf16, compiled, flash attention through SDPA.
+      timeout 200 python3 benchmarks/bench_train_step.py --device cuda --model gpt2 --batch 16 --seq-len 1024 \
+        --repeats 5 --compile $hf
+      # Correctness on the GPU (no CPU can run these): CUDA against the CPU, the decoding step's CUDA graph
+      # against the eager engine (float32, bfloat16, compiled), and a first timing of each.
+      timeout 110 python3 benchmarks/gpu_checks.py
+      ;;
+    generate)
+      # Generation for gpt2 (batch 1 and 8) and gpt2-xl (batch 1): glassgpt with and without the CUDA graph
+      # against transformers on the same GPU.
+      timeout 170 python3 benchmarks/bench_generate.py --device cuda --model gpt2 --batch 1 8 --compile $hf
+      timeout 130 python3 benchmarks/bench_generate.py --device cuda --model gpt2-xl --batch 1 $hf
+      ;;
+  esac
+}
+for p in $([ "$part" = all ] && echo train generate || echo "$part"); do
+  run_part "$p" 2>&1 | tee "${OUT:-.}/gpu-$p.log"
+done

@@ -35,6 +35,8 @@ from ..model import GPTModel
 from . import autotune, compiling
 from .cache import KVCache
 from .fused import fused
+from .graphs import GraphStep
+from .graphs import why_not as why_no_graph
 from .int8 import is_quantized
 from .step import NativeStep, why_not
 
@@ -51,6 +53,7 @@ class Engine(nn.Module):
     """
 
     compiled = None  # compile_for_generation's torch.compile of `run`
+    use_graphs = True  # on a GPU, decode through a CUDA graph (graphs.py) where it covers the model
 
     def __init__(self, model: GPTModel):
         super().__init__()
@@ -58,6 +61,7 @@ class Engine(nn.Module):
         self.fast = fused(model)
         self.choices = autotune.tune(self.fast)  # the kernels measured fastest here (None off the CPU)
         self.step: NativeStep | None = None  # the native step over the last cache decode_one was given
+        self.graphs: dict[tuple, GraphStep | None] = {}  # on a GPU: the recorded step per (batch, length, dtype)
 
     @property
     def cfg(self) -> GPTConfig:
@@ -84,7 +88,7 @@ class Engine(nn.Module):
         """One new token per row, `[b]` at `cache.pos` -> its logits `[b, V]` (the cache advances by one).
 
         The native step's logits are float32 in a buffer that the next step overwrites."""
-        step = self.native_step(cache)
+        step = self.native_step(cache) if cache.k[0].device.type == "cpu" else self.graph_step(cache)
         if step is not None:
             return step(ids)
         return self(ids[:, None], cache, last_only=True)[:, -1]
@@ -110,6 +114,32 @@ class Engine(nn.Module):
             warnings.warn(f"glassgpt's native decoding step does not run here: {reason}; the PyTorch engine runs "
                           "instead", KernelWarning, stacklevel=3)
         return self.step
+
+
+    def graph_step(self, cache: KVCache) -> GraphStep | None:
+        """The CUDA graph of the decoding step over `cache` (graphs.py), recorded once per batch size and cache
+        length; None where it does not cover the model or recording failed (said once), or `use_graphs` is off."""
+        if not self.use_graphs:
+            return None
+        key = (cache.k[0].shape[0], cache.max_len, cache.k[0].dtype, cache.k[0].device)
+        graph = self.graphs.get(key)
+        if graph is not None and not graph.stale():
+            graph.adopt(cache)
+            return graph
+        if key in self.graphs and graph is None:  # recording failed here before
+            return None
+        reason = why_no_graph(self.model, cache)
+        if reason is None:
+            try:
+                graph = self.graphs[key] = GraphStep(self.fast, cache, compiled=self.compiled is not None)
+            except Exception as e:  # a kernel that cannot be recorded: the engine's forward runs, as before
+                reason = f"recording it failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                self.graphs[key] = None
+        if reason is not None and reason not in _said:
+            _said.add(reason)
+            warnings.warn(f"glassgpt's CUDA graph of the decoding step does not run here: {reason}; the PyTorch "
+                          "engine runs instead", KernelWarning, stacklevel=3)
+        return graph
 
 
 def as_engine(model: nn.Module) -> Engine:

@@ -1,0 +1,120 @@
+"""The CUDA graph's decoding step (engine/graphs.py) computes the engine's step.
+
+A graph replays one recorded step, so `GraphStep.static_step` has the same shapes at every position:
+the position is a tensor, and attention reads the whole cache with the later positions masked. That
+step is plain PyTorch and runs on a CPU (capture=False), so it is checked here against the engine's
+own one-token forward; the recording itself needs a GPU (benchmarks/gpu_check.sh compares a graph's
+greedy tokens with the eager engine's there). Tolerances: float32 logits within 1e-5 of the row's
+largest (attention over a masked full cache sums the same terms, some of them exact zeros, in
+another order); bfloat16 within 2%; greedy tokens identical.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import glassgpt
+from glassgpt.engine import Engine, KVCache
+from glassgpt.engine.graphs import GraphStep, why_not
+from glassgpt.training.tasks.lora import apply_lora
+
+from conftest import randomize_
+
+
+def model_of(dtype=torch.float32, **changes) -> glassgpt.GPTModel:
+    cfg = dataclasses.replace(glassgpt.GPTConfig(vocab_size=97, context_length=24, emb_dim=64, n_heads=4,
+                                                 n_layers=2, qkv_bias=True), **changes)
+    model = glassgpt.load_model("gpt2", device="cpu", dtype="float32", seed=0, config=cfg)
+    return randomize_(model, seed=0, std=0.3).to(dtype).eval()
+
+
+def prefilled(engine: Engine, prompt: torch.Tensor, max_len: int) -> KVCache:
+    cache = KVCache(engine.cfg, prompt.shape[0], max_len=max_len, dtype=engine.model.tok_emb.weight.dtype)
+    engine.prefill(prompt, cache)
+    return cache
+
+
+def eager_step(engine: Engine, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    return engine(ids[:, None], cache, last_only=True)[:, -1]
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_static_step_is_the_engines_step(dtype, tol, batch):
+    engine = Engine(model_of(dtype))
+    prompt = torch.randint(0, 97, (batch, 5), generator=torch.Generator().manual_seed(batch))
+    ours, theirs = prefilled(engine, prompt, 16), prefilled(engine, prompt, 16)
+    graph = GraphStep(engine.fast, ours, capture=False)
+    ids = prompt[:, -1]
+    with torch.inference_mode():
+        for _ in range(16 - 5):
+            got, want = graph(ids).float(), eager_step(engine, ids, theirs).float()
+            scale = want.abs().amax(dim=-1, keepdim=True)
+            assert ((got - want).abs() / scale).max() < tol
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+            ids = want.argmax(-1)
+    assert ours.pos == theirs.pos == 16
+
+
+def test_uninitialised_cache_memory_does_not_reach_the_logits():
+    """The cache's later positions may hold NaN (torch.empty); the step's own tensors are zeroed, so the
+    masked positions contribute exact zeros. Without the zeroing, 0 x NaN would make every logit NaN."""
+    engine = Engine(model_of())
+    prompt = torch.tensor([[3, 14, 15, 92]])
+    cache = KVCache(engine.cfg, 1, max_len=12)
+    for t in cache.k + cache.v:
+        t.fill_(float("nan"))
+    engine.prefill(prompt, cache)
+    graph = GraphStep(engine.fast, cache, capture=False)
+    assert all(torch.isfinite(t).all() for t in graph.k + graph.v)
+    with torch.inference_mode():
+        assert torch.isfinite(graph(prompt[:, -1])).all()
+    # the same step over tensors that keep the NaN (what adopting without zeroing would leave)
+    for t in graph.k + graph.v:
+        t[:, :, cache.pos + 1:].fill_(float("nan"))
+    with torch.inference_mode():
+        assert torch.isnan(graph(prompt[:, -1])).all()
+
+
+def test_a_second_cache_takes_the_step_and_the_first_goes_on_correctly():
+    """One graph serves every generate call of one shape (`adopt`); a cache it leaves keeps its own copy."""
+    engine = Engine(model_of())
+    a_prompt, b_prompt = torch.tensor([[1, 2, 3]]), torch.tensor([[40, 41, 42]])
+    a, b = prefilled(engine, a_prompt, 10), prefilled(engine, b_prompt, 10)
+    a_ref, b_ref = prefilled(engine, a_prompt, 10), prefilled(engine, b_prompt, 10)
+    graph = GraphStep(engine.fast, a, capture=False)
+    with torch.inference_mode():
+        graph(a_prompt[:, -1])
+        eager_step(engine, a_prompt[:, -1], a_ref)
+        graph.adopt(b)
+        assert graph.cache is b and b.k[0] is graph.k[0] and a.k[0] is not graph.k[0]
+        torch.testing.assert_close(graph(b_prompt[:, -1]), eager_step(engine, b_prompt[:, -1], b_ref),
+                                   rtol=0, atol=1e-5)
+        # the first cache, now on its own tensors, steps on through the engine's forward
+        torch.testing.assert_close(eager_step(engine, torch.tensor([7]), a), eager_step(engine, torch.tensor([7]), a_ref),
+                                   rtol=0, atol=1e-5)
+
+
+def test_a_full_cache_is_refused():
+    engine = Engine(model_of())
+    cache = prefilled(engine, torch.tensor([[1, 2, 3, 4]]), 4)
+    graph = GraphStep(engine.fast, cache, capture=False)
+    with pytest.raises(glassgpt.errors.PromptError, match="all filled"):
+        graph(torch.tensor([4]))
+
+
+def test_why_not_names_each_cause():
+    model = model_of()
+    assert why_not(model, KVCache(model.cfg, 1, max_len=8)) == "it runs on a CUDA device only"
+    cuda = SimpleNamespace(k=[SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.float32)])  # read: device, dtype
+    assert why_not(model, cuda) is None
+    assert why_not(model_of(drop_rate=0.1).train(), cuda) == "the model is in training mode (dropout)"
+    assert why_not(model_of(drop_rate=0.0).train(), cuda) is None  # no dropout: training mode changes nothing
+    lora = apply_lora(model_of(), rank=2, alpha=4.0)
+    assert why_not(lora, cuda) == "its Linear layers are not all plain nn.Linear (a LoRA layer, say)"
+    assert why_not(model_of(torch.bfloat16), cuda) == "the KV cache's dtype is not the model's"
+    assert why_not(torch.nn.Linear(2, 2), cuda) == "it runs GPTModel only, not Linear"
