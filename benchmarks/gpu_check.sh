@@ -16,7 +16,7 @@ run_part() {
       nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
       python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
       # Training MFU for gpt2 at context 1024 (goal: >= 50%): bf16, compiled, flash attention through SDPA.
-      timeout 200 python3 benchmarks/bench_train_step.py --device cuda --model gpt2 --batch 16 --seq-len 1024 \
+      timeout 200 python3 benchmarks/bench_train_step.py --device cuda --model gpt2 --batch 32 --seq-len 1024 \
         --repeats 5 --compile $hf
       # Correctness on the GPU (no CPU can run these): CUDA against the CPU, the decoding step's CUDA graph
       # against the eager engine (float32, bfloat16, compiled), and a first timing of each.

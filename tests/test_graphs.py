@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import glassgpt
 from glassgpt.engine import Engine, KVCache
@@ -118,3 +119,41 @@ def test_why_not_names_each_cause():
     assert why_not(lora, cuda) == "its Linear layers are not all plain nn.Linear (a LoRA layer, say)"
     assert why_not(model_of(torch.bfloat16), cuda) == "the KV cache's dtype is not the model's"
     assert why_not(torch.nn.Linear(2, 2), cuda) == "it runs GPTModel only, not Linear"
+
+
+def test_padded_linear_is_f_linear_with_its_gradients():
+    """engine/linear.py's padded head (a GPU's training): the same outputs and gradients as F.linear, to the
+    bit on a CPU (each output is the same dot product; the extra rows are zeros, sliced off)."""
+    from glassgpt.engine.linear import padded_linear
+    torch.manual_seed(0)
+    for bias in (False, True):
+        x = torch.randn(2, 5, 16, requires_grad=True)
+        w = torch.randn(97, 16, requires_grad=True)
+        b = torch.randn(97, requires_grad=True) if bias else None
+        got = padded_linear(x, w, b, 64)
+        assert got.shape == (2, 5, 97)
+        grads = torch.autograd.grad(got.square().sum(), [x, w] + ([b] if bias else []))
+        want = F.linear(x, w, b)
+        want_grads = torch.autograd.grad(want.square().sum(), [x, w] + ([b] if bias else []))
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        for g, wg in zip(grads, want_grads):
+            torch.testing.assert_close(g, wg, rtol=1e-5, atol=1e-5)
+
+
+def test_the_head_is_padded_only_on_a_gpu_in_training(monkeypatch):
+    """A CPU (the book's bit-for-bit runs) and decoding (which would copy the head at every token) never pad."""
+    from glassgpt.engine import linear
+    calls = []
+    monkeypatch.setattr(linear, "padded_linear", lambda *a: calls.append(a) or F.linear(*a[:3]))
+    head = linear.GemvLinear(16, 5000, bias=False)
+    head(torch.randn(3, 16, requires_grad=True)).sum().backward()
+    assert calls == []  # a CPU
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))
+    with torch.no_grad():
+        head(torch.randn(3, 16))
+    assert calls == []  # no gradient: decoding
+    head(torch.randn(3, 16, requires_grad=True))
+    assert len(calls) == 1 and calls[0][3] == 64
+    head.pad_to = None
+    head(torch.randn(3, 16, requires_grad=True))
+    assert len(calls) == 1

@@ -51,6 +51,7 @@ def is_plain(m: nn.Module) -> bool:
 
 class GemvLinear(nn.Linear):
     gemv = None  # the kernel, where autotune.py chose it for this layer; None: F.linear
+    pad_to = 64  # on a GPU, in training: outputs padded to a multiple of this (`padded_linear`); None: never
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`[..., in] -> [..., out]` in x's dtype."""
@@ -58,7 +59,25 @@ class GemvLinear(nn.Linear):
                 and rows(x) <= GEMV_MAX_ROWS and not needs_grad(x, self.weight, self.bias)):
             y = self.gemv(x.reshape(-1, self.in_features).contiguous(), self.weight, self.bias)
             return y.view(*x.shape[:-1], self.out_features)
+        if (self.pad_to and x.device.type == "cuda" and self.out_features % self.pad_to
+                and self.out_features >= PAD_MIN_OUT and needs_grad(x, self.weight, self.bias)):
+            return padded_linear(x, self.weight, self.bias, self.pad_to)
         return F.linear(x, self.weight, self.bias)
+
+
+PAD_MIN_OUT = 4096  # only the wide layers, GPT-2's 50,257-wide head: padding a narrow one saves nothing
+
+
+def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, multiple: int) -> torch.Tensor:
+    """F.linear(x, weight, bias) computed with the output width rounded up to `multiple`, the extra outputs
+    (zero rows of the weight) sliced off. The same products, each output one dot product as before; what
+    changes is the layout: 50,257 bfloat16 outputs a row is not a whole number of 16-byte vectors, and the GPU's
+    matrix kernels for that width ran slower than for 50,304 (benchmarks/RESULTS.md). Costs a copy of the
+    weight per call, so it runs in training only, where the product is over thousands of rows."""
+    out = weight.shape[0]
+    pad = -out % multiple
+    y = F.linear(x, F.pad(weight, (0, 0, 0, pad)), None if bias is None else F.pad(bias, (0, pad)))
+    return y[..., :out]
 
 
 def replace_linears(model: nn.Module, dtype: torch.dtype, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:

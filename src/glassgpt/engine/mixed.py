@@ -46,6 +46,7 @@ class LowPrecisionCopy:
         under DistributedDataParallel, whose all-reduce must see the whole accumulated
         gradient, once after the last micro-step.
         """
+        widen, into = [], []  # one foreach copy for all: on a GPU, one launch per group of tensors, not per tensor
         for m, c in self.pairs:
             if c.grad is None:
                 continue
@@ -53,16 +54,19 @@ class LowPrecisionCopy:
                 grad = self.grads.get(m)
                 if grad is None:
                     grad = self.grads[m] = torch.empty_like(m)
-                m.grad = grad.copy_(c.grad)  # a fresh tensor each step would page-fault its memory in again
+                m.grad = grad  # a fresh tensor each step would page-fault its memory in again
+                widen.append(c.grad)
+                into.append(grad)
             else:
                 m.grad.add_(c.grad)
             c.grad = None
+        if into:
+            torch._foreach_copy_(into, widen)
 
     @torch.no_grad()
     def refresh(self) -> None:
         """Round the master's (updated) weights into the copy."""
-        for m, c in self.pairs:
-            c.copy_(m)
+        torch._foreach_copy_([c for _, c in self.pairs], [m for m, _ in self.pairs])
 
 
 def keep_freed_memory() -> bool:
