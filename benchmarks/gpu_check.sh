@@ -2,7 +2,7 @@
 # The prepared GPU check (issue 36, point 6), for a session that is lent a GPU machine. Two parts, each
 # well inside one device call (a session has 15 minutes of device time, each machine's start included):
 #   run(command="bash benchmarks/gpu_check.sh train", timeout_s=330)      # checks + training MFU
-#   run(command="bash benchmarks/gpu_check.sh generate", timeout_s=330)   # gpt2 and gpt2-xl generation
+#   run(command="bash benchmarks/gpu_check.sh generate", timeout_s=450)   # gpt2 and gpt2-xl generation
 # (no argument: both, one after the other). Everything it prints lands in $OUT/gpu-<part>.log.
 # It needs torch with CUDA (the device image has it), tiktoken, safetensors, numpy, tqdm and regex;
 # transformers for the reference rows (skipped with --no-hf where absent).
@@ -25,7 +25,9 @@ run_part() {
     generate)
       # Generation for gpt2 (batch 1 and 8) and gpt2-xl (batch 1): glassgpt with and without the CUDA graph
       # against transformers on the same GPU.
-      timeout 170 python3 benchmarks/bench_generate.py --device cuda --model gpt2 --batch 1 8 --compile $hf
+      # (each batch size its own process and timeout: one run of both ran out after batch 1, 2026-12-04)
+      timeout 150 python3 benchmarks/bench_generate.py --device cuda --model gpt2 --batch 1 --compile $hf
+      timeout 150 python3 benchmarks/bench_generate.py --device cuda --model gpt2 --batch 8 --compile $hf
       timeout 130 python3 benchmarks/bench_generate.py --device cuda --model gpt2-xl --batch 1 $hf
       ;;
   esac

@@ -12,6 +12,7 @@ the glass model (the same greedy tokens in float32; stated tolerances in bfloat1
                   decode_n) that generate.py calls; compile_for_generation (torch.compile)
     step.py       the native decoding step: one C++ call per new token for the whole model
                   (kernels/step.cpp), over the model's own tensors
+    graphs.py     on a GPU, the decoding step recorded once as a CUDA graph and replayed per token
     attention.py  the causal attention over cached keys: SDPA, or written out in blocks
                   of queries where that measured faster on a CPU
     linear.py     a Linear whose product at a few rows runs glassgpt's matrix-vector kernel
