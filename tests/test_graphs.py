@@ -88,6 +88,7 @@ def test_a_second_cache_takes_the_step_and_the_first_goes_on_correctly():
     a, b = prefilled(engine, a_prompt, 10), prefilled(engine, b_prompt, 10)
     a_ref, b_ref = prefilled(engine, a_prompt, 10), prefilled(engine, b_prompt, 10)
     graph = GraphStep(engine.fast, a, capture=False)
+    assert a.k[0] is graph.k[0]  # the first cache's tensors are the step's: no second copy
     with torch.inference_mode():
         graph(a_prompt[:, -1])
         eager_step(engine, a_prompt[:, -1], a_ref)
@@ -157,3 +158,12 @@ def test_the_head_is_padded_only_on_a_gpu_in_training(monkeypatch):
     head.pad_to = None
     head(torch.randn(3, 16, requires_grad=True))
     assert len(calls) == 1
+
+
+def test_a_finished_generates_cache_is_not_kept_alive_or_copied():
+    engine = Engine(model_of())
+    graph = GraphStep(engine.fast, prefilled(engine, torch.tensor([[1, 2, 3]]), 10), capture=False)
+    assert graph.cache is None  # nothing held the cache: the step does not keep it
+    nxt = prefilled(engine, torch.tensor([[5, 6]]), 10)
+    graph.adopt(nxt)  # nothing to hand back to a cache no one uses
+    assert graph.cache is nxt and nxt.k[0] is graph.k[0]

@@ -39,7 +39,6 @@ class KVCache:
         # full-context cache (75 MB for gpt2 at batch 1 in float32) costs more than a short reply.
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.layers = [LayerCache(self, i) for i in range(cfg.n_layers)]
         self.max_len = max_len
         self.pos = 0
 
@@ -51,7 +50,10 @@ class KVCache:
         self.pos = 0
 
     def layer(self, i: int) -> "LayerCache":
-        return self.layers[i]
+        # Made at each call, not kept: a kept list would be a reference cycle (cache -> layer -> cache), and a
+        # finished generate's cache would then live on until the garbage collector ran (graphs.py holds
+        # its cache weakly, to know when one is done).
+        return LayerCache(self, i)
 
     def advance(self, t: int) -> None:
         """The model has written t new positions into every layer."""

@@ -12,18 +12,21 @@ same shapes at every position (`static_step`):
   - attention reads the whole cache, `max_len` positions, with the positions after this token
     masked: a softmax weight of exactly 0 for each, so the context is the sliced attention's
     (tests/test_graphs.py, which runs `static_step` on a CPU against the engine's forward);
-  - the cache is the step's own tensors, zeroed once, so the masked positions hold numbers, never
-    the NaN that uninitialised memory can (0 x NaN would be NaN).
+  - the cache's positions after the filled ones are zeroed once, so the masked positions hold numbers,
+    never the NaN that uninitialised memory can (0 x NaN would be NaN).
 
-A KVCache that the step is given (`adopt`) is copied into the step's tensors and then points at them,
-so one graph serves every `generate` call of the same batch size and cache length; a cache it had
-before gets copies of its own back, and goes on correctly without it.
+The step's tensors are the first cache's own. A later KVCache it is given (`adopt`) is copied into
+them and then points at them, so one graph serves every `generate` call of the same batch size and
+cache length; a cache it had before, if anything still holds it, gets copies of its own back and goes
+on correctly without it.
 
 It runs a GPTModel whose blocks are the book's (plain Linear layers, MultiHeadAttention), in eval
 mode, on a CUDA device; `why_not` says why not otherwise, and the engine's forward runs instead.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -67,11 +70,13 @@ class GraphStep:
         self.ids = torch.zeros(b, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.positions = torch.arange(max_len, device=device)
-        self.k = [torch.zeros_like(t) for t in cache.k]
-        self.v = [torch.zeros_like(t) for t in cache.v]
+        # The first cache's own tensors become the step's (no second copy of a cache that can be gigabytes),
+        # their unfilled positions zeroed.
+        self.k, self.v = list(cache.k), list(cache.v)
+        for t in self.k + self.v:
+            t[:, :, cache.pos:].zero_()
         self.anchor = fast.tok_emb.weight.data_ptr()
-        self.cache: KVCache | None = None
-        self.adopt(cache)
+        self._cache = weakref.ref(cache)
         self.run = torch.compile(self.static_step, fullgraph=True) if compiled else self.static_step
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
@@ -82,21 +87,28 @@ class GraphStep:
         """Whether the model's weights were replaced since the graph was recorded (it reads them by address)."""
         return self.fast.tok_emb.weight.data_ptr() != self.anchor
 
+    @property
+    def cache(self) -> KVCache | None:
+        """The cache the step now runs on (held weakly: a finished generate's cache is not kept alive)."""
+        return self._cache()
+
     def adopt(self, cache: KVCache) -> None:
         """Make `cache` (same batch and length) this step's: its filled positions copied into the step's tensors,
-        the rest zeroed, and `cache.k`/`cache.v` pointed at them; the cache held before keeps a copy."""
-        if self.cache is cache:
+        the rest zeroed, and `cache.k`/`cache.v` pointed at them; the cache held before, if still in use, keeps
+        a copy."""
+        before = self.cache
+        if before is cache:
             return
-        if self.cache is not None:  # the previous cache goes on with tensors of its own
-            self.cache.k = [t.clone() for t in self.k]
-            self.cache.v = [t.clone() for t in self.v]
+        if before is not None:  # the previous cache goes on with tensors of its own
+            before.k = [t.clone() for t in self.k]
+            before.v = [t.clone() for t in self.v]
         pos = cache.pos
         for mine, theirs in zip(self.k + self.v, cache.k + cache.v):
             if mine is not theirs:
                 mine[:, :, :pos].copy_(theirs[:, :, :pos])
                 mine[:, :, pos:].zero_()
         cache.k, cache.v = list(self.k), list(self.v)
-        self.cache = cache
+        self._cache = weakref.ref(cache)
 
     def static_step(self) -> torch.Tensor:
         """The engine's one-token forward with every shape fixed: logits `[b, V]` for `self.ids` at `self.pos`."""
