@@ -117,7 +117,9 @@ def test_why_not_names_each_cause():
     assert why_not(model_of(drop_rate=0.1).train(), cuda) == "the model is in training mode (dropout)"
     assert why_not(model_of(drop_rate=0.0).train(), cuda) is None  # no dropout: training mode changes nothing
     lora = apply_lora(model_of(), rank=2, alpha=4.0)
-    assert why_not(lora, cuda) == "its Linear layers are not all plain nn.Linear (a LoRA layer, say)"
+    assert why_not(lora, cuda) == "its Linear layers are not all plain nn.Linear (LoRA, int8 and int4 layers are not)"
+    int8 = glassgpt.engine.quantize_int8(model_of())
+    assert why_not(int8, cuda) == why_not(lora, cuda)
     assert why_not(model_of(torch.bfloat16), cuda) == "the KV cache's dtype is not the model's"
     assert why_not(torch.nn.Linear(2, 2), cuda) == "it runs GPTModel only, not Linear"
 

@@ -51,7 +51,7 @@ def why_not(model: nn.Module, cache: KVCache) -> str | None:
     if not all(isinstance(b, TransformerBlock) and isinstance(b.att, MultiHeadAttention) for b in blocks):
         return "its blocks are not the book's TransformerBlock"
     if not all(is_plain(m) for m in linears(model)):
-        return "its Linear layers are not all plain nn.Linear (a LoRA layer, say)"
+        return "its Linear layers are not all plain nn.Linear (LoRA, int8 and int4 layers are not)"
     if cache.k[0].dtype != model.tok_emb.weight.dtype:
         return "the KV cache's dtype is not the model's"
     return None
@@ -65,7 +65,6 @@ class GraphStep:
         self.fast = fast
         b, max_len = cache.k[0].shape[0], cache.max_len
         device = cache.k[0].device
-        self.key = (b, max_len, cache.k[0].dtype, device)
         self.max_len = max_len
         self.ids = torch.zeros(b, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
