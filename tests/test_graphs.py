@@ -169,3 +169,54 @@ def test_a_finished_generates_cache_is_not_kept_alive_or_copied():
     nxt = prefilled(engine, torch.tensor([[5, 6]]), 10)
     graph.adopt(nxt)  # nothing to hand back to a cache no one uses
     assert graph.cache is nxt and nxt.k[0] is graph.k[0]
+
+
+def test_a_graph_that_cannot_be_recorded_falls_back_with_one_note(monkeypatch):
+    """Recording can fail on a GPU (a kernel that cannot be captured): the engine's forward runs instead, said
+    once, and the engine does not try again for that shape."""
+    from glassgpt.engine import decode
+    from glassgpt.errors import KernelWarning
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(decode, "why_no_graph", lambda model, cache: None)
+    monkeypatch.setattr(decode, "GraphStep", refuse)
+    monkeypatch.setattr(decode, "_said", set())
+    engine = Engine(model_of())
+    cache = prefilled(engine, torch.tensor([[1, 2, 3]]), 8)
+    with pytest.warns(KernelWarning, match=r"CUDA graph of the decoding step does not run here: recording it "
+                                           r"failed \(RuntimeError: operation not permitted"):
+        assert engine.graph_step(cache) is None
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert engine.graph_step(cache) is None  # not tried again, not said again
+    engine.use_graphs = False
+    assert engine.graph_step(cache) is None
+
+
+def test_generate_through_the_graph_step_gives_the_engines_tokens_and_reuses_one_step(monkeypatch):
+    """The engine's seam end to end, with the graph's step (unrecorded, on a CPU) where a GPU would record it:
+    two generate calls of one shape share one step (the second cache adopted), and the tokens are the
+    PyTorch engine's."""
+    from glassgpt.engine import decode
+    from glassgpt.generate import generate
+    made = []
+
+    def unrecorded(fast, cache, compiled=False):
+        made.append(GraphStep(fast, cache, capture=False))
+        return made[-1]
+
+    monkeypatch.setattr(decode, "why_no_graph", lambda model, cache: None)
+    monkeypatch.setattr(decode, "GraphStep", unrecorded)
+    model = model_of()
+    plain = Engine(model)
+    plain.native_step = lambda cache: None  # the PyTorch engine's own step
+    graphed = Engine(model)
+    graphed.native_step = graphed.graph_step  # what decode_one does on a GPU
+    for prompt in ([[3, 1, 4, 1]], [[2, 7, 1, 8]]):
+        want = generate(plain, torch.tensor(prompt), 12)
+        got = generate(graphed, torch.tensor(prompt), 12)
+        assert torch.equal(got, want)
+    assert len(made) == 1  # the second call's cache was adopted, not recorded again
