@@ -79,9 +79,9 @@ def main() -> None:
     # the graph ("eager"), the reference that its tokens are compared with, to show what the graph gives.
     eager = {}
     if device.type == "cuda":
-        for (name, precision), m in list(ours.items()):
-            eager[(name + " eager (no CUDA graph)", precision)] = as_engine(m)
-            eager[(name + " eager (no CUDA graph)", precision)].use_graphs = False
+        for (name, precision), m in ours.items():
+            engine = eager[(name + " eager (no CUDA graph)", precision)] = as_engine(m)
+            engine.use_graphs = False
     reference_model = eager.get(("glassgpt float32 eager (no CUDA graph)", "float32"), fp32)
     engines = {key: as_engine(m) for key, m in ours.items()}
 

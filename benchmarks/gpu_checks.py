@@ -16,21 +16,20 @@ from __future__ import annotations
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
-import glassgpt
-from glassgpt.engine import as_engine, compile_for_generation
-from glassgpt.formats import random_model
-from glassgpt.generate import stream
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import median_seconds  # noqa: E402
+
+import glassgpt  # noqa: E402
+from glassgpt.engine import as_engine, compile_for_generation  # noqa: E402
+from glassgpt.formats import random_model  # noqa: E402
+from glassgpt.generate import stream  # noqa: E402
 
 failed = []
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # a CPU runs the flow, for its own tests
-
-
-def sync() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def say(line: str, ok: bool | None = None) -> None:
@@ -46,15 +45,7 @@ def run(engine, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, list[torch.Ten
 
 
 def tokens_per_s(engine, ids: torch.Tensor, n: int, repeats: int = 5) -> float:
-    list(stream(engine, ids, n))
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        list(stream(engine, ids, n))
-        sync()
-        times.append(time.perf_counter() - start)
-    return ids.shape[0] * n / sorted(times)[len(times) // 2]
+    return ids.shape[0] * n / median_seconds(lambda: list(stream(engine, ids, n)), DEVICE, repeats=repeats)
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ from .graphs import why_not as why_no_graph
 from .int8 import is_quantized
 from .step import NativeStep, why_not
 
-_said: set[str] = set()  # the reasons the native step did not run, each said once per process
+_said: set[str] = set()  # the reasons a native step or CUDA graph did not run, each said once per process
 
 
 class Engine(nn.Module):
@@ -108,13 +108,10 @@ class Engine(nn.Module):
         reason = why_not(self.model, cache)
         if reason is None and self.choices is not None and autotune.native_step_chosen(self, cache):
             self.step = NativeStep(self.model, cache)
-        elif reason is not None and reason not in _said and cache.k[0].device.type == "cpu" and \
+        elif reason is not None and cache.k[0].device.type == "cpu" and \
                 "kernels are not available" not in reason:  # that one native.py says
-            _said.add(reason)
-            warnings.warn(f"glassgpt's native decoding step does not run here: {reason}; the PyTorch engine runs "
-                          "instead", KernelWarning, stacklevel=3)
+            say_once("native decoding step", reason)
         return self.step
-
 
     def graph_step(self, cache: KVCache) -> GraphStep | None:
         """The CUDA graph of the decoding step over `cache` (graphs.py), recorded once per batch size and cache
@@ -135,11 +132,17 @@ class Engine(nn.Module):
             except Exception as e:  # a kernel that cannot be recorded: the engine's forward runs, as before
                 reason = f"recording it failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
                 self.graphs[key] = None
-        if reason is not None and reason not in _said:
-            _said.add(reason)
-            warnings.warn(f"glassgpt's CUDA graph of the decoding step does not run here: {reason}; the PyTorch "
-                          "engine runs instead", KernelWarning, stacklevel=3)
+        if reason is not None:
+            say_once("CUDA graph of the decoding step", reason)
         return graph
+
+
+def say_once(what: str, reason: str) -> None:
+    """Warn that glassgpt's `what` does not run here and why, once per process and reason."""
+    if reason not in _said:
+        _said.add(reason)
+        warnings.warn(f"glassgpt's {what} does not run here: {reason}; the PyTorch engine runs instead",
+                      KernelWarning, stacklevel=4)
 
 
 def as_engine(model: nn.Module) -> Engine:
