@@ -17,6 +17,7 @@ caller runs PyTorch's own operators instead (the pure-PyTorch path, which the te
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import hashlib
@@ -152,21 +153,31 @@ def build(isa: list[str], directory: Path) -> Path:
     ops_cmd = ["-O2", "-std=c++20", "-fPIC", abi, *[f"-I{p}" for p in cpp_extension.include_paths()]]
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        steps = [[compiler, *kernel_cmd, "-c", str(SOURCES / "gemv.cpp"), "-o", f"{tmp}/gemv.o"],
-                 [compiler, *kernel_cmd, "-c", str(SOURCES / "step.cpp"), "-o", f"{tmp}/step.o"],
-                 [compiler, *kernel_cmd, "-c", str(SOURCES / "family_step.cpp"), "-o", f"{tmp}/family_step.o"],
-                 [compiler, *ops_cmd, "-c", str(SOURCES / "ops.cpp"), "-o", f"{tmp}/ops.o"],
-                 [compiler, "-shared", f"{tmp}/gemv.o", f"{tmp}/step.o", f"{tmp}/family_step.o", f"{tmp}/ops.o",
-                  "-o", f"{tmp}/lib.so", "-fopenmp",
-                  f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]]
-        for cmd in steps:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_SECONDS)
-            if done.returncode != 0:
-                errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
-                raise OSError(f"building the kernels failed ({Path(cmd[0]).name}): "
-                              f"{errors[0].strip() if errors else 'exit ' + str(done.returncode)}")
+        objects = [[compiler, *kernel_cmd, "-c", str(SOURCES / "gemv.cpp"), "-o", f"{tmp}/gemv.o"],
+                   [compiler, *kernel_cmd, "-c", str(SOURCES / "step.cpp"), "-o", f"{tmp}/step.o"],
+                   [compiler, *kernel_cmd, "-c", str(SOURCES / "family_step.cpp"), "-o", f"{tmp}/family_step.o"],
+                   [compiler, *ops_cmd, "-c", str(SOURCES / "ops.cpp"), "-o", f"{tmp}/ops.o"]]
+        link = [compiler, "-shared", f"{tmp}/gemv.o", f"{tmp}/step.o", f"{tmp}/family_step.o", f"{tmp}/ops.o",
+                "-o", f"{tmp}/lib.so", "-fopenmp", f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
+        # The objects compile side by side, one a core (on 2 cores: 28 s one after the other, 15 s so).
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(len(objects), len(os.sched_getaffinity(0))))) as pool:
+            done = list(pool.map(_compile, objects))
+        for cmd, result in zip(objects, done):
+            _raise_if_failed(cmd, result)
+        _raise_if_failed(link, _compile(link))
         os.replace(f"{tmp}/lib.so", path)  # atomic: a process that loads it sees all of it or none
     return path
+
+
+def _compile(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_SECONDS)
+
+
+def _raise_if_failed(cmd: list[str], result: subprocess.CompletedProcess) -> None:
+    if result.returncode != 0:
+        errors = [line for line in result.stderr.splitlines() if "error" in line] or result.stderr.splitlines()
+        raise OSError(f"building the kernels failed ({Path(cmd[0]).name}): "
+                      f"{errors[0].strip() if errors else 'exit ' + str(result.returncode)}")
 
 
 @functools.lru_cache(maxsize=1)
