@@ -9,6 +9,8 @@ compared with torch.equal (an old kernel and a new one that sums the same way gi
     flock /tmp/glassgpt-bench.lock python benchmarks/ab_step.py kernels OLD_KERNELS_DIR [--precisions f32 bf16 int8 int4]
     # pages: this checkout's step on the weights as loaded, and on a copy moved by engine/pages.py
     flock /tmp/glassgpt-bench.lock python benchmarks/ab_step.py pages [--precisions ...]
+    # prompt: gemv.cpp's int4 product of a short prompt's rows (the prefill before the first step), two builds
+    flock /tmp/glassgpt-bench.lock python benchmarks/ab_step.py prompt OLD_KERNELS_DIR [--rows 16]
 
 `kernels` compiles step.cpp and family_step.cpp of each directory into a library of its own (no torch
 operators: the step is a plain C function) and points a NativeStep at each in turn.
@@ -52,6 +54,47 @@ def build(kernels: Path, out: Path) -> ctypes.CDLL:
     return lib
 
 
+def build_gemv(kernels: Path, out: Path) -> ctypes.CDLL:
+    """gemv.cpp of `kernels` alone (its C functions, no torch operators), built as native.py builds it."""
+    isa = native.isa_flags(native.cpu_flags())
+    subprocess.run(["g++", "-O3", "-std=c++17", "-fPIC", "-fopenmp", *isa, "-shared", str(kernels / "gemv.cpp"),
+                    "-o", str(out / "gemv.so")], check=True)
+    return ctypes.CDLL(str(out / "gemv.so"))
+
+
+def prompt_products(libs: dict[str, ctypes.CDLL], rows: int, rounds: int) -> None:
+    """gpt2's four int4 product shapes (q/k/v, output, up, down) on `rows` rows of x, each library in turn."""
+    from glassgpt.engine import Int4Linear
+    torch.manual_seed(0)
+    shapes = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
+    layers = [Int4Linear(torch.nn.Linear(k, n), dtype=torch.float32) for k, n in shapes]
+    xs = [torch.randn(rows, k) for k, _ in shapes]
+    threads = torch.get_num_threads()
+
+    def block(lib) -> tuple[float, list[torch.Tensor]]:
+        outs, start = [], time.perf_counter()
+        for (k, n), layer, x in zip(shapes, layers, xs):
+            y = torch.empty(rows, n)
+            xq, xscale, xsum = torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, k // 32), torch.empty(rows, k // 32)
+            lib.gg_gemv_q4(*(ctypes.c_void_p(t.data_ptr()) for t in (layer.packed, layer.scales_mins, x, layer.bias, y)),
+                           *(ctypes.c_int64(v) for v in (rows, n, k, 32)), ctypes.c_int(0),
+                           *(ctypes.c_void_p(t.data_ptr()) for t in (xq, xscale, xsum)), ctypes.c_int(threads))
+            outs.append(y)
+        return time.perf_counter() - start, outs
+
+    times: dict[str, list[float]] = {n: [] for n in libs}
+    last = {}
+    for r in range(rounds):
+        for name in list(libs) if r % 2 else list(libs)[::-1]:
+            t, last[name] = block(libs[name])
+            times[name].append(t)
+    a, b = (times[n][rounds // 10:] for n in libs)
+    ratio = statistics.median(x / y for x, y in zip(a, b))
+    equal = all(torch.equal(x, y) for x, y in zip(*last.values()))
+    print(f"gpt2 int4, one block's products on {rows} rows: old {statistics.median(a) * 1e3:.3f} ms, new "
+          f"{statistics.median(b) * 1e3:.3f} ms; old / new paired median {ratio:.3f}; outputs equal: {equal}")
+
+
 def model_at(precision: str) -> torch.nn.Module:
     dtype = torch.float32 if precision == "f32" else torch.bfloat16
     model = random_model(PRESETS["gpt2"], torch.device("cpu"), torch.float32).to(dtype).eval()
@@ -84,17 +127,26 @@ def alternate(steps: dict[str, tuple[NativeStep, KVCache]], rounds: int) -> tupl
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["kernels", "pages"])
+    p.add_argument("what", choices=["kernels", "pages", "prompt"])
     p.add_argument("old", nargs="?", help="kernels: the directory of the kernels to compare against")
     p.add_argument("--precisions", nargs="+", default=["f32", "bf16", "int8", "int4"])
     p.add_argument("--rounds", type=int, default=120)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rows", type=int, default=16, help="prompt: the rows of x (a prompt's tokens)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if native.library() is None:
         sys.exit(f"the native step does not run here: {native.status()}")
     with tempfile.TemporaryDirectory() as tmp:
         libs = {}
+        if args.what == "prompt":
+            if not args.old:
+                sys.exit("prompt: give the directory of the kernels to compare against")
+            for side, src in (("old", Path(args.old)), ("new", Path(native.SOURCES))):
+                (Path(tmp) / side).mkdir()
+                libs[side] = build_gemv(src, Path(tmp) / side)
+            prompt_products(libs, args.rows, args.rounds)
+            return
         if args.what == "kernels":
             if not args.old:
                 sys.exit("kernels: give the directory of the kernels to compare against")

@@ -577,6 +577,11 @@ def check_kernels(ops) -> None:
             # ... which is within 1% of the output's largest of the product of x itself
             ref_x = F.linear(x.double(), q4.dequantized(torch.float64), q4.bias.double())
             assert (got - ref_x).abs().max() <= 1e-2 * ref_x.abs().max()
+            # bfloat16 inputs and scales: the float32 kernel's arithmetic on the same values, rounded once at the end
+            qb = Int4Linear(torch.nn.Linear(inp, out), 32, torch.bfloat16)
+            got_b = ops.gemv_q4(xb, qb.packed, qb.scales_mins, qb.bias, out, 32)
+            as_f32 = ops.gemv_q4(xb.float(), qb.packed, qb.scales_mins.float(), qb.bias.float(), out, 32)
+            assert torch.equal(got_b, as_f32.bfloat16())
 
 
 def test_each_kernel_equals_pytorchs_product():

@@ -84,10 +84,15 @@ void gg_gemv_q8(const int8_t* W, const void* scales, const void* x, const void* 
 
 }  // extern "C"
 
+#define Q4_MAXM 8
+
 template <typename T>
 static void q4_gemv(const uint8_t* P, const T* sm, const T* x, const T* b, T* y, int64_t M, int64_t N, int64_t K,
                     int64_t gs, int8_t* xq, float* xscale, float* xsum, int nt) {
-    quantize_groups(x, M, K, gs, xq, xscale, xsum);
+    if (gs % 16 == 0)  // x rounded to int8 (16 columns an instruction: a few microseconds for a prompt)
+        quantize_groups16(x, 0, M, K, gs, xq, xscale, xsum);
+    else
+        quantize_groups(x, M, K, gs, xq, xscale, xsum);
     const int64_t G = K / gs, NB = (N + 15) / 16;
 #pragma omp parallel num_threads(nt)
     {
@@ -96,16 +101,25 @@ static void q4_gemv(const uint8_t* P, const T* sm, const T* x, const T* b, T* y,
         for (int64_t nb = lo; nb < hi; nb++) {
             const uint8_t* P_nb = P + nb * (K / 8) * 64;
             const T* sm_nb = sm + nb * G * 32;
-            for (int64_t m0 = 0; m0 < M; m0 += MAXM) {
-                int64_t mb = M - m0 < MAXM ? M - m0 : MAXM;
-                __m512 out[MAXM];
+            for (int64_t m0 = 0; m0 < M; m0 += Q4_MAXM) {
+                int64_t mb = M - m0 < Q4_MAXM ? M - m0 : Q4_MAXM;
+                __m512 out[Q4_MAXM];
                 const int8_t* xq0 = xq + m0 * K;
                 const float *xs0 = xscale + m0 * G, *xsum0 = xsum + m0 * G;
+                auto rows = [&](auto MB) {
+                    __m512 o[MB.value];
+                    q4_rows<T, MB.value>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, o);
+                    for (int m = 0; m < MB.value; m++) out[m] = o[m];
+                };
                 switch (mb) {
                     case 1: q4_block<T, 1>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
-                    case 2: q4_block<T, 2>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
-                    case 3: q4_block<T, 3>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
-                    default: q4_block<T, 4>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
+                    case 2: rows(I<2>{}); break;
+                    case 3: rows(I<3>{}); break;
+                    case 4: rows(I<4>{}); break;
+                    case 5: rows(I<5>{}); break;
+                    case 6: rows(I<6>{}); break;
+                    case 7: rows(I<7>{}); break;
+                    default: rows(I<8>{}); break;
                 }
                 for (int64_t m = 0; m < mb; m++) {
                     float v[16];

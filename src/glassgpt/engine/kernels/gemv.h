@@ -277,6 +277,30 @@ static inline __m512 widen16(const bf16* p) {
 }
 static inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
 
+// quantize_groups for groups of a multiple of 16 columns, 16 per instruction, the same rounding (to
+// nearest even, as lrintf; 1 / scale as above): rows m of [m0, m1) only, so that threads can share it.
+template <typename T>
+static void quantize_groups16(const T* x, int64_t m0, int64_t m1, int64_t K, int64_t gs, int8_t* xq, float* xscale,
+                              float* xsum) {
+    for (int64_t m = m0; m < m1; m++)
+        for (int64_t g = 0; g < K / gs; g++) {
+            const int64_t k0 = m * K + g * gs;
+            __m512 amax = _mm512_setzero_ps();
+            for (int64_t k = 0; k < gs; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(widen16(x + k0 + k)));
+            const float a = _mm512_reduce_max_ps(amax);
+            const float s = a > 0.f ? a / 127.f : 1.f;
+            const __m512 inv = _mm512_set1_ps(1.f / s);
+            __m512i sum = _mm512_setzero_si512();
+            for (int64_t k = 0; k < gs; k += 16) {
+                const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(widen16(x + k0 + k), inv));
+                _mm_storeu_si128((__m128i*)(xq + k0 + k), _mm512_cvtsepi32_epi8(v));
+                sum = _mm512_add_epi32(sum, v);
+            }
+            xscale[m * (K / gs) + g] = s;
+            xsum[m * (K / gs) + g] = s * (float)_mm512_reduce_add_epi32(sum);
+        }
+}
+
 // S blocks of 16 rows, `ps` bytes (and `ss` scale entries) apart, against MB rows of x: out[s][m]. S > 1
 // streams from memory at once (the step's batch of one); MB > 1 reads each block once for several rows.
 template <typename T, int S, int MB>
@@ -321,6 +345,51 @@ static void q4_tile(const uint8_t* P, int64_t ps, const T* sm, int64_t ss, const
     }
     for (int s = 0; s < S; s++)
         for (int m = 0; m < MB; m++) out[s][m] = acc[s][m];
+}
+
+// vpdpbusd with x's quadruple broadcast from memory (its {1to16} operand): no broadcast instruction.
+static inline __m512i dot8_from(__m512i acc, __m512i q, const int8_t* x4) {
+#ifdef __AVX512VNNI__
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(const int32_t*)x4));
+    return acc;
+#else
+    int32_t v;
+    memcpy(&v, x4, 4);
+    return dot8(acc, q, _mm512_set1_epi32(v));
+#endif
+}
+
+// One block of 16 rows against MB rows of x, for longer inputs (a prompt): up to 8 rows of x for each
+// block read, x's quadruples taken from memory by vpdpbusd itself, so that the products are nearly all
+// of the instructions. Each row of x is summed exactly as q4_tile sums it (the same int32 sums per group,
+// the same float32 operations in the same order).
+template <typename T, int MB>
+static void q4_rows(const uint8_t* P, const T* sm, const int8_t* xq, const float* xscale, const float* xsum,
+                    int64_t K, int64_t gs, __m512 (&out)[MB]) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    const int64_t G = K / gs, units = gs / 8;
+    __m512 acc[MB];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m512i iacc[MB];
+        for (int m = 0; m < MB; m++) iacc[m] = _mm512_setzero_si512();
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t k = g * gs + 8 * u;
+            const __m512i v = _mm512_loadu_si512((const void*)(P + (k / 8) * 64));
+            const __m512i qlo = _mm512_and_si512(v, low), qhi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            for (int m = 0; m < MB; m++) {
+                iacc[m] = dot8_from(iacc[m], qlo, xq + m * K + k);
+                iacc[m] = dot8_from(iacc[m], qhi, xq + m * K + k + 4);
+            }
+        }
+        const __m512 scale = widen16(sm + g * 32), mins = widen16(sm + g * 32 + 16);
+        for (int m = 0; m < MB; m++) {
+            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xscale[m * G + g])),
+                                     _mm512_cvtepi32_ps(iacc[m]), acc[m]);
+            acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[m * G + g]), acc[m]);
+        }
+    }
+    for (int m = 0; m < MB; m++) out[m] = acc[m];
 }
 
 // One block of 16 rows against MB rows of x.

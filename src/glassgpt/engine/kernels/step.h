@@ -128,29 +128,6 @@ static inline void dense(const typename D::WT* W, const typename D::XT* x, int64
     }, finish);
 }
 
-// gemv.h's quantize_groups for float32 x and groups of a multiple of 16, 16 columns per instruction
-// (the same rounding: to nearest even, as lrintf).
-static void quantize_groups16(const float* x, int64_t M, int64_t K, int64_t gs, int8_t* xq, float* xscale,
-                              float* xsum) {
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t g = 0; g < K / gs; g++) {
-            const int64_t k0 = m * K + g * gs;
-            __m512 amax = _mm512_setzero_ps();
-            for (int64_t k = 0; k < gs; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + k0 + k)));
-            const float a = _mm512_reduce_max_ps(amax);
-            const float s = a > 0.f ? a / 127.f : 1.f;
-            const __m512 inv = _mm512_set1_ps(1.f / s);
-            __m512i sum = _mm512_setzero_si512();
-            for (int64_t k = 0; k < gs; k += 16) {
-                const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k0 + k), inv));
-                _mm_storeu_si128((__m128i*)(xq + k0 + k), _mm512_cvtsepi32_epi8(v));
-                sum = _mm512_add_epi32(sum, v);
-            }
-            xscale[m * (K / gs) + g] = s;
-            xsum[m * (K / gs) + g] = s * (float)_mm512_reduce_add_epi32(sum);
-        }
-}
-
 // A product's input as its kernel reads it, in this thread's scratch.
 struct Input {
     const float* f;          // float32 [M, K]
@@ -169,14 +146,14 @@ static void prepare(int kind, Input& in, int64_t M, int64_t K, int64_t gs) {
     } else if (kind == KIND_Q8) {
 #ifdef __AVX512VNNI__
         if (K % 64 == 0) {
-            quantize_groups16(in.f, M, K, Q8_GROUP, in.i8, in.s8, in.sum8);
+            quantize_groups16(in.f, 0, M, K, Q8_GROUP, in.i8, in.s8, in.sum8);
             return;
         }
 #endif
         quantize_rows(in.f, M, K, in.i16, in.s16);
     } else if (kind == KIND_Q4) {
         if (gs % 16 == 0)
-            quantize_groups16(in.f, M, K, gs, in.i8, in.s8, in.sum8);
+            quantize_groups16(in.f, 0, M, K, gs, in.i8, in.s8, in.sum8);
         else
             quantize_groups(in.f, M, K, gs, in.i8, in.s8, in.sum8);
     }
