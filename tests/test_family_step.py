@@ -141,8 +141,15 @@ def test_greedy_generation_with_the_native_step_equals_the_glass_models_tokens(m
     model = model_of(TINY["llama3"])
     prompt = ids_of(1, 5)
     monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: True)
+    picks = []
+    real = family_engine.FamilySteps.greedy
+    monkeypatch.setattr(family_engine.FamilySteps, "greedy", lambda self, logits: picks.append(real(self, logits)) or
+                        picks[-1])
     native = generate(model, prompt, max_new_tokens=30)  # past the 24-token context: the cache is refilled
     assert isinstance(family_steps(model).step, FamilyStep)
+    # the step's own greedy pick took each id the step made (19 fill the 24-position cache after the 5-token
+    # prompt); the prompt's and, once the window is full, each refill's are pick_next's
+    assert len(picks) == 30 and sum(p is not None for p in picks) == 24 - 5
     monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: False)
     plain = generate(model, prompt, max_new_tokens=30)
     assert family_steps(model).step is None

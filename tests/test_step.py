@@ -18,6 +18,7 @@ machine measured. Stated tolerances, each against the reference named:
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 
 import pytest
@@ -185,6 +186,88 @@ def test_the_step_allocates_nothing_per_token_and_reads_the_models_own_weights()
     weights = [model.tok_emb.weight, model.pos_emb.weight, model.trf_blocks[0].att.W_query.weight, model.out_head.weight]
     assert all(w.data_ptr() in addresses for w in weights)  # no copy: the plan points at the model's tensors
     assert cache.k[1].data_ptr() in addresses
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_steps_greedy_pick_is_torch_max_s_on_ties_zeros_and_a_nan(threads, monkeypatch):
+    """step.h's greedy_rows against `logits.max(-1)` (pick_next's greedy): ties go to the first, a row of equal
+    logits to id 0, a NaN is the largest (and generate refuses it), rows shared between threads."""
+    needs_kernels()
+    model = model_of(layouts()["book"])
+    head = model.out_head.weight
+    ids = torch.tensor([3, 50, 96])
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            for craft in ("as trained", "two equal rows", "all zero", "a NaN row"):
+                if craft == "two equal rows":
+                    head[40] = head[41] = head[7] = head.abs().amax(0) * 3  # 7 first, 40 and 41 the same value
+                elif craft == "all zero":
+                    head.zero_()
+                elif craft == "a NaN row":
+                    head[60] = float("nan")
+                engine = Engine(model)
+                decode_with(engine, "native")
+                cache = KVCache(model.cfg, 3, 8)
+                engine.prefill(torch.zeros(3, 2, dtype=torch.long), cache)
+                logits = engine.decode_one(ids, cache)
+                assert engine.step.threads == threads
+                picked, largest = engine.greedy(logits)
+                values, want = logits.max(dim=-1)
+                assert picked.tolist() == want.tolist(), craft
+                torch.testing.assert_close(torch.tensor(largest), values, rtol=0, atol=0, equal_nan=True, msg=craft)
+                if craft == "all zero":
+                    assert picked.tolist() == [0, 0, 0]
+                assert engine.greedy(logits.clone()) is None  # logits the step did not make: pick_next picks
+        # Finite weights (generate checks them first) whose score overflows to +inf at the first step only, so
+        # that the step's pick, not pick_next's on the prompt's logits, is the one that must refuse it.
+        prompt = overflow_at_the_first_step(model_of(layouts()["book"]), model)
+        monkeypatch.setattr(decode.autotune, "native_step_chosen", lambda engine, cache: True)
+        with pytest.raises(glassgpt.errors.NonFiniteError, match="NaN or infinite"):
+            generate(model, prompt, 3)
+        assert len(generate(model, prompt, 1)[0]) == 3  # the prompt's own pick was finite
+    finally:
+        torch.set_num_threads(1)
+
+
+def overflow_at_the_first_step(source: glassgpt.GPTModel, model: glassgpt.GPTModel) -> torch.Tensor:
+    """Give `model` `source`'s weights with one head row changed so that the greedy run of the prompt returned
+    has a finite largest score after the prompt and +inf after its first new token: the row reads one feature
+    j of final_norm's output h, with a weight c of the sign that makes the prompt's score very negative."""
+    features = []
+    source.final_norm.register_forward_hook(lambda module, args, out: features.append(out[0]))
+    with torch.inference_mode():
+        for first in range(source.cfg.vocab_size):
+            prompt = torch.tensor([[first, first]])
+            features.clear()
+            nxt = source(prompt)[0, -1].argmax()
+            features.clear()
+            source(torch.cat([prompt[0], nxt[None]])[None])
+            h1, h2 = features[0][1], features[0][2]  # after the prompt, after its first new token
+            for j in range(h1.numel()):
+                a, b = float(h1[j]), float(h2[j])
+                if 0.9 <= abs(a) and a * b < 0 and abs(b) > 1.5 * abs(a):
+                    with torch.no_grad():
+                        model.load_state_dict(source.state_dict())
+                        model.out_head.weight[60] = 0.0
+                        model.out_head.weight[60, j] = -math.copysign(3e38 / abs(a), a)  # -3e38 after the prompt
+                    return prompt
+    raise AssertionError("no prompt and feature overflow at the first step only")
+
+
+def test_generate_takes_the_steps_greedy_pick_and_the_tokens_are_pick_nexts(trained, monkeypatch):
+    needs_kernels()
+    model, ids = trained
+    monkeypatch.setattr(decode.autotune, "native_step_chosen", lambda engine, cache: True)
+    x = prompts(ids, n=3)
+    with torch.inference_mode():
+        fast = generate(model, x, 20)
+        taken = []
+        real = Engine.greedy
+        monkeypatch.setattr(Engine, "greedy", lambda self, logits: taken.append(real(self, logits)) or None)
+        slow = generate(model, x, 20)  # every id from pick_next's logits.max
+    assert fast.tolist() == slow.tolist()
+    assert len(taken) == 20 and taken[0] is None and all(t is not None for t in taken[1:])  # the prompt's: pick_next
 
 
 def test_decode_n_picks_each_next_id_from_decode_ones_logits(trained):

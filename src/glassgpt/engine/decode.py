@@ -3,6 +3,7 @@
     Engine(model)(ids, cache, last_only=True) -> logits [b, 1, V]
     engine.prefill(ids [b, t], cache)         -> logits [b, V] after the prompt (the cache refilled)
     engine.decode_one(ids [b], cache)         -> logits [b, V] after one more token
+    engine.greedy(logits)                     -> the native step's own greedy pick of its logits, or None
     engine.decode_n(ids [b], cache, n, pick)  -> the next n ids, each picked from decode_one's logits
 
 The seam is gpt-fast's (`prefill`, `decode_one_token`, `decode_n_tokens`): generate.stream calls
@@ -92,6 +93,11 @@ class Engine(nn.Module):
         if step is not None:
             return step(ids)
         return self(ids[:, None], cache, last_only=True)[:, -1]
+
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
+        """The native step's own greedy pick of `logits` where it made them: the ids `[b]` and each row's largest
+        logit (step.py's PlannedStep.greedy); None where the logits came from elsewhere."""
+        return self.step.greedy(logits) if self.step is not None else None
 
     def decode_n(self, ids: torch.Tensor, cache: KVCache, n: int,
                  pick: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[torch.Tensor]:

@@ -62,6 +62,10 @@ class FamilySteps:
             return self.step(ids)
         return self.twin(ids[:, None], cache, last_only=True)[:, -1]
 
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
+        """The native step's own greedy pick of `logits` where it made them (step.py's PlannedStep.greedy), else None."""
+        return self.step.greedy(logits) if self.step is not None else None
+
 
 def family_steps(model: nn.Module) -> FamilySteps:
     """The steps of `model`'s twin, made once per model (again if its tensors were replaced)."""
@@ -163,7 +167,7 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
 HEADER, LAYER_FIELDS = 32, 27
 HEADER_FIELDS = ("params_bf16", "layers", "d", "heads", "groups", "head_dim", "hidden", "vocab", "max_len", "batch",
                  "tok_emb", "rope_cos", "rope_sin", "fn_scale", "head_w", "head_s", "head_b", "x", "q", "keys", "att",
-                 "ff", "logits", "scratch", "scratch_bytes", "eps_bits", "qk_norm")
+                 "ff", "logits", "scratch", "scratch_bytes", "eps_bits", "qk_norm", "best", "best_value")
 
 
 class FamilyStep(PlannedStep):
@@ -185,7 +189,8 @@ class FamilyStep(PlannedStep):
         self.buffers = {"x": torch.empty(b, d, **f32), "q": torch.empty(b, dq, **f32), "keys": torch.empty(b, dkv, **f32),
                         "att": torch.empty(b, dq, **f32), "ff": torch.empty(b, f, **f32),
                         "logits": torch.empty(b, vocab, **f32),
-                        "scratch": torch.empty(self.threads * scratch_bytes + 64, dtype=torch.uint8)}
+                        "scratch": torch.empty(self.threads * scratch_bytes + 64, dtype=torch.uint8),
+                        "best": torch.empty(b, dtype=torch.int64), "best_value": torch.empty(b, **f32)}
         self.keep = list(self.buffers.values())  # every tensor whose address is in the plan stays alive
         self.watch(model.tok_emb.weight)
         eps = {m.eps for m in model.modules() if hasattr(m, "eps")}

@@ -38,7 +38,7 @@ KINDS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
 HEADER, LAYER_FIELDS = 32, 24
 HEADER_FIELDS = ("kind", "params_bf16", "layers", "d", "heads", "vocab", "max_len", "batch", "group", "tok_emb",
                  "pos_emb", "fn_scale", "fn_shift", "head_w", "head_s", "head_b", "x", "q", "att", "ff", "logits",
-                 "scratch", "scratch_bytes", "eps_bits", "profile")
+                 "scratch", "scratch_bytes", "eps_bits", "profile", "best", "best_value")
 # Where one thread's time goes, with `profile()` on (kernels/step.cpp's Phase, in order).
 PHASES = ("embedding", "LayerNorm and rounding inputs", "q/k/v products and cache write", "attention",
           "output projection", "feed-forward up + GELU", "feed-forward down", "head", "waiting for the other threads")
@@ -120,6 +120,15 @@ class PlannedStep:
         the old copies, correctly, but the engine plans again so that they can go."""
         return self.anchor is not None and self.anchor[0].data_ptr() != self.anchor[1]
 
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
+        """The greedy pick of each row of `logits` where they are this step's last logits: the ids `[b]` (a
+        tensor of their own) and each row's largest logit (NaN where the row holds a NaN), as the step found
+        them while the logits were in cache (step.h's greedy_rows, the first largest as torch.max takes it);
+        None for other logits."""
+        if logits is not self.buffers["logits"]:
+            return None
+        return self.buffers["best"].clone(), self.buffers["best_value"].tolist()
+
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """ids `[b]` at position `cache.pos` -> logits `[b, V]` float32, in a buffer the next step overwrites."""
         cache = self.cache
@@ -147,7 +156,8 @@ class NativeStep(PlannedStep):
         f32 = dict(dtype=torch.float32)
         self.buffers = {"x": torch.empty(b, d, **f32), "q": torch.empty(b, d, **f32), "att": torch.empty(b, d, **f32),
                         "ff": torch.empty(b, 4 * d, **f32), "logits": torch.empty(b, vocab, **f32),
-                        "scratch": torch.empty(threads * scratch_bytes + 64, dtype=torch.uint8)}
+                        "scratch": torch.empty(threads * scratch_bytes + 64, dtype=torch.uint8),
+                        "best": torch.empty(b, dtype=torch.int64), "best_value": torch.empty(b, **f32)}
         self.threads = threads
         self.keep = list(self.buffers.values())  # every tensor whose address is in the plan stays alive
         self.watch(model.tok_emb.weight)

@@ -1,6 +1,7 @@
 // A whole decoding step of Qwen3 or Llama 3 in one call: one new token for each of B <= 8 sequences.
 //
 //   gg_family_step(plan, ids, pos, nt)   ids [B] int64 at position `pos` -> plan's logits [B, V] float32
+//   (and, where the plan asks, each row's greedy pick: step.h's greedy_rows)
 //
 // What families/qwen3.py and llama3.py do for one token, over the model's own tensors (engine/
 // family.py hands their addresses over in `plan`, and the KV cache's): the embedding row (no
@@ -25,7 +26,7 @@ using namespace step_parts;
 enum Header {
     F_PARAMS_BF16, F_LAYERS, F_D, F_HEADS, F_GROUPS, F_HEAD_DIM, F_HIDDEN, F_VOCAB, F_MAXLEN, F_BATCH, F_TOK_EMB,
     F_ROPE_COS, F_ROPE_SIN, F_FN_SCALE, F_HEAD_W, F_HEAD_S, F_HEAD_B, F_X, F_Q, F_KEYS, F_ATT, F_FF, F_LOGITS,
-    F_SCRATCH, F_SCRATCH_BYTES, F_EPS_BITS, F_QK_NORM, HEADER = 32
+    F_SCRATCH, F_SCRATCH_BYTES, F_EPS_BITS, F_QK_NORM, F_BEST, F_BEST_VALUE, HEADER = 32
 };
 // Each Linear is three entries (weight, scales, bias) as step.h's linear_rows reads them; the
 // families' have neither scales nor biases (0).
@@ -155,6 +156,7 @@ static void step(const int64_t* plan, const int64_t* ids, int64_t pos) {
     prepare(kind, in, B, d, 0);
     linear<T>(plan, F_HEAD_W, kind, in, B, V, d, 0, [&](int64_t m, int64_t n, float v) { logits[m * V + n] = v; });
     barrier();
+    if (plan[F_BEST]) greedy_rows(logits, B, V, (int64_t*)plan[F_BEST], (float*)plan[F_BEST_VALUE]);
 }
 
 }  // namespace

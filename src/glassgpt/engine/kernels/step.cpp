@@ -1,6 +1,7 @@
 // A whole decoding step of GPT-2 in one call: one new token for each of B <= 8 sequences.
 //
 //   gg_step(plan, ids, pos, nt)   ids [B] int64 at position `pos` -> plan's logits [B, V] float32
+//   (and, where the plan asks, each row's greedy pick: step.h's greedy_rows)
 //
 // What GPTModel.forward does for one token, over the model's own tensors (engine/step.py hands
 // their addresses over in `plan`, and the KV cache's): the embedding rows; in each block
@@ -26,7 +27,7 @@ using namespace step_parts;
 enum Header {
     H_KIND, H_PARAMS_BF16, H_LAYERS, H_D, H_HEADS, H_VOCAB, H_MAXLEN, H_BATCH, H_GROUP, H_TOK_EMB, H_POS_EMB,
     H_FN_SCALE, H_FN_SHIFT, H_HEAD_W, H_HEAD_S, H_HEAD_B, H_X, H_Q, H_ATT, H_FF, H_LOGITS, H_SCRATCH,
-    H_SCRATCH_BYTES, H_EPS_BITS, H_PROFILE, HEADER = 32
+    H_SCRATCH_BYTES, H_EPS_BITS, H_PROFILE, H_BEST, H_BEST_VALUE, HEADER = 32
 };
 
 // Where thread 0's time goes, when plan[H_PROFILE] points at PHASES doubles (seconds, added up;
@@ -184,6 +185,10 @@ static void step(const int64_t* plan, const int64_t* ids, int64_t pos) {
     prepare(kind, in, B, d, gs);
     clock.tick(P_NORM);
     linear<T>(plan, H_HEAD_W, kind, in, B, V, d, gs, [&](int64_t m, int64_t n, float v) { logits[m * V + n] = v; });
+    if (plan[H_BEST]) {  // the greedy pick too: every row of logits first
+        barrier();
+        greedy_rows(logits, B, V, (int64_t*)plan[H_BEST], (float*)plan[H_BEST_VALUE]);
+    }
     clock.tick(P_HEAD);
     barrier();  // thread 0's clock then covers the whole step
 }

@@ -128,6 +128,37 @@ static inline void dense(const typename D::WT* W, const typename D::XT* x, int64
     }, finish);
 }
 
+// The greedy pick of each row of logits [B, V], as torch.max(dim=-1) picks it: the first largest, and the
+// largest itself; NaN (and the first NaN's index) where a row holds one, so that the caller refuses it.
+// Rows are shared between the threads; the caller reads them after the parallel region.
+static void greedy_rows(const float* logits, int64_t B, int64_t V, int64_t* best, float* best_value) {
+    int64_t lo, hi;
+    share(B, &lo, &hi);
+    for (int64_t m = lo; m < hi; m++) {
+        const float* v = logits + m * V;
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        __mmask16 nan = 0;
+        for (int64_t k = 0; k < V; k += 16) {
+            const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail16(V - k), v + k);
+            nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+            top = _mm512_max_ps(top, x);
+        }
+        const float t = nan ? NAN : _mm512_reduce_max_ps(top);
+        int64_t at = 0;
+        for (int64_t k = 0; k < V; k += 16) {
+            const __m512 x = _mm512_maskz_loadu_ps(tail16(V - k), v + k);
+            const __mmask16 hit = (nan ? _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(x, _mm512_set1_ps(t), _CMP_EQ_OQ))
+                                  & tail16(V - k);
+            if (hit) {
+                at = k + __builtin_ctz(hit);
+                break;
+            }
+        }
+        best[m] = at;
+        best_value[m] = t;
+    }
+}
+
 // A product's input as its kernel reads it, in this thread's scratch.
 struct Input {
     const float* f;          // float32 [M, K]
