@@ -45,9 +45,13 @@ class FamilySteps:
     """`prefill` and `decode_one` (generate.py's seams) on a family model's twin, or its native step."""
 
     def __init__(self, model: nn.Module, twin: nn.Module):
-        self.model = model
+        self._model = weakref.ref(model)  # weakly: family_steps keeps these per model, and must not keep the model
         self.twin = twin
         self.step: FamilyStep | None = None  # the native step over the last cache decode_one was given
+
+    @property
+    def model(self) -> nn.Module:
+        return self._model()
 
     def prefill(self, ids: torch.Tensor, cache) -> torch.Tensor:
         cache.reset()
