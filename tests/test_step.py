@@ -328,3 +328,22 @@ def test_two_threads_split_the_heads_and_rows_and_give_one_threads_logits(traine
                 outs.append(torch.stack([engine.decode_one(ids[:, t], cache).clone() for t in range(12)]))
         torch.set_num_threads(1)
         torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+
+
+def test_the_steps_profile_gives_each_phase_its_own_time():
+    # benchmarks/decode_profile.py's figures: on one thread no barrier waits, so "waiting" stays near zero and
+    # the head, the largest product of this vocabulary-heavy model, is counted as the head's
+    needs_kernels()
+    cfg = glassgpt.GPTConfig(vocab_size=8192, context_length=16, emb_dim=64, n_heads=4, n_layers=1)
+    model = model_of(cfg)
+    cache = KVCache(cfg, 1, 16)
+    with torch.inference_mode():
+        Engine(model).prefill(torch.zeros(1, 2, dtype=torch.long), cache)
+        step = step_module.NativeStep(model, cache)
+        assert step.threads == 1
+        phases = step.profile()
+        for _ in range(10):
+            step(torch.zeros(1, dtype=torch.long))
+    seconds = dict(zip(step_module.PHASES, phases.tolist()))
+    assert seconds["head"] == max(seconds.values()), seconds
+    assert seconds["waiting for the other threads"] < 0.1 * seconds["head"], seconds

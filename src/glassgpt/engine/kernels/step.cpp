@@ -185,11 +185,12 @@ static void step(const int64_t* plan, const int64_t* ids, int64_t pos) {
     prepare(kind, in, B, d, gs);
     clock.tick(P_NORM);
     linear<T>(plan, H_HEAD_W, kind, in, B, V, d, gs, [&](int64_t m, int64_t n, float v) { logits[m * V + n] = v; });
-    if (plan[H_BEST]) {  // the greedy pick too: every row of logits first
+    clock.tick(P_HEAD);
+    if (plan[H_BEST]) {  // the greedy pick too (its time the head's): every row of logits first
         barrier();
         greedy_rows(logits, B, V, (int64_t*)plan[H_BEST], (float*)plan[H_BEST_VALUE]);
+        clock.tick(P_HEAD);
     }
-    clock.tick(P_HEAD);
     barrier();  // thread 0's clock then covers the whole step
 }
 
