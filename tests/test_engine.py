@@ -749,3 +749,22 @@ def test_autotune_measures_once_per_machine_and_reads_the_choice_back(tmp_path, 
     again = autotune.choose(cfg, "float32", cache)
     assert again.cached and again.winners == first.winners
     assert "kernels: float32 matrix-vector products" in autotune.describe(again, cfg)
+
+
+def test_the_twins_quick_shallow_copy_is_copy_copy_for_every_module_it_meets(trained):
+    import copy
+    import importlib
+
+    fused_module = importlib.import_module("glassgpt.engine.fused")  # (the package's `fused` is the function)
+    model = quantize_int4(copy_of(trained[0]))
+    model.trf_blocks[0].ff.layers[0] = Int8Linear(torch.nn.Linear(model.cfg.emb_dim, 4 * model.cfg.emb_dim), torch.float32)
+    for module in model.modules():
+        quick, slow = fused_module._shallow_copy(module), copy.copy(module)
+        assert type(quick) is type(slow) and quick is not module
+        assert quick.__dict__.keys() == slow.__dict__.keys()
+        assert all(quick.__dict__[k] is slow.__dict__[k] for k in slow.__dict__)  # the same objects, not copies
+
+    class Odd(torch.nn.Linear):  # a class that copies itself its own way keeps its way
+        def __copy__(self):
+            return "its own"
+    assert fused_module._shallow_copy(Odd(2, 2)) == "its own"
