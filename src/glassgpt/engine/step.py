@@ -19,6 +19,7 @@ logits differ from the engine's by those roundings; float32 differs by the order
 
 from __future__ import annotations
 
+import operator
 import struct
 
 import torch
@@ -47,7 +48,10 @@ LINEARS = ("att.W_query", "att.W_key", "att.W_value", "att.out_proj", "ff.layers
 
 def linears(model: GPTModel) -> list[nn.Module]:
     """Every Linear the step multiplies by: each block's six, then the head."""
-    return [block.get_submodule(name) for block in model.trf_blocks for name in LINEARS] + [model.out_head]
+    return [layer for block in model.trf_blocks for layer in _SIX(block)] + [model.out_head]
+
+
+_SIX = operator.attrgetter(*LINEARS)  # a block's six, by the names above (get_submodule, 3x slower, made a step ~1 ms)
 
 
 def kind_of(model: GPTModel) -> str | None:
