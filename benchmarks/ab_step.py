@@ -139,20 +139,15 @@ def main() -> None:
         sys.exit(f"the native step does not run here: {native.status()}")
     with tempfile.TemporaryDirectory() as tmp:
         libs = {}
-        if args.what == "prompt":
+        if args.what in ("prompt", "kernels"):  # the other directory's build and this one's
             if not args.old:
-                sys.exit("prompt: give the directory of the kernels to compare against")
+                sys.exit(f"{args.what}: give the directory of the kernels to compare against")
             for side, src in (("old", Path(args.old)), ("new", Path(native.SOURCES))):
                 (Path(tmp) / side).mkdir()
-                libs[side] = build_gemv(src, Path(tmp) / side)
+                libs[side] = (build_gemv if args.what == "prompt" else build)(src, Path(tmp) / side)
+        if args.what == "prompt":
             prompt_products(libs, args.rows, args.rounds)
             return
-        if args.what == "kernels":
-            if not args.old:
-                sys.exit("kernels: give the directory of the kernels to compare against")
-            for side, src in (("old", Path(args.old)), ("new", Path(native.SOURCES))):
-                (Path(tmp) / side).mkdir()
-                libs[side] = build(src, Path(tmp) / side)
         for precision in args.precisions:
             model = model_at(precision)
             dtype = model.tok_emb.weight.dtype

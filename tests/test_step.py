@@ -331,8 +331,9 @@ def test_two_threads_split_the_heads_and_rows_and_give_one_threads_logits(traine
 
 
 def test_the_steps_profile_gives_each_phase_its_own_time():
-    # benchmarks/decode_profile.py's figures: on one thread no barrier waits, so "waiting" stays near zero and
-    # the head, the largest product of this vocabulary-heavy model, is counted as the head's
+    # Where benchmarks/decode_profile.py's figures come from (an attribution, not a speed): on one thread no
+    # barrier waits, and the head, by far the largest product of this vocabulary-heavy model, must be counted
+    # as the head. The slip this guards against put the head's time under "waiting" and left the head ~1%.
     needs_kernels()
     cfg = glassgpt.GPTConfig(vocab_size=8192, context_length=16, emb_dim=64, n_heads=4, n_layers=1)
     model = model_of(cfg)
@@ -342,8 +343,9 @@ def test_the_steps_profile_gives_each_phase_its_own_time():
         step = step_module.NativeStep(model, cache)
         assert step.threads == 1
         phases = step.profile()
-        for _ in range(10):
+        for _ in range(100):
+            cache.pos = 2
             step(torch.zeros(1, dtype=torch.long))
     seconds = dict(zip(step_module.PHASES, phases.tolist()))
-    assert seconds["head"] == max(seconds.values()), seconds
-    assert seconds["waiting for the other threads"] < 0.1 * seconds["head"], seconds
+    assert seconds["head"] > 0.2 * sum(seconds.values()), seconds  # about 80% here; a preempted phase cannot undo it
+    assert seconds["waiting for the other threads"] < seconds["head"], seconds
