@@ -106,20 +106,15 @@ static void q4_gemv(const uint8_t* P, const T* sm, const T* x, const T* b, T* y,
                 __m512 out[Q4_MAXM];
                 const int8_t* xq0 = xq + m0 * K;
                 const float *xs0 = xscale + m0 * G, *xsum0 = xsum + m0 * G;
-                auto rows = [&](auto MB) {
-                    __m512 o[MB.value];
-                    q4_rows<T, MB.value>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, o);
-                    for (int m = 0; m < MB.value; m++) out[m] = o[m];
-                };
                 switch (mb) {
                     case 1: q4_block<T, 1>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
-                    case 2: rows(I<2>{}); break;
-                    case 3: rows(I<3>{}); break;
-                    case 4: rows(I<4>{}); break;
-                    case 5: rows(I<5>{}); break;
-                    case 6: rows(I<6>{}); break;
-                    case 7: rows(I<7>{}); break;
-                    default: rows(I<8>{}); break;
+                    case 2: q4_block<T, 2>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
+                    case 3: q4_block<T, 3>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
+                    case 4: q4_block<T, 4>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
+                    case 5: q4_block<T, 5>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
+                    case 6: q4_block<T, 6>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
+                    case 7: q4_block<T, 7>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
+                    default: q4_block<T, 8>(P_nb, sm_nb, xq0, xs0, xsum0, K, gs, out); break;
                 }
                 for (int64_t m = 0; m < mb; m++) {
                     float v[16];

@@ -301,8 +301,22 @@ static void quantize_groups16(const T* x, int64_t m0, int64_t m1, int64_t K, int
         }
 }
 
+// vpdpbusd with x's quadruple broadcast from memory (its {1to16} operand): no broadcast instruction.
+static inline __m512i dot8_from(__m512i acc, __m512i q, const int8_t* x4) {
+#ifdef __AVX512VNNI__
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(const int32_t*)x4));
+    return acc;
+#else
+    int32_t v;
+    memcpy(&v, x4, 4);
+    return dot8(acc, q, _mm512_set1_epi32(v));
+#endif
+}
+
 // S blocks of 16 rows, `ps` bytes (and `ss` scale entries) apart, against MB rows of x: out[s][m]. S > 1
-// streams from memory at once (the step's batch of one); MB > 1 reads each block once for several rows.
+// streams from memory at once (the step's batch of one); MB > 1 reads each block once for several rows (a
+// prompt: up to 8), x's quadruples taken by vpdpbusd itself from memory, so that the products are nearly all
+// of the instructions.
 template <typename T, int S, int MB>
 static void q4_tile(const uint8_t* P, int64_t ps, const T* sm, int64_t ss, const int8_t* xq, const float* xscale,
                     const float* xsum, int64_t K, int64_t gs, __m512 (&out)[S][MB]) {
@@ -317,20 +331,12 @@ static void q4_tile(const uint8_t* P, int64_t ps, const T* sm, int64_t ss, const
             for (int m = 0; m < MB; m++) iacc[s][m] = _mm512_setzero_si512();
         for (int64_t u = 0; u < units; u++) {
             const int64_t k = g * gs + 8 * u;
-            __m512i b0[MB], b1[MB];
-            for (int m = 0; m < MB; m++) {
-                int32_t x0, x1;
-                memcpy(&x0, xq + m * K + k, 4);
-                memcpy(&x1, xq + m * K + k + 4, 4);
-                b0[m] = _mm512_set1_epi32(x0);
-                b1[m] = _mm512_set1_epi32(x1);
-            }
             for (int s = 0; s < S; s++) {
                 const __m512i v = _mm512_loadu_si512((const void*)(P + s * ps + (k / 8) * 64));
                 const __m512i qlo = _mm512_and_si512(v, low), qhi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
                 for (int m = 0; m < MB; m++) {
-                    iacc[s][m] = dot8(iacc[s][m], qlo, b0[m]);
-                    iacc[s][m] = dot8(iacc[s][m], qhi, b1[m]);
+                    iacc[s][m] = dot8_from(iacc[s][m], qlo, xq + m * K + k);
+                    iacc[s][m] = dot8_from(iacc[s][m], qhi, xq + m * K + k + 4);
                 }
             }
         }
@@ -345,51 +351,6 @@ static void q4_tile(const uint8_t* P, int64_t ps, const T* sm, int64_t ss, const
     }
     for (int s = 0; s < S; s++)
         for (int m = 0; m < MB; m++) out[s][m] = acc[s][m];
-}
-
-// vpdpbusd with x's quadruple broadcast from memory (its {1to16} operand): no broadcast instruction.
-static inline __m512i dot8_from(__m512i acc, __m512i q, const int8_t* x4) {
-#ifdef __AVX512VNNI__
-    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(const int32_t*)x4));
-    return acc;
-#else
-    int32_t v;
-    memcpy(&v, x4, 4);
-    return dot8(acc, q, _mm512_set1_epi32(v));
-#endif
-}
-
-// One block of 16 rows against MB rows of x, for longer inputs (a prompt): up to 8 rows of x for each
-// block read, x's quadruples taken from memory by vpdpbusd itself, so that the products are nearly all
-// of the instructions. Each row of x is summed exactly as q4_tile sums it (the same int32 sums per group,
-// the same float32 operations in the same order).
-template <typename T, int MB>
-static void q4_rows(const uint8_t* P, const T* sm, const int8_t* xq, const float* xscale, const float* xsum,
-                    int64_t K, int64_t gs, __m512 (&out)[MB]) {
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    const int64_t G = K / gs, units = gs / 8;
-    __m512 acc[MB];
-    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g++) {
-        __m512i iacc[MB];
-        for (int m = 0; m < MB; m++) iacc[m] = _mm512_setzero_si512();
-        for (int64_t u = 0; u < units; u++) {
-            const int64_t k = g * gs + 8 * u;
-            const __m512i v = _mm512_loadu_si512((const void*)(P + (k / 8) * 64));
-            const __m512i qlo = _mm512_and_si512(v, low), qhi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            for (int m = 0; m < MB; m++) {
-                iacc[m] = dot8_from(iacc[m], qlo, xq + m * K + k);
-                iacc[m] = dot8_from(iacc[m], qhi, xq + m * K + k + 4);
-            }
-        }
-        const __m512 scale = widen16(sm + g * 32), mins = widen16(sm + g * 32 + 16);
-        for (int m = 0; m < MB; m++) {
-            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xscale[m * G + g])),
-                                     _mm512_cvtepi32_ps(iacc[m]), acc[m]);
-            acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(xsum[m * G + g]), acc[m]);
-        }
-    }
-    for (int m = 0; m < MB; m++) out[m] = acc[m];
 }
 
 // One block of 16 rows against MB rows of x.
