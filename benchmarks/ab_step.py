@@ -101,12 +101,13 @@ def model_at(precision: str) -> torch.nn.Module:
     return {"int8": quantize_int8, "int4": quantize_int4}.get(precision, lambda m: m)(model)
 
 
-def alternate(steps: dict[str, tuple[NativeStep, KVCache]], rounds: int) -> tuple[dict[str, float], float, bool]:
+def alternate(steps: dict[str, tuple[NativeStep, KVCache]], rounds: int,
+              batch: int = 1) -> tuple[dict[str, float], float, bool]:
     """Median seconds of each side, the median of the paired ratios A/B, and whether the logits are equal."""
     names = list(steps)
     times: dict[str, list[float]] = {n: [] for n in names}
     last: dict[str, torch.Tensor] = {}
-    token = torch.zeros(1, dtype=torch.long)
+    token = torch.zeros(batch, dtype=torch.long)
     for _, cache in steps.values():  # positions 0..99 hold zeros on both sides, not what each allocation held
         for t in (*cache.k, *cache.v):
             t.zero_()
@@ -133,6 +134,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=120)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", type=int, default=16, help="prompt: the rows of x (a prompt's tokens)")
+    p.add_argument("--batch", type=int, default=1, help="kernels, pages: sequences decoded together (1 to 8)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if native.library() is None:
@@ -154,7 +156,7 @@ def main() -> None:
             if args.what == "kernels":
                 steps = {}
                 for side in ("old", "new"):
-                    cache = KVCache(model.cfg, 1, 256, dtype=dtype)
+                    cache = KVCache(model.cfg, args.batch, 256, dtype=dtype)
                     step = NativeStep(model, cache)
                     step.lib = libs[side]
                     steps[side] = (step, cache)
@@ -162,11 +164,11 @@ def main() -> None:
                 moved = copy.deepcopy(model)
                 if pages.move_to_large_pages(moved) == 0:
                     sys.exit(f"no 2 MB pages here (transparent huge pages: {pages.mode()})")
-                steps = {"4 KB": (NativeStep(model, c := KVCache(model.cfg, 1, 256, dtype=dtype)), c),
-                         "2 MB": (NativeStep(moved, c2 := KVCache(model.cfg, 1, 256, dtype=dtype)), c2)}
-            medians, ratio, equal = alternate(steps, args.rounds)
+                steps = {"4 KB": (NativeStep(model, c := KVCache(model.cfg, args.batch, 256, dtype=dtype)), c),
+                         "2 MB": (NativeStep(moved, c2 := KVCache(model.cfg, args.batch, 256, dtype=dtype)), c2)}
+            medians, ratio, equal = alternate(steps, args.rounds, args.batch)
             a, b = steps
-            print(f"gpt2 {precision}: {a} {medians[a] * 1e3:.2f} ms, {b} {medians[b] * 1e3:.2f} ms a step; "
+            print(f"gpt2 {precision}, batch {args.batch}: {a} {medians[a] * 1e3:.2f} ms, {b} {medians[b] * 1e3:.2f} ms a step; "
                   f"{a} / {b} paired median {ratio:.3f}; logits equal: {equal}", flush=True)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Row, bandwidth_note, copy_bandwidth, machine_info, print_views, time_rows  # noqa: E402
+from harness import CopyMeter, Row, machine_info, print_views, time_rows, weight_bytes_per_token  # noqa: E402
 
 from glassgpt.engine.family import FamilyStep, family_steps  # noqa: E402
 from glassgpt.families import family_config, random_family_model  # noqa: E402
@@ -77,7 +77,7 @@ def agreement(tokens: torch.Tensor, reference: torch.Tensor, prompt_len: int) ->
     return f"{int(same.min())}/{new.shape[1]} tokens = glassgpt float32's"
 
 
-def bench(name: str, args: argparse.Namespace, copy_bw: float) -> None:
+def bench(name: str, args: argparse.Namespace, copy: CopyMeter) -> None:
     import llms_from_scratch.kv_cache.generate as book_generate
     overrides = dict(n_layers=2, vocab_size=4096) if args.small else {}
     cfg = family_config(name, **overrides)
@@ -96,14 +96,14 @@ def bench(name: str, args: argparse.Namespace, copy_bw: float) -> None:
             models["transformers"] = hf_model(glass, dtype)
             fns[f"transformers {dtype_name}"] = lambda: hf_generate(models["transformers"], ids, n)
         with torch.inference_mode():
-            seconds = time_rows(fns, torch.device("cpu"), args.repeats)
+            seconds = time_rows(fns, torch.device("cpu"), args.repeats, copy=copy)
             if reference is None:
                 reference = generate(glass, ids, n)
             for label, s in seconds.items():
                 note = agreement(fns[label](), reference, args.prompt_len)
                 if label.startswith("glassgpt"):
                     path = "native step" if isinstance(family_steps(glass).step, FamilyStep) else "twin"
-                    note += f"; decoded by the {path}; {bandwidth_note(glass, n / s, copy_bw)} (prompt included)"
+                    note += f"; decoded by the {path}; {copy.note(label, weight_bytes_per_token(glass), n)} (prompt included)"
                 rows.append(Row(label, n / s, dtype_name, reference=not label.startswith("glassgpt"), note=note))
         del glass, models, fns
         gc.collect()
@@ -127,10 +127,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(machine_info(torch.device("cpu")))
-    copy_bw = copy_bandwidth(torch.device("cpu"))
-    print(f"measured copy bandwidth: {copy_bw / 1e9:.1f} GB/s (256 MB tensor copy, read + write)")
+    copy = CopyMeter(torch.device("cpu"))
+    print(f"copy rate now: {copy.rate() / 1e9:.1f} GB/s (256 MB tensor copy, read + write; measured again "
+          "before and after every timed run)")
     for name in args.models:
-        bench(name, args, copy_bw)
+        bench(name, args, copy)
 
 
 if __name__ == "__main__":

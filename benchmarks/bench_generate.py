@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (Row, bandwidth_note, common_args, copy_bandwidth, models_at_each_precision,  # noqa: E402
+from harness import (CopyMeter, Row, common_args, models_at_each_precision, weight_bytes_per_token,  # noqa: E402
                      print_views, setup, time_rows)
 
 from glassgpt.config import PRESETS  # noqa: E402
@@ -64,8 +64,9 @@ def main() -> None:
     n = args.new_tokens
     print(f"{args.model}: {args.prompt_len}-token prompt + {n} new tokens, greedy; "
           f"median of {args.repeats}; device {device}")
-    copy_bw = copy_bandwidth(device)
-    print(f"measured copy bandwidth: {copy_bw / 1e9:.1f} GB/s (256 MB tensor copy, read + write)")
+    copy = CopyMeter(device)
+    print(f"copy rate now: {copy.rate() / 1e9:.1f} GB/s (256 MB tensor copy, read + write; at batch 1 measured "
+          "again before and after every timed run)")
 
     ours, theirs = models_at_each_precision(cfg, device, reference=not args.no_hf, int4=args.int4)
     fp32 = ours[("glassgpt float32", "float32")]
@@ -110,14 +111,15 @@ def main() -> None:
                     fns[label] = lambda m=m: hf_generate(m, ids, n, static=True)
                     meta[label] = (precision, True, True)
         with torch.inference_mode():
-            seconds = time_rows(fns, device, args.repeats)
+            seconds = time_rows(fns, device, args.repeats, copy=copy if b == 1 else None)
             reference = generate(reference_model, ids, n)
             notes = {name: agreement(fn(), reference, args.prompt_len) for name, fn in fns.items()}
         if b == 1:  # glassgpt's rows (transformers' Conv1D blocks are not counted by weight_bytes_per_token)
             models = {name: getattr(m, "model", m) for (name, _), m in [*ours.items(), *eager.items()]}
-            for name, s in seconds.items():
+            for name in seconds:
                 if name.removesuffix(" + compile") in models:
-                    notes[name] += "; " + bandwidth_note(models[name.removesuffix(" + compile")], n / s, copy_bw)
+                    model = models[name.removesuffix(" + compile")]
+                    notes[name] += "; " + copy.note(name, weight_bytes_per_token(model), n)
         rows = [Row(name, b * n / s, *meta[name], note=notes[name]) for name, s in seconds.items()]
         print_views(f"generation, batch {b} ({args.prompt_len} + {n} tokens)", "new tokens/s", rows)
         for m in theirs.values():  # back to the eager forward for the next batch size

@@ -16,7 +16,7 @@ per-32-weight blocks), int4 / q4_0 (glassgpt's groups of 32 weights with a scale
 minimum each, 5 bits per weight; q4_0's groups of 32 with one scale, 4.5 bits). Each
 glassgpt row runs the kernels that engine/autotune.py chose (printed before the tables) and
 the memory-bandwidth view of every batch-1 row: bytes of weights read per token x tokens/s,
-against a measured 256 MB copy. The greedy tokens of each llama.cpp file are compared with
+against a 256 MB copy timed right before and after each run (harness.CopyMeter). The greedy tokens of each llama.cpp file are compared with
 glassgpt float32's.
 
     flock /tmp/glassgpt-bench.lock python benchmarks/bench_llamacpp.py [--compile]
@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (Row, bandwidth_note, common_args, copy_bandwidth, models_at_each_precision,  # noqa: E402
-                     print_views, setup, time_rows, weight_bytes_per_token)
+from harness import (CopyMeter, Row, common_args, models_at_each_precision, print_views, setup,  # noqa: E402
+                     time_rows, weight_bytes_per_token)
 
 from glassgpt.config import PRESETS  # noqa: E402
 from glassgpt.engine import KVCache, as_engine, autotune, compile_for_generation, pages  # noqa: E402
@@ -103,8 +103,9 @@ def main() -> None:
     threads = torch.get_num_threads()
     cfg = PRESETS[args.model]
     n = args.new_tokens
-    copy_bw = copy_bandwidth(device)
-    print(f"measured copy bandwidth: {copy_bw / 1e9:.1f} GB/s (256 MB tensor copy, read + write)")
+    copy = CopyMeter(device)
+    print(f"copy rate now: {copy.rate() / 1e9:.1f} GB/s (256 MB tensor copy, read + write; measured again "
+          "before and after every timed decoding run)")
     models, _ = models_at_each_precision(cfg, device, reference=False, int4=True)
     ours = {name: (precision, m) for (name, precision), m in models.items()}
     if args.large_pages:  # what a long run does before its first token (64 tokens alone would not move them)
@@ -128,8 +129,10 @@ def main() -> None:
                     PRECISION[kind], LlamaRunner(path, threads, fa, n_ctx=max(args.prefill, args.prompt_len + n)))
         decode, prefill, meta, notes = {}, {}, {}, {}
         for name, (precision, m) in ours.items():
-            decode[name] = lambda m=m: generate(m, prompt, n)
+            # One Engine per model, made once, as a llama.cpp context is: each call then pays for its own tokens
+            # only (its cache of the same shape takes the last one's place in the step's plan).
             engine = as_engine(m)
+            decode[name] = lambda e=engine: generate(e, prompt, n)
             prefill[name] = lambda e=engine, m=m: e(long, KVCache(cfg, 1, args.prefill, dtype=m.tok_emb.weight.dtype),
                                                    last_only=True)
             meta[name] = (precision, False, False)
@@ -152,17 +155,15 @@ def main() -> None:
                 notes[name] += f", {same}/{n} = glassgpt int4's"
         fp32_bytes = weight_bytes_per_token(fp32)
         with torch.inference_mode():
-            decode_s = time_rows(decode, device, args.repeats)
+            decode_s = time_rows(decode, device, args.repeats, copy=copy)
             prefill_s = time_rows(prefill, device, args.repeats)
     print(f"\n{args.model}, {threads} threads; llama.cpp rows are compared like for like with the glassgpt row "
           "of the same precision (compile ignored: llama.cpp compiles ahead of time)")
     for name, s in decode_s.items():
         if name in ours or name.removesuffix(" + compile") in ours:
-            note = bandwidth_note(ours[name.removesuffix(" + compile")][1], n / s, copy_bw)
+            note = copy.note(name, weight_bytes_per_token(ours[name.removesuffix(" + compile")][1]), n)
         else:  # llama.cpp reads the same matrices at its file's bits per weight
-            kind = name.split()[1]
-            moved = fp32_bytes * GGUF_BITS[kind] / 32 * n / s
-            note = f"weights {moved / 1e9:.1f} GB/s = {moved / copy_bw:.0%} of copy bandwidth"
+            note = copy.note(name, fp32_bytes * GGUF_BITS[name.split()[1]] / 32, n)
         notes[name] = f"{notes[name]}; {note}" if name in notes else note
     for title, unit, seconds, tokens in (
             (f"batch-1 generation ({args.prompt_len} + {n} tokens, greedy)", "new tokens/s", decode_s, n),

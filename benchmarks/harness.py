@@ -95,9 +95,10 @@ def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int 
 
 
 def time_rows(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int = 5,
-              warmup: int = 1) -> dict[str, float]:
+              warmup: int = 1, copy: CopyMeter | None = None) -> dict[str, float]:
     """Median seconds of each configuration, timed round-robin (A, B, C, A, B, C, ...), so
-    that other work on a shared machine slows every row alike instead of one row."""
+    that other work on a shared machine slows every row alike instead of one row. With `copy`,
+    the memory's copy rate is measured right before and right after every timed run (untimed)."""
     for name, fn in fns.items():
         start = time.perf_counter()
         for _ in range(warmup):
@@ -106,13 +107,59 @@ def time_rows(fns: dict[str, Callable[[], object]], device: torch.device, repeat
         if warmup and time.perf_counter() - start > 20:
             print(f"  (warm-up of {name!r} took {time.perf_counter() - start:.0f} s: compilation)")
     times: dict[str, list[float]] = {name: [] for name in fns}
+    for name in fns if copy else ():
+        copy.runs.pop(name, None)  # a row's share is that of its latest timing
     for _ in range(repeats):
         for name, fn in fns.items():
+            before = copy.rate() if copy else 0.0
             start = time.perf_counter()
             fn()
             sync(device)
             times[name].append(time.perf_counter() - start)
+            if copy:
+                copy.beside(name, times[name][-1], (before + copy.rate()) / 2)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+class CopyMeter:
+    """The memory's copy rate, measured beside each timed run rather than once at a script's start.
+
+    On a shared host the rate moves: 24-45 GB/s within one hour on the AMD EPYC (RESULTS.md), so a share
+    taken against a single snapshot can read 61% or 101% for the same kernel. Passed to `time_rows`, it
+    times a 256 MB copy (read plus write, as STREAM's copy counts them) right before and right after every
+    run; a row's share is then the median over its runs of the rate it read its weights at over the mean
+    of the two copies around that run, and the copies' range is printed with it."""
+
+    def __init__(self, device: torch.device, mb: int = 256):
+        self.device = device
+        self.src = torch.ones(mb * 2**20 // 4, device=device)
+        self.dst = torch.empty_like(self.src)
+        self.runs: dict[str, list[tuple[float, float]]] = {}  # row -> (its seconds, copy bytes/s beside it)
+        self.rate()  # first touch: the pages are faulted in here, not inside the first measurement
+
+    def rate(self) -> float:
+        """Bytes per second of the faster of two copies now."""
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            self.dst.copy_(self.src)
+            sync(self.device)
+            best = min(best, time.perf_counter() - start)
+        return 2 * self.src.nbytes / best
+
+    def beside(self, name: str, seconds: float, rate: float) -> None:
+        self.runs.setdefault(name, []).append((seconds, rate))
+
+    def note(self, name: str, bytes_per_token: float, tokens: int) -> str:
+        """How fast row `name`'s runs read their weights (`bytes_per_token` for each of `tokens` decoding
+        steps a run, e.g. `weight_bytes_per_token(model)`), as a share of the copy rate beside each run."""
+        runs = self.runs[name]
+        per_run = bytes_per_token * tokens
+        moved = per_run / statistics.median(s for s, _ in runs)
+        share = statistics.median(per_run / s / rate for s, rate in runs)
+        rates = [rate for _, rate in runs]
+        return (f"weights {moved / 1e9:.1f} GB/s = {share:.0%} of the copy rate beside it "
+                f"({min(rates) / 1e9:.1f}-{max(rates) / 1e9:.1f} GB/s)")
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device, n: int = 2048, repeats: int = 5) -> float:
@@ -196,15 +243,8 @@ def models_at_each_precision(cfg: GPTConfig, device: torch.device, reference: bo
             theirs[("HF int8 (torchao)", "int8")] = int8
     return ours, theirs
 
+
 # --- the memory-bandwidth limit of decoding -------------------------------------------------
-
-def copy_bandwidth(device: torch.device, mb: int = 256, repeats: int = 10) -> float:
-    """Bytes per second moved by a `mb` MB tensor copy (read plus write, as STREAM's copy counts them)."""
-    a = torch.ones(mb * 2**20 // 4, device=device)
-    b = torch.empty_like(a)
-    seconds = median_seconds(lambda: b.copy_(a), device, repeats=repeats, warmup=2)
-    return 2 * a.nbytes / seconds
-
 
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
     """The bytes a batch-1 decoding step must read: every matrix of the blocks and the head (with its
@@ -217,11 +257,6 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
         elif isinstance(m, (Int8Linear, Int4Linear)):
             total += sum(b.nbytes for b in m.buffers(recurse=False)) + (m.bias.nbytes if m.bias is not None else 0)
     return total
-
-
-def bandwidth_note(model: torch.nn.Module, tokens_per_s: float, copy_bw: float) -> str:
-    moved = weight_bytes_per_token(model) * tokens_per_s
-    return f"weights {moved / 1e9:.1f} GB/s = {moved / copy_bw:.0%} of copy bandwidth"
 
 
 # --- the table: two views of the same measurements -------------------------------------

@@ -751,6 +751,50 @@ def test_autotune_measures_once_per_machine_and_reads_the_choice_back(tmp_path, 
     assert "kernels: float32 matrix-vector products" in autotune.describe(again, cfg)
 
 
+@pytest.mark.parametrize("prompt_winner", ["glassgpt", "torch"])
+def test_a_short_prompt_runs_the_kernel_only_where_it_was_measured_faster_at_prompt_rows(prompt_winner, monkeypatch):
+    """Past GEMV_MAX_ROWS rows (a prompt) a float layer runs the kernel only where autotune timed it faster than
+    PyTorch's matmul at PROMPT_ROWS rows (the "linear prompt" decision); it still equals F.linear there."""
+    needs_kernels()
+    cfg = GPTConfig(vocab_size=96, context_length=48, emb_dim=64, n_heads=4, n_layers=1)
+    twin = fused(glassgpt.load_model("gpt2", config=cfg, seed=0).eval())
+    choices = autotune.Choices("here", "float32", {f"linear {o}x{i}": "glassgpt" for o, i in autotune.linear_shapes(cfg)}
+                               | {autotune.PROMPT: prompt_winner})
+    autotune.apply(twin, choices)
+    layer = twin.trf_blocks[0].ff.layers[0]
+    calls = []
+    kernel = layer.gemv
+    monkeypatch.setattr(layer, "gemv", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+    x = torch.randn(1, 16, cfg.emb_dim)
+    with torch.inference_mode():
+        y = layer(x)
+        layer(x[:, :4])
+    expected = [16, 4] if prompt_winner == "glassgpt" else [4]
+    assert calls == expected and layer.max_rows == (autotune.PROMPT_ROWS if prompt_winner == "glassgpt" else 8)
+    ref = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()  # float32: the sums in another order
+
+
+def test_tune_measures_the_prompt_decision_once_and_keeps_it(tmp_path, monkeypatch):
+    """A machine's earlier choices without the prompt decision gain it at the next tune, measured once and saved."""
+    needs_kernels()
+    cfg = GPTConfig(vocab_size=96, context_length=32, emb_dim=64, n_heads=4, n_layers=1)
+    monkeypatch.setattr(native, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(autotune, "_memo", {})
+    model = glassgpt.load_model("gpt2", config=cfg, seed=0).eval()
+    choices = autotune.choose(cfg, "float32")
+    choices.winners[f"linear {4 * cfg.emb_dim}x{cfg.emb_dim}"] = "glassgpt"  # as where the kernel won one row
+    autotune.save(choices)
+    measured = []
+    real = autotune.measure
+    monkeypatch.setattr(autotune, "measure", lambda c, decision, *a, **k: measured.append(decision) or real(c, decision, *a, **k))
+    autotune.tune(fused(model))
+    autotune.tune(fused(model))
+    assert measured == [autotune.PROMPT]
+    saved = json.loads((tmp_path / "autotune.json").read_text())[choices.key]
+    assert set(saved["ms"][autotune.PROMPT]) == {"torch", "glassgpt"} and saved["winners"][autotune.PROMPT] in ("torch", "glassgpt")
+
+
 def test_the_twins_quick_shallow_copy_is_copy_copy_for_every_module_it_meets(trained):
     import copy
     import importlib

@@ -160,6 +160,27 @@ def test_greedy_generation_with_the_native_step_equals_the_glass_models_tokens(m
     assert torch.equal(native, seq) and torch.equal(plain, seq)
 
 
+def test_the_next_generate_moves_the_plan_onto_its_cache_and_frees_the_last_one(monkeypatch):
+    """The step of a family model is planned once per cache shape: the next call's cache takes the last one's
+    place in the plan, the last one is freed, and the tokens are those of a fresh plan."""
+    import gc
+    import weakref
+
+    model = model_of(TINY["qwen3"])
+    monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: True)
+    first = generate(model, ids_of(1, 5), max_new_tokens=8)
+    step = family_steps(model).step
+    old_cache = weakref.ref(step.cache)
+    second = generate(model, ids_of(1, 5, seed=2), max_new_tokens=8)
+    assert family_steps(model).step is step
+    gc.collect()
+    assert old_cache() is None
+    family_steps(model).step = None  # the next call plans afresh
+    assert torch.equal(generate(model, ids_of(1, 5, seed=2), max_new_tokens=8), second)
+    assert family_steps(model).step is not step
+    assert torch.equal(generate(model, ids_of(1, 5), max_new_tokens=8), first)
+
+
 def test_the_choice_between_the_step_and_the_twin_is_measured_once(monkeypatch):
     model = model_of(TINY["qwen3"])
     timed = []

@@ -188,6 +188,57 @@ def test_the_step_allocates_nothing_per_token_and_reads_the_models_own_weights()
     assert cache.k[1].data_ptr() in addresses
 
 
+def test_the_next_generate_moves_the_plan_onto_its_cache_and_frees_the_last_one():
+    """A plan is written once per engine and cache shape: the next call's cache of the same shape takes the old
+    one's place (its addresses, not a new plan), the old cache is freed, and the tokens are a fresh plan's."""
+    import gc
+    import weakref
+
+    needs_kernels()
+    model = model_of(layouts()["openai"])
+    engine, fresh = Engine(model), Engine(model)
+    decode_with(engine, "native")
+    decode_with(fresh, "native")
+    prompt = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    first = generate(engine, prompt, 6)
+    step = engine.step
+    old_cache = weakref.ref(step.cache)
+    second = generate(engine, prompt.flip(0), 6)
+    assert engine.step is step and step.cache is not old_cache()
+    gc.collect()
+    assert old_cache() is None  # the plan does not keep the last call's keys and values
+    assert torch.equal(first.flip(0)[:, 3:], second[:, 3:])  # the rows' tokens moved with the rows
+    assert torch.equal(second, generate(fresh, prompt.flip(0), 6))
+    assert {step.cache.k[1].data_ptr(), step.cache.v[0].data_ptr()} <= set(step.plan.tolist())
+    generate(engine, prompt, 9)  # a longer cache: another shape, another plan
+    assert engine.step is not step
+
+
+@pytest.mark.parametrize("change", ["train", "replace"])
+def test_a_model_changed_between_calls_is_planned_again(change):
+    """The plan moves onto a new cache only while the model is the one it was written for (step.stamp): put in
+    training mode (dropout: the step refuses) or given a new tensor, the engine looks at the model again."""
+    needs_kernels()
+    model = model_of(dataclasses.replace(layouts()["book"], drop_rate=0.5))
+    engine = Engine(model)
+    decode_with(engine, "native")
+    prompt = torch.tensor([[3, 1, 4]])
+    generate(engine, prompt, 4)
+    step = engine.step
+    if change == "train":
+        model.train()
+        with torch.inference_mode():
+            cache = KVCache(model.cfg, 1, 7)
+            engine.prefill(prompt, cache)
+            engine.decode_one(torch.tensor([2]), cache)
+        assert engine.step is None  # the PyTorch engine ran: the step has no dropout
+    else:
+        model.final_norm.shift = torch.nn.Parameter(torch.full_like(model.final_norm.shift, 0.25))
+        generate(engine, prompt, 4)
+        assert engine.step is not None and engine.step is not step
+        assert engine.step.plan[step_module.HEADER_FIELDS.index("fn_shift")] == model.final_norm.shift.data_ptr()
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_steps_greedy_pick_is_torch_max_s_on_ties_zeros_and_a_nan(threads, monkeypatch):
     """step.h's greedy_rows against `logits.max(-1)` (pick_next's greedy): ties go to the first, a row of equal

@@ -51,12 +51,16 @@ from .cache import KVCache
 from .fused import FusedAttention
 from .int4 import Int4Linear, is_int4
 from .int8 import Int8Linear, is_quantized
-from .linear import GemvLinear
+from .linear import GEMV_MAX_ROWS, GemvLinear
 from .step import NativeStep, why_not
 
 PRECISIONS = ("float32", "bfloat16", "int8", "int4")
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 BUDGET_S = 0.05  # timing per candidate and shape: a handful of calls
+# A short prompt's float products: up to PROMPT_ROWS rows run glassgpt's kernel instead of PyTorch's matmul where,
+# timed on the widest block layer at that many rows, it was faster (on the AMD EPYC PyTorch's float32 matmul ran
+# 16 rows at 58-73 GFLOP/s, the kernel at 160-185); past GEMV_MAX_ROWS rows only then.
+PROMPT, PROMPT_ROWS = "linear prompt", 32
 # A decoding step: at least STEP_REPEATS calls of each path, up to STEP_BUDGET_S. The native step
 # meets the other thread at ~5 barriers per block, so a run during which another process holds a
 # core is several times slower; the least disturbed of more runs is what the machine gives.
@@ -95,6 +99,13 @@ def tune(twin: nn.Module) -> Choices | None:
     if params is None or params.device.type != "cpu" or twin.training or precision_of(twin) not in PRECISIONS:
         return None  # (float16 on a CPU: PyTorch's operators)
     choices = choose(twin.cfg, precision_of(twin))
+    if PROMPT not in choices.winners and choices.precision in ("float32", "bfloat16") and native.load() is not None \
+            and choices.winners.get(f"linear {4 * twin.cfg.emb_dim}x{twin.cfg.emb_dim}") == "glassgpt":
+        # (measured apart from choose, so that a machine's earlier choices gain it without measuring again)
+        with torch.random.fork_rng(devices=[]):
+            measure(choices, PROMPT, linear_candidates((4 * twin.cfg.emb_dim, twin.cfg.emb_dim), choices.precision,
+                                                       native.load(), rows=PROMPT_ROWS))
+        save(choices)
     apply(twin, choices)
     return choices
 
@@ -190,6 +201,8 @@ def apply(twin: nn.Module, choices: Choices) -> None:
             # weights, read in place by adopt.py) runs F.linear. The native step says so, once (decode.py).
             covered = all(t is None or t.is_contiguous() for t in (getattr(module, "weight", None), module.bias))
             module.gemv = getattr(ops, kernel[type(module)]) if won and ops is not None and covered else None
+            if type(module) is GemvLinear:
+                module.max_rows = PROMPT_ROWS if choices.winners.get(PROMPT) == "glassgpt" else GEMV_MAX_ROWS
         elif isinstance(module, FusedAttention):
             module.decode_path = choices.winners.get("attention decode", FusedAttention.decode_path)
             module.prompt_path = choices.winners.get("attention prompt", FusedAttention.prompt_path)
@@ -276,8 +289,8 @@ def linear_shapes(cfg: GPTConfig) -> dict[tuple[int, int], int]:
     return shapes
 
 
-def linear_candidates(shape: tuple[int, int], precision: str, ops) -> dict:
-    """{candidate: a call of one layer of `shape` on one row}; zero weights (the time does not depend on them)."""
+def linear_candidates(shape: tuple[int, int], precision: str, ops, rows: int = 1) -> dict:
+    """{candidate: a call of one layer of `shape` on `rows` rows}; zero weights (the time does not depend on them)."""
     out, inp = shape
     dtype = torch.float32 if precision == "float32" else torch.bfloat16
     linear = GemvLinear(inp, out, dtype=dtype, device="meta").to_empty(device="cpu").requires_grad_(False)
@@ -291,11 +304,13 @@ def linear_candidates(shape: tuple[int, int], precision: str, ops) -> dict:
         layer, kernel = linear, None if ops is None else ops.gemv
     if precision == "int4" and inp % layer.group_size:
         return {}
-    x = torch.randn(1, inp).to(dtype)
+    x = torch.randn(rows, inp).to(dtype)
 
     def run(gemv):
         def call():
             layer.gemv = gemv
+            if isinstance(layer, GemvLinear):
+                layer.max_rows = rows
             layer(x)
         return call
 

@@ -39,7 +39,7 @@ from .fused import fused
 from .graphs import GraphStep
 from .graphs import why_not as why_no_graph
 from .int8 import is_quantized
-from .step import NativeStep, why_not
+from .step import NativeStep, stamp, why_not
 
 _said: set[str] = set()  # the reasons a native step or CUDA graph did not run, each said once per process
 
@@ -108,8 +108,13 @@ class Engine(nn.Module):
 
     def native_step(self, cache: KVCache) -> NativeStep | None:
         """The native step over `cache`, where autotune chose it here and it covers this model; else None."""
-        if self.step is not None and self.step.cache is cache and not self.step.stale():
-            return self.step
+        step = self.step
+        if step is not None and not step.stale():
+            if step.cache is cache:
+                return step
+            if step.takes(cache) and step.stamp == stamp(self.model):
+                step.point_at(cache)  # the next generate call's cache, of the same shape: the plan moves onto it
+                return step
         self.step = None
         reason = why_not(self.model, cache)
         if reason is None and self.choices is not None and autotune.native_step_chosen(self, cache):

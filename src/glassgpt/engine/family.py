@@ -60,8 +60,13 @@ class FamilySteps:
     def decode_one(self, ids: torch.Tensor, cache) -> torch.Tensor:
         """One new token per row, `[b]` at `cache.pos` -> its logits `[b, V]` (the native step's are
         float32, in a buffer the next step overwrites)."""
-        if self.step is None or self.step.cache is not cache or self.step.stale():
-            self.step = family_step(self.model, cache) if native_step_chosen(self.model, self.twin) else None
+        step = self.step
+        if step is None or step.cache is not cache or step.stale():
+            chosen = native_step_chosen(self.model, self.twin)
+            if chosen and step is not None and not step.stale() and step.takes(cache):
+                step.point_at(cache)  # a cache of the same shape: family_steps planned this model's current tensors
+            else:
+                self.step = family_step(self.model, cache) if chosen else None
         if self.step is not None:
             return self.step(ids)
         return self.twin(ids[:, None], cache, last_only=True)[:, -1]
@@ -179,10 +184,10 @@ class FamilyStep(PlannedStep):
     (their addresses are written once into a plan; nothing is copied, and a step allocates nothing)."""
 
     entry = "gg_family_step"
+    layer_fields = LAYER_FIELDS
 
     def __init__(self, model: nn.Module, cache: KVCache):
         self.lib = native.library()
-        self.cache = cache
         cfg = model.cfg
         d, hd, f, vocab = cfg.emb_dim, cfg.head_dim_value, cfg.hidden_dim, model.out_head.out_features
         b, max_len = cache.k[0].shape[0], cache.max_len
@@ -216,11 +221,12 @@ class FamilyStep(PlannedStep):
                       self.addr(_norm_weight(att.k_norm)) if att.k_norm is not None else 0]
             for layer in linears[7 * i:7 * i + 7]:
                 fields += [self.addr(layer.weight), 0, 0]
-            fields += [self.addr(cache.k[i]), self.addr(cache.v[i])]
+            fields += [0, 0]  # the cache's keys and values: point_at
             plan += fields
         assert len(plan) == HEADER + LAYER_FIELDS * cfg.n_layers
         self.plan = torch.tensor(plan, dtype=torch.int64)
         self.ids = torch.empty(b, dtype=torch.int64)
+        self.point_at(cache)
 
 
 _STEP_WINNERS: dict[tuple, str] = {}

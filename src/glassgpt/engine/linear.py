@@ -11,8 +11,9 @@ without AMX): the gemv kernel (kernels/gemv.cpp) reads them at the bandwidth on 
 sets `gemv` on each layer to the kernel (`torch.ops.glassgpt.gemv`) where it won, else None.
 
 Only the product changes: the kernel runs for up to `GEMV_MAX_ROWS` rows of float32 or
-bfloat16 on a CPU when no gradient is needed, and F.linear runs otherwise (training, long
-prompts, GPUs). The fused twin (fused.py) swaps each nn.Linear for this subclass; the glass
+bfloat16 on a CPU when no gradient is needed (up to autotune.PROMPT_ROWS, a short prompt,
+where it measured the kernel faster at that many rows), and F.linear runs otherwise (training,
+long prompts, GPUs). The fused twin (fused.py) swaps each nn.Linear for this subclass; the glass
 model keeps its own. tests/test_engine.py checks it equal to F.linear.
 """
 
@@ -51,12 +52,13 @@ def is_plain(m: nn.Module) -> bool:
 
 class GemvLinear(nn.Linear):
     gemv = None  # the kernel, where autotune.py chose it for this layer; None: F.linear
+    max_rows = GEMV_MAX_ROWS  # the most rows the kernel takes (autotune.py raises it where it measured a gain)
     pad_to = 64  # on a GPU, in training: outputs padded to a multiple of this (`padded_linear`); None: never
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`[..., in] -> [..., out]` in x's dtype."""
         if (self.gemv is not None and x.device.type == "cpu" and x.dtype == self.weight.dtype
-                and rows(x) <= GEMV_MAX_ROWS and not needs_grad(x, self.weight, self.bias)):
+                and rows(x) <= self.max_rows and not needs_grad(x, self.weight, self.bias)):
             y = self.gemv(x.reshape(-1, self.in_features).contiguous(), self.weight, self.bias)
             return y.view(*x.shape[:-1], self.out_features)
         if (self.pad_to and x.device.type == "cuda" and self.out_features % self.pad_to

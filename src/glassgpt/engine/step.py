@@ -94,6 +94,14 @@ def why_not(model: nn.Module, cache: KVCache) -> str | None:
     return None
 
 
+def stamp(model: nn.Module) -> tuple:
+    """What a plan of `model` depends on beyond its cache: each module's class and train/eval mode, and each
+    tensor's identity and address (a step keeps the tensors it was planned over alive, so a replaced one
+    cannot reuse an old one's identity or memory). A model whose stamp is unchanged needs no new plan."""
+    return (tuple((type(m), m.training) for m in model.modules()),
+            tuple((id(t), t.data_ptr()) for t in (*model.parameters(), *model.buffers())))
+
+
 def native_step(model: nn.Module, cache: KVCache) -> "NativeStep | None":
     """A NativeStep over `model` and `cache`, or None where `why_not` has a reason."""
     return None if why_not(model, cache) is not None else NativeStep(model, cache)
@@ -106,6 +114,7 @@ class PlannedStep:
 
     entry = "gg_step"
     anchor: tuple[torch.Tensor, int] | None = None  # a weight of the model, and its address when planned
+    layer_fields = LAYER_FIELDS  # the plan: HEADER entries, then this many per block, the cache's two last
 
     def addr(self, t: torch.Tensor | None) -> int:
         """The address of `t` for the plan (0 for None), keeping its memory alive as long as the step (an
@@ -123,6 +132,19 @@ class PlannedStep:
         """Whether the model's tensors moved since the plan was written (pages.py): the step still reads
         the old copies, correctly, but the engine plans again so that they can go."""
         return self.anchor is not None and self.anchor[0].data_ptr() != self.anchor[1]
+
+    def point_at(self, cache: KVCache) -> None:
+        """Write `cache`'s keys and values into the plan (each block's last two fields) and decode into it from
+        now on. The step holds `cache`, not its tensors: the next cache takes its place (`takes`)."""
+        slots = self.plan[HEADER:].view(len(cache.k), self.layer_fields)[:, -2:]
+        slots.copy_(torch.tensor([[k.data_ptr(), v.data_ptr()] for k, v in zip(cache.k, cache.v)], dtype=torch.int64))
+        self.cache, self.cache_shape = cache, (len(cache.k), cache.k[0].shape, cache.k[0].dtype, cache.max_len)
+
+    def takes(self, cache: KVCache) -> bool:
+        """Whether `cache` has the shape the plan was written for (its batch, length, dtype and layers decide the
+        buffers and scratch), so that `point_at` can move the step onto it instead of planning again."""
+        return ((len(cache.k), cache.k[0].shape, cache.k[0].dtype, cache.max_len) == self.cache_shape
+                and all(t.is_contiguous() and t.device.type == "cpu" for t in (*cache.k, *cache.v)))
 
     def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
         """The greedy pick of each row of `logits` where they are this step's last logits: the ids `[b]` (a
@@ -149,7 +171,6 @@ class NativeStep(PlannedStep):
 
     def __init__(self, model: GPTModel, cache: KVCache):
         self.lib = native.library()
-        self.cache = cache
         cfg, d = model.cfg, model.cfg.emb_dim
         b, max_len = cache.k[0].shape[0], cache.max_len
         kind = kind_of(model)
@@ -182,11 +203,13 @@ class NativeStep(PlannedStep):
             fields = [self.addr(t) for t in (block.norm1.scale, block.norm1.shift, block.norm2.scale, block.norm2.shift)]
             for layer in layers[6 * i:6 * i + 6]:
                 fields += self.linear(layer)
-            fields += [self.addr(cache.k[i]), self.addr(cache.v[i])]
+            fields += [0, 0]  # the cache's keys and values: point_at
             plan += fields
         assert len(plan) == HEADER + LAYER_FIELDS * cfg.n_layers
         self.plan = torch.tensor(plan, dtype=torch.int64)
         self.ids = torch.empty(b, dtype=torch.int64)
+        self.stamp = stamp(model)
+        self.point_at(cache)
 
     def linear(self, m: nn.Module) -> list[int]:
         """(weight, scales, bias) addresses of one Linear of any kind the step runs."""
