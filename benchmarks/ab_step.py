@@ -9,8 +9,8 @@ compared with torch.equal (an old kernel and a new one that sums the same way gi
     flock /tmp/glassgpt-bench.lock python benchmarks/ab_step.py kernels OLD_KERNELS_DIR [--precisions f32 bf16 int8 int4]
     # pages: this checkout's step on the weights as loaded, and on a copy moved by engine/pages.py
     flock /tmp/glassgpt-bench.lock python benchmarks/ab_step.py pages [--precisions ...]
-    # prompt: gemv.cpp's int4 product of a short prompt's rows (the prefill before the first step), two builds
-    flock /tmp/glassgpt-bench.lock python benchmarks/ab_step.py prompt OLD_KERNELS_DIR [--rows 16]
+    # prompt: gemv.cpp's products of a short prompt's rows (the prefill before the first step), two builds
+    flock /tmp/glassgpt-bench.lock python benchmarks/ab_step.py prompt OLD_KERNELS_DIR [--rows 16] [--precisions int8 f32]
 
 `kernels` compiles step.cpp and family_step.cpp of each directory into a library of its own (no torch
 operators: the step is a plain C function) and points a NativeStep at each in turn.
@@ -62,23 +62,40 @@ def build_gemv(kernels: Path, out: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(out / "gemv.so"))
 
 
-def prompt_products(libs: dict[str, ctypes.CDLL], rows: int, rounds: int) -> None:
-    """gpt2's four int4 product shapes (q/k/v, output, up, down) on `rows` rows of x, each library in turn."""
-    from glassgpt.engine import Int4Linear
+def prompt_products(libs: dict[str, ctypes.CDLL], rows: int, rounds: int, kind: str = "int4") -> None:
+    """gpt2's four product shapes (q/k/v, output, up, down) of `kind` (int4, int8 or f32 weights) on `rows` rows
+    of x, each library in turn."""
+    from glassgpt.engine import Int4Linear, Int8Linear
     torch.manual_seed(0)
     shapes = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
-    layers = [Int4Linear(torch.nn.Linear(k, n), dtype=torch.float32) for k, n in shapes]
+    make = {"int4": lambda k, n: Int4Linear(torch.nn.Linear(k, n), dtype=torch.float32),
+            "int8": lambda k, n: Int8Linear(torch.nn.Linear(k, n), torch.float32),
+            "f32": lambda k, n: torch.nn.Linear(k, n).requires_grad_(False)}[kind]
+    layers = [make(k, n) for k, n in shapes]
     xs = [torch.randn(rows, k) for k, _ in shapes]
     threads = torch.get_num_threads()
+
+    def ptr(*ts):
+        return [ctypes.c_void_p(t.data_ptr()) for t in ts]
+
+    def product(lib, layer, x, y, k, n):
+        ints = [ctypes.c_int64(v) for v in (rows, n, k)]
+        if kind == "int4":
+            xq, xscale, xsum = torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, k // 32), torch.empty(rows, k // 32)
+            lib.gg_gemv_q4(*ptr(layer.packed, layer.scales_mins, x, layer.bias, y), *ints, ctypes.c_int64(32),
+                           ctypes.c_int(0), *ptr(xq, xscale, xsum), ctypes.c_int(threads))
+        elif kind == "int8":
+            xq, xs = torch.empty(rows, k, dtype=torch.int16), torch.empty(rows)
+            lib.gg_gemv_q8(*ptr(layer.weight, layer.scales, x, layer.bias, y), *ints, ctypes.c_int(0), *ptr(xq, xs),
+                           ctypes.c_int(threads))
+        else:
+            lib.gg_gemv_f32(*ptr(layer.weight, x, layer.bias, y), *ints, ctypes.c_int(threads))
 
     def block(lib) -> tuple[float, list[torch.Tensor]]:
         outs, start = [], time.perf_counter()
         for (k, n), layer, x in zip(shapes, layers, xs):
             y = torch.empty(rows, n)
-            xq, xscale, xsum = torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, k // 32), torch.empty(rows, k // 32)
-            lib.gg_gemv_q4(*(ctypes.c_void_p(t.data_ptr()) for t in (layer.packed, layer.scales_mins, x, layer.bias, y)),
-                           *(ctypes.c_int64(v) for v in (rows, n, k, 32)), ctypes.c_int(0),
-                           *(ctypes.c_void_p(t.data_ptr()) for t in (xq, xscale, xsum)), ctypes.c_int(threads))
+            product(lib, layer, x, y, k, n)
             outs.append(y)
         return time.perf_counter() - start, outs
 
@@ -91,8 +108,11 @@ def prompt_products(libs: dict[str, ctypes.CDLL], rows: int, rounds: int) -> Non
     a, b = (times[n][rounds // 10:] for n in libs)
     ratio = statistics.median(x / y for x, y in zip(a, b))
     equal = all(torch.equal(x, y) for x, y in zip(*last.values()))
-    print(f"gpt2 int4, one block's products on {rows} rows: old {statistics.median(a) * 1e3:.3f} ms, new "
+    print(f"gpt2 {kind}, one block's products on {rows} rows: old {statistics.median(a) * 1e3:.3f} ms, new "
           f"{statistics.median(b) * 1e3:.3f} ms; old / new paired median {ratio:.3f}; outputs equal: {equal}")
+
+
+PRECISIONS = ["f32", "bf16", "int8", "int4"]
 
 
 def model_at(precision: str) -> torch.nn.Module:
@@ -130,7 +150,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["kernels", "pages", "prompt"])
     p.add_argument("old", nargs="?", help="kernels: the directory of the kernels to compare against")
-    p.add_argument("--precisions", nargs="+", default=["f32", "bf16", "int8", "int4"])
+    p.add_argument("--precisions", nargs="+", default=PRECISIONS, help="prompt: int4 (the default), int8, f32")
     p.add_argument("--rounds", type=int, default=120)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", type=int, default=16, help="prompt: the rows of x (a prompt's tokens)")
@@ -148,7 +168,8 @@ def main() -> None:
                 (Path(tmp) / side).mkdir()
                 libs[side] = (build_gemv if args.what == "prompt" else build)(src, Path(tmp) / side)
         if args.what == "prompt":
-            prompt_products(libs, args.rows, args.rounds)
+            for kind in args.precisions if args.precisions != PRECISIONS else ["int4"]:
+                prompt_products(libs, args.rows, args.rounds, kind)
             return
         for precision in args.precisions:
             model = model_at(precision)

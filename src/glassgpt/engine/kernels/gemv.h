@@ -174,29 +174,40 @@ template <int R, int MB>
 static inline void q8_chunk(const int8_t* W, const int16_t* x, int64_t K, int64_t ldx, int64_t k0, int64_t k1,
                             __m512 (&acc)[MB][R]) {
     __m512i iacc[MB][R];
+#pragma GCC unroll 8
     for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) iacc[m][r] = _mm512_setzero_si512();
     for (int64_t k = k0; k < k1; k += 32) {
         __mmask32 mask = tail32(k1 - k);
         __m512i w[R];
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) w[r] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, W + r * K + k));
+#pragma GCC unroll 8
         for (int m = 0; m < MB; m++) {
             __m512i xv = _mm512_maskz_loadu_epi16(mask, x + m * ldx + k);
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++) iacc[m][r] = dot16(iacc[m][r], w[r], xv);
         }
     }
+#pragma GCC unroll 8
     for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) acc[m][r] = _mm512_add_ps(acc[m][r], _mm512_cvtepi32_ps(iacc[m][r]));
 }
 
 template <int R, int MB>
 static void q8_rows(const int8_t* W, const int16_t* x, int64_t K, int64_t ldx, float (*out)[4]) {
     __m512 acc[MB][R];
+#pragma GCC unroll 8
     for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) acc[m][r] = _mm512_setzero_ps();
     for (int64_t k0 = 0; k0 < K; k0 += FLUSH * 32)
         q8_chunk<R, MB>(W, x, K, ldx, k0, k0 + FLUSH * 32 < K ? k0 + FLUSH * 32 : K, acc);
+#pragma GCC unroll 8
     for (int m = 0; m < MB; m++)
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) out[m][r] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
