@@ -80,6 +80,35 @@ def test_generate_loads_no_compiler_and_no_library_it_does_not_use(small_checkpo
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_measuring_again_what_an_earlier_process_left_unsettled_loads_no_compiler_either(small_checkpoint, tmp_path):
+    """A close or disturbed measurement is taken again by the next process (autotune.SETTLED_LEAD): every decision
+    left unsettled here, the next `generate` measures each again without importing what a start-up avoids (the
+    autotune's scratch layers once came from to_empty, which imports sympy)."""
+    import shutil
+    from glassgpt.engine import native
+    from conftest import needs_kernels
+
+    needs_kernels()
+    shutil.copytree(native.cache_dir() / "kernels", tmp_path / "glassgpt" / "kernels")  # built: nothing to compile
+    code = ("import sys\nfrom glassgpt.cli import main\n"
+            "assert main(['generate', 'Every effort', '--model', sys.argv[1], '--max-new-tokens', '3']) == 0\n"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    done = fresh_process(code, tmp_path, str(small_checkpoint))
+    assert done.returncode == 0, done.stderr[-2000:]
+    cache = tmp_path / "glassgpt" / "autotune.json"
+    entries = json.loads(cache.read_text())
+    [(key, entry)] = [(k, v) for k, v in entries.items() if "| training |" not in k]
+    assert {"step", f"linear {4 * SMALL['emb_dim']}x{SMALL['emb_dim']}", "attention prompt"} <= set(entry["winners"])
+    entry["unsettled"] = {decision: 1 for decision in entry["winners"]}
+    cache.write_text(json.dumps(entries))
+    done = fresh_process(code, tmp_path, str(small_checkpoint))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "close or disturbed to be measured again at the next start" in done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    again = json.loads(cache.read_text())[key]
+    assert all(again["unsettled"].get(decision, 2) == 2 for decision in entry["winners"])  # each measured again
+
+
 def test_a_frame_on_the_meta_device_has_every_shape_and_no_values():
     from glassgpt.formats.checks import meta_model
 

@@ -26,7 +26,9 @@ next, and the attention written out in blocks won on one and lost on another
 The choice is saved in `native.cache_dir()/autotune.json` under a key that names the CPU
 (model name and instruction-set flags), torch's version, the thread count, the precision,
 the shapes and whether glassgpt's kernels could be built, so another CPU, another torch,
-another thread count or a newly installed compiler measures again.
+another thread count or a newly installed compiler measures again. A decision whose winner led by
+less than 10%, or whose runs were unsteady (another process held a core), is measured again by the
+next process, up to three times, each candidate keeping its least disturbed time (SETTLED_LEAD).
 Off the CPU nothing is chosen: PyTorch's operators run; in training, only the attention's path.
 """
 
@@ -51,20 +53,30 @@ from .cache import KVCache
 from .fused import FusedAttention
 from .int4 import Int4Linear, is_int4
 from .int8 import Int8Linear, is_quantized
-from .linear import GEMV_MAX_ROWS, GemvLinear
+from .linear import GEMV_MAX_ROWS, QUANTIZED_GEMV_MAX_ROWS, GemvLinear
 from .step import NativeStep, why_not
 
 PRECISIONS = ("float32", "bfloat16", "int8", "int4")
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 BUDGET_S = 0.05  # timing per candidate and shape: a handful of calls
-# A short prompt's float products: up to PROMPT_ROWS rows run glassgpt's kernel instead of PyTorch's matmul where,
-# timed on the widest block layer at that many rows, it was faster (on the AMD EPYC PyTorch's float32 matmul ran
-# 16 rows at 58-73 GFLOP/s, the kernel at 160-185); past GEMV_MAX_ROWS rows only then.
-PROMPT, PROMPT_ROWS = "linear prompt", 32
+# A prompt's products past GEMV_MAX_ROWS rows (float) or QUANTIZED_GEMV_MAX_ROWS (int4) run glassgpt's kernel
+# instead of PyTorch's only where, timed on the widest block layer at PROMPT_ROWS[precision] rows, it was faster:
+# float32 and bfloat16 up to 32 rows (on the AMD EPYC PyTorch's float32 matmul ran 16 rows at 58-73 GFLOP/s, the
+# kernel at 160-185), int4 at any length (there the int4 kernel ran 512 rows 1.75-6.3x faster than dequantizing
+# the weight and multiplying; where a bf16 matmul runs on AMX, the measurement decides).
+PROMPT = "linear prompt"
+PROMPT_ROWS = {"float32": 32, "bfloat16": 32, "int4": 512}
+UNLIMITED = 2**62  # (int4: every prompt length, once measured faster at 512 rows)
 # A decoding step: at least STEP_REPEATS calls of each path, up to STEP_BUDGET_S. The native step
 # meets the other thread at ~5 barriers per block, so a run during which another process holds a
 # core is several times slower; the least disturbed of more runs is what the machine gives.
 STEP_BUDGET_S, STEP_REPEATS = 0.5, 7
+# A measurement taken while another process held a core can crown the wrong candidate (on the AMD EPYC the
+# float32 head once timed torch 13.7 ms and glassgpt 14.1, where a quiet machine gives 11.5 and 6.3). So a
+# decision is settled only where its winner led by SETTLED_LEAD and every candidate's runs were steady (their
+# median within STEADY of their least disturbed); any other is measured again at the next process's first use,
+# up to TRIES measurements in all, each candidate keeping its least disturbed time across them.
+SETTLED_LEAD, STEADY, TRIES = 1.10, 1.5, 3
 
 
 @dataclass
@@ -77,6 +89,12 @@ class Choices:
     cached: bool = False
     key: str = ""  # where in `path` it is kept
     path: Path | None = None
+    unsettled: dict[str, int] = field(default_factory=dict)  # decision -> measurements so far (SETTLED_LEAD)
+    measured: set[str] = field(default_factory=set)  # the decisions this process measured (not saved)
+
+    def due(self, decision: str) -> bool:
+        """Whether `decision` is to be measured now: never measured, or unsettled and not yet measured by this process."""
+        return decision not in self.winners or (decision in self.unsettled and decision not in self.measured)
 
 
 def precision_of(model: nn.Module) -> str:
@@ -99,12 +117,13 @@ def tune(twin: nn.Module) -> Choices | None:
     if params is None or params.device.type != "cpu" or twin.training or precision_of(twin) not in PRECISIONS:
         return None  # (float16 on a CPU: PyTorch's operators)
     choices = choose(twin.cfg, precision_of(twin))
-    if PROMPT not in choices.winners and choices.precision in ("float32", "bfloat16") and native.load() is not None \
+    rows = PROMPT_ROWS.get(choices.precision)
+    if choices.due(PROMPT) and rows and native.load() is not None \
             and choices.winners.get(f"linear {4 * twin.cfg.emb_dim}x{twin.cfg.emb_dim}") == "glassgpt":
         # (measured apart from choose, so that a machine's earlier choices gain it without measuring again)
         with torch.random.fork_rng(devices=[]):
             measure(choices, PROMPT, linear_candidates((4 * twin.cfg.emb_dim, twin.cfg.emb_dim), choices.precision,
-                                                       native.load(), rows=PROMPT_ROWS))
+                                                       native.load(), rows=rows))
         save(choices)
     apply(twin, choices)
     return choices
@@ -121,15 +140,22 @@ def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices
     if key in _memo:
         return _memo[key]
     choices = recorded(cfg, precision, cache)
-    if choices is None:
-        shapes, ops = linear_shapes(cfg), native.load()
+    fresh = choices is None
+    if fresh:
         choices = Choices(machine_key(), precision, key=key, path=cache)
-        with torch.random.fork_rng(devices=[]):  # the inputs are random: a seeded run draws the same with or without a measurement
-            for shape in shapes:
-                measure(choices, f"linear {shape[0]}x{shape[1]}", linear_candidates(shape, precision, ops))
-            for kind, fn in attention_candidates(cfg, precision).items():
-                measure(choices, f"attention {kind}", fn)
-        _write(cache, key, {"winners": choices.winners, "ms": choices.ms})
+    ops, attention = native.load(), None
+    again = [d for d in choices.unsettled if d.startswith(("linear ", "attention ")) and choices.due(d)]
+    with torch.random.fork_rng(devices=[]):  # the inputs are random: a seeded run draws the same with or without a measurement
+        for shape in linear_shapes(cfg):
+            decision = f"linear {shape[0]}x{shape[1]}"
+            if fresh or decision in again:
+                measure(choices, decision, linear_candidates(shape, precision, ops))
+        for kind in ("decode", "prompt"):
+            if fresh or f"attention {kind}" in again:
+                attention = attention or attention_candidates(cfg, precision)
+                measure(choices, f"attention {kind}", attention[kind])
+    if fresh or again:
+        save(choices)
     _memo[key] = choices
     return choices
 
@@ -143,7 +169,8 @@ def recorded(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choic
     saved = _read(cache).get(key)
     if saved is None:
         return None
-    return Choices(machine_key(), precision, saved["winners"], saved["ms"], cached=True, key=key, path=cache)
+    return Choices(machine_key(), precision, saved["winners"], saved["ms"], cached=True, key=key, path=cache,
+                   unsettled=saved.get("unsettled", {}))
 
 
 def _key(cfg: GPTConfig, precision: str) -> str:
@@ -162,14 +189,14 @@ def tune_training(twin: nn.Module) -> str | None:
     key = f"{machine_key()} | {precision} | training | h {cfg.n_heads}, hd {cfg.head_dim}, t {t}"
     cache = native.cache_dir() / "autotune.json"
     if key not in _training_memo:
-        saved = _read(cache).get(key)
-        if saved is None:
-            choices = Choices(machine_key(), precision, key=key, path=cache)
+        saved = _read(cache).get(key) or {"winners": {}, "ms": {}}
+        choices = Choices(machine_key(), precision, saved["winners"], saved["ms"], key=key, path=cache,
+                          unsettled=saved.get("unsettled", {}))
+        if choices.due("attention train"):
             with torch.random.fork_rng(devices=[]):
                 measure(choices, "attention train", training_attention_candidates(cfg, precision, t))
-            saved = {"winners": choices.winners, "ms": choices.ms}
-            _write(cache, key, saved)
-        _training_memo[key] = saved["winners"].get("attention train", FusedAttention.train_path)
+            save(choices)
+        _training_memo[key] = choices.winners.get("attention train", FusedAttention.train_path)
     path = _training_memo[key]
     for module in twin.modules():
         if isinstance(module, FusedAttention):
@@ -201,8 +228,11 @@ def apply(twin: nn.Module, choices: Choices) -> None:
             # weights, read in place by adopt.py) runs F.linear. The native step says so, once (decode.py).
             covered = all(t is None or t.is_contiguous() for t in (getattr(module, "weight", None), module.bias))
             module.gemv = getattr(ops, kernel[type(module)]) if won and ops is not None and covered else None
+            prompt = choices.winners.get(PROMPT) == "glassgpt"
             if type(module) is GemvLinear:
-                module.max_rows = PROMPT_ROWS if choices.winners.get(PROMPT) == "glassgpt" else GEMV_MAX_ROWS
+                module.max_rows = PROMPT_ROWS[choices.precision] if prompt else GEMV_MAX_ROWS
+            elif type(module) is Int4Linear:
+                module.max_rows = UNLIMITED if prompt else QUANTIZED_GEMV_MAX_ROWS
         elif isinstance(module, FusedAttention):
             module.decode_path = choices.winners.get("attention decode", FusedAttention.decode_path)
             module.prompt_path = choices.winners.get("attention prompt", FusedAttention.prompt_path)
@@ -211,7 +241,7 @@ def apply(twin: nn.Module, choices: Choices) -> None:
 def native_step_chosen(engine: nn.Module, cache: KVCache) -> bool:
     """Whether `engine` decodes with the native step here (timed once, on its own weights, then kept)."""
     choices = engine.choices
-    if "step" not in choices.winners:
+    if choices.due("step"):
         if why_not(engine.model, cache) is not None:
             return False
         scratch = KVCache(engine.cfg, 1, 4, dtype=cache.k[0].dtype)
@@ -234,7 +264,7 @@ def native_step_chosen(engine: nn.Module, cache: KVCache) -> bool:
 def save(choices: Choices) -> None:
     """Keep `choices` (a decision measured after `choose`: the step, compile's cost) in its cache file."""
     if choices.path is not None:
-        _write(choices.path, choices.key, {"winners": choices.winners, "ms": choices.ms})
+        _write(choices.path, choices.key, {"winners": choices.winners, "ms": choices.ms, "unsettled": choices.unsettled})
 
 
 def describe(choices: Choices, cfg: GPTConfig) -> str:
@@ -259,6 +289,8 @@ def describe(choices: Choices, cfg: GPTConfig) -> str:
     attention = ", ".join(f"{kind} {paths[choices.winners.get(f'attention {kind}', 'sdpa')]}"
                           for kind in ("decode", "prompt"))
     where = "cached" if choices.cached else "measured now"
+    if choices.unsettled:  # (SETTLED_LEAD)
+        where += f"; {len(choices.unsettled)} close or disturbed to be measured again at the next start"
     ms = choices.ms.get("step", {})
     speed = f"{ms['engine'] / ms['native']:.2f}x" if ms.get("native") and ms.get("engine") else None
     step = {"native": f"the native step, one C++ call per token ({speed} the PyTorch engine's speed)",
@@ -293,9 +325,9 @@ def linear_candidates(shape: tuple[int, int], precision: str, ops, rows: int = 1
     """{candidate: a call of one layer of `shape` on `rows` rows}; zero weights (the time does not depend on them)."""
     out, inp = shape
     dtype = torch.float32 if precision == "float32" else torch.bfloat16
-    linear = GemvLinear(inp, out, dtype=dtype, device="meta").to_empty(device="cpu").requires_grad_(False)
-    linear.weight.zero_()
-    linear.bias.zero_()
+    linear = GemvLinear(inp, out, dtype=dtype, device="meta")  # (no initial values drawn; nor to_empty, which imports sympy)
+    linear.weight = nn.Parameter(torch.zeros(out, inp, dtype=dtype), requires_grad=False)
+    linear.bias = nn.Parameter(torch.zeros(out, dtype=dtype), requires_grad=False)
     if precision == "int8":
         layer, kernel = Int8Linear(linear, dtype), None if ops is None else ops.gemv_q8
     elif precision == "int4":
@@ -309,7 +341,7 @@ def linear_candidates(shape: tuple[int, int], precision: str, ops, rows: int = 1
     def run(gemv):
         def call():
             layer.gemv = gemv
-            if isinstance(layer, GemvLinear):
+            if isinstance(layer, (GemvLinear, Int4Linear)):
                 layer.max_rows = rows
             layer(x)
         return call
@@ -335,7 +367,8 @@ def attention_candidates(cfg: GPTConfig, precision: str) -> dict:
 @torch.inference_mode()
 def measure(choices: Choices, decision: str, candidates: dict, budget_s: float = BUDGET_S,
             min_repeats: int = 3) -> None:
-    """Time the candidates round-robin (a busy machine slows each alike); keep the fastest."""
+    """Time the candidates round-robin (a busy machine slows each alike); keep the fastest. A decision measured
+    before and left unsettled keeps each candidate's least disturbed time of all its measurements (SETTLED_LEAD)."""
     if not candidates:
         return
     for call in candidates.values():
@@ -351,8 +384,17 @@ def measure(choices: Choices, decision: str, candidates: dict, budget_s: float =
             call()
             times[name].append(time.perf_counter() - start)
     ms = {name: min(ts) * 1e3 for name, ts in times.items()}  # the least disturbed run
+    choices.measured.add(decision)
+    tries = choices.unsettled.pop(decision, 0) + 1
+    if tries > 1:
+        earlier = choices.ms.get(decision, {})
+        ms = {name: min(t, earlier.get(name, t)) for name, t in ms.items()}
     choices.ms[decision] = ms
-    choices.winners[decision] = min(ms, key=ms.get)
+    choices.winners[decision] = winner = min(ms, key=ms.get)
+    runner_up = min((t for name, t in ms.items() if name != winner), default=float("inf"))
+    steady = all(statistics.median(ts) <= STEADY * min(ts) for ts in times.values())
+    if tries < TRIES and not (steady and runner_up >= SETTLED_LEAD * ms[winner]):
+        choices.unsettled[decision] = tries
 
 
 def _read(path: Path) -> dict:

@@ -16,9 +16,11 @@ per block, 64-byte units that hold 8 columns of all 16 rows, two per byte:
 
 Decoding multiplies with the kernel (`torch.ops.glassgpt.gemv_q4`, where autotune.py chose
 it), which rounds the activations to int8 per group, as llama.cpp's q4_0 x q8_0 product does;
-longer inputs, and machines without the kernel, dequantize the weight and run F.linear
-(`Int4Linear.dequantized`: the pure-PyTorch path, which tests/test_engine.py checks against
-the kernel). Quality: perplexity before and after in benchmarks/RESULTS.md and tests.
+so do prompts, at any length where autotune measured the kernel faster than the PyTorch path at
+512 rows (`max_rows`; on the AMD EPYC 1.75-6.3x). Elsewhere longer inputs, and machines
+without the kernel, dequantize the weight and run F.linear (`Int4Linear.dequantized`: the
+pure-PyTorch path, which tests/test_engine.py checks against the kernel). Quality: perplexity
+before and after in benchmarks/RESULTS.md and tests.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Int4Linear(nn.Module):
     """`y = x @ W.T + bias` with W held as 4-bit groups (module docstring)."""
 
     gemv = None  # the kernel, where autotune.py chose it for this layer; None: dequantize, F.linear
+    max_rows = QUANTIZED_GEMV_MAX_ROWS  # the most rows the kernel takes (autotune.py lifts it where it measured a gain)
 
     def __init__(self, linear: nn.Linear, group_size: int = GROUP_SIZE, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
@@ -94,7 +97,7 @@ class Int4Linear(nn.Module):
         """`[..., in] -> [..., out]` in x's dtype."""
         x2 = x.reshape(-1, self.in_features)
         if (self.gemv is not None and x.device.type == "cpu" and x.dtype == self.scales_mins.dtype
-                and rows(x) <= QUANTIZED_GEMV_MAX_ROWS):
+                and rows(x) <= self.max_rows):
             y = self.gemv(x2.contiguous(), self.packed, self.scales_mins, self.bias, self.out_features, self.group_size)
         else:
             y = F.linear(x2, self.dequantized(x.dtype), self.bias)
