@@ -823,20 +823,26 @@ def test_choose_measures_again_only_the_unsettled_decisions_of_earlier_processes
     assert measured == (["linear 256x64"] if "linear 256x64" in saved["unsettled"] else [])
 
 
+def counted_ff_layer(model, precision: str, prompt_winner: str, monkeypatch) -> tuple[torch.nn.Module, list[int]]:
+    """The first FF layer of `model`'s fused twin, given the kernel for every shape and `prompt_winner` for the prompt
+    decision, and the list its kernel calls append their row counts to."""
+    needs_kernels()
+    twin = fused(model.eval())
+    autotune.apply(twin, autotune.Choices("here", precision, {f"linear {o}x{i}": "glassgpt"
+                                                              for o, i in autotune.linear_shapes(model.cfg)}
+                                          | {autotune.PROMPT: prompt_winner}))
+    layer, calls = twin.trf_blocks[0].ff.layers[0], []
+    kernel = layer.gemv
+    monkeypatch.setattr(layer, "gemv", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+    return layer, calls
+
+
 @pytest.mark.parametrize("prompt_winner", ["glassgpt", "torch"])
 def test_a_short_prompt_runs_the_kernel_only_where_it_was_measured_faster_at_prompt_rows(prompt_winner, monkeypatch):
     """Past GEMV_MAX_ROWS rows (a prompt) a float layer runs the kernel only where autotune timed it faster than
     PyTorch's matmul at PROMPT_ROWS rows (the "linear prompt" decision); it still equals F.linear there."""
-    needs_kernels()
     cfg = GPTConfig(vocab_size=96, context_length=48, emb_dim=64, n_heads=4, n_layers=1)
-    twin = fused(glassgpt.load_model("gpt2", config=cfg, seed=0).eval())
-    choices = autotune.Choices("here", "float32", {f"linear {o}x{i}": "glassgpt" for o, i in autotune.linear_shapes(cfg)}
-                               | {autotune.PROMPT: prompt_winner})
-    autotune.apply(twin, choices)
-    layer = twin.trf_blocks[0].ff.layers[0]
-    calls = []
-    kernel = layer.gemv
-    monkeypatch.setattr(layer, "gemv", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+    layer, calls = counted_ff_layer(glassgpt.load_model("gpt2", config=cfg, seed=0), "float32", prompt_winner, monkeypatch)
     x = torch.randn(1, 16, cfg.emb_dim)
     with torch.inference_mode():
         y = layer(x)
@@ -852,16 +858,9 @@ def test_a_long_int4_prompt_runs_the_kernel_only_where_it_was_measured_faster(pr
     """int4: past QUANTIZED_GEMV_MAX_ROWS rows the kernel runs (at any length) only where autotune timed it faster
     than dequantizing the weight and multiplying at PROMPT_ROWS["int4"] rows; its rounding of x to int8 per group
     keeps it within 1% of the product of x itself, as for a short prompt (check_kernels)."""
-    needs_kernels()
     cfg = GPTConfig(vocab_size=96, context_length=128, emb_dim=64, n_heads=4, n_layers=1)
-    twin = fused(quantize_int4(glassgpt.load_model("gpt2", config=cfg, seed=0).eval()))
-    choices = autotune.Choices("here", "int4", {f"linear {o}x{i}": "glassgpt" for o, i in autotune.linear_shapes(cfg)}
-                               | {autotune.PROMPT: prompt_winner})
-    autotune.apply(twin, choices)
-    layer = twin.trf_blocks[0].ff.layers[0]
-    calls = []
-    kernel = layer.gemv
-    monkeypatch.setattr(layer, "gemv", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+    model = quantize_int4(glassgpt.load_model("gpt2", config=cfg, seed=0))
+    layer, calls = counted_ff_layer(model, "int4", prompt_winner, monkeypatch)
     x = torch.randn(1, 100, cfg.emb_dim, dtype=torch.bfloat16)
     with torch.inference_mode():
         y = layer(x)
