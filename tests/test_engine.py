@@ -823,6 +823,25 @@ def test_choose_measures_again_only_the_unsettled_decisions_of_earlier_processes
     assert measured == (["linear 256x64"] if "linear 256x64" in saved["unsettled"] else [])
 
 
+@pytest.mark.parametrize("kind, kernel", [("int4", "gemv_q4"), ("int8", "gemv_q8"), ("int8", None)])
+def test_a_quantized_layer_gives_the_gradient_of_its_input_on_every_path(kind, kernel):
+    """glassgpt's kernels and torch._weight_int8pack_mm have no backward: an input that needs its gradient (a
+    reader's attribution, LoRA layers upstream) takes the dequantized weight's F.linear instead, whose gradient
+    is the weight's column sums for y.sum(). The kernels once returned outputs that carried no gradient."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 32)
+    layer = Int4Linear(linear, dtype=torch.float32) if kind == "int4" else Int8Linear(linear, torch.float32)
+    if kernel is not None:
+        needs_kernels()
+        layer.gemv = getattr(native.load(), kernel)
+    weight = layer.dequantized(torch.float32) if kind == "int4" else layer.weight.float() * layer.scales[:, None]
+    x = torch.randn(4, 64, requires_grad=True)
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, weight.sum(0).expand(4, -1), rtol=0, atol=1e-5)  # float32 sums of 32 terms
+    with torch.no_grad():  # no gradient asked: the kernel (or int8pack_mm) runs, as in decoding
+        torch.testing.assert_close(layer(x), F.linear(x, weight, layer.bias), rtol=0, atol=2e-2 if kind == "int4" else 1e-4)
+
+
 def counted_ff_layer(model, precision: str, prompt_winner: str, monkeypatch) -> tuple[torch.nn.Module, list[int]]:
     """The first FF layer of `model`'s fused twin, given the kernel for every shape and `prompt_winner` for the prompt
     decision, and the list its kernel calls append their row counts to."""

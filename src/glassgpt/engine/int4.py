@@ -32,7 +32,7 @@ from torch import nn
 from ..config import GPTConfig
 from ..errors import ConfigError
 from ..model import GPTModel
-from .linear import QUANTIZED_GEMV_MAX_ROWS, replace_linears, rows
+from .linear import QUANTIZED_GEMV_MAX_ROWS, needs_grad, replace_linears, rows
 
 GROUP_SIZE = 32
 GROUP_SIZES = (16, 32, 64, 128, 256)  # what the kernel takes: multiples of 8 that divide the width
@@ -97,7 +97,7 @@ class Int4Linear(nn.Module):
         """`[..., in] -> [..., out]` in x's dtype."""
         x2 = x.reshape(-1, self.in_features)
         if (self.gemv is not None and x.device.type == "cpu" and x.dtype == self.scales_mins.dtype
-                and rows(x) <= self.max_rows):
+                and rows(x) <= self.max_rows and not needs_grad(x, self.bias)):  # (the kernel has no backward)
             y = self.gemv(x2.contiguous(), self.packed, self.scales_mins, self.bias, self.out_features, self.group_size)
         else:
             y = F.linear(x2, self.dequantized(x.dtype), self.bias)

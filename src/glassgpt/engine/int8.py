@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model import GPTModel
-from .linear import QUANTIZED_GEMV_MAX_ROWS, replace_linears
+from .linear import QUANTIZED_GEMV_MAX_ROWS, needs_grad, replace_linears
 
 # Above this many rows the int8 kernel (a matrix-vector product at heart) loses to
 # dequantizing the weight once and running a bfloat16 matmul (measured on an
@@ -60,7 +60,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)  # the kernels take [rows, in] only
         if (self.gemv is not None and x2.shape[0] <= QUANTIZED_GEMV_MAX_ROWS and x2.dtype == self.scales.dtype
-                and x2.device.type == "cpu"):
+                and x2.device.type == "cpu" and not needs_grad(x, self.bias)):  # (the kernel has no backward)
             y = self.gemv(x2.contiguous(), self.weight, self.scales, self.bias)
         elif x2.shape[0] == 1 and torch.compiler.is_compiling():
             # One row under torch.compile (batch-1 decoding): written as the dot products it
@@ -72,7 +72,8 @@ class Int8Linear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias.float()
             y = y.to(x.dtype)
-        elif x2.shape[0] <= INT8_KERNEL_MAX_ROWS and x2.dtype == self.scales.dtype and x2.device.type == "cpu":
+        elif (x2.shape[0] <= INT8_KERNEL_MAX_ROWS and x2.dtype == self.scales.dtype and x2.device.type == "cpu"
+                and not needs_grad(x, self.bias)):  # (no backward either)
             y = torch._weight_int8pack_mm(x2.contiguous(), self.weight, self.scales)
             if self.bias is not None:
                 y = y + self.bias
