@@ -842,6 +842,56 @@ def test_a_quantized_layer_gives_the_gradient_of_its_input_on_every_path(kind, k
         torch.testing.assert_close(layer(x), F.linear(x, weight, layer.bias), rtol=0, atol=2e-2 if kind == "int4" else 1e-4)
 
 
+def gelu_float64(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh form in float64, written as x / (1 + exp(-2u)): the same function as 0.5 x (1 + tanh(u)) without its
+    cancellation (in float64 1 + tanh(u) is 0 from x = -7.2 on, where the value is still -1e-16)."""
+    x = x.double()
+    return x / (1 + torch.exp(-2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def test_the_gelu_kernel_is_torchs_tanh_gelu_within_float_rounding():
+    """glassgpt's gelu_tanh (gemv.h's gelu16, the native step's) against float64: float32 within 2e-6 relative where
+    |y| > 1e-3 and 1e-6 absolute (measured: 1.1e-6 and 5.2e-7, where torch's own float32 gelu is 4.9e-5 relative),
+    bf16 at most one bf16 step from the float64 value. An odd length over two threads; NaN stays NaN."""
+    needs_kernels()
+    ops = native.load()
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(100_003) * 3, torch.linspace(-30, 30, 10_001), torch.tensor([0.0, -0.0, 1e-30, 88.0, -88.0, 1e4])])
+    exact = gelu_float64(x)
+    with torch.inference_mode():
+        y = ops.gelu_tanh(x)
+    big = exact.abs() > 1e-3
+    assert ((y.double() - exact).abs() / exact.abs())[big].max() <= 2e-6
+    assert (y.double() - exact).abs().max() <= 1e-6
+    xb = x.bfloat16()
+    exact = gelu_float64(xb)
+    # a bf16 step at the value, or 1e-30 in the far tail (exp16 is clamped: -88 gives -2.6e-37 against -1e-10000)
+    step = (exact.abs() * 2 ** -7).clamp(min=1e-30)
+    assert ((ops.gelu_tanh(xb).double() - exact).abs() <= step).all()
+    assert ops.gelu_tanh(torch.tensor([float("nan"), 1.0])).isnan().tolist() == [True, False]
+
+
+@pytest.mark.parametrize("winner", ["glassgpt", "torch"])
+def test_the_twins_gelu_runs_the_kernel_only_where_measured_faster_and_never_with_a_gradient(winner, monkeypatch):
+    needs_kernels()
+    cfg = GPTConfig(vocab_size=96, context_length=32, emb_dim=64, n_heads=4, n_layers=1)
+    twin = fused(glassgpt.load_model("gpt2", config=cfg, seed=0).eval())
+    autotune.apply(twin, autotune.Choices("here", "float32", {autotune.GELU_DECISION: winner}))
+    gelu = twin.trf_blocks[0].ff.layers[1]
+    assert type(gelu).__name__ == "FusedGELU" and (gelu.kernel is not None) == (winner == "glassgpt")
+    calls = []
+    if gelu.kernel is not None:
+        kernel = gelu.kernel
+        monkeypatch.setattr(gelu, "kernel", lambda x: calls.append(x.shape) or kernel(x))
+    x = torch.randn(2, 5, 4 * cfg.emb_dim, requires_grad=True)
+    gelu(x).sum().backward()  # a gradient asked: F.gelu, whose backward exists
+    assert calls == [] and x.grad is not None
+    with torch.inference_mode():
+        y = gelu(x)
+    assert calls == ([(2, 5, 4 * cfg.emb_dim)] if winner == "glassgpt" else [])
+    torch.testing.assert_close(y, F.gelu(x.detach(), approximate="tanh"), rtol=0, atol=1e-6)
+
+
 def counted_ff_layer(model, precision: str, prompt_winner: str, monkeypatch) -> tuple[torch.nn.Module, list[int]]:
     """The first FF layer of `model`'s fused twin, given the kernel for every shape and `prompt_winner` for the prompt
     decision, and the list its kernel calls append their row counts to."""
@@ -889,7 +939,8 @@ def test_a_long_int4_prompt_runs_the_kernel_only_where_it_was_measured_faster(pr
 
 
 def test_tune_measures_the_prompt_decision_once_and_keeps_it(tmp_path, monkeypatch):
-    """A machine's earlier choices without the prompt decision gain it at the next tune, measured once and saved."""
+    """A machine's earlier choices without the prompt and GELU decisions gain them at the next tune, measured once
+    and saved."""
     needs_kernels()
     cfg = GPTConfig(vocab_size=96, context_length=32, emb_dim=64, n_heads=4, n_layers=1)
     monkeypatch.setattr(native, "cache_dir", lambda: tmp_path)
@@ -903,7 +954,7 @@ def test_tune_measures_the_prompt_decision_once_and_keeps_it(tmp_path, monkeypat
     monkeypatch.setattr(autotune, "measure", lambda c, decision, *a, **k: measured.append(decision) or real(c, decision, *a, **k))
     autotune.tune(fused(model))
     autotune.tune(fused(model))
-    assert measured == [autotune.PROMPT]
+    assert measured == [autotune.PROMPT, autotune.GELU_DECISION]
     saved = json.loads((tmp_path / "autotune.json").read_text())[choices.key]
     assert set(saved["ms"][autotune.PROMPT]) == {"torch", "glassgpt"} and saved["winners"][autotune.PROMPT] in ("torch", "glassgpt")
 

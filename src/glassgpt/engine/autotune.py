@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..config import GPTConfig
@@ -50,7 +51,7 @@ from ..device import cpu_flags
 from . import native
 from .attention import ATTENTION_BLOCK, PATHS, attend
 from .cache import KVCache
-from .fused import FusedAttention
+from .fused import FusedAttention, FusedGELU
 from .int4 import Int4Linear, is_int4
 from .int8 import Int8Linear, is_quantized
 from .linear import GEMV_MAX_ROWS, QUANTIZED_GEMV_MAX_ROWS, GemvLinear
@@ -65,6 +66,10 @@ BUDGET_S = 0.05  # timing per candidate and shape: a handful of calls
 # kernel at 160-185), int4 at any length (there the int4 kernel ran 512 rows 1.75-6.3x faster than dequantizing
 # the weight and multiplying; where a bf16 matmul runs on AMX, the measurement decides).
 PROMPT = "linear prompt"
+# GELU's tanh form over a prompt's feed-forward activations ([min(512, context), 4 x emb_dim]): glassgpt's kernel
+# (gemv.h's gelu16, the native step's) or F.gelu; torch 2.13's CPU gelu(approximate="tanh") ran 512 x 3072 in
+# 1.5-1.6 ms on the AMD EPYC, where its erf form takes 0.35.
+GELU_DECISION = "gelu"
 PROMPT_ROWS = {"float32": 32, "bfloat16": 32, "int4": 512}
 UNLIMITED = 2**62  # (int4: every prompt length, once measured faster at 512 rows)
 # A decoding step: at least STEP_REPEATS calls of each path, up to STEP_BUDGET_S. The native step
@@ -117,13 +122,19 @@ def tune(twin: nn.Module) -> Choices | None:
     if params is None or params.device.type != "cpu" or twin.training or precision_of(twin) not in PRECISIONS:
         return None  # (float16 on a CPU: PyTorch's operators)
     choices = choose(twin.cfg, precision_of(twin))
-    rows = PROMPT_ROWS.get(choices.precision)
-    if choices.due(PROMPT) and rows and native.load() is not None \
+    rows, ops = PROMPT_ROWS.get(choices.precision), native.load()
+    # (measured apart from choose, so that a machine's earlier choices gain them without measuring the rest again)
+    later = {}
+    if choices.due(PROMPT) and rows and ops is not None \
             and choices.winners.get(f"linear {4 * twin.cfg.emb_dim}x{twin.cfg.emb_dim}") == "glassgpt":
-        # (measured apart from choose, so that a machine's earlier choices gain it without measuring again)
+        later[PROMPT] = lambda: linear_candidates((4 * twin.cfg.emb_dim, twin.cfg.emb_dim), choices.precision, ops,
+                                                  rows=rows)
+    if choices.due(GELU_DECISION) and ops is not None and hasattr(ops, "gelu_tanh"):
+        later[GELU_DECISION] = lambda: gelu_candidates(twin.cfg, choices.precision, ops)
+    if later:
         with torch.random.fork_rng(devices=[]):
-            measure(choices, PROMPT, linear_candidates((4 * twin.cfg.emb_dim, twin.cfg.emb_dim), choices.precision,
-                                                       native.load(), rows=rows))
+            for decision, candidates in later.items():
+                measure(choices, decision, candidates())
         save(choices)
     apply(twin, choices)
     return choices
@@ -233,6 +244,8 @@ def apply(twin: nn.Module, choices: Choices) -> None:
                 module.max_rows = PROMPT_ROWS[choices.precision] if prompt else GEMV_MAX_ROWS
             elif type(module) is Int4Linear:
                 module.max_rows = UNLIMITED if prompt else QUANTIZED_GEMV_MAX_ROWS
+        elif isinstance(module, FusedGELU):
+            module.kernel = getattr(ops, "gelu_tanh", None) if choices.winners.get(GELU_DECISION) == "glassgpt" else None
         elif isinstance(module, FusedAttention):
             module.decode_path = choices.winners.get("attention decode", FusedAttention.decode_path)
             module.prompt_path = choices.winners.get("attention prompt", FusedAttention.prompt_path)
@@ -350,6 +363,13 @@ def linear_candidates(shape: tuple[int, int], precision: str, ops, rows: int = 1
     if kernel is not None:
         candidates["glassgpt"] = run(kernel)
     return candidates
+
+
+def gelu_candidates(cfg: GPTConfig, precision: str, ops) -> dict:
+    """{candidate: GELU's tanh form over a prompt's feed-forward activations, [min(512, context), 4 x emb_dim]}."""
+    dtype = torch.float32 if precision == "float32" else torch.bfloat16
+    x = torch.randn(min(512, cfg.context_length), 4 * cfg.emb_dim).to(dtype)
+    return {"torch": lambda: F.gelu(x, approximate="tanh"), "glassgpt": lambda: ops.gelu_tanh(x)}
 
 
 def attention_candidates(cfg: GPTConfig, precision: str) -> dict:

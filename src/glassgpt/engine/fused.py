@@ -4,7 +4,8 @@ model.py writes LayerNorm, GELU and attention out as the book does, a few tensor
 operations each. Here each is one PyTorch kernel that computes the same function:
 
     LayerNorm            -> FusedLayerNorm:  F.layer_norm (biased variance, eps inside the root)
-    GELU                 -> FusedGELU:       F.gelu(approximate="tanh")
+    GELU                 -> FusedGELU:       F.gelu(approximate="tanh"), or glassgpt's kernel of the
+                                             same formula where autotune.py measured it faster
     MultiHeadAttention   -> FusedAttention:  its `attend` only, by attention.attend
                                              (scaled_dot_product_attention, or the CPU's faster forms)
     nn.Linear            -> GemvLinear:      its product at a few rows, by glassgpt's kernel
@@ -32,7 +33,7 @@ from torch import nn
 
 from ..model import GELU, LayerNorm, MultiHeadAttention
 from .attention import attend, attend_packed
-from .linear import GemvLinear
+from .linear import GemvLinear, needs_grad
 
 # nn.Module's hook dictionaries: a twin starts with empty ones.
 _HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
@@ -45,7 +46,12 @@ class FusedLayerNorm(LayerNorm):
 
 
 class FusedGELU(GELU):
+    kernel = None  # glassgpt's gelu_tanh, where autotune.py measured it faster than F.gelu (it has no backward)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.kernel is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+                and not needs_grad(x) and not torch.compiler.is_compiling()):  # (compiled: inductor fuses its own)
+            return self.kernel(x.contiguous())
         return F.gelu(x, approximate="tanh")
 
 

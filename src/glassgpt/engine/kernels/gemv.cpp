@@ -141,3 +141,34 @@ void gg_gemv_q4(const uint8_t* P, const void* sm, const void* x, const void* b, 
 }
 
 }  // extern "C"
+
+// GELU (tanh form, gelu16) of n values, float32 or bfloat16 (computed in float32, rounded once).
+template <typename T>
+static void gelu_tanh(const T* x, T* y, int64_t n, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        int64_t lo, hi;
+        share((n + 15) / 16, &lo, &hi);
+        for (int64_t i = lo * 16; i < hi * 16 && i < n; i += 16) {
+            const __mmask16 mask = tail16(n - i);
+            if constexpr (std::is_same_v<T, float>) {
+                _mm512_mask_storeu_ps(y + i, mask, gelu16(_mm512_maskz_loadu_ps(mask, x + i)));
+            } else {
+                const __m512 v = _mm512_castsi512_ps(
+                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, x + i)), 16));
+                _mm256_mask_storeu_epi16(y + i, mask, round16_bf16(gelu16(v)));
+            }
+        }
+    }
+}
+
+extern "C" {
+
+void gg_gelu_tanh(const void* x, void* y, int64_t n, int is_bf16, int nt) {
+    if (is_bf16)
+        gelu_tanh((const bf16*)x, (bf16*)y, n, nt);
+    else
+        gelu_tanh((const float*)x, (float*)y, n, nt);
+}
+
+}  // extern "C"

@@ -53,6 +53,42 @@ static inline bf16 f32_to_bf16(float f) {  // round to nearest even, as torch do
     return (bf16)(u >> 16);
 }
 
+// exp on 16 lanes: 2^n * p(f), x = n ln2 + f, |f| <= ln2 / 2, p of degree 7 (relative error ~1e-7).
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-103.f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), f);
+    __m512 p = _mm512_set1_ps(1.f / 5040);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 720));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// GELU, tanh form (the book's), on 16 lanes: 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)),
+// u = sqrt(2/pi) (x + 0.044715 x^3). The native step's feed-forward and gg_gelu_tanh both use it.
+static inline __m512 gelu16(__m512 x) {
+    const __m512 c = _mm512_set1_ps(-2.f * 0.7978845608028654f), c3 = _mm512_set1_ps(0.044715f);
+    __m512 u = _mm512_mul_ps(c, _mm512_fmadd_ps(_mm512_mul_ps(c3, x), _mm512_mul_ps(x, x), x));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(u)));
+}
+
+// 16 floats rounded to bfloat16 (to nearest even, NaN kept a NaN), as f32_to_bf16 one at a time.
+static inline __m256i round16_bf16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                    _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
 template <typename T> static inline float load1(const T* p, int64_t i);
 template <> inline float load1<float>(const float* p, int64_t i) { return p[i]; }
 template <> inline float load1<bf16>(const bf16* p, int64_t i) { return bf16_to_f32(p[i]); }

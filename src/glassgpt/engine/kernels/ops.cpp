@@ -4,6 +4,7 @@
 //   torch.ops.glassgpt.gemv(x, weight, bias?)                       float32 or bfloat16
 //   torch.ops.glassgpt.gemv_q8(x, weight, scales, bias?)            int8 weight, per-row scales
 //   torch.ops.glassgpt.gemv_q4(x, packed, scales_mins, bias?, N, gs) int4.py's 4-bit layout
+//   torch.ops.glassgpt.gelu_tanh(x)                                  GELU's tanh form, elementwise
 //
 // x is [M, K] (a few rows); the result is [M, N] in x's dtype. Shapes for torch.compile (the
 // "fake" implementations) are registered in engine/native.py. Compiled without AVX-512 flags:
@@ -26,6 +27,7 @@ void gg_gemv_q8(const int8_t*, const void*, const void*, const void*, void*, int
                 int16_t*, float*, int);
 void gg_gemv_q4(const uint8_t*, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t, int64_t,
                 int, int8_t*, float*, float*, int);
+void gg_gelu_tanh(const void*, void*, int64_t, int, int);
 }
 
 namespace {
@@ -117,6 +119,14 @@ at::Tensor gemv_q4(const at::Tensor& x, const at::Tensor& packed, const at::Tens
     return y;
 }
 
+at::Tensor gelu_tanh(const at::Tensor& x) {
+    const bool bf = is_bf16(x);
+    TORCH_CHECK(x.device().is_cpu() && x.is_contiguous(), "glassgpt kernel: x must be a contiguous CPU tensor");
+    at::Tensor y = at::empty(x.sizes(), x.options());
+    gg_gelu_tanh(x.const_data_ptr(), y.mutable_data_ptr(), x.numel(), bf, at::get_num_threads());
+    return y;
+}
+
 int64_t features() { return gg_features(); }
 
 }  // namespace
@@ -125,6 +135,7 @@ TORCH_LIBRARY(glassgpt, m) {
     m.def("gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
     m.def("gemv_q8(Tensor x, Tensor weight, Tensor scales, Tensor? bias) -> Tensor");
     m.def("gemv_q4(Tensor x, Tensor packed, Tensor scales_mins, Tensor? bias, int out_features, int group_size) -> Tensor");
+    m.def("gelu_tanh(Tensor x) -> Tensor");
     m.def("features() -> int", &features);
 }
 
@@ -132,4 +143,5 @@ TORCH_LIBRARY_IMPL(glassgpt, CPU, m) {
     m.impl("gemv", &gemv);
     m.impl("gemv_q8", &gemv_q8);
     m.impl("gemv_q4", &gemv_q4);
+    m.impl("gelu_tanh", &gelu_tanh);
 }
