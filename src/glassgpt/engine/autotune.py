@@ -12,6 +12,10 @@ next, and the attention written out in blocks won on one and lost on another
                      "glassgpt" (kernels/gemv.cpp, through native.py) or "torch" (F.linear for
                      float32/bfloat16, torch._weight_int8pack_mm for int8, dequantize + F.linear
                      for int4)
+    linear prompt    the widest block layer at PROMPT_ROWS rows (32 float, 512 int4): "glassgpt" lets a
+                     prompt's products of up to that many rows (int4: any number) run the kernel
+    gelu             GELU's tanh form over [min(512, context), 4 x emb_dim]: "glassgpt" (gelu_tanh, the
+                     native step's formula) or "torch" (F.gelu); inference only
     attention decode one query over min(256, context) cached keys: "blocks" or "sdpa"
     attention prompt min(512, context) queries, no cache: "blocks" or "sdpa"
     attention train  training's: forward and backward of 8 sequences of min(128, context) tokens,
