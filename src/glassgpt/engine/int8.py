@@ -59,8 +59,10 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)  # the kernels take [rows, in] only
-        if (self.gemv is not None and x2.shape[0] <= QUANTIZED_GEMV_MAX_ROWS and x2.dtype == self.scales.dtype
-                and x2.device.type == "cpu" and not needs_grad(x, self.bias)):  # (the kernel has no backward)
+        # glassgpt's kernel and torch._weight_int8pack_mm: a CPU, x in the scales' dtype, and no gradient asked
+        # (neither has a backward)
+        packed = x2.dtype == self.scales.dtype and x2.device.type == "cpu" and not needs_grad(x, self.bias)
+        if self.gemv is not None and x2.shape[0] <= QUANTIZED_GEMV_MAX_ROWS and packed:
             y = self.gemv(x2.contiguous(), self.weight, self.scales, self.bias)
         elif x2.shape[0] == 1 and torch.compiler.is_compiling():
             # One row under torch.compile (batch-1 decoding): written as the dot products it
@@ -72,8 +74,7 @@ class Int8Linear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias.float()
             y = y.to(x.dtype)
-        elif (x2.shape[0] <= INT8_KERNEL_MAX_ROWS and x2.dtype == self.scales.dtype and x2.device.type == "cpu"
-                and not needs_grad(x, self.bias)):  # (no backward either)
+        elif x2.shape[0] <= INT8_KERNEL_MAX_ROWS and packed:
             y = torch._weight_int8pack_mm(x2.contiguous(), self.weight, self.scales)
             if self.bias is not None:
                 y = y + self.bias

@@ -102,6 +102,11 @@ def stamp(model: nn.Module) -> tuple:
             tuple((id(t), t.data_ptr()) for t in (*model.parameters(), *model.buffers())))
 
 
+def shape_of(cache: KVCache) -> tuple:
+    """What a plan's buffers and scratch depend on in a cache: its layers, batch, length and dtype."""
+    return len(cache.k), cache.k[0].shape, cache.k[0].dtype, cache.max_len
+
+
 def native_step(model: nn.Module, cache: KVCache) -> "NativeStep | None":
     """A NativeStep over `model` and `cache`, or None where `why_not` has a reason."""
     return None if why_not(model, cache) is not None else NativeStep(model, cache)
@@ -138,12 +143,12 @@ class PlannedStep:
         now on. The step holds `cache`, not its tensors: the next cache takes its place (`takes`)."""
         slots = self.plan[HEADER:].view(len(cache.k), self.layer_fields)[:, -2:]
         slots.copy_(torch.tensor([[k.data_ptr(), v.data_ptr()] for k, v in zip(cache.k, cache.v)], dtype=torch.int64))
-        self.cache, self.cache_shape = cache, (len(cache.k), cache.k[0].shape, cache.k[0].dtype, cache.max_len)
+        self.cache, self.cache_shape = cache, shape_of(cache)
 
     def takes(self, cache: KVCache) -> bool:
         """Whether `cache` has the shape the plan was written for (its batch, length, dtype and layers decide the
         buffers and scratch), so that `point_at` can move the step onto it instead of planning again."""
-        return ((len(cache.k), cache.k[0].shape, cache.k[0].dtype, cache.max_len) == self.cache_shape
+        return (shape_of(cache) == self.cache_shape
                 and all(t.is_contiguous() and t.device.type == "cpu" for t in (*cache.k, *cache.v)))
 
     def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
