@@ -25,7 +25,9 @@ from glassgpt.families.layers import RMSNorm
 from glassgpt.kinds import description_mismatches, norm_kind_by_behaviour
 from glassgpt.model import LayerNorm
 
-from helpers import TINY, check_description, randomize_, transformers_config
+from glassgpt.explain import TraceOptions
+
+from helpers import CHAR_TEXT, CHAR_TOK, TINY, check_description, randomize_, transformers_config
 from readers import BOOK_TINY, NanoGPT, book_model, my_model
 
 GPT2_SMALL = GPTConfig(vocab_size=61, context_length=16, emb_dim=32, n_heads=4, n_layers=2)
@@ -173,3 +175,56 @@ def test_a_module_with_the_books_children_but_no_blocks_inside_is_one_line_not_a
 
     with pytest.raises(UnreadableModelError, match="looked for"):
         glassgpt.describe(Half())
+
+
+# --- one trace for every described object (issue 47 point 3) -----------------------------------
+
+def _char_sized(cfg):
+    return dataclasses.replace(cfg, vocab_size=CHAR_TOK.n_vocab)
+
+
+def _own_next_token(model: nn.Module, text: str) -> int:
+    with torch.no_grad():
+        out = model(torch.tensor([CHAR_TOK.encode(text)]))
+    logits = getattr(out, "logits", out[0] if isinstance(out, tuple) else out)
+    return int(logits[0, -1].argmax())
+
+
+TRACED = {
+    "book Qwen3Model": lambda: randomize_(book_qwen.Qwen3Model(_char_sized(TINY["qwen3"]).to_book_dict(torch.float32))),
+    "book Llama3Model": lambda: randomize_(book_llama.Llama3Model(_char_sized(TINY["llama3"]).to_book_dict(torch.float32))),
+    "book kv_cache Qwen3Model": lambda: randomize_(
+        book_kv_qwen.Qwen3Model(_char_sized(TINY["qwen3"]).to_book_dict(torch.float32))),
+    "transformers Qwen3ForCausalLM": lambda: randomize_(transformers.Qwen3ForCausalLM(
+        transformers_config("qwen3", _char_sized(TINY["qwen3"])))),
+    "transformers LlamaForCausalLM": lambda: randomize_(transformers.LlamaForCausalLM(
+        transformers_config("llama3", _char_sized(TINY["llama3"])))),
+    "transformers GPT2LMHeadModel": lambda: randomize_(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=CHAR_TOK.n_vocab, n_positions=32, n_embd=32, n_layer=2, n_head=4))),
+    "nanoGPT": lambda: randomize_(NanoGPT(vocab_size=CHAR_TOK.n_vocab)),
+}
+
+
+@pytest.mark.parametrize("kind", list(TRACED))
+@pytest.mark.parametrize("adopted_first", [False, True])
+def test_trace_takes_the_object_as_the_reader_built_it_and_gives_its_own_next_token(kind, adopted_first):
+    torch.manual_seed(0)
+    model = TRACED[kind]()
+    traced = glassgpt.adopt(model) if adopted_first else model
+    tr = glassgpt.trace(traced, CHAR_TOK, CHAR_TEXT)
+    assert tr.next_token["id"] == _own_next_token(model, CHAR_TEXT)
+
+
+def test_the_books_qwen3_traced_directly_shows_its_heads_groups_and_attention():
+    model = TRACED["book Qwen3Model"]()
+    tr = glassgpt.trace(model, CHAR_TOK, CHAR_TEXT, options=TraceOptions(attention=True, logit_lens=True, top_k=3))
+    t = len(CHAR_TOK.encode(CHAR_TEXT))
+    assert tr.attention["q_shape"] == [1, 4, t, 16] and tr.attention["kv_shape"] == [1, 2, t, 16]
+    assert tr.attention_weights["shape"] == [2, 4, t, t] and len(tr.next_tokens) == 3
+    assert tr.logit_lens["layers"][-1]["top"][-1]["id"] == tr.next_token["id"]
+    assert "Where does" in tr.to_text()
+
+
+def test_trace_on_an_object_it_cannot_read_is_one_line_not_an_attribute_error():
+    with pytest.raises(UnreadableModelError, match="looked for"):
+        glassgpt.trace(nn.Sequential(nn.Embedding(5, 4)), CHAR_TOK, CHAR_TEXT)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import torch
+from torch import nn
 
 from ..model import GPTModel
 
@@ -114,3 +115,26 @@ def _tying(model: GPTModel, W: torch.Tensor, prompt_ids: Sequence[int], logits: 
             row["emb_norm"] = float(e.norm())
             row["cos_emb_head"] = float(e @ W[row["id"]] / (e.norm() * W[row["id"]].norm()).clamp_min(1e-30))
     return out
+
+
+def logit_lens_of(model: nn.Module, residuals: list[torch.Tensor], logits: torch.Tensor, label,
+                  step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The top token (or class) at every position after every block: out_head(final_norm(residual)), through the
+    model's own final_norm (GPT-2's LayerNorm; RMSNorm in Qwen3 and Llama) and out_head, tied or not.
+
+    residuals: each block's output `[b, t, d]`; logits: the model's own `[b, t, V]`. Only each row's top
+    is needed: its id is the max of the logits, its probability exp(max - logsumexp(logits)), so no
+    softmax over [t, V] is kept. After the last block the lens is the model's own output, so those
+    logits are reused. step: called with `logit_lens.N` after each block (a trace's progress).
+    """
+    layers = []
+    n = len(residuals)
+    for i, resid in enumerate(residuals):
+        lens = (logits[0] if i == n - 1 else model.out_head(model.final_norm(resid))[0]).float()  # [t, V]
+        top, idx = lens.max(dim=-1)  # [t, V] -> [t]
+        prob = (top - lens.logsumexp(dim=-1)).exp()
+        layers.append({"layer": i, "top": [{"id": int(j), "text": label(int(j)), "prob": float(q)}
+                                           for q, j in zip(prob, idx)]})
+        if step is not None:
+            step(f"logit_lens.{i}")
+    return {"layers": layers}

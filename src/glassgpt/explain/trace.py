@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,13 +31,15 @@ from ..device import evaluating
 from ..errors import PromptError
 from ..families import FamilyConfig
 from ..families.adopt import family_line
+from ..kinds import describe
 from ..formats.source import About, Source  # what the weights cannot tell: a Source's about()
 from ..memory import parameter_table
 from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights, init_name
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
-from .head import head_products
+from .family import FamilyTrace, rotary_trace
+from .head import head_products, logit_lens_of  # noqa: F401 (logit_lens_of: read here by earlier callers)
 from .notation import trained_line
 from .options import TRACE_OPTIONS, TraceOptions, check
 from .record import Progress, Recorder, record
@@ -99,11 +101,16 @@ class Trace(Result):
 
 # --- the trace --------------------------------------------------------------------
 
-def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
+def trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
           options: TraceOptions | None = None, about: About | Source | None = None,
-          cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace:
+          cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace | FamilyTrace:
     """Run `text` (or token `ids`) through `model` once and record every stage from the real tensors.
     (trace_with_logits: the same, and the last position's logits from the same forward pass.)
+
+    model: any model object glassgpt.describe reads (glassgpt's, the book's, nanoGPT's, transformers'),
+    read in place. Where its description puts the positions inside the attention (RoPE: Qwen3, Llama 3.2)
+    the result is the rotary trace (family.py's FamilyTrace: its stages, heads and groups; `about`,
+    `cancel` and `progress` are not read there yet); with learned positions, a Trace.
 
     ids: token ids instead of text, e.g. a prompt extended one generated token at a time
     (re-encoding the decoded text could merge pieces differently).
@@ -118,18 +125,22 @@ def trace(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *, ids
 
 
 @torch.inference_mode()
-def trace_with_logits(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, *,
+def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, *,
                       ids: list[int] | None = None, options: TraceOptions | None = None,
                       about: About | Source | None = None,
                       cancel: threading.Event | None = None, progress: Progress | None = None
-                      ) -> tuple[Trace, torch.Tensor]:
+                      ) -> tuple[Trace | FamilyTrace, torch.Tensor]:
     """trace(...), and the last position's logits `[V]` (or `[classes]`) of its one forward pass."""
     opt, named = options or TraceOptions(), about
     about = about.about() if isinstance(about, Source) else about or About()  # a Source says its About
+    anatomy = describe(model)  # what it is made of; one line for an object of no kind glassgpt reads
     check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model).cfg
     prompt = _prompt(cfg, tokenizer, text, ids, opt, about.reading)
     model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once
+    if anatomy.positions.kind != "learned":  # positions inside the attention: its stages are the rotary trace's
+        return rotary_trace(model, tokenizer, top_k=opt.top_k, ids=prompt.ids, attention=opt.attention,
+                            logit_lens=opt.logit_lens)
     if named is None and adopted_kind(model):
         about = replace(about, name=adopted_kind(model))
     device = model.tok_emb.weight.device
@@ -393,26 +404,3 @@ def _probs(last: torch.Tensor, temperature: float) -> torch.Tensor:
                           f"(the largest |logit| is {largest:.3g}); use {max(largest, 1.0) / 1e37:.0e} or more "
                           "(a temperature this small already puts all the probability on the top token)")
     return scaled.softmax(dim=-1)
-
-
-def logit_lens_of(model: nn.Module, residuals: list[torch.Tensor], logits: torch.Tensor, label,
-                  step: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The top token (or class) at every position after every block: out_head(final_norm(residual)), through the
-    model's own final_norm (GPT-2's LayerNorm; RMSNorm in Qwen3 and Llama) and out_head, tied or not.
-
-    residuals: each block's output `[b, t, d]`; logits: the model's own `[b, t, V]`. Only each row's top
-    is needed: its id is the max of the logits, its probability exp(max - logsumexp(logits)), so no
-    softmax over [t, V] is kept. After the last block the lens is the model's own output, so those
-    logits are reused. step: called with `logit_lens.N` after each block (a trace's progress).
-    """
-    layers = []
-    n = len(residuals)
-    for i, resid in enumerate(residuals):
-        lens = (logits[0] if i == n - 1 else model.out_head(model.final_norm(resid))[0]).float()  # [t, V]
-        top, idx = lens.max(dim=-1)  # [t, V] -> [t]
-        prob = (top - lens.logsumexp(dim=-1)).exp()
-        layers.append({"layer": i, "top": [{"id": int(j), "text": label(int(j)), "prob": float(q)}
-                                           for q, j in zip(prob, idx)]})
-        if step is not None:
-            step(f"logit_lens.{i}")
-    return {"layers": layers}
