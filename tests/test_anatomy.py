@@ -228,3 +228,11 @@ def test_the_books_qwen3_traced_directly_shows_its_heads_groups_and_attention():
 def test_trace_on_an_object_it_cannot_read_is_one_line_not_an_attribute_error():
     with pytest.raises(UnreadableModelError, match="looked for"):
         glassgpt.trace(nn.Sequential(nn.Embedding(5, 4)), CHAR_TOK, CHAR_TEXT)
+
+
+@pytest.mark.parametrize("kind", ["book Qwen3Model", "book Llama3Model", "transformers Qwen3ForCausalLM"])
+def test_why_takes_the_object_as_the_reader_built_it_and_its_parts_sum_to_its_own_logit(kind):
+    model = TRACED[kind]()
+    result = glassgpt.why(model, CHAR_TOK, CHAR_TEXT)
+    assert result.target["id"] == _own_next_token(model, CHAR_TEXT)
+    assert result.total == pytest.approx(result.metric, abs=1e-3 * max(1.0, abs(result.metric)))

@@ -104,30 +104,11 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     assert is_family_model(model)
     cfg, anatomy = model.cfg, describe(model)
     part = model.get_submodule
-    ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=part(anatomy.embedding.path).weight.device)  # [1, t]
+    device = part(anatomy.embedding.path).weight.device
+    ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=device)  # [1, t]
     seen: dict[str, tuple[tuple, tuple]] = {}
     kept: dict[str, torch.Tensor] = {}
-
-    def tap(name: str):
-        def hook(module, inputs, output):
-            seen[name] = (tuple(inputs[0].shape), tuple(output.shape))
-        return hook
-
-    def keep(name: str):
-        return lambda module, inputs, output: kept.__setitem__(name, output.detach())
-
-    first_att, first_ff = anatomy.blocks[0].attention, anatomy.blocks[0].ff
-    taps = {"tok_emb": part(anatomy.embedding.path), "trf_blocks.0.att.W_query": part(first_att.query.path),
-            "trf_blocks.0.att.W_key": part(first_att.key.path), "trf_blocks.0.att.W_value": part(first_att.value.path),
-            "trf_blocks.0.ff.fc1": part((first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
-            "out_head": part(anatomy.head.path)}
-    handles = [m.register_forward_hook(tap(n)) for n, m in taps.items()]
-    handles.append(part(anatomy.final_norm.path).register_forward_hook(keep("final_norm")))
-    for i, block in enumerate(anatomy.blocks):
-        if logit_lens:
-            handles.append(part(block.path).register_forward_hook(keep(f"trf_blocks.{i}")))
-        if attention:
-            handles.append(part(block.attention.query.path).register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
+    handles = _hooks(model, anatomy, seen, kept, attention, logit_lens)
     cache = RecordingCache()
     try:
         logits = model(ids, cache)  # [1, t, V]
@@ -162,6 +143,34 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         tr.attention_weights = {"shape": [cfg.n_layers, h, t, t], "tokens": tokens, "groups": groups,
                                 "layers": [w.float().tolist() for w in layers]}
     return tr, logits[0, -1]
+
+
+def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, logit_lens: bool) -> list:
+    """Forward hooks on the modules the description names: the shapes they see into `seen`, the tensors the
+    panels read into `kept`. Returns their handles (removed after the one forward pass)."""
+    part = model.get_submodule
+
+    def tap(name: str):
+        def hook(module, inputs, output):
+            seen[name] = (tuple(inputs[0].shape), tuple(output.shape))
+        return hook
+
+    def keep(name: str):
+        return lambda module, inputs, output: kept.__setitem__(name, output.detach())
+
+    first_att, first_ff = anatomy.blocks[0].attention, anatomy.blocks[0].ff
+    taps = {"tok_emb": part(anatomy.embedding.path), "trf_blocks.0.att.W_query": part(first_att.query.path),
+            "trf_blocks.0.att.W_key": part(first_att.key.path), "trf_blocks.0.att.W_value": part(first_att.value.path),
+            "trf_blocks.0.ff.fc1": part((first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
+            "out_head": part(anatomy.head.path)}
+    handles = [m.register_forward_hook(tap(n)) for n, m in taps.items()]
+    handles.append(part(anatomy.final_norm.path).register_forward_hook(keep("final_norm")))
+    for i, block in enumerate(anatomy.blocks):
+        if logit_lens:
+            handles.append(part(block.path).register_forward_hook(keep(f"trf_blocks.{i}")))
+        if attention:
+            handles.append(part(block.attention.query.path).register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
+    return handles
 
 
 def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:
