@@ -236,3 +236,11 @@ def test_why_takes_the_object_as_the_reader_built_it_and_its_parts_sum_to_its_ow
     result = glassgpt.why(model, CHAR_TOK, CHAR_TEXT)
     assert result.target["id"] == _own_next_token(model, CHAR_TEXT)
     assert result.total == pytest.approx(result.metric, abs=1e-3 * max(1.0, abs(result.metric)))
+
+
+def test_a_transformers_architecture_not_described_is_one_line_naming_it_and_the_kinds_read():
+    cfg = transformers.MistralConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    with pytest.raises(UnreadableModelError) as err:
+        glassgpt.describe(transformers.MistralForCausalLM(cfg))
+    assert "\n" not in str(err.value) and "mistral" in str(err.value) and "LlamaForCausalLM" in str(err.value)
