@@ -41,6 +41,8 @@ class Linear:
     """One matrix, as nn.Linear stores it: `[out_features, in_features]`.
 
     rows: a slice (start, stop) of a fused module's output rows (GPT-2's c_attn holds q, k and v);
+    head_rows: (block, start, stop): rows start..stop of every block of `block` rows (Qwen3.5's W_query
+    holds, per head, hd query rows then hd gate rows);
     transposed: the module stores `[in, out]` (transformers' Conv1D)."""
 
     path: str
@@ -49,6 +51,7 @@ class Linear:
     bias: bool
     rows: tuple[int, int] | None = None
     transposed: bool = False
+    head_rows: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,28 @@ class Rope:
 
 
 @dataclass(frozen=True)
+class RecurrentState:
+    """What a linear attention keeps in place of a KV cache (Qwen3.5's Gated DeltaNet): per sequence, a
+    `[key head_dim, value_head_dim]` state per value head, and the short causal convolution's last
+    conv_kernel - 1 inputs of its conv_channels; the same bytes whatever the sequence's length.
+
+    rule: "gated_delta" (S <- exp(g) S, then S += k (beta (v - S^T k))^T; output S^T q); gate: the output
+    norm's gate (silu); beta: the step size's matrix (sigmoid); decay: the decay's (g = -exp(A_log) *
+    softplus(a + dt_bias)); norm: the gated output norm, one per value head."""
+
+    rule: str
+    value_heads: int
+    value_head_dim: int
+    conv: str
+    conv_kernel: int
+    conv_channels: int
+    gate: Linear
+    beta: Linear
+    decay: Linear
+    norm: Norm
+
+
+@dataclass(frozen=True)
 class Attention:
     """One block's attention: h query heads, g key/value groups (h // g query heads share each), head size hd."""
 
@@ -104,6 +129,8 @@ class Attention:
     scale: float | None = None   # the scores' factor; None: 1 / sqrt(hd)
     softcap: float | None = None
     kv_shared_from: int | None = None  # a layer that reuses another layer's keys and values (Gemma 4)
+    output_gate: Linear | None = None  # context * sigmoid(gate(x)) before `out` (Qwen3.5's full layers)
+    state: RecurrentState | None = None  # kind "linear": what it keeps instead of keys and values
 
     def __post_init__(self) -> None:
         _one_of(self.kind, ATTENTION_KINDS, "attention kind")
@@ -227,6 +254,8 @@ class Anatomy:
         for block in self.blocks:
             att, ff = block.attention, block.ff
             found += [att.query, att.key, att.value, att.out, ff.up, ff.down] + ([ff.gate] if ff.gate else [])
+            found += [att.output_gate] if att.output_gate else []
+            found += [att.state.gate, att.state.beta, att.state.decay] if att.state else []
         return found
 
 
@@ -261,7 +290,8 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
         att, ff = b.attention, b.ff
         rope = att.rope
         att = replace(att, path=path(att.path), query=linear(att.query), key=linear(att.key), value=linear(att.value),
-                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm), rope=rope)
+                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm), rope=rope,
+                      output_gate=linear(att.output_gate))
         ff = replace(ff, path=path(ff.path), up=linear(ff.up), down=linear(ff.down), gate=linear(ff.gate),
                      activation_path=path(ff.activation_path))
         return replace(b, path=path(b.path), norms=tuple(norm(n) for n in b.norms), attention=att, ff=ff)

@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 from .adopt import adopt, adopted_from
-from .engine import KVCache, as_engine, pages
+from .engine import as_engine, pages
 from .engine.family import family_steps
+from .engine.hybrid_cache import cache_for
 from .families import is_family_model
 from .model import GPTModel
 from .errors import GlassError, NonFiniteError, PromptError
@@ -151,8 +152,8 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     seq = torch.empty(b, t + max_new_tokens, dtype=torch.long, device=device)
     seq[:, :t] = prompt
     # The cache holds what this call can use, not a whole context: short replies stay cheap.
-    cache = KVCache(glass.cfg, b, max_len=min(ctx, t + max_new_tokens), device=device,
-                    dtype=glass.tok_emb.weight.dtype) if use_cache else None
+    cache = cache_for(glass.cfg, b, max_len=min(ctx, t + max_new_tokens), device=device,
+                      dtype=glass.tok_emb.weight.dtype) if use_cache else None  # Qwen3.5: with its linear states
     finished = torch.zeros(b, dtype=torch.bool, device=device)
 
     def last_logits(length: int) -> torch.Tensor:

@@ -26,10 +26,10 @@ from . import anatomy as an
 from . import model as gpt2
 from .adopt import config_of, layout_of
 from .errors import GlassError, UnreadableModelError
-from .families import FAMILIES, llama3, qwen3
+from .families import FAMILIES, llama3, qwen3, qwen3_5
 from .families.adopt import family_layout
 
-GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe}
+GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "qwen3_5": qwen3_5.describe}
 KINDS_READ = ("glassgpt's GPTModel, Qwen3Model and Llama3Model; the book's GPTModel, Qwen3Model and Llama3Model "
               "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
               "GPT2LMHeadModel, Qwen3ForCausalLM and LlamaForCausalLM")
@@ -238,6 +238,9 @@ def _linear_mismatches(mod: nn.Module | None, lin: an.Linear) -> list[str]:
     w = w.t() if lin.transposed else w  # as nn.Linear stores it, [out, in]
     if lin.rows is not None:
         w = w[lin.rows[0]:lin.rows[1]]
+    if lin.head_rows is not None and w.shape[0] % lin.head_rows[0] == 0:  # rows start..stop of every block
+        block, start, stop = lin.head_rows
+        w = w.reshape(-1, block, w.shape[-1])[:, start:stop].reshape(-1, w.shape[-1])
     where = lin.path + ("" if lin.rows is None else f"[{lin.rows[0]}:{lin.rows[1]}]")
     found = []
     if list(w.shape) != [lin.out_features, lin.in_features]:

@@ -17,12 +17,13 @@ from torch import nn
 from .config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config, raise_moe
 from .llama3 import Llama3Model
 from .qwen3 import Qwen3Model
+from .qwen3_5 import Qwen3_5Config, Qwen3_5Model
 
 # The registry: which glass class builds each family.
-FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model}
+FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model, "qwen3_5": Qwen3_5Model}
 assert tuple(FAMILIES) == FAMILY_NAMES
 
-__all__ = ["FAMILIES", "FAMILY_PRESETS", "FamilyConfig", "Llama3Model", "Qwen3Model", "RopeFreq",
+__all__ = ["FAMILIES", "FAMILY_PRESETS", "FamilyConfig", "Llama3Model", "Qwen3Model", "Qwen3_5Config", "Qwen3_5Model", "RopeFreq",
            "build_model", "family_config", "is_family_model", "raise_moe", "random_family_model"]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from ..config import known_fields
 from ..errors import ConfigError
 
-FAMILY_NAMES = ("qwen3", "llama3")
+FAMILY_NAMES = ("qwen3", "llama3", "qwen3_5")
 
 
 @dataclass(frozen=True)

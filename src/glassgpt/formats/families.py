@@ -27,13 +27,15 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError, TokenizerError
-from ..families import FAMILIES, FamilyConfig, RopeFreq, build_model, is_family_model, raise_moe
+from ..families import FAMILIES, FamilyConfig, Qwen3_5Config, RopeFreq, build_model, is_family_model, raise_moe
 from .checks import on_meta
 from .family_tokenizers import family_tokenizer
 from .files import atomic_write, read_json, read_safetensors
 
 # transformers' class name -> the family that reads it
-HF_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama3"}
+HF_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama3", "Qwen3_5ForCausalLM": "qwen3_5"}
+# Vision-language architectures: their text model may be covered, their vision tower is not
+VISION_ARCHITECTURES = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM"}
 COVERED = ", ".join(f"{arch} ({family})" for arch, family in HF_ARCHITECTURES.items())
 
 
@@ -61,11 +63,17 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyCo
     arch = hf_architecture(raw)
     if raw.get("num_experts"):  # Qwen3MoeForCausalLM: a router and experts in place of the feed-forward
         raise_moe(raw)
+    if arch in VISION_ARCHITECTURES or "vision_config" in raw:
+        raise CheckpointError(f"{source} is a vision-language model ({arch or raw.get('model_type')}, with a vision "
+                              f"tower): glassgpt reads text models; save its text model as "
+                              f"{VISION_ARCHITECTURES.get(arch, 'a causal LM')} and open that folder")
     if arch not in HF_ARCHITECTURES:
         raise CheckpointError(f"{source} is a {arch or 'model with no architectures entry'}"
                               f"{' (' + str(raw.get('model_type')) + ')' if raw.get('model_type') else ''}: "
                               f"glassgpt covers {COVERED} and GPT2LMHeadModel (gpt2)")
     family = HF_ARCHITECTURES[arch]
+    if family == "qwen3_5":
+        return qwen3_5_config_from_hf(raw, source)
     quant = raw.get("quantization_config")
     if quant:  # FP8, AWQ, GPTQ, bitsandbytes: packed weights and scales in place of the matrices
         method = quant.get("quant_method", "quantized") if isinstance(quant, dict) else "quantized"
@@ -98,6 +106,49 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyCo
         raise ConfigError(f"{source}: {e}") from None
 
 
+def qwen3_5_config_from_hf(raw: dict[str, Any], source: str) -> Qwen3_5Config:
+    """The Qwen3_5Config of a transformers Qwen3_5ForCausalLM config.json; a field it sets to what the glass
+    file does not implement is named in one line."""
+    rope = raw.get("rope_parameters") or {}
+    unimplemented = {"attention_bias": raw.get("attention_bias", False) is not False,
+                     "hidden_act": raw.get("hidden_act", "silu") != "silu",
+                     "rope_parameters.rope_type": rope.get("rope_type", "default") != "default",
+                     "rope_scaling": bool(raw.get("rope_scaling")),
+                     "quantization_config": bool(raw.get("quantization_config"))}
+    for field, set_to_other in unimplemented.items():
+        if set_to_other:
+            top, _, leaf = field.partition(".")
+            value = rope.get(leaf) if leaf else raw.get(top)
+            raise ConfigError(f"{source}: {field} is {value!r}, which glassgpt's Qwen3.5 does not implement (it has "
+                              f"{QWEN3_5_IMPLEMENTS[field]}): use the model's unquantized, unscaled release")
+    try:
+        return Qwen3_5Config(
+            family="qwen3_5", vocab_size=raw["vocab_size"], context_length=raw["max_position_embeddings"],
+            emb_dim=raw["hidden_size"], n_heads=raw["num_attention_heads"], n_layers=raw["num_hidden_layers"],
+            hidden_dim=raw["intermediate_size"], n_kv_groups=raw.get("num_key_value_heads", raw["num_attention_heads"]),
+            rope_base=float(rope.get("rope_theta", raw.get("rope_theta", 10_000.0))), head_dim=raw.get("head_dim", 256),
+            qk_norm=True, tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            partial_rotary_factor=float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25))),
+            linear_conv_kernel_dim=raw.get("linear_conv_kernel_dim", 4),
+            linear_key_head_dim=raw.get("linear_key_head_dim", 128),
+            linear_value_head_dim=raw.get("linear_value_head_dim", 128),
+            linear_num_key_heads=raw.get("linear_num_key_heads", 16),
+            linear_num_value_heads=raw.get("linear_num_value_heads", 32),
+            layer_types=raw.get("layer_types") or [
+                "full_attention" if (i + 1) % raw.get("full_attention_interval", 4) == 0 else "linear_attention"
+                for i in range(raw["num_hidden_layers"])])
+    except KeyError as e:
+        raise CheckpointError(f"{source} has no {e.args[0]!r}: it is not a whole Qwen3_5ForCausalLM config") from None
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+QWEN3_5_IMPLEMENTS = {"attention_bias": "no biases", "hidden_act": "silu", "rope_parameters.rope_type":
+                      "the default RoPE", "rope_scaling": "no RoPE scaling",
+                      "quantization_config": "float weights"}
+
+
 def config_to_hf(cfg: FamilyConfig) -> dict[str, Any]:
     """The config.json that transformers' Qwen3ForCausalLM / LlamaForCausalLM reads for `cfg`."""
     arch = next(a for a, f in HF_ARCHITECTURES.items() if f == cfg.family)
@@ -117,6 +168,8 @@ def config_to_hf(cfg: FamilyConfig) -> dict[str, Any]:
 
 def hf_names(cfg: FamilyConfig) -> list[tuple[str, str]]:
     """(the book's name, Hugging Face's name) of every stored tensor; a tied head is stored once."""
+    if cfg.family == "qwen3_5":
+        return qwen3_5_hf_names(cfg)
     norm = "scale" if cfg.family == "qwen3" else "weight"  # the book's RMSNorm (Qwen3) or torch.nn.RMSNorm (Llama)
     names = [("tok_emb.weight", "model.embed_tokens.weight")]
     for i in range(cfg.n_layers):
@@ -134,6 +187,32 @@ def hf_names(cfg: FamilyConfig) -> list[tuple[str, str]]:
                   (f"{b}.ff.fc3.weight", f"{h}.mlp.down_proj.weight"),
                   (f"{b}.norm2.{norm}", f"{h}.post_attention_layernorm.weight")]
     names.append((f"final_norm.{norm}", "model.norm.weight"))
+    if not cfg.tie_embeddings:
+        names.append(("out_head.weight", "lm_head.weight"))
+    return names
+
+
+QWEN3_5_LINEAR = ("conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight", "in_proj_qkv.weight",
+                  "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight")  # the same leaves in both
+
+
+def qwen3_5_hf_names(cfg: Qwen3_5Config) -> list[tuple[str, str]]:
+    """Qwen3.5's (the notebook's name, transformers' name) pairs: token_mixer is linear_attn or self_attn by layer."""
+    names = [("tok_emb.weight", "model.embed_tokens.weight")]
+    for i, layer_type in enumerate(cfg.layer_types):
+        b, h = f"trf_blocks.{i}", f"model.layers.{i}"
+        if layer_type == "linear_attention":
+            names += [(f"{b}.token_mixer.{leaf}", f"{h}.linear_attn.{leaf}") for leaf in QWEN3_5_LINEAR]
+        else:
+            names += [(f"{b}.token_mixer.{ours}.weight", f"{h}.self_attn.{theirs}.weight") for ours, theirs in
+                      (("W_query", "q_proj"), ("W_key", "k_proj"), ("W_value", "v_proj"), ("out_proj", "o_proj"))
+                      + ((("q_norm", "q_norm"), ("k_norm", "k_norm")) if cfg.qk_norm else ())]
+        names += [(f"{b}.norm1.weight", f"{h}.input_layernorm.weight"),
+                  (f"{b}.ff.fc1.weight", f"{h}.mlp.gate_proj.weight"),
+                  (f"{b}.ff.fc2.weight", f"{h}.mlp.up_proj.weight"),
+                  (f"{b}.ff.fc3.weight", f"{h}.mlp.down_proj.weight"),
+                  (f"{b}.norm2.weight", f"{h}.post_attention_layernorm.weight")]
+    names.append(("final_norm.weight", "model.norm.weight"))
     if not cfg.tie_embeddings:
         names.append(("out_head.weight", "lm_head.weight"))
     return names
@@ -168,7 +247,16 @@ def read_family_config(spec: str | os.PathLike) -> FamilyConfig:
         return read_hf_config(spec)
     values = read_json(book_config_path(spec), what=f"the config of {spec}")
     tie = bool(values.pop("tie_embeddings", False))
-    return FamilyConfig.from_book_dict("qwen3" if "qk_norm" in values else "llama3", values, tie_embeddings=tie)
+    return book_config(book_family(values), values, tie)
+
+
+def book_family(values: dict[str, Any]) -> str:
+    """Which family a book config dict is: Qwen3.5's linear attention sizes, Qwen3's QK-norm, else Llama 3."""
+    return "qwen3_5" if "linear_num_key_heads" in values else "qwen3" if "qk_norm" in values else "llama3"
+
+
+def book_config(family: str, values: dict[str, Any], tie: bool) -> FamilyConfig:
+    return (Qwen3_5Config if family == "qwen3_5" else FamilyConfig).from_book_dict(family, values, tie_embeddings=tie)
 
 
 def load_family_tokenizer(spec: str | os.PathLike):
@@ -218,6 +306,8 @@ def load_hf_family(path: str | os.PathLike, device: torch.device | str = "cpu",
     for name, tensor in hf_tensors(path):
         if name == "lm_head.weight" and cfg.tie_embeddings:
             continue  # some tied checkpoints store the head anyway: it is tok_emb's
+        if cfg.family == "qwen3_5" and name.startswith("mtp."):
+            continue  # Qwen3.5's multi-token prediction head: not the next-token model (transformers skips it too)
         if name not in book_name:
             raise CheckpointError(f"{path} holds {name!r}, which a {cfg.family} model of this config has not: "
                                   f"its config.json does not describe these weights")
@@ -252,6 +342,8 @@ def model_from_book_state(cfg: FamilyConfig, state: dict[str, torch.Tensor], sou
 
 def family_of_state(state: dict[str, Any]) -> str | None:
     """Which family a book state dict is, told by its names: QK-norm and `scale` are Qwen3's, `norm1.weight` Llama's."""
+    if any(k.startswith("trf_blocks.0.token_mixer.") for k in state):  # Qwen3.5's notebook
+        return "qwen3_5"
     if "trf_blocks.0.norm1.scale" in state:
         return "qwen3"
     if "trf_blocks.0.norm1.weight" in state:
@@ -288,7 +380,7 @@ def load_book_family(path: str | os.PathLike, device: torch.device | str = "cpu"
                               f"(glassgpt export --format book writes both)")
     values = read_json(side, what=f"the config of {path}")
     tie = bool(values.pop("tie_embeddings", False))
-    cfg = FamilyConfig.from_book_dict(family, values, tie_embeddings=tie)
+    cfg = book_config(family, values, tie)
     return model_from_book_state(cfg, state, str(path), device, dtype)
 
 

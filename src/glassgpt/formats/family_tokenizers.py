@@ -36,7 +36,8 @@ LLAMA3_SPECIALS = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|start_header
 
 
 # Where a model folder keeps each family's tokenizer (Meta's repositories: in original/), in the order tried.
-TOKENIZER_FILES = {"qwen3": ("tokenizer.json",), "llama3": ("tokenizer.model", "original/tokenizer.model")}
+TOKENIZER_FILES = {"qwen3": ("tokenizer.json",), "llama3": ("tokenizer.model", "original/tokenizer.model"),
+                   "qwen3_5": ("tokenizer.json",)}  # Qwen3.5: Qwen's byte-level BPE and specials, 248k ids
 
 
 class Qwen3Tokenizer(Tokenizer):
@@ -149,7 +150,7 @@ def family_tokenizer(path: str | os.PathLike, family: str, vocab_size: int) -> T
     """The tokenizer in a model folder (tokenizer.json for Qwen3; tokenizer.model or original/tokenizer.model
     for Llama 3), checked against the model's vocabulary; None when the folder has none."""
     path = Path(path)
-    make = Qwen3Tokenizer if family == "qwen3" else Llama3Tokenizer
+    make = Llama3Tokenizer if family == "llama3" else Qwen3Tokenizer
     for file in (path / name for name in TOKENIZER_FILES[family]):
         if file.is_file():
             tokenizer = make(file)
