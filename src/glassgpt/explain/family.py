@@ -40,7 +40,7 @@ from .check import check_embedding_is_linear
 from .head import head_products, logit_lens_of
 from .result import Result
 
-FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3"}
+FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "qwen3_5": "Qwen3.5"}
 
 
 @dataclass
@@ -86,6 +86,13 @@ class RecordingCache:
             self.cache.seen[self.i] = (k.detach(), v.detach())
             return k, v
 
+        def read(self) -> tuple[None, None]:
+            """A linear attention's convolution inputs and state (Qwen3.5): none before the first token."""
+            return None, None
+
+        def write(self, conv: torch.Tensor, state: torch.Tensor) -> None:
+            """(one forward pass from position 0: the state it ends with is not read again)"""
+
 
 def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, top_k: int = 5, *,
                  ids: list[int] | None = None, attention: bool = False, logit_lens: bool = False) -> FamilyTrace:
@@ -115,7 +122,7 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     finally:
         for h in handles:
             h.remove()
-    k, v = cache.seen[0]  # [1, g, t, hd], after RoPE (and QK-norm)
+    k, v = cache.seen[_first_causal(anatomy)]  # [1, g, t, hd], after RoPE (and QK-norm)
     b, t = ids.shape
     h, g, V = cfg.n_heads, cfg.n_kv_groups, cfg.vocab_size
     q_shape = (b, h, t, cfg.head_dim_value)
@@ -158,7 +165,7 @@ def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, l
     def keep(name: str):
         return lambda module, inputs, output: kept.__setitem__(name, output.detach())
 
-    first_att, first_ff = anatomy.blocks[0].attention, anatomy.blocks[0].ff
+    first_att, first_ff = anatomy.blocks[_first_causal(anatomy)].attention, anatomy.blocks[0].ff
     taps = {"tok_emb": part(anatomy.embedding.path), "trf_blocks.0.att.W_query": part(first_att.query.path),
             "trf_blocks.0.att.W_key": part(first_att.key.path), "trf_blocks.0.att.W_value": part(first_att.value.path),
             "trf_blocks.0.ff.fc1": part((first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
@@ -171,6 +178,11 @@ def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, l
         if attention:
             handles.append(part(block.attention.query.path).register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
     return handles
+
+
+def _first_causal(anatomy) -> int:
+    """The first block with keys and values (Qwen3.5's first three are linear attention: a state, no keys)."""
+    return next(i for i, block in enumerate(anatomy.blocks) if block.attention.kind == "causal")
 
 
 def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:

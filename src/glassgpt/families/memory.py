@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from . import qwen3_5_memory
 from .config import FamilyConfig
 
 
@@ -43,6 +44,8 @@ def family_modules(cfg: FamilyConfig) -> tuple[list[tuple], list[tuple], list[tu
 
 def family_parameter_table(cfg: FamilyConfig) -> dict[str, Any]:
     """Per-module parameter counts and the totals with and without the tie (memory.parameter_table's form)."""
+    if cfg.family == "qwen3_5":  # a hybrid stack: a row per module of each layer type
+        return qwen3_5_memory.qwen3_5_parameter_table(cfg)
     before, block, after = family_modules(cfg)
 
     def row(name, shape, note, tied):
@@ -63,6 +66,8 @@ def family_memory_needs(cfg: FamilyConfig, dtype: torch.dtype, batch_size: int =
     """Bytes for inference (weights, RoPE tables, KV cache, one forward's temporaries) and for training
     (float32 weights, gradients and AdamW's two moments, plus a low-precision copy below float32, and
     the activations backward keeps), for `batch_size` sequences of `seq_len` tokens (default: context)."""
+    if cfg.family == "qwen3_5":  # linear layers keep a state, not keys and values
+        return qwen3_5_memory.qwen3_5_memory_needs(cfg, dtype, batch_size, seq_len)
     name = str(dtype).removeprefix("torch.")
     size = torch.empty((), dtype=dtype).element_size()
     t = seq_len or cfg.context_length
@@ -106,6 +111,8 @@ def family_memory_needs(cfg: FamilyConfig, dtype: torch.dtype, batch_size: int =
 
 def family_notes(cfg: FamilyConfig) -> list[str]:
     """What `info` says about the architecture, in a line each."""
+    if cfg.family == "qwen3_5":
+        return qwen3_5_memory.qwen3_5_notes(cfg)
     name = {"qwen3": "Qwen3", "llama3": "Llama 3"}[cfg.family]
     notes = [f"{name}: {cfg.n_heads} query heads of {cfg.head_dim_value} share {cfg.n_kv_groups} key/value groups "
              f"({cfg.group_size} per group)",
