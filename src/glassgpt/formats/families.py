@@ -120,7 +120,7 @@ def qwen3_5_config_from_hf(raw: dict[str, Any], source: str) -> Qwen3_5Config:
             top, _, leaf = field.partition(".")
             value = rope.get(leaf) if leaf else raw.get(top)
             raise ConfigError(f"{source}: {field} is {value!r}, which glassgpt's Qwen3.5 does not implement (it has "
-                              f"{QWEN3_5_IMPLEMENTS[field]}): use the model's unquantized, unscaled release")
+                              f"{QWEN3_5_IMPLEMENTS[field]}): run this model with transformers")
     try:
         return Qwen3_5Config(
             family="qwen3_5", vocab_size=raw["vocab_size"], context_length=raw["max_position_embeddings"],
