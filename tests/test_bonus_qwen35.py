@@ -175,8 +175,9 @@ def test_real_shape_cache_bytes():
 # --- the notebook's files: its state dict and config JSON ---------------------------------------
 
 NOTEBOOK_KEYS_LINEAR = ["token_mixer.A_log", "token_mixer.conv1d.weight", "token_mixer.dt_bias",
-                        "token_mixer.in_proj_a.weight", "token_mixer.in_proj_b.weight", "token_mixer.in_proj_qkv.weight",
-                        "token_mixer.in_proj_z.weight", "token_mixer.norm.weight", "token_mixer.out_proj.weight"]
+                        "token_mixer.in_proj_a.weight", "token_mixer.in_proj_b.weight",
+                        "token_mixer.in_proj_qkv.weight", "token_mixer.in_proj_z.weight", "token_mixer.norm.weight",
+                        "token_mixer.out_proj.weight"]
 NOTEBOOK_KEYS_FULL = ["token_mixer.W_key.weight", "token_mixer.W_query.weight", "token_mixer.W_value.weight",
                       "token_mixer.k_norm.weight", "token_mixer.out_proj.weight", "token_mixer.q_norm.weight"]
 NOTEBOOK_KEYS_BLOCK = ["ff.fc1.weight", "ff.fc2.weight", "ff.fc3.weight", "norm1.weight", "norm2.weight"]
@@ -210,6 +211,13 @@ def test_notebook_pth_with_its_config_json_loads_and_runs(tmp_path, tiny):
     loaded = load_family(tmp_path / "qwen3.5.pth")
     assert loaded.cfg.layer_types == model.cfg.layer_types
     assert torch.equal(loaded(ids(1, 20)), model(ids(1, 20)))
+
+
+def test_config_round_trips_through_its_json():
+    """What glassgpt writes beside a model's weights (to_dict) reads back as the same Qwen3_5Config."""
+    from glassgpt.families import FamilyConfig
+    cfg = Qwen3_5Config.from_book_dict("qwen3_5", notebook_config())
+    assert FamilyConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
 # --- bad input: one line each ---------------------------------------------------------------------

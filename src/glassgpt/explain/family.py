@@ -134,7 +134,7 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     groups = [j // cfg.group_size for j in range(h)]
     tr = FamilyTrace(
         family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
-        stages=_stages(cfg, seen, q_shape, list(k.shape)),
+        stages=_stages(cfg, seen, q_shape, list(k.shape), linear_stages(anatomy, b)),
         attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
                    "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
                    "qk_norm": cfg.qk_norm, "rope_base": cfg.rope_base, "rope_scaled": cfg.rope_freq is not None},
@@ -180,12 +180,28 @@ def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, l
     return handles
 
 
+def linear_stages(anatomy, b: int) -> list[dict[str, Any]]:
+    """The linear-attention blocks (Qwen3.5's Gated DeltaNet), from the description: what they keep in place of
+    keys and values. None for a model without them."""
+    linear = [block for block in anatomy.blocks if block.attention.kind == "linear"]
+    if not linear:
+        return []
+    att, state = linear[0].attention, linear[0].attention.state
+    return [{"name": "linear attention", "module": att.path, "shape": [b, state.value_heads, att.head_dim,
+                                                                      state.value_head_dim],
+             "note": f"{len(linear)} of {anatomy.n_layers} blocks (layers {', '.join(str(x.index) for x in linear)}) "
+                     f"keep no keys or values: a causal convolution over {state.conv_kernel} tokens, then a state "
+                     f"[{att.head_dim}, {state.value_head_dim}] per value head, decayed and corrected by the gated "
+                     "delta rule at each token; the same size at any length"}]
+
+
 def _first_causal(anatomy) -> int:
     """The first block with keys and values (Qwen3.5's first three are linear attention: a state, no keys)."""
     return next(i for i, block in enumerate(anatomy.blocks) if block.attention.kind == "causal")
 
 
-def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:
+def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int],
+            linear: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The stages in the order the forward pass ran them, with the shapes the taps saw (`seen`: input and output
     shapes by module name)."""
     b, h, t, hd = q_shape
@@ -200,6 +216,7 @@ def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[s
          "note": f"{list(seen['trf_blocks.0.att.W_key'][1])} split into {g} heads; the cache keeps these"},
         {"name": "repeat_interleave", "module": "", "shape": list(q_shape),
          "note": f"each key/value head serves {h // g} neighbouring query heads"},
+        *linear,  # Qwen3.5's linear-attention blocks, where it has them
         {"name": "ff", "module": "trf_blocks.N.ff", "shape": list(seen["trf_blocks.0.ff.fc1"][1]),
          "note": f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {cfg.hidden_dim} -> {d}"},
         {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]), "note": "RMSNorm"},

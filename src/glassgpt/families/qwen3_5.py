@@ -162,7 +162,8 @@ class RMSNormGated(nn.Module):
 
 
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on the first rotary_dim (= cos.shape[-1]) dimensions of each head `[b, h, t, hd]`; the rest pass as they are."""
+    """RoPE on the first rotary_dim (= cos.shape[-1]) dimensions of each head `[b, h, t, hd]`; the rest pass
+    as they are."""
     rotary_dim = cos.shape[-1]
     return torch.cat([apply_rope(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]], dim=-1)
 

@@ -41,7 +41,8 @@ def qwen3_5_parameter_table(cfg: Qwen3_5Config) -> dict[str, Any]:
                               "note": f"{per_block:,} per block"}]
     head_note = "the same tensor as tok_emb.weight, counted once" if cfg.tie_embeddings else "hidden -> vocab"
     rows += [{"name": "final_norm", "shape": str([d]), "params": d, "note": ""},
-             {"name": "out_head", "shape": str([V, d]), "params": 0 if cfg.tie_embeddings else V * d, "note": head_note}]
+             {"name": "out_head", "shape": str([V, d]), "params": 0 if cfg.tie_embeddings else V * d,
+              "note": head_note}]
     total = sum(r["params"] for r in rows if not r["name"].startswith(("trf_blocks.L.", "trf_blocks.F.")))
     tied = V * d if cfg.tie_embeddings else 0
     return {"modules": rows, "total": total, "total_untied": total + tied, "tied": cfg.tie_embeddings}
@@ -87,6 +88,7 @@ def qwen3_5_notes(cfg: Qwen3_5Config) -> list[str]:
             f"[{cfg.linear_key_head_dim}, {cfg.linear_value_head_dim}], a convolution over "
             f"{cfg.linear_conv_kernel_dim} tokens) and {full} full-attention layers",
             f"full attention: {cfg.n_heads} gated query heads of {cfg.head_dim_value} share {cfg.n_kv_groups} "
-            f"key/value groups; RoPE (base {cfg.rope_base:,.0f}) on {cfg.rotary_dim} of {cfg.head_dim_value} dimensions",
+            f"key/value groups; RoPE (base {cfg.rope_base:,.0f}) on {cfg.rotary_dim} of {cfg.head_dim_value} "
+            "dimensions",
             "every RMSNorm scales by (1 + weight)",
             "out_head is tok_emb (tied)" if cfg.tie_embeddings else "out_head has its own weights (untied)"]
