@@ -293,6 +293,9 @@ def test_trace_names_the_models_own_next_token(tiny):
     expected = int(model(torch.tensor([tok.encode("the quick brown")]))[0, -1].argmax())
     assert tr.next_token["id"] == expected
     assert tr.family == "qwen3_5"
+    linear = next(stage for stage in tr.stages if stage["name"] == "linear attention")
+    assert linear["shape"] == [1, 4, 8, 6] and "layers 0, 1, 3" in linear["note"]  # [b, hv, dk, dv]
+    assert (tr.attention["rope_layers"], tr.attention["rope_dims"]) == ([2, 4], 2)  # RoPE: full layers, 2 of 8
 
 
 def test_info_counts_every_parameter(tiny, capsys):

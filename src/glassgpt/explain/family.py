@@ -137,7 +137,8 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         stages=_stages(cfg, seen, q_shape, list(k.shape), linear_stages(anatomy, b)),
         attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
                    "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
-                   "qk_norm": cfg.qk_norm, "rope_base": cfg.rope_base, "rope_scaled": cfg.rope_freq is not None},
+                   "qk_norm": cfg.qk_norm, "rope_base": cfg.rope_base, "rope_scaled": cfg.rope_freq is not None,
+                   **rope_reach(anatomy)},
         answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens,
         head=head_products(model, kept["final_norm"][0, -1], logits[0, -1], [n["id"] for n in next_tokens],
                            ids[0].tolist(), label))
@@ -178,6 +179,13 @@ def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, l
         if attention:
             handles.append(part(block.attention.query.path).register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
     return handles
+
+
+def rope_reach(anatomy) -> dict[str, Any]:
+    """Which layers RoPE turns, and how many of a head's dimensions (Qwen3.5: the full layers, 64 of 256)."""
+    rope = anatomy.blocks[_first_causal(anatomy)].attention.rope
+    return {"rope_layers": [block.index for block in anatomy.blocks if block.attention.rope is not None],
+            "rope_dims": rope.rotary_dim or rope.head_dim}
 
 
 def linear_stages(anatomy, b: int) -> list[dict[str, Any]]:
