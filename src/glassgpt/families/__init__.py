@@ -1,4 +1,5 @@
-"""The book's next models after GPT-2, one glass file each: Qwen3 (qwen3.py) and Llama 3.2 (llama3.py).
+"""The book's next models after GPT-2, one glass file each: Qwen3 (qwen3.py) and Llama 3.2 (llama3.py), and the
+bonus Qwen3.5 (qwen3_5.py: linear and full attention layers, its Qwen3_5Config a FamilyConfig with more fields).
 
     cfg = family_config("qwen3-0.6b", n_layers=2)   # FamilyConfig (config.py), a preset or your own
     model = build_model(cfg)                        # Qwen3Model or Llama3Model, by cfg.family

@@ -126,10 +126,6 @@ class Qwen3_5Config(FamilyConfig):
         return super().from_book_dict("qwen3_5", values, tie_embeddings)
 
 
-def qwen3_5_config(**values: Any) -> Qwen3_5Config:
-    return Qwen3_5Config(family="qwen3_5", **values)
-
-
 # --- the pieces --------------------------------------------------------------------------------
 
 class RMSNorm(nn.Module):
