@@ -215,9 +215,9 @@ def test_notebook_pth_with_its_config_json_loads_and_runs(tmp_path, tiny):
 
 def test_config_round_trips_through_its_json():
     """What glassgpt writes beside a model's weights (to_dict) reads back as the same Qwen3_5Config."""
-    from glassgpt.families import FamilyConfig
+    from glassgpt.formats.glassgpt import config_from_values
     cfg = Qwen3_5Config.from_book_dict("qwen3_5", notebook_config())
-    assert FamilyConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert config_from_values(json.loads(json.dumps(cfg.to_dict())), "config.json") == cfg
 
 
 # --- bad input: one line each ---------------------------------------------------------------------

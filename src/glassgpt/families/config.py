@@ -112,9 +112,6 @@ class FamilyConfig:
         """A config from its own `to_dict` (the JSON glassgpt writes beside a family's weights)."""
         if values.get("num_experts"):
             raise_moe(values)
-        if values.get("family") == "qwen3_5" and cls is FamilyConfig:
-            from .qwen3_5 import Qwen3_5Config  # its own fields: layer_types, the linear attention's sizes
-            return Qwen3_5Config.from_dict(values)
         return cls(**known_fields(cls, values, ConfigError, "config field"))
 
     def to_book_dict(self, dtype=None) -> dict[str, Any]:
