@@ -220,6 +220,35 @@ def test_config_round_trips_through_its_json():
     assert config_from_values(json.loads(json.dumps(cfg.to_dict())), "config.json") == cfg
 
 
+@torch.no_grad()
+def test_exported_folders_load_back_with_the_same_logits(tmp_path, tiny):
+    """export_family_hf's folder in transformers, save_model's checkpoint in glassgpt: the same logits."""
+    from transformers import Qwen3_5ForCausalLM
+    from glassgpt.formats import load_model
+    from glassgpt.formats.families import export_family_hf
+    from glassgpt.formats.glassgpt import save_model
+    model = load_family(tiny[0])
+    x = ids(1, 30)
+    theirs = Qwen3_5ForCausalLM.from_pretrained(export_family_hf(model, tmp_path / "hf")).eval()
+    assert relative_error(model(x), theirs(x).logits) < 1e-5
+    again = load_model(save_model(model, tmp_path / "ckpt"))
+    assert torch.equal(again(x), model(x)) and again.tied
+
+
+@torch.no_grad()
+def test_a_llama_glassgpt_checkpoint_loads_back(tmp_path):
+    """Llama 3's RMSNorm keeps `weight`, as Qwen3.5's does: glassgpt's reader (which renames GPT-2's old
+    norm1.weight to norm1.scale) gives it its names back (before, its own checkpoint lacked 3 tensors)."""
+    from glassgpt.families import family_config
+    from glassgpt.formats import load_model
+    from glassgpt.formats.glassgpt import save_model
+    torch.manual_seed(0)
+    model = build_model(family_config("llama3.2-1b", n_layers=1, vocab_size=64, emb_dim=32, n_heads=4, hidden_dim=64,
+                                      n_kv_groups=2)).eval()
+    x = torch.randint(0, 64, (1, 9))
+    assert torch.equal(load_model(save_model(model, tmp_path / "ckpt"))(x), model(x))
+
+
 # --- bad input: one line each ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("change, words", [

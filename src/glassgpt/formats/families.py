@@ -144,13 +144,29 @@ def qwen3_5_config_from_hf(raw: dict[str, Any], source: str) -> Qwen3_5Config:
         raise ConfigError(f"{source}: {e}") from None
 
 
+def qwen3_5_config_to_hf(cfg: Qwen3_5Config) -> dict[str, Any]:
+    return {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": cfg.vocab_size,
+            "max_position_embeddings": cfg.context_length, "hidden_size": cfg.emb_dim,
+            "num_attention_heads": cfg.n_heads, "num_hidden_layers": cfg.n_layers, "intermediate_size": cfg.hidden_dim,
+            "num_key_value_heads": cfg.n_kv_groups, "head_dim": cfg.head_dim_value, "rms_norm_eps": cfg.norm_eps,
+            "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu", "attention_bias": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base,
+                                "partial_rotary_factor": cfg.partial_rotary_factor},
+            "linear_conv_kernel_dim": cfg.linear_conv_kernel_dim, "linear_key_head_dim": cfg.linear_key_head_dim,
+            "linear_value_head_dim": cfg.linear_value_head_dim, "linear_num_key_heads": cfg.linear_num_key_heads,
+            "linear_num_value_heads": cfg.linear_num_value_heads, "layer_types": list(cfg.layer_types),
+            "torch_dtype": "float32"}
+
+
 QWEN3_5_IMPLEMENTS = {"attention_bias": "no biases", "hidden_act": "silu", "rope_parameters.rope_type":
                       "the default RoPE", "rope_scaling": "no RoPE scaling",
                       "quantization_config": "float weights"}
 
 
 def config_to_hf(cfg: FamilyConfig) -> dict[str, Any]:
-    """The config.json that transformers' Qwen3ForCausalLM / LlamaForCausalLM reads for `cfg`."""
+    """The config.json that transformers' Qwen3ForCausalLM / LlamaForCausalLM / Qwen3_5ForCausalLM reads for `cfg`."""
+    if cfg.family == "qwen3_5":
+        return qwen3_5_config_to_hf(cfg)
     arch = next(a for a, f in HF_ARCHITECTURES.items() if f == cfg.family)
     raw = {"architectures": [arch], "model_type": cfg.family.replace("llama3", "llama"),
            "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.emb_dim,
@@ -321,6 +337,9 @@ def model_from_book_state(cfg: FamilyConfig, state: dict[str, torch.Tensor], sou
     with on_meta():  # (no initial weights drawn: nothing to draw into)
         model = build_model(cfg)
     expected = {k: v.shape for k, v in model.state_dict().items()}
+    # glassgpt's tensor readers rename GPT-2's old norm1.weight to norm1.scale (files.upgrade_name): a family whose
+    # RMSNorm keeps `weight` (Llama 3, Qwen3.5), read from glassgpt's own checkpoint, gets its names back
+    state = {weight_name(k, expected): v for k, v in state.items()}
     if cfg.tie_embeddings:
         expected.pop("out_head.weight")
         state = {k: v for k, v in state.items() if k != "out_head.weight"}
@@ -338,6 +357,11 @@ def model_from_book_state(cfg: FamilyConfig, state: dict[str, torch.Tensor], sou
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     return model.to(device=device, dtype=dtype).eval()
+
+
+def weight_name(name: str, expected: dict[str, Any]) -> str:
+    head, _, leaf = name.rpartition(".")
+    return f"{head}.weight" if leaf == "scale" and name not in expected and f"{head}.weight" in expected else name
 
 
 def family_of_state(state: dict[str, Any]) -> str | None:
