@@ -288,9 +288,8 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
 
     def block(b: Block) -> Block:
         att, ff = b.attention, b.ff
-        rope = att.rope
         att = replace(att, path=path(att.path), query=linear(att.query), key=linear(att.key), value=linear(att.value),
-                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm), rope=rope,
+                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm),
                       output_gate=linear(att.output_gate))
         ff = replace(ff, path=path(ff.path), up=linear(ff.up), down=linear(ff.down), gate=linear(ff.gate),
                      activation_path=path(ff.activation_path))
