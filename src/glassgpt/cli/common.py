@@ -89,10 +89,18 @@ DROP_RATE_HELP = ("dropout of a .pth state dict, which cannot record it (default
                   "else 0.0, said in a note)")
 
 
+TOKENIZER_HELP = ("the tokenizer to read and write text with, in place of the model's own: gpt2 (GPT-2's), or a "
+                  "file: a Qwen3-style tokenizer.json, a Llama 3 tokenizer.model, or a tokenizer .json glassgpt saved "
+                  "(default: the one saved with the model, else GPT-2's)")
+
+
 def add_source_args(p: argparse.ArgumentParser, context_length: str | None = None, n_heads: str = N_HEADS_HELP,
-                    drop_rate: str = DROP_RATE_HELP) -> None:
-    """--n-heads, --drop-rate and, where a command reads windows, --context-length (its help given): the flags
-    that formats.open takes, in every command that reads a state dict (train gives them its own help too)."""
+                    drop_rate: str = DROP_RATE_HELP, tokenizer: bool = True) -> None:
+    """--n-heads, --drop-rate, --tokenizer and, where a command reads windows, --context-length (its help given):
+    the flags that formats.open takes, in every command that reads a model (train gives them its own help, and
+    its own --tokenizer, too)."""
+    if tokenizer:
+        p.add_argument("--tokenizer", dest="model_tokenizer", default=None, metavar="gpt2|FILE", help=TOKENIZER_HELP)
     p.add_argument("--n-heads", type=positive_int, default=None, metavar="H", help=n_heads)
     p.add_argument("--drop-rate", type=dropout, default=None, metavar="P", help=drop_rate)
     if context_length is not None:
@@ -105,7 +113,8 @@ def open_model(args: argparse.Namespace, spec=None, dropout_matters: bool = Fals
     the command trains or writes it: `dropout_matters`). `window`: --context-length is a window length."""
     source = formats.open(args.model if spec is None else spec, n_heads=getattr(args, "n_heads", None),
                           drop_rate=getattr(args, "drop_rate", None),
-                          context_length=getattr(args, "context_length", None) if window else None)
+                          context_length=getattr(args, "context_length", None) if window else None,
+                          tokenizer=getattr(args, "model_tokenizer", None))
     say_opened(source, dropout_matters)
     return source
 
@@ -114,6 +123,8 @@ def say_opened(source: Source, dropout_matters: bool = False) -> None:
     """The lines a command says of the model it opened, on stderr (the first it prints)."""
     if source.checkpoint is not None:
         say(f"note: {source.checkpoint.line()}", file=sys.stderr)
+    if (origin := source.config_origin()) is not None:
+        say(f"note: {origin}", file=sys.stderr)
     if source.kind == "state_dict":
         for note in source.notes():
             if note.assumed and (dropout_matters or note.field != "drop_rate"):

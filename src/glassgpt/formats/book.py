@@ -57,6 +57,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         keys = list(obj)[:5] if isinstance(obj, dict) else type(obj).__name__
         raise CheckpointError(f"{path} holds no state dict (found {keys}): save one with "
                               "torch.save(model.state_dict(), path)")
+    from .families import untold_config  # the book's Qwen3 or Llama: named, with what its tensors cannot tell
+    if (line := untold_config(obj, path)) is not None:
+        raise CheckpointError(line)
     expected = _book_names()
     for name in obj:
         if re.sub(r"^trf_blocks\.\d+\.", "trf_blocks.N.", name) not in expected:

@@ -171,6 +171,20 @@ def read_family_config(spec: str | os.PathLike) -> FamilyConfig:
     return FamilyConfig.from_book_dict("qwen3" if "qk_norm" in values else "llama3", values, tie_embeddings=tie)
 
 
+def config_origin(spec: str | os.PathLike) -> str:
+    """Where `read_family_config(spec)` took the config from, and which values nothing in it said (the first line
+    a command says of a Qwen3 or Llama model)."""
+    path = Path(spec)
+    if path.is_dir():
+        return f"config: {path / 'config.json'} ({read_family_config(spec).family})"
+    values = read_json(book_config_path(spec), what=f"the config of {spec}")
+    family = "qwen3" if "qk_norm" in values else "llama3"
+    assumed = [f"{k} {v}" for k, v in (("norm_eps", 1e-6 if family == "qwen3" else 1e-5),
+                                       ("tie_embeddings", False)) if k not in values]
+    return (f"config: {book_config_path(spec).name} beside {path.name}, the book's {BOOK_CLASSES[family]} dict"
+            + (f"; assumed, as the book's code has them: {', '.join(assumed)}" if assumed else ""))
+
+
 def load_family_tokenizer(spec: str | os.PathLike):
     """The tokenizer saved in the model's folder (or beside its .pth), checked against its vocabulary."""
     cfg = read_family_config(spec)
@@ -178,7 +192,10 @@ def load_family_tokenizer(spec: str | os.PathLike):
     tokenizer = family_tokenizer(folder, cfg.family, cfg.vocab_size)
     if tokenizer is None:
         wanted = "tokenizer.json" if cfg.family == "qwen3" else "tokenizer.model"
-        raise TokenizerError(f"{folder} has no {wanted}: put the model's own {wanted} beside its weights")
+        where = f"{Path(spec).name}'s folder {folder.resolve()}" if folder != Path(spec) else str(folder)
+        raise TokenizerError(f"{where} has no {wanted}: put the model's own {wanted} beside its weights, or give "
+                             f"it with --tokenizer FILE (tokenizer=FILE), or read the prompt with GPT-2's "
+                             f"(--tokenizer gpt2)")
     return tokenizer
 
 
@@ -257,6 +274,52 @@ def family_of_state(state: dict[str, Any]) -> str | None:
     if "trf_blocks.0.norm1.weight" in state:
         return "llama3"
     return None
+
+
+BOOK_CLASSES = {"qwen3": "Qwen3Model (llms_from_scratch.qwen3)", "llama3": "Llama3Model (llms_from_scratch.llama3)"}
+# What a family's tensors cannot tell, and where the book's config dict keeps it.
+UNTOLD = {"qwen3": ("context_length", "rope_base"),
+          "llama3": ("n_heads", "n_kv_groups", "context_length", "rope_base", "rope_freq")}
+
+
+def what_state_tells(state: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(family, the config values its tensors fix) for the book's Qwen3/Llama state dict, told by its names and
+    shapes alone; None for another one. Qwen3's q_norm is a head wide, so its head counts are told too; Llama's
+    are not (W_query is emb_dim square whatever the head count)."""
+    family = family_of_state(state)
+    # GPT-2's norms are `scale` too: the book's next models add no pos_emb and feed SwiGLU's fc1, fc2, fc3
+    if family is None or "tok_emb.weight" not in state or "pos_emb.weight" in state \
+            or "trf_blocks.0.ff.fc1.weight" not in state:
+        return None
+    blocks = {int(k.split(".")[1]) for k in state if k.startswith("trf_blocks.") and k.split(".")[1].isdigit()}
+    vocab_size, emb_dim = state["tok_emb.weight"].shape
+    told: dict[str, Any] = {"vocab_size": vocab_size, "emb_dim": emb_dim, "n_layers": max(blocks, default=-1) + 1}
+    if (ff := state.get("trf_blocks.0.ff.fc1.weight")) is not None:
+        told["hidden_dim"] = ff.shape[0]
+    q, k = state.get("trf_blocks.0.att.W_query.weight"), state.get("trf_blocks.0.att.W_key.weight")
+    qn = state.get("trf_blocks.0.att.q_norm.scale")
+    if family == "qwen3" and q is not None and k is not None and qn is not None:
+        head_dim = qn.shape[0]
+        told.update(head_dim=head_dim, n_heads=q.shape[0] // head_dim, n_kv_groups=k.shape[0] // head_dim,
+                    qk_norm=True)
+    head = state.get("out_head.weight")
+    told["tie_embeddings"] = head is None or head.data_ptr() == state["tok_emb.weight"].data_ptr()
+    return family, told
+
+
+def untold_config(state: dict[str, Any], path: str | os.PathLike) -> str | None:
+    """The one line for the book's Qwen3/Llama state dict without its config JSON: the model its keys and shapes
+    match, what they tell, what they cannot, and the file to write; None when it matches neither."""
+    found = what_state_tells(state)
+    if found is None:
+        return None
+    family, told = found
+    told_text = ", ".join(f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
+                          for k, v in told.items())
+    side = book_config_path(path)
+    return (f"{path} looks like the book's {BOOK_CLASSES[family]} by its keys and shapes; they tell {told_text}, "
+            f"but not {', '.join(UNTOLD[family])}: put the config dict the model was built with as JSON in "
+            f"{side.name} beside it (glassgpt export --format book writes both)")
 
 
 def read_book_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:

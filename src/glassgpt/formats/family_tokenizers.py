@@ -145,6 +145,16 @@ def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, source: str) -> None
                              f"{vocab_size:,}: it is another model's tokenizer; use the one saved with these weights")
 
 
+def tokenizer_file(path: str | os.PathLike) -> Tokenizer:
+    """The tokenizer in one file, told by what the file is: a tokenizer.model (base64 token and rank per
+    line: Llama 3's) or a Hugging Face tokenizer.json (a `model` entry: Qwen3's byte-level BPE). A
+    tokenizer .json that glassgpt saved is formats.get_tokenizer's."""
+    path = Path(path)
+    if not path.is_file():
+        raise TokenizerError(f"--tokenizer {path}: no such file: give gpt2, a tokenizer.json or a tokenizer.model")
+    return (Llama3Tokenizer if path.suffix == ".model" else Qwen3Tokenizer)(path)
+
+
 def family_tokenizer(path: str | os.PathLike, family: str, vocab_size: int) -> Tokenizer | None:
     """The tokenizer in a model folder (tokenizer.json for Qwen3; tokenizer.model or original/tokenizer.model
     for Llama 3), checked against the model's vocabulary; None when the folder has none."""
