@@ -387,6 +387,38 @@ def test_the_variants_page_shows_the_figures_the_functions_give():
 def test_moe_parameters_equal_the_estimator_and_the_module(emb_dim, hidden_dim, experts, top_k):
     cfg = MoEConfig(emb_dim=emb_dim, n_heads=4, num_experts=experts, num_experts_per_tok=top_k, hidden_dim=hidden_dim)
     per_expert, router, total, active = estimate_moe_params(emb_dim, hidden_dim, experts, top_k)
-    assert ff_parameters(cfg) == {"per_expert": per_expert, "router": router, "total": total, "active_per_token": active}
+    assert ff_parameters(cfg) == {"per_expert": per_expert, "router": router, "total": total,
+                                  "active_per_token": active}
     if emb_dim <= 768:  # the module itself (7168 x 1792 x 24 matrices would take 1.2 GB)
         assert sum(p.numel() for p in MoEFeedForward(cfg).parameters()) == total
+
+
+# The tensors of block 0 that the repository's scripts make, as their source builds them (emb_dim 32, 4 heads,
+# qkv_bias False, GPT_CONFIG_124M's choice): a state dict their GPTModel saved loads into these strictly.
+REPOSITORY_ATTENTION = {
+    "gqa": {"W_key.weight": [16, 32], "W_value.weight": [16, 32], "W_query.weight": [32, 32],  # n_kv_groups 2
+            "out_proj.weight": [32, 32]},  # (no bias: nn.Linear(d_out, d_out, bias=False))
+    "mla": {"W_query.weight": [32, 32], "W_DKV.weight": [8, 32], "W_UK.weight": [32, 8], "W_UV.weight": [32, 8],
+            "out_proj.weight": [32, 32], "out_proj.bias": [32]},  # latent_dim 8
+    "swa": {"W_query.weight": [32, 32], "W_key.weight": [32, 32], "W_value.weight": [32, 32],
+            "out_proj.weight": [32, 32], "out_proj.bias": [32]},
+}
+SHAPE_ONLY = dict(vocab_size=101, context_length=32, emb_dim=32, n_heads=4, n_layers=1)
+
+
+@pytest.mark.parametrize("name, cfg", [("gqa", GQAConfig(**SHAPE_ONLY, n_kv_groups=2)),
+                                       ("mla", MLAConfig(**SHAPE_ONLY, latent_dim=8)),
+                                       ("swa", SWAConfig(**SHAPE_ONLY, sliding_window_size=4))])
+def test_the_attention_tensors_have_the_repositorys_names_and_shapes(name, cfg):
+    state = build_model(cfg).state_dict()
+    att = {k.removeprefix("trf_blocks.0.att."): list(v.shape) for k, v in state.items() if ".att." in k}
+    assert att == REPOSITORY_ATTENTION[name]
+    assert "out_head.weight" in state and state["out_head.weight"].data_ptr() != state["tok_emb.weight"].data_ptr()
+
+
+def test_the_experts_have_the_repositorys_names_and_shapes():
+    state = build_model(MoEConfig(**SHAPE_ONLY, num_experts=2, hidden_dim=24)).state_dict()
+    ff = {k.removeprefix("trf_blocks.0.ff."): list(v.shape) for k, v in state.items() if ".ff." in k}
+    assert ff == {"gate.weight": [2, 32], "fc1.0.weight": [24, 32], "fc1.1.weight": [24, 32],
+                  "fc2.0.weight": [24, 32], "fc2.1.weight": [24, 32], "fc3.0.weight": [32, 24],
+                  "fc3.1.weight": [32, 24]}

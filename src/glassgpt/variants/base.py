@@ -18,12 +18,23 @@ bytes beside GPT-2's (`mha_kv_cache_bytes`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from .. import model as gpt2
 from ..config import GPTConfig
 from ..errors import ConfigError, PromptError
+
+
+@dataclass(frozen=True)
+class VariantConfig(GPTConfig):
+    """GPTConfig with the defaults of the repository's scripts (their GPT_CONFIG_124M): no query/key/value
+    biases and an out_head of its own, so that a state dict their GPTModel saved loads as it is."""
+
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
 
 
 def check_language_model(cfg: GPTConfig) -> None:
@@ -116,8 +127,9 @@ class CachedGPTModel(nn.Module):
         b, t = in_idx.shape
         start = self.current_pos if use_cache else 0
         if start + t > self.cfg.context_length:
-            raise PromptError(f"input reaches position {start + t:,} but context_length is {self.cfg.context_length:,}: "
-                              "shorten it, or call reset_kv_cache() and feed the last context_length tokens")
+            raise PromptError(f"input reaches position {start + t:,} but context_length is "
+                              f"{self.cfg.context_length:,}: shorten it, or call reset_kv_cache() and feed the last "
+                              "context_length tokens")
         x = self.tok_emb(in_idx)  # [b, t] -> [b, t, d]
         x = self.drop_emb(x + self.pos_emb(torch.arange(start, start + t, device=in_idx.device)))  # + [t, d]
         for block in self.trf_blocks:

@@ -22,14 +22,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import GPTConfig
 from ..errors import ConfigError
 from ..model import FeedForward, attention_weights
-from .base import CachedGPTModel, TransformerBlock, append_to_cache, element_bytes
+from .base import CachedGPTModel, TransformerBlock, VariantConfig, append_to_cache, element_bytes
 
 
 @dataclass(frozen=True)
-class GQAConfig(GPTConfig):
+class GQAConfig(VariantConfig):
     n_kv_groups: int = 4  # g: key/value heads; n_heads must be a multiple of it
 
     def __post_init__(self) -> None:

@@ -24,14 +24,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import GPTConfig
 from ..errors import ConfigError
 from ..model import FeedForward, attention_weights
-from .base import CachedGPTModel, TransformerBlock, element_bytes
+from .base import CachedGPTModel, TransformerBlock, VariantConfig, element_bytes
 
 
 @dataclass(frozen=True)
-class MLAConfig(GPTConfig):
+class MLAConfig(VariantConfig):
     latent_dim: int | None = None  # c; None: the repository's default, max(16, emb_dim // 8)
 
     def __post_init__(self) -> None:

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import GPTConfig
 from ..errors import ConfigError
-from .base import CachedGPTModel, MultiHeadAttention, TransformerBlock, mha_kv_cache_bytes
+from .base import CachedGPTModel, MultiHeadAttention, TransformerBlock, VariantConfig, mha_kv_cache_bytes
 
 
 @dataclass(frozen=True)
-class MoEConfig(GPTConfig):
+class MoEConfig(VariantConfig):
     num_experts: int = 8          # E: feed-forwards per block
     num_experts_per_tok: int = 2  # k: of them, the ones each token runs through
     hidden_dim: int | None = None  # f: an expert's inner width; None: 4 * emb_dim, GPT-2's

@@ -26,11 +26,11 @@ import torch
 from ..config import GPTConfig
 from ..errors import ConfigError
 from ..model import FeedForward
-from .base import CachedGPTModel, MultiHeadAttention, TransformerBlock, append_to_cache, element_bytes
+from .base import CachedGPTModel, MultiHeadAttention, TransformerBlock, VariantConfig, append_to_cache, element_bytes
 
 
 @dataclass(frozen=True)
-class SWAConfig(GPTConfig):
+class SWAConfig(VariantConfig):
     sliding_window_size: int = 1024  # W: the positions a query sees, itself included
     sliding_window_stride: int = 2   # K: K window layers, then one full layer; 0 none, < 0 all
 
