@@ -422,3 +422,16 @@ def test_the_experts_have_the_repositorys_names_and_shapes():
     assert ff == {"gate.weight": [2, 32], "fc1.0.weight": [24, 32], "fc1.1.weight": [24, 32],
                   "fc2.0.weight": [24, 32], "fc2.1.weight": [24, 32], "fc3.0.weight": [32, 24],
                   "fc3.1.weight": [32, 24]}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_glassgpt_generate_refuses_a_variant_in_one_line_rather_than_run_it_as_gpt2(name):
+    # GPT-2's names over another computation: read as GPT-2, a window model whose window covers the
+    # prompt passed the logits check and generated GPT-2's tokens past the window.
+    import glassgpt
+
+    model = tiny(name)
+    with pytest.raises(glassgpt.GlassError, match=rf"^glassgpt\.variants\.{name}\.GPTModel is one of chapter 4's "
+                                                 r"variants.*generate_text_simple_cached") as err:
+        glassgpt.generate(model, [1, 2, 3], 20)
+    assert "\n" not in str(err.value)
