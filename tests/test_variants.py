@@ -111,6 +111,13 @@ def test_a_cached_input_past_the_context_is_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("prompt", [torch.zeros(1, 0, dtype=torch.long), torch.zeros(5, dtype=torch.long)])
+def test_a_prompt_that_is_not_a_batch_of_ids_is_refused_in_one_line(prompt):
+    with pytest.raises(PromptError, match=r"^the prompt must be ids \[batch, tokens\] with at least one token, got "
+                                          rf"shape {re.escape(str(list(prompt.shape)))}$"):
+        generate_text_simple_cached(tiny("gqa"), prompt, 3)
+
+
 # --- each variant against an independent computation ------------------------------------------------
 
 

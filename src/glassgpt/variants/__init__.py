@@ -35,7 +35,7 @@ VARIANTS = {GQAConfig: gqa, MLAConfig: mla, SWAConfig: swa, MoEConfig: moe}
 
 __all__ = ["CachedGPTModel", "GQAConfig", "GroupedQueryAttention", "MLAConfig", "MoEConfig", "MoEFeedForward",
            "MultiHeadAttentionWithSWA", "MultiHeadLatentAttention", "SWAConfig", "VARIANTS", "build_model",
-           "generate_text_simple_cached", "gpt2_config", "kv_bytes_per_token", "kv_cache_bytes"]
+           "generate_text_simple_cached", "gpt2_config", "kv_bytes_per_token", "kv_cache_bytes", "variant_of"]
 
 
 def build_model(cfg: GPTConfig) -> CachedGPTModel:

@@ -153,6 +153,8 @@ def generate_text_simple_cached(model: CachedGPTModel, idx: torch.Tensor, max_ne
     With the cache: the prompt (its last context_size tokens) once, then only each new token.
     Without it: the whole sequence (its last context_size tokens) at every step, as chapter 4 does.
     """
+    if idx.dim() != 2 or idx.shape[1] == 0:
+        raise PromptError(f"the prompt must be ids [batch, tokens] with at least one token, got shape {list(idx.shape)}")
     model.eval()
     ctx_len = context_size or model.cfg.context_length
     if use_cache:
