@@ -4,7 +4,7 @@ The import graph is read from the source (every `import` and `from ... import`, 
 and inside functions, except under `if TYPE_CHECKING:`), so a lazy import that hides a cycle
 counts as one. The layers, lowest first (a module may import its own layer and those below):
 
-    errors, version  <  config, tokenizer  <  model, adopt, families  <  device  <  engine
+    errors, version  <  config, tokenizer  <  model, adopt, families, variants  <  device  <  engine
       <  memory, generate, recall, prompt, formats  <  explain  <  training  <  cli, web
 
 (memory.py sits above the engine because it counts what the engine allocates; recall.py, what a
@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "glassgpt"
-LAYERS = [("errors", "version"), ("config", "tokenizer"), ("model", "adopt", "families"), ("device",), ("engine",),
+LAYERS = [("errors", "version"), ("config", "tokenizer"), ("model", "adopt", "families", "variants"), ("device",), ("engine",),
           ("memory", "generate", "recall", "prompt", "formats"), ("explain",), ("training",), ("cli", "web", "__main__")]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 FOLDERS = {
