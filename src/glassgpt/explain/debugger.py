@@ -1,0 +1,769 @@
+"""The layer debugger: a reader's port against transformers, one line per layer, and the first cause.
+
+    glassgpt.check(Qwen3Model, against="transformers")   # a class: built on a tiny random config
+    glassgpt check my_llama.py:Llama3Model --against transformers
+
+The book maintainer's layer debuggers (ch05/12_gemma3/tests/gemma3_layer_debugger.py, OLMo 3's,
+Tiny Aya's) build a tiny random config, give the reader's model and transformers' the same weights,
+hook every layer and print `[OK]` / `[DIFF]` / `[SHAPE]` per layer at rtol = atol = 1e-5. This does
+the same for GPT-2, Llama 3.2 and Qwen3: the book's classes, glassgpt's, or a reader's copy in
+memory (a class or a model; no file needed). The weights go from transformers' names to the port's
+through the maps glassgpt already reads with (formats/hf.py's and formats/families.py's tables,
+adopt.py's view of the port), never a second table. Then it says why, at the first layer that
+differs:
+
+- the first part inside it that differs (norm1, the q/k/v projections, q_norm/k_norm, the
+  attention, the shortcut, norm2, the feed-forward), hooked on both models;
+- the property that part breaks, measured on the port's own tensors: a norm's mean, variance or
+  mean square and the eps it implies; attention rows that do not sum to 1, weight on a later
+  position, the scores' scale (fitted), which pairs RoPE rotates; a missing shortcut; the activation;
+- the catalogue's exact mistake (verify.py, verify_family.py) where one reproduces the numbers.
+
+`check_state_dict(model, state)` names what goes wrong when a state dict is loaded into a port:
+another convention's names (and the map that converts them), a transposed matrix (GPT-2's Conv1D),
+missing or unexpected keys, a head that is a copy of the embedding.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..adopt import evaluating_all, module_logits, read_in_place
+from ..config import GPTConfig
+from ..errors import GlassError
+from ..families import FAMILIES, FamilyConfig, RopeFreq, is_family_model
+from ..families.adopt import HF_LAYER_NAMES, HF_NORMS, family_layout
+from ..families.layers import apply_rope, compute_rope_params
+from ..formats import families as family_formats, hf as gpt2_formats
+from ..model import GPTModel
+from . import verify, verify_family
+from .result import Result
+
+RTOL = ATOL = 1e-5  # the maintainer's torch.allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+AGAINST = ("transformers",)
+
+TINY_GPT2 = {"vocab_size": 257, "context_length": 16, "emb_dim": 32, "n_heads": 4, "n_layers": 2,
+             "drop_rate": 0.0, "qkv_bias": True}
+TINY = {"qwen3": FamilyConfig(family="qwen3", vocab_size=257, context_length=16, emb_dim=32, n_heads=4, n_layers=2,
+                              hidden_dim=64, head_dim=8, n_kv_groups=2, rope_base=1_000_000.0, qk_norm=True,
+                              norm_eps=1e-6),
+        "llama3": FamilyConfig(family="llama3", vocab_size=257, context_length=16, emb_dim=32, n_heads=4,
+                               n_layers=2, hidden_dim=64, n_kv_groups=2, rope_base=500_000.0, norm_eps=1e-5,
+                               rope_freq=RopeFreq(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                  original_context_length=8))}
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "qwen3": "Qwen3ForCausalLM", "llama3": "LlamaForCausalLM"}
+
+
+@dataclass
+class LayerLine:
+    """One line of the table: a layer (or a part inside one), ours against transformers'."""
+
+    name: str
+    status: str                     # "OK", "DIFF", "SHAPE" or "MISSING"
+    max_diff: float | None = None
+    mean_diff: float | None = None
+    ours_shape: list[int] | None = None
+    theirs_shape: list[int] | None = None
+    note: str = ""                  # MISSING: which side never ran it
+
+    @property
+    def line(self) -> str:
+        if self.status in ("OK", "DIFF"):
+            return f"[{self.status}] {self.name}: max={self.max_diff:.2e}, mean={self.mean_diff:.2e}"
+        if self.status == "SHAPE":
+            return f"[SHAPE] {self.name}: ours={self.ours_shape}, hf={self.theirs_shape}"
+        return f"[MISSING] {self.name}: {self.note}"
+
+
+@dataclass
+class LayerReport(Result):
+    """What the layer debugger found: the table, the parts of the first layer that differs, and why."""
+
+    kind: str
+    reference: str
+    config: str
+    ids: list[int]
+    layers: list[LayerLine]
+    parts: list[LayerLine] = field(default_factory=list)
+    layer: str | None = None        # the first layer that differs
+    part: str | None = None         # the first part inside it that differs
+    broken: str | None = None       # the property that part breaks
+    mistake: str | None = None      # the catalogue's key, where one reproduces it
+    cause: str | None = None        # the catalogue's sentence
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.layer is None
+
+    @property
+    def finding(self) -> str:
+        if self.ok:
+            worst = max((line.max_diff or 0.0) for line in self.layers)
+            return (f"every layer matches {self.reference} (largest difference {worst:.2e}; "
+                    f"rtol = atol = {RTOL:g})")
+        first = next(line for line in self.layers if line.name == self.layer)
+        text = f"first cause: {self.layer} is the first layer that differs from {self.reference}"
+        text += f" ({_what(first)})"
+        if self.part:
+            text += f"; inside it, {self.part} first"
+        if self.broken:
+            text += f": {self.broken}"
+        if self.cause:
+            text += f". The catalogue: {self.cause}"
+        return text + "."
+
+    def to_dict(self) -> dict[str, Any]:
+        lines = lambda ls: [vars(line) | {"line": line.line} for line in ls]  # noqa: E731
+        return {"kind": self.kind, "reference": self.reference, "config": self.config, "ids": self.ids,
+                "ok": self.ok, "layer": self.layer, "part": self.part, "property": self.broken,
+                "mistake": self.mistake, "cause": self.cause, "finding": self.finding, "notes": self.notes,
+                "layers": lines(self.layers), "parts": lines(self.parts)}
+
+    def to_text(self) -> str:
+        lines = [f"glassgpt check: {self.kind} against {self.reference}",
+                 f"  {self.config}; ids {self.ids}; rtol = atol = {RTOL:g}"]
+        lines += [line.line for line in self.layers]
+        if self.parts:
+            lines += ["", f"inside {self.layer}:"] + [line.line for line in self.parts]
+        return "\n".join(lines + ["", self.finding] + [f"note: {n}" for n in self.notes])
+
+
+def _what(line: LayerLine) -> str:
+    if line.status == "DIFF":
+        return f"max difference {line.max_diff:.2e}"
+    if line.status == "SHAPE":
+        return f"shape {line.ours_shape} where transformers' is {line.theirs_shape}"
+    return line.note
+
+
+# --- the entry point ------------------------------------------------------------------------------
+
+def debug(target: nn.Module | type, config: Any = None, *, against: str = "transformers", seed: int = 0,
+          ids: list[int] | None = None) -> LayerReport:
+    """The layer debugger (see the module's docstring). `target`: a GPT-2, Qwen3 or Llama 3 model, or
+    its class (built on a tiny random config, or on `config`: the book's dict for it, a GPTConfig or a
+    FamilyConfig). `ids`: the prompt (default: 8 random ids). Both models get the same random weights
+    (transformers' drawn with `seed`, then mapped into the port)."""
+    if against not in AGAINST:
+        raise GlassError(f"against={against!r}: the layer debugger compares with {', '.join(AGAINST)}")
+    model = build_port(target, config, seed) if isinstance(target, type) else target
+    if not isinstance(model, nn.Module):
+        raise GlassError(f"the layer debugger takes a model or its class, got {type(model).__name__}")
+    family, cfg, tensors, stages, kind = port_side(model)
+    hf = transformers_model(family, cfg, seed)
+    map_weights(family, cfg, hf, tensors, kind)
+    theirs_stages = _their_stages(hf)
+    gen = torch.Generator().manual_seed(seed)
+    if ids is None:
+        ids = torch.randint(0, cfg.vocab_size, (min(8, cfg.context_length),), generator=gen).tolist()
+    batch = torch.tensor([ids], device=next(model.parameters()).device)
+    points = _points(family, cfg.n_layers)
+    ours = _record(model, _paths(points, stages, family, "ours"), batch, kind)
+    theirs = _record(hf, _paths(points, theirs_stages, family, "theirs"), batch.cpu(), HF_CLASSES[family])
+    layers = [_compare(name, ours.get(name), theirs.get(name), "ours") for name, _, _ in points
+              if not name.startswith("trf_blocks.") or name.count(".") == 1]
+    report = LayerReport(kind, f"transformers' {HF_CLASSES[family]}", config_line(family, cfg), list(ids), layers,
+                         notes=_tie_notes(model, tensors))
+    first = next((line for line in layers if line.status != "OK"), None)
+    if first is not None:
+        report.layer = first.name
+        _explain(report, model, family, cfg, points, ours, theirs, batch)
+    return report
+
+
+# --- the port: built, and read in glassgpt's names --------------------------------------------------
+
+def family_of_config(config: Any) -> str | None:
+    if isinstance(config, GPTConfig):
+        return "gpt2"
+    if isinstance(config, FamilyConfig):
+        return config.family
+    if isinstance(config, dict):
+        if "n_kv_groups" in config:
+            return "qwen3" if "qk_norm" in config else "llama3"
+        if "emb_dim" in config:
+            return "gpt2"
+    return None
+
+
+def build_port(cls: type, config: Any = None, seed: int = 0) -> nn.Module:
+    """`cls` built on `config` (or on a tiny config of its family: told by the config, the class's name,
+    or by which config builds a model glassgpt recognises), after torch.manual_seed(seed)."""
+    if issubclass(cls, GPTModel):
+        families = ["gpt2"]
+    elif issubclass(cls, tuple(FAMILIES.values())):
+        families = [next(f for f, c in FAMILIES.items() if issubclass(cls, c))]
+    elif family_of_config(config):
+        families = [family_of_config(config)]
+    else:
+        name = cls.__name__.lower()
+        families = [f for f, word in (("qwen3", "qwen"), ("llama3", "llama"), ("gpt2", "gpt")) if word in name]
+        families = families or ["gpt2", "qwen3", "llama3"]
+    tried = []
+    for family in families:
+        try:
+            torch.manual_seed(seed)
+            model = cls(_config_for(cls, family, config))
+            if port_side(model)[0] == family:
+                return model.eval()
+        except Exception as err:  # the reader's constructor: what it said, if no family fits
+            tried.append(f"{family}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+    raise GlassError(f"{cls.__name__} could not be built as a GPT-2, Qwen3 or Llama 3 model glassgpt reads "
+                     f"({'; '.join(tried) or 'no config fits'}): give its config (config=..., or --config "
+                     "cfg.json), the book's dict for it")
+
+
+def _config_for(cls: type, family: str, config: Any) -> Any:
+    """The config `cls` takes: glassgpt's classes a GPTConfig or FamilyConfig, the book's (and a
+    reader's) their config dict."""
+    if family == "gpt2":
+        values = config if isinstance(config, dict) else (vars(config) if config is not None else TINY_GPT2)
+        if issubclass(cls, GPTModel):
+            return config if isinstance(config, GPTConfig) else GPTConfig(**{k: values[k] for k in TINY_GPT2})
+        return {k: values[k] for k in TINY_GPT2} if not isinstance(config, dict) else dict(config)
+    cfg = config if isinstance(config, FamilyConfig) else (
+        FamilyConfig.from_book_dict(family, config) if isinstance(config, dict) else TINY[family])
+    if issubclass(cls, tuple(FAMILIES.values())):
+        return cfg
+    return dict(config) if isinstance(config, dict) else cfg.to_book_dict(torch.float32)
+
+
+def port_side(model: nn.Module):
+    """(family, config, {glassgpt name: the port's tensor, a view}, {stage: the port's module path}, kind)."""
+    if is_family_model(model):
+        stages = {s: s for s in ("tok_emb", "final_norm", "out_head")}
+        for i in range(model.cfg.n_layers):
+            stages.update({f"trf_blocks.{i}{s}": f"trf_blocks.{i}{s}" for s in ("", ".norm1", ".att", ".norm2", ".ff")})
+        return (model.cfg.family, model.cfg, dict(model.named_parameters(remove_duplicate=False)), stages,
+                f"glassgpt's {type(model).__name__}")
+    found = family_layout(model)
+    if found is not None:
+        kind, cfg, tensors, stages = found
+        return cfg.family, cfg, tensors, stages, kind
+    glass, layout = read_in_place(model)
+    return "gpt2", glass.cfg, layout.tensors, layout.stages, layout.kind
+
+
+def config_line(family: str, cfg) -> str:
+    if family == "gpt2":
+        return (f"GPT-2: vocab_size {cfg.vocab_size}, emb_dim {cfg.emb_dim}, {cfg.n_layers} layers, "
+                f"{cfg.n_heads} heads, qkv_bias {cfg.qkv_bias}")
+    return (f"{family}: vocab_size {cfg.vocab_size}, emb_dim {cfg.emb_dim}, {cfg.n_layers} layers, {cfg.n_heads} "
+            f"query heads sharing {cfg.n_kv_groups} key/value groups of {cfg.head_dim_value}")
+
+
+# --- transformers' model, with the same random weights ----------------------------------------------
+
+def transformers_model(family: str, cfg, seed: int = 0) -> nn.Module:
+    """transformers' model of `cfg` (eager attention), every weight random: matrices N(0, 1/d), norms'
+    weights around 1, biases small, so that every mistake moves the numbers well past 1e-5."""
+    try:
+        import transformers
+    except ImportError:
+        raise GlassError("the layer debugger compares with transformers, which is not installed: "
+                         "pip install transformers") from None
+    if family == "gpt2":
+        raw = gpt2_formats.config_to_hf(cfg)
+        config = transformers.GPT2Config(**raw)
+    else:
+        raw = family_formats.config_to_hf(cfg)
+        config = (transformers.Qwen3Config if family == "qwen3" else transformers.LlamaConfig)(**raw)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    hf = getattr(transformers, HF_CLASSES[family])(config).float().eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():  # a tied matrix is drawn once
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(cfg.emb_dim))
+            elif name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+            else:
+                p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.2)
+        if family == "gpt2" and not cfg.qkv_bias:  # the port has none: the same computation with zeros
+            for blk in hf.transformer.h:
+                blk.attn.c_attn.bias.zero_()
+    return hf
+
+
+def map_weights(family: str, cfg, hf: nn.Module, tensors: dict[str, torch.Tensor], kind: str) -> None:
+    """Copy transformers' weights into the port's own tensors, through glassgpt's maps (hf_to_glassgpt for
+    GPT-2, with its Conv1D transposes and c_attn split; hf_names for Qwen3 and Llama 3)."""
+    state = hf.state_dict()
+    if family == "gpt2":
+        pairs = gpt2_formats.hf_to_glassgpt(iter(state.items()), cfg)
+    else:
+        pairs = ((book, state[name]) for book, name in family_formats.hf_names(cfg))
+    with torch.no_grad():
+        for name, w in pairs:
+            target = tensors.get(name)
+            if target is None:
+                if name.endswith((".bias", ".shift")) and not bool(w.any()):
+                    continue  # a zero bias the port was built without
+                raise GlassError(f"{kind} has no tensor for {name} {list(w.shape)}, which transformers' model "
+                                 f"of this config has: {_names_hint(tensors)}")
+            if target.shape != w.shape:
+                raise GlassError(f"{kind}: {name} is {list(target.shape)} where transformers' (mapped) is "
+                                 f"{list(w.shape)}: the config does not describe this port")
+            target.copy_(w.to(target.dtype))
+
+
+def _names_hint(tensors: dict[str, torch.Tensor]) -> str:
+    return f"the port's tensors are {', '.join(list(tensors)[:4])}, ..."
+
+
+def _their_stages(hf: nn.Module) -> dict[str, str]:
+    found = family_layout(hf)
+    if found is not None:
+        return found[3]
+    return read_in_place(hf)[1].stages
+
+
+def _tie_notes(model: nn.Module, tensors: dict[str, torch.Tensor]) -> list[str]:
+    emb, head = tensors.get("tok_emb.weight"), tensors.get("out_head.weight")
+    if emb is None or head is None or emb.shape != head.shape or emb.data_ptr() == head.data_ptr():
+        return []
+    if torch.equal(emb, head):
+        return [HEAD_COPY.format(where="the port's out_head.weight")]
+    return []
+
+
+HEAD_COPY = ("{where} holds the same numbers as tok_emb.weight but in separate storage: a copy, not a tie "
+             "(training moves them apart); to tie them, assign model.out_head.weight = model.tok_emb.weight")
+
+
+# --- where each layer and part is, on both sides -----------------------------------------------------
+
+def _points(family: str, n_layers: int) -> list[tuple[str, str, str]]:
+    """(name, stage, what): the table's layers, then each block's parts, in the order data flows.
+    what: "in" or "out" of the stage's module, or a part's recipe."""
+    points = [("embedding", "trf_blocks.0", "in")]
+    points += [(f"trf_blocks.{i}", f"trf_blocks.{i}", "out") for i in range(n_layers)]
+    points += [("final_norm", "final_norm", "out"), ("logits", "out_head", "out")]
+    for i in range(n_layers):
+        b = f"trf_blocks.{i}"
+        parts = [("norm1", "norm1", "out"), ("att.W_query", "att", "q"), ("att.W_key", "att", "k"),
+                 ("att.W_value", "att", "v")]
+        if family == "qwen3":
+            parts += [("att.q_norm", "att", "q_norm"), ("att.k_norm", "att", "k_norm")]
+        parts += [("att", "att", "out"), ("shortcut1", "norm2", "in"), ("norm2", "norm2", "out"),
+                  ("ff", "ff", "out"), ("output", "", "out")]
+        points += [(f"{b}.{name}", f"{b}.{stage}".rstrip("."), what) for name, stage, what in parts]
+    return points
+
+
+def _paths(points, stages: dict[str, str], family: str, side: str) -> dict[str, tuple[str, str, Any]]:
+    """{point: (module path, "in"/"out", how to read the recorded tensor)} on one side."""
+    hf_sub = {book.removesuffix(".weight"): theirs.removesuffix(".weight") for theirs, book in HF_LAYER_NAMES.items()}
+    hf_sub.update({book: theirs for theirs, book in HF_NORMS.items()})
+    ours_sub = {"q": "W_query", "k": "W_key", "v": "W_value", "q_norm": "q_norm", "k_norm": "k_norm"}
+    paths = {}
+    for name, stage, what in points:
+        if stage not in stages:
+            continue
+        path = stages[stage]
+        if what in ("in", "out"):
+            paths[name] = (path, what, None)
+        elif side == "ours":
+            paths[name] = (f"{path}.{ours_sub[what]}", "out", None)
+        elif family == "gpt2":  # transformers' GPT-2 fuses q, k, v in one Conv1D: its thirds
+            paths[name] = (f"{path}.c_attn", "out", "qkv".index(what))
+        else:
+            sub = hf_sub[f"att.{ours_sub[what]}"].removeprefix("self_attn.")
+            paths[name] = (f"{path}.{sub}", "out", None)
+    return paths
+
+
+def _record(module: nn.Module, paths: dict[str, tuple[str, str, Any]], batch: torch.Tensor,
+            kind: str) -> dict[str, torch.Tensor]:
+    """{point: the tensor} of one forward pass (eval mode), the first call of each module kept."""
+    seen: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, (path, io, third) in paths.items():
+        try:
+            sub = module.get_submodule(path)
+        except AttributeError:
+            continue  # the port has no such module: a MISSING line
+
+        def hook(_mod, args, kwargs, out, name=name, io=io, third=third):
+            x = args[0] if args else kwargs.get("hidden_states", next((v for v in kwargs.values()
+                                                                        if torch.is_tensor(v)), None))
+            y = x if io == "in" else (out[0] if isinstance(out, (tuple, list)) else out)
+            if third is not None:
+                y = y.chunk(3, dim=-1)[third]
+            seen.setdefault(name, y.detach().double().clone())
+        handles.append(sub.register_forward_hook(hook, with_kwargs=True))
+    try:
+        with torch.inference_mode(), evaluating_all(module):
+            module_logits(module, batch)
+    except GlassError:
+        raise
+    except Exception as err:  # the port's own forward failed: where, in one line
+        raise GlassError(f"{kind}'s forward failed on a {list(batch.shape)} prompt: {type(err).__name__}: "
+                         f"{err}") from None
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def _compare(name: str, ours: torch.Tensor | None, theirs: torch.Tensor | None, side: str) -> LayerLine:
+    if ours is None or theirs is None:
+        who = "your forward never ran it (or the port has no such module)" if ours is None else \
+            "transformers' model has no such part"
+        return LayerLine(name, "MISSING", note=who)
+    ours, theirs = ours.cpu(), theirs.cpu()
+    if ours.shape != theirs.shape and ours.dim() == 4 and ours.transpose(1, 2).shape == theirs.shape:
+        ours = ours.transpose(1, 2)  # a head's [b, h, t, hd] against transformers' [b, t, h, hd]
+    if ours.shape != theirs.shape:
+        return LayerLine(name, "SHAPE", ours_shape=list(ours.shape), theirs_shape=list(theirs.shape))
+    diff = torch.nan_to_num((ours - theirs).abs(), nan=math.inf)
+    close = bool(torch.allclose(ours, theirs, rtol=RTOL, atol=ATOL))
+    return LayerLine(name, "OK" if close else "DIFF", float(diff.max()), float(diff.mean()),
+                     list(ours.shape), list(theirs.shape))
+
+
+# --- why: the first part, its property, the catalogue ----------------------------------------------
+
+def _explain(report: LayerReport, model, family, cfg, points, ours, theirs, batch) -> None:
+    layer = report.layer
+    if layer.startswith("trf_blocks."):
+        report.parts = [_compare(name.removeprefix(layer + "."), ours.get(name), theirs.get(name), "ours")
+                        for name, _, _ in points if name.startswith(layer + ".")]
+        first = next((p for p in report.parts if p.status != "OK"), None)
+        report.part = first.name if first else None
+        if first is not None:
+            report.broken = broken_property(family, cfg, model, layer, first.name, ours, theirs, batch)
+    elif layer in ("final_norm",):
+        report.broken = _norm_property(family, ours.get("trf_blocks.%d" % (cfg.n_layers - 1)),
+                                       ours.get("final_norm"), _module(model, "final_norm"), cfg)
+    report.mistake, report.cause = catalogue(family, model, report.ids, layer, report.part)
+
+
+def catalogue(family: str, model: nn.Module, ids: list[int], layer: str, part: str | None):
+    """(the mistake's key, its sentence) from verify.py's / verify_family.py's catalogue, on the same
+    weights and ids, where the stage it names is in the layer the table found."""
+    result = verify.check(model, ids=ids) if family == "gpt2" else verify_family.check_family(model, ids)
+    if result.mistake is None or result.first is None:
+        return None, None
+    stage = result.first.name
+    if layer == "embedding":
+        layer = ("tok_emb", "pos_emb", "embeddings")
+    if not stage.startswith(layer):
+        return None, None
+    return result.mistake, re.sub(r"^\S+ is the first stage that differs[^:]*: ", "", result.finding).rstrip(".")
+
+
+def _module(model: nn.Module, stage: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(port_side(model)[3][stage])
+    except (AttributeError, KeyError):
+        return None
+
+
+def broken_property(family, cfg, model, layer, part, ours, theirs, batch) -> str | None:
+    """The property the first differing part breaks, in the port's terms (None: none of the short set)."""
+    got = lambda name: ours.get(f"{layer}.{name}")  # noqa: E731
+    if got(part) is None:
+        return (f"transformers runs {part} here and your forward never calls it (it computes "
+                f"{_PURPOSE.get(part, 'this part')})")
+    if part in ("norm1", "norm2"):
+        x = got("shortcut1") if part == "norm2" else _block_input(layer, ours)
+        return _norm_property(family, x, got(part), _module(model, f"{layer}.{part}"), cfg)
+    if part in ("shortcut1", "output"):
+        x = _block_input(layer, ours) if part == "shortcut1" else got("shortcut1")
+        added = got("att") if part == "shortcut1" else got("ff")
+        if added is not None and x is not None and torch.allclose(got(part), added, rtol=RTOL, atol=ATOL):
+            return ("the block's " + ("first" if part == "shortcut1" else "second") + " sum is the sub-layer's "
+                    "output alone, without the block's input: the shortcut (x = x + shortcut) is missing")
+        return None
+    if part == "att":
+        return attention_property(family, cfg, model, layer, ours, batch)
+    if part == "ff":
+        return _ff_property(family, model, layer, ours, batch)
+    return None
+
+
+_PURPOSE = {"att.q_norm": "an RMSNorm over each query head, before RoPE",
+            "att.k_norm": "an RMSNorm over each key head, before RoPE"}
+
+
+def _block_input(layer: str, ours: dict) -> torch.Tensor | None:
+    i = int(layer.split(".")[1])
+    return ours.get("embedding") if i == 0 else ours.get(f"trf_blocks.{i - 1}")
+
+
+def _norm_property(family: str, x, y, norm: nn.Module | None, cfg) -> str | None:
+    """A norm's output statistics: LayerNorm's rows (before scale and shift) have mean 0 and variance
+    v / (v + eps); RMSNorm's a mean square m / (m + eps)."""
+    if x is None or y is None or norm is None:
+        return None
+    n = x.shape[-1]
+    if family == "gpt2":
+        scale, shift = _param(norm, "scale", "weight"), _param(norm, "shift", "bias")
+        z = (y - (0 if shift is None else shift.double())) / scale.double()
+        mean, var = z.mean(-1), z.var(-1, unbiased=False)
+        if float(mean.abs().max()) > 1e-4:
+            return f"its rows (before scale and shift) have mean up to {float(mean.abs().max()):.3g}, not 0"
+        want = x.var(-1, unbiased=False)
+        ratio = float((var * (want + 1e-5) / want).median())
+        if abs(ratio - (n - 1) / n) < 1e-3:
+            return (f"its rows have variance {ratio:.4f} x the right one, (n - 1)/n for n = {n}: it divides by the "
+                    "unbiased variance (n - 1); LayerNorm divides by n (unbiased=False)")
+        eps = float((want * (1 / var - 1)).median())
+        return f"its rows' variance implies eps = {eps:.1g} inside the root, where it should be {norm_eps(norm):g}"
+    weight = _param(norm, "scale", "weight").double()
+    ms, m = (y / weight).pow(2).mean(-1), x.pow(2).mean(-1)
+    eps = float((m * (1 / ms - 1)).median())
+    want = cfg.norm_eps
+    if abs(eps - want) > max(0.5 * want, 1e-7):
+        return f"its rows' mean square implies eps = {eps:.1g} inside the root, where it should be {want:g}"
+    return None
+
+
+def norm_eps(norm: nn.Module) -> float:
+    eps = getattr(norm, "eps", 1e-5)
+    return float(eps) if isinstance(eps, (int, float)) else 1e-5
+
+
+def _param(module: nn.Module, *names: str) -> torch.Tensor | None:
+    return next((getattr(module, n) for n in names if isinstance(getattr(module, n, None), torch.Tensor)), None)
+
+
+class _Softmaxes(TorchFunctionMode):
+    """The (input, output) of each softmax, only while `inside` is set (by hooks on one module)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inside, self.seen = False, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.inside and getattr(func, "__name__", "") == "softmax" and args and torch.is_tensor(out):
+            self.seen.append((args[0].detach().double().clone(), out.detach().double().clone()))
+        return out
+
+
+def _softmaxes(model: nn.Module, path: str, batch: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    mode = _Softmaxes()
+    sub = model.get_submodule(path)
+    pre = sub.register_forward_pre_hook(lambda *a: setattr(mode, "inside", True))
+    post = sub.register_forward_hook(lambda *a: setattr(mode, "inside", False))
+    try:
+        with torch.inference_mode(), evaluating_all(model), mode:
+            module_logits(model, batch)
+    finally:
+        pre.remove()
+        post.remove()
+    return mode.seen
+
+
+def attention_property(family, cfg, model, layer, ours, batch) -> str | None:
+    """Rows of weights sum to 1, nothing on a later position, the scores' scale, RoPE's pairs."""
+    stages = port_side(model)[3]
+    seen = _softmaxes(model, stages[f"{layer}.att"], batch)
+    if not seen:
+        return None  # scaled_dot_product_attention or another kernel: no weights to read
+    scores, weights = seen[0]
+    weights = weights.reshape(-1, *weights.shape[-2:])  # [b*h, t, t]
+    t = weights.shape[-1]
+    sums = weights.sum(-1)
+    if float((sums - 1).abs().max()) > 1e-6:
+        bad = torch.nonzero((sums - 1).abs() > 1e-6)[0]
+        return (f"row {int(bad[1])} of head {int(bad[0])}'s attention weights sums to {float(sums[tuple(bad)]):.3g}, "
+                "not 1: take the softmax over the keys (dim=-1), after the mask")
+    later = weights.triu(1)
+    if float(later.abs().max()) > 0:
+        bad = torch.nonzero(later > 0)[0]
+        return (f"position {int(bad[1])} puts weight {float(weights[tuple(bad)]):.3g} on the later position "
+                f"{int(bad[2])}: the causal mask is missing, or hides the earlier positions instead")
+    return _scale_and_rope(family, cfg, model, layer, ours, scores.reshape(-1, t, t))
+
+
+def _scale_and_rope(family, cfg, model, layer, ours, scores) -> str | None:
+    """Fit the port's scores to q k^T (q, k from its own projections, normed and rotated as transformers
+    does, or rotated on neighbouring pairs): the factor says the scale, the better fit says RoPE's pairs."""
+    q, k = ours.get(f"{layer}.att.q_norm", ours.get(f"{layer}.att.W_query")), \
+        ours.get(f"{layer}.att.k_norm", ours.get(f"{layer}.att.W_key"))
+    if q is None or k is None:
+        return None
+    b, t = scores.shape[0], scores.shape[-1]
+    hd = cfg.head_dim_value if family != "gpt2" else cfg.emb_dim // cfg.n_heads
+    d_out = q.shape[-1] * (q.shape[-2] if q.dim() == 4 else 1) if q.dim() == 4 else q.shape[-1]
+    heads = lambda y: (y if y.dim() == 4 and y.shape[1] != t else y.reshape(y.shape[0], t, -1, hd).transpose(1, 2))  # noqa: E731
+    q, k = heads(q), heads(k)
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    lower = torch.ones(t, t, dtype=torch.bool).tril()
+    fits = {}
+    for pairs in (("halves", "interleaved") if family != "gpt2" else ("none",)):
+        qr, kr = (q, k) if pairs == "none" else _rotate(q, k, cfg, t, pairs)
+        raw = (qr @ kr.transpose(-2, -1)).reshape(b, t, t)[:, lower]
+        got = scores[:, lower]
+        c = float((got * raw).sum() / (raw * raw).sum())
+        fits[pairs] = (c, float((got - c * raw).abs().max() / max(float(got.abs().max()), 1e-30)))
+    best = min(fits, key=lambda p: fits[p][1])
+    c, residual = fits[best]
+    if residual > 1e-4:
+        return None
+    if best == "interleaved":
+        return ("RoPE rotates neighbouring pairs (x[0], x[1]), (x[2], x[3]), ... where transformers rotates the "
+                f"halves (x[i], x[i + {hd // 2}])")
+    if abs(c * math.sqrt(hd) - 1) > 1e-3:
+        divisor = 1 / c
+        named = {1.0: "nothing", math.sqrt(cfg.emb_dim): f"sqrt(emb_dim) = sqrt({cfg.emb_dim})"}
+        what = next((v for k_, v in named.items() if abs(divisor - k_) < 1e-3 * k_), f"{divisor:.4g}")
+        return (f"the scores are divided by {what} where the head size was meant: divide by sqrt(head_dim) = "
+                f"sqrt({hd})")
+    return None
+
+
+def _rotate(q, k, cfg, t, pairs):
+    cos, sin = compute_rope_params(cfg.head_dim_value, cfg.rope_base, t, cfg.rope_freq)
+    cos, sin = cos.double(), sin.double()
+    rope = apply_rope if pairs == "halves" else verify_family._rope_interleaved
+    return rope(q, cos, sin), rope(k, cos, sin)
+
+
+def _ff_property(family, model, layer, ours, batch) -> str | None:
+    """The activation: what the port applies between its first matrices and its last, fitted."""
+    stages = port_side(model)[3]
+    ff = model.get_submodule(stages[f"{layer}.ff"])
+    first, last = (("layers.0", "layers.2") if family == "gpt2" else ("fc1", "fc3"))
+    seen: dict[str, torch.Tensor] = {}
+    hooks = []
+    for name in (first, last) + (("fc2",) if family != "gpt2" else ()):
+        try:
+            sub = ff.get_submodule(name)
+        except AttributeError:
+            return None
+        hooks.append(sub.register_forward_hook(
+            lambda m, a, o, name=name: seen.setdefault(name, (a[0].detach().double(), o.detach().double()))))
+    try:
+        with torch.inference_mode(), evaluating_all(model):
+            module_logits(model, batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    if first not in seen or last not in seen:
+        return None
+    h, a = seen[first][1], seen[last][0]
+    if family == "gpt2":
+        forms = {"the tanh GELU": F.gelu(h, approximate="tanh"), "the exact GELU (erf)": F.gelu(h), "ReLU": F.relu(h)}
+        want = "GPT-2's tanh GELU"
+    else:
+        up = seen["fc2"][1]
+        forms = {"silu(fc1(x)) * fc2(x)": F.silu(h) * up, "silu(fc2(x)) * fc1(x) (gate and up swapped)":
+                 F.silu(up) * h, "silu(fc1(x)) alone": F.silu(h)}
+        want = "SwiGLU, silu(gate) * up"
+    found = next((name for name, v in forms.items() if torch.allclose(a, v, rtol=1e-5, atol=1e-6)), None)
+    if found is None or found == next(iter(forms)):
+        return None
+    return f"the activation is {found}, where transformers uses {want}"
+
+
+# --- loading a state dict into a port: what goes wrong, named ------------------------------------
+
+CONVENTIONS = (  # (a name pattern of another convention, what it is, the map that converts it)
+    (r"^model\.layers\.\d+\.|^model\.embed_tokens\.", "transformers' Qwen3/Llama names (model.layers.N, "
+     "model.embed_tokens)", "formats/families.py's hf_names (glassgpt.load_model(folder) reads them)"),
+    (r"^(transformer\.)?h\.\d+\.|^(transformer\.)?wte\.", "transformers' GPT-2 names (transformer.h.N, wte; "
+     "Conv1D matrices stored [in, out])", "formats/hf.py's hf_to_glassgpt, which also transposes the Conv1D "
+     "matrices (glassgpt.load_model(folder) reads them)"),
+)
+
+
+def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """(errors, notes) of loading `state` into `model`: each error a sentence naming its cause (another
+    convention's names and the map, a transposed matrix, missing or unexpected keys, a shape), each
+    note something that loads but is not what it seems (a head that is a copy of the embedding)."""
+    own = {k: v for k, v in model.state_dict().items()}
+    optional = {k for k in own if k.endswith((".mask", ".cos", ".sin"))}  # buffers the book rebuilds
+    missing = sorted(set(own) - set(state) - optional)
+    unexpected = sorted(set(state) - set(own))
+    errors = []
+    for pattern, what, how in CONVENTIONS:
+        theirs = [k for k in unexpected if re.search(pattern, k)]
+        if theirs and missing:
+            errors.append(f"the state dict has {what} where your model has the book's ({missing[0]}, ...): "
+                          f"convert them with {how}; e.g. {theirs[0]} is {_book_name(theirs[0], model) or missing[0]}")
+            return errors, []
+    renamed = _renamed(missing, unexpected)
+    if renamed:
+        errors.append(renamed)
+    elif missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"lacks {len(missing)} key(s) your model has ({', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"holds {len(unexpected)} your model has not ({', '.join(unexpected[:3])})")
+        errors.append(f"the state dict {' and '.join(parts)}: it was saved from another model or config")
+    for name in sorted(set(own) & set(state)):
+        mine, theirs = own[name], state[name]
+        if tuple(mine.shape) == tuple(theirs.shape):
+            continue
+        if theirs.dim() == 2 and tuple(theirs.shape) == tuple(mine.shape)[::-1]:
+            errors.append(f"{name} is {list(theirs.shape)}, the transpose of your nn.Linear's {list(mine.shape)} "
+                          "([out, in]): it is stored as GPT-2's Conv1D stores it ([in, out]): transpose it "
+                          "(w.t()), as formats/hf.py's map does")
+        else:
+            errors.append(f"{name} is {list(theirs.shape)} in the state dict but {list(mine.shape)} in your model: "
+                          "the config does not describe these weights")
+    notes = []
+    emb, head = state.get("tok_emb.weight"), state.get("out_head.weight")
+    if emb is not None and head is not None and emb.shape == head.shape and torch.equal(emb, head) \
+            and emb.untyped_storage().data_ptr() != head.untyped_storage().data_ptr():
+        notes.append(HEAD_COPY.format(where="the state dict's out_head.weight"))
+    return errors, notes
+
+
+def _renamed(missing: list[str], unexpected: list[str]) -> str | None:
+    """nn.LayerNorm's weight/bias where the book's LayerNorm has scale/shift, or the other way round."""
+    maps = ((".weight", ".scale"), (".bias", ".shift"))
+    for theirs_end, ours_end in maps + tuple((b, a) for a, b in maps):
+        pairs = [k for k in unexpected if k.endswith(theirs_end) and k[: -len(theirs_end)] + ours_end in missing]
+        if pairs:
+            example = pairs[0]
+            fix = example[: -len(theirs_end)] + ours_end
+            return (f"the state dict names a norm's parameters {theirs_end.lstrip('.')} where your model has "
+                    f"{ours_end.lstrip('.')} ({example} -> {fix}): nn.LayerNorm says weight/bias, the book's "
+                    "LayerNorm scale/shift; rename .weight -> .scale and .bias -> .shift (or the reverse) before "
+                    "load_state_dict")
+    return None
+
+
+def _book_name(name: str, model: nn.Module) -> str | None:
+    """The book's name of one of transformers' tensor names, by glassgpt's own tables."""
+    try:
+        family, cfg = port_side(model)[:2]
+    except GlassError:
+        return None
+    if family == "gpt2":
+        if name.endswith(".attn.c_attn.weight"):
+            return name.replace("transformer.", "").replace("h.", "trf_blocks.").replace(
+                "attn.c_attn.weight", "att.W_query/W_key/W_value.weight (split in three, each transposed)")
+        table = {hf: ours for hf, ours, _, _ in gpt2_formats._hf_names(cfg)}
+        return table.get(name.removeprefix("transformer."))
+    return {theirs: book for book, theirs in family_formats.hf_names(cfg)}.get(name)
+
+
+def load_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str = "the state dict") -> list[str]:
+    """Load `state` into `model` after check_state_dict: a one-line GlassError naming the first cause, or
+    the notes (a copied head) once it has loaded."""
+    errors, notes = check_state_dict(model, state)
+    if errors:
+        raise GlassError(f"{source} does not load into {type(model).__name__}: {errors[0]}")
+    try:
+        model.load_state_dict(state, strict=False)
+    except Exception as err:  # what the checks above do not foresee: torch's own first line
+        raise GlassError(f"{source} does not load into {type(model).__name__}: {type(err).__name__}: "
+                         f"{str(err).splitlines()[0]}") from None
+    return notes
