@@ -26,6 +26,7 @@ missing or unexpected keys, a head that is a copy of the embedding.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ TINY = {"qwen3": FamilyConfig(family="qwen3", vocab_size=257, context_length=16,
                                n_layers=2, hidden_dim=64, n_kv_groups=2, rope_base=500_000.0, norm_eps=1e-5,
                                rope_freq=RopeFreq(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                                   original_context_length=8))}
+ABSENT = "absent"  # in a recording: the points whose module the port does not have
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "qwen3": "Qwen3ForCausalLM", "llama3": "LlamaForCausalLM"}
 
 
@@ -155,7 +157,8 @@ def debug(target: nn.Module | type, config: Any = None, *, against: str = "trans
     (transformers' drawn with `seed`, then mapped into the port)."""
     if against not in AGAINST:
         raise GlassError(f"against={against!r}: the layer debugger compares with {', '.join(AGAINST)}")
-    model = build_port(target, config, seed) if isinstance(target, type) else target
+    # an instance is copied: the weights mapped in are transformers' random ones, never written into the reader's
+    model = build_port(target, config, seed) if isinstance(target, type) else copy.deepcopy(target)
     if not isinstance(model, nn.Module):
         raise GlassError(f"the layer debugger takes a model or its class, got {type(model).__name__}")
     family, cfg, tensors, stages, kind = port_side(model)
@@ -169,7 +172,7 @@ def debug(target: nn.Module | type, config: Any = None, *, against: str = "trans
     points = _points(family, cfg.n_layers)
     ours = _record(model, _paths(points, stages, family, "ours"), batch, kind)
     theirs = _record(hf, _paths(points, theirs_stages, family, "theirs"), batch.cpu(), HF_CLASSES[family])
-    layers = [_compare(name, ours.get(name), theirs.get(name), "ours") for name, _, _ in points
+    layers = [_compare(name, ours.get(name), theirs.get(name), name in ours.get(ABSENT, ())) for name, _, _ in points
               if not name.startswith("trf_blocks.") or name.count(".") == 1]
     report = LayerReport(kind, f"transformers' {HF_CLASSES[family]}", config_line(family, cfg), list(ids), layers,
                          notes=_tie_notes(model, tensors))
@@ -392,7 +395,8 @@ def _record(module: nn.Module, paths: dict[str, tuple[str, str, Any]], batch: to
         try:
             sub = module.get_submodule(path)
         except AttributeError:
-            continue  # the port has no such module: a MISSING line
+            seen.setdefault(ABSENT, set()).add(name)  # the port has no such module: a MISSING line
+            continue
 
         def hook(_mod, args, kwargs, out, name=name, io=io, third=third):
             x = args[0] if args else kwargs.get("hidden_states", next((v for v in kwargs.values()
@@ -416,10 +420,10 @@ def _record(module: nn.Module, paths: dict[str, tuple[str, str, Any]], batch: to
     return seen
 
 
-def _compare(name: str, ours: torch.Tensor | None, theirs: torch.Tensor | None, side: str) -> LayerLine:
+def _compare(name: str, ours: torch.Tensor | None, theirs: torch.Tensor | None, absent: bool = False) -> LayerLine:
     if ours is None or theirs is None:
-        who = "your forward never ran it (or the port has no such module)" if ours is None else \
-            "transformers' model has no such part"
+        who = ("transformers' model has no such part" if theirs is None else
+               "your port has no such module" if absent else "your forward never calls it")
         return LayerLine(name, "MISSING", note=who)
     ours, theirs = ours.cpu(), theirs.cpu()
     if ours.shape != theirs.shape and ours.dim() == 4 and ours.transpose(1, 2).shape == theirs.shape:
@@ -437,7 +441,8 @@ def _compare(name: str, ours: torch.Tensor | None, theirs: torch.Tensor | None, 
 def _explain(report: LayerReport, model, family, cfg, points, ours, theirs, batch) -> None:
     layer = report.layer
     if layer.startswith("trf_blocks."):
-        report.parts = [_compare(name.removeprefix(layer + "."), ours.get(name), theirs.get(name), "ours")
+        report.parts = [_compare(name.removeprefix(layer + "."), ours.get(name), theirs.get(name),
+                                 name in ours.get(ABSENT, ()))
                         for name, _, _ in points if name.startswith(layer + ".")]
         first = next((p for p in report.parts if p.status != "OK"), None)
         report.part = first.name if first else None
@@ -474,8 +479,9 @@ def broken_property(family, cfg, model, layer, part, ours, theirs, batch) -> str
     """The property the first differing part breaks, in the port's terms (None: none of the short set)."""
     got = lambda name: ours.get(f"{layer}.{name}")  # noqa: E731
     if got(part) is None:
-        return (f"transformers runs {part} here and your forward never calls it (it computes "
-                f"{_PURPOSE.get(part, 'this part')})")
+        never = "your port has no such module" if f"{layer}.{part}" in ours.get(ABSENT, ()) else \
+            "your forward never calls it"
+        return f"transformers runs {part} here ({_PURPOSE.get(part, 'this part')}) and {never}"
     if part in ("norm1", "norm2"):
         x = got("shortcut1") if part == "norm2" else _block_input(layer, ours)
         return _norm_property(family, x, got(part), _module(model, f"{layer}.{part}"), cfg)
@@ -510,7 +516,7 @@ def _norm_property(family: str, x, y, norm: nn.Module | None, cfg) -> str | None
     n = x.shape[-1]
     if family == "gpt2":
         scale, shift = _param(norm, "scale", "weight"), _param(norm, "shift", "bias")
-        z = (y - (0 if shift is None else shift.double())) / scale.double()
+        z = (y - (0 if shift is None else shift.detach().double())) / scale.detach().double()
         mean, var = z.mean(-1), z.var(-1, unbiased=False)
         if float(mean.abs().max()) > 1e-4:
             return f"its rows (before scale and shift) have mean up to {float(mean.abs().max()):.3g}, not 0"
@@ -521,7 +527,7 @@ def _norm_property(family: str, x, y, norm: nn.Module | None, cfg) -> str | None
                     "unbiased variance (n - 1); LayerNorm divides by n (unbiased=False)")
         eps = float((want * (1 / var - 1)).median())
         return f"its rows' variance implies eps = {eps:.1g} inside the root, where it should be {norm_eps(norm):g}"
-    weight = _param(norm, "scale", "weight").double()
+    weight = _param(norm, "scale", "weight").detach().double()
     ms, m = (y / weight).pow(2).mean(-1), x.pow(2).mean(-1)
     eps = float((m * (1 / ms - 1)).median())
     want = cfg.norm_eps
@@ -619,7 +625,7 @@ def _scale_and_rope(family, cfg, model, layer, ours, scores) -> str | None:
                 f"halves (x[i], x[i + {hd // 2}])")
     if abs(c * math.sqrt(hd) - 1) > 1e-3:
         divisor = 1 / c
-        named = {1.0: "nothing", math.sqrt(cfg.emb_dim): f"sqrt(emb_dim) = sqrt({cfg.emb_dim})"}
+        named = {1.0: "1 (not scaled at all)", math.sqrt(cfg.emb_dim): f"sqrt(emb_dim) = sqrt({cfg.emb_dim})"}
         what = next((v for k_, v in named.items() if abs(divisor - k_) < 1e-3 * k_), f"{divisor:.4g}")
         return (f"the scores are divided by {what} where the head size was meant: divide by sqrt(head_dim) = "
                 f"sqrt({hd})")
@@ -645,8 +651,9 @@ def _ff_property(family, model, layer, ours, batch) -> str | None:
             sub = ff.get_submodule(name)
         except AttributeError:
             return None
-        hooks.append(sub.register_forward_hook(
-            lambda m, a, o, name=name: seen.setdefault(name, (a[0].detach().double(), o.detach().double()))))
+        def hook(_mod, args, out, name=name) -> None:  # (a hook that returned a value would replace the output)
+            seen.setdefault(name, (args[0].detach().double(), out.detach().double()))
+        hooks.append(sub.register_forward_hook(hook))
     try:
         with torch.inference_mode(), evaluating_all(model):
             module_logits(model, batch)
