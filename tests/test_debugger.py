@@ -323,3 +323,26 @@ def test_the_command_names_why_a_state_dict_does_not_load(tmp_path, capsys):
     code, out, _ = run(["check", f"{tmp_path / 'my_gpt.py'}:GPTModel", "--config", str(tmp_path / "cfg.json"),
                         "--weights", str(tmp_path / "w.pth")], capsys)
     assert code == 0 and "note: the state dict's out_head.weight holds the same numbers as tok_emb.weight" in out
+
+
+def test_positions_counted_from_any_offset_are_named_by_the_rows_of_pos_emb_used():
+    class FromTwo(ch04.GPTModel):  # outside the catalogue (which knows an offset of 1)
+        def forward(self, in_idx):
+            t = in_idx.shape[1]
+            x = self.tok_emb(in_idx) + self.pos_emb(torch.arange(2, 2 + t, device=in_idx.device))
+            return self.out_head(self.final_norm(self.trf_blocks(self.drop_emb(x))))
+    report = debug(FromTwo)
+    assert (report.layer, report.part, report.mistake) == ("embedding", "pos_emb", None)
+    assert [p.name for p in report.parts] == ["tok_emb", "pos_emb"] and report.parts[0].status == "OK"
+    assert report.broken == ("it adds the rows 2..9 of pos_emb to the 8 tokens: the positions count from 2, not 0 "
+                             "(torch.arange(num_tokens))")
+
+
+def test_nanogpts_fused_qkv_is_no_missing_part():
+    from readers import NanoGPT
+    report = debug(NanoGPT(vocab_size=257, block_size=16, n_layer=2, n_head=4, n_embd=32))
+    assert report.reference == "transformers' GPT2LMHeadModel"
+    # nanoGPT's nn.GELU() is the exact one: named at its feed-forward, with no line for the q, k, v it fuses
+    assert (report.layer, report.part) == ("trf_blocks.0", "ff"), report.to_text()
+    assert [p.name for p in report.parts][:3] == ["norm1", "att", "shortcut1"]
+    assert "the exact GELU (erf)" in report.broken

@@ -173,7 +173,7 @@ def debug(target: nn.Module | type, config: Any = None, *, against: str = "trans
     ours = _record(model, _paths(points, stages, family, "ours"), batch, kind)
     theirs = _record(hf, _paths(points, theirs_stages, family, "theirs"), batch.cpu(), HF_CLASSES[family])
     layers = [_compare(name, ours.get(name), theirs.get(name), name in ours.get(ABSENT, ())) for name, _, _ in points
-              if not name.startswith("trf_blocks.") or name.count(".") == 1]
+              if "." not in name or (name.startswith("trf_blocks.") and name.count(".") == 1)]
     report = LayerReport(kind, f"transformers' {HF_CLASSES[family]}", config_line(family, cfg), list(ids), layers,
                          notes=_tie_notes(model, tensors))
     first = next((line for line in layers if line.status != "OK"), None)
@@ -352,6 +352,8 @@ def _points(family: str, n_layers: int) -> list[tuple[str, str, str]]:
     points = [("embedding", "trf_blocks.0", "in")]
     points += [(f"trf_blocks.{i}", f"trf_blocks.{i}", "out") for i in range(n_layers)]
     points += [("final_norm", "final_norm", "out"), ("logits", "out_head", "out")]
+    points += [("embedding.tok_emb", "tok_emb", "out")] + ([("embedding.pos_emb", "pos_emb", "out")]
+                                                           if family == "gpt2" else [])
     for i in range(n_layers):
         b = f"trf_blocks.{i}"
         parts = [("norm1", "norm1", "out"), ("att.W_query", "att", "q"), ("att.W_key", "att", "k"),
@@ -426,6 +428,8 @@ def _compare(name: str, ours: torch.Tensor | None, theirs: torch.Tensor | None, 
                "your port has no such module" if absent else "your forward never calls it")
         return LayerLine(name, "MISSING", note=who)
     ours, theirs = ours.cpu(), theirs.cpu()
+    if ours.shape != theirs.shape and ours.squeeze().shape == theirs.squeeze().shape:
+        ours, theirs = ours.squeeze(), theirs.squeeze()  # pos_emb's [t, d] against transformers' [1, t, d]
     if ours.shape != theirs.shape and ours.dim() == 4 and ours.transpose(1, 2).shape == theirs.shape:
         ours = ours.transpose(1, 2)  # a head's [b, h, t, hd] against transformers' [b, t, h, hd]
     if ours.shape != theirs.shape:
@@ -440,18 +444,34 @@ def _compare(name: str, ours: torch.Tensor | None, theirs: torch.Tensor | None, 
 
 def _explain(report: LayerReport, model, family, cfg, points, ours, theirs, batch) -> None:
     layer = report.layer
-    if layer.startswith("trf_blocks."):
-        report.parts = [_compare(name.removeprefix(layer + "."), ours.get(name), theirs.get(name),
-                                 name in ours.get(ABSENT, ()))
-                        for name, _, _ in points if name.startswith(layer + ".")]
-        first = next((p for p in report.parts if p.status != "OK"), None)
-        report.part = first.name if first else None
-        if first is not None:
-            report.broken = broken_property(family, cfg, model, layer, first.name, ours, theirs, batch)
-    elif layer in ("final_norm",):
+    fused = ("att.W_query", "att.W_key", "att.W_value")  # a port with one qkv matrix has none of these
+    report.parts = [_compare(name.removeprefix(layer + "."), ours.get(name), theirs.get(name),
+                             name in ours.get(ABSENT, ())) for name, _, _ in points if name.startswith(layer + ".")
+                    and not (name in ours.get(ABSENT, ()) and name.endswith(fused))]
+    first = next((p for p in report.parts if p.status != "OK"), None)
+    report.part = first.name if first else None
+    if layer.startswith("trf_blocks.") and first is not None:
+        report.broken = broken_property(family, cfg, model, layer, first.name, ours, theirs, batch)
+    elif report.part == "pos_emb":
+        report.broken = _position_property(model, ours.get("embedding.pos_emb"))
+    elif layer == "final_norm":
         report.broken = _norm_property(family, ours.get("trf_blocks.%d" % (cfg.n_layers - 1)),
                                        ours.get("final_norm"), _module(model, "final_norm"), cfg)
     report.mistake, report.cause = catalogue(family, model, report.ids, layer, report.part)
+
+
+def _position_property(model: nn.Module, got: torch.Tensor | None) -> str | None:
+    """Which rows of pos_emb the port adds: the offset k where rows k..k+t-1 are what it used."""
+    table = _param(_module(model, "pos_emb"), "weight")
+    if got is None or table is None:
+        return None
+    got, table = got.reshape(-1, got.shape[-1])[: got.shape[-2]], table.detach().double()
+    t = got.shape[0]
+    for k in range(table.shape[0] - t + 1):
+        if torch.allclose(got, table[k:k + t], rtol=RTOL, atol=ATOL):
+            return (f"it adds the rows {k}..{k + t - 1} of pos_emb to the {t} tokens: the positions count from "
+                    f"{k}, not 0 (torch.arange(num_tokens))")
+    return None
 
 
 def catalogue(family: str, model: nn.Module, ids: list[int], layer: str, part: str | None):
@@ -493,7 +513,7 @@ def broken_property(family, cfg, model, layer, part, ours, theirs, batch) -> str
                     "output alone, without the block's input: the shortcut (x = x + shortcut) is missing")
         return None
     if part == "att":
-        return attention_property(family, cfg, model, layer, ours, batch)
+        return attention_property(family, cfg, model, layer, theirs, batch)
     if part == "ff":
         return _ff_property(family, model, layer, ours, batch)
     return None
@@ -573,7 +593,7 @@ def _softmaxes(model: nn.Module, path: str, batch: torch.Tensor) -> list[tuple[t
     return mode.seen
 
 
-def attention_property(family, cfg, model, layer, ours, batch) -> str | None:
+def attention_property(family, cfg, model, layer, theirs, batch) -> str | None:
     """Rows of weights sum to 1, nothing on a later position, the scores' scale, RoPE's pairs."""
     stages = port_side(model)[3]
     seen = _softmaxes(model, stages[f"{layer}.att"], batch)
@@ -592,21 +612,21 @@ def attention_property(family, cfg, model, layer, ours, batch) -> str | None:
         bad = torch.nonzero(later > 0)[0]
         return (f"position {int(bad[1])} puts weight {float(weights[tuple(bad)]):.3g} on the later position "
                 f"{int(bad[2])}: the causal mask is missing, or hides the earlier positions instead")
-    return _scale_and_rope(family, cfg, model, layer, ours, scores.reshape(-1, t, t))
+    return _scale_and_rope(family, cfg, layer, theirs, scores.reshape(-1, t, t))
 
 
-def _scale_and_rope(family, cfg, model, layer, ours, scores) -> str | None:
+def _scale_and_rope(family, cfg, layer, theirs, scores) -> str | None:
     """Fit the port's scores to q k^T (q, k from its own projections, normed and rotated as transformers
     does, or rotated on neighbouring pairs): the factor says the scale, the better fit says RoPE's pairs."""
-    q, k = ours.get(f"{layer}.att.q_norm", ours.get(f"{layer}.att.W_query")), \
-        ours.get(f"{layer}.att.k_norm", ours.get(f"{layer}.att.W_key"))
+    # transformers' q and k (the port's agreed with them, or an earlier part would have differed):
+    # [b, t, h*hd] from the projections, or [b, t, h, hd] from q_norm / k_norm
+    q = theirs.get(f"{layer}.att.q_norm", theirs.get(f"{layer}.att.W_query"))
+    k = theirs.get(f"{layer}.att.k_norm", theirs.get(f"{layer}.att.W_key"))
     if q is None or k is None:
         return None
     b, t = scores.shape[0], scores.shape[-1]
     hd = cfg.head_dim_value if family != "gpt2" else cfg.emb_dim // cfg.n_heads
-    d_out = q.shape[-1] * (q.shape[-2] if q.dim() == 4 else 1) if q.dim() == 4 else q.shape[-1]
-    heads = lambda y: (y if y.dim() == 4 and y.shape[1] != t else y.reshape(y.shape[0], t, -1, hd).transpose(1, 2))  # noqa: E731
-    q, k = heads(q), heads(k)
+    q, k = (y.reshape(y.shape[0], t, -1, hd).transpose(1, 2) for y in (q, k))  # [b, t, ...] -> [b, h, t, hd]
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     lower = torch.ones(t, t, dtype=torch.bool).tril()
     fits = {}
@@ -643,7 +663,10 @@ def _ff_property(family, model, layer, ours, batch) -> str | None:
     """The activation: what the port applies between its first matrices and its last, fitted."""
     stages = port_side(model)[3]
     ff = model.get_submodule(stages[f"{layer}.ff"])
-    first, last = (("layers.0", "layers.2") if family == "gpt2" else ("fc1", "fc3"))
+    linears = [name for name, m in ff.named_modules() if isinstance(m, nn.Linear)]  # the book's layers.0 and .2
+    if family == "gpt2" and len(linears) < 2:
+        return None
+    first, last = (linears[0], linears[-1]) if family == "gpt2" else ("fc1", "fc3")
     seen: dict[str, torch.Tensor] = {}
     hooks = []
     for name in (first, last) + (("fc2",) if family != "gpt2" else ()):
