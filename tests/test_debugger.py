@@ -20,7 +20,8 @@ from torch import nn
 
 import glassgpt
 from glassgpt.errors import GlassError
-from glassgpt.explain.debugger import TINY, TINY_GPT2, LayerReport, check_state_dict, debug, load_state_dict
+from glassgpt.explain.debugger import TINY, TINY_GPT2, LayerReport, debug
+from glassgpt.explain.loading import check_state_dict, load_state_dict
 from glassgpt.families import Llama3Model, Qwen3Model
 
 from helpers import assert_one_line_error, run

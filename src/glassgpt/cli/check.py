@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from ..errors import GlassError
-from ..explain.debugger import AGAINST, debug, load_state_dict
+from ..explain.debugger import AGAINST, debug
+from ..explain.loading import load_state_dict
 from ..explain.pieces import PRESETS, build, check as check_piece, is_whole_model
 from ..explain.verify import DEFAULT_TEXT
 from ..explain.verify_family import check  # GPT-2, or a Qwen3/Llama port of the book's classes
