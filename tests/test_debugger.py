@@ -347,3 +347,24 @@ def test_nanogpts_fused_qkv_is_no_missing_part():
     assert (report.layer, report.part) == ("trf_blocks.0", "ff"), report.to_text()
     assert [p.name for p in report.parts][:3] == ["norm1", "att", "shortcut1"]
     assert "the exact GELU (erf)" in report.broken
+
+
+def test_a_layer_norm_where_llama_has_rms_norm_is_named_by_its_rows_mean():
+    class MeanNorm(nn.Module):  # a reader's "RMSNorm" that also subtracts the mean
+        def __init__(self, d, eps=1e-5):
+            super().__init__()
+            self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            x = x - x.mean(-1, keepdim=True)
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    class MyLlama(book_llama.Llama3Model):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            for blk in self.trf_blocks:
+                blk.norm1 = MeanNorm(cfg["emb_dim"])
+
+    report = debug(MyLlama)
+    assert (report.layer, report.part, report.mistake) == ("trf_blocks.0", "norm1", None)
+    assert report.broken.startswith("its rows come out with mean 0: it subtracts each row's mean, as LayerNorm does")

@@ -104,8 +104,9 @@ def _block_input(layer: str, ours: dict) -> torch.Tensor | None:
 
 
 def norm_property(family: str, x, y, norm: nn.Module | None, cfg) -> str | None:
-    """A norm's output statistics: LayerNorm's rows (before scale and shift) have mean 0 and variance
-    v / (v + eps); RMSNorm's a mean square m / (m + eps)."""
+    """A norm's output statistics against its input's: LayerNorm's rows (before scale and shift) have
+    mean 0 and variance v / (v + eps); RMSNorm's (over its scale) a mean square m / (m + eps) and the
+    input's mean left in. x, y: the norm's input and the port's output."""
     if x is None or y is None or norm is None:
         return None
     n = x.shape[-1]
@@ -115,20 +116,28 @@ def norm_property(family: str, x, y, norm: nn.Module | None, cfg) -> str | None:
         mean, var = z.mean(-1), z.var(-1, unbiased=False)
         if float(mean.abs().max()) > 1e-4:
             return f"its rows (before scale and shift) have mean up to {float(mean.abs().max()):.3g}, not 0"
-        want = x.var(-1, unbiased=False)
-        ratio = float((var * (want + 1e-5) / want).median())
+        v = x.var(-1, unbiased=False)
+        ratio = float((var * (v + GPT2_EPS) / v).median())
         if abs(ratio - (n - 1) / n) < 1e-3:
             return (f"its rows have variance {ratio:.4f} x the right one, (n - 1)/n for n = {n}: it divides by the "
                     "unbiased variance (n - 1); LayerNorm divides by n (unbiased=False)")
-        eps = float((want * (1 / var - 1)).median())
-        return f"its rows' variance implies eps = {eps:.1g} inside the root, where it should be {norm_eps(norm):g}"
-    weight = _param(norm, "scale", "weight").detach().double()
-    ms, m = (y / weight).pow(2).mean(-1), x.pow(2).mean(-1)
-    eps = float((m * (1 / ms - 1)).median())
-    want = cfg.norm_eps
-    if abs(eps - want) > max(0.5 * want, 1e-7):
-        return f"its rows' mean square implies eps = {eps:.1g} inside the root, where it should be {want:g}"
-    return None
+        return _eps_sentence(float((v * (1 / var - 1)).median()), GPT2_EPS, "variance")
+    z = y / _param(norm, "scale", "weight").detach().double()
+    m = x.pow(2).mean(-1)
+    if float(z.mean(-1).abs().max()) < 1e-5 < float(x.mean(-1).abs().max()):
+        return ("its rows come out with mean 0: it subtracts each row's mean, as LayerNorm does, where RMSNorm only "
+                "divides by the root mean square: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)")
+    return _eps_sentence(float((m * (1 / z.pow(2).mean(-1) - 1)).median()), cfg.norm_eps, "mean square")
+
+
+GPT2_EPS = 1e-5  # GPT-2's layer_norm_epsilon, transformers' too
+
+
+def _eps_sentence(eps: float, want: float, statistic: str) -> str | None:
+    if abs(eps - want) <= 0.5 * want:
+        return None  # the statistics are a norm's: what differs is elsewhere (its scale, its shift)
+    return (f"its rows' {statistic} implies eps = {eps:.2g} inside the root, where transformers' is {want:g}: "
+            "torch.sqrt(var + eps), eps from the config")
 
 
 def norm_eps(norm: nn.Module) -> float:
