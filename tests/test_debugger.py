@@ -368,3 +368,15 @@ def test_a_layer_norm_where_llama_has_rms_norm_is_named_by_its_rows_mean():
     report = debug(MyLlama)
     assert (report.layer, report.part, report.mistake) == ("trf_blocks.0", "norm1", None)
     assert report.broken.startswith("its rows come out with mean 0: it subtracts each row's mean, as LayerNorm does")
+
+
+def test_a_rope_base_outside_the_config_is_named_by_the_base_that_fits():
+    class MyQwen(book_qwen.Qwen3Model):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.cos, self.sin = book_qwen.compute_rope_params(cfg["head_dim"], theta_base=10_000,
+                                                               context_length=cfg["context_length"])
+
+    report = debug(MyQwen)
+    assert (report.layer, report.part, report.mistake) == ("trf_blocks.0", "att", "rope_base")
+    assert report.broken == "RoPE turns at theta base 10,000, where the config's rope_base is 1,000,000"

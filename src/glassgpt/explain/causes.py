@@ -199,47 +199,60 @@ def attention_property(family, cfg, model, stages, layer, theirs, batch) -> str 
 
 
 def _scale_and_rope(family, cfg, layer, theirs, scores) -> str | None:
-    """Fit the port's scores to q k^T (q, k from its own projections, normed and rotated as transformers
-    does, or rotated on neighbouring pairs): the factor says the scale, the better fit says RoPE's pairs."""
+    """Fit the port's scores to q k^T, with q and k rotated as transformers rotates them or in one of the
+    ways a port gets RoPE wrong (neighbouring pairs, another base, Llama 3's scaling left out): the
+    rotation that fits says RoPE's property, the factor the scale. scores: [b*h, t, t], the softmax's input."""
     # transformers' q and k (the port's agreed with them, or an earlier part would have differed):
     # [b, t, h*hd] from the projections, or [b, t, h, hd] from q_norm / k_norm
     q = theirs.get(f"{layer}.att.q_norm", theirs.get(f"{layer}.att.W_query"))
     k = theirs.get(f"{layer}.att.k_norm", theirs.get(f"{layer}.att.W_key"))
     if q is None or k is None:
         return None
-    b, t = scores.shape[0], scores.shape[-1]
+    t = scores.shape[-1]
     hd = cfg.head_dim_value if family != "gpt2" else cfg.emb_dim // cfg.n_heads
     q, k = (y.reshape(y.shape[0], t, -1, hd).transpose(1, 2) for y in (q, k))  # [b, t, ...] -> [b, h, t, hd]
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     lower = torch.ones(t, t, dtype=torch.bool).tril()
-    fits = {}
-    for pairs in (("halves", "interleaved") if family != "gpt2" else ("none",)):
-        qr, kr = (q, k) if pairs == "none" else _rotate(q, k, cfg, t, pairs)
-        raw = (qr @ kr.transpose(-2, -1)).reshape(b, t, t)[:, lower]
-        got = scores[:, lower]
+    got = scores[:, lower]
+    for rotation, broken in _rotations(family, cfg, hd):
+        qr, kr = (q, k) if rotation is None else rotation(q, k, t)
+        raw = (qr @ kr.transpose(-2, -1)).reshape(-1, t, t)[:, lower]
         c = float((got * raw).sum() / (raw * raw).sum())
-        fits[pairs] = (c, float((got - c * raw).abs().max() / max(float(got.abs().max()), 1e-30)))
-    best = min(fits, key=lambda p: fits[p][1])
-    c, residual = fits[best]
-    if residual > 1e-4:
-        return None
-    if best == "interleaved":
-        return ("RoPE rotates neighbouring pairs (x[0], x[1]), (x[2], x[3]), ... where transformers rotates the "
-                f"halves (x[i], x[i + {hd // 2}])")
-    if abs(c * math.sqrt(hd) - 1) > 1e-3:
-        divisor = 1 / c
+        if float((got - c * raw).abs().max()) > 1e-4 * max(float(got.abs().max()), 1e-30):
+            continue
+        if broken:
+            return broken
+        if abs(c * math.sqrt(hd) - 1) <= 1e-3:
+            return None  # RoPE and the scale are right: what differs is elsewhere (the values, the merge)
         named = {1.0: "1 (not scaled at all)", math.sqrt(cfg.emb_dim): f"sqrt(emb_dim) = sqrt({cfg.emb_dim})"}
-        what = next((v for k_, v in named.items() if abs(divisor - k_) < 1e-3 * k_), f"{divisor:.4g}")
-        return (f"the scores are divided by {what} where the head size was meant: divide by sqrt(head_dim) = "
-                f"sqrt({hd})")
+        what = next((v for key, v in named.items() if abs(1 / c - key) < 1e-3 * key), f"{1 / c:.4g}")
+        return f"the scores are divided by {what} where the head size was meant: divide by sqrt(head_dim) = sqrt({hd})"
     return None
 
 
-def _rotate(q, k, cfg, t, pairs):
-    cos, sin = compute_rope_params(cfg.head_dim_value, cfg.rope_base, t, cfg.rope_freq)
-    cos, sin = cos.double(), sin.double()
-    rope = apply_rope if pairs == "halves" else verify_family._rope_interleaved
-    return rope(q, cos, sin), rope(k, cos, sin)
+def _rotations(family, cfg, hd):
+    """(rotate(q, k, t) or None, the property it breaks or None): transformers' first, then the wrong ones."""
+    if family == "gpt2":
+        yield None, None
+        return
+
+    def rope(pairs=apply_rope, base=cfg.rope_base, freq=cfg.rope_freq):
+        def rotate(q, k, t):
+            cos, sin = compute_rope_params(hd, base, t, freq)
+            return pairs(q, cos.double(), sin.double()), pairs(k, cos.double(), sin.double())
+        return rotate
+
+    yield rope(), None
+    yield rope(pairs=verify_family._rope_interleaved), (
+        f"RoPE rotates neighbouring pairs (x[0], x[1]), (x[2], x[3]), ... where transformers rotates the halves "
+        f"(x[i], x[i + {hd // 2}])")
+    for base in verify_family.ROPE_BASES:
+        if base != cfg.rope_base:
+            yield rope(base=base), (f"RoPE turns at theta base {base:,.0f}, where the config's rope_base is "
+                                    f"{cfg.rope_base:,.0f}")
+    if cfg.rope_freq is not None:
+        yield rope(freq=None), ("RoPE's frequencies are not scaled as Llama 3's are (rope_freq: factor, low and high "
+                                "frequency factors): the long wavelengths turn too fast")
 
 
 def _ff_property(family, model, stages, layer, batch) -> str | None:

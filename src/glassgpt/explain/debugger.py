@@ -166,7 +166,7 @@ def debug(target: nn.Module | type, config: Any = None, *, against: str = "trans
     layers = [_compare(name, ours.get(name), theirs.get(name), name in ours.get(ABSENT, ())) for name, _, _ in points
               if "." not in name or (name.startswith("trf_blocks.") and name.count(".") == 1)]
     report = LayerReport(kind, f"transformers' {HF_CLASSES[family]}", config_line(family, cfg), list(ids), layers,
-                         notes=_tie_notes(model, tensors))
+                         notes=_tie_notes(model, tensors) + _dtype_notes(tensors))
     first = next((line for line in layers if line.status != "OK"), None)
     if first is not None:
         report.layer = first.name
@@ -220,10 +220,12 @@ def _config_for(cls: type, family: str, config: Any) -> Any:
     """The config `cls` takes: glassgpt's classes a GPTConfig or FamilyConfig, the book's (and a
     reader's) their config dict."""
     if family == "gpt2":
-        values = config if isinstance(config, dict) else (vars(config) if config is not None else TINY_GPT2)
         if issubclass(cls, GPTModel):
-            return config if isinstance(config, GPTConfig) else GPTConfig(**{k: values[k] for k in TINY_GPT2})
-        return {k: values[k] for k in TINY_GPT2} if not isinstance(config, dict) else dict(config)
+            return config if isinstance(config, GPTConfig) else GPTConfig(**{k: (config or TINY_GPT2)[k]
+                                                                            for k in TINY_GPT2})
+        if isinstance(config, GPTConfig):
+            return {k: getattr(config, k) for k in TINY_GPT2}
+        return dict(config or TINY_GPT2)
     cfg = config if isinstance(config, FamilyConfig) else (
         FamilyConfig.from_book_dict(family, config) if isinstance(config, dict) else TINY[family])
     if issubclass(cls, tuple(FAMILIES.values())):
@@ -320,6 +322,14 @@ def _their_stages(hf: nn.Module) -> dict[str, str]:
     if found is not None:
         return found[3]
     return read_in_place(hf)[1].stages
+
+
+def _dtype_notes(tensors: dict[str, torch.Tensor]) -> list[str]:
+    dtype = next(iter(tensors.values())).dtype
+    if dtype == torch.float32:
+        return []
+    return [f"the port computes in {str(dtype).removeprefix('torch.')}, transformers' model in float32: at rtol = "
+            f"atol = {RTOL:g} its rounding alone differs; build it with dtype float32 to compare the formulas"]
 
 
 def _tie_notes(model: nn.Module, tensors: dict[str, torch.Tensor]) -> list[str]:
