@@ -380,3 +380,11 @@ def test_a_rope_base_outside_the_config_is_named_by_the_base_that_fits():
     report = debug(MyQwen)
     assert (report.layer, report.part, report.mistake) == ("trf_blocks.0", "att", "rope_base")
     assert report.broken == "RoPE turns at theta base 10,000, where the config's rope_base is 1,000,000"
+
+
+def test_gpt2s_transformers_names_get_an_example_mapped_by_glassgpts_own_table():
+    from glassgpt.formats.hf import hf_state_dict
+    glass = glassgpt.GPTModel(glassgpt.GPTConfig(**TINY_GPT2, tie_embeddings=False))
+    errors, _ = check_state_dict(book_gpt(), hf_state_dict(glass))
+    assert errors[0].endswith("; e.g. transformer.h.0.attn.c_attn.bias is trf_blocks.0.att.W_query.bias + "
+                              "trf_blocks.0.att.W_key.bias + trf_blocks.0.att.W_value.bias")

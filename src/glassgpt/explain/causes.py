@@ -6,7 +6,8 @@ Each property is measured on the port's own tensors, recorded by hooks on a forw
   of (n - 1)/n is the unbiased one; RMSNorm's rows a mean square m / (m + eps), so it implies its eps;
 - the attention: its softmax's input and output, read while it runs (a TorchFunctionMode): rows of
   weights that do not sum to 1, weight on a later position; the scores fitted to transformers' q k^T,
-  rotated on the halves or on neighbouring pairs: the factor is the scale, the better fit RoPE's pairs;
+  rotated as transformers does, on neighbouring pairs, at another base or without Llama 3's scaling:
+  the rotation that fits names RoPE's property, the factor the scale;
 - a shortcut: the sum that is the sub-layer's output alone;
 - the feed-forward's activation, fitted between its first matrices and its last;
 - the positions: which rows of pos_emb the port adds.

@@ -36,7 +36,7 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[
     """(errors, notes) of loading `state` into `model`: each error a sentence naming its cause (another
     convention's names and the map, a transposed matrix, missing or unexpected keys, a shape), each
     note something that loads but is not what it seems (a head that is a copy of the embedding)."""
-    own = {k: v for k, v in model.state_dict().items()}
+    own = model.state_dict()
     optional = {k for k in own if k.endswith((".mask", ".cos", ".sin"))}  # buffers the book rebuilds
     missing = sorted(set(own) - set(state) - optional)
     unexpected = sorted(set(state) - set(own))
@@ -44,8 +44,9 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[
     for pattern, what, how in CONVENTIONS:
         theirs = [k for k in unexpected if re.search(pattern, k)]
         if theirs and missing:
+            example = next((f"; e.g. {k} is {book}" for k in theirs if (book := _book_name(k, state[k], model))), "")
             errors.append(f"the state dict has {what} where your model has the book's ({missing[0]}, ...): "
-                          f"convert them with {how}; e.g. {theirs[0]} is {_book_name(theirs[0], model) or missing[0]}")
+                          f"convert them with {how}{example}")
             return errors, []
     renamed = _renamed(missing, unexpected)
     if renamed:
@@ -91,18 +92,15 @@ def _renamed(missing: list[str], unexpected: list[str]) -> str | None:
     return None
 
 
-def _book_name(name: str, model: nn.Module) -> str | None:
-    """The book's name of one of transformers' tensor names, by glassgpt's own tables."""
+def _book_name(name: str, tensor: torch.Tensor, model: nn.Module) -> str | None:
+    """The book's name of one of transformers' tensors, by glassgpt's own maps (None: they have none)."""
     try:
         family, cfg = port_side(model)[:2]
-    except GlassError:
+        if family == "gpt2":
+            mapped = [ours for ours, _ in gpt2_formats.hf_to_glassgpt(iter([(name, tensor)]), cfg)]
+            return " + ".join(mapped) + (" (transposed from Conv1D)" if tensor.dim() == 2 else "") if mapped else None
+    except GlassError:  # the model is no kind glassgpt reads, or the tensor not of its config
         return None
-    if family == "gpt2":
-        if name.endswith(".attn.c_attn.weight"):
-            return name.replace("transformer.", "").replace("h.", "trf_blocks.").replace(
-                "attn.c_attn.weight", "att.W_query/W_key/W_value.weight (split in three, each transposed)")
-        table = {hf: ours for hf, ours, _, _ in gpt2_formats._hf_names(cfg)}
-        return table.get(name.removeprefix("transformer."))
     return {theirs: book for book, theirs in family_formats.hf_names(cfg)}.get(name)
 
 
