@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+import llms_from_scratch.kv_cache.gpt2 as book_kv_gpt2
+import llms_from_scratch.kv_cache.qwen3 as book_kv_qwen
 import llms_from_scratch.llama3 as book_llama
 import llms_from_scratch.qwen3 as book_qwen
 import pytest
@@ -35,8 +37,10 @@ LAYERS = ["embedding", "trf_blocks.0", "trf_blocks.1", "final_norm", "logits"]
 @pytest.mark.parametrize("cls, reference", [
     (ch04.GPTModel, "GPT2LMHeadModel"), (book_qwen.Qwen3Model, "Qwen3ForCausalLM"),
     (book_llama.Llama3Model, "LlamaForCausalLM"), (glassgpt.GPTModel, "GPT2LMHeadModel"),
-    (Qwen3Model, "Qwen3ForCausalLM"), (Llama3Model, "LlamaForCausalLM")],
-    ids=["book-gpt2", "book-qwen3", "book-llama3", "glass-gpt2", "glass-qwen3", "glass-llama3"])
+    (Qwen3Model, "Qwen3ForCausalLM"), (Llama3Model, "LlamaForCausalLM"), (ch04.GPTModelFast, "GPT2LMHeadModel"),
+    (book_kv_gpt2.GPTModel, "GPT2LMHeadModel"), (book_kv_qwen.Qwen3Model, "Qwen3ForCausalLM")],
+    ids=["book-gpt2", "book-qwen3", "book-llama3", "glass-gpt2", "glass-qwen3", "glass-llama3", "book-gpt2-fast",
+         "book-kv-cache-gpt2", "book-kv-cache-qwen3"])
 def test_every_layer_of_each_model_matches_transformers_given_the_same_random_weights(cls, reference):
     report = glassgpt.check(cls, against="transformers")
     assert isinstance(report, LayerReport)
@@ -73,7 +77,7 @@ def test_a_models_own_weights_are_left_as_they_are():
 
 def test_the_readers_own_config_is_the_one_built():
     cfg = TINY["llama3"].to_book_dict(torch.float32) | {"n_layers": 3, "emb_dim": 48, "hidden_dim": 40}
-    report = debug(book_llama.Llama3Model, cfg)
+    report = glassgpt.check(book_llama.Llama3Model, args=cfg, against="transformers")
     assert report.ok, report.to_text()
     assert [line.name for line in report.layers][:5] == ["embedding", "trf_blocks.0", "trf_blocks.1",
                                                          "trf_blocks.2", "final_norm"]
@@ -388,3 +392,18 @@ def test_gpt2s_transformers_names_get_an_example_mapped_by_glassgpts_own_table()
     errors, _ = check_state_dict(book_gpt(), hf_state_dict(glass))
     assert errors[0].endswith("; e.g. transformer.h.0.attn.c_attn.bias is trf_blocks.0.att.W_query.bias + "
                               "trf_blocks.0.att.W_key.bias + trf_blocks.0.att.W_value.bias")
+
+
+def test_the_table_docs_check_md_shows_is_what_the_debugger_prints():
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[1] / "docs" / "check.md").read_text(encoding="utf-8")
+    shown = [block for block in page.split("```\n") if block.startswith("glassgpt check: ")]
+
+    class MyGPTModel(ch04.GPTModel):  # the page's notebook port
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            for block in self.trf_blocks:
+                block.ff.layers[1] = nn.GELU()
+
+    assert [block.strip() for block in shown] == [glassgpt.check(book_qwen.Qwen3Model, against="transformers").to_text(),
+                                                  glassgpt.check(MyGPTModel, against="transformers").to_text()]
