@@ -1,5 +1,6 @@
 """`glassgpt check my_gpt.py:GPTModel --config cfg.json`, `glassgpt check my_attention.py:MultiHeadAttention
---args ch03`: a reader's own implementation, whole or one piece, against the book's formulas."""
+--args ch03`: a reader's own implementation, whole or one piece, against the book's formulas;
+`glassgpt check my_qwen3.py:Qwen3Model --against transformers`: the layer debugger."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 import torch
 
 from ..errors import GlassError
+from ..explain.debugger import AGAINST, debug
+from ..explain.loading import load_state_dict
 from ..explain.pieces import PRESETS, build, check as check_piece, is_whole_model
 from ..explain.verify import DEFAULT_TEXT
 from ..explain.verify_family import check  # GPT-2, or a Qwen3/Llama port of the book's classes
@@ -39,20 +42,31 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", metavar="PTH", help="a state dict to load into it (default: its random weights)")
     p.add_argument("--seed", type=seed, default=123, help="torch.manual_seed before building it (default: 123)")
     p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"a whole model's prompt (default: {DEFAULT_TEXT!r})")
+    p.add_argument("--against", choices=AGAINST,
+                   help="the layer debugger: a whole GPT-2, Qwen3 or Llama 3 model (its class, built on a tiny "
+                        "random config or on --config) given transformers' random weights, layer by layer against "
+                        "transformers' model: [OK]/[DIFF]/[SHAPE] per layer, then the first cause")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run_check)
 
 
 def run_check(args: argparse.Namespace) -> int:
     obj = load_class(args.target)
-    if isinstance(obj, type):
-        obj = _build(obj, args)
-    result = check(obj, args.prompt) if is_whole_model(obj) else check_piece(obj)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.to_text())
+    notes: list[str] = []
+    if args.against:
+        if args.weights:
+            raise GlassError("--against transformers gives both models the same random weights: leave out --weights")
+        result = debug(obj, _config(args), against=args.against, seed=args.seed)
+    else:
+        if isinstance(obj, type):
+            obj, notes = _build(obj, args)
+        result = check(obj, args.prompt) if is_whole_model(obj) else check_piece(obj)
+    out = result.to_dict() | ({"load_notes": notes} if notes else {})
+    print(json.dumps(out, indent=2) if args.json else "\n".join([result.to_text()] + [f"note: {n}" for n in notes]))
     return 0 if result.ok else 1
 
 
-def _build(cls: type, args: argparse.Namespace):
+def _config(args: argparse.Namespace):
     if args.config and args.args:
         raise GlassError("give --config (a GPTModel's config) or --args (a piece's arguments), not both")
     config = read_json(args.config, what="config") if args.config else _args(args.args)
@@ -60,14 +74,22 @@ def _build(cls: type, args: argparse.Namespace):
         config["dtype"] = getattr(torch, config["dtype"].removeprefix("torch."), None)
         if not isinstance(config["dtype"], torch.dtype):
             raise GlassError(f"{args.config or args.args}: dtype must name a torch dtype such as \"float32\" or \"bfloat16\"")
-    model = build(cls, config, seed=args.seed)
-    if args.weights:
-        try:
-            model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
-        except Exception as err:  # the reader's own file: one line, where and what
-            raise GlassError(f"{args.weights} does not load into {cls.__name__}: {type(err).__name__}: "
-                             f"{str(err).splitlines()[0]}") from None
-    return model
+    return config
+
+
+def _build(cls: type, args: argparse.Namespace):
+    """(the model, notes on its --weights): a state dict that does not load is one line naming why."""
+    model = build(cls, _config(args), seed=args.seed)
+    if not args.weights:
+        return model, []
+    try:
+        state = torch.load(args.weights, map_location="cpu", weights_only=True)
+    except Exception as err:  # the reader's own file: one line, where and what
+        raise GlassError(f"{args.weights} does not load: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+    if not isinstance(state, dict):
+        raise GlassError(f"{args.weights} holds a {type(state).__name__}, not a state dict: save one with "
+                         "torch.save(model.state_dict(), path)")
+    return model, load_state_dict(model, state, source=args.weights)
 
 
 def _args(text: str | None):

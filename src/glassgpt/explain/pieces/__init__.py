@@ -22,6 +22,7 @@ from torch import nn
 
 from ...adopt import check_computable, read_in_place
 from ...errors import GlassError
+from ..debugger import LayerReport, debug
 from ..verify import DEFAULT_TEXT
 from ..verify_family import check as check_model, is_family_port  # GPT-2, or a Qwen3/Llama port
 from .attention import check_attention
@@ -57,14 +58,17 @@ def known_kinds() -> str:
 
 
 def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, args: Any = None,
-          max_length: int | None = None, stride: int | None = None, inputs: torch.Tensor | None = None
-          ) -> PieceResult:
+          max_length: int | None = None, stride: int | None = None, inputs: torch.Tensor | None = None,
+          against: str | None = None) -> PieceResult | LayerReport:
     """Check `piece` (a class, an instance, a function or a tokenizer of the book's chapters 2 to 7)
     against glassgpt's formula for it: see the module's docstring. A whole GPT model goes to
     verify.check(model, text, ids). A class is built with `args` (a dict of its constructor's
     arguments, or "ch03" / "ch04" for the book's; default: the book's for its chapter) after
     torch.manual_seed(123). A dataset already built needs the `text`, `max_length` and `stride`
-    it was built with. `inputs`: a module's input instead of the book's."""
+    it was built with. `inputs`: a module's input instead of the book's. `against="transformers"`: the
+    layer debugger (debugger.py) on a whole GPT-2, Qwen3 or Llama model or its class, `args` its config."""
+    if against is not None:
+        return debug(piece, args, against=against)
     if isinstance(piece, type):
         if is_dataset_class(piece):
             return check_dataset_class(piece)
