@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from ..device import pick_threads, resolve_device, resolve_dtype
+from ..device import pick_threads, resolve_device, resolve_dtype, usable_cores
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import ENDOFTEXT, Tokenizer, check_fits
@@ -133,23 +133,47 @@ def say_opened(source: Source, dropout_matters: bool = False) -> None:
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help="CPU threads for the model's ops (default: 1 for models with emb_dim < 512, else the "
-                        "cores that other work leaves free now, measured at start, at least 1: on a 2-core machine "
-                        "with one core busy, 2 threads generated 10x slower than 1; OMP_NUM_THREADS=N also sets it)")
+                   help="CPU threads for the model's ops, at most the cores this process may use (more is capped, "
+                        "with a note) (default: 1 for models with emb_dim < 512, else the cores that other work "
+                        "leaves free now, measured at start, at least 1: on a 2-core machine with one core busy, 2 "
+                        "threads generated 10x slower than 1; OMP_NUM_THREADS=N also sets it)")
+
+
+def threads_from_env() -> int | None:
+    """OMP_NUM_THREADS as a count of threads; None when unset, or (with a note) when it is not one."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is None or not value.strip():
+        return None
+    try:
+        n = int(value.strip())
+    except ValueError:
+        n = 0
+    if n <= 0:
+        say(f"note: OMP_NUM_THREADS={value!r} is not a positive integer: ignored, as if it were unset",
+            file=sys.stderr)
+        return None
+    return n
 
 
 def set_threads(requested: int | None, emb_dim: int, file=None, recorded: int | None = None) -> int:
     """Set torch's intra-op threads: --threads, else OMP_NUM_THREADS, else the count a resumed run
-    `recorded`, else device.pick_threads; say which, and when a resume changes the run's count, what
-    that does to exactness."""
+    `recorded`, else device.pick_threads; at most device.usable_cores() (capped with a note), so that
+    neither torch nor the native step is asked for threads the machine cannot run. Say which, and when a
+    resume changes the run's count, what that does to exactness."""
+    env = threads_from_env() if requested is None else None
     if requested is not None:
         n, why = requested, "--threads"
-    elif os.environ.get("OMP_NUM_THREADS"):
-        n, why = torch.get_num_threads(), "OMP_NUM_THREADS"
+    elif env is not None:
+        n, why = env, "OMP_NUM_THREADS"
     elif recorded is not None:
         n, why = recorded, "the run's own, kept on resume"
     else:
         n, why = pick_threads(emb_dim, torch.get_num_threads())
+    most = usable_cores()
+    if n > most:
+        say(f"note: {why} asks for {n:,} threads and this process may use {most} cores: {most} threads",
+            file=sys.stderr)
+        n, why = most, f"{why}, capped at the cores"
     torch.set_num_threads(n)
     say(f"threads: {n} ({why}; --threads N to change)", file=file or sys.stderr)
     if recorded is not None and n != recorded:
