@@ -69,7 +69,7 @@ def run_check(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace):
     if args.config and args.args:
         raise GlassError("give --config (a GPTModel's config) or --args (a piece's arguments), not both")
-    config = read_json(args.config, what="config") if args.config else _args(args.args)
+    config = read_json(args.config, what="config", kind="config") if args.config else _args(args.args)
     if isinstance(config, dict) and isinstance(config.get("dtype"), str):  # the book's Qwen3/Llama dicts hold a torch dtype; JSON its name
         config["dtype"] = getattr(torch, config["dtype"].removeprefix("torch."), None)
         if not isinstance(config["dtype"], torch.dtype):
@@ -102,7 +102,7 @@ def _args(text: str | None):
         except json.JSONDecodeError as err:
             raise GlassError(f"--args is not a JSON object: {err.msg} at character {err.pos}") from None
     if Path(text).suffix == ".json":
-        return read_json(text, what="arguments")
+        return read_json(text, what="arguments", kind="config")
     raise GlassError(f"--args {text!r}: give a JSON object of the constructor's arguments, a .json file, or one of "
                      f"{', '.join(PRESETS)}")
 

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import known_fields
+from ..config import from_fields, known_fields
 from ..errors import ConfigError
 
 FAMILY_NAMES = ("qwen3", "llama3")
@@ -58,8 +58,7 @@ class FamilyConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.rope_freq, dict):  # from a JSON file or the book's dict
-            object.__setattr__(self, "rope_freq", RopeFreq(**known_fields(RopeFreq, self.rope_freq, ConfigError,
-                                                                          "rope_freq field")))
+            object.__setattr__(self, "rope_freq", from_fields(RopeFreq, self.rope_freq, ConfigError, "rope_freq field"))
         if self.head_dim is None and self.emb_dim % self.n_heads:
             raise ConfigError(f"emb_dim ({self.emb_dim}) must be divisible by n_heads ({self.n_heads}) when "
                               f"head_dim is not given: choose n_heads from {_divisors(self.emb_dim)} or set head_dim")
@@ -112,7 +111,7 @@ class FamilyConfig:
         """A config from its own `to_dict` (the JSON glassgpt writes beside a family's weights)."""
         if values.get("num_experts"):
             raise_moe(values)
-        return cls(**known_fields(cls, values, ConfigError, "config field"))
+        return from_fields(cls, values, ConfigError, "config field")
 
     def to_book_dict(self, dtype=None) -> dict[str, Any]:
         """The book's config dict (`QWEN_CONFIG_06_B`, `LLAMA32_CONFIG_1B`) for these sizes, `dtype` as given."""
@@ -126,14 +125,17 @@ class FamilyConfig:
         return book
 
     @classmethod
-    def from_book_dict(cls, family: str, book: dict[str, Any], tie_embeddings: bool = False) -> "FamilyConfig":
-        """A config from the book's dict for `family` (its `dtype` is dropped: the weights carry theirs)."""
+    def from_book_dict(cls, family: str, book: dict[str, Any], tie_embeddings: bool | None = None) -> "FamilyConfig":
+        """A config from the book's dict for `family`, as its weights tell it (its `dtype` is dropped: the weights
+        carry theirs). The dict may name the family and the tie too (glassgpt's own fields), as long as it
+        agrees with `family` and a `tie_embeddings` given here (None: the dict's, else untied)."""
         if book.get("num_experts"):
             raise_moe(book)
         values = {k: v for k, v in book.items() if k != "dtype"}
         values.setdefault("norm_eps", 1e-6 if family == "qwen3" else 1e-5)
-        return cls(family=family, tie_embeddings=tie_embeddings, **known_fields(cls, values, ConfigError,
-                                                                                 "book config field"))
+        given = {"family": family} if tie_embeddings is None else {"family": family, "tie_embeddings": tie_embeddings}
+        return from_fields(cls, values, ConfigError, "book config field", given_by=f"the weights (a {family} model's)",
+                           **given)
 
 
 def raise_moe(values: dict[str, Any]) -> None:

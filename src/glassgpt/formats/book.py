@@ -171,7 +171,7 @@ def side_config(source: str | Path) -> tuple[dict[str, Any], Path | None]:
     for candidate in (path.with_suffix(".json"), path.parent / "config.json"):
         if not candidate.is_file():
             continue
-        values = read_json(candidate, what=f"the cfg beside {path.name}")
+        values = read_json(candidate, what=f"the cfg beside {path.name}", kind="config")
         if "n_heads" in values:
             field(values, "n_heads", str(candidate))
             for key in ("vocab_size", "context_length", "emb_dim", "n_layers"):
@@ -189,7 +189,7 @@ def side_labels(source: str | Path) -> list[str] | None:
     path = Path(source).with_suffix(".json")
     if not path.is_file():
         return None
-    labels = read_json(path, what=f"the cfg beside {Path(source).name}").get("labels")
+    labels = read_json(path, what=f"the cfg beside {Path(source).name}", kind="config").get("labels")
     if labels is None:
         return None
     if not isinstance(labels, list) or not labels or not all(isinstance(x, str) and x for x in labels):

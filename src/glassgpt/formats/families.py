@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..errors import CheckpointError, ConfigError, TokenizerError
+from ..errors import CheckpointError, ConfigError, GlassError, TokenizerError
 from ..families import FAMILIES, FamilyConfig, RopeFreq, build_model, is_family_model, raise_moe
 from .checks import on_meta
 from .family_tokenizers import family_tokenizer
@@ -49,8 +49,8 @@ def is_family_folder(path: str | os.PathLike) -> bool:
     if not config.is_file():
         return False
     try:
-        raw = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = read_json(config, kind="config")  # (its size checked first: a 1 GiB file is not read)
+    except (OSError, GlassError):
         return False
     arch = hf_architecture(raw) if isinstance(raw, dict) else None
     return arch is not None and arch != "GPT2LMHeadModel"
@@ -150,8 +150,8 @@ def is_family_spec(spec: object) -> bool:
     side = book_config_path(path)
     if path.suffix in (".pth", ".pt") and path.is_file() and side.is_file():
         try:
-            return "n_kv_groups" in json.loads(side.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return "n_kv_groups" in read_json(side, kind="config")
+        except (OSError, GlassError):
             return False
     return False
 
@@ -166,9 +166,10 @@ def read_family_config(spec: str | os.PathLike) -> FamilyConfig:
     """The FamilyConfig of `load_family(spec)`, read without loading any weights."""
     if Path(spec).is_dir():
         return read_hf_config(spec)
-    values = read_json(book_config_path(spec), what=f"the config of {spec}")
+    values = read_json(book_config_path(spec), what=f"the config of {spec}", kind="config")
     tie = bool(values.pop("tie_embeddings", False))
-    return FamilyConfig.from_book_dict("qwen3" if "qk_norm" in values else "llama3", values, tie_embeddings=tie)
+    family = values.get("family") or ("qwen3" if "qk_norm" in values else "llama3")  # (the weights are not read)
+    return FamilyConfig.from_book_dict(family, values, tie_embeddings=tie)
 
 
 def config_origin(spec: str | os.PathLike) -> str:
@@ -205,7 +206,7 @@ def hf_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of a folder's model.safetensors, or of every shard model.safetensors.index.json names."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = read_json(index, what="the shards' index").get("weight_map")
+        weight_map = read_json(index, what="the shards' index", kind="index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index} has no weight_map: it does not say which shard holds which tensor")
         for shard in sorted(set(weight_map.values())):
@@ -221,7 +222,7 @@ def hf_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def read_hf_config(path: str | os.PathLike) -> FamilyConfig:
     path = Path(path)
-    return config_from_hf(read_json(path / "config.json"), str(path / "config.json"))
+    return config_from_hf(read_json(path / "config.json", kind="config"), str(path / "config.json"))
 
 
 def load_hf_family(path: str | os.PathLike, device: torch.device | str = "cpu",
@@ -349,7 +350,7 @@ def load_book_family(path: str | os.PathLike, device: torch.device | str = "cpu"
     if not side.is_file():
         raise CheckpointError(f"{path} needs its config: the book's config dict as JSON in {side} "
                               f"(glassgpt export --format book writes both)")
-    values = read_json(side, what=f"the config of {path}")
+    values = read_json(side, what=f"the config of {path}", kind="config")
     tie = bool(values.pop("tie_embeddings", False))
     cfg = FamilyConfig.from_book_dict(family, values, tie_embeddings=tie)
     return model_from_book_state(cfg, state, str(path), device, dtype)

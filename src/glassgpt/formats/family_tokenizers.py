@@ -22,6 +22,7 @@ import tiktoken
 
 from ..errors import TokenizerError
 from ..tokenizer import Tokenizer, gpt2_byte_to_unicode
+from .files import check_size
 
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
@@ -48,6 +49,7 @@ class Qwen3Tokenizer(Tokenizer):
         except ImportError:
             raise TokenizerError("reading Qwen3's tokenizer.json needs the tokenizers library: "
                                  "pip install 'glassgpt[families]'") from None
+        check_size(path, "tokenizer", TokenizerError)  # before the library reads it whole
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the library raises its own Exception for a bad file
@@ -97,6 +99,7 @@ class Llama3Tokenizer(Tokenizer):
 
     def __init__(self, path: str | os.PathLike):
         from tiktoken.load import load_tiktoken_bpe
+        check_size(path, "tokenizer", TokenizerError)  # before tiktoken reads it whole
         try:
             ranks = load_tiktoken_bpe(str(path))
         except Exception as e:  # base64 or format errors, in tiktoken's words
