@@ -355,3 +355,23 @@ def test_home_unset_and_a_cache_home_that_is_a_file_still_generate(small, tmp_pa
     code, out, err = run(["generate", "Hi", "--model", small, "--max-new-tokens", "2", "--json"], capsys)
     assert code == 0 and "Traceback" not in err, err
     assert len(json.loads(out)["new_ids"]) == 2
+
+
+# --- the table itself -----------------------------------------------------------------------------------
+
+def test_every_row_of_the_inputs_table_names_tests_that_exist():
+    import re
+    docs = Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.md"
+    section = docs.read_text().split("## The process's inputs", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith(("| channel", "|---"))]
+    assert len(rows) >= 20
+    for row in rows:
+        tests = row.rstrip(" |").rsplit(" | ", 1)[1]
+        named = re.findall(r"`(test_\w+\.py)(?:::(\w+))?|`::(\w+)", tests)
+        assert named or "(cache helper)" in tests, row
+        module = None
+        for file, name, same_file in named:
+            module = file or module
+            text = (Path(__file__).parent / module).read_text()
+            for test in filter(None, (name, same_file)):
+                assert f"def {test}(" in text, f"{module}::{test} (named in the table) does not exist"

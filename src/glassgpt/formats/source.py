@@ -476,7 +476,7 @@ def read_tokenizer_spec(spec: str) -> Tokenizer:
     if spec == "gpt2":
         return get_tokenizer("gpt2")
     path = Path(spec)
-    if path.suffix == ".json" and "model" not in read_json(path, TokenizerError, "a tokenizer file"):
+    if path.suffix == ".json" and "model" not in read_json(path, TokenizerError, "a tokenizer file", kind="tokenizer"):
         return read_tokenizer(path)
     return tokenizer_file(path)
 
