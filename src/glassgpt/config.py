@@ -78,11 +78,11 @@ def from_fields(cls: type, values: dict[str, Any], error: type[Exception], what:
     """The dataclass `cls` built from a dict read from a file, `values`, and the fields its caller knows
     otherwise, `given` (a family told by the weights' names): the one way a config dict becomes a config.
     Each key of `values` must be a field (known_fields); a field in both must hold the same value there,
-    else `error` names the two and `given_by`, where the caller's value comes from."""
+    else `error` names the two and `given_by`, where the caller's value comes from ("the weights are ...")."""
     for name, value in given.items():
         if name in values and values[name] != value:
-            raise error(f"{what} {name} is {values[name]!r}, but {given_by or 'the caller'} says {value!r}: "
-                        f"correct {name} or leave it out")
+            raise error(f"{what} {name} is {values[name]!r}, and {given_by or 'its reader says otherwise'} "
+                        f"({name} {value!r}): correct {name} or leave it out")
     rest = {k: v for k, v in values.items() if k not in given}
     return cls(**known_fields(cls, rest, error, what), **given)
 

@@ -171,7 +171,7 @@ def set_threads(requested: int | None, emb_dim: int, file=None, recorded: int | 
         n, why = pick_threads(emb_dim, torch.get_num_threads())
     most = usable_cores()
     if n > most:
-        say(f"note: {why} asks for {n:,} threads and this process may use {most} cores: {most} threads",
+        say(f"note: {n:,} threads ({why}) are more than the {most} cores this process may use: {most} threads",
             file=sys.stderr)
         n, why = most, f"{why}, capped at the cores"
     torch.set_num_threads(n)

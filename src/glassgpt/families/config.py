@@ -134,7 +134,7 @@ class FamilyConfig:
         values = {k: v for k, v in book.items() if k != "dtype"}
         values.setdefault("norm_eps", 1e-6 if family == "qwen3" else 1e-5)
         given = {"family": family} if tie_embeddings is None else {"family": family, "tie_embeddings": tie_embeddings}
-        return from_fields(cls, values, ConfigError, "book config field", given_by=f"the weights (a {family} model's)",
+        return from_fields(cls, values, ConfigError, "book config field", given_by=f"the weights are a {family} model's",
                            **given)
 
 

@@ -179,7 +179,8 @@ def config_origin(spec: str | os.PathLike) -> str:
     if path.is_dir():
         return f"config: {path / 'config.json'} ({read_family_config(spec).family})"
     values = read_json(book_config_path(spec), what=f"the config of {spec}", kind="config")
-    family = values.get("family") if values.get("family") in BOOK_CLASSES else "qwen3" if "qk_norm" in values else "llama3"
+    named = values.get("family")  # (one the weights contradict is refused when they are read)
+    family = named if named in BOOK_CLASSES else "qwen3" if "qk_norm" in values else "llama3"
     assumed = [f"{k} {v}" for k, v in (("norm_eps", 1e-6 if family == "qwen3" else 1e-5),
                                        ("tie_embeddings", False)) if k not in values]
     return (f"config: {book_config_path(spec).name} beside {path.name}, the book's {BOOK_CLASSES[family]} dict"
