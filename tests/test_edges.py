@@ -115,6 +115,16 @@ def test_every_command_that_takes_text_reads_bytes_that_are_not_utf8_without_a_t
             json.loads(out)
 
 
+def test_a_path_of_bytes_that_are_not_utf8_is_opened_as_the_bytes_it_is(tmp_path, capsys):
+    (tmp_path / os.fsdecode(b"caf\xe9.json")).write_text(json.dumps(SMALL))
+    code, out, err = run(["generate", "Hi", "--model", str(tmp_path / surrogateescaped(b"caf\xe9.json")),
+                          "--max-new-tokens", "1", "--json"], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert "caf\\udce9.json has random weights" in err  # the byte shown escaped; the path kept its bytes
+    code, out, err = run(["generate", "Hi", "--model", str(tmp_path / surrogateescaped(b"gone\xff.json"))], capsys)
+    assert code == 2 and "gone\\udcff.json" in error_line(err)
+
+
 def test_stdin_lines_that_are_not_utf8_are_read_as_meant(small, capsys, monkeypatch):
     stdin = io.TextIOWrapper(io.BytesIO(b"Say \xff hi\nok\n"), encoding="utf-8", errors="strict")
     monkeypatch.setattr(sys, "stdin", stdin)
