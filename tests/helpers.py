@@ -279,3 +279,14 @@ class StrideSkips(_book_ch02.GPTDatasetV1):
             self.input_ids.append(torch.tensor(ids[i:i + max_length]))
             self.target_ids.append(torch.tensor(ids[i + 1:i + max_length + 1]))
 
+
+
+# --- a model's description against its module (test_anatomy, and every model kind's test) ---
+
+def check_description(model: torch.nn.Module):
+    """glassgpt.describe(model), proven to agree with the module: every described part's shape, the tie
+    by storage, each norm's formula on a probe (kinds.description_mismatches); its Anatomy."""
+    from glassgpt.kinds import description_mismatches
+    anatomy = glassgpt.describe(model)
+    assert description_mismatches(model, anatomy) == []
+    return anatomy

@@ -8,6 +8,7 @@
     print(glassgpt.trace(model, tok, "Every effort moves you").to_text())
     glassgpt.show(my_gpt, "Every effort moves you")  # your own module (the book's GPTModel ...), in a notebook
     glassgpt.check(my_gpt)                           # ... and where it parts from the book's formulas
+    glassgpt.describe(my_model)                      # what any model object is made of, as data (anatomy.py)
     glassgpt.check(MultiHeadAttention, args="ch03")  # any piece of chapters 2-7: its first difference, its mistake
 
 The package's layers, from errors and config at the bottom to cli/ and web/ at the top, are stated
@@ -26,6 +27,7 @@ from .engine import KVCache
 from .errors import GlassError, RandomWeightsWarning
 from .formats import download, export_hf, get_config, get_tokenizer, load_meta, load_model, load_tokenizer, save_model
 from .generate import generate, stream
+from .kinds import describe
 from .model import GPTModel
 from .tokenizer import Tokenizer
 from .version import __version__
@@ -57,7 +59,7 @@ class _LaterModule(_types.ModuleType):
 _sys.modules[__name__ + ".explain_diagram"] = _LaterModule(__name__ + ".explain_diagram")
 
 __all__ = [
-    "GPTConfig", "PRESETS", "Trace", "Why", "adopt", "check", "show", "trace", "why", "get_config", "GlassError",
+    "GPTConfig", "PRESETS", "Trace", "Why", "adopt", "describe", "check", "show", "trace", "why", "get_config", "GlassError",
     "generate", "stream", "GPTModel", "KVCache",
     "Tokenizer", "get_tokenizer", "download", "export_hf", "load_meta", "load_model",
     "load_tokenizer", "save_model", "RandomWeightsWarning", "explain_diagram", "__version__",

@@ -23,6 +23,10 @@ class PromptError(GlassError, ValueError):
     """A prompt that the model cannot take (empty, too long, an id out of range)."""
 
 
+class UnreadableModelError(GlassError):
+    """A model object of no kind glassgpt can describe: the message names what was looked for and the kinds read."""
+
+
 class NonFiniteError(GlassError):
     """A model whose scores came out NaN or infinite: its weights are broken (a run that diverged)."""
 

@@ -36,6 +36,7 @@ import math
 import torch
 from torch import nn
 
+from . import anatomy as an
 from .config import GPTConfig
 from .errors import PromptError
 
@@ -266,3 +267,35 @@ class GPTModel(nn.Module):
         if last_only:
             x = x[:, -1:]  # [b, t, d] -> [b, 1, d]
         return self.out_head(x)  # [b, t, d] -> [b, t, V]: x @ out_head.weight.T
+
+
+def describe(cfg: GPTConfig) -> an.Anatomy:
+    """This file's model as data (anatomy.py): learned positions, pre-LayerNorm blocks of multi-head
+    attention and a GELU MLP, the book's names. The tie is the config's; glassgpt.describe(model) tells
+    a live model's by storage."""
+    d, h, hd, f = cfg.emb_dim, cfg.n_heads, cfg.head_dim, 4 * cfg.emb_dim
+
+    def layer_norm(path: str, role: str) -> an.Norm:
+        return an.Norm(path, "layernorm", d, 1e-5, weight="scale", bias="shift", role=role)
+
+    def block(i: int) -> an.Block:
+        p = f"trf_blocks.{i}"
+        att = an.Attention(f"{p}.att", "causal", h, h, hd,
+                           query=an.Linear(f"{p}.att.W_query", d, d, cfg.qkv_bias),
+                           key=an.Linear(f"{p}.att.W_key", d, d, cfg.qkv_bias),
+                           value=an.Linear(f"{p}.att.W_value", d, d, cfg.qkv_bias),
+                           out=an.Linear(f"{p}.att.out_proj", d, d, True))
+        ff = an.FeedForward(f"{p}.ff", "gelu_mlp", f, "gelu_tanh", up=an.Linear(f"{p}.ff.layers.0", d, f, True),
+                            down=an.Linear(f"{p}.ff.layers.2", f, d, True), activation_path=f"{p}.ff.layers.1")
+        return an.Block(i, p, "pre", (layer_norm(f"{p}.norm1", "attn_in"), layer_norm(f"{p}.norm2", "ff_in")), att, ff)
+
+    classes = cfg.num_classes is not None
+    return an.Anatomy(
+        name="GPT-2", source="glassgpt's GPTModel",
+        embedding=an.Embedding("tok_emb", cfg.vocab_size, d, dropout="drop_emb"),
+        positions=an.Positions("learned", cfg.context_length, "pos_emb"),
+        blocks=tuple(block(i) for i in range(cfg.n_layers)),
+        final_norm=layer_norm("final_norm", "final"),
+        head=an.Head("out_head", cfg.out_dim, cfg.tie_embeddings, bias=classes),
+        config_fields=("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias",
+                       "tie_embeddings", "num_classes"))

@@ -31,14 +31,14 @@ from torch import nn
 
 from ..families import is_family_model
 from ..families.layers import apply_rope
+from ..kinds import describe
 from ..memory import parameter_table
 from ..model import attention_weights
 from ..prompt import encode
 from ..tokenizer import Tokenizer
 from .check import check_embedding_is_linear
-from .head import head_products
+from .head import head_products, logit_lens_of
 from .result import Result
-from .trace import logit_lens_of
 
 FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3"}
 
@@ -59,6 +59,11 @@ class FamilyTrace(Result):
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def next_token(self) -> dict[str, Any]:
+        """The most probable next token (as Trace.next_token names it): id, text, prob."""
+        return self.next_tokens[0]
 
 
 class RecordingCache:
@@ -82,37 +87,28 @@ class RecordingCache:
             return k, v
 
 
-@torch.no_grad()
 def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, top_k: int = 5, *,
                  ids: list[int] | None = None, attention: bool = False, logit_lens: bool = False) -> FamilyTrace:
     """Run `text` (or its token `ids`, as the web page sends them) through a Qwen3Model or Llama3Model once
     and keep what each stage looked like; with `attention`, every query head's weights, with `logit_lens`, the
     top token after every block (as GPT-2's trace takes them: TraceOptions' attention and logit_lens)."""
+    return rotary_trace(model, tokenizer, text, top_k, ids=ids, attention=attention, logit_lens=logit_lens)[0]
+
+
+@torch.no_grad()
+def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, top_k: int = 5, *,
+                 ids: list[int] | None = None, attention: bool = False, logit_lens: bool = False
+                 ) -> tuple[FamilyTrace, torch.Tensor]:
+    """family_trace(...), and the last position's logits `[V]` of its one forward pass. The modules are found
+    through the model's description (glassgpt.describe), not by its family."""
     assert is_family_model(model)
-    cfg = model.cfg
-    ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=model.tok_emb.weight.device)  # [1, t]
+    cfg, anatomy = model.cfg, describe(model)
+    part = model.get_submodule
+    device = part(anatomy.embedding.path).weight.device
+    ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=device)  # [1, t]
     seen: dict[str, tuple[tuple, tuple]] = {}
     kept: dict[str, torch.Tensor] = {}
-
-    def tap(name: str):
-        def hook(module, inputs, output):
-            seen[name] = (tuple(inputs[0].shape), tuple(output.shape))
-        return hook
-
-    def keep(name: str):
-        return lambda module, inputs, output: kept.__setitem__(name, output.detach())
-
-    first = model.trf_blocks[0]
-    taps = {"tok_emb": model.tok_emb, "trf_blocks.0.att.W_query": first.att.W_query,
-            "trf_blocks.0.att.W_key": first.att.W_key, "trf_blocks.0.att.W_value": first.att.W_value,
-            "trf_blocks.0.ff.fc1": first.ff.fc1, "final_norm": model.final_norm, "out_head": model.out_head}
-    handles = [m.register_forward_hook(tap(n)) for n, m in taps.items()]
-    handles.append(model.final_norm.register_forward_hook(keep("final_norm")))
-    for i, block in enumerate(model.trf_blocks):
-        if logit_lens:
-            handles.append(block.register_forward_hook(keep(f"trf_blocks.{i}")))
-        if attention:
-            handles.append(block.att.W_query.register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
+    handles = _hooks(model, anatomy, seen, kept, attention, logit_lens)
     cache = RecordingCache()
     try:
         logits = model(ids, cache)  # [1, t, V]
@@ -142,11 +138,39 @@ def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         tr.logit_lens = logit_lens_of(model, [kept[f"trf_blocks.{i}"] for i in range(cfg.n_layers)], logits, label)
     if attention:
         cos, sin = model.rope.at(0, t, ids.device)  # [t, hd]: the angles of the positions it ran at
-        layers = [attention_of(block.att, kept[f"trf_blocks.{i}.att.W_query"], cache.seen[i][0], cos, sin)[0]
-                  for i, block in enumerate(model.trf_blocks)]  # [h, t, t] each
+        layers = [attention_of(part(block.attention.path), kept[f"trf_blocks.{i}.att.W_query"], cache.seen[i][0], cos,
+                               sin)[0] for i, block in enumerate(anatomy.blocks)]  # [h, t, t] each
         tr.attention_weights = {"shape": [cfg.n_layers, h, t, t], "tokens": tokens, "groups": groups,
                                 "layers": [w.float().tolist() for w in layers]}
-    return tr
+    return tr, logits[0, -1]
+
+
+def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, logit_lens: bool) -> list:
+    """Forward hooks on the modules the description names: the shapes they see into `seen`, the tensors the
+    panels read into `kept`. Returns their handles (removed after the one forward pass)."""
+    part = model.get_submodule
+
+    def tap(name: str):
+        def hook(module, inputs, output):
+            seen[name] = (tuple(inputs[0].shape), tuple(output.shape))
+        return hook
+
+    def keep(name: str):
+        return lambda module, inputs, output: kept.__setitem__(name, output.detach())
+
+    first_att, first_ff = anatomy.blocks[0].attention, anatomy.blocks[0].ff
+    taps = {"tok_emb": part(anatomy.embedding.path), "trf_blocks.0.att.W_query": part(first_att.query.path),
+            "trf_blocks.0.att.W_key": part(first_att.key.path), "trf_blocks.0.att.W_value": part(first_att.value.path),
+            "trf_blocks.0.ff.fc1": part((first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
+            "out_head": part(anatomy.head.path)}
+    handles = [m.register_forward_hook(tap(n)) for n, m in taps.items()]
+    handles.append(part(anatomy.final_norm.path).register_forward_hook(keep("final_norm")))
+    for i, block in enumerate(anatomy.blocks):
+        if logit_lens:
+            handles.append(part(block.path).register_forward_hook(keep(f"trf_blocks.{i}")))
+        if attention:
+            handles.append(part(block.attention.query.path).register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
+    return handles
 
 
 def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:
@@ -194,11 +218,12 @@ def _text(tokenizer: Tokenizer, token_id: int) -> str:
 
 def four_answers(model: nn.Module, ids: torch.Tensor) -> dict[str, Any]:
     """The four questions as facts on the live model: the two transitions, the one-hot proof, the tie."""
-    emb, head = model.tok_emb.weight, model.out_head.weight
+    anatomy = describe(model)
+    emb, head = model.get_submodule(anatomy.embedding.path).weight, model.get_submodule(anatomy.head.path).weight
     one_storage = emb.data_ptr() == head.data_ptr() and emb.shape == head.shape
     equal_values = bool(emb.shape == head.shape and torch.equal(emb, head))
-    return {"vocab_to_hidden": {"module": "tok_emb", "weight_shape": list(emb.shape)},
-            "hidden_to_vocab": {"module": "out_head", "weight_shape": list(head.shape)},
+    return {"vocab_to_hidden": {"module": anatomy.embedding.path, "weight_shape": list(emb.shape)},
+            "hidden_to_vocab": {"module": anatomy.head.path, "weight_shape": list(head.shape)},
             "one_hot": check_embedding_is_linear(model, ids, timing=False),
             "tied": one_storage, "equal_values": equal_values}
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import anatomy as an
 from ..model import attention_weights
 from .config import FamilyConfig, RopeFreq
 
@@ -176,3 +177,36 @@ class FeedForward(nn.Module):
         x_fc1 = self.fc1(x)
         x_fc2 = self.fc2(x)
         return self.fc3(nn.functional.silu(x_fc1) * x_fc2)
+
+
+# --- these pieces as data (anatomy.py), for the model files' describe(cfg) ------------------------
+
+def describe_rope(cfg: FamilyConfig) -> an.Rope:
+    """RoPE as compute_rope_params turns q and k: split halves, every dimension, Llama 3's scaling if set."""
+    scaling = None if cfg.rope_freq is None else "llama3"
+    values = () if cfg.rope_freq is None else tuple((k, float(v)) for k, v in vars(cfg.rope_freq).items())
+    return an.Rope(cfg.rope_base, cfg.head_dim_value, scaling=scaling, scaling_values=values)
+
+
+def describe_attention(cfg: FamilyConfig, p: str, norm_leaf: str) -> an.Attention:
+    """GroupedQueryAttention of block path `p`; its QK-norms' parameter is `norm_leaf`."""
+    d, h, g, hd = cfg.emb_dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim_value
+    qk = {}
+    if cfg.qk_norm:
+        qk = {f"{x}_norm": an.Norm(f"{p}.att.{x}_norm", "rmsnorm", hd, cfg.norm_eps, weight=norm_leaf, role=f"{x}_norm")
+              for x in ("q", "k")}
+    return an.Attention(f"{p}.att", "causal", h, g, hd,
+                        query=an.Linear(f"{p}.att.W_query", d, h * hd, False),
+                        key=an.Linear(f"{p}.att.W_key", d, g * hd, False),
+                        value=an.Linear(f"{p}.att.W_value", d, g * hd, False),
+                        out=an.Linear(f"{p}.att.out_proj", h * hd, d, False), rope=describe_rope(cfg), **qk)
+
+
+def describe_swiglu(cfg: FamilyConfig, p: str) -> an.FeedForward:
+    d, f = cfg.emb_dim, cfg.hidden_dim
+    return an.FeedForward(f"{p}.ff", "swiglu", f, "silu", up=an.Linear(f"{p}.ff.fc2", d, f, False),
+                          down=an.Linear(f"{p}.ff.fc3", f, d, False), gate=an.Linear(f"{p}.ff.fc1", d, f, False))
+
+
+CONFIG_FIELDS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "hidden_dim", "n_kv_groups",
+                 "rope_base", "head_dim", "qk_norm", "rope_freq", "tie_embeddings", "norm_eps")

@@ -15,9 +15,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import anatomy as an
 from ..errors import PromptError
 from .config import FamilyConfig
-from .layers import FeedForward, GroupedQueryAttention, RMSNorm, RopeTables, compute_rope_params
+from .layers import (CONFIG_FIELDS, FeedForward, GroupedQueryAttention, RMSNorm, RopeTables, compute_rope_params,
+                     describe_attention, describe_swiglu)
 
 
 class TransformerBlock(nn.Module):
@@ -79,3 +81,20 @@ class Qwen3Model(nn.Module):
         if last_only:
             x = x[:, -1:]  # [b, t, d] -> [b, 1, d]
         return self.out_head(x)  # [b, t, d] -> [b, t, V]: x @ out_head.weight.T
+
+
+def describe(cfg: FamilyConfig) -> an.Anatomy:
+    """This file's model as data (anatomy.py): no learned positions, RoPE in every attention, pre-RMSNorm
+    blocks (the norms' parameter is `scale`), grouped-query attention and SwiGLU."""
+    def norm(path: str, role: str, dim: int = cfg.emb_dim) -> an.Norm:
+        return an.Norm(path, "rmsnorm", dim, cfg.norm_eps, weight="scale", role=role)
+
+    blocks = tuple(an.Block(i, f"trf_blocks.{i}", "pre",
+                            (norm(f"trf_blocks.{i}.norm1", "attn_in"), norm(f"trf_blocks.{i}.norm2", "ff_in")),
+                            describe_attention(cfg, f"trf_blocks.{i}", "scale"),
+                            describe_swiglu(cfg, f"trf_blocks.{i}")) for i in range(cfg.n_layers))
+    return an.Anatomy(name="Qwen3", source="glassgpt's Qwen3Model",
+                      embedding=an.Embedding("tok_emb", cfg.vocab_size, cfg.emb_dim),
+                      positions=an.Positions("rope", cfg.context_length), blocks=blocks,
+                      final_norm=norm("final_norm", "final"),
+                      head=an.Head("out_head", cfg.vocab_size, cfg.tie_embeddings), config_fields=CONFIG_FIELDS)

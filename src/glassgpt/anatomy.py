@@ -1,0 +1,273 @@
+"""A model's anatomy: what it is made of, as plain data that every analysis reads.
+
+    describe(cfg) -> Anatomy         each glass model file says its own (model.py, families/qwen3.py, llama3.py)
+    glassgpt.describe(model)         the same for any model object a reader built (kinds.py)
+
+An Anatomy names each part by its module path in the described object ("trf_blocks.3.att.W_query"
+in glassgpt's and the book's classes, "model.layers.3.self_attn.q_proj" in transformers'), so an
+analysis finds a module through the description, never by the model's family. It is data, not a
+second implementation: kinds.description_mismatches checks every described part against the module
+(shapes, the tie by storage, the norm's formula on a probe), and tests/test_anatomy.py runs that
+check for every kind of model glassgpt reads.
+
+The vocabulary is wider than the three models written so far, so that the book's bonus models can be
+described without changing an analysis: an embedding scaled by sqrt(d) (Gemma 3) and per-layer
+embeddings (Gemma 4); norms after the sublayer (OLMo 3), on both sides (Gemma's sandwich) or one norm
+for a parallel attention and feed-forward (Tiny Aya); (1 + weight) RMSNorm (Gemma); per-layer
+attention kinds (sliding and full, each with its own RoPE base; linear attention with a recurrent
+state, Qwen3.5), layers without positions, kv-shared layers and softcaps; GeGLU and mixtures of experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+# What each field may say (a value outside these is a description error, refused when it is built).
+NORM_KINDS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")  # scale*(x-mean)/std+shift; w*x/rms; (1+w)*x/rms
+PLACEMENTS = ("pre", "post", "sandwich", "parallel")       # norm before, after, both sides, one norm for both
+POSITION_KINDS = ("learned", "rope", "none")
+ATTENTION_KINDS = ("causal", "linear")                     # linear: a recurrent state instead of a KV cache
+FF_KINDS = ("gelu_mlp", "swiglu", "geglu", "moe")
+
+
+def _one_of(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One matrix, as nn.Linear stores it: `[out_features, in_features]`.
+
+    rows: a slice (start, stop) of a fused module's output rows (GPT-2's c_attn holds q, k and v);
+    transposed: the module stores `[in, out]` (transformers' Conv1D)."""
+
+    path: str
+    in_features: int
+    out_features: int
+    bias: bool
+    rows: tuple[int, int] | None = None
+    transposed: bool = False
+
+
+@dataclass(frozen=True)
+class Norm:
+    """A normalisation over the last dimension: `kind` (NORM_KINDS), its weight and (LayerNorm's) bias leaves."""
+
+    path: str
+    kind: str
+    dim: int
+    eps: float
+    weight: str = "weight"       # the parameter's leaf name: the book's "scale", torch's "weight"
+    bias: str | None = None      # the book's "shift", torch's "bias"; None: no shift (RMSNorm)
+    role: str = ""               # in a block: attn_in, attn_out, ff_in, ff_out; q_norm, k_norm; final
+
+    def __post_init__(self) -> None:
+        _one_of(self.kind, NORM_KINDS, "norm kind")
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Rotary positions: q and k (`rotates`) turned by an angle per position, pair i at base^(-2i/hd).
+
+    pairs: "halves" (dimensions i and i + hd/2: the book's and transformers' layout) or "neighbours"
+    (Meta's originals); rotary_dim: how many of hd's dimensions turn (None: all); scaling: a named
+    frequency scaling ("llama3", "linear", "yarn") and its values as (name, value) pairs."""
+
+    base: float
+    head_dim: int
+    pairs: str = "halves"
+    rotates: tuple[str, ...] = ("q", "k")
+    rotary_dim: int | None = None
+    scaling: str | None = None
+    scaling_values: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One block's attention: h query heads, g key/value groups (h // g query heads share each), head size hd."""
+
+    path: str
+    kind: str                    # ATTENTION_KINDS
+    n_heads: int
+    n_kv_groups: int
+    head_dim: int
+    query: Linear
+    key: Linear
+    value: Linear
+    out: Linear
+    rope: Rope | None = None     # None: no positions in this layer (learned ones enter at the embedding)
+    window: int | None = None    # sliding-window attention: each query sees the last `window` positions
+    q_norm: Norm | None = None   # QK-norm (Qwen3): each query and key head normed before the rotation
+    k_norm: Norm | None = None
+    scale: float | None = None   # the scores' factor; None: 1 / sqrt(hd)
+    softcap: float | None = None
+    kv_shared_from: int | None = None  # a layer that reuses another layer's keys and values (Gemma 4)
+
+    def __post_init__(self) -> None:
+        _one_of(self.kind, ATTENTION_KINDS, "attention kind")
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture of experts: a router picks `per_token` of `n_experts` feed-forwards for each token."""
+
+    router: Linear
+    n_experts: int
+    per_token: int
+    path: str                    # the experts' ModuleList; expert j's matrices are `FeedForward.up` etc. under it
+
+
+@dataclass(frozen=True)
+class FeedForward:
+    """d -> hidden -> d. gelu_mlp: down(act(up(x))); swiglu / geglu: down(act(gate(x)) * up(x))."""
+
+    path: str
+    kind: str                    # FF_KINDS
+    hidden_dim: int
+    activation: str              # "gelu_tanh", "gelu", "silu"
+    up: Linear
+    down: Linear
+    gate: Linear | None = None
+    activation_path: str | None = None  # the activation's own module, where it has one (GPT-2's ff.layers.1)
+    experts: Experts | None = None
+
+    def __post_init__(self) -> None:
+        _one_of(self.kind, FF_KINDS, "feed-forward kind")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One transformer block: where its norms sit, its attention, its feed-forward.
+
+    pre: x + att(norm1(x)), x + ff(norm2(x)); post: x + norm(att(x)) ...; sandwich: norms on both
+    sides; parallel: x + att(norm(x)) + ff(norm(x)), one norm read by both."""
+
+    index: int
+    path: str
+    placement: str               # PLACEMENTS
+    norms: tuple[Norm, ...]
+    attention: Attention
+    ff: FeedForward
+    layer_type: str = "full_attention"  # "sliding_attention", "linear_attention", ... as configs name them
+
+    def __post_init__(self) -> None:
+        _one_of(self.placement, PLACEMENTS, "norm placement")
+
+    def norm(self, role: str) -> Norm | None:
+        return next((n for n in self.norms if n.role == role), None)
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """ids -> vectors: a row of the `[vocab_size, emb_dim]` weight, times `scale` (Gemma: sqrt(d)) where given."""
+
+    path: str
+    vocab_size: int
+    emb_dim: int
+    scale: float | None = None
+    per_layer: str | None = None  # Gemma 4's per-layer embeddings: their module's path
+    dropout: str | None = None    # the dropout the embeddings pass (GPT-2's drop_emb): its output is the first block's input
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where positions enter: a learned `[context_length, d]` table added to the embeddings (at `path`),
+    RoPE inside every attention (each block's Attention.rope says its own), or none."""
+
+    kind: str                    # POSITION_KINDS
+    context_length: int
+    path: str | None = None      # the learned table's module
+
+    def __post_init__(self) -> None:
+        _one_of(self.kind, POSITION_KINDS, "positions")
+
+
+@dataclass(frozen=True)
+class Head:
+    """hidden -> vocab (or classes): logits = x @ W.T (+ bias), times `logit_scale`, capped by `softcap`.
+    tied: W is the embedding's own storage (told by data_ptr, never by equal values)."""
+
+    path: str
+    out_features: int
+    tied: bool
+    bias: bool = False
+    logit_scale: float | None = None
+    softcap: float | None = None
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """A whole model, from the ids to the logits."""
+
+    name: str                    # what it is, for a reader: "GPT-2", "Qwen3", "Llama 3.2"
+    source: str                  # which kind of object it describes: "glassgpt's GPTModel", "transformers' ..."
+    embedding: Embedding
+    positions: Positions
+    blocks: tuple[Block, ...]
+    final_norm: Norm
+    head: Head
+    config_fields: tuple[str, ...]  # the config fields the model reads
+    blocks_path: str = "trf_blocks"  # the ModuleList holding the blocks
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+    def norms(self) -> list[Norm]:
+        """Every norm, in the order the forward pass meets them (QK-norms inside their block)."""
+        found = []
+        for block in self.blocks:
+            found += list(block.norms) + [n for n in (block.attention.q_norm, block.attention.k_norm) if n]
+        return found + [self.final_norm]
+
+    def linears(self) -> list[Linear]:
+        found = []
+        for block in self.blocks:
+            att, ff = block.attention, block.ff
+            found += [att.query, att.key, att.value, att.out, ff.up, ff.down] + ([ff.gate] if ff.gate else [])
+        return found
+
+
+def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[int, int] | None, bool]],
+            norm_leaves: tuple[str, str | None] | None = None, source: str | None = None) -> Anatomy:
+    """The same anatomy with every path mapped by `path_of` (a loader's name map): for a matrix it may
+    give (path, rows, transposed), for a fused or Conv1D module. norm_leaves: the norms' (weight, bias)
+    names in that object; a norm with no bias keeps none."""
+
+    def path(p: str | None) -> str | None:
+        if p is None:
+            return None
+        mapped = path_of(p)
+        return mapped if isinstance(mapped, str) else mapped[0]
+
+    def linear(lin: Linear | None) -> Linear | None:
+        if lin is None:
+            return None
+        mapped = path_of(lin.path)
+        if isinstance(mapped, str):
+            return replace(lin, path=mapped)
+        return replace(lin, path=mapped[0], rows=mapped[1], transposed=mapped[2])
+
+    def norm(n: Norm | None) -> Norm | None:
+        if n is None:
+            return None
+        leaves = {} if norm_leaves is None else {"weight": norm_leaves[0],
+                                                 "bias": norm_leaves[1] if n.bias is not None else None}
+        return replace(n, path=path(n.path), **leaves)
+
+    def block(b: Block) -> Block:
+        att, ff = b.attention, b.ff
+        att = replace(att, path=path(att.path), query=linear(att.query), key=linear(att.key), value=linear(att.value),
+                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm))
+        ff = replace(ff, path=path(ff.path), up=linear(ff.up), down=linear(ff.down), gate=linear(ff.gate),
+                     activation_path=path(ff.activation_path))
+        return replace(b, path=path(b.path), norms=tuple(norm(n) for n in b.norms), attention=att, ff=ff)
+
+    return replace(anatomy, source=source or anatomy.source,
+                   embedding=replace(anatomy.embedding, path=path(anatomy.embedding.path),
+                                     dropout=path(anatomy.embedding.dropout)),
+                   positions=replace(anatomy.positions, path=path(anatomy.positions.path)),
+                   blocks=tuple(block(b) for b in anatomy.blocks), final_norm=norm(anatomy.final_norm),
+                   head=replace(anatomy.head, path=path(anatomy.head.path)), blocks_path=path(anatomy.blocks_path))
