@@ -252,7 +252,7 @@ def test_a_mistake_inside_a_block_is_named_at_its_part():
             self.norm1 = LayerNormUnbiased(cfg["emb_dim"])
     result = glassgpt.check(named(Block, "TransformerBlock"), args=SMALL_CFG)
     assert result.stage == "norm1 output" and result.mistake == "unbiased_var"
-    assert result.finding.startswith("norm1: the output first differs")
+    assert result.finding.startswith("norm1: row 0 of the normalized output has variance")
 
 
 def test_a_class_it_does_not_know_is_one_line_naming_the_kinds_it_knows():
