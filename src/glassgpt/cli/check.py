@@ -32,13 +32,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the Python file and the class or function in it, e.g. my_attention.py:MultiHeadAttention")
     p.add_argument("--args", metavar="JSON|PRESET",
                    help="the constructor's arguments: a JSON object ('{\"d_in\": 768, \"d_out\": 768, ...}', or "
-                        f"a .json file), or the book's for a chapter's examples: {', '.join(PRESETS)} (default: the "
-                        "book's for the class's chapter)")
+                        f"a .json file; a model's config dict is mapped to a piece's arguments), or the book's for a "
+                        f"chapter's examples or a tiny model: {', '.join(PRESETS)} (default: the book's for the "
+                        "class's chapter or model)")
     p.add_argument("--config", metavar="JSON",
                    help="the config dict a GPTModel takes, as a .json file (e.g. the book's GPT_CONFIG_124M)")
     p.add_argument("--weights", metavar="PTH", help="a state dict to load into it (default: its random weights)")
     p.add_argument("--seed", type=seed, default=123, help="torch.manual_seed before building it (default: 123)")
-    p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"a whole model's prompt (default: {DEFAULT_TEXT!r})")
+    p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"a whole model's prompt (default: {DEFAULT_TEXT!r}; a "
+                                                          "Qwen3/Llama port reads it as UTF-8 bytes, its tokenizer "
+                                                          "not being loaded)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run_check)
 
@@ -47,7 +50,7 @@ def run_check(args: argparse.Namespace) -> int:
     obj = load_class(args.target)
     if isinstance(obj, type):
         obj = _build(obj, args)
-    result = check(obj, args.prompt) if is_whole_model(obj) else check_piece(obj)
+    result = check(obj, args.prompt) if is_whole_model(obj) else check_piece(obj, args.prompt)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.to_text())
     return 0 if result.ok else 1
 

@@ -19,7 +19,8 @@ from ...generate import pick_next
 from ...model import GPTModel
 from ...prompt import format_prompt
 from ...tokenizer import get_tokenizer
-from .report import PieceError, PieceResult, run_reader
+from .properties import Broken
+from .report import PieceError, PieceResult, found, run_reader
 
 PROMPT = "Hello, I am"  # the book's chapter 4 prompt
 COLLATE_BATCH = [[0, 1, 2, 3, 4], [5, 6], [7, 8, 9]]  # the book's chapter 7 example
@@ -214,10 +215,39 @@ def check_loss(fn: Callable, kind: str) -> PieceResult:
         mistake = next((m for m, fn_ in variants.items() if abs(float(fn_()) - got) <= 1e-5 * abs(got)), None)
         result.where = "the loss"
         what = f"the loss is {got:.6f}, glassgpt's {want:.6f}"
+        broken = loss_positions(model, batches if loader else batches[:1], got, chapter)
+        if broken is not None:
+            return found(result, broken, mistake, MISTAKES)
     result.mistake = mistake
     result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
         f"{what}; no known mistake reproduces it: compare with the book's {kind}"
     return result
+
+
+def loss_positions(model, batches, got: float, chapter: int) -> Broken | None:
+    """Which positions the reader's loss averages over: the cross-entropy of each (window, position)
+    is computed here, and the reader's number matched against the mean over each set of positions
+    (chapter 5: every position of every window; chapter 6: the last position's class)."""
+    per = []  # per batch: [b, t] cross-entropies (chapter 6: [b, t] against the label at every position)
+    for x, y in batches:
+        with torch.no_grad():
+            logits = model(x).double()
+        labels = y if chapter == 5 else y[:, None].expand(-1, logits.shape[1])
+        per.append(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape))
+    t = per[0].shape[1]
+    sets = {"every position": slice(None), "the last position only": slice(t - 1, t),
+            "the first position only": slice(0, 1), "every position but the last": slice(0, t - 1),
+            "every position but the first": slice(1, t)}
+    want = "every position" if chapter == 5 else "the last position only"
+    for name, cut in sets.items():
+        for how, reduce in (("averages", torch.mean), ("sums", torch.sum)):
+            value = sum(float(reduce(p[:, cut])) for p in per) / len(per)
+            if abs(value - got) <= 1e-5 * max(abs(got), 1e-12) and (name, how) != (want, "averages"):
+                return Broken("loss_positions", "loss", name, f"the loss {how} the cross-entropy over {name} of "
+                              f"each window (it equals that, {got:.6f}); chapter {chapter}'s averages over {want}" +
+                              (": cross_entropy(logits.flatten(0, 1), target_batch.flatten())" if chapter == 5
+                               else ": model(input_batch)[:, -1, :]"))
+    return None
 
 
 def _fed(chapter: int, loader: bool, batches) -> str:
