@@ -251,11 +251,25 @@ def build(cls: type, args: Any = None, seed: int = 123) -> Any:
         args = from_config(args, [p.name for p in params])
     torch.manual_seed(seed)
     try:
-        return cls(args) if one_config or not isinstance(args, dict) else cls(**args)
+        built = cls(args) if one_config or not isinstance(args, dict) else cls(**args)
+        return _materialized(built, seed) if isinstance(built, nn.Module) else built
     except Exception as err:
         raise PieceError(f"{name}{inspect.signature(cls.__init__)} could not be built with {args}: "
                          f"{type(err).__name__}: {err}; pass its arguments as --args '{{...}}' or a preset, "
                          f"--args {', '.join(PRESETS)}") from None
+
+
+def _materialized(module: nn.Module, seed: int) -> nn.Module:
+    """A module built with weights on the meta device (the book's MoEFeedForward keeps its experts there
+    until loaded) given seeded random ones, as its layers initialize themselves."""
+    if not any(p.is_meta for p in module.parameters()):
+        return module
+    module.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    for m in module.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    return module
 
 
 def from_config(args: dict[str, Any], params: list[str]) -> dict[str, Any]:

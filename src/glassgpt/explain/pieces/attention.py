@@ -198,8 +198,10 @@ def check_attention(att: nn.Module, kind: str, x: torch.Tensor | None = None) ->
                         "book_out": out, "input": x}
         result.lines.append(f"eval mode: output {_shape(runs[0][1])} against glassgpt's {_shape(out)}, "
                             f"max |diff| {_diff_text(runs[0][1], out)}")
-        if not same(runs[0][1], runs[1][1]):
-            return _found(result, "output", "two eval runs", "dropout_eval")
+        if not same(runs[0][1], runs[1][1]):  # eval mode must give the same numbers twice
+            _found(result, "output", "two eval runs", "dropout_eval")
+            result.prop = "dropout_in_eval"
+            return result
         d_out = out.shape[-1] if kind != "MultiHeadAttention" else _projections(att)["q"][0].shape[-1]
         hd = (_projections(att.heads[0])["q"][0].shape[-1] if kind == "MultiHeadAttentionWrapper"
               else d_out // n_heads)

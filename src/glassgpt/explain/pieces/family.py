@@ -209,7 +209,7 @@ def check_apply_rope(fn: Callable, head_dim: int = 16, t: int = 6) -> PieceResul
     if _compare_out(result, got, want):
         return result
     index = first_row_that_differs(got, want)
-    i, p = (index[1], index[2]) if len(index) == 4 else (0, 0)
+    i, p = (index[1], index[2]) if len(index) == 3 else (0, 0)
     result.where = f"dimension {i} at position {p}"
     lengths = as_double(got).norm(dim=-1)
     if not bool(((lengths - 1).abs() <= 1e-5).all()):
