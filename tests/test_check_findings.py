@@ -599,3 +599,17 @@ def test_a_piece_of_no_known_kind_lists_the_kinds_and_how_to_say_which():
 def test_a_qwen3_model_without_a_config_builds_a_tiny_one_and_reads_the_prompt():
     first = glassgpt.check(book_qwen.Qwen3Model, text="Hello")
     assert first.ok and first.prompt == "72 4 11 11 14", first.to_text()  # "Hello" as UTF-8 bytes mod 97
+
+
+def test_the_cli_checks_a_readers_qwen3_attention_and_a_qwen3_model_without_a_config(tmp_path, capsys):
+    from glassgpt.cli import main
+    (tmp_path / "my_qwen3.py").write_text(
+        "import torch\nimport llms_from_scratch.qwen3 as book\n\n\n"
+        "class GroupedQueryAttention(book.GroupedQueryAttention):\n"
+        "    def forward(self, x, mask, cos, sin):\n"
+        "        return super().forward(x, torch.zeros_like(mask), cos, sin)  # the mask forgotten\n\n\n"
+        "class Qwen3Model(book.Qwen3Model):\n    pass\n")
+    assert main(["check", f"{tmp_path / 'my_qwen3.py'}:GroupedQueryAttention"]) == 1
+    assert "row 0 of head 0 (position 0) puts weight" in capsys.readouterr().out
+    assert main(["check", f"{tmp_path / 'my_qwen3.py'}:Qwen3Model", "--prompt", "Hi"]) == 0
+    assert "on '72 8'" in capsys.readouterr().out  # "Hi" as UTF-8 bytes, modulo the tiny vocabulary of 97
