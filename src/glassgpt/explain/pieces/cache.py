@@ -130,7 +130,7 @@ def check_cache(model: nn.Module, text: str | None = None, ids: list[int] | None
         ids = [b % vocab for b in (text or "Every effort moves you").encode("utf-8")]
     ids = ids[:STEPS]
     batch = torch.tensor([ids], device=model.tok_emb.weight.device)
-    result = PieceResult("KV cache", f"{len(ids)} tokens ({' '.join(map(str, ids))}) fed one at a time with your "
+    result = PieceResult("KV cache", f"{len(ids)} tokens ({' '.join(map(str, ids))}), one at a time through your "
                                      f"cache, twice (reset_kv_cache() between), against all at once without it")
     was = model.training
     model.eval()
