@@ -613,3 +613,31 @@ def test_the_cli_checks_a_readers_qwen3_attention_and_a_qwen3_model_without_a_co
     assert "row 0 of head 0 (position 0) puts weight" in capsys.readouterr().out
     assert main(["check", f"{tmp_path / 'my_qwen3.py'}:Qwen3Model", "--prompt", "Hi"]) == 0
     assert "on '72 8'" in capsys.readouterr().out  # "Hi" as UTF-8 bytes, modulo the tiny vocabulary of 97
+
+
+class GPTShortcutAfterNorm(ch04.GPTModel):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.trf_blocks = nn.Sequential(*[named(BlockShortcutAfterNorm, "TransformerBlock")(cfg)
+                                          for _ in range(cfg["n_layers"])])
+
+
+class QwenNoMask(book_qwen.Qwen3Model):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        for blk in self.trf_blocks:
+            blk.att.__class__ = GQANoMask
+
+
+def test_a_whole_gpt_whose_stage_no_mistake_reproduces_gets_its_parts_property():
+    result = glassgpt.check(model(GPTShortcutAfterNorm, TINY_GPT), ids=[1, 2, 3, 4, 5])
+    assert result.first.name == "trf_blocks.0.shortcut1" and result.mistake is None
+    assert "checked alone on the book's inputs, trf_blocks.0: the first (around the attention) shortcut" in \
+        result.finding and "no known mistake" not in result.finding
+    assert result.notes[-1] == "property broken: shortcut1 (output, position 0)"
+
+
+def test_a_qwen3_port_whose_attention_reads_the_future_is_named_at_its_first_row():
+    result = glassgpt.check(model(QwenNoMask, QWEN3_TINY))
+    assert result.first.name == "trf_blocks.0.att" and "no known mistake" not in result.finding
+    assert result.notes[-1] == "property broken: no_future (attention weights, row 0 of head 0)", result.to_text()

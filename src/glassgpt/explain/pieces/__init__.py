@@ -99,7 +99,7 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
         return check_cache(piece, text, ids)  # a model with the book's KV cache: cached against uncached
     kind = "a GPT model" if isinstance(piece, nn.Module) and is_family_port(piece) else identify(piece)
     if kind in ("GPTModel", "a GPT model"):
-        return check_model(piece, text or DEFAULT_TEXT, ids)
+        return _with_part_property(piece, check_model(piece, text or DEFAULT_TEXT, ids))
     try:
         if kind in FAMILY_KINDS:
             return {"GroupedQueryAttention": check_gqa, "RMSNorm": check_rms_norm, "SwiGLU FeedForward": check_swiglu,
@@ -114,6 +114,25 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
     if kind == "tokenizer":
         return check_tokenizer(piece, type(piece).__name__)
     return check_dataset(piece, kind, text, max_length, stride)
+
+
+def _with_part_property(model: nn.Module, result: Any) -> Any:
+    """A whole model whose first differing stage no known mistake reproduces: that part (or its block, for
+    a shortcut) checked alone on the book's inputs, so the finding names the property it breaks."""
+    first = getattr(result, "first", None)
+    if first is None or result.mistake is not None or first.non_finite:
+        return result
+    name = first.name.rsplit(".", 1)[0] if ".shortcut" in first.name else first.name
+    try:
+        part = model.get_submodule(name)
+        alone = check(part)
+    except (AttributeError, GlassError):
+        return result
+    if isinstance(alone, PieceResult) and not alone.ok and alone.prop is not None:
+        head = result.finding.split("; no known mistake")[0]
+        result.finding = f"{head}; checked alone on the book's inputs, {name}: {alone.finding}"
+        result.notes = [*result.notes, f"property broken: {alone.prop} ({alone.stage}, {alone.where})"]
+    return result
 
 
 def is_whole_model(m: Any) -> bool:
