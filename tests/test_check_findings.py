@@ -358,17 +358,24 @@ class CachedAttention(ch04.MultiHeadAttention):
             self.cache_k = k if self.cache_k is None else torch.cat([self.cache_k, k], dim=2)
             self.cache_v = v if self.cache_v is None else torch.cat([self.cache_v, v], dim=2)
             k, v = self.cache_k, self.cache_v
-        s = k.shape[2]
         start = self.ptr_current_pos if use_cache else 0
-        mask = torch.ones(start + t, s, dtype=torch.bool).triu(1 + s - (start + t))[start:start + t]
+        mask = self.mask_rows(start, t, k.shape[2])
         if use_cache:
             self.ptr_current_pos += t
         w = torch.softmax((q @ k.transpose(2, 3)).masked_fill(mask, -torch.inf) / self.head_dim ** 0.5, dim=-1)
         return self.out_proj((self.dropout(w) @ v).transpose(1, 2).reshape(b, t, self.d_out))
 
+    def mask_rows(self, start, t, s):
+        return self.mask.bool()[start:start + t, :s]  # the rows of the positions fed, every key so far
+
     def reset_cache(self):
         self.cache_k = self.cache_v = None
         self.ptr_current_pos = 0
+
+
+class CachedAttentionMaskNotOffset(CachedAttention):
+    def mask_rows(self, start, t, s):
+        return self.mask.bool()[:t, :s]  # planted: the rows from 0, whatever the cache holds
 
 
 class CachedBlock(ch04.TransformerBlock):
@@ -501,6 +508,8 @@ CASES = {  # id: (a call giving the result, stage, where, property)
                            "mask_offset"),
     "kv_gpt2_reset_keeps_keys": (lambda: glassgpt.check(model(CachedGPTResetKeepsKeys, TINY_GPT)), "cache",
                                  "step 0 of run 2 (after reset_kv_cache())", "cache_reset"),
+    "kv_attention_mask_not_offset": (lambda: glassgpt.check(CachedAttentionMaskNotOffset, args=CH03_HD2), "cache",
+                                     "step 1 of run 1", "mask_offset"),
 }
 # Mistakes that no catalogue entry (any MISTAKES of explain/) reproduces: the property carries them.
 OUTSIDE_CATALOGUE = {
@@ -509,7 +518,7 @@ OUTSIDE_CATALOGUE = {
     "ch4_ff_3x", "ch4_block_shortcut_after_norm", "ch5_loss_last_position", "ch5_loss_but_first", "ch5_loss_summed",
     "qwen3_gqa_no_mask", "qwen3_rmsnorm_eps_outside", "qwen3_rmsnorm_centred", "qwen3_swiglu_gelu", "rope_backwards",
     "rope_params_interleaved", "kv_counter_stuck", "kv_reset_forgets_counter", "kv_mask_not_offset",
-    "kv_gpt2_reset_keeps_keys",
+    "kv_gpt2_reset_keeps_keys", "kv_attention_mask_not_offset",
 }
 
 
@@ -572,6 +581,11 @@ def test_the_books_qwen3_and_llama_pieces_match(piece):
                                       (CachedGPT, TINY_GPT)])
 def test_the_books_kv_cache_equals_no_cache(cls, cfg):
     result = glassgpt.check(model(cls, cfg))
+    assert result.ok and result.kind == "KV cache", result.to_text()
+
+
+def test_chapter_4s_cached_attention_alone_equals_no_cache():
+    result = glassgpt.check(CachedAttention, args=CH03_HD2)
     assert result.ok and result.kind == "KV cache", result.to_text()
 
 

@@ -28,7 +28,7 @@ from .attention import check_attention
 from .data import check_dataset, check_dataset_class, check_loader_function, check_tokenizer
 from .functions import CHECKS as FUNCTION_CHECKS, check_function
 from .layers import check_block, check_feed_forward, check_gelu, check_layer_norm
-from .cache import check_cache, has_cache_api
+from .cache import check_attention_cache, check_cache, has_attention_cache, has_cache_api
 from .report import PieceError, PieceResult
 from .data import SlidingWindows, sliding_windows
 from .family import FAMILY_KINDS, check_apply_rope, check_gqa, check_moe, check_rms_norm, check_rope_params, check_swiglu
@@ -97,6 +97,8 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
     if isinstance(piece, nn.Module) and hasattr(piece, "tok_emb") and hasattr(piece, "trf_blocks") and \
             has_cache_api(piece):
         return check_cache(piece, text, ids)  # a model with the book's KV cache: cached against uncached
+    if has_attention_cache(piece):
+        return check_attention_cache(piece)
     kind = "a GPT model" if isinstance(piece, nn.Module) and is_family_port(piece) else identify(piece)
     if kind in ("GPTModel", "a GPT model"):
         return _with_part_property(piece, check_model(piece, text or DEFAULT_TEXT, ids))
@@ -275,7 +277,7 @@ def build(cls: type, args: Any = None, seed: int = 123) -> Any:
     except Exception as err:
         raise PieceError(f"{name}{inspect.signature(cls.__init__)} could not be built with {args}: "
                          f"{type(err).__name__}: {err}; pass its arguments as --args '{{...}}' or a preset, "
-                         f"--args {', '.join(PRESETS)}") from None
+                         f"--args {', '.join(list(PRESETS)[:-1])} or {list(PRESETS)[-1]}") from None
 
 
 def _materialized(module: nn.Module, seed: int) -> nn.Module:

@@ -75,6 +75,75 @@ def has_cache_api(model: Any) -> bool:
     return False
 
 
+def has_attention_cache(att: Any) -> bool:
+    """A chapter-4 attention with the book's cache: forward(x, use_cache=...) and reset_cache() (or a
+    forward(x, use_cache, start_pos, cache) that returns its next cache, llms_from_scratch.kv_cache.gpt2's)."""
+    if not isinstance(att, nn.Module) or not hasattr(att, "W_query"):
+        return False
+    params = _forward_params(att)
+    return "use_cache" in params and (hasattr(att, "reset_cache") or "cache" in params)
+
+
+class _AttentionAsModel:
+    """One attention module driven like a cached model: its outputs stand for the logits."""
+
+    def __init__(self, att: nn.Module):
+        self.att, self.next = att, None
+        self.passes_cache = "cache" in _forward_params(att)
+
+    def __call__(self, x: torch.Tensor, cached: bool, start: int) -> torch.Tensor:
+        kwargs: dict[str, Any] = {"use_cache": cached}
+        if self.passes_cache:
+            kwargs.update(start_pos=start if cached else 0, cache=self.next if cached else None)
+        out = self.att(x, **kwargs)
+        if isinstance(out, tuple):
+            out, nxt = out[0], out[1]
+            self.next = nxt if cached else self.next
+        return out.detach()
+
+    def reset(self) -> None:
+        self.next = None
+        if hasattr(self.att, "reset_cache"):
+            self.att.reset_cache()
+
+
+def check_attention_cache(att: nn.Module, steps: int = 6) -> PieceResult:
+    """A cached attention fed torch.rand(1, steps, d_in) one row at a time, twice (reset between), against
+    all rows at once without its cache."""
+    d_in = att.W_query.in_features
+    xs = [torch.rand(1, steps, d_in, generator=torch.Generator().manual_seed(seed)) for seed in (123, 124)]
+    drive = _AttentionAsModel(att)
+    result = PieceResult("KV cache", f"torch.rand(1, {steps}, {d_in}) (seed 123), one row at a time through your "
+                                     f"cache, then seed 124's after a reset, against all rows at once without it")
+    was = att.training
+    att.eval()
+    fulls, runs = [], []
+    try:
+        with torch.no_grad():
+            for x in xs:
+                drive.reset()
+                fulls.append(run_reader(f"{type(att).__name__}.forward without a cache",
+                                        lambda: drive(x, False, 0))[0].double())
+            for x in xs:
+                drive.reset()
+                runs.append(run_reader(f"{type(att).__name__}.forward with a cache", lambda: _attention_run(att, drive, x)))
+        drive.reset()
+    finally:
+        att.train(was)
+    return _judge_runs(result, fulls, runs, steps, "rows")
+
+
+def _attention_run(att: nn.Module, drive: _AttentionAsModel, x: torch.Tensor) -> list[dict[str, Any]]:
+    steps = []
+    for j in range(x.shape[1]):
+        mode = _Softmaxes()
+        with mode:
+            out = drive(x[:, j:j + 1], True, j)
+        weights = mode.used[0] if mode.used else (mode.seen[0][1] if mode.seen else None)
+        steps.append({"logits": out[0, -1].double(), "weights": weights, "counters": _counters(att)})
+    return steps
+
+
 def _n_layers(model: nn.Module) -> int:
     cfg = getattr(model, "cfg", None)
     if isinstance(cfg, dict) and "n_layers" in cfg:
@@ -129,16 +198,20 @@ def check_cache(model: nn.Module, text: str | None = None, ids: list[int] | None
     if ids is None:
         ids = [b % vocab for b in (text or "Every effort moves you").encode("utf-8")]
     ids = ids[:STEPS]
-    batch = torch.tensor([ids], device=model.tok_emb.weight.device)
+    # The second run feeds other tokens: a cache left full by the first would otherwise hold the same keys.
+    batches = [torch.tensor([p], device=model.tok_emb.weight.device) for p in (ids, [(i + 1) % vocab for i in ids])]
     result = PieceResult("KV cache", f"{len(ids)} tokens ({' '.join(map(str, ids))}), one at a time through your "
-                                     f"cache, twice (reset_kv_cache() between), against all at once without it")
+                                     f"cache, then each + 1 after reset_kv_cache(), against all at once without it")
     was = model.training
     model.eval()
     try:
-        _reset(model)
-        with torch.no_grad():
-            full = run_reader(f"{type(model).__name__}.forward without a cache", lambda: _call(model, batch, None))
-        runs = [run_reader(f"{type(model).__name__}.forward with a cache", lambda: _cached_run(model, batch))]
+        fulls = []
+        for batch in batches:
+            _reset(model)
+            with torch.no_grad():
+                fulls.append(run_reader(f"{type(model).__name__}.forward without a cache",
+                                        lambda: _call(model, batch, None))[0].double())
+        runs = [run_reader(f"{type(model).__name__}.forward with a cache", lambda: _cached_run(model, batches[0]))]
         _reset(model)
         left = {k: v for k, v in _counters(model).items() if v}
         if left:  # a counter reset_kv_cache() leaves where the first run put it: the second run cannot be right
@@ -148,37 +221,38 @@ def check_cache(model: nn.Module, text: str | None = None, ids: list[int] | None
                                         f"must set it back to 0 (and empty the cached keys and values), or a second "
                                         f"prompt starts at position {next(iter(left.values()))}"), None, {})
         runs.append(run_reader(f"{type(model).__name__}.forward with a cache, after reset_kv_cache()",
-                               lambda: _cached_run(model, batch)))
+                               lambda: _cached_run(model, batches[1])))
         _reset(model)
     finally:
         model.train(was)
-    full = full[0].double()
-    tol = 1e-4 * float(full.abs().max())
-    for r, run in enumerate(runs):
+    return _judge_runs(result, fulls, runs, len(ids), "logits")
+
+
+def _judge_runs(result: PieceResult, fulls: list[torch.Tensor], runs: list[list[dict]], n: int, what: str
+                ) -> PieceResult:
+    """The first step of either run whose output parts from its uncached row, and why (_why)."""
+    for r, (run, full) in enumerate(zip(runs, fulls)):
+        tol = 1e-4 * float(full.abs().max())
         for j, step in enumerate(run):
             diff = float((step["logits"] - full[j]).abs().max())
             if diff > tol:
-                result.lines.append(f"run {r + 1}, step {j}: cached logits differ by {diff:.3g} from the uncached "
-                                    f"row {j}")
-                return found(result, _why(run, j, r, runs[0]), None, {})
-        result.lines.append(f"run {r + 1}: every step's logits equal the uncached ones (within {tol:.2g})")
-    result.finding = (f"your cache changes nothing: each of the {len(ids)} tokens fed alone gives the logits of its "
-                      f"row without a cache, in both runs (reset_kv_cache() between them).")
+                result.lines.append(f"run {r + 1}, step {j}: the cached {what} differ by {diff:.3g} from the "
+                                    f"uncached row {j}")
+                return found(result, _why(run, j, r), None, {})
+        result.lines.append(f"run {r + 1}: every step's {what} equal the uncached ones (within {tol:.2g})")
+    result.finding = (f"your cache changes nothing: each of the {n} steps fed alone gives the {what} of its row "
+                      f"without a cache, in both runs (the cache reset between them, the second on other inputs).")
     return result
 
 
-def _why(run: list[dict], j: int, r: int, first: list[dict]) -> Broken:
+def _why(run: list[dict], j: int, r: int) -> Broken:
     step = run[j]
     where = f"step {j} of run {r + 1}" + (" (after reset_kv_cache())" if r else "")
     w = step["weights"]
-    if r == 1 and j == 0:
-        stale = {k: v for k, v in first[-1]["counters"].items() if step["counters"].get(k) == v + 1 and v}
-        if stale or (w is not None and w.shape[-1] > 1):
-            held = f"{w.shape[-1] - 1} keys" if w is not None and w.shape[-1] > 1 else \
-                ", ".join(f"{k} = {v}" for k, v in stale.items())
-            return Broken("cache_reset", "cache", where, f"at {where} the cache still holds the first run "
-                          f"({held}): reset_kv_cache() must empty the cached keys and values and set the position "
-                          f"counter back to 0")
+    if r == 1 and j == 0 and w is not None and w.shape[-1] > 1:  # (a counter left behind is caught before run 2)
+        return Broken("cache_reset", "cache", where, f"at {where} the cache still holds the first run "
+                      f"({w.shape[-1] - 1} keys): reset_kv_cache() must empty the cached keys and values and set "
+                      f"the position counter back to 0")
     if w is not None:
         s = w.shape[-1]
         if s != j + 1:

@@ -271,7 +271,7 @@ def check_windows_alone(w: Windows, kind: str) -> PieceResult:
     result.views["windows"] = [{"max_length": n, "stride": None, "ids": [], "reader": w, "book": w}]
     if not w.inputs:
         raise PieceError(f"the {kind} holds no windows: the text is shorter than max_length + 1 tokens")
-    k, _ = properties.target_shift(w.inputs, w.targets)
+    k = properties.target_shift(w.inputs, w.targets)
     result.lines.append(f"targets = inputs shifted by {k if k is not None else 'no one k'} token(s)")
     uneven = next((i for i, (x, y) in enumerate(zip(w.inputs, w.targets)) if len(x) != n or len(y) != n), None)
     broken = properties.shift_broken(w.inputs, w.targets)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...families import FamilyConfig
+from ...families import FamilyConfig, RopeFreq
 from ...families.layers import GroupedQueryAttention, apply_rope, compute_rope_params, rms_norm
 from ..verify_family import MISTAKES as FAMILY_MISTAKES, _attention
 from . import properties
@@ -239,7 +239,6 @@ def check_rope_params(fn: Callable, head_dim: int = 16, context_length: int = 8)
     base = 500_000.0 if scaled else 10_000.0
     freq = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_context_length": 4} \
         if scaled else None
-    from ...families.config import RopeFreq
     kwargs = dict(head_dim=head_dim, theta_base=base, context_length=context_length)
     result = PieceResult("compute_rope_params", f"head_dim {head_dim}, theta_base {base:,.0f}, context_length "
                                                 f"{context_length}" + (f", freq_config {freq}" if freq else ""))

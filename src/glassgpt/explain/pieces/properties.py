@@ -277,21 +277,18 @@ def _first_position(got: torch.Tensor, want: torch.Tensor) -> int:
 
 # --- windows -----------------------------------------------------------------------------------------
 
-def target_shift(inputs: list[list[int]], targets: list[list[int]]) -> tuple[int | None, int]:
-    """(k, window): the shift k by which every window's targets are its inputs (target[j] = input[j + k]
-    where both exist), found from the windows alone; None (and the first window where no k fits) when none does."""
-    if not inputs:
-        return None, 0
-    n = len(inputs[0])
+def target_shift(inputs: list[list[int]], targets: list[list[int]]) -> int | None:
+    """The shift k by which every window's targets are its inputs (target[j] = input[j + k] where both
+    exist), found from the windows alone; None when no k fits every window."""
+    n = len(inputs[0]) if inputs else 0
     for k in range(0, n):
-        bad = next((w for w, (x, y) in enumerate(zip(inputs, targets)) if list(y[:n - k]) != list(x[k:])), None)
-        if bad is None:
-            return k, 0
-    return None, 0
+        if all(list(y[:n - k]) == list(x[k:]) for x, y in zip(inputs, targets)):
+            return k
+    return None
 
 
 def shift_broken(inputs: list[list[int]], targets: list[list[int]]) -> Broken | None:
-    k, _ = target_shift(inputs, targets)
+    k = target_shift(inputs, targets)
     if k == 1:
         return None
     if k == 0:
