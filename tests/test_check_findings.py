@@ -655,3 +655,13 @@ def test_a_qwen3_port_whose_attention_reads_the_future_is_named_at_its_first_row
     result = glassgpt.check(model(QwenNoMask, QWEN3_TINY))
     assert result.first.name == "trf_blocks.0.att" and "no known mistake" not in result.finding
     assert result.notes[-1] == "property broken: no_future (attention weights, row 0 of head 0)", result.to_text()
+
+
+def test_the_docs_property_findings_are_what_check_prints():
+    from pathlib import Path
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "check.md").read_text()
+    blocks = [b.split("\n```")[0] for b in docs.split("```\n")[1:]]
+    printed = {b.splitlines()[0]: b.splitlines()[-1] for b in blocks if b.startswith("glassgpt check: ")}
+    assert printed["glassgpt check: MultiHeadAttention"] == CASES["ch3_mask_after_softmax"][0]().finding
+    assert printed["glassgpt check: dataset"] == CASES["ch2_built_targets_not_shifted"][0]().finding
+    assert printed["glassgpt check: KV cache"] == CASES["kv_mask_not_offset"][0]().finding
