@@ -53,6 +53,15 @@ class TargetsShiftedBy2(ch02.GPTDatasetV1):
         self.input_ids = self.input_ids[:len(self.target_ids)]  # planted: two tokens on
 
 
+class WindowsStartOneLate(ch02.GPTDatasetV1):
+    def __init__(self, txt, tokenizer, max_length, stride):
+        ids = tokenizer.encode(txt)
+        self.input_ids, self.target_ids = [], []
+        for i in range(1, len(ids) - max_length, stride):  # planted: the first window starts at token 1
+            self.input_ids.append(torch.tensor(ids[i:i + max_length]))
+            self.target_ids.append(torch.tensor(ids[i + 1:i + max_length + 1]))
+
+
 def built(cls):
     return cls(BOOK_TEXT, get_tokenizer("gpt2"), 4, 4)
 
@@ -201,6 +210,17 @@ class BlockPostNorm(ch04.TransformerBlock):
 
 
 # --- chapters 5 and 6 --------------------------------------------------------------------------------------
+
+def generate_second_to_last(model, idx, max_new_tokens, context_size):
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(idx[:, -context_size:])[:, -2, :]  # planted: one position early
+        idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
+    return idx
+
+
+generate_second_to_last.__name__ = "generate_text_simple"
+
 
 def loss_last_position(input_batch, target_batch, model, device):
     logits = model(input_batch)
@@ -434,6 +454,10 @@ CASES = {  # id: (a call giving the result, stage, where, property)
                                        "shift"),
     "ch2_class_targets_shifted_by_2": (lambda: glassgpt.check(named(TargetsShiftedBy2, "GPTDatasetV1")), "windows",
                                        "window 0", "shift"),
+    "ch2_windows_start_one_late": (lambda: glassgpt.check(named(WindowsStartOneLate, "GPTDatasetV1")), "windows",
+                                   "window 0", "stride"),
+    "ch5_generate_second_to_last": (lambda: glassgpt.check(generate_second_to_last), "tokens", "new token 0",
+                                    "greedy_argmax"),
     "ch3_mask_after_softmax": (lambda: glassgpt.check(named(MaskAfterSoftmax, "MultiHeadAttention"), args=CH03),
                                "attention weights", "row 0 of head 0", "rows_sum_to_1"),
     "ch3_mask_polarity": (lambda: glassgpt.check(named(MaskPolarity, "MultiHeadAttention"), args=CH03_HD2),
@@ -513,7 +537,8 @@ CASES = {  # id: (a call giving the result, stage, where, property)
 }
 # Mistakes that no catalogue entry (any MISTAKES of explain/) reproduces: the property carries them.
 OUTSIDE_CATALOGUE = {
-    "ch2_built_targets_shifted_by_2", "ch2_class_targets_shifted_by_2", "ch3_mask_after_softmax", "ch3_mask_polarity",
+    "ch2_built_targets_shifted_by_2", "ch2_class_targets_shifted_by_2", "ch2_windows_start_one_late",
+    "ch5_generate_second_to_last", "ch3_mask_after_softmax", "ch3_mask_polarity",
     "ch3_mask_one_late", "ch3_scale_by_head_size", "ch4_norm_eps_outside", "ch4_norm_no_mean", "ch4_sigmoid_gelu",
     "ch4_ff_3x", "ch4_block_shortcut_after_norm", "ch5_loss_last_position", "ch5_loss_but_first", "ch5_loss_summed",
     "qwen3_gqa_no_mask", "qwen3_rmsnorm_eps_outside", "qwen3_rmsnorm_centred", "qwen3_swiglu_gelu", "rope_backwards",

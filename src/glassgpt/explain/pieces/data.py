@@ -247,6 +247,7 @@ def _windows_differ(result, ids, got: Windows, want: Windows, max_length: int, s
             break
     result.stage, result.mistake = "windows", mistake
     broken = properties.shift_broken(got.inputs, got.targets) if got.inputs else None
+    broken = broken or properties.window_starts(ids, got.inputs, max_length, stride)
     if broken is not None:
         return found(result, broken, mistake, MISTAKES)
     if k is None:

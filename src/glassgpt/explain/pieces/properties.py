@@ -305,6 +305,27 @@ def shift_broken(inputs: list[list[int]], targets: list[list[int]]) -> Broken | 
                   f"max_length + 1]")
 
 
+def window_starts(ids: list[int], inputs: list[list[int]], max_length: int, stride: int) -> Broken | None:
+    """Window k holds max_length tokens starting at token k * stride, and the windows run while a target
+    remains (the last starts before len(ids) - max_length)."""
+    for k, window in enumerate(inputs):
+        if len(window) != max_length:
+            return Broken("window_length", "windows", f"window {k}", f"window {k} holds {len(window)} tokens, not "
+                          f"max_length {max_length}: input_chunk = token_ids[i:i + max_length]")
+        start = next((i for i in range(len(ids) - len(window) + 1) if ids[i:i + len(window)] == window), None)
+        if start != k * stride:
+            said = f"starts at token {start}" if start is not None else "is no run of the text's tokens"
+            return Broken("stride", "windows", f"window {k}", f"window {k} {said}, not {k} x stride = {k * stride}: "
+                          f"window k starts k * stride tokens in, for i in range(0, len(token_ids) - max_length, "
+                          f"stride)")
+    expected = len(range(0, len(ids) - max_length, stride))
+    if len(inputs) != expected:
+        return Broken("window_count", "windows", "the number of windows", f"there are {len(inputs)} windows; "
+                      f"{len(ids)} tokens with max_length {max_length} and stride {stride} give {expected}: "
+                      f"range(0, len(token_ids) - max_length, stride)")
+    return None
+
+
 # --- RoPE --------------------------------------------------------------------------------------------
 
 def rope_pairs(turned: torch.Tensor) -> list[int]:
