@@ -246,10 +246,6 @@ def _windows_differ(result, ids, got: Windows, want: Windows, max_length: int, s
             mistake = m
             break
     result.stage, result.mistake = "windows", mistake
-    broken = properties.shift_broken(got.inputs, got.targets) if got.inputs else None
-    broken = broken or properties.window_starts(ids, got.inputs, max_length, stride)
-    if broken is not None:
-        return found(result, broken, mistake, MISTAKES)
     if k is None:
         result.where = "the number of windows"
         what = f"you make {len(got.inputs)} windows, the book {len(want.inputs)}"
@@ -258,6 +254,13 @@ def _windows_differ(result, ids, got: Windows, want: Windows, max_length: int, s
         result.where = f"window {k}"
         what = (f"window {k}'s {part} first differ (max_length {max_length}, stride {stride}): yours "
                 f"{getattr(got, part)[k]}, the book's {getattr(want, part)[k]}")
+    broken = properties.shift_broken(got.inputs, got.targets) if got.inputs else None
+    if broken is None:  # where the windows sit: said after both windows are shown
+        broken = properties.window_starts(ids, got.inputs, max_length, stride)
+        if broken is not None:
+            broken.words = f"{what}; {broken.words}"
+    if broken is not None:
+        return found(result, broken, mistake, MISTAKES)
     result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
         f"{what}; no known mistake reproduces it: compare your __init__'s loop with the book's GPTDatasetV1"
     return result
