@@ -690,3 +690,13 @@ def test_the_docs_property_findings_are_what_check_prints():
     assert printed["glassgpt check: MultiHeadAttention"] == CASES["ch3_mask_after_softmax"][0]().finding
     assert printed["glassgpt check: dataset"] == CASES["ch2_built_targets_not_shifted"][0]().finding
     assert printed["glassgpt check: KV cache"] == CASES["kv_mask_not_offset"][0]().finding
+
+
+def test_a_weight_outside_a_sliding_window_is_named_at_its_row():
+    from glassgpt.explain.pieces.properties import attention_rows
+    t = 5
+    scores = torch.zeros(t, t).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -torch.inf)
+    weights = torch.softmax(scores, dim=-1)  # causal, but every row reads back to position 0
+    broken = attention_rows(weights[None, None], True, window=2)
+    assert (broken.prop, broken.where) == ("window", "row 2 of head 0")
+    assert "puts weight 0.333 on position 0, outside its window of 2" in broken.words
