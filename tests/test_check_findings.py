@@ -398,6 +398,11 @@ class CachedAttentionMaskNotOffset(CachedAttention):
         return self.mask.bool()[:t, :s]  # planted: the rows from 0, whatever the cache holds
 
 
+class CachedAttentionMaskColumns(CachedAttention):
+    def mask_rows(self, start, t, s):
+        return self.mask.bool()[:s, :s][:, -t:]  # planted: the last t columns, where the last t rows were meant
+
+
 class CachedBlock(ch04.TransformerBlock):
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -532,6 +537,8 @@ CASES = {  # id: (a call giving the result, stage, where, property)
                            "mask_offset"),
     "kv_gpt2_reset_keeps_keys": (lambda: glassgpt.check(model(CachedGPTResetKeepsKeys, TINY_GPT)), "cache",
                                  "step 0 of run 2 (after reset_kv_cache())", "cache_reset"),
+    "kv_attention_mask_columns": (lambda: glassgpt.check(CachedAttentionMaskColumns, args=CH03_HD2), "cache",
+                                  "step 1 of run 1", "mask_shape"),
     "kv_attention_mask_not_offset": (lambda: glassgpt.check(CachedAttentionMaskNotOffset, args=CH03_HD2), "cache",
                                      "step 1 of run 1", "mask_offset"),
 }
@@ -543,7 +550,7 @@ OUTSIDE_CATALOGUE = {
     "ch4_ff_3x", "ch4_block_shortcut_after_norm", "ch5_loss_last_position", "ch5_loss_but_first", "ch5_loss_summed",
     "qwen3_gqa_no_mask", "qwen3_rmsnorm_eps_outside", "qwen3_rmsnorm_centred", "qwen3_swiglu_gelu", "rope_backwards",
     "rope_params_interleaved", "kv_counter_stuck", "kv_reset_forgets_counter", "kv_mask_not_offset",
-    "kv_gpt2_reset_keeps_keys", "kv_attention_mask_not_offset",
+    "kv_gpt2_reset_keeps_keys", "kv_attention_mask_not_offset", "kv_attention_mask_columns",
 }
 
 

@@ -137,8 +137,14 @@ def _attention_run(att: nn.Module, drive: _AttentionAsModel, x: torch.Tensor) ->
     steps = []
     for j in range(x.shape[1]):
         mode = _Softmaxes()
-        with mode:
-            out = drive(x[:, j:j + 1], True, j)
+        try:
+            with mode:
+                out = drive(x[:, j:j + 1], True, j)
+        except Exception as err:  # the reader's cached step itself fails: kept, to be named at its step
+            if j == 0:
+                raise
+            steps.append({"error": err})
+            return steps
         weights = mode.used[0] if mode.used else (mode.seen[0][1] if mode.seen else None)
         steps.append({"logits": out[0, -1].double(), "weights": weights, "counters": _counters(att)})
     return steps
@@ -185,8 +191,14 @@ def _cached_run(model: nn.Module, ids: torch.Tensor) -> list[dict[str, Any]]:
     steps = []
     for j in range(ids.shape[1]):
         mode = _Softmaxes()
-        with torch.no_grad(), mode:
-            logits = _call(model, ids[:, j:j + 1], cache if cache is not None else KVCache(0))
+        try:
+            with torch.no_grad(), mode:
+                logits = _call(model, ids[:, j:j + 1], cache if cache is not None else KVCache(0))
+        except Exception as err:  # the reader's cached step itself fails: kept, to be named at its step
+            if j == 0:
+                raise
+            steps.append({"error": err})
+            return steps
         weights = mode.used[0] if mode.used else (mode.seen[0][1] if mode.seen else None)
         steps.append({"logits": logits[0, -1].double(), "weights": weights, "counters": _counters(model)})
     return steps
@@ -234,6 +246,9 @@ def _judge_runs(result: PieceResult, fulls: list[torch.Tensor], runs: list[list[
     for r, (run, full) in enumerate(zip(runs, fulls)):
         tol = 1e-4 * float(full.abs().max())
         for j, step in enumerate(run):
+            if "error" in step:
+                result.lines.append(f"run {r + 1}, step {j}: the cached forward failed")
+                return found(result, _failed_step(step["error"], j, r), None, {})
             diff = float((step["logits"] - full[j]).abs().max())
             if diff > tol:
                 result.lines.append(f"run {r + 1}, step {j}: the cached {what} differ by {diff:.3g} from the "
@@ -243,6 +258,18 @@ def _judge_runs(result: PieceResult, fulls: list[torch.Tensor], runs: list[list[
     result.finding = (f"your cache changes nothing: each of the {n} steps fed alone gives the {what} of its row "
                       f"without a cache, in both runs (the cache reset between them, the second on other inputs).")
     return result
+
+
+def _failed_step(err: Exception, j: int, r: int) -> Broken:
+    """A cached step after the first that raises: with a shape that does not broadcast, the mask's slice."""
+    where = f"step {j} of run {r + 1}"
+    text = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    if "broadcast" in text or "shape" in text or "size" in text:
+        return Broken("mask_shape", "cache", where, f"at {where} (one new token, {j + 1} keys) your forward fails "
+                      f"({text}): the mask must be [num_tokens, num_keys], the rows of the new queries and a column "
+                      f"for every cached key: mask[start_pos:start_pos + num_tokens, :start_pos + num_tokens]")
+    return Broken("cached_step_fails", "cache", where, f"at {where} your forward fails with the cache ({text}), "
+                  f"where step 0 ran: the cached keys and values, or their mask, do not fit the new token's")
 
 
 def _why(run: list[dict], j: int, r: int) -> Broken:
