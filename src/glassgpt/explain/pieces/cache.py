@@ -224,26 +224,37 @@ def check_cache(model: nn.Module, text: str | None = None, ids: list[int] | None
                 fulls.append(run_reader(f"{type(model).__name__}.forward without a cache",
                                         lambda: _call(model, batch, None))[0].double())
         runs = [run_reader(f"{type(model).__name__}.forward with a cache", lambda: _cached_run(model, batches[0]))]
+        if not _judge_runs(result, fulls[:1], runs, len(ids), "logits").ok:
+            return result  # the first run already parts: named there
         _reset(model)
         left = {k: v for k, v in _counters(model).items() if v}
         if left:  # a counter reset_kv_cache() leaves where the first run put it: the second run cannot be right
-            return found(result, Broken("cache_reset", "cache", "step 0 of run 2 (after reset_kv_cache())",
-                                        f"after reset_kv_cache() the position counter "
-                                        f"{', '.join(f'{k} is {v}' for k, v in left.items())}, not 0: reset_kv_cache() "
-                                        f"must set it back to 0 (and empty the cached keys and values), or a second "
-                                        f"prompt starts at position {next(iter(left.values()))}"), None, {})
+            return found(result, _counter_left(model, left), None, {})
         runs.append(run_reader(f"{type(model).__name__}.forward with a cache, after reset_kv_cache()",
                                lambda: _cached_run(model, batches[1])))
         _reset(model)
     finally:
         model.train(was)
-    return _judge_runs(result, fulls, runs, len(ids), "logits")
+    return _judge_runs(result, fulls, runs, len(ids), "logits", first_run=1)
 
 
-def _judge_runs(result: PieceResult, fulls: list[torch.Tensor], runs: list[list[dict]], n: int, what: str
-                ) -> PieceResult:
-    """The first step of either run whose output parts from its uncached row, and why (_why)."""
-    for r, (run, full) in enumerate(zip(runs, fulls)):
+def _counter_left(model: nn.Module, left: dict[str, int]) -> Broken:
+    counters = ", ".join(f"{k} is {v}" for k, v in left.items())
+    start = next(iter(left.values()))
+    if not hasattr(model, "reset_kv_cache"):
+        return Broken("cache_reset", "cache", "step 0 of run 2", f"{type(model).__name__} has no reset_kv_cache(), "
+                      f"so after a prompt the position counter stays where it ended ({counters}) and a second prompt "
+                      f"starts at position {start}: add reset_kv_cache() setting it back to 0, as the book's "
+                      f"generate calls it before each prompt")
+    return Broken("cache_reset", "cache", "step 0 of run 2 (after reset_kv_cache())", f"after reset_kv_cache() the "
+                  f"position counter {counters}, not 0: reset_kv_cache() must set it back to 0 (and empty the cached "
+                  f"keys and values), or a second prompt starts at position {start}")
+
+
+def _judge_runs(result: PieceResult, fulls: list[torch.Tensor], runs: list[list[dict]], n: int, what: str,
+                first_run: int = 0) -> PieceResult:
+    """The first step of the runs from `first_run` on whose output parts from its uncached row, and why (_why)."""
+    for r, (run, full) in list(enumerate(zip(runs, fulls)))[first_run:]:
         tol = 1e-4 * float(full.abs().max())
         for j, step in enumerate(run):
             if "error" in step:
