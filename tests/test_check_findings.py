@@ -707,3 +707,15 @@ def test_a_weight_outside_a_sliding_window_is_named_at_its_row():
     broken = attention_rows(weights[None, None], True, window=2)
     assert (broken.prop, broken.where) == ("window", "row 2 of head 0")
     assert "puts weight 0.333 on position 0, outside its window of 2" in broken.words
+
+
+def test_the_cli_checks_a_readers_cached_qwen3_against_no_cache(tmp_path, capsys):
+    from glassgpt.cli import main
+    (tmp_path / "my_qwen3_kv.py").write_text(
+        "import llms_from_scratch.kv_cache.qwen3 as book\n\n\n"
+        "class Qwen3Model(book.Qwen3Model):\n"
+        "    def reset_kv_cache(self):\n"
+        "        pass  # the position counter left where the last prompt ended\n")
+    assert main(["check", f"{tmp_path / 'my_qwen3_kv.py'}:Qwen3Model"]) == 1
+    out = capsys.readouterr().out
+    assert "glassgpt check: KV cache" in out and "after reset_kv_cache() the position counter current_pos is" in out

@@ -13,6 +13,7 @@ import torch
 
 from ..errors import GlassError
 from ..explain.pieces import PRESETS, build, check as check_piece, is_whole_model
+from ..explain.pieces.cache import has_cache_api
 from ..explain.verify import DEFAULT_TEXT
 from ..explain.verify_family import check  # GPT-2, or a Qwen3/Llama port of the book's classes
 from ..formats.files import read_json
@@ -50,7 +51,8 @@ def run_check(args: argparse.Namespace) -> int:
     obj = load_class(args.target)
     if isinstance(obj, type):
         obj = _build(obj, args)
-    result = check(obj, args.prompt) if is_whole_model(obj) else check_piece(obj, args.prompt)
+    whole = is_whole_model(obj) and not has_cache_api(obj)  # a cached model: its cache against no cache
+    result = check(obj, args.prompt) if whole else check_piece(obj, args.prompt)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.to_text())
     return 0 if result.ok else 1
 
