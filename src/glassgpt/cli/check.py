@@ -16,6 +16,7 @@ from ..errors import GlassError
 from ..explain.debugger import AGAINST, debug
 from ..explain.loading import load_state_dict
 from ..explain.pieces import PRESETS, build, check as check_piece, is_whole_model
+from ..explain.pieces.cache import has_cache_api
 from ..explain.verify import DEFAULT_TEXT
 from ..explain.verify_family import check  # GPT-2, or a Qwen3/Llama port of the book's classes
 from ..formats.files import read_json
@@ -35,13 +36,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the Python file and the class or function in it, e.g. my_attention.py:MultiHeadAttention")
     p.add_argument("--args", metavar="JSON|PRESET",
                    help="the constructor's arguments: a JSON object ('{\"d_in\": 768, \"d_out\": 768, ...}', or "
-                        f"a .json file), or the book's for a chapter's examples: {', '.join(PRESETS)} (default: the "
-                        "book's for the class's chapter)")
+                        f"a .json file; a model's config dict is mapped to a piece's arguments), or the book's for a "
+                        f"chapter's examples or a tiny model: {', '.join(PRESETS)} (default: the book's for the "
+                        "class's chapter or model)")
     p.add_argument("--config", metavar="JSON",
                    help="the config dict a GPTModel takes, as a .json file (e.g. the book's GPT_CONFIG_124M)")
     p.add_argument("--weights", metavar="PTH", help="a state dict to load into it (default: its random weights)")
     p.add_argument("--seed", type=seed, default=123, help="torch.manual_seed before building it (default: 123)")
-    p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"a whole model's prompt (default: {DEFAULT_TEXT!r})")
+    p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"a whole model's prompt (default: {DEFAULT_TEXT!r}; a "
+                                                          "Qwen3/Llama port reads it as UTF-8 bytes, its tokenizer "
+                                                          "not being loaded)")
     p.add_argument("--against", choices=AGAINST,
                    help="the layer debugger: a whole GPT-2, Qwen3 or Llama 3 model (its class, built on a tiny "
                         "random config or on --config) given transformers' random weights, layer by layer against "
@@ -60,7 +64,8 @@ def run_check(args: argparse.Namespace) -> int:
     else:
         if isinstance(obj, type):
             obj, notes = _build(obj, args)
-        result = check(obj, args.prompt) if is_whole_model(obj) else check_piece(obj)
+        whole = is_whole_model(obj) and not has_cache_api(obj)  # a cached model: its cache against no cache
+        result = check(obj, args.prompt) if whole else check_piece(obj, args.prompt)
     out = result.to_dict() | ({"load_notes": notes} if notes else {})
     print(json.dumps(out, indent=2) if args.json else "\n".join([result.to_text()] + [f"note: {n}" for n in notes]))
     return 0 if result.ok else 1
