@@ -29,7 +29,6 @@ and the `KernelWarning` names the folder.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import ctypes
 import fcntl
 import functools
@@ -183,12 +182,16 @@ def build(isa: list[str], directory: Path) -> Path:
     if compiler is None:
         raise OSError(_untrusted(path, problem) + "no C++ compiler (g++) found: install one, e.g. apt-get install g++")
     try:
-        lock = _build_lock(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / "build.lock", "a")
     except OSError as e:  # a read-only cache, a file where the folder should be, a full disk
         raise OSError(f"{_untrusted(path, problem)}the kernel cache {directory} cannot be written "
                       f"({e.strerror or e}): set XDG_CACHE_HOME to a folder that can be") from None
-    with lock:
-        if check_built(path) is not None:  # else another process built it while this one waited for the lock
+    with lock:  # (closing it releases the lock; so does the system, if this process dies)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process building here: wait for it
+        if check_built(path) is not None:  # else the other process built it while this one waited
+            for stale in directory.glob("build-*"):  # no build runs here now: these were stopped part way
+                shutil.rmtree(stale, ignore_errors=True)
             _compile_into(path, compiler, isa)
     if problem != MISSING:
         warnings.warn(f"{path} {problem}: built it again", CacheWarning, stacklevel=2)
@@ -197,21 +200,6 @@ def build(isa: list[str], directory: Path) -> Path:
 
 def _untrusted(path: Path, problem: str) -> str:
     return "" if problem == MISSING else f"{path} {problem}, and "
-
-
-@contextlib.contextmanager
-def _build_lock(directory: Path):
-    """Held while a process builds in `directory` (an advisory lock on `build.lock`, released by the
-    system if the process dies); left-over temporary folders of builds that were stopped are removed."""
-    directory.mkdir(parents=True, exist_ok=True)
-    lock = open(directory / "build.lock", "a")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        for stale in directory.glob("build-*"):  # no other build runs here now: these were cut short
-            shutil.rmtree(stale, ignore_errors=True)
-        yield
-    finally:
-        lock.close()  # (and with it the lock)
 
 
 def _compile_into(path: Path, compiler: str, isa: list[str]) -> None:
@@ -299,7 +287,7 @@ def check_built(path: Path) -> str | None:
             return f"is {size:,} bytes where its build wrote {want_size:,}" + (" (cut short)" if size < want_size else "")
         if hashlib.sha256(path.read_bytes()).hexdigest() != want_sha:
             return "does not match the sha256 recorded at its build"
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return MISSING
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
