@@ -375,3 +375,13 @@ def test_generate_with_a_read_only_cache_generates_and_says_the_timings_are_not_
     assert note.startswith(f"note: {root}/glassgpt/autotune.json cannot be written (") and \
         note.endswith("each process measures the kernels again; set XDG_CACHE_HOME to a folder that can be"), note
     assert len(json.loads(done.stdout)["new_ids"]) == 3 and not (root / "glassgpt" / "autotune.json").exists()
+
+
+def test_generate_with_a_file_for_its_cache_root_generates_with_one_note(tmp_path):
+    ckpt = tiny_checkpoint(tmp_path)
+    (tmp_path / "file").write_text("not a folder")
+    done = generate(ckpt, tmp_path / "file")
+    assert done.returncode == 0, done.stderr
+    [note] = [n for n in notes(done.stderr) if "autotune" in n]  # (before: one for reading, one for writing)
+    assert note.startswith(f"note: {tmp_path}/file/glassgpt/autotune.json cannot be written (Not a directory)"), note
+    assert len(json.loads(done.stdout)["new_ids"]) == 3

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 
 from ..errors import GlassError
@@ -76,6 +77,12 @@ def build_parser(command: str | None = None) -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # A stream closed before the process started (`2>&-`) is None in Python, and print(file=None) writes to
+    # stdout: the notes would land in generate's JSON. What is written to a closed stream is dropped instead.
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")
     parser = build_parser(argv[0] if argv else None)
     args = parse(parser, argv)
     try:

@@ -441,7 +441,7 @@ def _read(path: Path) -> dict:
         if path.stat().st_size > MAX_CACHE_BYTES:
             return _untrusted(path, f"is {path.stat().st_size:,} bytes, more than the {MAX_CACHE_BYTES:,} a cache holds")
         data = json.loads(path.read_bytes())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (nothing kept yet; _write says it if it cannot keep it)
         return {}
     except OSError as e:
         return _untrusted(path, f"cannot be read ({e.strerror or e})")

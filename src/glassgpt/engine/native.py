@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
-import fcntl
 import functools
 import hashlib
 import json
@@ -187,6 +186,7 @@ def build(isa: list[str], directory: Path) -> Path:
     except OSError as e:  # a read-only cache, a file where the folder should be, a full disk
         raise OSError(f"{_untrusted(path, problem)}the kernel cache {directory} cannot be written "
                       f"({e.strerror or e}): set XDG_CACHE_HOME to a folder that can be") from None
+    import fcntl  # (POSIX only, as are the kernels' compiler flags)
     with lock:  # (closing it releases the lock; so does the system, if this process dies)
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process building here: wait for it
         if check_built(path) is not None:  # else the other process built it while this one waited
