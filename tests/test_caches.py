@@ -274,8 +274,14 @@ def test_generate_after_its_kernel_library_is_cut_short_builds_it_again_and_gene
 def test_the_cache_root_ignores_a_relative_xdg_cache_home_and_finds_home_without_home(monkeypatch):
     home = Path(pwd.getpwuid(os.getuid()).pw_dir)
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
-    monkeypatch.delenv("HOME", raising=False)
-    assert native.cache_dir() == home / ".cache" / "glassgpt"
+    for value in (None, "", "relative/home"):  # (an empty HOME once put the cache under the working folder)
+        if value is None:
+            monkeypatch.delenv("HOME", raising=False)
+        else:
+            monkeypatch.setenv("HOME", value)
+        assert native.cache_dir() == home / ".cache" / "glassgpt"
+    monkeypatch.setenv("HOME", "/elsewhere")
+    assert native.cache_dir() == Path("/elsewhere/.cache/glassgpt")
     monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere/absolute")
     assert native.cache_dir() == Path("/somewhere/absolute/glassgpt")
 

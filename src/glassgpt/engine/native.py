@@ -62,9 +62,16 @@ def cache_dir() -> Path:
     """Where glassgpt keeps what it builds, measures and tokenizes once per machine:
     $XDG_CACHE_HOME/glassgpt, by default ~/.cache/glassgpt (the one cache root). A relative
     XDG_CACHE_HOME is ignored, as the XDG specification asks (it would move with the working
-    folder); without HOME, the home folder is the password database's."""
+    folder); so is a HOME that is unset, empty or relative: the home folder is then the password
+    database's."""
     root = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(root) if os.path.isabs(root) else Path.home() / ".cache") / "glassgpt"
+    if os.path.isabs(root):
+        return Path(root) / "glassgpt"
+    home = os.environ.get("HOME", "")
+    if not os.path.isabs(home):
+        import pwd
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    return Path(home) / ".cache" / "glassgpt"
 
 
 @functools.lru_cache(maxsize=1)
