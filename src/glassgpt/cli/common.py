@@ -15,7 +15,7 @@ from ..device import pick_threads, resolve_device, resolve_dtype, usable_cores
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import ENDOFTEXT, Tokenizer, check_fits
-from ..errors import ConfigError, KernelWarning, RandomWeightsWarning
+from ..errors import CacheWarning, ConfigError, KernelWarning, RandomWeightsWarning
 from .. import formats
 from .. import memory
 from ..formats import Source
@@ -40,15 +40,15 @@ def say(*parts, **kwargs) -> None:
 
 @contextlib.contextmanager
 def notes_for_warnings():
-    """Inside, a RandomWeightsWarning (load_model of a preset) or a KernelWarning (glassgpt's CPU
-    kernels could not be built here) prints as one `note: ...` line on stderr, and not as Python's
-    warning with its file and line."""
+    """Inside, a RandomWeightsWarning (load_model of a preset), a KernelWarning (glassgpt's CPU
+    kernels could not be built here) or a CacheWarning (a cached file was made again) prints as one
+    `note: ...` line on stderr, and not as Python's warning with its file and line."""
     with warnings.catch_warnings():  # restores showwarning and the filters on exit
         warnings.simplefilter("always", RandomWeightsWarning)
         show = warnings.showwarning
 
         def note(message, category, *args, **kwargs):
-            if issubclass(category, (RandomWeightsWarning, KernelWarning)):
+            if issubclass(category, (RandomWeightsWarning, KernelWarning, CacheWarning)):
                 say(f"note: {message}", file=sys.stderr)
             else:
                 show(message, category, *args, **kwargs)
