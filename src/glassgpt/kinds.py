@@ -6,7 +6,8 @@
 A kind is found by its children's names, then described by its glass file's describe(cfg) (model.py,
 families/qwen3.py, families/llama3.py) over the config its tensors and attributes say (adopt.py's and
 families/adopt.py's readers), with every path mapped to the object's own names:
-    glassgpt's GPTModel, Qwen3Model, Llama3Model             the glass names
+    glassgpt's GPTModel, Qwen3Model (and its MoE), Llama3Model,  the glass names
+      Gemma3Model
     the book's GPTModel, Qwen3Model, Llama3Model (and the     the same names (the book's)
       kv_cache variants), a reader's copy with its names
     nanoGPT's GPT, transformers' GPT2LMHeadModel              transformer.h.{i}.attn.c_attn (q, k, v as row slices;
@@ -26,11 +27,11 @@ from . import anatomy as an
 from . import model as gpt2
 from .adopt import config_of, layout_of
 from .errors import GlassError, UnreadableModelError
-from .families import FAMILIES, llama3, qwen3
+from .families import FAMILIES, gemma3, llama3, qwen3
 from .families.adopt import family_layout
 
-GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe}
-KINDS_READ = ("glassgpt's GPTModel, Qwen3Model and Llama3Model; the book's GPTModel, Qwen3Model and Llama3Model "
+GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe}
+KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model and Gemma3Model; the book's GPTModel, Qwen3Model and Llama3Model "
               "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
               "GPT2LMHeadModel, Qwen3ForCausalLM and LlamaForCausalLM")
 LOOKED_FOR = ("the book's children (tok_emb, trf_blocks, final_norm, out_head), nanoGPT's and GPT-2's "
