@@ -457,3 +457,46 @@ def test_gemma3_270m_shape_with_random_weights_equals_transformers(tmp_path):
     with torch.no_grad():
         assert relative_error(ours(batch), theirs(batch).logits) < 1e-5
         assert relative_error(cached_logits(ours, batch, [590] + [1] * 10), ours(batch)) < 1e-5
+
+
+# --- the notebooks' objects, taken as they are --------------------------------------------------------
+
+def test_the_books_qwen3_moe_module_is_described_and_traced_in_place():
+    """llms_from_scratch.qwen3.Qwen3Model with the MoE notebook's experts: read through its own tensors."""
+    from glassgpt.tokenizer import CharTokenizer
+    tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ")
+    book = FamilyConfig.to_book_dict(MOE, torch.float32)
+    book["moe_intermediate_size"] = book.pop("moe_hidden_dim")
+    module = book_qwen.Qwen3Model(book)
+    module.load_state_dict(randomize_(build_model(MOE)).state_dict(), assign=True)
+    anatomy = check_description(module.eval())
+    assert anatomy.source == "the book's Qwen3Model" and anatomy.blocks[0].ff.experts.n_experts == 8
+    tr = glassgpt.trace(module, tok, "hello world")
+    with torch.no_grad():
+        assert tr.next_token["id"] == int(module(torch.tensor([tok.encode("hello world")]))[0, -1].argmax())
+
+
+class NotebookGemma3(torch.nn.Module):
+    """What the Gemma 3 notebook's Gemma3Model holds: its children by the notebook's names and its cfg dict."""
+
+    def __init__(self, glass: Gemma3Model):
+        super().__init__()
+        self.tok_emb, self.blocks, self.final_norm, self.out_head = (glass.tok_emb, glass.blocks, glass.final_norm,
+                                                                     glass.out_head)
+        self.cfg = glass.cfg.to_book_dict(torch.float32)
+        self._forward = glass.forward
+
+    def forward(self, input_ids, cache=None):
+        return self._forward(input_ids)
+
+
+def test_a_module_with_the_gemma3_notebooks_names_is_described_and_traced_in_place():
+    from glassgpt.tokenizer import CharTokenizer
+    tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ")
+    module = NotebookGemma3(randomize_(build_model(GEMMA)))
+    anatomy = check_description(module)
+    assert anatomy.source.endswith("with the Gemma 3 notebook's names (a reader's copy)")
+    assert [b.attention.window for b in anatomy.blocks] == [4, None, 4, None]
+    tr = glassgpt.trace(module, tok, "hello world")
+    with torch.no_grad():
+        assert tr.next_token["id"] == int(module(torch.tensor([tok.encode("hello world")]))[0, -1].argmax())
