@@ -500,3 +500,11 @@ def test_a_module_with_the_gemma3_notebooks_names_is_described_and_traced_in_pla
     tr = glassgpt.trace(module, tok, "hello world")
     with torch.no_grad():
         assert tr.next_token["id"] == int(module(torch.tensor([tok.encode("hello world")]))[0, -1].argmax())
+
+
+def test_gemma3_trace_says_which_layers_slide_their_window_and_base():
+    from glassgpt.tokenizer import CharTokenizer
+    tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ")
+    tr = glassgpt.trace(randomize_(build_model(GEMMA)), tok, "hello world")
+    assert (tr.attention["sliding_layers"], tr.attention["window"], tr.attention["rope_local_base"]) == ([0, 2], 4, 1e4)
+    assert "Sliding layers [0, 2]: each query sees only the last 4 positions" in tr.to_text()

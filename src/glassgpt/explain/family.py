@@ -149,7 +149,8 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         stages=_stages(cfg, seen, q_shape, list(k.shape)),
         attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
                    "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)], "qk_norm": cfg.qk_norm,
-                   "rope_base": cfg.rope_base, "rope_scaled": getattr(cfg, "rope_freq", None) is not None},
+                   "rope_base": cfg.rope_base, "rope_scaled": getattr(cfg, "rope_freq", None) is not None,
+                   **_sliding_layers(anatomy)},
         answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens,
         head=head_products(model, kept["final_norm"][0, -1], logits[0, -1], [n["id"] for n in next_tokens],
                            ids[0].tolist(), label))
@@ -159,6 +160,15 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         tr.attention_weights = {"shape": [cfg.n_layers, h, t, t], "tokens": tokens, "groups": groups,
                                 "layers": _attention_layers(model, anatomy, kept, cache.seen, t)}
     return tr, logits[0, -1]
+
+
+def _sliding_layers(anatomy) -> dict[str, Any]:
+    """Which layers see only a window (Gemma 3's sliding layers), the window and their own RoPE base; {} if none."""
+    sliding = [b for b in anatomy.blocks if b.attention.window is not None]
+    if not sliding:
+        return {}
+    return {"sliding_layers": [b.index for b in sliding], "window": sliding[0].attention.window,
+            "rope_local_base": sliding[0].attention.rope.base}
 
 
 def _attention_layers(model: nn.Module, anatomy, kept: dict, seen_kv: dict, t: int) -> list:

@@ -24,8 +24,9 @@ from .qwen3 import Qwen3Model
 # config (gemma3.py's Gemma3Config, the notebook's keys), whose `family` is "gemma3".
 FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model, "gemma3": Gemma3Model}
 assert tuple(FAMILIES)[:len(FAMILY_NAMES)] == FAMILY_NAMES
+FAMILY_CONFIGS = (FamilyConfig, Gemma3Config)  # a family model's config is one of these (isinstance)
 
-__all__ = ["FAMILIES", "FAMILY_PRESETS", "FamilyConfig", "Gemma3Config", "Gemma3Model", "Llama3Model", "Qwen3Model", "RopeFreq",
+__all__ = ["FAMILIES", "FAMILY_CONFIGS", "FAMILY_PRESETS", "FamilyConfig", "Gemma3Config", "Gemma3Model", "Llama3Model", "Qwen3Model", "RopeFreq",
            "build_model", "family_config", "is_family_model", "random_family_model"]
 
 

@@ -123,7 +123,9 @@ def family_memory_needs(cfg: FamilyConfig, dtype: torch.dtype, batch_size: int =
     notes = {
         "weights": f"{n_params:,} parameters x {size} bytes ({name})",
         "kv_cache": f"keys and values: 2 x {n} layers x {b} x {t} tokens x {g} groups x {hd} x {size} bytes "
-                    f"({h // g}x smaller than {h} heads would need)",
+                    f"({h // g}x smaller than {h} heads would need)" if kept == n * t else
+                    f"keys and values: 2 x {kept:,} positions over {n} layers (a sliding layer keeps its window) "
+                    f"x {b} x {g} groups x {hd} x {size} bytes",
         "inference": f"weights + RoPE's float32 cos/sin ({rope / 2**20:.0f} MiB) + KV cache + one forward's "
                      f"temporaries (a prompt of {t:,} tokens: one layer's [b, h, t, t] attention, "
                      f"{scores / 2**30:.2f} GiB; pass --seq-len for shorter ones)",
@@ -157,5 +159,8 @@ def family_notes(cfg: FamilyConfig) -> list[str]:
              + ") turns the queries and keys inside every attention"]
     if cfg.qk_norm:
         notes.append("QK-norm: each query and key head is RMS-normed before RoPE")
+    if cfg.moe:
+        notes.append(f"mixture of experts: a router picks {cfg.num_experts_per_tok} of {cfg.num_experts} SwiGLU "
+                     f"experts (width {cfg.moe_hidden_dim}) for each token, weighted by the softmax of their scores")
     notes.append("out_head is tok_emb (tied)" if cfg.tie_embeddings else "out_head has its own weights (untied)")
     return notes
