@@ -299,6 +299,14 @@ def test_the_sliding_layers_cache_keeps_the_window_and_the_full_layers_every_pos
     assert cache.nbytes == 2 * (4 + 40 + 4 + 40) * GEMMA.n_kv_groups * GEMMA.head_dim * 4
 
 
+@pytest.mark.parametrize("cfg", [GEMMA, MOE], ids=["gemma3", "qwen3-moe"])
+def test_the_memory_figures_are_the_live_caches_and_parameters(cfg):
+    from glassgpt.memory import memory_needs, parameter_table
+    needs = memory_needs(cfg, torch.float32, 2, 40)
+    assert needs["kv_cache"] == KVCache(cfg, 2, 40).nbytes  # a sliding layer's keeps 4 positions, not 40
+    assert parameter_table(cfg)["total"] == sum(p.numel() for p in build_model(cfg).parameters())
+
+
 def test_gemma3_without_its_window_gives_other_logits():
     """The window is not a no-op: the same weights with a window past the prompt see more."""
     model = randomize_(build_model(GEMMA))
