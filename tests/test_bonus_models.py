@@ -516,3 +516,12 @@ def test_gemma3_trace_says_which_layers_slide_their_window_and_base():
     tr = glassgpt.trace(randomize_(build_model(GEMMA)), tok, "hello world")
     assert (tr.attention["sliding_layers"], tr.attention["window"], tr.attention["rope_local_base"]) == ([0, 2], 4, 1e4)
     assert "Sliding layers [0, 2]: each query sees only the last 4 positions" in tr.to_text()
+
+
+def test_a_random_gemma3_model_starts_its_norms_at_one_as_the_notebook_does():
+    from glassgpt.families import random_family_model
+    model = random_family_model(GEMMA)
+    x = torch.randn(3, GEMMA.emb_dim, generator=torch.Generator().manual_seed(0))
+    expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + GEMMA.norm_eps)  # (1 + 0) times x / rms(x)
+    for norm in (model.final_norm, model.blocks[0].post_feedforward_layernorm):
+        torch.testing.assert_close(norm(x), expected)

@@ -51,6 +51,6 @@ def random_family_model(cfg: FamilyConfig, seed: int = 0, dtype: torch.dtype = t
         for p in model.parameters():  # a tied matrix is drawn once
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-            else:
-                p.fill_(1.0)
+            else:  # a norm at 1: Gemma's multiplies by (1 + scale)
+                p.fill_(0.0 if cfg.family == "gemma3" else 1.0)
     return model.to(device=device, dtype=dtype).eval()
