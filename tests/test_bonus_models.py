@@ -525,3 +525,15 @@ def test_a_random_gemma3_model_starts_its_norms_at_one_as_the_notebook_does():
     expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + GEMMA.norm_eps)  # (1 + 0) times x / rms(x)
     for norm in (model.final_norm, model.blocks[0].post_feedforward_layernorm):
         torch.testing.assert_close(norm(x), expected)
+
+
+def test_transformers_gemma3_module_is_described_and_traced_in_place():
+    from glassgpt.tokenizer import CharTokenizer
+    tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ")
+    module = transformers_model(GEMMA)
+    anatomy = check_description(module)
+    assert anatomy.source == "transformers' Gemma3ForCausalLM" and anatomy.blocks_path == "model.layers"
+    assert anatomy.blocks[3].norm("ff_out").path == "model.layers.3.post_feedforward_layernorm"
+    tr = glassgpt.trace(module, tok, "hello world")
+    with torch.no_grad():
+        assert tr.next_token["id"] == int(module(torch.tensor([tok.encode("hello world")])).logits[0, -1].argmax())

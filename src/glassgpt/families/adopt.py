@@ -112,6 +112,8 @@ def _notebook_gemma3(module: nn.Module):
 def _hf_family(module: nn.Module):
     hf = module.config
     model_type = hf.model_type
+    if model_type == "gemma3_text":
+        return _hf_gemma3(module)
     if model_type not in HF_FAMILIES:
         raise GlassError(f"{type(module).__name__} is a {model_type} model: glassgpt adopts transformers' "
                          "Qwen3ForCausalLM (qwen3), LlamaForCausalLM (llama) and GPT2LMHeadModel (gpt2)")
@@ -154,6 +156,55 @@ def _hf_family(module: nn.Module):
         stages.update({f"trf_blocks.{i}": f"model.layers.{i}", f"trf_blocks.{i}.norm1": f"model.layers.{i}.input_layernorm",
                        f"trf_blocks.{i}.att": f"model.layers.{i}.self_attn", f"trf_blocks.{i}.ff": f"model.layers.{i}.mlp",
                        f"trf_blocks.{i}.norm2": f"model.layers.{i}.post_attention_layernorm"})
+    return f"transformers' {type(module).__name__}", cfg, tensors, stages
+
+
+GEMMA3_HF_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                   "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+
+
+def _hf_gemma3(module: nn.Module):
+    """transformers' Gemma3ForCausalLM: its config's fields as the notebook's keys, its tensors by gemma3.py's names
+    (its Gemma3RMSNorm is (1 + weight) too)."""
+    hf, inner = module.config, module.model
+    for field in ("attn_logit_softcapping", "final_logit_softcapping", "use_bidirectional_attention"):
+        if getattr(hf, field, None):
+            raise GlassError(f"{type(module).__name__} sets {field} ({getattr(hf, field)!r}): the notebook's "
+                             "Gemma3Model has none")
+    rope = getattr(hf, "rope_parameters", None) or {}
+    for kind in ("full_attention", "sliding_attention"):
+        if rope.get(kind, {}).get("rope_type", "default") != "default":
+            raise GlassError(f"{type(module).__name__}'s {kind} layers scale RoPE ({rope[kind]['rope_type']!r}): the "
+                             "notebook's Gemma3Model turns them by plain RoPE")
+    vocab, d = inner.embed_tokens.weight.shape
+    try:
+        cfg = Gemma3Config(vocab_size=vocab, context_length=hf.max_position_embeddings, emb_dim=d,
+                           n_heads=hf.num_attention_heads, n_layers=len(inner.layers), hidden_dim=hf.intermediate_size,
+                           head_dim=hf.head_dim, n_kv_groups=hf.num_key_value_heads,
+                           rope_local_base=float(rope.get("sliding_attention", {}).get("rope_theta", 10_000.0)),
+                           rope_base=float(rope.get("full_attention", {}).get("rope_theta", 1_000_000.0)),
+                           sliding_window=hf.sliding_window, layer_types=list(hf.layer_types),
+                           query_pre_attn_scalar=hf.query_pre_attn_scalar,
+                           tie_embeddings=_same_storage(module.lm_head.weight, inner.embed_tokens.weight),
+                           norm_eps=float(hf.rms_norm_eps))
+    except GlassError as err:
+        raise GlassError(f"{type(module).__name__}: {err}") from None
+    tensors = {"tok_emb.weight": inner.embed_tokens.weight, "final_norm.scale": inner.norm.weight,
+               "out_head.weight": module.lm_head.weight}
+    stages = {"tok_emb": "model.embed_tokens", "final_norm": "model.norm", "out_head": "lm_head"}
+    ours = {theirs: f"att.{mine}" for theirs, mine in (("self_attn.q_proj", "W_query"), ("self_attn.k_proj", "W_key"),
+            ("self_attn.v_proj", "W_value"), ("self_attn.o_proj", "out_proj"))}
+    ours |= {"mlp.gate_proj": "ff.fc1", "mlp.up_proj": "ff.fc2", "mlp.down_proj": "ff.fc3",
+             "self_attn.q_norm": "att.q_norm", "self_attn.k_norm": "att.k_norm"}
+    for i, layer in enumerate(inner.layers):
+        for name, p in layer.named_parameters():
+            owner = name.rpartition(".")[0]
+            if owner not in ours and owner not in GEMMA3_HF_NORMS:
+                raise GlassError(f"{type(module).__name__} has a tensor glassgpt's gemma3 does not: "
+                                 f"model.layers.{i}.{name} {list(p.shape)}")
+            leaf = "scale" if owner in GEMMA3_HF_NORMS else "weight"
+            tensors[f"blocks.{i}.{ours.get(owner, owner)}.{leaf}"] = p
+        stages[f"trf_blocks.{i}"] = f"model.layers.{i}"
     return f"transformers' {type(module).__name__}", cfg, tensors, stages
 
 
