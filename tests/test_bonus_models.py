@@ -537,3 +537,11 @@ def test_transformers_gemma3_module_is_described_and_traced_in_place():
     tr = glassgpt.trace(module, tok, "hello world")
     with torch.no_grad():
         assert tr.next_token["id"] == int(module(torch.tensor([tok.encode("hello world")])).logits[0, -1].argmax())
+
+
+def test_why_on_gemma3_is_refused_in_one_line_naming_its_sandwich_norms():
+    from glassgpt.errors import GlassError
+    from glassgpt.tokenizer import CharTokenizer
+    tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ")
+    with pytest.raises(GlassError, match="why splits the logit over pre-norm blocks; Gemma 3's are sandwich-norm"):
+        glassgpt.why(randomize_(build_model(GEMMA)), tok, "hello world")
