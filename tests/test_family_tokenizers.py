@@ -136,11 +136,12 @@ def test_a_tokenizer_with_more_ids_than_the_model_has_rows_is_named_before_anyth
 
 def test_a_gemma_folder_is_refused_by_load_model_naming_its_architecture(tmp_path, capsys):
     from glassgpt.cli import main
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3"}))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2"}))
     assert main(["generate", "hi", "--model", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"error: {tmp_path / 'config.json'} is a Gemma3ForCausalLM (gemma3): glassgpt covers Qwen3ForCausalLM "
-        "(qwen3), LlamaForCausalLM (llama3) and GPT2LMHeadModel (gpt2)"]
+        f"error: {tmp_path / 'config.json'} is a Gemma2ForCausalLM (gemma2): glassgpt covers Qwen3ForCausalLM "
+        "(qwen3), Qwen3MoeForCausalLM (qwen3), LlamaForCausalLM (llama3), Gemma3ForCausalLM (gemma3) and "
+        "GPT2LMHeadModel (gpt2)"]
 
 
 def test_load_model_and_load_tokenizer_read_a_llama_folder_with_its_tokenizer_model(tmp_path, llama_tokenizer_model):

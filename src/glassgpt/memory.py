@@ -36,7 +36,7 @@ import torch
 from .config import GPTConfig
 from .engine.attention import ATTENTION_BLOCK
 from .errors import ConfigError
-from .families import FamilyConfig
+from .families import FAMILY_CONFIGS, FamilyConfig
 from .families.memory import family_memory_needs, family_parameter_table
 
 INT8 = "int8"  # weight-only int8 (engine/int8.py): Linear weights 1 byte, the rest bfloat16
@@ -96,7 +96,7 @@ def model_modules(cfg: GPTConfig) -> tuple[list[ModuleShape], list[ModuleShape],
 def parameter_table(cfg: GPTConfig) -> dict[str, Any]:
     """Per-module parameter counts and the totals with and without weight tying, from the
     config alone (no weights are built): what `glassgpt info` and `explain` print."""
-    if isinstance(cfg, FamilyConfig):  # Qwen3, Llama 3.2 (families/memory.py)
+    if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3.2, Gemma 3 (families/memory.py)
         return family_parameter_table(cfg)
     before, block, after = model_modules(cfg)
     per_block = sum(m.params for m in block)
@@ -139,7 +139,7 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     dtype for training (a torch dtype, its name, or "int8"/"int4" for quantized decoding).
     `prompt_attention`: the engine's path for long prompts on a CPU ("sdpa" or "blocks", as
     engine/autotune.py chose it)."""
-    if isinstance(cfg, FamilyConfig):  # Qwen3, Llama 3.2 (families/memory.py)
+    if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3.2, Gemma 3 (families/memory.py)
         name, _ = _dtype_size(dtype)
         if name in QUANTIZED:
             from .errors import GlassError
@@ -379,7 +379,7 @@ def inference_fit(cfg: GPTConfig, dtype: torch.dtype | str, tokens: int, free: F
         nearest = f"{tokens_flag} {most:,} fits"
     else:
         name = _dtype_size(dtype)[0]
-        quantized = () if isinstance(cfg, FamilyConfig) else (INT8, INT4)  # the engine's, GPT-2's only
+        quantized = () if isinstance(cfg, FAMILY_CONFIGS) else (INT8, INT4)  # the engine's, GPT-2's only
         smaller = [d for d in ("bfloat16",) + quantized if d != name
                    and fits(inference_need(cfg, d, tokens), free) and _dtype_size(d)[1] <= _dtype_size(dtype)[1]]
         nearest = f"--dtype {smaller[0]} fits" if smaller else "a smaller model"
