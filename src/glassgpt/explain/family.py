@@ -40,7 +40,7 @@ from .check import check_embedding_is_linear
 from .head import head_products, logit_lens_of
 from .result import Result
 
-FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "qwen3_5": "Qwen3.5"}
+FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "qwen3_5": "Qwen3.5"}
 
 
 @dataclass
@@ -136,20 +136,17 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
         stages=_stages(cfg, seen, q_shape, list(k.shape), linear_stages(anatomy, b)),
         attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
-                   "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
-                   "qk_norm": cfg.qk_norm, "rope_base": cfg.rope_base, "rope_scaled": cfg.rope_freq is not None,
-                   **rope_reach(anatomy)},
+                   "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)], "qk_norm": cfg.qk_norm,
+                   "rope_base": cfg.rope_base, "rope_scaled": getattr(cfg, "rope_freq", None) is not None,
+                   **_sliding_layers(anatomy), **rope_reach(anatomy)},
         answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens,
         head=head_products(model, kept["final_norm"][0, -1], logits[0, -1], [n["id"] for n in next_tokens],
                            ids[0].tolist(), label))
     if logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
         tr.logit_lens = logit_lens_of(model, [kept[f"trf_blocks.{i}"] for i in range(cfg.n_layers)], logits, label)
     if attention:
-        cos, sin = model.rope.at(0, t, ids.device)  # [t, hd]: the angles of the positions it ran at
-        layers = [attention_of(part(block.attention.path), kept[f"trf_blocks.{i}.att.W_query"], cache.seen[i][0], cos,
-                               sin)[0] for i, block in enumerate(anatomy.blocks)]  # [h, t, t] each
         tr.attention_weights = {"shape": [cfg.n_layers, h, t, t], "tokens": tokens, "groups": groups,
-                                "layers": [w.float().tolist() for w in layers]}
+                                "layers": _attention_layers(model, anatomy, kept, cache.seen, t)}
     return tr, logits[0, -1]
 
 
@@ -169,7 +166,7 @@ def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, l
     first_att, first_ff = anatomy.blocks[_first_causal(anatomy)].attention, anatomy.blocks[0].ff
     taps = {"tok_emb": part(anatomy.embedding.path), "trf_blocks.0.att.W_query": part(first_att.query.path),
             "trf_blocks.0.att.W_key": part(first_att.key.path), "trf_blocks.0.att.W_value": part(first_att.value.path),
-            "trf_blocks.0.ff.fc1": part((first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
+            "trf_blocks.0.ff.fc1": part(first_ff.experts.router.path if first_ff.experts else (first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
             "out_head": part(anatomy.head.path)}
     handles = [m.register_forward_hook(tap(n)) for n, m in taps.items()]
     handles.append(part(anatomy.final_norm.path).register_forward_hook(keep("final_norm")))
@@ -179,6 +176,24 @@ def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, l
         if attention:
             handles.append(part(block.attention.query.path).register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
     return handles
+
+
+def _sliding_layers(anatomy) -> dict[str, Any]:
+    """Which layers see only a window (Gemma 3's sliding layers), the window and their own RoPE base; {} if none."""
+    sliding = [b for b in anatomy.blocks if b.attention.window is not None]
+    if not sliding:
+        return {}
+    return {"sliding_layers": [b.index for b in sliding], "window": sliding[0].attention.window,
+            "rope_local_base": sliding[0].attention.rope.base}
+
+
+def _attention_layers(model: nn.Module, anatomy, kept: dict, seen_kv: dict, t: int) -> list:
+    """Every layer's `[h, t, t]` weights (as lists), from its kept W_query output and rotated keys, by its own RoPE
+    tables (Gemma 3's sliding and full layers have their own: `rope_of`)."""
+    rope_of = getattr(model, "rope_of", lambda i: model.rope)
+    return [attention_of(model.get_submodule(block.attention.path), kept[f"trf_blocks.{i}.att.W_query"],
+                         seen_kv[i][0], *rope_of(i).at(0, t, seen_kv[i][0].device))[0].float().tolist()
+            for i, block in enumerate(anatomy.blocks)]
 
 
 def rope_reach(anatomy) -> dict[str, Any]:
@@ -217,7 +232,8 @@ def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int],
     return [
         {"name": "ids", "module": "", "shape": [b, t], "note": "token ids"},
         {"name": "tok_emb", "module": "tok_emb", "shape": list(seen["tok_emb"][1]),
-         "note": f"vocab -> hidden: row lookup in the {[V, d]} weight; no pos_emb is added"},
+         "note": f"vocab -> hidden: row lookup in the {[V, d]} weight"
+                 + (f", times sqrt({d}) = {d ** 0.5:.2f}" if cfg.family == "gemma3" else "") + "; no pos_emb is added"},
         {"name": "queries", "module": "trf_blocks.N.att.W_query", "shape": list(q_shape),
          "note": f"{list(seen['trf_blocks.0.att.W_query'][1])} split into {h} heads, RoPE-rotated"},
         {"name": "keys, values", "module": "trf_blocks.N.att.W_key, W_value", "shape": kv_shape,
@@ -226,7 +242,10 @@ def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int],
          "note": f"each key/value head serves {h // g} neighbouring query heads"},
         *linear,  # Qwen3.5's linear-attention blocks, where it has them
         {"name": "ff", "module": "trf_blocks.N.ff", "shape": list(seen["trf_blocks.0.ff.fc1"][1]),
-         "note": f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {cfg.hidden_dim} -> {d}"},
+         "note": f"router gate: {cfg.num_experts} expert scores; each token runs its top {cfg.num_experts_per_tok} "
+                 f"SwiGLU experts, {d} -> {cfg.moe_hidden_dim} -> {d}, weighted by the softmax of their scores"
+         if getattr(cfg, "num_experts", 0) else f"GeGLU: fc3(gelu_tanh(fc1(x)) * fc2(x)), {d} -> {cfg.hidden_dim} -> {d}"
+         if cfg.family == "gemma3" else f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {cfg.hidden_dim} -> {d}"},
         {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]), "note": "RMSNorm"},
         {"name": "out_head", "module": "out_head", "shape": list(seen["out_head"][1]),
          "note": f"hidden -> vocab: x @ W.T with W {[V, d]}"},
@@ -245,7 +264,8 @@ def attention_of(att: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Te
         q = att.q_norm(q)
     q = apply_rope(q, cos, sin)
     k = k.repeat_interleave(att.group_size, dim=1)  # [b, g, s, hd] -> [b, h, s, hd]
-    return attention_weights(q, k)
+    own = getattr(att, "attention_weights", None)  # Gemma 3's: its own scale, and a sliding layer's window
+    return own(q, k) if own is not None else attention_weights(q, k)
 
 
 def _text(tokenizer: Tokenizer, token_id: int) -> str:

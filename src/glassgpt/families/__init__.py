@@ -1,5 +1,6 @@
-"""The book's next models after GPT-2, one glass file each: Qwen3 (qwen3.py) and Llama 3.2 (llama3.py), and the
-bonus Qwen3.5 (qwen3_5.py: linear and full attention layers, its Qwen3_5Config a FamilyConfig with more fields).
+"""The book's next models after GPT-2, one glass file each: Qwen3 and its MoE (qwen3.py), Llama 3.2
+(llama3.py) and the bonus Gemma 3 (gemma3.py) and Qwen3.5 (qwen3_5.py: linear and full attention layers, its
+Qwen3_5Config a FamilyConfig with more fields).
 
     cfg = family_config("qwen3-0.6b", n_layers=2)   # FamilyConfig (config.py), a preset or your own
     model = build_model(cfg)                        # Qwen3Model or Llama3Model, by cfg.family
@@ -15,20 +16,26 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config, raise_moe
+from .config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config
+from .gemma3 import Gemma3Config, Gemma3Model
 from .llama3 import Llama3Model
 from .qwen3 import Qwen3Model
 from .qwen3_5 import Qwen3_5Config, Qwen3_5Model
 
-# The registry: which glass class builds each family.
-FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model, "qwen3_5": Qwen3_5Model}
-assert tuple(FAMILIES) == FAMILY_NAMES
+# The registry: which glass class builds each family. FamilyConfig builds the first three (Qwen3.5's Qwen3_5Config is
+# a FamilyConfig with its own fields); Gemma 3 has its own config (gemma3.py's Gemma3Config, the notebook's keys),
+# whose `family` is "gemma3".
+FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model, "qwen3_5": Qwen3_5Model,
+                                        "gemma3": Gemma3Model}
+assert tuple(FAMILIES)[:len(FAMILY_NAMES)] == FAMILY_NAMES
+FAMILY_CONFIGS = (FamilyConfig, Gemma3Config)  # a family model's config is one of these (isinstance)
 
-__all__ = ["FAMILIES", "FAMILY_PRESETS", "FamilyConfig", "Llama3Model", "Qwen3Model", "Qwen3_5Config", "Qwen3_5Model", "RopeFreq",
-           "build_model", "family_config", "is_family_model", "raise_moe", "random_family_model"]
+__all__ = ["FAMILIES", "FAMILY_CONFIGS", "FAMILY_PRESETS", "FamilyConfig", "Gemma3Config", "Gemma3Model", "Llama3Model",
+           "Qwen3Model", "Qwen3_5Config", "Qwen3_5Model", "RopeFreq", "build_model", "family_config", "is_family_model",
+           "random_family_model"]
 
 
-def build_model(cfg: FamilyConfig) -> nn.Module:
+def build_model(cfg: FamilyConfig | Gemma3Config) -> nn.Module:
     """The glass model of `cfg.family`, with PyTorch's default initialisation (as the book's classes)."""
     return FAMILIES[cfg.family](cfg)
 
@@ -49,6 +56,6 @@ def random_family_model(cfg: FamilyConfig, seed: int = 0, dtype: torch.dtype = t
         for p in model.parameters():  # a tied matrix is drawn once
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-            else:
-                p.fill_(1.0)
+            else:  # a norm at 1: Gemma's multiplies by (1 + scale)
+                p.fill_(0.0 if cfg.family == "gemma3" else 1.0)
     return model.to(device=device, dtype=dtype).eval()

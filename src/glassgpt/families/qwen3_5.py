@@ -118,7 +118,7 @@ class Qwen3_5Config(FamilyConfig):
                 "layer_types": list(self.layer_types)}
 
     @classmethod
-    def from_book_dict(cls, family: str, book: dict[str, Any], tie_embeddings: bool = False) -> "Qwen3_5Config":
+    def from_book_dict(cls, family: str, book: dict[str, Any], tie_embeddings: bool | None = None) -> "Qwen3_5Config":
         """A config from the notebook's dict (its `dtype` dropped, its `rms_norm_eps` as norm_eps)."""
         values = {k: v for k, v in book.items() if k != "dtype"}
         values["norm_eps"] = values.pop("rms_norm_eps", 1e-6)
