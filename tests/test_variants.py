@@ -442,3 +442,45 @@ def test_glassgpt_generate_refuses_a_variant_in_one_line_rather_than_run_it_as_g
                                                  r"variants.*generate_text_simple_cached") as err:
         glassgpt.generate(model, [1, 2, 3], 20)
     assert "\n" not in str(err.value)
+
+
+# --- the description (anatomy.py): what each variant file says it is made of --------------------
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_each_variant_describes_itself_and_the_description_agrees_with_its_module(name):
+    from helpers import check_description
+
+    anatomy = check_description(tiny(name))
+    assert anatomy.positions.kind == "learned" and anatomy.n_layers == 3 and name in VARIANT_NAMES[anatomy.name]
+
+
+VARIANT_NAMES = {"GPT-2 with grouped-query attention": "gqa", "GPT-2 with multi-head latent attention": "mla",
+                 "GPT-2 with sliding-window attention": "swa", "GPT-2 with a mixture of experts": "moe"}
+
+
+def test_the_descriptions_say_what_each_variant_changes():
+    import glassgpt
+
+    gqa, mla, swa, moe = (glassgpt.describe(tiny(n)).blocks for n in ("gqa", "mla", "swa", "moe"))
+    assert [(b.attention.n_heads, b.attention.n_kv_groups, b.attention.key.out_features) for b in gqa] == [(4, 2, 16)] * 3
+    assert [(b.attention.latent.path, b.attention.latent.out_features, b.attention.key.in_features) for b in mla] == \
+        [(f"trf_blocks.{i}.att.W_DKV", 8, 8) for i in range(3)]
+    assert [b.attention.window for b in swa] == layer_windows(CONFIGS["swa"]) == [4, 4, None]
+    assert [b.layer_type for b in swa] == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert [(b.ff.kind, b.ff.experts.n_experts, b.ff.experts.per_token, b.ff.experts.router.path) for b in moe] == \
+        [("moe", 4, 2, f"trf_blocks.{i}.ff.gate") for i in range(3)]
+    # GPT-2's parts are kept where the variant changes nothing
+    assert all(b.attention.n_kv_groups == 4 and b.attention.latent is None for b in (*swa, *moe))
+    assert all(b.ff.kind == "gelu_mlp" for b in (*gqa, *mla, *swa))
+
+
+@pytest.mark.parametrize("name, part", [("gqa", "W_key"), ("mla", "W_DKV"), ("moe", "gate")])
+def test_a_description_that_disagrees_with_its_variant_is_named_by_the_part(name, part):
+    from glassgpt.kinds import description_mismatches
+    import glassgpt
+
+    model = tiny(name)
+    anatomy = glassgpt.describe(model)
+    holder = model.trf_blocks[1].att if part != "gate" else model.trf_blocks[1].ff
+    setattr(holder, part, torch.nn.Linear(32, 5, bias=False))
+    assert any(f"trf_blocks.1." in line and part in line for line in description_mismatches(model, anatomy))
