@@ -484,3 +484,77 @@ def test_a_description_that_disagrees_with_its_variant_is_named_by_the_part(name
     holder = model.trf_blocks[1].att if part != "gate" else model.trf_blocks[1].ff
     setattr(holder, part, torch.nn.Linear(32, 5, bias=False))
     assert any(f"trf_blocks.1." in line and part in line for line in description_mismatches(model, anatomy))
+
+
+# --- glassgpt.check: the cache against no cache ----------------------------------------------------
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_check_finds_each_variants_cache_changes_nothing(name):
+    import glassgpt
+
+    result = glassgpt.check(tiny(name))
+    assert result.ok and result.mistake is None and "your cache changes nothing" in result.finding
+
+
+class _TrimmedTooFar(MultiHeadAttentionWithSWA):
+    """A planted mistake: the cache keeps W - 1 keys and the new token attends over the cache alone."""
+
+    def update(self, k_new, v_new):
+        from glassgpt.variants.base import append_to_cache
+
+        k, v = append_to_cache(self, k_new, v_new)
+        self.cache_k, self.cache_v = k[:, :, -(self.sliding_window_size - 1):], v[:, :, -(self.sliding_window_size - 1):]
+        return self.cache_k, self.cache_v
+
+
+class _NeverTrimmed(MultiHeadAttentionWithSWA):
+    """A planted mistake: the cache grows with the text and the window's mask is left out."""
+
+    def update(self, k_new, v_new):
+        from glassgpt.variants.base import append_to_cache
+
+        return append_to_cache(self, k_new, v_new)
+
+    def attend(self, q, k, v):
+        return MultiHeadAttention.attend(self, q, k, v) if k.shape[2] != q.shape[2] else super().attend(q, k, v)
+
+
+@pytest.mark.parametrize("planted, words", [
+    (_TrimmedTooFar, "reads 3 keys where it should read 4, fewer than its window holds: the cache is trimmed too far"),
+    (_NeverTrimmed, "reads 5 keys where it should read 4, more than its window holds: the cache is not trimmed to "
+                    "the window"),
+])
+def test_check_names_a_sliding_window_cache_trimmed_wrongly(planted, words):
+    import glassgpt
+
+    model = tiny("swa")
+    for block, window in zip(model.trf_blocks, layer_windows(CONFIGS["swa"])):
+        if window is None:
+            continue  # the full layer keeps every key, rightly
+        old = block.att
+        block.att = planted(CONFIGS["swa"], window)
+        block.att.load_state_dict(old.state_dict())
+    result = glassgpt.check(model)
+    assert not result.ok
+    assert result.prop == "window_trimming" and words in result.finding, result.to_text()
+
+
+def test_the_cli_checks_a_readers_variant_file_and_names_a_window_trimmed_too_far(tmp_path, capsys):
+    from glassgpt.cli import main
+
+    (tmp_path / "my_swa.py").write_text(
+        "import torch\nfrom glassgpt.variants import SWAConfig, build_model\nfrom glassgpt.variants import swa\n"
+        "from glassgpt.variants.base import append_to_cache\n\n"
+        "CFG = SWAConfig(vocab_size=101, context_length=32, emb_dim=32, n_heads=4, n_layers=3, sliding_window_size=4)\n"
+        "torch.manual_seed(0)\nright = build_model(CFG)\n\n\n"
+        "class Trimmed(swa.MultiHeadAttentionWithSWA):\n"
+        "    def update(self, k_new, v_new):\n"
+        "        k, v = append_to_cache(self, k_new, v_new)\n"
+        "        self.cache_k, self.cache_v = k[:, :, -3:], v[:, :, -3:]  # keeps W - 1\n"
+        "        return self.cache_k, self.cache_v\n\n\n"
+        "wrong = build_model(CFG)\nfor blk in wrong.trf_blocks:\n"
+        "    if blk.att.sliding_window_size:\n        blk.att.__class__ = Trimmed\n")
+    assert main(["check", f"{tmp_path / 'my_swa.py'}:right"]) == 0
+    assert "your cache changes nothing" in capsys.readouterr().out
+    assert main(["check", f"{tmp_path / 'my_swa.py'}:wrong"]) == 1
+    assert "whose window is 4, reads 3 keys where it should read 4" in capsys.readouterr().out
