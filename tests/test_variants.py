@@ -558,3 +558,64 @@ def test_the_cli_checks_a_readers_variant_file_and_names_a_window_trimmed_too_fa
     assert "your cache changes nothing" in capsys.readouterr().out
     assert main(["check", f"{tmp_path / 'my_swa.py'}:wrong"]) == 1
     assert "whose window is 4, reads 3 keys where it should read 4" in capsys.readouterr().out
+
+
+# --- glassgpt.trace: the GPT-2 trace, reading what each description changes ------------------------
+
+def char_variant(name: str) -> torch.nn.Module:
+    from helpers import CHAR_TOK
+
+    torch.manual_seed(0)
+    return build_model(dataclasses.replace(CONFIGS[name], vocab_size=CHAR_TOK.n_vocab)).eval()
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_trace_of_each_variant_gives_its_own_next_token(name):
+    import glassgpt
+    from helpers import CHAR_TEXT, CHAR_TOK
+
+    model = char_variant(name)
+    result = glassgpt.trace(model, CHAR_TOK, CHAR_TEXT)
+    own = model(torch.tensor([CHAR_TOK.encode(CHAR_TEXT)]))[0, -1]
+    assert result.next_token["id"] == int(own.argmax())
+    assert result.params["total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_the_trace_shows_what_each_variant_changes():
+    import glassgpt
+    from helpers import CHAR_TEXT, CHAR_TOK
+
+    t = len(CHAR_TOK.encode(CHAR_TEXT))
+    gqa, mla, swa, moe = (glassgpt.trace(char_variant(n), CHAR_TOK, CHAR_TEXT) for n in ("gqa", "mla", "swa", "moe"))
+    assert gqa.stage("trf_blocks.0.att.kv_heads").shape == [1, 2, t, 8]  # [b, g, t, hd]
+    assert gqa.stage("trf_blocks.0.att.W_key").shape == [1, t, 16]
+    assert mla.stage("trf_blocks.0.att.W_DKV").shape == [1, t, 8]  # the latent [b, t, c]
+    assert mla.stage("trf_blocks.0.att.W_UK").input_shape == [1, t, 8]
+    assert "window 4" in swa.stage("trf_blocks.0.att.attn_weights").module
+    assert moe.stage("trf_blocks.0.ff.gate").shape == [1, t, 4] and moe.stage("trf_blocks.0.ff.routing").shape == [1, t, 2]
+    for result, name in ((gqa, "gqa"), (mla, "mla"), (swa, "swa"), (moe, "moe")):
+        mine = kv_bytes_per_token(CONFIGS[name], torch.float32)
+        gpt2 = kv_bytes_per_token(gpt2_config(CONFIGS[name]), torch.float32)
+        assert f"KV cache: {mine:,.0f} bytes per token (float32, at 32 tokens) where GPT-2 of this shape keeps " \
+               f"{gpt2:,.0f}" in " ".join(result.notes)
+
+
+def test_the_traced_window_layers_attend_only_inside_their_window_as_the_model_does():
+    import glassgpt
+    from glassgpt.explain import TraceOptions
+    from helpers import CHAR_TEXT, CHAR_TOK
+
+    model = char_variant("swa")
+    result = glassgpt.trace(model, CHAR_TOK, CHAR_TEXT, options=TraceOptions(attention=True))
+    layers = torch.tensor(result.attention["layers"])  # [n_layers, h, t, t]
+    t = layers.shape[-1]
+    pos = torch.arange(t)
+    too_old = (pos[:, None] - pos[None, :]) >= 4
+    assert (layers[0][:, too_old] == 0).all() and (layers[1][:, too_old] == 0).all()
+    assert (layers[2][:, too_old] > 0).any()  # the full layer sees past the window
+    # the traced weights reproduce the module's own: its softmax over the window, on the same q and k
+    from glassgpt.variants.swa import window_attention_weights
+    x = model.trf_blocks[0].norm1(model.tok_emb(torch.tensor([CHAR_TOK.encode(CHAR_TEXT)])) + model.pos_emb.weight[:t])
+    att = model.trf_blocks[0].att
+    q, k = (w(x).view(1, t, 4, 8).transpose(1, 2) for w in (att.W_query, att.W_key))
+    torch.testing.assert_close(layers[0], window_attention_weights(q, k, 4)[0], rtol=1e-5, atol=1e-6)
