@@ -619,3 +619,14 @@ def test_the_traced_window_layers_attend_only_inside_their_window_as_the_model_d
     att = model.trf_blocks[0].att
     q, k = (w(x).view(1, t, 4, 8).transpose(1, 2) for w in (att.W_query, att.W_key))
     torch.testing.assert_close(layers[0], window_attention_weights(q, k, 4)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_why_refuses_a_variant_in_one_line_rather_than_attribute_it_as_gpt2(name):
+    import glassgpt
+    from helpers import CHAR_TEXT, CHAR_TOK
+
+    with pytest.raises(glassgpt.GlassError, match=r"why, compare and generate do not read yet \(trace and check do\)") \
+            as err:
+        glassgpt.why(char_variant(name), CHAR_TOK, CHAR_TEXT)
+    assert "\n" not in str(err.value)
