@@ -14,7 +14,7 @@ The vocabulary is wider than the three models written so far, so that the book's
 described without changing an analysis: an embedding scaled by sqrt(d) (Gemma 3) and per-layer
 embeddings (Gemma 4); norms after the sublayer (OLMo 3), on both sides (Gemma's sandwich) or one norm
 for a parallel attention and feed-forward (Tiny Aya); (1 + weight) RMSNorm (Gemma); per-layer
-attention kinds (sliding and full, each with its own RoPE base; linear attention with a recurrent
+attention kinds (sliding and full, each with its own RoPE base; a cached latent, MLA; linear attention with a recurrent
 state, Qwen3.5), layers without positions, kv-shared layers and softcaps; GeGLU and mixtures of experts.
 """
 
@@ -104,6 +104,8 @@ class Attention:
     scale: float | None = None   # the scores' factor; None: 1 / sqrt(hd)
     softcap: float | None = None
     kv_shared_from: int | None = None  # a layer that reuses another layer's keys and values (Gemma 4)
+    latent: Linear | None = None  # latent attention (MLA): x -> a c-wide latent, the one thing cached; then
+                                  # key and value are made from it (their in_features is c, not d)
 
     def __post_init__(self) -> None:
         _one_of(self.kind, ATTENTION_KINDS, "attention kind")
@@ -111,7 +113,10 @@ class Attention:
 
 @dataclass(frozen=True)
 class Experts:
-    """A mixture of experts: a router picks `per_token` of `n_experts` feed-forwards for each token."""
+    """A mixture of experts: a router picks `per_token` of `n_experts` feed-forwards for each token.
+
+    The FeedForward's up, gate and down describe expert 0; expert j's are the same paths with the
+    index 0 as j (the book repository's ModuleLists fc1.j, fc2.j, fc3.j under `path`)."""
 
     router: Linear
     n_experts: int
@@ -227,6 +232,7 @@ class Anatomy:
         for block in self.blocks:
             att, ff = block.attention, block.ff
             found += [att.query, att.key, att.value, att.out, ff.up, ff.down] + ([ff.gate] if ff.gate else [])
+            found += [att.latent] if att.latent else []
             found += [ff.experts.router] if ff.experts else []
         return found
 
@@ -261,7 +267,7 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
     def block(b: Block) -> Block:
         att, ff = b.attention, b.ff
         att = replace(att, path=path(att.path), query=linear(att.query), key=linear(att.key), value=linear(att.value),
-                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm))
+                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm), latent=linear(att.latent))
         experts = ff.experts and replace(ff.experts, router=linear(ff.experts.router), path=path(ff.experts.path))
         ff = replace(ff, path=path(ff.path), up=linear(ff.up), down=linear(ff.down), gate=linear(ff.gate),
                      activation_path=path(ff.activation_path), experts=experts)
