@@ -14,7 +14,7 @@ The vocabulary is wider than the three models written so far, so that the book's
 described without changing an analysis: an embedding scaled by sqrt(d) (Gemma 3) and per-layer
 embeddings (Gemma 4); norms after the sublayer (OLMo 3), on both sides (Gemma's sandwich) or one norm
 for a parallel attention and feed-forward (Tiny Aya); (1 + weight) RMSNorm (Gemma); per-layer
-attention kinds (sliding and full, each with its own RoPE base; linear attention with a recurrent
+attention kinds (sliding and full, each with its own RoPE base; a cached latent, MLA; linear attention with a recurrent
 state, Qwen3.5), layers without positions, kv-shared layers and softcaps; GeGLU and mixtures of experts.
 """
 
@@ -129,6 +129,8 @@ class Attention:
     scale: float | None = None   # the scores' factor; None: 1 / sqrt(hd)
     softcap: float | None = None
     kv_shared_from: int | None = None  # a layer that reuses another layer's keys and values (Gemma 4)
+    latent: Linear | None = None  # latent attention (MLA): x -> a c-wide latent, the one thing cached; then
+                                  # key and value are made from it (their in_features is c, not d)
     output_gate: Linear | None = None  # context * sigmoid(gate(x)) before `out` (Qwen3.5's full layers)
     state: RecurrentState | None = None  # kind "linear": what it keeps instead of keys and values
 
@@ -138,7 +140,10 @@ class Attention:
 
 @dataclass(frozen=True)
 class Experts:
-    """A mixture of experts: a router picks `per_token` of `n_experts` feed-forwards for each token."""
+    """A mixture of experts: a router picks `per_token` of `n_experts` feed-forwards for each token.
+
+    The FeedForward's up, gate and down describe expert 0; expert j's are the same paths with the
+    index 0 as j (the book repository's ModuleLists fc1.j, fc2.j, fc3.j under `path`)."""
 
     router: Linear
     n_experts: int
@@ -256,6 +261,7 @@ class Anatomy:
             found += [att.query, att.key, att.value, att.out, ff.up, ff.down] + ([ff.gate] if ff.gate else [])
             found += [att.output_gate] if att.output_gate else []
             found += [att.state.gate, att.state.beta, att.state.decay] if att.state else []
+            found += [att.latent] if att.latent else []
             found += [ff.experts.router] if ff.experts else []
         return found
 
@@ -290,7 +296,7 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
     def block(b: Block) -> Block:
         att, ff = b.attention, b.ff
         att = replace(att, path=path(att.path), query=linear(att.query), key=linear(att.key), value=linear(att.value),
-                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm),
+                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm), latent=linear(att.latent),
                       output_gate=linear(att.output_gate))
         experts = ff.experts and replace(ff.experts, router=linear(ff.experts.router), path=path(ff.experts.path))
         ff = replace(ff, path=path(ff.path), up=linear(ff.up), down=linear(ff.down), gate=linear(ff.gate),

@@ -4,7 +4,7 @@
     description_mismatches(model, anatomy) -> list[str]   where a description and its module disagree
 
 A kind is found by its children's names, then described by its glass file's describe(cfg) (model.py,
-families/qwen3.py, families/llama3.py) over the config its tensors and attributes say (adopt.py's and
+families/qwen3.py, families/llama3.py, and chapter 4's variants/gqa.py, mla.py, swa.py, moe.py) over the config its tensors and attributes say (adopt.py's and
 families/adopt.py's readers), with every path mapped to the object's own names:
     glassgpt's GPTModel, Qwen3Model (and its MoE), Llama3Model,  the glass names
       Gemma3Model
@@ -29,9 +29,10 @@ from .adopt import config_of, layout_of
 from .errors import GlassError, UnreadableModelError
 from .families import FAMILIES, gemma3, llama3, qwen3, qwen3_5
 from .families.adopt import family_layout
+from .variants import VARIANTS, variant_of
 
 GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "qwen3_5": qwen3_5.describe}
-KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model and Qwen3_5Model; the book's GPTModel, Qwen3Model and Llama3Model "
+KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model and Qwen3_5Model (and chapter 4's variants.gqa/mla/swa/moe GPTModel); the book's GPTModel, Qwen3Model and Llama3Model "
               "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
               "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM and Gemma3ForCausalLM")
 LOOKED_FOR = ("the book's children (tok_emb, trf_blocks, final_norm, out_head), nanoGPT's and GPT-2's "
@@ -65,6 +66,8 @@ def describe(model: nn.Module) -> an.Anatomy:
                                    f"{KINDS_READ}")
     if isinstance(model, gpt2.GPTModel):
         return _tied_by_storage(gpt2.describe(model.cfg), model)
+    if variant_of(model):  # chapter 4's variants: their glass file's own describe (variants/)
+        return _tied_by_storage(VARIANTS[type(model.cfg)].describe(model.cfg), model)
     for family, cls in FAMILIES.items():
         if isinstance(model, cls):
             return _tied_by_storage(GLASS[family](model.cfg), model)

@@ -32,7 +32,7 @@ from .layers import check_block, check_feed_forward, check_gelu, check_layer_nor
 from .cache import check_attention_cache, check_cache, has_attention_cache, has_cache_api
 from .report import PieceError, PieceResult
 from .data import SlidingWindows, sliding_windows
-from .family import FAMILY_KINDS, check_apply_rope, check_gqa, check_moe, check_rms_norm, check_rope_params, check_swiglu
+from .next_models import FAMILY_KINDS, check_apply_rope, check_gqa, check_moe, check_rms_norm, check_rope_params, check_swiglu
 
 GPT_CONFIG_124M = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12,
                    "drop_rate": 0.1, "qkv_bias": False}
