@@ -68,6 +68,9 @@ def has_cache_api(model: Any) -> bool:
     what was looked for, when it has a cache of another kind)."""
     if not isinstance(model, nn.Module) or type(model).__module__.startswith("transformers"):
         return False
+    if type(model).__module__.startswith(("glassgpt.model", "glassgpt.families")):
+        return False  # glassgpt's glass models keep glassgpt's KVCache (engine/cache.py), not the book's: checked whole
+
     params = _forward_params(model)
     if ("use_cache" in params and hasattr(model, "reset_kv_cache")) or "cache" in params:
         return True
