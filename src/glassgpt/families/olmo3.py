@@ -112,6 +112,10 @@ class Olmo3Config:
     def num_classes(self) -> None:
         return None
 
+    @property
+    def out_dim(self) -> int:
+        return self.vocab_size
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"layer_types": list(self.layer_types)}
 
@@ -235,6 +239,11 @@ class Olmo3Model(nn.Module):
     def tie_weights(self) -> None:
         if self.cfg.tie_word_embeddings:
             self.out_head.weight = self.tok_emb.weight
+
+    @property
+    def tied(self) -> bool:
+        """Told by storage: one Parameter for both, not two with equal values."""
+        return self.out_head.weight is self.tok_emb.weight
 
     def kv_cache(self, batch_size: int, max_len: int | None = None, device=None,
                  dtype: torch.dtype = torch.float32) -> WindowKVCache:
