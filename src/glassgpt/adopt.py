@@ -32,7 +32,7 @@ from torch import nn
 
 from .config import GPTConfig
 from .errors import ConfigError, GlassError, NonFiniteError, PromptError
-from .families import FamilyConfig, is_family_model
+from .families import FamilyConfig, is_bonus_model, is_family_model
 from .families.adopt import build_family_glass, family_layout, family_line
 from .model import GPTModel
 from .tokenizer import Tokenizer, check_fits
@@ -79,11 +79,12 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None) ->
     devices or dtypes, or whose logits glassgpt's forward does not reproduce; with `ids` (it is
     about to compute), also for weights that cannot compute (check_computable) and ids past its rows.
     A Qwen3 or Llama 3 glass model (families/) is returned as it is, checked the same way."""
-    if isinstance(module, GPTModel) or is_family_model(module) or isinstance(getattr(module, "model", None), GPTModel):
+    glass = isinstance(module, GPTModel) or is_family_model(module) or is_bonus_model(module)
+    if glass or isinstance(getattr(module, "model", None), GPTModel):
         if ids is not None:  # about to compute on it
             check_computable(module)
             check_prompt_ids(ids, module.cfg.vocab_size)
-        return module if isinstance(module, GPTModel) or is_family_model(module) else module.model  # an engine runs a GPTModel
+        return module if glass else module.model  # an engine runs a GPTModel
     if not isinstance(module, nn.Module):
         raise GlassError(f"a model must be an nn.Module, got {type(module).__name__}")
     if ids is not None:

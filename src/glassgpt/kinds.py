@@ -26,10 +26,10 @@ from . import anatomy as an
 from . import model as gpt2
 from .adopt import config_of, layout_of
 from .errors import GlassError, UnreadableModelError
-from .families import FAMILIES, llama3, qwen3
+from .families import BONUS_MODELS, FAMILIES, llama3, olmo3, qwen3, tiny_aya
 from .families.adopt import family_layout
 
-GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe}
+GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe}
 KINDS_READ = ("glassgpt's GPTModel, Qwen3Model and Llama3Model; the book's GPTModel, Qwen3Model and Llama3Model "
               "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
               "GPT2LMHeadModel, Qwen3ForCausalLM and LlamaForCausalLM")
@@ -59,6 +59,9 @@ def describe(model: nn.Module) -> an.Anatomy:
     if isinstance(model, gpt2.GPTModel):
         return _tied_by_storage(gpt2.describe(model.cfg), model)
     for family, cls in FAMILIES.items():
+        if isinstance(model, cls):
+            return _tied_by_storage(GLASS[family](model.cfg), model)
+    for family, (cls, _) in BONUS_MODELS.items():  # OLMo 3, Tiny Aya
         if isinstance(model, cls):
             return _tied_by_storage(GLASS[family](model.cfg), model)
     return _tied_by_storage(_foreign(model), model)

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..families import is_family_model
+from ..errors import GlassError
+from ..families import is_bonus_model, is_family_model
 from ..families.layers import apply_rope
 from ..kinds import describe
 from ..memory import parameter_table
@@ -101,8 +102,10 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
                  ) -> tuple[FamilyTrace, torch.Tensor]:
     """family_trace(...), and the last position's logits `[V]` of its one forward pass. The modules are found
     through the model's description (glassgpt.describe), not by its family."""
-    assert is_family_model(model)
+    assert is_family_model(model) or is_bonus_model(model)
     cfg, anatomy = model.cfg, describe(model)
+    if attention and not is_family_model(model):  # attention_of follows Qwen3's and Llama's QK-norm and RoPE
+        raise GlassError(f"{anatomy.name}'s attention weights are not traced yet: trace it without --attention")
     part = model.get_submodule
     ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=part(anatomy.embedding.path).weight.device)  # [1, t]
     seen: dict[str, tuple[tuple, tuple]] = {}
@@ -136,39 +139,43 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
             h.remove()
     k, v = cache.seen[0]  # [1, g, t, hd], after RoPE (and QK-norm)
     b, t = ids.shape
-    h, g, V = cfg.n_heads, cfg.n_kv_groups, cfg.vocab_size
-    q_shape = (b, h, t, cfg.head_dim_value)
+    att0 = anatomy.blocks[0].attention  # the sizes as the description gives them (every block has the same)
+    rope = next((blk.attention.rope for blk in anatomy.blocks if blk.attention.rope is not None), None)
+    h, g, V, n_layers = att0.n_heads, att0.n_kv_groups, anatomy.embedding.vocab_size, anatomy.n_layers
+    q_shape = (b, h, t, att0.head_dim)
     label = lambda i: _text(tokenizer, i)  # noqa: E731
     probs = torch.softmax(logits[0, -1].float(), dim=-1)
     top = probs.topk(min(top_k, V))
     next_tokens = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
     tokens = [tokenizer.decode([int(i)]) for i in ids[0]]
-    groups = [j // cfg.group_size for j in range(h)]
+    groups = [j // (h // g) for j in range(h)]
     tr = FamilyTrace(
         family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
-        stages=_stages(cfg, seen, q_shape, list(k.shape)),
+        stages=_stages(anatomy, seen, q_shape, list(k.shape)),
         attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
                    "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
-                   "qk_norm": cfg.qk_norm, "rope_base": cfg.rope_base, "rope_scaled": cfg.rope_freq is not None},
+                   "qk_norm": att0.q_norm is not None, "rope_base": rope.base if rope else None,
+                   "rope_scaled": rope is not None and rope.scaling is not None},
         answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens,
         head=head_products(model, kept["final_norm"][0, -1], logits[0, -1], [n["id"] for n in next_tokens],
                            ids[0].tolist(), label))
     if logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
-        tr.logit_lens = logit_lens_of(model, [kept[f"trf_blocks.{i}"] for i in range(cfg.n_layers)], logits, label)
+        tr.logit_lens = logit_lens_of(model, [kept[f"trf_blocks.{i}"] for i in range(n_layers)], logits, label)
     if attention:
         cos, sin = model.rope.at(0, t, ids.device)  # [t, hd]: the angles of the positions it ran at
         layers = [attention_of(part(block.attention.path), kept[f"trf_blocks.{i}.att.W_query"], cache.seen[i][0], cos,
                                sin)[0] for i, block in enumerate(anatomy.blocks)]  # [h, t, t] each
-        tr.attention_weights = {"shape": [cfg.n_layers, h, t, t], "tokens": tokens, "groups": groups,
+        tr.attention_weights = {"shape": [n_layers, h, t, t], "tokens": tokens, "groups": groups,
                                 "layers": [w.float().tolist() for w in layers]}
     return tr, logits[0, -1]
 
 
-def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:
+def _stages(anatomy, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:
     """The stages in the order the forward pass ran them, with the shapes the taps saw (`seen`: input and output
-    shapes by module name)."""
+    shapes by module name), the sizes from the model's description."""
     b, h, t, hd = q_shape
-    g, d, V = cfg.n_kv_groups, cfg.emb_dim, cfg.vocab_size
+    g, d, V = anatomy.blocks[0].attention.n_kv_groups, anatomy.embedding.emb_dim, anatomy.embedding.vocab_size
+    hidden_dim = anatomy.blocks[0].ff.hidden_dim
     return [
         {"name": "ids", "module": "", "shape": [b, t], "note": "token ids"},
         {"name": "tok_emb", "module": "tok_emb", "shape": list(seen["tok_emb"][1]),
@@ -180,8 +187,9 @@ def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[s
         {"name": "repeat_interleave", "module": "", "shape": list(q_shape),
          "note": f"each key/value head serves {h // g} neighbouring query heads"},
         {"name": "ff", "module": "trf_blocks.N.ff", "shape": list(seen["trf_blocks.0.ff.fc1"][1]),
-         "note": f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {cfg.hidden_dim} -> {d}"},
-        {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]), "note": "RMSNorm"},
+         "note": f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {hidden_dim} -> {d}"},
+        {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]),
+         "note": {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}.get(anatomy.final_norm.kind, anatomy.final_norm.kind)},
         {"name": "out_head", "module": "out_head", "shape": list(seen["out_head"][1]),
          "note": f"hidden -> vocab: x @ W.T with W {[V, d]}"},
     ]

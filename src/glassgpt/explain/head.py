@@ -35,6 +35,8 @@ def head_products(model: GPTModel, h: torch.Tensor, logits: torch.Tensor, top_id
     h = h.float()
     dots = W @ h  # [V, d] @ [d] -> [V]
     recomputed = dots + bias if bias is not None else dots
+    scale = getattr(model, "logit_scale", 1.0)  # Tiny Aya's logits are the products times logit_scale
+    recomputed = recomputed * scale
     row_norms = _row_norms(model.out_head.weight)  # [V]
     h_norm = float(h.norm())
     cos = dots / (row_norms * h_norm).clamp_min(1e-30)  # [V]
@@ -48,6 +50,8 @@ def head_products(model: GPTModel, h: torch.Tensor, logits: torch.Tensor, top_id
                     for j, r in zip(nearest, _ranks(logits, nearest))],
         "kind": "classes" if model.cfg.num_classes is not None else "tokens",
     }
+    if scale != 1.0:
+        out["logit_scale"] = scale
     if getattr(model.cfg, "family", None):  # Qwen3, Llama 3: h is their RMSNorm's output
         out["family"] = model.cfg.family
     if model.cfg.num_classes is None:

@@ -27,13 +27,14 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError, TokenizerError
-from ..families import FAMILIES, FamilyConfig, RopeFreq, build_model, is_family_model, raise_moe
+from ..families import BONUS_MODELS, FAMILIES, FamilyConfig, RopeFreq, build_model, is_family_model, raise_moe
+from ..families.bonus_hf import HF_BONUS, bonus_config_from_hf, bonus_hf_names
 from .checks import on_meta
 from .family_tokenizers import family_tokenizer
 from .files import atomic_write, read_json, read_safetensors
 
 # transformers' class name -> the family that reads it
-HF_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama3"}
+HF_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama3"} | HF_BONUS
 COVERED = ", ".join(f"{arch} ({family})" for arch, family in HF_ARCHITECTURES.items())
 
 
@@ -71,6 +72,8 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyCo
         method = quant.get("quant_method", "quantized") if isinstance(quant, dict) else "quantized"
         raise CheckpointError(f"{source} describes {method} weights (quantization_config): glassgpt reads float "
                               f"weights (float32, bfloat16, float16): use the model's unquantized repository")
+    if family in BONUS_MODELS:  # OLMo 3, Tiny Aya: their own configs (families/bonus_hf.py)
+        return bonus_config_from_hf(raw, source)
     rope = raw.get("rope_parameters") or {}  # transformers 5 keeps rope_theta and the scaling here
     scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type") == "llama3" else None)
     rope_base = raw.get("rope_theta", rope.get("rope_theta", 10_000.0))
@@ -117,6 +120,8 @@ def config_to_hf(cfg: FamilyConfig) -> dict[str, Any]:
 
 def hf_names(cfg: FamilyConfig) -> list[tuple[str, str]]:
     """(the book's name, Hugging Face's name) of every stored tensor; a tied head is stored once."""
+    if cfg.family in BONUS_MODELS:
+        return bonus_hf_names(cfg)
     norm = "scale" if cfg.family == "qwen3" else "weight"  # the book's RMSNorm (Qwen3) or torch.nn.RMSNorm (Llama)
     names = [("tok_emb.weight", "model.embed_tokens.weight")]
     for i in range(cfg.n_layers):
@@ -150,7 +155,8 @@ def is_family_spec(spec: object) -> bool:
     side = book_config_path(path)
     if path.suffix in (".pth", ".pt") and path.is_file() and side.is_file():
         try:
-            return "n_kv_groups" in json.loads(side.read_text(encoding="utf-8"))
+            keys = json.loads(side.read_text(encoding="utf-8"))
+            return "n_kv_groups" in keys or ("n_kv_heads" in keys and "layer_types" in keys)  # the bonus notebooks'
         except (OSError, ValueError):
             return False
     return False
@@ -167,6 +173,8 @@ def read_family_config(spec: str | os.PathLike) -> FamilyConfig:
     if Path(spec).is_dir():
         return read_hf_config(spec)
     values = read_json(book_config_path(spec), what=f"the config of {spec}")
+    if "n_kv_heads" in values:  # a bonus notebook's dict: OLMo 3's has rms_norm_eps, Tiny Aya's layer_norm_eps
+        return BONUS_MODELS["tiny_aya" if "layer_norm_eps" in values else "olmo3"][1].from_dict(values)
     tie = bool(values.pop("tie_embeddings", False))
     return FamilyConfig.from_book_dict("qwen3" if "qk_norm" in values else "llama3", values, tie_embeddings=tie)
 
@@ -177,7 +185,7 @@ def load_family_tokenizer(spec: str | os.PathLike):
     folder = Path(spec) if Path(spec).is_dir() else Path(spec).parent
     tokenizer = family_tokenizer(folder, cfg.family, cfg.vocab_size)
     if tokenizer is None:
-        wanted = "tokenizer.json" if cfg.family == "qwen3" else "tokenizer.model"
+        wanted = "tokenizer.json" if cfg.family != "llama3" else "tokenizer.model"
         raise TokenizerError(f"{folder} has no {wanted}: put the model's own {wanted} beside its weights")
     return tokenizer
 
@@ -251,7 +259,12 @@ def model_from_book_state(cfg: FamilyConfig, state: dict[str, torch.Tensor], sou
 
 
 def family_of_state(state: dict[str, Any]) -> str | None:
-    """Which family a book state dict is, told by its names: QK-norm and `scale` are Qwen3's, `norm1.weight` Llama's."""
+    """Which family a book state dict is, told by its names: QK-norm and `scale` are Qwen3's, `norm1.weight` Llama's,
+    post-feed-forward norms in `blocks` OLMo 3's, one `input_layernorm` per block Tiny Aya's."""
+    if "blocks.0.post_feedforward_layernorm.weight" in state:
+        return "olmo3"
+    if "trf_blocks.0.input_layernorm.weight" in state:
+        return "tiny_aya"
     if "trf_blocks.0.norm1.scale" in state:
         return "qwen3"
     if "trf_blocks.0.norm1.weight" in state:
@@ -280,13 +293,20 @@ def load_book_family(path: str | os.PathLike, device: torch.device | str = "cpu"
     state = read_book_state(path)
     family = family_of_state(state)
     if family is None:
-        raise CheckpointError(f"{path} is not a state dict of the book's Qwen3Model or Llama3Model "
-                              "(no trf_blocks.0.norm1.scale or .weight)")
+        raise CheckpointError(f"{path} is not a state dict of the book's Qwen3Model, Llama3Model, Olmo3Model or "
+                              "TinyAyaModel (no trf_blocks.0.norm1.scale or .weight, blocks.0.post_feedforward_layernorm"
+                              ".weight or trf_blocks.0.input_layernorm.weight)")
     side = book_config_path(path)
     if not side.is_file():
         raise CheckpointError(f"{path} needs its config: the book's config dict as JSON in {side} "
                               f"(glassgpt export --format book writes both)")
     values = read_json(side, what=f"the config of {path}")
+    if family in BONUS_MODELS:  # the notebook's config dict, its dtype as a string
+        try:
+            cfg = BONUS_MODELS[family][1].from_dict(values)
+        except ConfigError as e:
+            raise ConfigError(f"{side}: {e}") from None
+        return model_from_book_state(cfg, state, str(path), device, dtype)
     tie = bool(values.pop("tie_embeddings", False))
     cfg = FamilyConfig.from_book_dict(family, values, tie_embeddings=tie)
     return model_from_book_state(cfg, state, str(path), device, dtype)

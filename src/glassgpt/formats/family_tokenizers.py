@@ -137,6 +137,56 @@ class Llama3Tokenizer(Tokenizer):
         raise TokenizerError("Llama 3's tokenizer is its tokenizer.model: copy that file")
 
 
+# The bonus notebooks' tokenizer classes (OlmoTokenizer, TinyAyaTokenizer): their end token and chat wrap.
+BONUS_EOS = {"olmo3": ("<|endoftext|>", "<end_of_turn>"), "tiny_aya": ("<EOS_TOKEN>",)}
+BONUS_CHAT = {"olmo3": "<|im_start|>user\n{}\n<|im_end|>\n<|im_start|>assistant\n",
+              "tiny_aya": "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>{}<|END_OF_TURN_TOKEN|>"
+                          "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_RESPONSE|>"}
+
+
+class TokenizerJson(Tokenizer):
+    """A bonus model's tokenizer.json as its notebook reads it: `encode` is the tokenizers library's (its
+    special tokens in the text read as specials), the end token and the chat wrap the notebook's."""
+
+    def __init__(self, path: str | os.PathLike, family: str):
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:
+            raise TokenizerError("reading a tokenizer.json needs the tokenizers library: "
+                                 "pip install 'glassgpt[families]'") from None
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the library raises its own Exception for a bad file
+            raise TokenizerError(f"cannot read {path} as a tokenizer.json: {str(e).splitlines()[0][:200]}") from None
+        self.name = family
+        self.specials = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+        self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eot_id = next((self.specials[t] for t in BONUS_EOS[family] if t in self.specials), None)
+        self._unbyte = {c: b for b, c in gpt2_byte_to_unicode().items()}
+
+    def encode(self, text: str, allowed_special: Iterable[str] = ()) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def chat(self, user_message: str) -> list[int]:
+        """The ids of the notebook's apply_chat_template(user_message)."""
+        return self.encode(BONUS_CHAT[self.name].format(user_message))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        self._check_ids([token_id])
+        token = self._tok.id_to_token(token_id)
+        if token in self.specials or token is None:
+            return (token or "").encode("utf-8")
+        if all(c in self._unbyte for c in token):  # byte-level BPE: one character per byte
+            return bytes(self._unbyte[c] for c in token)
+        return self._tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.token_bytes(i) for i in self._check_ids(ids))
+
+    def to_dict(self) -> dict:
+        raise TokenizerError(f"{self.name}'s tokenizer is its tokenizer.json: copy that file")
+
+
 def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, source: str) -> None:
     """Refuse, before anything runs, a tokenizer with ids the model has no rows for (Qwen3's 151,669
     ids fit its 151,936 rows; the rows past them are padding)."""
@@ -150,7 +200,9 @@ def family_tokenizer(path: str | os.PathLike, family: str, vocab_size: int) -> T
     for Llama 3), checked against the model's vocabulary; None when the folder has none."""
     path = Path(path)
     make = Qwen3Tokenizer if family == "qwen3" else Llama3Tokenizer
-    for file in (path / name for name in TOKENIZER_FILES[family]):
+    if family in BONUS_EOS:
+        make = lambda file: TokenizerJson(file, family)  # noqa: E731
+    for file in (path / name for name in TOKENIZER_FILES.get(family, ("tokenizer.json",))):
         if file.is_file():
             tokenizer = make(file)
             check_vocabulary(tokenizer, vocab_size, str(file))
