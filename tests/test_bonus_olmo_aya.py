@@ -302,30 +302,56 @@ def test_a_cohere2_config_with_a_rope_scaling_is_one_line_naming_it(tmp_path, to
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["olmo3", "tiny_aya"])
 def test_the_real_shape_with_random_weights_equals_transformers_on_a_few_layers(family):
-    """OLMo 3 7B's and Tiny Aya's real widths (4 layers of them, to fit a test machine), random weights."""
+    """OLMo 3 7B's and Tiny Aya's real widths and vocabularies (one sliding and one full layer, to fit a test
+    machine: about 10 GB for OLMo 3, 6 GB for Tiny Aya), random weights."""
     from transformers import Cohere2Config, Cohere2ForCausalLM, Olmo3Config as HFConfig, Olmo3ForCausalLM
     from glassgpt.families.bonus_hf import bonus_config_from_hf, bonus_hf_names
+    TWO = ["sliding_attention", "full_attention"]
     if family == "olmo3":
         hf = Olmo3ForCausalLM(HFConfig(vocab_size=100_278, hidden_size=4096, intermediate_size=11_008,
-                                       num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=32,
-                                       max_position_embeddings=65_536, sliding_window=4096, layer_types=LAYERS,
+                                       num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=32,
+                                       max_position_embeddings=65_536, sliding_window=4096, layer_types=TWO,
                                        rms_norm_eps=1e-6, rope_parameters={
                                            "full_attention": dict(YARN, original_max_position_embeddings=8192,
                                                                   rope_theta=500_000.0),
                                            "sliding_attention": {"rope_type": "default", "rope_theta": 500_000.0}}))
     else:
         hf = Cohere2ForCausalLM(Cohere2Config(vocab_size=262_144, hidden_size=2048, intermediate_size=11_008,
-                                              num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
+                                              num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=4,
                                               head_dim=128, max_position_embeddings=500_000, sliding_window=4096,
-                                              layer_types=LAYERS, logit_scale=1.0,
+                                              layer_types=TWO, logit_scale=1.0,
                                               rope_parameters={"rope_type": "default", "rope_theta": 50_000.0}))
     hf = randomised(hf)
     cfg = bonus_config_from_hf(hf.config.to_dict() | {"architectures": [type(hf).__name__]})
     own = hf.state_dict()
     state = {ours: own[theirs] for ours, theirs in bonus_hf_names(cfg)}
-    model = BONUS_MODELS[family][0](cfg)
-    model.load_state_dict(state, strict=False)
+    with torch.device("meta"):
+        model = BONUS_MODELS[family][0](cfg)
+    model.load_state_dict(state, strict=False, assign=True)  # transformers' tensors themselves: no second copy
     model.tie_weights()
     ids = torch.randint(0, 1000, (1, 40))
     with torch.no_grad():
         assert relative_error(model.eval()(ids), hf(ids).logits) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["olmo3-yarn", "tiny_aya-untied"])
+def test_transformers_module_is_described_in_its_own_names_and_agrees_with_itself(kind):
+    hf = randomised(FOLDERS[kind]())
+    anatomy = glassgpt.describe(hf)
+    assert description_mismatches(hf, anatomy) == []
+    assert anatomy.blocks[2].path == "model.layers.2" and anatomy.blocks[2].attention.query.path.endswith("q_proj")
+    assert [b.layer_type for b in anatomy.blocks] == LAYERS and anatomy.head.tied is (kind == "olmo3-tied")
+
+
+@pytest.mark.parametrize("kind", ["olmo3-yarn", "tiny_aya"])
+def test_transformers_module_itself_is_traced_and_generated_from_in_place(tokenizer_json, kind):
+    """glassgpt.trace and generate take transformers' module as it is: the glass model over its own tensors."""
+    hf = randomised(FOLDERS[kind]())
+    tok = TokenizerJson(tokenizer_json[family_of(kind)], family_of(kind))
+    ids = tok.encode("The quick brown fox jumps")
+    with torch.no_grad():
+        theirs_next = int(hf(torch.tensor([ids])).logits[0, -1].argmax())
+    assert glassgpt.trace(hf, tok, "The quick brown fox jumps").next_token["id"] == theirs_next
+    theirs = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert glassgpt.generate(hf, ids, 8).tolist() == theirs.tolist()
+    assert glassgpt.adopt(hf).tok_emb.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()  # nothing copied

@@ -34,6 +34,7 @@ from .config import GPTConfig
 from .errors import ConfigError, GlassError, NonFiniteError, PromptError
 from .families import FamilyConfig, is_bonus_model, is_family_model
 from .families.adopt import build_family_glass, family_layout, family_line
+from .families.bonus_hf import bonus_glass
 from .model import GPTModel
 from .tokenizer import Tokenizer, check_fits
 
@@ -89,6 +90,12 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None) ->
         raise GlassError(f"a model must be an nn.Module, got {type(module).__name__}")
     if ids is not None:
         check_computable(module)
+    bonus = bonus_glass(module)  # transformers' OLMo 3 or Cohere2 (Tiny Aya): the glass model over its tensors
+    if bonus is not None:
+        if ids is not None:
+            check_prompt_ids(ids, bonus.cfg.vocab_size)
+            _check_bonus_logits(module, bonus, ids)
+        return bonus
     adoption = _adoption(module)
     if ids is not None:
         check_prompt_ids(ids, adoption.model.cfg.vocab_size)
@@ -97,6 +104,22 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None) ->
     if adoption.verdict:
         raise GlassError(adoption.verdict)
     return adoption.model
+
+
+@torch.no_grad()
+def _check_bonus_logits(module: nn.Module, glass: nn.Module, ids) -> None:
+    """The module's own logits against the glass model's over its tensors, once per glass model."""
+    if getattr(glass, "logits_checked", False):
+        return
+    batch = torch.as_tensor(ids, dtype=torch.long, device=glass.tok_emb.weight.device)
+    batch = batch[None] if batch.dim() == 1 else batch
+    theirs, ours = module(batch).logits.float(), glass(batch).float()
+    allowed = TOLERANCE.get(glass.tok_emb.weight.dtype, 1e-4) * max(1.0, float(theirs.abs().max()))
+    diff = float((ours - theirs).abs().max())
+    if not diff <= allowed:
+        raise GlassError(f"{type(module).__name__}'s logits differ from glassgpt's {type(glass).__name__} over its "
+                         f"own tensors by {diff:.3g} (allowed {allowed:.3g}): its forward is not the one described")
+    glass.logits_checked = True
 
 
 def check_computable(model: nn.Module, tokenizer: Tokenizer | None = None) -> None:

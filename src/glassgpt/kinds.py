@@ -12,6 +12,8 @@ families/adopt.py's readers), with every path mapped to the object's own names:
     nanoGPT's GPT, transformers' GPT2LMHeadModel              transformer.h.{i}.attn.c_attn (q, k, v as row slices;
                                                               Conv1D stores [in, out])
     transformers' Qwen3ForCausalLM, LlamaForCausalLM          model.layers.{i}.self_attn.q_proj ...
+    glassgpt's Olmo3Model, TinyAyaModel (the notebooks'       the glass names; transformers' through
+      names); transformers' Olmo3ForCausalLM, Cohere2ForCausalLM   families/bonus_hf.py's map
 Anything else is one UnreadableModelError line naming what was looked for and the kinds read.
 """
 
@@ -28,6 +30,7 @@ from .adopt import config_of, layout_of
 from .errors import GlassError, UnreadableModelError
 from .families import BONUS_MODELS, FAMILIES, llama3, olmo3, qwen3, tiny_aya
 from .families.adopt import family_layout
+from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, bonus_config_from_hf
 
 GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe}
 KINDS_READ = ("glassgpt's GPTModel, Qwen3Model and Llama3Model; the book's GPTModel, Qwen3Model and Llama3Model "
@@ -68,7 +71,9 @@ def describe(model: nn.Module) -> an.Anatomy:
 
 
 def _foreign(model: nn.Module) -> an.Anatomy:
-
+    bonus = _bonus_hf(model)
+    if bonus is not None:
+        return bonus
     try:
         found = family_layout(model)
     except (AttributeError, TypeError, KeyError, IndexError):
@@ -93,6 +98,20 @@ def _foreign(model: nn.Module) -> an.Anatomy:
         return _book_variants(model, anatomy, cfg.emb_dim)
     conv1d = layout.kind.startswith("transformers'")
     return an.renamed(anatomy, _gpt2_mapper(cfg.emb_dim, conv1d, model), norm_leaves=("weight", "bias"))
+
+
+def _bonus_hf(model: nn.Module) -> an.Anatomy | None:
+    """transformers' Olmo3ForCausalLM or Cohere2ForCausalLM, described by the glass file over its config, every
+    path mapped through families/bonus_hf.py's names; None for any other module."""
+    config = getattr(model, "config", None)
+    family = HF_MODEL_TYPES.get(getattr(config, "model_type", None))
+    if family is None or "lm_head" not in dict(model.named_children()):
+        return None
+    cfg = bonus_config_from_hf(config.to_dict() | {"architectures": [type(model).__name__]}, type(model).__name__)
+    inside = {ours: hf for hf, ours in HF_LAYER_NAMES[family].items()}
+    top = {ours: hf for hf, ours in HF_TOP.items()} | {BLOCKS[family]: "model.layers", "trf_blocks": "model.layers"}
+    return an.renamed(GLASS[family](cfg), _mapper(top, inside), norm_leaves=("weight", None),
+                      source=f"transformers' {type(model).__name__}")
 
 
 def _as_read(anatomy: an.Anatomy, layout) -> an.Anatomy:

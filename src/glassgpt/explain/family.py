@@ -108,35 +108,7 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         raise GlassError(f"{anatomy.name}'s attention weights are not traced yet: trace it without --attention")
     part = model.get_submodule
     ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=part(anatomy.embedding.path).weight.device)  # [1, t]
-    seen: dict[str, tuple[tuple, tuple]] = {}
-    kept: dict[str, torch.Tensor] = {}
-
-    def tap(name: str):
-        def hook(module, inputs, output):
-            seen[name] = (tuple(inputs[0].shape), tuple(output.shape))
-        return hook
-
-    def keep(name: str):
-        return lambda module, inputs, output: kept.__setitem__(name, output.detach())
-
-    first_att, first_ff = anatomy.blocks[0].attention, anatomy.blocks[0].ff
-    taps = {"tok_emb": part(anatomy.embedding.path), "trf_blocks.0.att.W_query": part(first_att.query.path),
-            "trf_blocks.0.att.W_key": part(first_att.key.path), "trf_blocks.0.att.W_value": part(first_att.value.path),
-            "trf_blocks.0.ff.fc1": part((first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
-            "out_head": part(anatomy.head.path)}
-    handles = [m.register_forward_hook(tap(n)) for n, m in taps.items()]
-    handles.append(part(anatomy.final_norm.path).register_forward_hook(keep("final_norm")))
-    for i, block in enumerate(anatomy.blocks):
-        if logit_lens:
-            handles.append(part(block.path).register_forward_hook(keep(f"trf_blocks.{i}")))
-        if attention:
-            handles.append(part(block.attention.query.path).register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
-    cache = RecordingCache()
-    try:
-        logits = model(ids, cache)  # [1, t, V]
-    finally:
-        for h in handles:
-            h.remove()
+    logits, seen, kept, cache = _run_with_taps(model, anatomy, ids, attention, logit_lens)
     k, v = cache.seen[0]  # [1, g, t, hd], after RoPE (and QK-norm)
     b, t = ids.shape
     att0 = anatomy.blocks[0].attention  # the sizes as the description gives them (every block has the same)
@@ -168,6 +140,42 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         tr.attention_weights = {"shape": [n_layers, h, t, t], "tokens": tokens, "groups": groups,
                                 "layers": [w.float().tolist() for w in layers]}
     return tr, logits[0, -1]
+
+
+def _run_with_taps(model: nn.Module, anatomy, ids: torch.Tensor, attention: bool, logit_lens: bool):
+    """One forward pass of `ids` with the taps rotary_trace reads: (logits [1, t, V], the shapes each tapped
+    module saw, the outputs kept, the recording cache that holds every layer's keys and values)."""
+    part = model.get_submodule
+    seen: dict[str, tuple[tuple, tuple]] = {}
+    kept: dict[str, torch.Tensor] = {}
+
+    def tap(name: str):
+        def hook(module, inputs, output):
+            seen[name] = (tuple(inputs[0].shape), tuple(output.shape))
+        return hook
+
+    def keep(name: str):
+        return lambda module, inputs, output: kept.__setitem__(name, output.detach())
+
+    first_att, first_ff = anatomy.blocks[0].attention, anatomy.blocks[0].ff
+    taps = {"tok_emb": part(anatomy.embedding.path), "trf_blocks.0.att.W_query": part(first_att.query.path),
+            "trf_blocks.0.att.W_key": part(first_att.key.path), "trf_blocks.0.att.W_value": part(first_att.value.path),
+            "trf_blocks.0.ff.fc1": part((first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
+            "out_head": part(anatomy.head.path)}
+    handles = [m.register_forward_hook(tap(n)) for n, m in taps.items()]
+    handles.append(part(anatomy.final_norm.path).register_forward_hook(keep("final_norm")))
+    for i, block in enumerate(anatomy.blocks):
+        if logit_lens:
+            handles.append(part(block.path).register_forward_hook(keep(f"trf_blocks.{i}")))
+        if attention:
+            handles.append(part(block.attention.query.path).register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
+    cache = RecordingCache()
+    try:
+        logits = model(ids, cache)  # [1, t, V]
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, seen, kept, cache
 
 
 def _stages(anatomy, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:

@@ -7,6 +7,10 @@ They share one config type (config.py), their pieces (layers.py: RMSNorm, RoPE, 
 attention, SwiGLU); the engine's KVCache keeps their key/value groups (`cfg.kv_heads`); GPT-2 (model.py) stays as the book's chapter 4 has it.
 memory.py counts their bytes from the config; adopt.py reads the book's and transformers' Qwen3 and
 Llama modules in place (what glassgpt.adopt calls for them).
+
+The book's bonus notebooks (issue 48), each a glass file with its own config (the notebook's keys):
+olmo3.py (OLMo 3) and tiny_aya.py (Tiny Aya); sliding.py holds their sliding/full attention and the
+cache that keeps a sliding layer's window only; bonus_hf.py transformers' names for them.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
     bonus_config_from_hf(raw, source)   a transformers config dict -> Olmo3Config or TinyAyaConfig
     bonus_hf_names(cfg)                 (the notebook's name, transformers' name) of every stored tensor
+    bonus_glass(module)                 transformers' module as the glass model over its own tensors (None: not one)
     HF_LAYER_NAMES[family]              inside one decoder layer: transformers' module -> the notebook's
 
 The one place these models' Hugging Face names live (formats/families.py reads folders through it,
@@ -13,7 +14,11 @@ Tiny Aya, sliding layers of another RoPE than the full ones', a softcap, an acti
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
+
+import torch
+from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from .olmo3 import Olmo3Config
@@ -175,3 +180,33 @@ def bonus_config_to_hf(cfg: Olmo3Config | TinyAyaConfig) -> dict[str, Any]:
         raw |= {"layer_norm_eps": cfg.layer_norm_eps, "logit_scale": cfg.logit_scale,
                 "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base}}
     return raw
+
+
+_GLASS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, nn.Module]]" = weakref.WeakKeyDictionary()
+
+
+def bonus_glass(module: nn.Module) -> nn.Module | None:
+    """transformers' Olmo3ForCausalLM or Cohere2ForCausalLM as the glass model whose every parameter is a view of
+    the module's own tensor (nothing copied), made once per module (again if its tensors were replaced); None
+    for any other module. adopt.py checks its logits against the module's once."""
+    config = getattr(module, "config", None)
+    family = HF_MODEL_TYPES.get(getattr(config, "model_type", None))
+    if family is None or not isinstance(getattr(module, "lm_head", None), nn.Module):
+        return None
+    fingerprint = tuple((p.data_ptr(), p.dtype, p.device) for p in module.parameters())
+    found = _GLASS.get(module)
+    if found is not None and found[0] == fingerprint:
+        return found[1]
+    from . import build_model
+    cfg = bonus_config_from_hf(config.to_dict() | {"architectures": [type(module).__name__]}, type(module).__name__)
+    own = dict(module.named_parameters(remove_duplicate=False))
+    with torch.device("meta"):
+        glass = build_model(cfg)
+    for ours, theirs in bonus_hf_names(cfg):
+        owner, _, leaf = ours.rpartition(".")
+        setattr(glass.get_submodule(owner), leaf, nn.Parameter(own[theirs].detach(), requires_grad=False))
+    glass.tie_weights()
+    glass.adopted_kind = f"transformers' {type(module).__name__}"
+    glass.adopted_from = f"{glass.adopted_kind}, read in place as glassgpt's {type(glass).__name__}"
+    _GLASS[module] = (fingerprint, glass.eval())
+    return glass
