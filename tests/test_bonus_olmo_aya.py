@@ -248,6 +248,19 @@ def test_trace_gives_the_models_own_next_token(tmp_path, tokenizer_json, kind):
         expected = int(model(torch.tensor([tok.encode("The quick brown fox jumps")]))[0, -1].argmax())
     assert tr.next_token["id"] == expected
     assert tr.head["max_abs_diff"] < 1e-5  # the logits are the head's dot products (times Tiny Aya's logit_scale)
+    name = {"olmo3-yarn": "OLMo 3", "tiny_aya": "Tiny Aya"}[kind]
+    assert tr.to_text().startswith(f"{name}: 4 blocks, d 32, V {VOCAB}, 4 query heads, 2 key/value groups")
+
+
+@pytest.mark.parametrize("kind", ["olmo3", "tiny_aya"])
+def test_glassgpt_explain_prints_the_trace_of_the_folder(tmp_path, tokenizer_json, kind, capsys):
+    from glassgpt.cli import main
+    folder = saved(FOLDERS[kind](), tmp_path / kind, tokenizer_json[kind])
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert main(["explain", "The quick brown fox", "--model", str(folder), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    model, tok = glassgpt.load_model(folder), glassgpt.load_tokenizer(folder)
+    assert out["family"] == kind and out["next_tokens"][0]["id"] == glassgpt.trace(model, tok, "The quick brown fox").next_token["id"]
 
 
 # --- bad input: one line each ---------------------------------------------------------------------
@@ -295,6 +308,17 @@ def test_a_cohere2_config_with_a_rope_scaling_is_one_line_naming_it(tmp_path, to
     (folder / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match="rope_parameters.rope_type = 'linear' is not implemented"):
         glassgpt.load_model(folder)
+
+
+def test_olmo3_7b_in_float32_on_24_gb_is_refused_with_the_figure_and_the_dtype_that_fits():
+    from glassgpt.memory import Free, inference_fit
+    layers = (["sliding_attention"] * 3 + ["full_attention"]) * 8
+    cfg = Olmo3Config(vocab_size=100_278, context_length=65_536, emb_dim=4096, n_heads=32, n_layers=32,
+                      hidden_dim=11_008, head_dim=128, n_kv_heads=32, sliding_window=4096, layer_types=layers,
+                      rope_base=500_000.0, rope_type="yarn", rope_attention_factor=1.2079441541679836, rope_factor=8.0)
+    with pytest.raises(ConfigError, match=r"needs 2[789]\.\d GiB and this machine has 24\.0 GiB.*--dtype bfloat16 fits"):
+        inference_fit(cfg, torch.float32, 100, Free(24 * 2**30, 0, "a test"))
+    assert inference_fit(cfg, torch.bfloat16, 100, Free(24 * 2**30, 0, "a test")) is None
 
 
 # --- the real shapes, random weights ---------------------------------------------------------------

@@ -358,7 +358,8 @@ def inference_fit(cfg: GPTConfig, dtype: torch.dtype | str, tokens: int, free: F
         nearest = f"{tokens_flag} {max(0, most):,} fits"
     else:
         name = _dtype_size(dtype)[0]
-        quantized = () if isinstance(cfg, FamilyConfig) else (INT8, INT4)  # the engine's, GPT-2's only
+        quantized = () if isinstance(cfg, FamilyConfig) or getattr(cfg, "family", None) in BONUS_MODELS \
+            else (INT8, INT4)  # the engine's, GPT-2's only
         smaller = [d for d in ("bfloat16",) + quantized if d != name
                    and memory_needs(cfg, d, 1, window)["inference"] + tokens * TOKEN_BYTES <= free.ram
                    and _dtype_size(d)[1] <= _dtype_size(dtype)[1]]

@@ -41,7 +41,7 @@ from .check import check_embedding_is_linear
 from .head import head_products, logit_lens_of
 from .result import Result
 
-FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3"}
+FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "olmo3": "OLMo 3", "tiny_aya": "Tiny Aya"}
 
 
 @dataclass

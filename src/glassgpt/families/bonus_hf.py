@@ -48,7 +48,7 @@ def _layer_types(raw: dict[str, Any], n_layers: int) -> list[str]:
                                       for i in range(n_layers)]
 
 
-def _rope(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _rope(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(full layers' RoPE parameters, sliding layers'), from transformers 5's rope_parameters (one dict, or one
     per layer type) or the older rope_theta and rope_scaling."""
     params = raw.get("rope_parameters") or {}
@@ -61,7 +61,7 @@ def _rope(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, A
     theta = raw.get("rope_theta", 10_000.0)
     full.setdefault("rope_theta", theta)
     sliding.setdefault("rope_theta", full["rope_theta"])
-    for where, part in (("full_attention", full), ("sliding_attention", sliding)):
+    for part in (full, sliding):
         part["rope_type"] = part.get("rope_type", part.get("type", "default"))
     return full, sliding
 
@@ -77,7 +77,7 @@ def bonus_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> Ol
     if raw.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"{source}: hidden_act = {raw['hidden_act']!r} is not implemented: the glass file's "
                           "feed-forward is SwiGLU (silu)")
-    full, sliding = _rope(raw, source)
+    full, sliding = _rope(raw)
     try:
         n_layers, heads = raw["num_hidden_layers"], raw["num_attention_heads"]
         common = dict(vocab_size=raw["vocab_size"], context_length=raw["max_position_embeddings"],
