@@ -263,6 +263,19 @@ def test_glassgpt_explain_prints_the_trace_of_the_folder(tmp_path, tokenizer_jso
     assert out["family"] == kind and out["next_tokens"][0]["id"] == glassgpt.trace(model, tok, "The quick brown fox").next_token["id"]
 
 
+@pytest.mark.parametrize("kind", ["olmo3-yarn", "tiny_aya"])
+def test_glassgpt_info_counts_the_folders_parameters_as_the_model_holds_them(tmp_path, tokenizer_json, kind, capsys):
+    from glassgpt.cli import main
+    folder = saved(FOLDERS[kind](), tmp_path / kind, tokenizer_json[family_of(kind)])
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert main(["info", "--model", str(folder), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    model = glassgpt.load_model(folder)
+    assert out["parameters"]["total"] == sum(p.numel() for p in model.parameters())
+    assert out["notes"][1].startswith("3 sliding layers (window 4), 1 full")
+    assert out["memory"]["kv_cache"] == 2 * (3 * 4 + 64) * 2 * 8 * 4  # k and v, 3 windows of 4 + 64, 2 groups x 8
+
+
 # --- bad input: one line each ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("config", [Olmo3Config, TinyAyaConfig])

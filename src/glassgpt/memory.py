@@ -131,11 +131,32 @@ def bonus_memory_needs(cfg, dtype: torch.dtype | str, batch_size: int = 1, seq_l
     gradients, adamw_state = n_params * 4, 2 * n_params * 4
     notes = {"weights": f"{n_params:,} parameters x {size} bytes ({name})",
              "kv_cache": f"keys and values of {g} groups x {hd}: every position in the full layers, the last "
-                         f"{cfg.sliding_window:,} in the sliding ones"}
+                         f"{cfg.sliding_window:,} in the sliding ones",
+             "inference": "weights + RoPE's float32 cos/sin + KV cache + one layer's [b, h, t, t] attention and the "
+                          "last position's float32 logits",
+             "gradients": "one float32 gradient per parameter", "adamw_state": "AdamW's two float32 moments",
+             "activations": "not counted: training these models is not covered",
+             "training": "float32 weights + gradients + AdamW state (activations not counted)"}
     return {"dtype": name, "batch_size": b, "seq_len": t, "parameters": n_params, "weights": weights,
             "rope_tables": rope, "kv_cache": kv_cache, "inference": inference, "gradients": gradients,
             "adamw_state": adamw_state, "activations": 0, "training": n_params * 4 + gradients + adamw_state,
             "notes": notes}
+
+
+def bonus_notes(cfg) -> list[str]:
+    """What `info` says about a bonus model's architecture, a line each, read from its description."""
+    from .kinds import GLASS
+    anatomy = GLASS[cfg.family](cfg)
+    att = anatomy.blocks[0].attention
+    kinds = [b.layer_type for b in anatomy.blocks]
+    rope = {b.attention.rope.scaling or "plain" for b in anatomy.blocks if b.attention.rope is not None}
+    unrotated = sum(b.attention.rope is None for b in anatomy.blocks)
+    return [f"{anatomy.name}: {att.n_heads} query heads of {att.head_dim} share {att.n_kv_groups} key/value groups",
+            f"{kinds.count('sliding_attention')} sliding layers (window {cfg.sliding_window:,}), "
+            f"{kinds.count('full_attention')} full; norms placed {anatomy.blocks[0].placement}",
+            f"RoPE ({', '.join(sorted(rope))}, base {cfg.rope_base:,.0f})"
+            + (f"; {unrotated} layers without any position signal" if unrotated else " in every layer"),
+            "out_head is tok_emb (tied)" if cfg.tie_word_embeddings else "out_head has its own weights (untied)"]
 
 
 def _row(name: str, module: ModuleShape, note: str | None = None) -> dict[str, Any]:

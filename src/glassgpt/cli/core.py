@@ -17,8 +17,8 @@ from ..errors import GlassError
 from ..recall import MIN_TOKENS, copied_spans
 from ..generate import decode_stream, glass_model, sampling_probs, stream
 from ..prompt import fit_prompt
-from ..memory import memory_needs, parameter_table
-from ..families import FamilyConfig
+from ..memory import bonus_notes, memory_needs, parameter_table
+from ..families import BONUS_MODELS, FamilyConfig
 from ..families.memory import family_notes
 from ..formats import download
 from ..formats.gguf import gguf_dtype_note
@@ -280,13 +280,14 @@ def run_info(args: argparse.Namespace) -> int:
     precision = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     if precision == "int4":
         check_group_size(cfg)
-    family = isinstance(cfg, FamilyConfig)  # Qwen3, Llama 3.2: glass code only, no kernels to choose
+    bonus = getattr(cfg, "family", None) in BONUS_MODELS  # OLMo 3, Tiny Aya
+    family = isinstance(cfg, FamilyConfig) or bonus  # Qwen3, Llama 3.2 and those: glass code only, no kernels to choose
     choices = autotune.choose(cfg, precision) if device.type == "cpu" and precision in autotune.PRECISIONS \
         and not family else None
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len,
                        prompt_attention=choices.winners.get("attention prompt", "sdpa") if choices else "sdpa")
-    notes = family_notes(cfg) if family else [str(note) for note in source.notes()] + [
+    notes = bonus_notes(cfg) if bonus else family_notes(cfg) if family else [str(note) for note in source.notes()] + [
         n for n in (layout_note(cfg),) if n]
     if source.random_weights:
         notes.insert(0, f"random weights drawn by {INIT_SCHEMES[source.init]}" if source.init else
