@@ -228,3 +228,19 @@ def test_the_books_qwen3_traced_directly_shows_its_heads_groups_and_attention():
 def test_trace_on_an_object_it_cannot_read_is_one_line_not_an_attribute_error():
     with pytest.raises(UnreadableModelError, match="looked for"):
         glassgpt.trace(nn.Sequential(nn.Embedding(5, 4)), CHAR_TOK, CHAR_TEXT)
+
+
+@pytest.mark.parametrize("kind", ["book Qwen3Model", "book Llama3Model", "transformers Qwen3ForCausalLM"])
+def test_why_takes_the_object_as_the_reader_built_it_and_its_parts_sum_to_its_own_logit(kind):
+    model = TRACED[kind]()
+    result = glassgpt.why(model, CHAR_TOK, CHAR_TEXT)
+    assert result.target["id"] == _own_next_token(model, CHAR_TEXT)
+    assert result.total == pytest.approx(result.metric, abs=1e-3 * max(1.0, abs(result.metric)))
+
+
+def test_a_transformers_architecture_not_described_is_one_line_naming_it_and_the_kinds_read():
+    cfg = transformers.MistralConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    with pytest.raises(UnreadableModelError) as err:
+        glassgpt.describe(transformers.MistralForCausalLM(cfg))
+    assert "\n" not in str(err.value) and "mistral" in str(err.value) and "LlamaForCausalLM" in str(err.value)

@@ -296,7 +296,7 @@ FAMILIES_COPIES = {  # families/ copies of a top-level module
     "glassgpt.families.memory": "glassgpt.memory"}
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
     "glassgpt.explain.check", "glassgpt.explain.compare", "glassgpt.explain.diff", "glassgpt.explain.family",
-    "glassgpt.explain.head", "glassgpt.explain.passage", "glassgpt.explain.record", "glassgpt.explain.trace",
+    "glassgpt.explain.trace",
     "glassgpt.explain.verify", "glassgpt.explain.verify_family", "glassgpt.explain.why"]
 
 

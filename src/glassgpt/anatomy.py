@@ -168,6 +168,7 @@ class Embedding:
     emb_dim: int
     scale: float | None = None
     per_layer: str | None = None  # Gemma 4's per-layer embeddings: their module's path
+    dropout: str | None = None    # the dropout the embeddings pass (GPT-2's drop_emb): its output is the first block's input
 
 
 @dataclass(frozen=True)
@@ -258,15 +259,15 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
 
     def block(b: Block) -> Block:
         att, ff = b.attention, b.ff
-        rope = att.rope
         att = replace(att, path=path(att.path), query=linear(att.query), key=linear(att.key), value=linear(att.value),
-                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm), rope=rope)
+                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm))
         ff = replace(ff, path=path(ff.path), up=linear(ff.up), down=linear(ff.down), gate=linear(ff.gate),
                      activation_path=path(ff.activation_path))
         return replace(b, path=path(b.path), norms=tuple(norm(n) for n in b.norms), attention=att, ff=ff)
 
     return replace(anatomy, source=source or anatomy.source,
-                   embedding=replace(anatomy.embedding, path=path(anatomy.embedding.path)),
+                   embedding=replace(anatomy.embedding, path=path(anatomy.embedding.path),
+                                     dropout=path(anatomy.embedding.dropout)),
                    positions=replace(anatomy.positions, path=path(anatomy.positions.path)),
                    blocks=tuple(block(b) for b in anatomy.blocks), final_norm=norm(anatomy.final_norm),
                    head=replace(anatomy.head, path=path(anatomy.head.path)), blocks_path=path(anatomy.blocks_path))

@@ -78,6 +78,10 @@ def _foreign(model: nn.Module) -> an.Anatomy:
         found = family_layout(model)
     except (AttributeError, TypeError, KeyError, IndexError):
         found = None
+    except UnreadableModelError:
+        raise
+    except GlassError as err:  # a transformers architecture not described, a book class without its cfg
+        raise UnreadableModelError(f"{err}; glassgpt reads {KINDS_READ}") from None
     if found is not None:
         kind, cfg, _, stages = found
         anatomy = GLASS[cfg.family](cfg)

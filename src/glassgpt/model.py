@@ -292,7 +292,7 @@ def describe(cfg: GPTConfig) -> an.Anatomy:
     classes = cfg.num_classes is not None
     return an.Anatomy(
         name="GPT-2", source="glassgpt's GPTModel",
-        embedding=an.Embedding("tok_emb", cfg.vocab_size, d),
+        embedding=an.Embedding("tok_emb", cfg.vocab_size, d, dropout="drop_emb"),
         positions=an.Positions("learned", cfg.context_length, "pos_emb"),
         blocks=tuple(block(i) for i in range(cfg.n_layers)),
         final_norm=layer_norm("final_norm", "final"),

@@ -6,7 +6,8 @@ record, the parts every analysis shares:
     result.py    what an analysis returns: plain data that finds its views in one registry
     notation.py  one spelling of shapes, tokens and numbers, for the results' lines and every view
 analyses, each a function over the model that returns a result:
-    trace.py     `trace(model, tokenizer, text) -> Trace`: the recorded tensors as plain data
+    trace.py     `trace(model, tokenizer, text) -> Trace`: the recorded tensors as plain data, for any model
+                 object glassgpt.describe reads (its modules found through the description)
     head.py      the head's logits as dot products h · W[id], checked against out_head
     check.py     nn.Embedding == nn.Linear on one-hot vectors, on the live weights
     passage.py   the probability of each true next token over a text: where the model is surprised
@@ -15,7 +16,8 @@ analyses, each a function over the model that returns a result:
     why.py       why this token: the parts' exact sum, the prompt tokens' shares, activation patching
     verify.py    check(model): a reader's own module against the book's formulas, stage by stage
     verify_family.py  the same for a reader's Qwen3 or Llama 3 port, with their mistakes; check() for both
-    family.py    explain for Qwen3 and Llama 3.2: the four answers, RoPE, the heads; what changed from GPT-2
+    family.py    the rotary trace (RoPE models: Qwen3, Llama 3.2), which trace() runs where the description puts
+                 positions inside the attention: the four answers, RoPE, the heads; what changed from GPT-2
     pieces/      check(piece): any piece of chapters 2 to 7 as the reader wrote it (a class, a function,
                  a tokenizer, a dataset), its first difference and the mistake that reproduces it
 views/, above the analyses: each result's text, picture and notebook HTML, registered in views/__init__.py

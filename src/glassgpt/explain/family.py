@@ -107,7 +107,8 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     if attention and not is_family_model(model):  # attention_of follows Qwen3's and Llama's QK-norm and RoPE
         raise GlassError(f"{anatomy.name}'s attention weights are not traced yet: trace it without --attention")
     part = model.get_submodule
-    ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=part(anatomy.embedding.path).weight.device)  # [1, t]
+    device = part(anatomy.embedding.path).weight.device
+    ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=device)  # [1, t]
     logits, seen, kept, cache = _run_with_taps(model, anatomy, ids, attention, logit_lens)
     k, v = cache.seen[0]  # [1, g, t, hd], after RoPE (and QK-norm)
     b, t = ids.shape
@@ -145,9 +146,22 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
 def _run_with_taps(model: nn.Module, anatomy, ids: torch.Tensor, attention: bool, logit_lens: bool):
     """One forward pass of `ids` with the taps rotary_trace reads: (logits [1, t, V], the shapes each tapped
     module saw, the outputs kept, the recording cache that holds every layer's keys and values)."""
-    part = model.get_submodule
     seen: dict[str, tuple[tuple, tuple]] = {}
     kept: dict[str, torch.Tensor] = {}
+    handles = _hooks(model, anatomy, seen, kept, attention, logit_lens)
+    cache = RecordingCache()
+    try:
+        logits = model(ids, cache)  # [1, t, V]
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, seen, kept, cache
+
+
+def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, logit_lens: bool) -> list:
+    """Forward hooks on the modules the description names: the shapes they see into `seen`, the tensors the
+    panels read into `kept`. Returns their handles (removed after the one forward pass)."""
+    part = model.get_submodule
 
     def tap(name: str):
         def hook(module, inputs, output):
@@ -169,13 +183,7 @@ def _run_with_taps(model: nn.Module, anatomy, ids: torch.Tensor, attention: bool
             handles.append(part(block.path).register_forward_hook(keep(f"trf_blocks.{i}")))
         if attention:
             handles.append(part(block.attention.query.path).register_forward_hook(keep(f"trf_blocks.{i}.att.W_query")))
-    cache = RecordingCache()
-    try:
-        logits = model(ids, cache)  # [1, t, V]
-    finally:
-        for h in handles:
-            h.remove()
-    return logits, seen, kept, cache
+    return handles
 
 
 def _stages(anatomy, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:

@@ -20,24 +20,26 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ..model import GPTModel
+from ..kinds import describe
 
 NEAREST = 5  # tokens listed by cosine
 
 
-def head_products(model: GPTModel, h: torch.Tensor, logits: torch.Tensor, top_ids: Sequence[int],
+def head_products(model: nn.Module, h: torch.Tensor, logits: torch.Tensor, top_ids: Sequence[int],
                   prompt_ids: Sequence[int], label: Callable[[int], str]) -> dict[str, Any]:
     """The dot products behind `logits` ([V], out_head's output at the last position) for the
     `top_ids`, from h ([d], final_norm's output there); JSON-ready."""
     logits = logits.float()
-    W = model.out_head.weight.float()  # [V, d]
-    bias = model.out_head.bias.float() if model.out_head.bias is not None else None
+    described = describe(model).head
+    out_head = model.get_submodule(described.path)  # found through the description
+    W = out_head.weight.float()  # [V, d]
+    bias = out_head.bias.float() if out_head.bias is not None else None
     h = h.float()
     dots = W @ h  # [V, d] @ [d] -> [V]
     recomputed = dots + bias if bias is not None else dots
-    scale = getattr(model, "logit_scale", 1.0)  # Tiny Aya's logits are the products times logit_scale
+    scale = described.logit_scale or 1.0  # Tiny Aya's logits are the products times logit_scale
     recomputed = recomputed * scale
-    row_norms = _row_norms(model.out_head.weight)  # [V]
+    row_norms = _row_norms(out_head.weight)  # [V]
     h_norm = float(h.norm())
     cos = dots / (row_norms * h_norm).clamp_min(1e-30)  # [V]
     rows = [_row(j, label(j), dots, bias, logits, row_norms, cos) for j in top_ids]
@@ -102,12 +104,13 @@ def _ranks(scores: torch.Tensor, ids: Sequence[int]) -> list[int]:
     return ((scores[None, :] > picked[:, None]).sum(dim=1) + 1).tolist()
 
 
-def _tying(model: GPTModel, W: torch.Tensor, prompt_ids: Sequence[int], logits: torch.Tensor,
+def _tying(model: nn.Module, W: torch.Tensor, prompt_ids: Sequence[int], logits: torch.Tensor,
            rows: list[dict], label: Callable[[int], str]) -> dict[str, Any]:
     """Tied: out_head's rows are tok_emb's own (one storage); where the prompt's tokens rank.
     Untied: each top token's two rows, and their cosine."""
-    emb, head = model.tok_emb.weight, model.out_head.weight
-    tied = model.tied
+    anatomy = describe(model)
+    emb, head = model.get_submodule(anatomy.embedding.path).weight, model.get_submodule(anatomy.head.path).weight
+    tied = anatomy.head.tied  # by storage
     out: dict[str, Any] = {"tied": tied, "shares_storage": emb.data_ptr() == head.data_ptr() and emb.shape == head.shape}
     seen = list(dict.fromkeys(int(i) for i in prompt_ids))
     out["prompt_ranks"] = [{"id": j, "text": label(j), "logit": float(logits[j]), "rank": r}
@@ -131,10 +134,12 @@ def logit_lens_of(model: nn.Module, residuals: list[torch.Tensor], logits: torch
     softmax over [t, V] is kept. After the last block the lens is the model's own output, so those
     logits are reused. step: called with `logit_lens.N` after each block (a trace's progress).
     """
+    anatomy = describe(model)
+    final_norm, out_head = model.get_submodule(anatomy.final_norm.path), model.get_submodule(anatomy.head.path)
     layers = []
     n = len(residuals)
     for i, resid in enumerate(residuals):
-        lens = (logits[0] if i == n - 1 else model.out_head(model.final_norm(resid))[0]).float()  # [t, V]
+        lens = (logits[0] if i == n - 1 else out_head(final_norm(resid))[0]).float()  # [t, V]
         top, idx = lens.max(dim=-1)  # [t, V] -> [t]
         prob = (top - lens.logsumexp(dim=-1)).exp()
         layers.append({"layer": i, "top": [{"id": int(j), "text": label(int(j)), "prob": float(q)}

@@ -23,11 +23,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..adopt import adopt, check_computable
 from ..device import evaluating
 from ..errors import PromptError
-from ..model import GPTModel
+from ..kinds import describe
 from ..prompt import encode
 from ..tokenizer import Tokenizer
 from .record import Progress, Recorder, record
@@ -51,7 +52,7 @@ class Passage(Result):
 
 
 @torch.inference_mode()
-def passage(model: GPTModel, tokenizer: Tokenizer, text: str, about: About | None = None, worst: int = WORST,
+def passage(model: nn.Module, tokenizer: Tokenizer, text: str, about: About | None = None, worst: int = WORST,
             progress: Progress | None = None, cancel: threading.Event | None = None) -> Passage:
     """Score every token of `text` (at least two tokens) under `model`; see the module's docstring.
 
@@ -77,11 +78,11 @@ def passage(model: GPTModel, tokenizer: Tokenizer, text: str, about: About | Non
                    tokens, loss, math.exp(loss), order, notes)
 
 
-def _score(model: GPTModel, ids: list[int], progress: Progress | None,
+def _score(model: nn.Module, ids: list[int], progress: Progress | None,
            cancel: threading.Event | None) -> tuple[dict[int, tuple[float, int, float]], list[str]]:
     """{position: (p of the true token, the top id, its p)} for positions 1.., window by window."""
     ctx, n = model.cfg.context_length, len(ids)
-    device = model.tok_emb.weight.device
+    device = model.get_submodule(describe(model).embedding.path).weight.device
     windows = [(0, min(n, ctx), 1)]  # (start, end, first position scored)
     stride = max(1, ctx // 2)
     while windows[-1][1] < n:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import TraceCancelled
-from ..model import GPTModel
+from ..kinds import describe
 
 
 Progress = Callable[[str, int, int], None]  # (the step just done, steps done, steps in all)
@@ -79,20 +79,28 @@ class _Tap:
             rec.check()
 
 
-def _tap_points(model: GPTModel) -> list[tuple[nn.Module, _Tap]]:
-    points = [(model.tok_emb, _Tap("tok_emb")), (model.pos_emb, _Tap("pos_emb")), (model.drop_emb, _Tap("embeddings"))]
-    for i, blk in enumerate(model.trf_blocks):
-        p = f"trf_blocks.{i}"
-        points += [(blk, _Tap(p, inputs=True, step=True)), (blk.att.W_query, _Tap(f"{p}.att.W_query")),
-                   (blk.att.W_key, _Tap(f"{p}.att.W_key")), (blk.att.W_value, _Tap(f"{p}.att.W_value")),
-                   (blk.att.out_proj, _Tap(f"{p}.att.out_proj", inputs=True))]
-        for name, module in (("norm1", blk.norm1), ("norm2", blk.norm2), ("ff.layers.0", blk.ff.layers[0]),
-                             ("ff.layers.1", blk.ff.layers[1]), ("ff.layers.2", blk.ff.layers[2])):
-            points.append((module, _Tap(f"{p}.{name}", inputs=True)))
-    return points + [(model.final_norm, _Tap("final_norm")), (model.out_head, _Tap("out_head"))]
+def _tap_points(model: nn.Module) -> list[tuple[nn.Module, _Tap]]:
+    """Every part the model's description names, tapped under its path (in glassgpt's models, the stage names)."""
+    anatomy, part = describe(model), model.get_submodule
+    e = anatomy.embedding
+    points = [(part(e.path), _Tap(e.path))]
+    if anatomy.positions.kind == "learned":
+        points.append((part(anatomy.positions.path), _Tap(anatomy.positions.path)))
+    if e.dropout is not None:
+        points.append((part(e.dropout), _Tap("embeddings")))
+    for block in anatomy.blocks:
+        att, ff = block.attention, block.ff
+        points += [(part(block.path), _Tap(block.path, inputs=True, step=True))]
+        points += [(part(lin.path), _Tap(lin.path)) for lin in (att.query, att.key, att.value)]
+        points.append((part(att.out.path), _Tap(att.out.path, inputs=True)))
+        inside = [n.path for n in block.norms] + [lin.path for lin in (ff.gate, ff.up) if lin is not None]
+        inside += [ff.activation_path] if ff.activation_path else []
+        points += [(part(path), _Tap(path, inputs=True)) for path in inside + [ff.down.path]]
+    return points + [(part(anatomy.final_norm.path), _Tap(anatomy.final_norm.path)),
+                     (part(anatomy.head.path), _Tap(anatomy.head.path))]
 
 
-def _install_taps(model: GPTModel) -> None:
+def _install_taps(model: nn.Module) -> None:
     """Tap every module that has no tap yet: once per model, and again for a module swapped in later."""
     with _TAPS_LOCK:
         for module, tap in _tap_points(model):
@@ -100,7 +108,7 @@ def _install_taps(model: GPTModel) -> None:
                 module.register_forward_hook(tap)
 
 
-def record(model: GPTModel, ids: torch.Tensor, rec: Recorder, last_only: bool = False) -> torch.Tensor:
+def record(model: nn.Module, ids: torch.Tensor, rec: Recorder, last_only: bool = False) -> torch.Tensor:
     """model(ids) with `rec` as this context's recorder: logits [b, t, V] (last_only: [b, 1, V])."""
     _install_taps(model)
     rec.check()

@@ -25,14 +25,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import anatomy as an
 from ..adopt import adopt, adopted_from, adopted_kind, check_computable, is_added, own_parameters
 from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
 from ..families import FamilyConfig
 from ..families.adopt import family_line
-from ..kinds import describe
 from ..formats.source import About, Source  # what the weights cannot tell: a Source's about()
+from ..kinds import describe
 from ..memory import parameter_table
 from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights, init_name
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
@@ -143,15 +144,15 @@ def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None =
                             logit_lens=opt.logit_lens)
     if named is None and adopted_kind(model):
         about = replace(about, name=adopted_kind(model))
-    device = model.tok_emb.weight.device
-    batch = torch.tensor([prompt.ids], device=device)  # [b=1, t]
-    rec = Recorder(_kept_tensors(cfg, opt), cfg.n_layers * (2 if opt.logit_lens else 1) + opt.embedding_check,
+    anatomy = describe(model)  # the glass model's parts: their paths are the stage names
+    batch = torch.tensor([prompt.ids], device=model.get_submodule(anatomy.embedding.path).weight.device)  # [b=1, t]
+    rec = Recorder(_kept_tensors(anatomy, opt), cfg.n_layers * (2 if opt.logit_lens else 1) + opt.embedding_check,
                    cancel, progress)
     with evaluating(model):  # a served model is already in eval mode, so concurrent traces never flip it
         logits = record(model, batch, rec)  # [b, t, V]
     label = _labeller(cfg, tokenizer, about.labels)
-    stages = _input_stages(model, tokenizer, rec.seen, batch.shape) + _block_stages(model, rec.seen, opt)
-    stages += _output_stages(model, rec.seen, logits, opt)
+    stages = _input_stages(model, anatomy, tokenizer, rec.seen, batch.shape)
+    stages += _block_stages(model, anatomy, rec.seen, opt) + _output_stages(model, anatomy, rec.seen, logits, opt)
     probs = _probs(logits[:, -1, :], opt.temperature)  # [b, V]
     top = probs[0].topk(min(opt.top_k, cfg.out_dim))
     top_list = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
@@ -168,10 +169,10 @@ def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None =
     if opt.attention:
         result.attention = {"shape": [cfg.n_layers, cfg.n_heads, len(prompt.ids), len(prompt.ids)],  # the data's own
                             "tokens": [tk["text"] for tk in result.tokens],
-                            "layers": [_attention_of(rec.seen, i, cfg)[0].tolist() for i in range(cfg.n_layers)]}
+                            "layers": [_attention_of(rec.seen, block)[0].tolist() for block in anatomy.blocks]}
     if opt.logit_lens:
-        result.logit_lens = logit_lens_of(model, [rec.seen[f"trf_blocks.{i}"][1] for i in range(cfg.n_layers)], logits,
-                                          label, rec.step)
+        result.logit_lens = logit_lens_of(model, [rec.seen[block.path][1] for block in anatomy.blocks], logits, label,
+                                          rec.step)
     if opt.embedding_check:
         rec.check()
         result.embedding_check = check_embedding_is_linear(model, batch, timing=opt.timing)
@@ -192,17 +193,18 @@ def _prompt(cfg: GPTConfig, tokenizer: Tokenizer, text: str | None, ids: list[in
     return fit_for(ids, cfg.context_length, cfg.num_classes, reading)
 
 
-def _kept_tensors(cfg: GPTConfig, opt: TraceOptions) -> frozenset[str]:
+def _kept_tensors(anatomy: an.Anatomy, opt: TraceOptions) -> frozenset[str]:
     """The taps whose tensors this trace keeps: the flow, the opened block, and the attention asked for."""
-    b = opt.block
-    keep = {"tok_emb", "pos_emb", "embeddings", "final_norm",
-            f"trf_blocks.{b}.norm1", f"trf_blocks.{b}.norm2", f"trf_blocks.{b}.ff.layers.0",
-            f"trf_blocks.{b}.ff.layers.1", f"trf_blocks.{b}.ff.layers.2"}
-    for i in range(cfg.n_layers):
-        keep.add(f"trf_blocks.{i}")
-        if opt.attention or i == b:
-            keep.update(f"trf_blocks.{i}.att.{name}" for name in ("W_query", "W_key", "W_value", "out_proj"))
-    return frozenset(keep)
+    opened = anatomy.blocks[opt.block]
+    ff = opened.ff
+    keep = {anatomy.embedding.path, anatomy.positions.path, "embeddings", anatomy.final_norm.path,
+            *(n.path for n in opened.norms), ff.up.path, ff.activation_path, ff.down.path}
+    for block in anatomy.blocks:
+        keep.add(block.path)
+        if opt.attention or block.index == opt.block:
+            att = block.attention
+            keep.update(lin.path for lin in (att.query, att.key, att.value, att.out))
+    return frozenset(keep - {None})
 
 
 def _params(model: GPTModel) -> dict[str, Any]:
@@ -227,8 +229,9 @@ def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str
     """What a trace says of its model: its name, config, dtype, layout, a random model's initialisation,
     and which parts its training run trained and left frozen."""
     cfg = model.cfg
+    emb = model.get_submodule(describe(model).embedding.path).weight
     facts = {"name": about.name, "random_weights": about.random_weights, "config": cfg.to_dict(),
-             "dtype": _dtype(model.tok_emb.weight), "device": str(model.tok_emb.weight.device),
+             "dtype": _dtype(emb), "device": str(emb.device),
              "tokenizer": tokenizer.name, "n_vocab": tokenizer.n_vocab, "labels": about.labels,
              "layout": layout_line(cfg), "notes": list(about.notes)}
     if about.random_weights and init_name(about.init or "") in INIT_SCHEMES:
@@ -282,93 +285,97 @@ def _weight_stage(name: str, module: nn.Module, out: torch.Tensor, **kw: Any) ->
                          params=own_parameters(module), **kw)
 
 
-def _input_stages(model: GPTModel, tokenizer: Tokenizer, seen: dict, bt: torch.Size) -> list[Stage]:
+def _input_stages(model: nn.Module, anatomy: an.Anatomy, tokenizer: Tokenizer, seen: dict, bt: torch.Size) -> list[Stage]:
     """tokens -> tok_emb (vocab -> hidden) -> pos_emb -> embeddings."""
     cfg, (b, t) = model.cfg, bt
+    emb, pos = anatomy.embedding.path, anatomy.positions.path
     pieces = "one id per character" if tokenizer.name == "char" else "one id per BPE piece"
     return [
         Stage("tokens", f"tokenizer ({tokenizer.name}, {tokenizer.n_vocab:,} tokens)", [b, t], "int64", note=pieces),
-        _weight_stage("tok_emb", model.tok_emb, seen["tok_emb"], transition=VOCAB_TO_HIDDEN, input_shape=[b, t],
+        _weight_stage(emb, model.get_submodule(emb), seen[emb], transition=VOCAB_TO_HIDDEN, input_shape=[b, t],
                       note=f"each id selects one row of the [{cfg.vocab_size}, {cfg.emb_dim}] weight "
                            "(= one_hot(ids) @ W)"),
-        _weight_stage("pos_emb", model.pos_emb, seen["pos_emb"], input_shape=[t],
+        _weight_stage(pos, model.get_submodule(pos), seen[pos], input_shape=[t],
                       note=f"one learned row per position 0..{t - 1}, the same for every sequence"),
-        _tensor_stage("embeddings", f"tok_emb + pos_emb, then drop_emb (Dropout p={cfg.drop_rate})",
+        _tensor_stage("embeddings", f"{emb} + {pos}, then drop_emb (Dropout p={cfg.drop_rate})",
                       seen["embeddings"], note="[t, d] broadcasts over the batch"),
     ]
 
 
-def _block_stages(model: GPTModel, seen: dict, opt: TraceOptions) -> list[Stage]:
+def _block_stages(model: nn.Module, anatomy: an.Anatomy, seen: dict, opt: TraceOptions) -> list[Stage]:
     """One stage per block; the opened block's inside follows it."""
     stages = []
-    for i, blk in enumerate(model.trf_blocks):
-        x_in, x_out = seen[f"trf_blocks.{i}"]
-        stages.append(_tensor_stage(f"trf_blocks.{i}", "TransformerBlock", x_out,
-                                    params=own_parameters(blk), input_shape=list(x_in.shape),
+    for block in anatomy.blocks:
+        x_in, x_out = seen[block.path]
+        stages.append(_tensor_stage(block.path, "TransformerBlock", x_out,
+                                    params=own_parameters(model.get_submodule(block.path)), input_shape=list(x_in.shape),
                                     note=f"x + att(norm1(x)), then x + ff(norm2(x)): the width stays "
                                          f"{model.cfg.emb_dim}"))
-        if i == opt.block:
-            stages += _opened_block(blk, i, seen, model.cfg)
+        if block.index == opt.block:
+            stages += _opened_block(model, block, seen)
     return stages
 
 
-def _attention_of(seen: dict, i: int, cfg: GPTConfig) -> torch.Tensor:
-    """Block i's attention weights from its tapped projections, by the model's own formula: [b, h, t, t]."""
-    q, k = seen[f"trf_blocks.{i}.att.W_query"].float(), seen[f"trf_blocks.{i}.att.W_key"].float()
+def _attention_of(seen: dict, block: an.Block) -> torch.Tensor:
+    """A block's attention weights from its tapped projections, by the model's own formula: [b, h, t, t]."""
+    att = block.attention
+    q, k = seen[att.query.path].float(), seen[att.key.path].float()
     b, t, _ = q.shape
-    q = q.view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
-    k = k.view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+    q = q.view(b, t, att.n_heads, att.head_dim).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
+    k = k.view(b, t, att.n_heads, att.head_dim).transpose(1, 2)
     return attention_weights(q, k)
 
 
-def _opened_block(blk: nn.Module, i: int, seen: dict, cfg: GPTConfig) -> list[Stage]:
-    """The inside of one block, each stage from its tapped tensor."""
-    p = f"trf_blocks.{i}"
-    q = seen[f"{p}.att.W_query"]
+def _opened_block(model: nn.Module, block: an.Block, seen: dict) -> list[Stage]:
+    """The inside of one block, each stage from its tapped tensor, each module found through the description."""
+    p, att, ff, part = block.path, block.attention, block.ff, model.get_submodule
+    norm1, norm2 = block.norm("attn_in").path, block.norm("ff_in").path
+    q = seen[att.query.path]
     b, t, d = q.shape
-    h, hd = cfg.n_heads, cfg.head_dim
-    attn = _attention_of(seen, i, cfg)
-    context_in, out_proj_out = seen[f"{p}.att.out_proj"]
-    v = seen[f"{p}.att.W_value"].float().view(b, t, h, hd).transpose(1, 2)
+    h, hd = att.n_heads, att.head_dim
+    attn = _attention_of(seen, block)
+    context_in, out_proj_out = seen[att.out.path]
+    v = seen[att.value.path].float().view(b, t, h, hd).transpose(1, 2)
     # The recomputed weights must reproduce what the model gave out_proj: a check, not a decoration.
     attn_error = float(((attn @ v).transpose(1, 2).reshape(b, t, d) - context_in.float()).abs().max())
-    inside = [_weight_stage(f"{p}.norm1", blk.norm1, seen[f"{p}.norm1"][1], parent=p)]
-    for name, what in (("W_query", "queries"), ("W_key", "keys"), ("W_value", "values")):
-        inside.append(_weight_stage(f"{p}.att.{name}", getattr(blk.att, name), seen[f"{p}.att.{name}"], parent=p, note=what))
+    inside = [_weight_stage(norm1, part(norm1), seen[norm1][1], parent=p)]
+    for lin, what in ((att.query, "queries"), (att.key, "keys"), (att.value, "values")):
+        inside.append(_weight_stage(lin.path, part(lin.path), seen[lin.path], parent=p, note=what))
     inside += [
-        Stage(f"{p}.att.heads", "view + transpose", [b, h, t, hd], _dtype(q), parent=p, input_shape=[b, t, d],
+        Stage(f"{att.path}.heads", "view + transpose", [b, h, t, hd], _dtype(q), parent=p, input_shape=[b, t, d],
               note=f"q, k, v each split into {h} heads of {hd}"),
-        _tensor_stage(f"{p}.att.attn_weights", f"softmax(q @ k.T / sqrt({hd}) + causal mask)", attn, parent=p,
+        _tensor_stage(f"{att.path}.attn_weights", f"softmax(q @ k.T / sqrt({hd}) + causal mask)", attn, parent=p,
                       note=f"row j: how much token j attends to tokens 0..j (rows sum to 1; "
                            f"matches the model's own to {attn_error:.1e})"),
-        _tensor_stage(f"{p}.att.context", "attn_weights @ v, heads merged", context_in, parent=p,
+        _tensor_stage(f"{att.path}.context", "attn_weights @ v, heads merged", context_in, parent=p,
                       input_shape=[b, h, t, hd], note="[b, h, t, hd] -> [b, t, d]"),
-        _weight_stage(f"{p}.att.out_proj", blk.att.out_proj, out_proj_out, parent=p),
-        _tensor_stage(f"{p}.shortcut1", "x + att(norm1(x))", seen[f"{p}.norm2"][0], parent=p,
+        _weight_stage(att.out.path, part(att.out.path), out_proj_out, parent=p),
+        _tensor_stage(f"{p}.shortcut1", "x + att(norm1(x))", seen[norm2][0], parent=p,
                       note="residual connection (what norm2 reads)"),
-        _weight_stage(f"{p}.norm2", blk.norm2, seen[f"{p}.norm2"][1], parent=p),
-        _weight_stage(f"{p}.ff.layers.0", blk.ff.layers[0], seen[f"{p}.ff.layers.0"][1], parent=p,
-                      note=f"expand to 4 x {d} = {4 * d}"),
-        _weight_stage(f"{p}.ff.layers.1", blk.ff.layers[1], seen[f"{p}.ff.layers.1"][1], parent=p),
-        _weight_stage(f"{p}.ff.layers.2", blk.ff.layers[2], seen[f"{p}.ff.layers.2"][1], parent=p,
-                      note=f"project back to {d}"),
+        _weight_stage(norm2, part(norm2), seen[norm2][1], parent=p),
+        _weight_stage(ff.up.path, part(ff.up.path), seen[ff.up.path][1], parent=p,
+                      note=f"expand to {ff.hidden_dim // d} x {d} = {ff.hidden_dim}"),
+        _weight_stage(ff.activation_path, part(ff.activation_path), seen[ff.activation_path][1], parent=p),
+        _weight_stage(ff.down.path, part(ff.down.path), seen[ff.down.path][1], parent=p, note=f"project back to {d}"),
         _tensor_stage(f"{p}.shortcut2", "x + ff(norm2(x))", seen[p][1], parent=p,
                       note="residual connection; the block's output"),
     ]
     return inside
 
 
-def _output_stages(model: GPTModel, seen: dict, logits: torch.Tensor, opt: TraceOptions) -> list[Stage]:
+def _output_stages(model: nn.Module, anatomy: an.Anatomy, seen: dict, logits: torch.Tensor,
+                   opt: TraceOptions) -> list[Stage]:
     """final_norm -> out_head (hidden -> vocab, or classes) -> last_logits -> probs."""
-    cfg = model.cfg
-    final, last = seen["final_norm"], logits[:, -1, :]
+    cfg, norm, head, emb = model.cfg, anatomy.final_norm.path, anatomy.head.path, anatomy.embedding.path
+    final, last = seen[norm], logits[:, -1, :]
     is_classifier = cfg.num_classes is not None
     per = "class" if is_classifier else "vocabulary entry"
-    tied = "; W is the same tensor as tok_emb.weight (weight tying)" if model.tied else ""
+    tied = f"; W is the same tensor as {emb}.weight (weight tying)" if anatomy.head.tied else ""
     return [
-        _weight_stage("final_norm", model.final_norm, final),
-        _weight_stage("out_head", model.out_head, logits, transition=HIDDEN_TO_CLASSES if is_classifier else HIDDEN_TO_VOCAB,
-                      input_shape=list(final.shape), shared_with="tok_emb.weight" if model.tied else None,
+        _weight_stage(norm, model.get_submodule(norm), final),
+        _weight_stage(head, model.get_submodule(head), logits,
+                      transition=HIDDEN_TO_CLASSES if is_classifier else HIDDEN_TO_VOCAB, input_shape=list(final.shape),
+                      shared_with=f"{emb}.weight" if anatomy.head.tied else None,
                       note=f"logits = x @ W.T: one score per {per} at every position{tied}"),
         _tensor_stage("last_logits", "logits[:, -1, :]", last,
                       note="the class is read from the last position, the only one that has seen the whole text"

@@ -36,7 +36,7 @@ from ..adopt import adopt, check_computable
 from ..device import evaluating
 from ..engine.fused import fused
 from ..errors import TraceCancelled
-from ..families import is_family_model
+from ..kinds import describe
 from ..model import GPTModel, attention_weights
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
@@ -56,15 +56,16 @@ def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: 
     classifier is always explained against a second class (the runner-up by default).
     patch: a corrupted prompt with as many tokens, for the activation-patching grids.
     reading: where a classifier reads a text (prompt.Reading; the book's recipe pads), as trace's About says.
-    A Qwen3 or Llama 3.2 model (or the book's, or transformers' module of one) is answered by why_family.py, with the
-    same fields: its parts through RMSNorm, one per query head, each naming the key/value group it read.
+    A model whose description (glassgpt.describe) puts the positions inside the attention (RoPE: Qwen3 and
+    Llama 3.2, glassgpt's, the book's or transformers') is answered by why_family.py, with the same fields: its parts through RMSNorm, one per query head, each naming the key/value group it read.
     """
+    anatomy = describe(model)  # what it is made of; one line for an object of no kind glassgpt reads
     check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model).cfg
     ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)
     prompt = fit_for(ids, cfg.context_length, cfg.num_classes, reading)
     model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once
-    if is_family_model(model):
+    if anatomy.positions.kind != "learned":  # positions inside the attention: the rotary attribution
         return why_family(model, tokenizer, prompt, target=target, versus=versus, patch=patch, top_k=top_k,
                           cancel=cancel)
     label = labeller(model, tokenizer, labels)

@@ -38,6 +38,7 @@ from torch import nn
 
 from ..device import evaluating
 from ..errors import TraceCancelled
+from ..kinds import describe
 from ..prompt import Prompt
 from ..tokenizer import Tokenizer
 from .family import RecordingCache, attention_of
@@ -110,17 +111,19 @@ def record_family(model: nn.Module, ids: list[int], cancel: threading.Event | No
     def keep_input(name: str):
         return lambda module, inputs: seen.__setitem__(name, inputs[0].detach())
 
-    handles = [model.tok_emb.register_forward_hook(keep_output("tok_emb")),
-               model.final_norm.register_forward_pre_hook(keep_input("final_norm"))]
-    for i, block in enumerate(model.trf_blocks):
-        p = f"trf_blocks.{i}"
-        handles += [block.register_forward_pre_hook(keep_input(p)),
-                    block.att.W_query.register_forward_hook(keep_output(f"{p}.att.W_query")),
-                    block.att.out_proj.register_forward_pre_hook(keep_input(f"{p}.att.out_proj")),
-                    block.ff.register_forward_hook(keep_output(f"{p}.ff"))]
+    anatomy, part = describe(model), model.get_submodule  # the modules, found through the description
+    handles = [part(anatomy.embedding.path).register_forward_hook(keep_output("tok_emb")),
+               part(anatomy.final_norm.path).register_forward_pre_hook(keep_input("final_norm"))]
+    for i, block in enumerate(anatomy.blocks):
+        p, att = f"trf_blocks.{i}", block.attention
+        handles += [part(block.path).register_forward_pre_hook(keep_input(p)),
+                    part(att.query.path).register_forward_hook(keep_output(f"{p}.att.W_query")),
+                    part(att.out.path).register_forward_pre_hook(keep_input(f"{p}.att.out_proj")),
+                    part(block.ff.path).register_forward_hook(keep_output(f"{p}.ff"))]
     cache = RecordingCache()
     try:
-        logits = model(torch.tensor([ids], device=model.tok_emb.weight.device), cache, last_only=True)  # [1, 1, V]
+        batch = torch.tensor([ids], device=part(anatomy.embedding.path).weight.device)  # [1, t]
+        logits = model(batch, cache, last_only=True)  # [1, 1, V]
     finally:
         for h in handles:
             h.remove()
@@ -130,16 +133,19 @@ def record_family(model: nn.Module, ids: list[int], cancel: threading.Event | No
 
 
 def direction(model: nn.Module, x_last: torch.Tensor, a: int, b: int | None) -> tuple[torch.Tensor, float]:
-    """(c, rms): logit[a] - logit[b] = part . c summed over the parts, with final_norm's rms frozen at x_last."""
-    w = model.out_head.weight[a].double() - (model.out_head.weight[b].double() if b is not None else 0)  # [d]
+    """(c, rms): logit[a] - logit[b] = part . c summed over the parts, with final_norm's rms frozen at x_last.
+    The final norm and the head are read through the description: its weight's name, its eps, and its kind
+    (w * x / rms, or Gemma's (1 + w) * x / rms)."""
+    anatomy = describe(model)
+    final = anatomy.final_norm
+    if final.kind not in ("rmsnorm", "rmsnorm_plus_one"):
+        raise ValueError(f"the rotary attribution reads an RMSNorm before the head; {final.path} is {final.kind}")
+    head = model.get_submodule(anatomy.head.path).weight
+    w = head[a].double() - (head[b].double() if b is not None else 0)  # [d]
     x = x_last.double()
-    rms = float(torch.sqrt(x.pow(2).mean() + model.final_norm.eps))
-    return w * norm_weight(model.final_norm).double() / rms, rms  # [d]
-
-
-def norm_weight(norm: nn.Module) -> torch.Tensor:
-    """RMSNorm's per-dimension weight: `scale` in Qwen3's file, `weight` in Llama's."""
-    return norm.scale if hasattr(norm, "scale") else norm.weight
+    rms = float(torch.sqrt(x.pow(2).mean() + final.eps))
+    scale = getattr(model.get_submodule(final.path), final.weight).double()
+    return w * (scale if final.kind == "rmsnorm" else 1 + scale) / rms, rms  # [d]
 
 
 def attribute_family(model: nn.Module, seen: dict, a: int, b: int | None) -> dict[str, Any]:
@@ -151,10 +157,10 @@ def attribute_family(model: nn.Module, seen: dict, a: int, b: int | None) -> dic
     cos, sin = model.rope.at(0, t, seen["tok_emb"].device)  # [t, hd]: the angles of the positions it ran at
     parts = [{"name": "tok_emb", "value": float(seen["tok_emb"][0, -1].double() @ c)}]
     heads, ff, by_source = [], [], []
-    for i, block in enumerate(model.trf_blocks):
-        p = f"trf_blocks.{i}"
-        wc = (block.att.out_proj.weight.double().T @ c).view(h, hd)  # [h, hd]: what each context unit adds
-        attn = last_row_attention(block.att, seen, p, cos, sin)  # [h, t]
+    for i, block in enumerate(describe(model).blocks):
+        p, att = f"trf_blocks.{i}", model.get_submodule(block.attention.path)
+        wc = (model.get_submodule(block.attention.out.path).weight.double().T @ c).view(h, hd)  # [h, hd]: each unit's
+        attn = last_row_attention(att, seen, p, cos, sin)  # [h, t]
         v = seen[f"{p}.att.kv"][1][0].double().repeat_interleave(gs, dim=0)  # [g, t, hd] -> [h, t, hd]
         shares = attn * (v * wc.unsqueeze(1)).sum(-1)  # [h, t]: head j's term, split over the sources
         context = seen[f"{p}.att.out_proj"][0, -1].double().view(h, hd)  # the model's own context, [h, hd]
