@@ -276,6 +276,14 @@ def test_glassgpt_info_counts_the_folders_parameters_as_the_model_holds_them(tmp
     assert out["memory"]["kv_cache"] == 2 * (3 * 4 + 64) * 2 * 8 * 4  # k and v, 3 windows of 4 + 64, 2 groups x 8
 
 
+@pytest.mark.parametrize("kind, placement", [("olmo3", "post"), ("tiny_aya", "parallel")])
+def test_why_refuses_a_block_it_cannot_attribute_in_one_line_naming_its_placement(tokenizer_json, kind, placement):
+    hf = randomised(FOLDERS[kind]())
+    tok = TokenizerJson(tokenizer_json[kind], kind)
+    with pytest.raises(GlassError, match=f"why attributes pre-norm blocks, and .*'s are {placement}"):
+        glassgpt.why(hf, tok, "The quick brown fox")
+
+
 # --- bad input: one line each ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("config", [Olmo3Config, TinyAyaConfig])
