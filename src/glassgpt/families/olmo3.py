@@ -87,7 +87,8 @@ class Olmo3Config:
             raise ConfigError(f"rope_type {self.rope_type!r} is not implemented: OLMo 3's glass file has "
                               f"{' and '.join(ROPE_TYPES)}")
         if not self.rope_base > 0 or not self.rope_factor > 0:
-            raise ConfigError(f"rope_base and rope_factor must be positive, got {self.rope_base!r}, {self.rope_factor!r}")
+            raise ConfigError(f"rope_base and rope_factor must be positive, got {self.rope_base!r}, "
+                              f"{self.rope_factor!r}")
         if not 0 < self.rms_norm_eps < 1:
             raise ConfigError(f"rms_norm_eps must be in (0, 1), got {self.rms_norm_eps!r}")
 
@@ -181,11 +182,11 @@ class GroupedQueryAttention(nn.Module):
         self.d_out = cfg.n_heads * hd
         self.attn_type = attn_type
         self.sliding_window = cfg.sliding_window if attn_type == "sliding_attention" else None
-        self.W_query = nn.Linear(d, self.d_out, bias=cfg.attention_bias)                     # [b, t, d] -> [b, t, h*hd]
-        self.W_key = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attention_bias)               # [b, t, d] -> [b, t, g*hd]
-        self.W_value = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attention_bias)             # [b, t, d] -> [b, t, g*hd]
-        self.out_proj = nn.Linear(self.d_out, d, bias=cfg.attention_bias)                     # [b, t, h*hd] -> [b, t, d]
-        self.q_norm = RMSNorm(self.d_out, eps=cfg.rms_norm_eps)                # all h*hd values of a token at once
+        self.W_query = nn.Linear(d, self.d_out, bias=cfg.attention_bias)  # [b, t, d] -> [b, t, h*hd]
+        self.W_key = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attention_bias)  # [b, t, d] -> [b, t, g*hd]
+        self.W_value = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attention_bias)  # [b, t, d] -> [b, t, g*hd]
+        self.out_proj = nn.Linear(self.d_out, d, bias=cfg.attention_bias)  # [b, t, h*hd] -> [b, t, d]
+        self.q_norm = RMSNorm(self.d_out, eps=cfg.rms_norm_eps)  # all h*hd values of a token at once
         self.k_norm = RMSNorm(cfg.n_kv_heads * hd, eps=cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:

@@ -132,7 +132,8 @@ class CohereLayerNorm(nn.Module):
 
 def compute_rope_params(head_dim: int, theta_base: float, context_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin `[context_length, hd]`, each pair's angle written twice side by side (2i, 2i+1: neighbours)."""
-    inv_freq = 1.0 / (theta_base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim))  # [hd/2]
+    pairs = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu")
+    inv_freq = 1.0 / (theta_base ** (pairs / head_dim))  # [hd/2]
     positions = torch.arange(context_length, dtype=torch.float32, device="cpu")
     angles = positions[:, None] * inv_freq[None, :]  # [context_length, hd/2]
     angles = torch.repeat_interleave(angles, 2, dim=1)  # [context_length, hd]: a0 a0 a1 a1 ...
@@ -159,10 +160,10 @@ class GroupedQueryAttention(nn.Module):
         self.d_out = cfg.n_heads * hd
         self.attn_type = attn_type
         self.sliding_window = cfg.sliding_window if attn_type == "sliding_attention" else None
-        self.W_query = nn.Linear(d, self.d_out, bias=cfg.attention_bias)                     # [b, t, d] -> [b, t, h*hd]
-        self.W_key = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attention_bias)               # [b, t, d] -> [b, t, g*hd]
-        self.W_value = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attention_bias)             # [b, t, d] -> [b, t, g*hd]
-        self.out_proj = nn.Linear(self.d_out, d, bias=cfg.attention_bias)                     # [b, t, h*hd] -> [b, t, d]
+        self.W_query = nn.Linear(d, self.d_out, bias=cfg.attention_bias)  # [b, t, d] -> [b, t, h*hd]
+        self.W_key = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attention_bias)  # [b, t, d] -> [b, t, g*hd]
+        self.W_value = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attention_bias)  # [b, t, d] -> [b, t, g*hd]
+        self.out_proj = nn.Linear(self.d_out, d, bias=cfg.attention_bias)  # [b, t, h*hd] -> [b, t, d]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
         b, t, _ = x.shape
