@@ -25,6 +25,7 @@ from glassgpt.errors import GlassError
 from glassgpt.families import Llama3Model, Qwen3Model
 from glassgpt.generate import generate
 
+from conftest import needs_kernels
 from helpers import TINY, ids, randomize_, transformers_config
 
 BOOK_CLASSES = {
@@ -153,6 +154,7 @@ def test_generation_feeds_one_token_per_step_through_the_cache_and_never_remakes
     generate(glass, ids(6, seed=7)[:1], 5)
     assert seen == [6, 1, 1, 1, 1]  # the prompt once, then each new token alone: the cache is used
     # The native step (engine/family.py) too: the prompt through the model, then one id per call.
+    needs_kernels()
     seen.clear()
     fed = []
     real_call = family_engine.FamilyStep.__call__

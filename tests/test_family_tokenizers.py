@@ -136,11 +136,12 @@ def test_a_tokenizer_with_more_ids_than_the_model_has_rows_is_named_before_anyth
 
 def test_a_gemma_folder_is_refused_by_load_model_naming_its_architecture(tmp_path, capsys):
     from glassgpt.cli import main
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3"}))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2"}))
     assert main(["generate", "hi", "--model", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"error: {tmp_path / 'config.json'} is a Gemma3ForCausalLM (gemma3): glassgpt covers Qwen3ForCausalLM "
-        "(qwen3), LlamaForCausalLM (llama3), Olmo3ForCausalLM (olmo3), Cohere2ForCausalLM (tiny_aya) and "
+        f"error: {tmp_path / 'config.json'} is a Gemma2ForCausalLM (gemma2): glassgpt covers Qwen3ForCausalLM "
+        "(qwen3), Qwen3MoeForCausalLM (qwen3), LlamaForCausalLM (llama3), Gemma3ForCausalLM (gemma3), "
+        "Olmo3ForCausalLM (olmo3), Cohere2ForCausalLM (tiny_aya) and "
         "GPT2LMHeadModel (gpt2)"]
 
 
@@ -160,3 +161,90 @@ def test_load_model_and_load_tokenizer_read_a_llama_folder_with_its_tokenizer_mo
     assert generate(model, ids, 3).shape == (1, len(ids) + 3)
     with pytest.raises(ConfigError, match="sets its own shapes: drop n_heads"):
         glassgpt.load_model(tmp_path, n_heads=2)
+
+
+# --- files read by what they are: the book's .pth without its JSON or its tokenizer, --tokenizer ---------
+
+def book_files(tmp_path: Path, cfg: FamilyConfig = QWEN_TINY) -> Path:
+    """The book's Qwen3/Llama files as a reader saves them: model.pth (torch.save of the state dict) and model.json."""
+    torch.manual_seed(0)
+    return export_family_book(build_model(cfg).eval(), tmp_path / "model.pth")
+
+
+def test_a_qwen3_pth_without_its_json_is_named_with_what_its_tensors_tell_and_what_they_cannot(tmp_path, capsys):
+    from glassgpt.cli import main
+    pth = book_files(tmp_path)
+    pth.with_suffix(".json").unlink()
+    assert main(["explain", "--model", str(pth)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "looks like the book's Qwen3Model (llms_from_scratch.qwen3)" in err[0]
+    # q_norm is a head wide, so the head counts are told; the RoPE base and the context length are not
+    assert ("vocab_size 416, emb_dim 32, n_layers 2, hidden_dim 48, head_dim 16, n_heads 4, n_kv_groups 2" in err[0]
+            and "but not context_length, rope_base" in err[0] and "as JSON in model.json beside it" in err[0])
+    assert "another architecture" not in err[0]
+
+
+def test_a_llama_pth_without_its_json_says_its_head_counts_cannot_be_told():
+    from glassgpt.errors import CheckpointError
+    from glassgpt.families import RopeFreq
+    cfg = FamilyConfig(family="llama3", vocab_size=300, context_length=32, emb_dim=16, n_heads=4, n_layers=1,
+                       hidden_dim=24, n_kv_groups=2, rope_base=500_000.0, rope_freq=RopeFreq(), norm_eps=1e-5)
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        pth = book_files(Path(d), cfg)
+        pth.with_suffix(".json").unlink()
+        with pytest.raises(CheckpointError, match=r"Llama3Model .* tell vocab_size 300, emb_dim 16, n_layers 1, "
+                                                  r"hidden_dim 24, tie_embeddings False, but not n_heads, n_kv_groups, "
+                                                  r"context_length, rope_base, rope_freq"):
+            glassgpt.load_model(pth)
+
+
+def test_a_pth_without_its_tokenizer_names_its_folder_and_the_tokenizer_flag(tmp_path, capsys, monkeypatch):
+    from glassgpt.cli import main
+    pth = book_files(tmp_path)
+    monkeypatch.chdir(tmp_path)  # as a reader runs it: the file named without a folder
+    assert main(["explain", "--model", "model.pth"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"error: model.pth's folder {tmp_path.resolve()} has no tokenizer.json: put the model's own "
+                       "tokenizer.json beside its weights, or give it with --tokenizer FILE (tokenizer=FILE), or read "
+                       "the prompt with GPT-2's (--tokenizer gpt2)")
+    # the first line names where the config came from, and what nothing in it said
+    assert err[0] == ("note: config: model.json beside model.pth, the book's Qwen3Model (llms_from_scratch.qwen3) "
+                      "dict; assumed, as the book's code has them: norm_eps 1e-06")
+
+
+def test_tokenizer_flag_reads_a_tokenizer_json_or_gpt2_in_place_of_the_models_own(tmp_path, qwen_tokenizer_json, capsys):
+    from glassgpt.cli import main
+    pth = book_files(tmp_path)
+    assert main(["generate", "The quick", "--model", str(pth), "--tokenizer", str(qwen_tokenizer_json),
+                 "--max-new-tokens", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompt_ids"] == Qwen3Tokenizer(qwen_tokenizer_json).encode("The quick")
+    # GPT-2's tokenizer has more ids (50,257) than this model has rows (416): refused in one line
+    assert main(["generate", "The quick", "--model", str(pth), "--tokenizer", "gpt2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --tokenizer gpt2 has 50,257 tokens but the model's vocab_size is 416: it is another model's "
+        "tokenizer; use the one saved with these weights")
+    assert glassgpt.formats.open(pth, tokenizer=qwen_tokenizer_json).tokenizer().n_vocab <= 416
+    assert main(["info", "--model", str(pth), "--tokenizer", str(tmp_path / "nothing.json")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --tokenizer {tmp_path / 'nothing.json'}: no such file: give gpt2, a tokenizer.json or a "
+        "tokenizer.model")
+
+
+def test_every_command_that_reads_a_model_takes_tokenizer():
+    """--model's commands take --tokenizer gpt2|FILE (train and eval keep their own gpt2|char|FILE)."""
+    import argparse
+    from glassgpt.cli import build_parser
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    def leaves(p):
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        return [leaf for s in subs for q in s.choices.values() for leaf in leaves(q)] if subs else [p]
+
+    readers = [p for c in commands.values() for p in leaves(c)
+               if any("--model" in a.option_strings for a in p._actions)]
+    assert len(readers) >= 10
+    lacking = [p.prog for p in readers if not any("--tokenizer" in a.option_strings for a in p._actions)]
+    assert lacking == []

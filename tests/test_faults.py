@@ -194,3 +194,17 @@ def test_sigterm_while_tokenizing_leaves_no_temporary_file_and_exits_143(tmp_pat
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1] == "terminated (SIGTERM)" and "Traceback" not in err
     assert temporary() == [] and not list((run / "cache").glob("tokens-*"))
+
+
+def test_generate_with_stderr_closed_keeps_its_json_whole(tmp_path):
+    """`2>&-`: Python's sys.stderr is None, and print(file=None) writes to stdout; the notes must not land in the JSON."""
+    import json
+    import glassgpt
+    model = glassgpt.load_model("gpt2", config=glassgpt.GPTConfig(vocab_size=50257, context_length=32, emb_dim=32,
+                                                                  n_heads=2, n_layers=1), seed=0)
+    ckpt = glassgpt.save_model(model, tmp_path / "ckpt", tokenizer=glassgpt.get_tokenizer("gpt2"))
+    done = subprocess.run([sys.executable, "-m", "glassgpt", "generate", "Every effort", "--model", str(ckpt),
+                           "--max-new-tokens", "3", "--json"], stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2),
+                          env={**ENV, "XDG_CACHE_HOME": str(tmp_path / "cache")}, timeout=240, text=True)
+    assert done.returncode == 0
+    assert len(json.loads(done.stdout)["new_ids"]) == 3, done.stdout[:300]

@@ -4,7 +4,7 @@ The import graph is read from the source (every `import` and `from ... import`, 
 and inside functions, except under `if TYPE_CHECKING:`), so a lazy import that hides a cycle
 counts as one. The layers, lowest first (a module may import its own layer and those below):
 
-    errors, version  <  config, tokenizer  <  model, adopt, families  <  device  <  engine
+    errors, version  <  config, tokenizer  <  model, anatomy, kinds, adopt, families, variants  <  device  <  engine
       <  memory, generate, recall, prompt, formats  <  explain  <  training  <  cli, web
 
 (memory.py sits above the engine because it counts what the engine allocates; recall.py, what a
@@ -14,7 +14,7 @@ Inside two folders the parts are layered too (`FOLDERS`), lowest first; a packag
 __init__.py is its public API and may gather every part:
 
     explain/    record (record, options, result, notation)  <  analyses (trace, head, check, passage,
-                compare, diff, why, verify, pieces/)  <  views/ (text, pictures, notebook HTML; where
+                compare, diff, why, verify, pieces/, debugger, causes, loading)  <  views/ (text, pictures, notebook HTML; where
                 each result type's views are registered)
     training/   loop/ (the loop and its machinery)  <  tasks/ (what glassgpt trains on)
                 <  book/ (the book's chapters, as its code runs them)  <  recipes, finetuning, evaluation
@@ -31,13 +31,13 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "glassgpt"
-LAYERS = [("errors", "version"), ("config", "tokenizer"), ("model", "anatomy", "kinds", "adopt", "families"), ("device",), ("engine",),
+LAYERS = [("errors", "version"), ("config", "tokenizer"), ("model", "anatomy", "kinds", "adopt", "families", "variants"), ("device",), ("engine",),
           ("memory", "generate", "recall", "prompt", "formats"), ("explain",), ("training",), ("cli", "web", "__main__")]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 FOLDERS = {
     "glassgpt.explain": [("record", "options", "result", "notation"),
                          ("trace", "head", "check", "passage", "compare", "diff", "why", "why_result", "why_family",
-                          "verify", "family", "verify_family", "pieces"),
+                          "verify", "family", "verify_family", "pieces", "debugger", "causes", "loading"),
                          ("views",)],
     "glassgpt.training": [("loop",), ("tasks",), ("book",), ("recipes", "finetuning", "evaluation")],
 }
@@ -286,7 +286,7 @@ def test_an_import_of_another_test_module_is_found(tmp_path):
 # twin (or the import) makes the test pass, and strict xfail then fails until the entry is struck off here.
 
 MODEL_FILES = {"glassgpt.model", "glassgpt.families", "glassgpt.families.qwen3", "glassgpt.families.llama3",
-               "glassgpt.families.layers"}
+               "glassgpt.families.gemma3", "glassgpt.families.layers"}
 FAMILY_TWINS = {  # a module for the other models beside the one for GPT-2
     "glassgpt.explain.family": "glassgpt.explain.trace", "glassgpt.explain.why_family": "glassgpt.explain.why",
     "glassgpt.explain.verify_family": "glassgpt.explain.verify", "glassgpt.engine.family": "glassgpt.engine.step",
@@ -295,8 +295,8 @@ FAMILIES_COPIES = {  # families/ copies of a top-level module
     "glassgpt.families.adopt": "glassgpt.adopt", "glassgpt.families.config": "glassgpt.config",
     "glassgpt.families.memory": "glassgpt.memory"}
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
-    "glassgpt.explain.check", "glassgpt.explain.compare", "glassgpt.explain.diff", "glassgpt.explain.family",
-    "glassgpt.explain.trace",
+    "glassgpt.explain.causes", "glassgpt.explain.check", "glassgpt.explain.compare", "glassgpt.explain.debugger",
+    "glassgpt.explain.diff", "glassgpt.explain.family", "glassgpt.explain.trace",
     "glassgpt.explain.verify", "glassgpt.explain.verify_family", "glassgpt.explain.why"]
 
 

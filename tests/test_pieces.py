@@ -252,7 +252,7 @@ def test_a_mistake_inside_a_block_is_named_at_its_part():
             self.norm1 = LayerNormUnbiased(cfg["emb_dim"])
     result = glassgpt.check(named(Block, "TransformerBlock"), args=SMALL_CFG)
     assert result.stage == "norm1 output" and result.mistake == "unbiased_var"
-    assert result.finding.startswith("norm1: the output first differs")
+    assert result.finding.startswith("norm1: row 0 of the normalized output has variance")
 
 
 def test_a_class_it_does_not_know_is_one_line_naming_the_kinds_it_knows():
@@ -312,7 +312,7 @@ def test_the_issues_config_file_with_missing_arguments_is_one_line_not_a_type_er
     assert main(["check", f"{my_attention}:MultiHeadAttention", "--config", str(tmp_path / "att.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert "missing 4 required positional arguments" in err and "--args ch03 or ch04" in err
+    assert "missing 4 required positional arguments" in err and "--args ch03, ch04, qwen3 or llama3" in err
 
 
 def test_the_command_line_says_which_kinds_it_knows_for_a_class_it_does_not(my_attention, capsys):

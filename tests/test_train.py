@@ -774,6 +774,8 @@ def test_thread_rule_gives_small_models_one_thread_and_wide_ones_every_core():
 def test_train_sets_and_prints_its_threads(tmp_path, corpus, capsys, monkeypatch, flags, threads, why):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     torch.set_num_threads(2)
+    from glassgpt.device import usable_cores
+    threads = min(threads, usable_cores())  # (more than the cores is capped: tests/test_edges.py)
     assert _train(corpus, tmp_path / "run", "--max-steps", "1", *flags) == 0
     assert f"threads: {threads} ({why}" in capsys.readouterr().out
     assert torch.get_num_threads() == threads

@@ -37,6 +37,7 @@ from .families.adopt import build_family_glass, family_layout, family_line
 from .families.bonus_hf import bonus_glass
 from .model import GPTModel
 from .tokenizer import Tokenizer, check_fits
+from .variants import variant_of
 
 # The logits check: max |ours - theirs| <= TOLERANCE[dtype] * max(1, max |theirs|). float32 leaves
 # room for F.layer_norm and fused attention, which differ from the book's formulas in the last bits;
@@ -230,6 +231,10 @@ def own_parameters(module: nn.Module) -> int:
 
 def layout_of(module: nn.Module) -> Layout:
     """The kind of `module` and its tensors in glassgpt's names; a one-line GlassError if none fits."""
+    if variant_of(module):  # GPT-2's names, another computation: never read as GPT-2 (docs/variants.md)
+        raise GlassError(f"{type(module).__module__}.GPTModel is one of chapter 4's variants, which glassgpt's "
+                         "trace, why, check and generate do not read yet: run it with "
+                         "glassgpt.variants.generate_text_simple_cached(model, ids, max_new_tokens)")
     children = dict(module.named_children())
     if {"tok_emb", "pos_emb", "trf_blocks", "final_norm", "out_head"} <= set(children):
         return _book_layout(module)

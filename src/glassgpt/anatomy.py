@@ -227,6 +227,7 @@ class Anatomy:
         for block in self.blocks:
             att, ff = block.attention, block.ff
             found += [att.query, att.key, att.value, att.out, ff.up, ff.down] + ([ff.gate] if ff.gate else [])
+            found += [ff.experts.router] if ff.experts else []
         return found
 
 
@@ -261,8 +262,9 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
         att, ff = b.attention, b.ff
         att = replace(att, path=path(att.path), query=linear(att.query), key=linear(att.key), value=linear(att.value),
                       out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm))
+        experts = ff.experts and replace(ff.experts, router=linear(ff.experts.router), path=path(ff.experts.path))
         ff = replace(ff, path=path(ff.path), up=linear(ff.up), down=linear(ff.down), gate=linear(ff.gate),
-                     activation_path=path(ff.activation_path))
+                     activation_path=path(ff.activation_path), experts=experts)
         return replace(b, path=path(b.path), norms=tuple(norm(n) for n in b.norms), attention=att, ff=ff)
 
     return replace(anatomy, source=source or anatomy.source,

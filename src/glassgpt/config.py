@@ -70,7 +70,21 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "GPTConfig":
-        return cls(**known_fields(cls, values, ConfigError, "config field"))
+        return from_fields(cls, values, ConfigError, "config field")
+
+
+def from_fields(cls: type, values: dict[str, Any], error: type[Exception], what: str, given_by: str = "",
+                **given: Any) -> Any:
+    """The dataclass `cls` built from a dict read from a file, `values`, and the fields its caller knows
+    otherwise, `given` (a family told by the weights' names): the one way a config dict becomes a config.
+    Each key of `values` must be a field (known_fields); a field in both must hold the same value there,
+    else `error` names the two and `given_by`, where the caller's value comes from ("the weights are ...")."""
+    for name, value in given.items():
+        if name in values and values[name] != value:
+            raise error(f"{what} {name} is {values[name]!r}, and {given_by or 'its reader says otherwise'} "
+                        f"({name} {value!r}): correct {name} or leave it out")
+    rest = {k: v for k, v in values.items() if k not in given}
+    return cls(**known_fields(cls, rest, error, what), **given)
 
 
 def known_fields(cls: type, values: dict[str, Any], error: type[Exception], what: str) -> dict[str, Any]:

@@ -107,6 +107,14 @@ def pick_threads(emb_dim: int, cores: int, busy: float | None = None) -> tuple[i
     return cores, "all cores, none busy with other work now"
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity: a container's or taskset's share, not the
+    machine's count), at least 1: the most intra-op threads glassgpt runs. More would only wait for
+    each other, and OpenMP and the native step size their threads' stacks and scratch by the count
+    (`--threads 99999` crashed the process before it was capped here)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
 def busy_cores(window: float = 0.05) -> float:
     """How many of this process's cores other work keeps busy: the machine's busy fraction over
     `window` seconds, from /proc/stat, while this process sleeps (else the 1-minute load average)."""
@@ -115,7 +123,7 @@ def busy_cores(window: float = 0.05) -> float:
             ticks = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
         return sum(ticks), ticks[3] + ticks[4]
 
-    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    mine = usable_cores()
     try:
         total0, idle0 = counters()
         time.sleep(window)

@@ -60,3 +60,8 @@ class RandomWeightsWarning(UserWarning):
 
 class KernelWarning(UserWarning):
     """glassgpt's own CPU kernels could not be built or loaded here; PyTorch's operators run instead."""
+
+
+class CacheWarning(UserWarning):
+    """A file in glassgpt's cache (a kernel library, the autotune's timings) could not be trusted (cut short,
+    changed, unreadable) and was made again, or could not be kept: the command line says it as one note."""

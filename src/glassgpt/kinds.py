@@ -6,7 +6,8 @@
 A kind is found by its children's names, then described by its glass file's describe(cfg) (model.py,
 families/qwen3.py, families/llama3.py) over the config its tensors and attributes say (adopt.py's and
 families/adopt.py's readers), with every path mapped to the object's own names:
-    glassgpt's GPTModel, Qwen3Model, Llama3Model             the glass names
+    glassgpt's GPTModel, Qwen3Model (and its MoE), Llama3Model,  the glass names
+      Gemma3Model
     the book's GPTModel, Qwen3Model, Llama3Model (and the     the same names (the book's)
       kv_cache variants), a reader's copy with its names
     nanoGPT's GPT, transformers' GPT2LMHeadModel              transformer.h.{i}.attn.c_attn (q, k, v as row slices;
@@ -28,14 +29,17 @@ from . import anatomy as an
 from . import model as gpt2
 from .adopt import config_of, layout_of
 from .errors import GlassError, UnreadableModelError
-from .families import BONUS_MODELS, FAMILIES, llama3, olmo3, qwen3, tiny_aya
+from .families import BONUS_MODELS, FAMILIES, gemma3, llama3, olmo3, qwen3, tiny_aya
 from .families.adopt import family_layout
 from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, bonus_config_from_hf
 
-GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe}
-KINDS_READ = ("glassgpt's GPTModel, Qwen3Model and Llama3Model; the book's GPTModel, Qwen3Model and Llama3Model "
+GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "olmo3": olmo3.describe,
+         "tiny_aya": tiny_aya.describe}
+KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Olmo3Model and TinyAyaModel; the book's "
+              "GPTModel, Qwen3Model and Llama3Model "
               "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
-              "GPT2LMHeadModel, Qwen3ForCausalLM and LlamaForCausalLM")
+              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM and "
+              "Cohere2ForCausalLM")
 LOOKED_FOR = ("the book's children (tok_emb, trf_blocks, final_norm, out_head), nanoGPT's and GPT-2's "
               "(transformer.wte, transformer.h, transformer.ln_f, lm_head) or Qwen3's and Llama's "
               "(model.embed_tokens, model.layers, model.norm, lm_head)")
@@ -51,6 +55,12 @@ ROPE_HF = {"norm1": "input_layernorm", "norm2": "post_attention_layernorm", "att
            "att.out_proj": "self_attn.o_proj", "att.q_norm": "self_attn.q_norm", "att.k_norm": "self_attn.k_norm",
            "ff": "mlp", "ff.fc1": "mlp.gate_proj", "ff.fc2": "mlp.up_proj", "ff.fc3": "mlp.down_proj"}
 ROPE_TOP = {"tok_emb": "model.embed_tokens", "final_norm": "model.norm", "out_head": "lm_head", "trf_blocks": "model.layers"}
+GEMMA3_HF = {"att": "self_attn", "att.W_query": "self_attn.q_proj", "att.W_key": "self_attn.k_proj",
+             "att.W_value": "self_attn.v_proj", "att.out_proj": "self_attn.o_proj", "att.q_norm": "self_attn.q_norm",
+             "att.k_norm": "self_attn.k_norm", "ff": "mlp", "ff.fc1": "mlp.gate_proj", "ff.fc2": "mlp.up_proj",
+             "ff.fc3": "mlp.down_proj"} | {n: n for n in ("input_layernorm", "post_attention_layernorm",
+                                                           "pre_feedforward_layernorm", "post_feedforward_layernorm")}
+GEMMA3_TOP = ROPE_TOP | {"blocks": "model.layers"}
 
 
 def describe(model: nn.Module) -> an.Anatomy:
@@ -87,6 +97,8 @@ def _foreign(model: nn.Module) -> an.Anatomy:
         anatomy = GLASS[cfg.family](cfg)
         if stages.get("tok_emb") == "tok_emb":  # the book's names: the glass file's own
             return replace(anatomy, source=kind)
+        if cfg.family == "gemma3":
+            return an.renamed(anatomy, _mapper(GEMMA3_TOP, GEMMA3_HF), norm_leaves=("weight", None), source=kind)
         return an.renamed(anatomy, _mapper(ROPE_TOP, ROPE_HF), norm_leaves=("weight", None), source=kind)
     try:
         layout = layout_of(model)

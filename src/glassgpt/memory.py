@@ -5,6 +5,14 @@
     available_memory() -> Free(ram, swap): what this machine has free now (MemAvailable, SwapFree)
     training_fit / inference_fit(cfg, ..., free) -> None, a note (only swap would be touched), or a
         ConfigError with the figure and the nearest settings that fit: what the commands check first
+    with_margin(need) -> what a run of that estimate is let have: need x 1.2 + 512 MiB (MARGIN)
+
+One estimate (memory_needs) and one comparison (fits: the estimate with its margin against
+MemAvailable) serve every command: `info` prints both, generate, explain and serve refuse a model
+and sequence that would not fit before anything is allocated (inference_fit), train and finetune a
+run (training_fit), and formats.check_buildable refuses, for any caller of the library, weights
+that would not fit even in swap. GLASSGPT_MEMORY_AVAILABLE (bytes, or a size such as 22.2GiB)
+stands for MemAvailable, with no swap, where it is set: for tests and fault drills.
 
 A back-of-the-envelope count that follows what the forward pass keeps (model.py) and
 what AdamW stores, so it tells a reader whether gpt2-xl fits before they load it.
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,7 +36,7 @@ import torch
 from .config import GPTConfig
 from .engine.attention import ATTENTION_BLOCK
 from .errors import ConfigError, GlassError
-from .families import BONUS_MODELS, FamilyConfig, build_model
+from .families import BONUS_CONFIGS, BONUS_MODELS, FAMILY_CONFIGS, build_model
 from .families.memory import family_memory_needs, family_parameter_table
 
 INT8 = "int8"  # weight-only int8 (engine/int8.py): Linear weights 1 byte, the rest bfloat16
@@ -87,7 +96,7 @@ def model_modules(cfg: GPTConfig) -> tuple[list[ModuleShape], list[ModuleShape],
 def parameter_table(cfg: GPTConfig) -> dict[str, Any]:
     """Per-module parameter counts and the totals with and without weight tying, from the
     config alone (no weights are built): what `glassgpt info` and `explain` print."""
-    if isinstance(cfg, FamilyConfig):  # Qwen3, Llama 3.2 (families/memory.py)
+    if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3.2, Gemma 3 (families/memory.py)
         return family_parameter_table(cfg)
     if getattr(cfg, "family", None) in BONUS_MODELS:
         return bonus_parameter_table(cfg)
@@ -189,10 +198,9 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     dtype for training (a torch dtype, its name, or "int8"/"int4" for quantized decoding).
     `prompt_attention`: the engine's path for long prompts on a CPU ("sdpa" or "blocks", as
     engine/autotune.py chose it)."""
-    if isinstance(cfg, FamilyConfig):  # Qwen3, Llama 3.2 (families/memory.py)
+    if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3.2, Gemma 3 (families/memory.py)
         name, _ = _dtype_size(dtype)
         if name in QUANTIZED:
-            from .errors import GlassError
             raise GlassError(f"{name} weights are GPT-2's (engine/): use float32 or bfloat16 for a {cfg.family} model")
         return family_memory_needs(cfg, getattr(torch, name), batch_size, seq_len)
     if getattr(cfg, "family", None) in BONUS_MODELS:
@@ -301,9 +309,17 @@ class Free:
     source: str
 
 
+MEMORY_VARIABLE = "GLASSGPT_MEMORY_AVAILABLE"
+UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
+
+
 def available_memory(device: torch.device | str | None = None) -> Free:
     """What this machine (or the GPU `device`) has free now: MemAvailable, not MemTotal, since other
-    processes' memory is not ours to take (tests fake this function)."""
+    processes' memory is not ours to take; GLASSGPT_MEMORY_AVAILABLE instead where it is set (tests fake
+    this function or set it)."""
+    faked = os.environ.get(MEMORY_VARIABLE)
+    if faked is not None:
+        return Free(parse_size(faked, MEMORY_VARIABLE), 0, MEMORY_VARIABLE)
     device = torch.device(device or "cpu")
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -320,19 +336,58 @@ def available_memory(device: torch.device | str | None = None) -> Free:
         return Free(1 << 40, 0, "unknown: taken as a terabyte")
 
 
+def parse_size(text: str, what: str) -> int:
+    """Bytes from "23837466624", "22.2GiB", "512M" or "1.5 TB" (binary units: a K is 1,024); a ConfigError for
+    anything else, naming `what`."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*", text, re.IGNORECASE)
+    if match is None or float(match.group(1)) * UNITS[match.group(2).lower()] >= 2**63:
+        raise ConfigError(f"{what}={text!r} is not an amount of memory: give bytes or a size such as 22.2GiB, "
+                          "or unset it")
+    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
+
+
 def gib(n: int | float) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
-def fit_note(need: int, free: Free, what: str, nearest: str) -> str | None:
-    """None when `need` bytes fit in `free.ram`; a note when only swap would be touched; else a ConfigError
-    (one line: the figure, what is available, and `nearest`, the closest settings that fit)."""
-    if need <= free.ram:
+# The estimate is held to within 20% of PyTorch's measured peak (tests/test_memory.py), and the process has more
+# than its tensors (the interpreter, torch's libraries: ~230 MiB before any model, and the allocator's slack): a
+# run is let start only where its estimate with this margin fits.
+MARGIN_FRACTION, MARGIN_BYTES = 0.2, 512 * 2**20
+MARGIN = f"the estimate x {1 + MARGIN_FRACTION:g} + {MARGIN_BYTES // 2**20} MiB"
+
+
+def with_margin(need: int) -> int:
+    """What a run whose estimate is `need` bytes is let have: `need` and its margin (MARGIN)."""
+    return int(need * (1 + MARGIN_FRACTION)) + MARGIN_BYTES
+
+
+def fits(need: int, free: Free) -> bool:
+    """Whether an estimate of `need` bytes, with its margin, fits in the memory available without swapping."""
+    return with_margin(need) <= free.ram
+
+
+def largest(lo: int, hi: int, ok) -> int | None:
+    """The largest n in [lo, hi] for which ok(n) holds, ok being true up to some n and false after (or None):
+    a few dozen estimates, whatever a config claims."""
+    if hi < lo or not ok(lo):
         return None
-    if need <= free.ram + free.swap:
-        return (f"{what} needs {gib(need)} and {gib(free.ram)} is available ({free.source}): the other "
-                f"{gib(need - free.ram)} will come from swap, which runs many times slower ({nearest})")
-    raise ConfigError(f"{what} needs {gib(need)} and this machine has {gib(free.ram)} available ({free.source})"
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
+
+
+def fit_note(need: int, free: Free, what: str, nearest: str) -> str | None:
+    """None when `need` bytes fit, with their margin, in `free.ram`; a note when only swap would be touched; else a
+    ConfigError (one line: the figure, its margin, what is available, and `nearest`, the closest settings that fit)."""
+    if fits(need, free):
+        return None
+    asked = f"{what} needs {gib(need)}, {gib(with_margin(need))} with the margin ({MARGIN})"
+    if with_margin(need) <= free.ram + free.swap:
+        return (f"{asked}, and {gib(free.ram)} is available ({free.source}): the other "
+                f"{gib(with_margin(need) - free.ram)} will come from swap, which runs many times slower ({nearest})")
+    raise ConfigError(f"{asked}, and this machine has {gib(free.ram)} available ({free.source})"
                       + (f" and {gib(free.swap)} of swap" if free.swap else "") + f": {nearest}, or free memory")
 
 
@@ -350,12 +405,12 @@ def training_fit(cfg: GPTConfig, dtype: torch.dtype | str, batch_size: int, seq_
     need = memory_needs(cfg, dtype, batch_size, seq_len)
     per_row = memory_needs(cfg, dtype, 1, seq_len)["activations"]
     fixed = total(cfg, 1) - per_row
-    if fixed + per_row <= free.ram:
-        nearest = f"--batch-size {(free.ram - fixed) // per_row:,} fits"
+    if fits(fixed + per_row, free):
+        most = largest(1, max(1, batch_size - 1), lambda b: fits(fixed + b * per_row, free))
+        nearest = f"--batch-size {most:,} fits"
     else:
-        fitting = [n for n in range(cfg.n_layers - 1, 0, -1)
-                   if total(replace(cfg, n_layers=n), 1) <= free.ram]
-        nearest = (f"--n-layers {fitting[0]} fits at --batch-size 1" if fitting and model_flags else
+        layers = largest(1, cfg.n_layers - 1, lambda n: fits(total(replace(cfg, n_layers=n), 1), free))
+        nearest = (f"--n-layers {layers} fits at --batch-size 1" if layers and model_flags else
                    "a smaller model (fewer --n-layers or a smaller --emb-dim)" if model_flags else
                    "even --batch-size 1 does not fit: a smaller model, or LoRA (--lora-rank 8) to train fewer weights")
     parts = (f"{'weights' if frozen else 'weights, gradients and AdamW state'} {gib(fixed)}, the activations "
@@ -364,26 +419,29 @@ def training_fit(cfg: GPTConfig, dtype: torch.dtype | str, batch_size: int, seq_
                     nearest)
 
 
+def inference_need(cfg: GPTConfig, dtype: torch.dtype | str, tokens: int) -> int:
+    """Bytes to run `cfg` on a sequence of `tokens` tokens: the weights, a KV cache of up to context_length,
+    one forward's temporaries, and TOKEN_BYTES for every token kept."""
+    return memory_needs(cfg, dtype, 1, max(1, min(tokens, cfg.context_length)))["inference"] + tokens * TOKEN_BYTES
+
+
 def inference_fit(cfg: GPTConfig, dtype: torch.dtype | str, tokens: int, free: Free,
                   tokens_flag: str = "--max-new-tokens", new_tokens: int = 0) -> str | None:
     """Whether running `cfg` on a sequence of `tokens` tokens (the prompt and `new_tokens` new ones) fits
-    in `free`: the weights, a KV cache of up to context_length, one forward's temporaries and TOKEN_BYTES
-    for every token kept. The nearest that fits: fewer new tokens, else a smaller dtype."""
-    window = max(1, min(tokens, cfg.context_length))
-    need = memory_needs(cfg, dtype, 1, window)["inference"] + tokens * TOKEN_BYTES
-    if need <= free.ram:
+    in `free` (inference_need, with its margin). The nearest that fits: fewer new tokens, else a smaller dtype."""
+    need = inference_need(cfg, dtype, tokens)
+    if fits(need, free):
         return None
-    weights_and_window = need - tokens * TOKEN_BYTES
-    if new_tokens and weights_and_window + (tokens - new_tokens) * TOKEN_BYTES < free.ram:
-        most = (free.ram - weights_and_window) // TOKEN_BYTES - (tokens - new_tokens)
-        nearest = f"{tokens_flag} {max(0, most):,} fits"
+    prompt = tokens - new_tokens
+    most = largest(0, new_tokens - 1, lambda n: fits(inference_need(cfg, dtype, prompt + n), free)) \
+        if new_tokens else None
+    if most is not None:
+        nearest = f"{tokens_flag} {most:,} fits"
     else:
         name = _dtype_size(dtype)[0]
-        quantized = () if isinstance(cfg, FamilyConfig) or getattr(cfg, "family", None) in BONUS_MODELS \
-            else (INT8, INT4)  # the engine's, GPT-2's only
+        quantized = () if isinstance(cfg, FAMILY_CONFIGS + BONUS_CONFIGS) else (INT8, INT4)  # the engine's, GPT-2's only
         smaller = [d for d in ("bfloat16",) + quantized if d != name
-                   and memory_needs(cfg, d, 1, window)["inference"] + tokens * TOKEN_BYTES <= free.ram
-                   and _dtype_size(d)[1] <= _dtype_size(dtype)[1]]
+                   and fits(inference_need(cfg, d, tokens), free) and _dtype_size(d)[1] <= _dtype_size(dtype)[1]]
         nearest = f"--dtype {smaller[0]} fits" if smaller else "a smaller model"
     parameters = memory_needs(cfg, dtype, 1, 1)["parameters"]
     what = (f"running a model of n_layers {cfg.n_layers:,}, emb_dim {cfg.emb_dim:,} ({parameters:,} parameters) in "

@@ -14,6 +14,7 @@ import sys
 
 from ..errors import GlassError
 from .common import notes_for_warnings
+from .text import guard_streams, quiet_stdout, read_text_args
 
 EXIT_USAGE = 2
 
@@ -75,10 +76,14 @@ def build_parser(command: str | None = None) -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line. Its streams first (cli/text.py): output that a stream cannot encode is escaped,
+    text in argv and stdin is read as it was meant, and a pipe closed early ends the command quietly."""
+    guard_streams()
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv[0] if argv else None)
-    args = parse(parser, argv)
     try:
+        parser = build_parser(argv[0] if argv else None)
+        args = parse(parser, argv)
+        read_text_args(args)
         with notes_for_warnings():
             return args.run(args) or 0
     except GlassError as e:
@@ -93,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # `glassgpt ... | head -1`: the reader has what it wanted
+        quiet_stdout()
         return 0
 
 

@@ -1,5 +1,6 @@
 """`glassgpt check my_gpt.py:GPTModel --config cfg.json`, `glassgpt check my_attention.py:MultiHeadAttention
---args ch03`: a reader's own implementation, whole or one piece, against the book's formulas."""
+--args ch03`: a reader's own implementation, whole or one piece, against the book's formulas;
+`glassgpt check my_qwen3.py:Qwen3Model --against transformers`: the layer debugger."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from pathlib import Path
 import torch
 
 from ..errors import GlassError
+from ..explain.debugger import AGAINST, debug
+from ..explain.loading import load_state_dict
 from ..explain.pieces import PRESETS, build, check as check_piece, is_whole_model
+from ..explain.pieces.cache import has_cache_api
 from ..explain.verify import DEFAULT_TEXT
 from ..explain.verify_family import check  # GPT-2, or a Qwen3/Llama port of the book's classes
 from ..formats.files import read_json
@@ -32,42 +36,65 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the Python file and the class or function in it, e.g. my_attention.py:MultiHeadAttention")
     p.add_argument("--args", metavar="JSON|PRESET",
                    help="the constructor's arguments: a JSON object ('{\"d_in\": 768, \"d_out\": 768, ...}', or "
-                        f"a .json file), or the book's for a chapter's examples: {', '.join(PRESETS)} (default: the "
-                        "book's for the class's chapter)")
+                        f"a .json file; a model's config dict is mapped to a piece's arguments), or the book's for a "
+                        f"chapter's examples or a tiny model: {', '.join(PRESETS)} (default: the book's for the "
+                        "class's chapter or model)")
     p.add_argument("--config", metavar="JSON",
                    help="the config dict a GPTModel takes, as a .json file (e.g. the book's GPT_CONFIG_124M)")
     p.add_argument("--weights", metavar="PTH", help="a state dict to load into it (default: its random weights)")
     p.add_argument("--seed", type=seed, default=123, help="torch.manual_seed before building it (default: 123)")
-    p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"a whole model's prompt (default: {DEFAULT_TEXT!r})")
+    p.add_argument("--prompt", default=DEFAULT_TEXT, help=f"a whole model's prompt (default: {DEFAULT_TEXT!r}; a "
+                                                          "Qwen3/Llama port reads it as UTF-8 bytes, its tokenizer "
+                                                          "not being loaded)")
+    p.add_argument("--against", choices=AGAINST,
+                   help="the layer debugger: a whole GPT-2, Qwen3 or Llama 3 model (its class, built on a tiny "
+                        "random config or on --config) given transformers' random weights, layer by layer against "
+                        "transformers' model: [OK]/[DIFF]/[SHAPE] per layer, then the first cause")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run_check)
 
 
 def run_check(args: argparse.Namespace) -> int:
     obj = load_class(args.target)
-    if isinstance(obj, type):
-        obj = _build(obj, args)
-    result = check(obj, args.prompt) if is_whole_model(obj) else check_piece(obj)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.to_text())
+    notes: list[str] = []
+    if args.against:
+        if args.weights:
+            raise GlassError("--against transformers gives both models the same random weights: leave out --weights")
+        result = debug(obj, _config(args), against=args.against, seed=args.seed)
+    else:
+        if isinstance(obj, type):
+            obj, notes = _build(obj, args)
+        whole = is_whole_model(obj) and not has_cache_api(obj)  # a cached model: its cache against no cache
+        result = check(obj, args.prompt) if whole else check_piece(obj, args.prompt)
+    out = result.to_dict() | ({"load_notes": notes} if notes else {})
+    print(json.dumps(out, indent=2) if args.json else "\n".join([result.to_text()] + [f"note: {n}" for n in notes]))
     return 0 if result.ok else 1
 
 
-def _build(cls: type, args: argparse.Namespace):
+def _config(args: argparse.Namespace):
     if args.config and args.args:
         raise GlassError("give --config (a GPTModel's config) or --args (a piece's arguments), not both")
-    config = read_json(args.config, what="config") if args.config else _args(args.args)
+    config = read_json(args.config, what="config", kind="config") if args.config else _args(args.args)
     if isinstance(config, dict) and isinstance(config.get("dtype"), str):  # the book's Qwen3/Llama dicts hold a torch dtype; JSON its name
         config["dtype"] = getattr(torch, config["dtype"].removeprefix("torch."), None)
         if not isinstance(config["dtype"], torch.dtype):
             raise GlassError(f"{args.config or args.args}: dtype must name a torch dtype such as \"float32\" or \"bfloat16\"")
-    model = build(cls, config, seed=args.seed)
-    if args.weights:
-        try:
-            model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
-        except Exception as err:  # the reader's own file: one line, where and what
-            raise GlassError(f"{args.weights} does not load into {cls.__name__}: {type(err).__name__}: "
-                             f"{str(err).splitlines()[0]}") from None
-    return model
+    return config
+
+
+def _build(cls: type, args: argparse.Namespace):
+    """(the model, notes on its --weights): a state dict that does not load is one line naming why."""
+    model = build(cls, _config(args), seed=args.seed)
+    if not args.weights:
+        return model, []
+    try:
+        state = torch.load(args.weights, map_location="cpu", weights_only=True)
+    except Exception as err:  # the reader's own file: one line, where and what
+        raise GlassError(f"{args.weights} does not load: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+    if not isinstance(state, dict):
+        raise GlassError(f"{args.weights} holds a {type(state).__name__}, not a state dict: save one with "
+                         "torch.save(model.state_dict(), path)")
+    return model, load_state_dict(model, state, source=args.weights)
 
 
 def _args(text: str | None):
@@ -80,7 +107,7 @@ def _args(text: str | None):
         except json.JSONDecodeError as err:
             raise GlassError(f"--args is not a JSON object: {err.msg} at character {err.pos}") from None
     if Path(text).suffix == ".json":
-        return read_json(text, what="arguments")
+        return read_json(text, what="arguments", kind="config")
     raise GlassError(f"--args {text!r}: give a JSON object of the constructor's arguments, a .json file, or one of "
                      f"{', '.join(PRESETS)}")
 

@@ -11,11 +11,11 @@ import warnings
 
 import torch
 
-from ..device import pick_threads, resolve_device, resolve_dtype
+from ..device import pick_threads, resolve_device, resolve_dtype, usable_cores
 from ..errors import GlassError
 from ..model import GPTModel
 from ..tokenizer import ENDOFTEXT, Tokenizer, check_fits
-from ..errors import ConfigError, KernelWarning, RandomWeightsWarning
+from ..errors import CacheWarning, ConfigError, KernelWarning, RandomWeightsWarning
 from .. import formats
 from .. import memory
 from ..formats import Source
@@ -40,15 +40,15 @@ def say(*parts, **kwargs) -> None:
 
 @contextlib.contextmanager
 def notes_for_warnings():
-    """Inside, a RandomWeightsWarning (load_model of a preset) or a KernelWarning (glassgpt's CPU
-    kernels could not be built here) prints as one `note: ...` line on stderr, and not as Python's
-    warning with its file and line."""
+    """Inside, a RandomWeightsWarning (load_model of a preset), a KernelWarning (glassgpt's CPU
+    kernels could not be built here) or a CacheWarning (a cached file was made again) prints as one
+    `note: ...` line on stderr, and not as Python's warning with its file and line."""
     with warnings.catch_warnings():  # restores showwarning and the filters on exit
         warnings.simplefilter("always", RandomWeightsWarning)
         show = warnings.showwarning
 
         def note(message, category, *args, **kwargs):
-            if issubclass(category, (RandomWeightsWarning, KernelWarning)):
+            if issubclass(category, (RandomWeightsWarning, KernelWarning, CacheWarning)):
                 say(f"note: {message}", file=sys.stderr)
             else:
                 show(message, category, *args, **kwargs)
@@ -89,10 +89,18 @@ DROP_RATE_HELP = ("dropout of a .pth state dict, which cannot record it (default
                   "else 0.0, said in a note)")
 
 
+TOKENIZER_HELP = ("the tokenizer to read and write text with, in place of the model's own: gpt2 (GPT-2's), or a "
+                  "file: a Qwen3-style tokenizer.json, a Llama 3 tokenizer.model, or a tokenizer .json glassgpt saved "
+                  "(default: the one saved with the model, else GPT-2's)")
+
+
 def add_source_args(p: argparse.ArgumentParser, context_length: str | None = None, n_heads: str = N_HEADS_HELP,
-                    drop_rate: str = DROP_RATE_HELP) -> None:
-    """--n-heads, --drop-rate and, where a command reads windows, --context-length (its help given): the flags
-    that formats.open takes, in every command that reads a state dict (train gives them its own help too)."""
+                    drop_rate: str = DROP_RATE_HELP, tokenizer: bool = True) -> None:
+    """--n-heads, --drop-rate, --tokenizer and, where a command reads windows, --context-length (its help given):
+    the flags that formats.open takes, in every command that reads a model (train gives them its own help, and
+    its own --tokenizer, too)."""
+    if tokenizer:
+        p.add_argument("--tokenizer", dest="model_tokenizer", default=None, metavar="gpt2|FILE", help=TOKENIZER_HELP)
     p.add_argument("--n-heads", type=positive_int, default=None, metavar="H", help=n_heads)
     p.add_argument("--drop-rate", type=dropout, default=None, metavar="P", help=drop_rate)
     if context_length is not None:
@@ -105,7 +113,8 @@ def open_model(args: argparse.Namespace, spec=None, dropout_matters: bool = Fals
     the command trains or writes it: `dropout_matters`). `window`: --context-length is a window length."""
     source = formats.open(args.model if spec is None else spec, n_heads=getattr(args, "n_heads", None),
                           drop_rate=getattr(args, "drop_rate", None),
-                          context_length=getattr(args, "context_length", None) if window else None)
+                          context_length=getattr(args, "context_length", None) if window else None,
+                          tokenizer=getattr(args, "model_tokenizer", None))
     say_opened(source, dropout_matters)
     return source
 
@@ -114,6 +123,8 @@ def say_opened(source: Source, dropout_matters: bool = False) -> None:
     """The lines a command says of the model it opened, on stderr (the first it prints)."""
     if source.checkpoint is not None:
         say(f"note: {source.checkpoint.line()}", file=sys.stderr)
+    if (origin := source.config_origin()) is not None:
+        say(f"note: {origin}", file=sys.stderr)
     if source.kind == "state_dict":
         for note in source.notes():
             if note.assumed and (dropout_matters or note.field != "drop_rate"):
@@ -122,23 +133,47 @@ def say_opened(source: Source, dropout_matters: bool = False) -> None:
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help="CPU threads for the model's ops (default: 1 for models with emb_dim < 512, else the "
-                        "cores that other work leaves free now, measured at start, at least 1: on a 2-core machine "
-                        "with one core busy, 2 threads generated 10x slower than 1; OMP_NUM_THREADS=N also sets it)")
+                   help="CPU threads for the model's ops, at most the cores this process may use (more is capped, "
+                        "with a note) (default: 1 for models with emb_dim < 512, else the cores that other work "
+                        "leaves free now, measured at start, at least 1: on a 2-core machine with one core busy, 2 "
+                        "threads generated 10x slower than 1; OMP_NUM_THREADS=N also sets it)")
+
+
+def threads_from_env() -> int | None:
+    """OMP_NUM_THREADS as a count of threads; None when unset, or (with a note) when it is not one."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is None or not value.strip():
+        return None
+    try:
+        n = int(value.strip())
+    except ValueError:
+        n = 0
+    if n <= 0:
+        say(f"note: OMP_NUM_THREADS={value!r} is not a positive integer: ignored, as if it were unset",
+            file=sys.stderr)
+        return None
+    return n
 
 
 def set_threads(requested: int | None, emb_dim: int, file=None, recorded: int | None = None) -> int:
     """Set torch's intra-op threads: --threads, else OMP_NUM_THREADS, else the count a resumed run
-    `recorded`, else device.pick_threads; say which, and when a resume changes the run's count, what
-    that does to exactness."""
+    `recorded`, else device.pick_threads; at most device.usable_cores() (capped with a note), so that
+    neither torch nor the native step is asked for threads the machine cannot run. Say which, and when a
+    resume changes the run's count, what that does to exactness."""
+    env = threads_from_env() if requested is None else None
     if requested is not None:
         n, why = requested, "--threads"
-    elif os.environ.get("OMP_NUM_THREADS"):
-        n, why = torch.get_num_threads(), "OMP_NUM_THREADS"
+    elif env is not None:
+        n, why = env, "OMP_NUM_THREADS"
     elif recorded is not None:
         n, why = recorded, "the run's own, kept on resume"
     else:
         n, why = pick_threads(emb_dim, torch.get_num_threads())
+    most = usable_cores()
+    if n > most:
+        say(f"note: {n:,} threads ({why}) are more than the {most} cores this process may use: {most} threads",
+            file=sys.stderr)
+        n, why = most, f"{why}, capped at the cores"
     torch.set_num_threads(n)
     say(f"threads: {n} ({why}; --threads N to change)", file=file or sys.stderr)
     if recorded is not None and n != recorded:

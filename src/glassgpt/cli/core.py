@@ -13,12 +13,13 @@ from ..device import cpu_flags, resolve_device, resolve_dtype
 from ..engine.int4 import check_group_size
 from ..engine import KVCache, as_engine, autotune, compile_for_generation, compiling, native
 from ..engine.advice import advise
-from ..errors import GlassError
+from ..errors import ConfigError, GlassError
 from ..recall import MIN_TOKENS, copied_spans
 from ..generate import decode_stream, glass_model, sampling_probs, stream
 from ..prompt import fit_prompt
+from .. import memory
 from ..memory import bonus_notes, memory_needs, parameter_table
-from ..families import BONUS_MODELS, FamilyConfig
+from ..families import BONUS_CONFIGS, FAMILY_CONFIGS
 from ..families.memory import family_notes
 from ..formats import download
 from ..formats.gguf import gguf_dtype_note
@@ -28,6 +29,9 @@ from .common import (add_model_args, add_special_arg, check_prompt, encode_promp
                      positive_int, probability, require_language_model, special_reading, temperature)
 from .limits import MAX_TEMPERATURE, MIN_TEMPERATURE
 from .progress import Heartbeat, duration
+
+# The configs whose models run their glass code only (Qwen3, Llama 3.2, Gemma 3; OLMo 3, Tiny Aya): no kernels to choose.
+GLASS_ONLY = FAMILY_CONFIGS + BONUS_CONFIGS
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -91,7 +95,7 @@ def run_generate(args: argparse.Namespace) -> int:
     model, tok = load(args, tokens=len(args.prompt.encode("utf-8")) + args.max_new_tokens,
                       new_tokens=args.max_new_tokens)
     require_language_model(model, args.model)
-    if not isinstance(model.cfg, FamilyConfig):  # Qwen3 and Llama run their glass code: no kernels to choose
+    if not isinstance(model.cfg, GLASS_ONLY):  # Qwen3, Llama, Gemma, OLMo and Aya run their glass code: no kernels
         report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
     measure = None  # where a compile runs: what it costs and saves is measured, for the next command
     if args.compile:
@@ -155,7 +159,7 @@ def compile_if_it_pays(model, new_tokens: int):
     that ran, or None): `model` compiled where compiling pays for `new_tokens` new
     tokens (engine/compiling.py decides, from what it measured here), with a note on stderr saying why or
     why not. Off the CPU, and for Qwen3 and Llama, it compiles as asked."""
-    if isinstance(model.cfg, FamilyConfig) or model.tok_emb.weight.device.type != "cpu":
+    if isinstance(model.cfg, GLASS_ONLY) or model.tok_emb.weight.device.type != "cpu":
         return compile_for_generation(model), None
     engine = as_engine(model)
     choices = engine.choices
@@ -280,10 +284,12 @@ def run_info(args: argparse.Namespace) -> int:
     precision = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     if precision == "int4":
         check_group_size(cfg)
-    bonus = getattr(cfg, "family", None) in BONUS_MODELS  # OLMo 3, Tiny Aya
-    family = isinstance(cfg, FamilyConfig) or bonus  # Qwen3, Llama 3.2 and those: glass code only, no kernels to choose
+    bonus = isinstance(cfg, BONUS_CONFIGS)  # OLMo 3, Tiny Aya
+    family = isinstance(cfg, GLASS_ONLY)  # Qwen3, Llama 3.2, Gemma 3 and those: glass code only, no kernels to choose
+    here = fit_here(cfg, dtype, args.batch_size, args.seq_len or cfg.context_length, memory.available_memory(device))
+    # (the kernels are timed on one layer of the model's shapes: not for a model that this machine cannot run)
     choices = autotune.choose(cfg, precision) if device.type == "cpu" and precision in autotune.PRECISIONS \
-        and not family else None
+        and not family and here["inference"]["fits"] else None
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len,
                        prompt_attention=choices.winners.get("attention prompt", "sdpa") if choices else "sdpa")
@@ -300,7 +306,7 @@ def run_info(args: argparse.Namespace) -> int:
         advice = advise(cfg, precision, cpu_flags(), measured, None if native.load() is not None else native.status())
     if args.json:
         kernels = {"machine": choices.machine, "chosen": choices.winners, "ms": choices.ms} if choices else None
-        print(json.dumps({"config": cfg.to_dict(), "notes": notes, "parameters": rows, "memory": mem,
+        print(json.dumps({"config": cfg.to_dict(), "notes": notes, "parameters": rows, "memory": mem, "here": here,
                           "kernels": kernels, "advice": advice}, indent=2))
         return 0
     print("config")
@@ -317,12 +323,40 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"\nmemory ({mem['dtype']}, batch {mem['batch_size']} x {mem['seq_len']} tokens)")
     for key in ("weights", "kv_cache", "inference", "gradients", "adamw_state", "activations", "training"):
         print(f"  {key:<14} {mem[key] / 2**30:>9.2f} GiB   {mem['notes'][key]}")
+    print(f"\non this machine ({memory.gib(here['available'])} available, {here['source']}; a run starts where "
+          f"{here['margin']} fits)")
+    for key in ("inference", "training"):
+        verdict = here[key]
+        if verdict is not None:
+            print(f"  {key:<14} {'fits' if verdict['fits'] else 'does not fit'}: {verdict['line']}")
     if choices:
         print(f"\n{autotune.describe(choices, cfg)}")
         print("\non this CPU")
         for line in advice:
             print(f"  {line}")
     return 0
+
+
+def fit_here(cfg, dtype, batch_size: int, seq_len: int, free: memory.Free) -> dict:
+    """What `generate` and `train` would decide on this machine for `cfg` (memory.inference_fit and training_fit,
+    the checks they run before loading): the figure each compares, with its margin, and the verdict in words."""
+    def verdict(need: int, check) -> dict:
+        try:
+            note = check()
+        except ConfigError as e:
+            return {"need": need, "with_margin": memory.with_margin(need), "fits": False, "line": str(e)}
+        line = note or f"{memory.gib(need)}, {memory.gib(memory.with_margin(need))} with the margin"
+        return {"need": need, "with_margin": memory.with_margin(need), "fits": True, "line": line}
+
+    tokens = min(seq_len, cfg.context_length)
+    here = {"available": free.ram, "swap": free.swap, "source": free.source, "margin": memory.MARGIN,
+            "inference": verdict(memory.inference_need(cfg, dtype, tokens),
+                                 lambda: memory.inference_fit(cfg, dtype, tokens, free)),
+            "training": None}
+    if dtype not in QUANTIZED:
+        need = memory_needs(cfg, dtype, batch_size, tokens)["training"]
+        here["training"] = verdict(need, lambda: memory.training_fit(cfg, dtype, batch_size, tokens, free))
+    return here
 
 
 def run_download(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_reading_args(p)
     add_special_arg(p)
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                   help="colour the text view (default: auto, when stdout is a terminal)")
+                   help="colour the text view (default: auto, when stdout is a terminal and NO_COLOR is unset or empty)")
     p.set_defaults(run=run_explain)
 
 
@@ -236,7 +237,9 @@ def _show(args: argparse.Namespace, data: dict, drawing, text) -> int:
         w, h = draw.save_png(drawing(), path)
         print(f"wrote {path} ({w}x{h})", file=sys.stderr)
         return 0
-    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not args.out)
+    # auto: on a terminal, unless NO_COLOR is set and not empty (no-color.org)
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not args.out
+                                       and not os.environ.get("NO_COLOR"))
     return emit(text(color), args.out)
 
 

@@ -43,6 +43,7 @@ from .common import (add_model_args, add_reading_args, add_source_args, check_tr
                      require_language_model, say, temperature)
 from .limits import MAX_TEMPERATURE, MIN_TEMPERATURE, number
 from .progress import StepBar
+from .text import stdin_lines
 from .run import Prepared, Start, add_train_args, given_flags, run_training, stoppable, train_config_from_args
 
 # Flags that describe what a run is made of; --resume takes them from the run instead.
@@ -374,7 +375,7 @@ def run_chat(args: argparse.Namespace) -> int:
     else:
         if sys.stdin.isatty():
             print("one instruction per line; Ctrl-D ends", file=sys.stderr)
-        instructions = (line.strip() for line in sys.stdin)
+        instructions = (line.strip() for line in stdin_lines())
     for instruction in instructions:
         if not instruction:
             continue

@@ -72,7 +72,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_source_args(p, context_length="tokens per training window (default: the --model's, at most --init's)",
                     n_heads="attention heads per block (default: the --model's); with --init: " + N_HEADS_HELP,
                     drop_rate=f"dropout (default: the preset's; a .pth state dict, which cannot record it: "
-                              f"{BOOK_DROP_RATE}, the book's)")
+                              f"{BOOK_DROP_RATE}, the book's)", tokenizer=False)
     p.add_argument("--val-fraction", type=fraction, help="share held out at the end (default 0.1: of the tokens; "
                                                          "--recipe book: of the characters, as the notebook splits)")
     p.add_argument("--stride", type=positive_int, metavar="N",
@@ -121,7 +121,7 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
                    help="glassgpt: the evenly spaced windows training evaluates; book: the book's loaders, every "
                         "window at --stride from the start (default glassgpt)")
     p.add_argument("--val-fraction", type=fraction, help="default: the run's, else 0.1")
-    add_source_args(p, context_length="window length (default: the run's or the model's)")
+    add_source_args(p, context_length="window length (default: the run's or the model's)", tokenizer=False)
     p.add_argument("--stride", type=positive_int, help="--recipe book: tokens between windows (default: the context length)")
     p.add_argument("--batch-size", type=positive_int, help="default: the run's, else 8 (--recipe book: 2)")
     p.add_argument("--eval-batches", type=positive_int,

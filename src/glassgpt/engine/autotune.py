@@ -34,15 +34,23 @@ another thread count or a newly installed compiler measures again. A decision wh
 less than 10%, or whose runs were unsteady (another process held a core), is measured again by the
 next process, up to three times, each candidate keeping its least disturbed time (SETTLED_LEAD).
 Off the CPU nothing is chosen: PyTorch's operators run; in training, only the attention's path.
+
+The cache is written whole (a temporary file renamed over it) and read warily: a file that is not
+the JSON glassgpt writes (cut short, garbage, over MAX_CACHE_BYTES), or an entry whose winners and
+times are not (a winner that is no candidate, a time that is no number), is measured again, with
+one `CacheWarning` naming the file; a cache that cannot be written is measured again by each
+process, with one `CacheWarning` too. Nothing read from it is run: it only picks among candidates.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +60,7 @@ from torch import nn
 
 from ..config import GPTConfig
 from ..device import cpu_flags
+from ..errors import CacheWarning
 from . import native
 from .attention import ATTENTION_BLOCK, PATHS, attend
 from .cache import KVCache
@@ -86,6 +95,10 @@ STEP_BUDGET_S, STEP_REPEATS = 0.5, 7
 # median within STEADY of their least disturbed); any other is measured again at the next process's first use,
 # up to TRIES measurements in all, each candidate keeping its least disturbed time across them.
 SETTLED_LEAD, STEADY, TRIES = 1.10, 1.5, 3
+# What a cache entry's winners may name (measure's candidates), and the most a cache file may hold (a machine's
+# entries are a few kB each): anything else in the file is not what glassgpt wrote.
+CANDIDATES = frozenset({"torch", "glassgpt", *PATHS, "native", "engine"})
+MAX_CACHE_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -422,21 +435,71 @@ def measure(choices: Choices, decision: str, candidates: dict, budget_s: float =
 
 
 def _read(path: Path) -> dict:
+    """The cache file's entries that are what glassgpt writes; the rest is left out, with one CacheWarning
+    naming the file (per process and file), so that its decisions are measured again."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        if path.stat().st_size > MAX_CACHE_BYTES:
+            return _untrusted(path, f"is {path.stat().st_size:,} bytes, more than the {MAX_CACHE_BYTES:,} a cache holds")
+        data = json.loads(path.read_bytes())
+    except (FileNotFoundError, NotADirectoryError):  # (nothing kept yet; _write says it if it cannot keep it)
         return {}
-    return data if isinstance(data, dict) else {}
+    except OSError as e:
+        return _untrusted(path, f"cannot be read ({e.strerror or e})")
+    except ValueError:  # (UnicodeDecodeError too)
+        return _untrusted(path, "is not JSON (cut short?)")
+    if not isinstance(data, dict):
+        return _untrusted(path, f"holds a JSON {type(data).__name__}, not the object of entries glassgpt writes")
+    entries = {key: value for key, value in data.items() if _entry_problem(value) is None}
+    if len(entries) < len(data):
+        bad = next(key for key in data if key not in entries)
+        _untrusted(path, f"has {len(data) - len(entries)} entries that are not what glassgpt writes "
+                         f"({_entry_problem(data[bad])} in {bad!r})")
+    return entries
+
+
+def _entry_problem(entry) -> str | None:
+    """None where `entry` is as `save` writes it: winners among CANDIDATES, each with its time in ms, times that
+    are non-negative numbers, counts of measurements that are whole numbers."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("winners"), dict) or not isinstance(entry.get("ms"), dict):
+        return "no winners and times"
+    ms, unsettled = entry["ms"], entry.get("unsettled", {})
+    for decision, times in ms.items():
+        if not isinstance(times, dict) or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                                  and math.isfinite(t) and t >= 0 for t in times.values()):
+            return f"a time of {decision!r} that is not a number of milliseconds"
+    for decision, winner in entry["winners"].items():
+        if winner not in CANDIDATES or winner not in ms.get(decision, {}):
+            return f"a winner of {decision!r} that was not measured"
+    if not isinstance(unsettled, dict) or not all(type(n) is int for n in unsettled.values()):
+        return "counts of measurements that are not whole numbers"
+    return None
+
+
+_noted: set[tuple[str, str]] = set()  # (file, what): each note once per process
+
+
+def _untrusted(path: Path, problem: str, then: str = "measuring again what it held") -> dict:
+    if (str(path), problem) not in _noted:
+        _noted.add((str(path), problem))
+        warnings.warn(f"{path} {problem}: {then}", CacheWarning, stacklevel=3)
+    return {}
 
 
 def _write(path: Path, key: str, value: dict) -> None:
-    """Add one entry to the cache file, atomically (another process may be reading it); a read-only home is no error."""
+    """Add one entry to the cache file, atomically (another process may be reading it); a cache that cannot be
+    written is no error, but one CacheWarning."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _read(path)
         data[key] = value
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-            json.dump(data, f, indent=1)
+            try:
+                json.dump(data, f, indent=1)
+            except BaseException:
+                f.close()
+                os.unlink(f.name)
+                raise
         os.replace(f.name, path)
-    except OSError:
-        pass
+    except OSError as e:
+        _untrusted(path, f"cannot be written ({e.strerror or e})",
+                   "each process measures the kernels again; set XDG_CACHE_HOME to a folder that can be")

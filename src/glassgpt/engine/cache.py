@@ -34,11 +34,13 @@ class KVCache:
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
         max_len = max_len or cfg.context_length
         heads, head_dim = cfg.kv_heads  # GPT-2: every head; Qwen3/Llama: the key/value groups
-        shape = (batch_size, heads, max_len, head_dim)
+        # A sliding-window layer (Gemma 3's) keeps only its last `window` positions, in a ring: slot pos % window.
+        self.windows = getattr(cfg, "windows", None) or (None,) * cfg.n_layers
+        shapes = [(batch_size, heads, max_len if w is None else min(w, max_len), head_dim) for w in self.windows]
         # Uninitialised on purpose: only positions [0, pos) are ever read, and zeroing a
         # full-context cache (75 MB for gpt2 at batch 1 in float32) costs more than a short reply.
-        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for shape in shapes]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for shape in shapes]
         self.max_len = max_len
         self.pos = 0
 
@@ -65,9 +67,28 @@ class KVCache:
         if end > self.max_len:
             raise PromptError(f"the KV cache holds {self.max_len:,} positions but {end:,} are needed: "
                               "make the KVCache with a larger max_len")
+        if self.windows[layer] is not None:
+            return self._update_ring(layer, k, v)
         self.k[layer][:, :, self.pos:end] = k
         self.v[layer][:, :, self.pos:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+    def _update_ring(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sliding layer's update: keep the last `slots` positions (position p in slot p % slots) and return the
+        kept earlier ones, in position order, then the t new ones: the last s positions before `end`, as a full
+        layer's are (one new token: the kept slots in any order, every one of them in its window)."""
+        ring_k, ring_v = self.k[layer], self.v[layer]
+        slots, t, p = ring_k.shape[2], k.shape[2], self.pos
+        if t == 1:
+            ring_k[:, :, p % slots], ring_v[:, :, p % slots] = k[:, :, 0], v[:, :, 0]
+            return ring_k[:, :, :min(p + 1, slots)], ring_v[:, :, :min(p + 1, slots)]
+        kept = torch.arange(p - min(p, slots), p, device=k.device) % slots  # the slots of the kept positions, in order
+        keys, values = torch.cat([ring_k[:, :, kept], k], dim=2), torch.cat([ring_v[:, :, kept], v], dim=2)
+        n = min(t, slots)  # the new positions that stay: the last n
+        last = torch.arange(p + t - n, p + t, device=k.device) % slots
+        ring_k[:, :, last], ring_v[:, :, last] = k[:, :, t - n:], v[:, :, t - n:]
+        return keys, values
 
 
 class LayerCache:

@@ -131,6 +131,8 @@ def why_not(model: nn.Module, cache: KVCache) -> str | None:
     cfg = getattr(model, "cfg", None)
     if getattr(cfg, "family", None) not in ("qwen3", "llama3"):
         return f"it runs Qwen3 and Llama 3 models only, not {type(model).__name__}"
+    if getattr(cfg, "num_experts", 0):
+        return "it runs dense feed-forwards only, not a mixture of experts (the glass MoEFeedForward decodes it)"
     weight = model.tok_emb.weight
     if weight.device.type != "cpu":
         return "it runs on the CPU only"

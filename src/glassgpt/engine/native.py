@@ -13,6 +13,17 @@ the torch version; later processes load that file in milliseconds. A CPU without
 machine without a compiler or torch headers, or a build that fails: `load()` returns None,
 `status()` says why in one line, a `KernelWarning` says it once per process, and every
 caller runs PyTorch's own operators instead (the pure-PyTorch path, which the tests cover).
+
+A library in the cache is executed only once it is known whole. A build runs under a lock
+(`kernels/build.lock`: a second process waits, then finds the library built), in a temporary
+folder; the library is loaded once in a child process, its size and sha256 are written beside
+it (`<library>.sha256`), and then it is renamed into place, so that no process ever sees half
+of one. Before loading, `check_built` reads its ELF header (the file holds every segment the
+header names) and compares it with that record: a library cut short (an interrupted build, a
+full disk), changed, or without a record is never loaded (a cut one kills the process that
+maps it with SIGBUS) but built again, with one `CacheWarning` naming the file. A cache folder
+that cannot be written: a whole library there is still loaded; else PyTorch's operators run,
+and the `KernelWarning` names the folder.
 """
 
 from __future__ import annotations
@@ -21,8 +32,10 @@ import concurrent.futures
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,12 +45,14 @@ from pathlib import Path
 import torch
 
 from ..device import cpu_flags
-from ..errors import KernelWarning
+from ..errors import CacheWarning, KernelWarning
 
 SOURCES = Path(__file__).parent / "kernels"
 REQUIRED = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma")  # the ISA every kernel is written for
 OPTIONAL = {"avx512_vnni": "-mavx512vnni", "avx512_bf16": "-mavx512bf16"}  # used where present
 BUILD_SECONDS = 300
+RECORD = ".sha256"  # beside each library: {"bytes": its size, "sha256": its digest}, written by its build
+MISSING = "is not built yet"
 
 _status = "not loaded yet"
 _library: list[ctypes.CDLL] = []  # the library this process loaded (one per process)
@@ -45,8 +60,18 @@ _library: list[ctypes.CDLL] = []  # the library this process loaded (one per pro
 
 def cache_dir() -> Path:
     """Where glassgpt keeps what it builds, measures and tokenizes once per machine:
-    $XDG_CACHE_HOME/glassgpt, by default ~/.cache/glassgpt (the one cache root)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glassgpt"
+    $XDG_CACHE_HOME/glassgpt, by default ~/.cache/glassgpt (the one cache root). A relative
+    XDG_CACHE_HOME is ignored, as the XDG specification asks (it would move with the working
+    folder); so is a HOME that is unset, empty or relative: the home folder is then the password
+    database's."""
+    root = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(root):
+        return Path(root) / "glassgpt"
+    home = os.environ.get("HOME", "")
+    if not os.path.isabs(home):
+        import pwd
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    return Path(home) / ".cache" / "glassgpt"
 
 
 @functools.lru_cache(maxsize=1)
@@ -134,25 +159,63 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def build(isa: list[str], directory: Path) -> Path:
-    """Compile and link the kernels for `isa` into `directory` (once: the file name holds the inputs' hash)."""
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise OSError("no C++ compiler (g++) found: install one, e.g. apt-get install g++")
-    torch_lib = str(Path(torch.__file__).parent / "lib")
-    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    kernel_cmd = ["-O3", "-std=c++17", "-fPIC", "-fopenmp", *isa]
+def library_path(isa: list[str], directory: Path) -> Path:
+    """Where the kernels for `isa` are kept in `directory`: a name holding the hash of the sources, the flags,
+    torch's version and Python's."""
     key = hashlib.sha256()
     for part in sorted(SOURCES.iterdir()):
         key.update(part.name.encode() + part.read_bytes())
-    key.update(" ".join([*kernel_cmd, abi, torch.__version__, sys.version]).encode())
-    path = directory / f"glassgpt_kernels-{key.hexdigest()[:16]}.so"
-    if path.exists():
+    key.update(" ".join([*_kernel_flags(isa), _abi(), torch.__version__, sys.version]).encode())
+    return directory / f"glassgpt_kernels-{key.hexdigest()[:16]}.so"
+
+
+def _kernel_flags(isa: list[str]) -> list[str]:
+    return ["-O3", "-std=c++17", "-fPIC", "-fopenmp", *isa]
+
+
+def _abi() -> str:
+    return f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+
+
+def build(isa: list[str], directory: Path) -> Path:
+    """The kernels for `isa` in `directory`, whole (check_built): compiled and linked there first where they are
+    not, or where the file there cannot be trusted (then with a CacheWarning naming it)."""
+    path = library_path(isa, directory)
+    problem = check_built(path)
+    if problem is None:
         return path
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise OSError(_untrusted(path, problem) + "no C++ compiler (g++) found: install one, e.g. apt-get install g++")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / "build.lock", "a")
+    except OSError as e:  # a read-only cache, a file where the folder should be, a full disk
+        raise OSError(f"{_untrusted(path, problem)}the kernel cache {directory} cannot be written "
+                      f"({e.strerror or e}): set XDG_CACHE_HOME to a folder that can be") from None
+    import fcntl  # (POSIX only, as are the kernels' compiler flags)
+    with lock:  # (closing it releases the lock; so does the system, if this process dies)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process building here: wait for it
+        if check_built(path) is not None:  # else the other process built it while this one waited
+            for stale in directory.glob("build-*"):  # no build runs here now: these were stopped part way
+                shutil.rmtree(stale, ignore_errors=True)
+            _compile_into(path, compiler, isa)
+    if problem != MISSING:
+        warnings.warn(f"{path} {problem}: built it again", CacheWarning, stacklevel=2)
+    return path
+
+
+def _untrusted(path: Path, problem: str) -> str:
+    return "" if problem == MISSING else f"{path} {problem}, and "
+
+
+def _compile_into(path: Path, compiler: str, isa: list[str]) -> None:
+    """Compile, link and load once in a child process; record its size and sha256; then rename it to `path`."""
     from torch.utils import cpp_extension  # (setuptools: only a build needs it)
-    ops_cmd = ["-O2", "-std=c++20", "-fPIC", abi, *[f"-I{p}" for p in cpp_extension.include_paths()]]
-    directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+    torch_lib = str(Path(torch.__file__).parent / "lib")
+    kernel_cmd = _kernel_flags(isa)
+    ops_cmd = ["-O2", "-std=c++20", "-fPIC", _abi(), *[f"-I{p}" for p in cpp_extension.include_paths()]]
+    with tempfile.TemporaryDirectory(prefix="build-", dir=path.parent) as tmp:
         objects = [[compiler, *kernel_cmd, "-c", str(SOURCES / "gemv.cpp"), "-o", f"{tmp}/gemv.o"],
                    [compiler, *kernel_cmd, "-c", str(SOURCES / "step.cpp"), "-o", f"{tmp}/step.o"],
                    [compiler, *kernel_cmd, "-c", str(SOURCES / "family_step.cpp"), "-o", f"{tmp}/family_step.o"],
@@ -160,17 +223,105 @@ def build(isa: list[str], directory: Path) -> Path:
         link = [compiler, "-shared", f"{tmp}/gemv.o", f"{tmp}/step.o", f"{tmp}/family_step.o", f"{tmp}/ops.o",
                 "-o", f"{tmp}/lib.so", "-fopenmp", f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
         # The objects compile side by side, one a core (on 2 cores: 28 s one after the other, 15 s so).
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(len(objects), len(os.sched_getaffinity(0))))) as pool:
-            done = list(pool.map(_compile, objects))
-        for cmd, result in zip(objects, done):
+        for cmd, result in zip(objects, _compile_all(objects)):
             _raise_if_failed(cmd, result)
-        _raise_if_failed(link, _compile(link))
-        os.replace(f"{tmp}/lib.so", path)  # atomic: a process that loads it sees all of it or none
-    return path
+        _raise_if_failed(link, _compile_all([link])[0])
+        library = Path(tmp) / "lib.so"
+        _load_in_child(library)
+        with open(library, "rb+") as f:
+            os.fsync(f.fileno())  # on the disk before its name says it is whole
+        data = library.read_bytes()
+        record = Path(tmp) / "record"
+        record.write_text(json.dumps({"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+        # Record first, then the library: a process stopped between the two leaves a record that the old
+        # file (or none) does not match, which is built again.
+        os.replace(record, path.with_name(path.name + RECORD))
+        os.replace(library, path)  # atomic: a process that loads it sees all of it or none
 
 
-def _compile(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_SECONDS)
+def _compile_all(commands: list[list[str]]) -> list[subprocess.CompletedProcess]:
+    """Run the compiler commands, one a core; if this process is interrupted (Ctrl-C), the compilers stop too."""
+    running: list[subprocess.Popen] = []
+
+    def run(cmd: list[str]) -> subprocess.CompletedProcess:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        running.append(proc)
+        try:
+            _, err = proc.communicate(timeout=BUILD_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        return subprocess.CompletedProcess(cmd, proc.returncode, "", err)
+
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, min(len(commands), len(os.sched_getaffinity(0)))))
+    try:
+        return list(pool.map(run, commands))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in running:
+            proc.kill()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def _load_in_child(library: Path) -> None:
+    """Load a library just built in another process, so that one that cannot be loaded is never kept."""
+    done = subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(library)],
+                          capture_output=True, text=True, timeout=BUILD_SECONDS)
+    if done.returncode != 0:
+        why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+        raise OSError(f"the kernels just built do not load: {why}")
+
+
+def check_built(path: Path) -> str | None:
+    """None where `path` is a whole library as its build wrote it; else what is wrong with it, in words that
+    follow its name (MISSING where there is none): its ELF header, then its size and sha256 against its record."""
+    record = path.with_name(path.name + RECORD)
+    try:
+        size = path.stat().st_size
+        problem = elf_problem(path, size)
+        if problem:
+            return problem
+        try:
+            built = json.loads(record.read_text())
+            want_size, want_sha = int(built["bytes"]), str(built["sha256"])
+        except FileNotFoundError:
+            return f"has no record of its build (its size and sha256, in {record.name})"
+        except (ValueError, KeyError, TypeError):
+            return f"has a record of its build that cannot be read ({record.name})"
+        if size != want_size:
+            return f"is {size:,} bytes where its build wrote {want_size:,}" + (" (cut short)" if size < want_size else "")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != want_sha:
+            return "does not match the sha256 recorded at its build"
+    except (FileNotFoundError, NotADirectoryError):
+        return MISSING
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    return None
+
+
+def elf_problem(path: Path, size: int) -> str | None:
+    """None where `path` starts with a 64-bit little-endian ELF shared library's header and holds every
+    segment and section table that header names; else what is wrong."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 64 or head[:4] != b"\x7fELF":
+            return f"is not a library: its {size:,} bytes hold no ELF header"
+        if head[4:6] != b"\x02\x01" or struct.unpack_from("<H", head, 16)[0] != 3:  # ELFCLASS64, little-endian, ET_DYN
+            return "is not a 64-bit shared library"
+        phoff, shoff = struct.unpack_from("<QQ", head, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
+        end = max(phoff + phnum * phentsize, shoff + shnum * shentsize)
+        f.seek(phoff)
+        table = f.read(phnum * phentsize)
+        for i in range(len(table) // max(phentsize, 1) if phentsize >= 56 else 0):
+            kind, _, offset, _, _, filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+            if kind == 1:  # PT_LOAD: mapped from the file
+                end = max(end, offset + filesz)
+    if end > size:
+        return f"is cut short: {size:,} bytes, where its ELF header names {end:,}"
+    return None
 
 
 def _raise_if_failed(cmd: list[str], result: subprocess.CompletedProcess) -> None:

@@ -16,6 +16,9 @@ analyses, each a function over the model that returns a result:
     why.py       why this token: the parts' exact sum, the prompt tokens' shares, activation patching
     verify.py    check(model): a reader's own module against the book's formulas, stage by stage
     verify_family.py  the same for a reader's Qwen3 or Llama 3 port, with their mistakes; check() for both
+    debugger.py  check(port, against="transformers"): the layer debugger's [OK]/[DIFF] table against
+                 transformers; causes.py the first cause inside the layer that differs (property, catalogue)
+    loading.py   check_state_dict: what goes wrong loading a state dict into a port, named
     family.py    the rotary trace (RoPE models: Qwen3, Llama 3.2), which trace() runs where the description puts
                  positions inside the attention: the four answers, RoPE, the heads; what changed from GPT-2
     pieces/      check(piece): any piece of chapters 2 to 7 as the reader wrote it (a class, a function,
@@ -25,6 +28,8 @@ views/, above the analyses: each result's text, picture and notebook HTML, regis
 
 from . import views  # registers every result's views (views/__init__.py)
 from .check import check_embedding_is_linear
+from .debugger import LayerReport
+from .loading import check_state_dict
 from .record import Progress
 from .trace import About, Stage, Trace, TraceOptions, trace
 from .pieces import PieceResult, SlidingWindows, check, sliding_windows
@@ -33,5 +38,5 @@ from .views import diagram
 from .views.pieces import show
 from .why import Why, why
 
-__all__ = ["About", "CheckResult", "PieceResult", "Progress", "SlidingWindows", "sliding_windows", "Stage", "Trace", "TraceOptions", "Why", "check_embedding_is_linear", "check",
+__all__ = ["About", "CheckResult", "LayerReport", "check_state_dict", "PieceResult", "Progress", "SlidingWindows", "sliding_windows", "Stage", "Trace", "TraceOptions", "Why", "check_embedding_is_linear", "check",
            "diagram", "show", "trace", "why"]

@@ -41,7 +41,7 @@ from .check import check_embedding_is_linear
 from .head import head_products, logit_lens_of
 from .result import Result
 
-FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "olmo3": "OLMo 3", "tiny_aya": "Tiny Aya"}
+FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "olmo3": "OLMo 3", "tiny_aya": "Tiny Aya"}
 
 
 @dataclass
@@ -113,7 +113,9 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     k, v = cache.seen[0]  # [1, g, t, hd], after RoPE (and QK-norm)
     b, t = ids.shape
     att0 = anatomy.blocks[0].attention  # the sizes as the description gives them (every block has the same)
-    rope = next((blk.attention.rope for blk in anatomy.blocks if blk.attention.rope is not None), None)
+    ropes = [blk.attention.rope for blk in anatomy.blocks if blk.attention.rope is not None]
+    full = [blk.attention.rope for blk in anatomy.blocks if blk.attention.rope is not None and blk.attention.window is None]
+    rope = (full or ropes or [None])[0]  # a full layer's (Gemma 3's sliding layers have a base of their own)
     h, g, V, n_layers = att0.n_heads, att0.n_kv_groups, anatomy.embedding.vocab_size, anatomy.n_layers
     q_shape = (b, h, t, att0.head_dim)
     label = lambda i: _text(tokenizer, i)  # noqa: E731
@@ -124,22 +126,19 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     groups = [j // (h // g) for j in range(h)]
     tr = FamilyTrace(
         family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
-        stages=_stages(anatomy, seen, q_shape, list(k.shape)),
+        stages=_stages(cfg, anatomy, seen, q_shape, list(k.shape)),
         attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
                    "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
                    "qk_norm": att0.q_norm is not None, "rope_base": rope.base if rope else None,
-                   "rope_scaled": rope is not None and rope.scaling is not None},
+                   "rope_scaled": any(r.scaling is not None for r in ropes), **_sliding_layers(anatomy)},
         answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens,
         head=head_products(model, kept["final_norm"][0, -1], logits[0, -1], [n["id"] for n in next_tokens],
                            ids[0].tolist(), label))
     if logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
         tr.logit_lens = logit_lens_of(model, [kept[f"trf_blocks.{i}"] for i in range(n_layers)], logits, label)
     if attention:
-        cos, sin = model.rope.at(0, t, ids.device)  # [t, hd]: the angles of the positions it ran at
-        layers = [attention_of(part(block.attention.path), kept[f"trf_blocks.{i}.att.W_query"], cache.seen[i][0], cos,
-                               sin)[0] for i, block in enumerate(anatomy.blocks)]  # [h, t, t] each
         tr.attention_weights = {"shape": [n_layers, h, t, t], "tokens": tokens, "groups": groups,
-                                "layers": [w.float().tolist() for w in layers]}
+                                "layers": _attention_layers(model, anatomy, kept, cache.seen, t)}
     return tr, logits[0, -1]
 
 
@@ -174,7 +173,7 @@ def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, l
     first_att, first_ff = anatomy.blocks[0].attention, anatomy.blocks[0].ff
     taps = {"tok_emb": part(anatomy.embedding.path), "trf_blocks.0.att.W_query": part(first_att.query.path),
             "trf_blocks.0.att.W_key": part(first_att.key.path), "trf_blocks.0.att.W_value": part(first_att.value.path),
-            "trf_blocks.0.ff.fc1": part((first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
+            "trf_blocks.0.ff.fc1": part(first_ff.experts.router.path if first_ff.experts else (first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
             "out_head": part(anatomy.head.path)}
     handles = [m.register_forward_hook(tap(n)) for n, m in taps.items()]
     handles.append(part(anatomy.final_norm.path).register_forward_hook(keep("final_norm")))
@@ -186,7 +185,27 @@ def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, l
     return handles
 
 
-def _stages(anatomy, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:
+def _sliding_layers(anatomy) -> dict[str, Any]:
+    """Which layers see only a window (Gemma 3's, OLMo 3's and Tiny Aya's sliding layers), the window and their own
+    RoPE base; {} if none."""
+    sliding = [b for b in anatomy.blocks if b.attention.window is not None]
+    if not sliding:
+        return {}
+    rope = sliding[0].attention.rope
+    return {"sliding_layers": [b.index for b in sliding], "window": sliding[0].attention.window,
+            "rope_local_base": rope.base if rope is not None else None}
+
+
+def _attention_layers(model: nn.Module, anatomy, kept: dict, seen_kv: dict, t: int) -> list:
+    """Every layer's `[h, t, t]` weights (as lists), from its kept W_query output and rotated keys, by its own RoPE
+    tables (Gemma 3's sliding and full layers have their own: `rope_of`)."""
+    rope_of = getattr(model, "rope_of", lambda i: model.rope)
+    return [attention_of(model.get_submodule(block.attention.path), kept[f"trf_blocks.{i}.att.W_query"],
+                         seen_kv[i][0], *rope_of(i).at(0, t, seen_kv[i][0].device))[0].float().tolist()
+            for i, block in enumerate(anatomy.blocks)]
+
+
+def _stages(cfg, anatomy, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:
     """The stages in the order the forward pass ran them, with the shapes the taps saw (`seen`: input and output
     shapes by module name), the sizes from the model's description."""
     b, h, t, hd = q_shape
@@ -195,7 +214,8 @@ def _stages(anatomy, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[di
     return [
         {"name": "ids", "module": "", "shape": [b, t], "note": "token ids"},
         {"name": "tok_emb", "module": "tok_emb", "shape": list(seen["tok_emb"][1]),
-         "note": f"vocab -> hidden: row lookup in the {[V, d]} weight; no pos_emb is added"},
+         "note": f"vocab -> hidden: row lookup in the {[V, d]} weight"
+                 + (f", times sqrt({d}) = {d ** 0.5:.2f}" if cfg.family == "gemma3" else "") + "; no pos_emb is added"},
         {"name": "queries", "module": "trf_blocks.N.att.W_query", "shape": list(q_shape),
          "note": f"{list(seen['trf_blocks.0.att.W_query'][1])} split into {h} heads, RoPE-rotated"},
         {"name": "keys, values", "module": "trf_blocks.N.att.W_key, W_value", "shape": kv_shape,
@@ -203,7 +223,10 @@ def _stages(anatomy, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[di
         {"name": "repeat_interleave", "module": "", "shape": list(q_shape),
          "note": f"each key/value head serves {h // g} neighbouring query heads"},
         {"name": "ff", "module": "trf_blocks.N.ff", "shape": list(seen["trf_blocks.0.ff.fc1"][1]),
-         "note": f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {hidden_dim} -> {d}"},
+         "note": f"router gate: {cfg.num_experts} expert scores; each token runs its top {cfg.num_experts_per_tok} "
+                 f"SwiGLU experts, {d} -> {cfg.moe_hidden_dim} -> {d}, weighted by the softmax of their scores"
+         if getattr(cfg, "num_experts", 0) else f"GeGLU: fc3(gelu_tanh(fc1(x)) * fc2(x)), {d} -> {hidden_dim} -> {d}"
+         if cfg.family == "gemma3" else f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {hidden_dim} -> {d}"},
         {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]),
          "note": {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}.get(anatomy.final_norm.kind, anatomy.final_norm.kind)},
         {"name": "out_head", "module": "out_head", "shape": list(seen["out_head"][1]),
@@ -223,7 +246,8 @@ def attention_of(att: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Te
         q = att.q_norm(q)
     q = apply_rope(q, cos, sin)
     k = k.repeat_interleave(att.group_size, dim=1)  # [b, g, s, hd] -> [b, h, s, hd]
-    return attention_weights(q, k)
+    own = getattr(att, "attention_weights", None)  # Gemma 3's: its own scale, and a sliding layer's window
+    return own(q, k) if own is not None else attention_weights(q, k)
 
 
 def _text(tokenizer: Tokenizer, token_id: int) -> str:

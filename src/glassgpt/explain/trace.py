@@ -30,7 +30,7 @@ from ..adopt import adopt, adopted_from, adopted_kind, check_computable, is_adde
 from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
-from ..families import FamilyConfig
+from ..families import FAMILY_CONFIGS, FamilyConfig
 from ..families.adopt import family_line
 from ..formats.source import About, Source  # what the weights cannot tell: a Source's about()
 from ..kinds import describe
@@ -244,7 +244,7 @@ def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str
 def layout_line(cfg: GPTConfig | FamilyConfig) -> str:
     """Which layout the parameters follow, in one short line: OpenAI's GPT-2, the book's, or between (or a
     Qwen3/Llama model's shapes)."""
-    if isinstance(cfg, FamilyConfig):
+    if isinstance(cfg, FAMILY_CONFIGS):
         return f"{cfg.family}: {family_line(cfg)}"
     bias = "qkv biases" if cfg.qkv_bias else "no qkv biases"
     if cfg.num_classes is not None:

@@ -59,7 +59,7 @@ class FamilyCheckResult(CheckResult):
 def check(model: nn.Module, text: str = verify.DEFAULT_TEXT, ids: list[int] | None = None) -> CheckResult:
     """glassgpt.check: a Qwen3/Llama port here (on `ids`: its tokenizer is not known), else verify.check (GPT-2)."""
     if is_family_port(model):
-        return check_family(model, ids)
+        return check_family(model, ids, text)
     return verify.check(model, text, ids)
 
 
@@ -79,9 +79,13 @@ def port_config(model: nn.Module) -> FamilyConfig:
     return FamilyConfig.from_book_dict(family, model.cfg)
 
 
-def check_family(model: nn.Module, ids: list[int] | None = None) -> CheckResult:
-    """Check a reader's Qwen3/Llama module against families/ on `ids` (default: 12 ids spread over the vocabulary)."""
+def check_family(model: nn.Module, ids: list[int] | None = None, text: str | None = None) -> CheckResult:
+    """Check a reader's Qwen3/Llama module against families/ on `ids`, else on `text` read as its UTF-8
+    bytes (the port's own tokenizer is not loaded; ids modulo a toy vocabulary), else on 12 ids spread
+    over the vocabulary."""
     cfg = port_config(model)
+    if ids is None and text:
+        ids = [b % cfg.vocab_size for b in text.encode("utf-8")][-cfg.context_length:]
     if ids is None:
         ids = [(7919 * i + 11) % cfg.vocab_size for i in range(12)]
     weight = model.tok_emb.weight

@@ -61,9 +61,9 @@ def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: 
     """
     anatomy = describe(model)  # what it is made of; one line for an object of no kind glassgpt reads
     placements = sorted({b.placement for b in anatomy.blocks} - {"pre"})
-    if placements:  # the attribution follows each block's residual x + sublayer(norm(x))
-        raise GlassError(f"why attributes pre-norm blocks, and {anatomy.name}'s are {placements[0]}: it does not read "
-                         f"{anatomy.name} yet; trace it instead")
+    if placements:  # the attribution follows each block's residual x + sublayer(norm(x)) (why.py's, why_family.py's)
+        raise GlassError(f"why splits the logit over pre-norm blocks; {anatomy.name}'s are {placements[0]}-norm: "
+                         "use glassgpt trace (explain) for it")
     check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model).cfg
     ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)

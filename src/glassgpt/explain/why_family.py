@@ -67,6 +67,7 @@ def why_family(model: nn.Module, tokenizer: Tokenizer, prompt: Prompt, target: i
                versus: str | int | None = None, patch: str | None = None, top_k: int = 10,
                cancel: threading.Event | None = None) -> FamilyWhy:
     """why.py's `why` for a Qwen3Model or Llama3Model: the same choices of A, B and the corrupted prompt."""
+    # (why() has refused a model whose blocks are not pre-norm: these sums split the pre-norm residual stream)
     cfg, ids = model.cfg, prompt.ids
     label = labeller(model, tokenizer, None)
     with evaluating(model):

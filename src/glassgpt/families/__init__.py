@@ -1,4 +1,5 @@
-"""The book's next models after GPT-2, one glass file each: Qwen3 (qwen3.py) and Llama 3.2 (llama3.py).
+"""The book's next models after GPT-2, one glass file each: Qwen3 and its MoE (qwen3.py), Llama 3.2
+(llama3.py) and the bonus Gemma 3 (gemma3.py).
 
     cfg = family_config("qwen3-0.6b", n_layers=2)   # FamilyConfig (config.py), a preset or your own
     model = build_model(cfg)                        # Qwen3Model or Llama3Model, by cfg.family
@@ -8,7 +9,7 @@ attention, SwiGLU); the engine's KVCache keeps their key/value groups (`cfg.kv_h
 memory.py counts their bytes from the config; adopt.py reads the book's and transformers' Qwen3 and
 Llama modules in place (what glassgpt.adopt calls for them).
 
-The book's bonus notebooks (issue 48), each a glass file with its own config (the notebook's keys):
+The book's other bonus notebooks (issue 48), each a glass file with its own config (the notebook's keys):
 olmo3.py (OLMo 3) and tiny_aya.py (Tiny Aya); sliding.py holds their sliding/full attention and the
 cache that keeps a sliding layer's window only; bonus_hf.py transformers' names for them.
 """
@@ -18,29 +19,35 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config, raise_moe
+from .config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config
+from .gemma3 import Gemma3Config, Gemma3Model
 from .llama3 import Llama3Model
 from .olmo3 import Olmo3Config, Olmo3Model
 from .qwen3 import Qwen3Model
 from .tiny_aya import TinyAyaConfig, TinyAyaModel
 
-# The registry: which glass class builds each family.
-FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model}
-assert tuple(FAMILIES) == FAMILY_NAMES
+# The registry: which glass class builds each family. FamilyConfig builds the first two; Gemma 3 has its own
+# config (gemma3.py's Gemma3Config, the notebook's keys), whose `family` is "gemma3".
+FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model, "gemma3": Gemma3Model}
+assert tuple(FAMILIES)[:len(FAMILY_NAMES)] == FAMILY_NAMES
+FAMILY_CONFIGS = (FamilyConfig, Gemma3Config)  # a family model's config is one of these (isinstance)
 
 # The book's bonus models (issue 48), each with a config of its own (the notebook's keys): family -> (model, config).
 # They run through generate, describe, trace and the file readers; the Qwen3/Llama-only machinery (the native
 # step, why, verify, compare, export) does not take them yet.
 BONUS_MODELS: dict[str, tuple[type[nn.Module], type]] = {"olmo3": (Olmo3Model, Olmo3Config),
                                                          "tiny_aya": (TinyAyaModel, TinyAyaConfig)}
+BONUS_CONFIGS = (Olmo3Config, TinyAyaConfig)  # a bonus model's config is one of these (isinstance)
 
-__all__ = ["BONUS_MODELS", "FAMILIES", "Olmo3Config", "Olmo3Model", "TinyAyaConfig", "TinyAyaModel", "is_bonus_model", "FAMILY_PRESETS", "FamilyConfig", "Llama3Model", "Qwen3Model", "RopeFreq",
-           "build_model", "family_config", "is_family_model", "raise_moe", "random_family_model"]
+__all__ = ["BONUS_CONFIGS", "BONUS_MODELS", "FAMILIES", "FAMILY_CONFIGS", "FAMILY_PRESETS", "FamilyConfig",
+           "Gemma3Config", "Gemma3Model", "Llama3Model", "Olmo3Config", "Olmo3Model", "Qwen3Model", "RopeFreq",
+           "TinyAyaConfig", "TinyAyaModel", "build_model", "family_config", "is_bonus_model", "is_family_model",
+           "random_family_model"]
 
 
-def build_model(cfg) -> nn.Module:
-    """The glass model of `cfg.family` (a FamilyConfig, or a bonus model's config), with PyTorch's default
-    initialisation (as the book's classes)."""
+def build_model(cfg: FamilyConfig | Gemma3Config | Olmo3Config | TinyAyaConfig) -> nn.Module:
+    """The glass model of `cfg.family` (a FamilyConfig, Gemma 3's or a bonus model's config), with PyTorch's
+    default initialisation (as the book's classes)."""
     if cfg.family in BONUS_MODELS:
         return BONUS_MODELS[cfg.family][0](cfg)
     return FAMILIES[cfg.family](cfg)
@@ -67,6 +74,6 @@ def random_family_model(cfg: FamilyConfig, seed: int = 0, dtype: torch.dtype = t
         for p in model.parameters():  # a tied matrix is drawn once
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-            else:
-                p.fill_(1.0)
+            else:  # a norm at 1: Gemma's multiplies by (1 + scale)
+                p.fill_(0.0 if cfg.family == "gemma3" else 1.0)
     return model.to(device=device, dtype=dtype).eval()

@@ -8,7 +8,9 @@ out_head of their own; the published 0.6B, 1.7B, 1B and 3B weights tie it to tok
 `norm_eps` (1e-6 in Qwen3, 1e-5 in Llama 3). The book's `dtype` is not a field: the weights carry
 their dtype, as GPTConfig's do.
 
-Leaves out Qwen3's mixture-of-experts models (`num_experts`): refused in one line.
+Qwen3's mixture-of-experts models (the bonus notebook standalone-qwen3-moe.ipynb: 30B-A3B, 235B-A22B)
+are the same family with the notebook's three keys: `num_experts` (0: dense), `num_experts_per_tok`
+and `moe_hidden_dim` (each expert's SwiGLU width).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import known_fields
+from ..config import from_fields, known_fields
 from ..errors import ConfigError
 
 FAMILY_NAMES = ("qwen3", "llama3")
@@ -49,6 +51,9 @@ class FamilyConfig:
     rope_freq: RopeFreq | None = None  # Llama 3's frequency scaling; None: plain RoPE
     tie_embeddings: bool = False  # out_head.weight is tok_emb.weight (one tensor)
     norm_eps: float = 1e-6       # every RMSNorm's eps
+    num_experts: int = 0         # Qwen3 MoE: feed-forwards per block a router picks from (0: one dense SwiGLU)
+    num_experts_per_tok: int = 0  # how many of them each token runs (their outputs weighted, summed)
+    moe_hidden_dim: int | None = None  # each expert's SwiGLU width (hidden_dim is then unused)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILY_NAMES:
@@ -58,8 +63,7 @@ class FamilyConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.rope_freq, dict):  # from a JSON file or the book's dict
-            object.__setattr__(self, "rope_freq", RopeFreq(**known_fields(RopeFreq, self.rope_freq, ConfigError,
-                                                                          "rope_freq field")))
+            object.__setattr__(self, "rope_freq", from_fields(RopeFreq, self.rope_freq, ConfigError, "rope_freq field"))
         if self.head_dim is None and self.emb_dim % self.n_heads:
             raise ConfigError(f"emb_dim ({self.emb_dim}) must be divisible by n_heads ({self.n_heads}) when "
                               f"head_dim is not given: choose n_heads from {_divisors(self.emb_dim)} or set head_dim")
@@ -78,6 +82,26 @@ class FamilyConfig:
         for name in ("qk_norm", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.num_experts:
+            self._check_experts()
+
+    def _check_experts(self) -> None:
+        if self.family != "qwen3":
+            raise ConfigError(f"num_experts is {self.num_experts} but glassgpt's mixture of experts is Qwen3's: "
+                              f"set num_experts to 0 for {self.family}")
+        for name in ("num_experts", "num_experts_per_tok", "moe_hidden_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer in a mixture-of-experts config, got {value!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ConfigError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts "
+                              f"({self.num_experts}): a token cannot run more experts than there are; choose "
+                              f"1 to {self.num_experts}")
+
+    @property
+    def moe(self) -> bool:
+        """Whether each block's feed-forward is a router over num_experts SwiGLU experts."""
+        return self.num_experts > 0
 
     @property
     def kv_heads(self) -> tuple[int, int]:
@@ -110,9 +134,7 @@ class FamilyConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "FamilyConfig":
         """A config from its own `to_dict` (the JSON glassgpt writes beside a family's weights)."""
-        if values.get("num_experts"):
-            raise_moe(values)
-        return cls(**known_fields(cls, values, ConfigError, "config field"))
+        return from_fields(cls, values, ConfigError, "config field")
 
     def to_book_dict(self, dtype=None) -> dict[str, Any]:
         """The book's config dict (`QWEN_CONFIG_06_B`, `LLAMA32_CONFIG_1B`) for these sizes, `dtype` as given."""
@@ -123,23 +145,26 @@ class FamilyConfig:
             book.update(head_dim=self.head_dim_value, qk_norm=self.qk_norm)
         else:
             book["rope_freq"] = None if self.rope_freq is None else dataclasses.asdict(self.rope_freq)
+        if self.moe:  # the MoE notebook's QWEN3_CONFIG has no hidden_dim: its blocks have no dense SwiGLU
+            del book["hidden_dim"]
+            book.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                        moe_hidden_dim=self.moe_hidden_dim)
         return book
 
     @classmethod
-    def from_book_dict(cls, family: str, book: dict[str, Any], tie_embeddings: bool = False) -> "FamilyConfig":
-        """A config from the book's dict for `family` (its `dtype` is dropped: the weights carry theirs)."""
-        if book.get("num_experts"):
-            raise_moe(book)
+    def from_book_dict(cls, family: str, book: dict[str, Any], tie_embeddings: bool | None = None) -> "FamilyConfig":
+        """A config from the book's dict for `family`, as its weights tell it (its `dtype` is dropped: the weights
+        carry theirs). The dict may name the family and the tie too (glassgpt's own fields), as long as it
+        agrees with `family` and a `tie_embeddings` given here (None: the dict's, else untied)."""
         values = {k: v for k, v in book.items() if k != "dtype"}
+        if "moe_intermediate_size" in values:  # llms_from_scratch.qwen3's name for the notebook's moe_hidden_dim
+            values["moe_hidden_dim"] = values.pop("moe_intermediate_size")
+        if values.get("num_experts") and "hidden_dim" not in values:  # the MoE notebook's dict: no dense width
+            values["hidden_dim"] = values.get("moe_hidden_dim")
         values.setdefault("norm_eps", 1e-6 if family == "qwen3" else 1e-5)
-        return cls(family=family, tie_embeddings=tie_embeddings, **known_fields(cls, values, ConfigError,
-                                                                                 "book config field"))
-
-
-def raise_moe(values: dict[str, Any]) -> None:
-    raise ConfigError(f"a mixture-of-experts config ({values.get('num_experts')} experts, "
-                      f"{values.get('num_experts_per_tok')} per token) is not covered: glassgpt builds the dense "
-                      f"Qwen3 models (0.6B to 32B) and Llama 3.2; run the book's llms_from_scratch.qwen3 for it")
+        given = {"family": family} if tie_embeddings is None else {"family": family, "tie_embeddings": tie_embeddings}
+        return from_fields(cls, values, ConfigError, "book config field", given_by=f"the weights are a {family} model's",
+                           **given)
 
 
 def _divisors(n: int) -> list[int]:

@@ -38,7 +38,7 @@ from torch import nn
 from .. import config as _config, tokenizer as _tokenizer
 from ..config import PRESETS, GPTConfig
 from ..errors import CheckpointError, ConfigError
-from ..families import FAMILY_PRESETS, FamilyConfig, family_config, random_family_model
+from ..families import FAMILY_CONFIGS, FAMILY_PRESETS, FamilyConfig, family_config, random_family_model
 from ..model import GPTModel, init_name
 from ..tokenizer import Tokenizer
 from . import source as _source
@@ -199,7 +199,7 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
     (as the book's code does) and then moves the weights to `device`. A config too big for this
     machine's memory is refused before anything is allocated."""
     check_buildable(cfg, dtype, device, source or "the config")
-    if isinstance(cfg, FamilyConfig):  # Qwen3 or Llama 3: N(0, 0.02) matrices, norms at 1
+    if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3, Gemma 3: N(0, 0.02) matrices, norms at 1
         return random_family_model(cfg, seed, dtype, device)
     model = meta_model(cfg)
     model.to_empty(device="cpu" if init_name(init) == "pytorch-default" else device)

@@ -57,6 +57,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         keys = list(obj)[:5] if isinstance(obj, dict) else type(obj).__name__
         raise CheckpointError(f"{path} holds no state dict (found {keys}): save one with "
                               "torch.save(model.state_dict(), path)")
+    from .families import untold_config  # the book's Qwen3 or Llama: named, with what its tensors cannot tell
+    if (line := untold_config(obj, path)) is not None:
+        raise CheckpointError(line)
     expected = _book_names()
     for name in obj:
         if re.sub(r"^trf_blocks\.\d+\.", "trf_blocks.N.", name) not in expected:
@@ -168,7 +171,7 @@ def side_config(source: str | Path) -> tuple[dict[str, Any], Path | None]:
     for candidate in (path.with_suffix(".json"), path.parent / "config.json"):
         if not candidate.is_file():
             continue
-        values = read_json(candidate, what=f"the cfg beside {path.name}")
+        values = read_json(candidate, what=f"the cfg beside {path.name}", kind="config")
         if "n_heads" in values:
             field(values, "n_heads", str(candidate))
             for key in ("vocab_size", "context_length", "emb_dim", "n_layers"):
@@ -186,7 +189,7 @@ def side_labels(source: str | Path) -> list[str] | None:
     path = Path(source).with_suffix(".json")
     if not path.is_file():
         return None
-    labels = read_json(path, what=f"the cfg beside {Path(source).name}").get("labels")
+    labels = read_json(path, what=f"the cfg beside {Path(source).name}", kind="config").get("labels")
     if labels is None:
         return None
     if not isinstance(labels, list) or not labels or not all(isinstance(x, str) and x for x in labels):

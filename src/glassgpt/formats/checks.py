@@ -93,22 +93,19 @@ def check_sizes(cfg: GPTConfig, shapes: Mapping[str, tuple[int, ...]], spelling:
 
 
 def check_buildable(cfg: GPTConfig, dtype: torch.dtype, device: torch.device, source: str) -> None:
-    """Refuse a model whose weights alone would not fit in this machine's memory (before any is asked for)."""
+    """Refuse a model whose weights alone, with the estimate's margin (memory.with_margin), would not fit in this
+    machine's memory even with swap, before any is asked for: the last guard for every caller of the library (the
+    commands check the whole run first, memory.inference_fit and training_fit)."""
     params = parameter_table(cfg)["total"]  # GPT-2's, or a Qwen3/Llama config's (families/memory.py)
-    need = params * dtype.itemsize
-    have = memory_bytes(device)
-    if need > have:
+    need = memory.memory_needs(cfg, dtype, 1, 1)["weights"]
+    free = memory.available_memory(device)
+    if memory.with_margin(need) > free.ram + free.swap:
         raise ConfigError(
             f"{source}: n_layers {cfg.n_layers:,}, emb_dim {cfg.emb_dim:,} and vocab_size {cfg.vocab_size:,} "
-            f"make {params:,} parameters, {need / 2**30:,.1f} GiB in {str(dtype).removeprefix('torch.')}, and "
-            f"this machine has {have / 2**30:,.1f} GiB available (GPT-2 XL has {GPT2_XL_PARAMETERS:,}): use smaller sizes")
-
-
-def memory_bytes(device: torch.device) -> int:
-    """The memory a model's weights can live in now: the GPU's free memory, or this machine's
-    available RAM and swap (MemAvailable + SwapFree, not MemTotal: other processes hold the rest)."""
-    free = memory.available_memory(device)
-    return free.ram + free.swap
+            f"make {params:,} parameters, {memory.gib(need)} in {str(dtype).removeprefix('torch.')} "
+            f"({memory.gib(memory.with_margin(need))} with the margin, {memory.MARGIN}), and this machine has "
+            f"{memory.gib(free.ram + free.swap)} available ({free.source}{' and swap' if free.swap else ''}; GPT-2 XL "
+            f"has {GPT2_XL_PARAMETERS:,} parameters): use smaller sizes")
 
 
 # --- what a model of a config holds ---------------------------------------------------------

@@ -26,15 +26,16 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..errors import CheckpointError, ConfigError, TokenizerError
-from ..families import BONUS_MODELS, FAMILIES, FamilyConfig, RopeFreq, build_model, is_family_model, raise_moe
+from ..errors import CheckpointError, ConfigError, GlassError, TokenizerError
+from ..families import BONUS_MODELS, FAMILIES, FamilyConfig, Gemma3Config, RopeFreq, build_model, is_family_model
 from ..families.bonus_hf import HF_BONUS, bonus_config_from_hf, bonus_hf_names
 from .checks import on_meta
 from .family_tokenizers import family_tokenizer
 from .files import atomic_write, read_json, read_safetensors
 
 # transformers' class name -> the family that reads it
-HF_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama3"} | HF_BONUS
+HF_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3", "LlamaForCausalLM": "llama3",
+                    "Gemma3ForCausalLM": "gemma3"} | HF_BONUS
 COVERED = ", ".join(f"{arch} ({family})" for arch, family in HF_ARCHITECTURES.items())
 
 
@@ -50,23 +51,27 @@ def is_family_folder(path: str | os.PathLike) -> bool:
     if not config.is_file():
         return False
     try:
-        raw = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = read_json(config, kind="config")  # (its size checked first: a 1 GiB file is not read)
+    except (OSError, GlassError):
         return False
     arch = hf_architecture(raw) if isinstance(raw, dict) else None
     return arch is not None and arch != "GPT2LMHeadModel"
 
 
-def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyConfig:
-    """The FamilyConfig of a transformers config.json (Qwen3ForCausalLM or LlamaForCausalLM)."""
+def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyConfig | Gemma3Config:
+    """The config of a transformers config.json (one of HF_ARCHITECTURES)."""
     arch = hf_architecture(raw)
-    if raw.get("num_experts"):  # Qwen3MoeForCausalLM: a router and experts in place of the feed-forward
-        raise_moe(raw)
+    if arch == "Gemma3ForConditionalGeneration" or (arch in HF_ARCHITECTURES and raw.get("vision_config")):
+        raise CheckpointError(f"{source} is Gemma 3's vision model ({arch}: a SigLIP vision tower before the text "
+                              "model): glassgpt reads the text models, Gemma3ForCausalLM (model_type gemma3_text, "
+                              "gemma-3-270m and gemma-3-1b)")
     if arch not in HF_ARCHITECTURES:
         raise CheckpointError(f"{source} is a {arch or 'model with no architectures entry'}"
                               f"{' (' + str(raw.get('model_type')) + ')' if raw.get('model_type') else ''}: "
                               f"glassgpt covers {COVERED} and GPT2LMHeadModel (gpt2)")
     family = HF_ARCHITECTURES[arch]
+    if family == "gemma3":
+        return gemma3_config_from_hf(raw, source)
     quant = raw.get("quantization_config")
     if quant:  # FP8, AWQ, GPTQ, bitsandbytes: packed weights and scales in place of the matrices
         method = quant.get("quant_method", "quantized") if isinstance(quant, dict) else "quantized"
@@ -94,17 +99,93 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyCo
             hidden_dim=raw["intermediate_size"], n_kv_groups=raw.get("num_key_value_heads", raw["num_attention_heads"]),
             rope_base=float(rope_base), head_dim=head_dim,
             qk_norm=family == "qwen3", rope_freq=rope_freq, tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            norm_eps=float(raw.get("rms_norm_eps", 1e-6)))
+            norm_eps=float(raw.get("rms_norm_eps", 1e-6)), **moe_from_hf(raw, arch, source))
     except KeyError as e:
         raise CheckpointError(f"{source} has no {e.args[0]!r}: it is not a whole {arch} config") from None
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
 
 
-def config_to_hf(cfg: FamilyConfig) -> dict[str, Any]:
-    """The config.json that transformers' Qwen3ForCausalLM / LlamaForCausalLM reads for `cfg`."""
-    arch = next(a for a, f in HF_ARCHITECTURES.items() if f == cfg.family)
-    raw = {"architectures": [arch], "model_type": cfg.family.replace("llama3", "llama"),
+def gemma3_config_from_hf(raw: dict[str, Any], source: str) -> Gemma3Config:
+    """Gemma3ForCausalLM's config.json as the notebook's GEMMA3_CONFIG keys; a field asking for what the notebook's
+    Gemma3Model does not do (softcapping, a RoPE scaling, bidirectional attention, another activation) is refused
+    by its name."""
+    refused = {"attn_logit_softcapping": "a softcap on the attention scores",
+               "final_logit_softcapping": "a softcap on the logits",
+               "use_bidirectional_attention": "attention to later positions too"}
+    for field, what in refused.items():
+        if raw.get(field):
+            raise ConfigError(f"{source}: {field} is {raw[field]!r} ({what}): the notebook's Gemma3Model has none")
+    if raw.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise ConfigError(f"{source}: hidden_activation is {raw['hidden_activation']!r}: the notebook's GeGLU gates "
+                          "with GELU's tanh form (gelu_pytorch_tanh)")
+    if raw.get("attention_bias"):
+        raise ConfigError(f"{source}: attention_bias is true: the notebook's attention has no biases")
+    rope = raw.get("rope_parameters") or {}  # transformers 5: one entry per layer type
+    bases = {}
+    for kind, old_name, default in (("full_attention", "rope_theta", 1_000_000.0),
+                                    ("sliding_attention", "rope_local_base_freq", 10_000.0)):
+        params = rope.get(kind) or ((raw.get("rope_scaling") or {}) if kind == "full_attention" else {})
+        scaling = params.get("rope_type", params.get("type", "default"))
+        if scaling != "default":
+            raise ConfigError(f"{source}: the {kind} layers' RoPE has rope_type {scaling!r} (rope_scaling): the "
+                              "notebook's Gemma3Model turns them by plain RoPE")
+        bases[kind] = float((rope.get(kind) or {}).get("rope_theta", raw.get(old_name, default)))
+    try:
+        n = raw["num_hidden_layers"]
+        types = raw.get("layer_types") or [  # older configs: every sliding_window_pattern-th layer is full
+            "full_attention" if (i + 1) % raw.get("sliding_window_pattern", 6) == 0 else "sliding_attention"
+            for i in range(n)]
+        return Gemma3Config(
+            vocab_size=raw["vocab_size"], context_length=raw["max_position_embeddings"], emb_dim=raw["hidden_size"],
+            n_heads=raw["num_attention_heads"], n_layers=n, hidden_dim=raw["intermediate_size"],
+            head_dim=raw.get("head_dim", 256), n_kv_groups=raw.get("num_key_value_heads", raw["num_attention_heads"]),
+            rope_local_base=bases["sliding_attention"], rope_base=bases["full_attention"],
+            sliding_window=raw.get("sliding_window", 4096), layer_types=types,
+            query_pre_attn_scalar=raw.get("query_pre_attn_scalar", 256),
+            tie_embeddings=bool(raw.get("tie_word_embeddings", True)), norm_eps=float(raw.get("rms_norm_eps", 1e-6)))
+    except KeyError as e:
+        raise CheckpointError(f"{source} has no {e.args[0]!r}: it is not a whole Gemma3ForCausalLM config") from None
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def moe_from_hf(raw: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
+    """Qwen3MoeForCausalLM's experts as the MoE notebook's keys; what its MoEFeedForward does not do is refused
+    by the field that asks for it (dense blocks between sparse ones, routing weights not renormalised)."""
+    experts = raw.get("num_experts", raw.get("num_local_experts"))  # transformers 5 writes num_local_experts
+    if arch != "Qwen3MoeForCausalLM":
+        if experts:
+            raise ConfigError(f"{source}: num_experts is {experts} but {arch} has no experts: it is not a {arch} config")
+        return {}
+    if raw.get("mlp_only_layers"):
+        raise ConfigError(f"{source}: mlp_only_layers {raw['mlp_only_layers']} gives some blocks a dense feed-forward; "
+                          "the MoE notebook's Qwen3Model has experts in every block")
+    if raw.get("decoder_sparse_step", 1) != 1:
+        raise ConfigError(f"{source}: decoder_sparse_step {raw['decoder_sparse_step']} gives some blocks a dense "
+                          "feed-forward; the MoE notebook's Qwen3Model has experts in every block")
+    if not raw.get("norm_topk_prob", False):
+        raise ConfigError(f"{source}: norm_topk_prob is false (the chosen experts' weights are not renormalised); "
+                          "the MoE notebook's MoEFeedForward renormalises them, as the released Qwen3 MoE models do")
+    return {"num_experts": experts, "num_experts_per_tok": raw["num_experts_per_tok"],
+            "moe_hidden_dim": raw["moe_intermediate_size"]}
+
+
+def config_to_hf(cfg: FamilyConfig | Gemma3Config) -> dict[str, Any]:
+    """The config.json that transformers' Qwen3ForCausalLM / Qwen3MoeForCausalLM / LlamaForCausalLM /
+    Gemma3ForCausalLM reads for `cfg`."""
+    if cfg.family == "gemma3":
+        return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": cfg.vocab_size,
+                "max_position_embeddings": cfg.context_length, "hidden_size": cfg.emb_dim,
+                "num_attention_heads": cfg.n_heads, "num_hidden_layers": cfg.n_layers,
+                "intermediate_size": cfg.hidden_dim, "head_dim": cfg.head_dim, "num_key_value_heads": cfg.n_kv_groups,
+                "rope_theta": cfg.rope_base, "rope_local_base_freq": cfg.rope_local_base,
+                "sliding_window": cfg.sliding_window, "layer_types": list(cfg.layer_types),
+                "query_pre_attn_scalar": cfg.query_pre_attn_scalar or cfg.head_dim, "rms_norm_eps": cfg.norm_eps,
+                "tie_word_embeddings": cfg.tie_embeddings, "hidden_activation": "gelu_pytorch_tanh",
+                "attention_bias": False, "torch_dtype": "float32"}
+    arch = "Qwen3MoeForCausalLM" if cfg.moe else next(a for a, f in HF_ARCHITECTURES.items() if f == cfg.family)
+    raw = {"architectures": [arch], "model_type": "qwen3_moe" if cfg.moe else cfg.family.replace("llama3", "llama"),
            "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.emb_dim,
            "num_attention_heads": cfg.n_heads, "num_hidden_layers": cfg.n_layers, "intermediate_size": cfg.hidden_dim,
            "num_key_value_heads": cfg.n_kv_groups, "head_dim": cfg.head_dim_value, "rope_theta": cfg.rope_base,
@@ -115,13 +196,19 @@ def config_to_hf(cfg: FamilyConfig) -> dict[str, Any]:
                                "low_freq_factor": cfg.rope_freq.low_freq_factor,
                                "high_freq_factor": cfg.rope_freq.high_freq_factor,
                                "original_max_position_embeddings": cfg.rope_freq.original_context_length}
+    if cfg.moe:
+        raw.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                   moe_intermediate_size=cfg.moe_hidden_dim, norm_topk_prob=True, decoder_sparse_step=1,
+                   mlp_only_layers=[])
     return raw
 
 
-def hf_names(cfg: FamilyConfig) -> list[tuple[str, str]]:
+def hf_names(cfg: FamilyConfig | Gemma3Config) -> list[tuple[str, str]]:
     """(the book's name, Hugging Face's name) of every stored tensor; a tied head is stored once."""
     if cfg.family in BONUS_MODELS:
         return bonus_hf_names(cfg)
+    if cfg.family == "gemma3":
+        return gemma3_hf_names(cfg)
     norm = "scale" if cfg.family == "qwen3" else "weight"  # the book's RMSNorm (Qwen3) or torch.nn.RMSNorm (Llama)
     names = [("tok_emb.weight", "model.embed_tokens.weight")]
     for i in range(cfg.n_layers):
@@ -133,15 +220,51 @@ def hf_names(cfg: FamilyConfig) -> list[tuple[str, str]]:
         if cfg.qk_norm:
             names += [(f"{b}.att.q_norm.scale", f"{h}.self_attn.q_norm.weight"),
                       (f"{b}.att.k_norm.scale", f"{h}.self_attn.k_norm.weight")]
-        names += [(f"{b}.norm1.{norm}", f"{h}.input_layernorm.weight"),
-                  (f"{b}.ff.fc1.weight", f"{h}.mlp.gate_proj.weight"),  # the gate: silu(fc1(x))
-                  (f"{b}.ff.fc2.weight", f"{h}.mlp.up_proj.weight"),
-                  (f"{b}.ff.fc3.weight", f"{h}.mlp.down_proj.weight"),
-                  (f"{b}.norm2.{norm}", f"{h}.post_attention_layernorm.weight")]
+        names.append((f"{b}.norm1.{norm}", f"{h}.input_layernorm.weight"))
+        if cfg.moe:  # the router, then each expert's SwiGLU (the notebook's fc1[e], fc2[e], fc3[e])
+            names.append((f"{b}.ff.gate.weight", f"{h}.mlp.gate.weight"))
+            for e in range(cfg.num_experts):
+                names += [(f"{b}.ff.fc1.{e}.weight", f"{h}.mlp.experts.{e}.gate_proj.weight"),
+                          (f"{b}.ff.fc2.{e}.weight", f"{h}.mlp.experts.{e}.up_proj.weight"),
+                          (f"{b}.ff.fc3.{e}.weight", f"{h}.mlp.experts.{e}.down_proj.weight")]
+        else:
+            names += [(f"{b}.ff.fc1.weight", f"{h}.mlp.gate_proj.weight"),  # the gate: silu(fc1(x))
+                      (f"{b}.ff.fc2.weight", f"{h}.mlp.up_proj.weight"),
+                      (f"{b}.ff.fc3.weight", f"{h}.mlp.down_proj.weight")]
+        names.append((f"{b}.norm2.{norm}", f"{h}.post_attention_layernorm.weight"))
     names.append((f"final_norm.{norm}", "model.norm.weight"))
     if not cfg.tie_embeddings:
         names.append(("out_head.weight", "lm_head.weight"))
     return names
+
+
+def gemma3_hf_names(cfg: Gemma3Config) -> list[tuple[str, str]]:
+    """The notebook's load_weights_into_gemma, as a table: (its name, Hugging Face's)."""
+    names = [("tok_emb.weight", "model.embed_tokens.weight")]
+    for i in range(cfg.n_layers):
+        b, h = f"blocks.{i}", f"model.layers.{i}"
+        names += [(f"{b}.att.{ours}.weight", f"{h}.self_attn.{theirs}.weight")
+                  for ours, theirs in (("W_query", "q_proj"), ("W_key", "k_proj"), ("W_value", "v_proj"),
+                                       ("out_proj", "o_proj"))]
+        if cfg.qk_norm:
+            names += [(f"{b}.att.q_norm.scale", f"{h}.self_attn.q_norm.weight"),
+                      (f"{b}.att.k_norm.scale", f"{h}.self_attn.k_norm.weight")]
+        names += [(f"{b}.ff.fc1.weight", f"{h}.mlp.gate_proj.weight"), (f"{b}.ff.fc2.weight", f"{h}.mlp.up_proj.weight"),
+                  (f"{b}.ff.fc3.weight", f"{h}.mlp.down_proj.weight")]
+        names += [(f"{b}.{norm}.scale", f"{h}.{norm}.weight") for norm in
+                  ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                   "post_feedforward_layernorm")]
+    names.append(("final_norm.scale", "model.norm.weight"))
+    if not cfg.tie_embeddings:
+        names.append(("out_head.weight", "lm_head.weight"))
+    return names
+
+
+def book_config(family: str, values: dict[str, Any], tie_embeddings: bool) -> FamilyConfig | Gemma3Config:
+    """The config of a book's or notebook's config dict for `family`."""
+    if family == "gemma3":
+        return Gemma3Config.from_book_dict(values, tie_embeddings=tie_embeddings)
+    return FamilyConfig.from_book_dict(family, values, tie_embeddings=tie_embeddings)
 
 
 def is_family_spec(spec: object) -> bool:
@@ -155,9 +278,9 @@ def is_family_spec(spec: object) -> bool:
     side = book_config_path(path)
     if path.suffix in (".pth", ".pt") and path.is_file() and side.is_file():
         try:
-            keys = json.loads(side.read_text(encoding="utf-8"))
+            keys = read_json(side, kind="config")
             return "n_kv_groups" in keys or ("n_kv_heads" in keys and "layer_types" in keys)  # the bonus notebooks'
-        except (OSError, ValueError):
+        except (OSError, GlassError):
             return False
     return False
 
@@ -172,11 +295,38 @@ def read_family_config(spec: str | os.PathLike) -> FamilyConfig:
     """The FamilyConfig of `load_family(spec)`, read without loading any weights."""
     if Path(spec).is_dir():
         return read_hf_config(spec)
-    values = read_json(book_config_path(spec), what=f"the config of {spec}")
-    if "n_kv_heads" in values:  # a bonus notebook's dict: OLMo 3's has rms_norm_eps, Tiny Aya's layer_norm_eps
-        return BONUS_MODELS["tiny_aya" if "layer_norm_eps" in values else "olmo3"][1].from_dict(values)
-    tie = bool(values.pop("tie_embeddings", False))
-    return FamilyConfig.from_book_dict("qwen3" if "qk_norm" in values else "llama3", values, tie_embeddings=tie)
+    values = read_json(book_config_path(spec), what=f"the config of {spec}", kind="config")
+    family = _book_family(values)  # (the weights are not read)
+    if family in BONUS_MODELS:  # OLMo 3's and Tiny Aya's notebook dicts (tie_word_embeddings, if any, among them)
+        return BONUS_MODELS[family][1].from_dict(values)
+    tie = bool(values.pop("tie_embeddings", family == "gemma3"))
+    return book_config(family, values, tie)
+
+
+def _book_family(values: dict[str, Any]) -> str:
+    """Which model a book's or notebook's config dict is for: the family it names, else told by its keys (the
+    OLMo 3 and Tiny Aya notebooks' `n_kv_heads`: Tiny Aya's norms have layer_norm_eps, OLMo 3's rms_norm_eps)."""
+    named = values.get("family")
+    if named in BOOK_CLASSES:
+        return named
+    if "n_kv_heads" in values:
+        return "tiny_aya" if "layer_norm_eps" in values else "olmo3"
+    return "gemma3" if "layer_types" in values else "qwen3" if "qk_norm" in values else "llama3"
+
+
+def config_origin(spec: str | os.PathLike) -> str:
+    """Where `read_family_config(spec)` took the config from, and which values nothing in it said (the first line
+    a command says of a model of the book's or its notebooks' classes)."""
+    path = Path(spec)
+    if path.is_dir():
+        return f"config: {path / 'config.json'} ({read_family_config(spec).family})"
+    values = read_json(book_config_path(spec), what=f"the config of {spec}", kind="config")
+    family = _book_family(values)  # (one the weights contradict is refused when they are read)
+    defaults = {"qwen3": (("norm_eps", 1e-6), ("tie_embeddings", False)),
+                "llama3": (("norm_eps", 1e-5), ("tie_embeddings", False))}.get(family, ())
+    assumed = [f"{k} {v}" for k, v in defaults if k not in values]
+    return (f"config: {book_config_path(spec).name} beside {path.name}, the book's {BOOK_CLASSES[family]} dict"
+            + (f"; assumed, as the book's code has them: {', '.join(assumed)}" if assumed else ""))
 
 
 def load_family_tokenizer(spec: str | os.PathLike):
@@ -185,8 +335,11 @@ def load_family_tokenizer(spec: str | os.PathLike):
     folder = Path(spec) if Path(spec).is_dir() else Path(spec).parent
     tokenizer = family_tokenizer(folder, cfg.family, cfg.vocab_size)
     if tokenizer is None:
-        wanted = "tokenizer.json" if cfg.family != "llama3" else "tokenizer.model"
-        raise TokenizerError(f"{folder} has no {wanted}: put the model's own {wanted} beside its weights")
+        wanted = "tokenizer.model" if cfg.family == "llama3" else "tokenizer.json"
+        where = f"{Path(spec).name}'s folder {folder.resolve()}" if folder != Path(spec) else str(folder)
+        raise TokenizerError(f"{where} has no {wanted}: put the model's own {wanted} beside its weights, or give "
+                             f"it with --tokenizer FILE (tokenizer=FILE), or read the prompt with GPT-2's "
+                             f"(--tokenizer gpt2)")
     return tokenizer
 
 
@@ -196,7 +349,7 @@ def hf_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of a folder's model.safetensors, or of every shard model.safetensors.index.json names."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = read_json(index, what="the shards' index").get("weight_map")
+        weight_map = read_json(index, what="the shards' index", kind="index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index} has no weight_map: it does not say which shard holds which tensor")
         for shard in sorted(set(weight_map.values())):
@@ -212,7 +365,7 @@ def hf_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def read_hf_config(path: str | os.PathLike) -> FamilyConfig:
     path = Path(path)
-    return config_from_hf(read_json(path / "config.json"), str(path / "config.json"))
+    return config_from_hf(read_json(path / "config.json", kind="config"), str(path / "config.json"))
 
 
 def load_hf_family(path: str | os.PathLike, device: torch.device | str = "cpu",
@@ -260,7 +413,8 @@ def model_from_book_state(cfg: FamilyConfig, state: dict[str, torch.Tensor], sou
 
 def family_of_state(state: dict[str, Any]) -> str | None:
     """Which family a book state dict is, told by its names: QK-norm and `scale` are Qwen3's, `norm1.weight` Llama's,
-    post-feed-forward norms in `blocks` OLMo 3's, one `input_layernorm` per block Tiny Aya's."""
+    post-feed-forward norms in `blocks` OLMo 3's (`weight`; Gemma 3's are `scale`), one `input_layernorm` per block
+    in `trf_blocks` Tiny Aya's."""
     if "blocks.0.post_feedforward_layernorm.weight" in state:
         return "olmo3"
     if "trf_blocks.0.input_layernorm.weight" in state:
@@ -269,7 +423,58 @@ def family_of_state(state: dict[str, Any]) -> str | None:
         return "qwen3"
     if "trf_blocks.0.norm1.weight" in state:
         return "llama3"
+    if "blocks.0.input_layernorm.scale" in state:
+        return "gemma3"
     return None
+
+
+BOOK_CLASSES = {"qwen3": "Qwen3Model (llms_from_scratch.qwen3)", "llama3": "Llama3Model (llms_from_scratch.llama3)",
+                "gemma3": "Gemma3Model (the notebook standalone-gemma3)",
+                "olmo3": "Olmo3Model (the notebook standalone-olmo3)",
+                "tiny_aya": "TinyAyaModel (the notebook standalone-tiny-aya)"}
+# What a family's tensors cannot tell, and where the book's config dict keeps it.
+UNTOLD = {"qwen3": ("context_length", "rope_base"),
+          "llama3": ("n_heads", "n_kv_groups", "context_length", "rope_base", "rope_freq")}
+
+
+def what_state_tells(state: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(family, the config values its tensors fix) for the book's Qwen3/Llama state dict, told by its names and
+    shapes alone; None for another one. Qwen3's q_norm is a head wide, so its head counts are told too; Llama's
+    are not (W_query is emb_dim square whatever the head count)."""
+    family = family_of_state(state)
+    # GPT-2's norms are `scale` too: the book's next models add no pos_emb and feed SwiGLU's fc1, fc2, fc3
+    if family not in UNTOLD or "tok_emb.weight" not in state or "pos_emb.weight" in state \
+            or "trf_blocks.0.ff.fc1.weight" not in state:
+        return None
+    blocks = {int(k.split(".")[1]) for k in state if k.startswith("trf_blocks.") and k.split(".")[1].isdigit()}
+    vocab_size, emb_dim = state["tok_emb.weight"].shape
+    told: dict[str, Any] = {"vocab_size": vocab_size, "emb_dim": emb_dim, "n_layers": max(blocks, default=-1) + 1}
+    if (ff := state.get("trf_blocks.0.ff.fc1.weight")) is not None:
+        told["hidden_dim"] = ff.shape[0]
+    q, k = state.get("trf_blocks.0.att.W_query.weight"), state.get("trf_blocks.0.att.W_key.weight")
+    qn = state.get("trf_blocks.0.att.q_norm.scale")
+    if family == "qwen3" and q is not None and k is not None and qn is not None:
+        head_dim = qn.shape[0]
+        told.update(head_dim=head_dim, n_heads=q.shape[0] // head_dim, n_kv_groups=k.shape[0] // head_dim,
+                    qk_norm=True)
+    head = state.get("out_head.weight")
+    told["tie_embeddings"] = head is None or head.data_ptr() == state["tok_emb.weight"].data_ptr()
+    return family, told
+
+
+def untold_config(state: dict[str, Any], path: str | os.PathLike) -> str | None:
+    """The one line for the book's Qwen3/Llama state dict without its config JSON: the model its keys and shapes
+    match, what they tell, what they cannot, and the file to write; None when it matches neither."""
+    found = what_state_tells(state)
+    if found is None:
+        return None
+    family, told = found
+    told_text = ", ".join(f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
+                          for k, v in told.items())
+    side = book_config_path(path)
+    return (f"{path} looks like the book's {BOOK_CLASSES[family]} by its keys and shapes; they tell {told_text}, "
+            f"but not {', '.join(UNTOLD[family])}: put the config dict the model was built with as JSON in "
+            f"{side.name} beside it (glassgpt export --format book writes both)")
 
 
 def read_book_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -280,6 +485,11 @@ def read_book_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a state dict")
     return state
+
+
+def _same_storage(state: dict[str, torch.Tensor], a: str, b: str) -> bool:
+    """Whether two tensors of a loaded state dict were one tensor when saved (torch.save keeps the sharing)."""
+    return a in state and b in state and state[a].data_ptr() == state[b].data_ptr()
 
 
 def book_config_path(path: str | os.PathLike) -> Path:
@@ -293,22 +503,25 @@ def load_book_family(path: str | os.PathLike, device: torch.device | str = "cpu"
     state = read_book_state(path)
     family = family_of_state(state)
     if family is None:
-        raise CheckpointError(f"{path} is not a state dict of the book's Qwen3Model, Llama3Model, Olmo3Model or "
-                              "TinyAyaModel (no trf_blocks.0.norm1.scale or .weight, blocks.0.post_feedforward_layernorm"
+        raise CheckpointError(f"{path} is not a state dict of the book's Qwen3Model or Llama3Model "
+                              "(no trf_blocks.0.norm1.scale or .weight) or of the notebooks' Gemma3Model, Olmo3Model "
+                              "or TinyAyaModel (no blocks.0.input_layernorm.scale, blocks.0.post_feedforward_layernorm"
                               ".weight or trf_blocks.0.input_layernorm.weight)")
     side = book_config_path(path)
     if not side.is_file():
         raise CheckpointError(f"{path} needs its config: the book's config dict as JSON in {side} "
                               f"(glassgpt export --format book writes both)")
-    values = read_json(side, what=f"the config of {path}")
+    values = read_json(side, what=f"the config of {path}", kind="config")
     if family in BONUS_MODELS:  # the notebook's config dict, its dtype as a string
         try:
             cfg = BONUS_MODELS[family][1].from_dict(values)
         except ConfigError as e:
             raise ConfigError(f"{side}: {e}") from None
         return model_from_book_state(cfg, state, str(path), device, dtype)
-    tie = bool(values.pop("tie_embeddings", False))
-    cfg = FamilyConfig.from_book_dict(family, values, tie_embeddings=tie)
+    # The notebooks' models keep an out_head of their own; Gemma's loader ties it when the weights have no lm_head
+    tie = bool(values.pop("tie_embeddings", family == "gemma3" and _same_storage(state, "out_head.weight",
+                                                                                 "tok_emb.weight")))
+    cfg = book_config(family, values, tie)
     return model_from_book_state(cfg, state, str(path), device, dtype)
 
 

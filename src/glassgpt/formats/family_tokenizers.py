@@ -1,9 +1,10 @@
-"""The tokenizers of Qwen3 and Llama 3, and the chat formats the book's tokenizer classes apply.
+"""The tokenizers of Qwen3, Llama 3 and Gemma 3, and the chat formats the book's tokenizer classes apply.
 
     Qwen3Tokenizer(path)     tokenizer.json, run by Hugging Face's `tokenizers` library (an extra:
                              pip install glassgpt[families]); its chat wrap with the thinking switch
     Llama3Tokenizer(path)    tokenizer.model (base64 token and rank per line), run by tiktoken, with
                              Meta's special tokens after the ranks; ChatFormat's header and eot ids
+    GemmaTokenizer(path)     Gemma 3's tokenizer.json (SentencePiece pieces), the bonus notebook's GemmaTokenizer
     family_tokenizer(dir, cfg)   the folder's own, checked against the model's vocabulary first
 
 Both follow the book's classes (llms_from_scratch.qwen3.Qwen3Tokenizer, llama3.Llama3Tokenizer and
@@ -22,6 +23,7 @@ import tiktoken
 
 from ..errors import TokenizerError
 from ..tokenizer import Tokenizer, gpt2_byte_to_unicode
+from .files import check_size
 
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
@@ -36,7 +38,10 @@ LLAMA3_SPECIALS = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|start_header
 
 
 # Where a model folder keeps each family's tokenizer (Meta's repositories: in original/), in the order tried.
-TOKENIZER_FILES = {"qwen3": ("tokenizer.json",), "llama3": ("tokenizer.model", "original/tokenizer.model")}
+TOKENIZER_FILES = {"qwen3": ("tokenizer.json",), "llama3": ("tokenizer.model", "original/tokenizer.model"),
+                   "gemma3": ("tokenizer.json",), "olmo3": ("tokenizer.json",), "tiny_aya": ("tokenizer.json",)}
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>")
+BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback: one byte a piece
 
 
 class Qwen3Tokenizer(Tokenizer):
@@ -48,6 +53,7 @@ class Qwen3Tokenizer(Tokenizer):
         except ImportError:
             raise TokenizerError("reading Qwen3's tokenizer.json needs the tokenizers library: "
                                  "pip install 'glassgpt[families]'") from None
+        check_size(path, "tokenizer", TokenizerError)  # before the library reads it whole
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the library raises its own Exception for a bad file
@@ -92,11 +98,56 @@ class Qwen3Tokenizer(Tokenizer):
         raise TokenizerError("Qwen3's tokenizer is its tokenizer.json: copy that file")
 
 
+class GemmaTokenizer(Tokenizer):
+    """Gemma 3's SentencePiece BPE from tokenizer.json (the notebook's GemmaTokenizer): its encode adds what the
+    file's post-processor adds (<bos>); pieces mark a space with U+2581 and fall back to <0xHH> bytes."""
+
+    def __init__(self, path: str | os.PathLike):
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:
+            raise TokenizerError("reading Gemma's tokenizer.json needs the tokenizers library: "
+                                 "pip install 'glassgpt[families]'") from None
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the library raises its own Exception for a bad file
+            raise TokenizerError(f"cannot read {path} as a tokenizer.json: {str(e).splitlines()[0][:200]}") from None
+        self.name = "gemma3"
+        self.specials = {t: i for t in GEMMA_SPECIALS if (i := self._tok.token_to_id(t)) is not None}
+        if "<eos>" not in self.specials or "<bos>" not in self.specials:
+            raise TokenizerError(f"{path} has no <bos> or <eos> token: it is not Gemma's tokenizer.json")
+        self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eot_id = self.specials.get("<end_of_turn>", self.specials["<eos>"])  # where the notebook stops
+
+    def encode(self, text: str, allowed_special: Iterable[str] = ()) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=True).ids
+
+    def chat(self, user_message: str, add_generation_prompt: bool = True) -> list[int]:
+        """The notebook's apply_chat_template of one user message: its turn, then the model's turn opened."""
+        text = f"<start_of_turn>user\n{user_message}<end_of_turn>\n"
+        return self.encode(text + ("<start_of_turn>model\n" if add_generation_prompt else ""))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        self._check_ids([token_id])
+        piece = self._tok.id_to_token(token_id) or ""
+        byte = BYTE_PIECE.fullmatch(piece)
+        if byte:
+            return bytes([int(byte.group(1), 16)])
+        return piece.encode("utf-8") if piece in self.specials else piece.replace("\u2581", " ").encode("utf-8")
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.token_bytes(i) for i in self._check_ids(ids))
+
+    def to_dict(self) -> dict:
+        raise TokenizerError("Gemma's tokenizer is its tokenizer.json: copy that file")
+
+
 class Llama3Tokenizer(Tokenizer):
     """Llama 3's tiktoken BPE from tokenizer.model; special tokens numbered after the ranks, as Meta's."""
 
     def __init__(self, path: str | os.PathLike):
         from tiktoken.load import load_tiktoken_bpe
+        check_size(path, "tokenizer", TokenizerError)  # before tiktoken reads it whole
         try:
             ranks = load_tiktoken_bpe(str(path))
         except Exception as e:  # base64 or format errors, in tiktoken's words
@@ -195,14 +246,24 @@ def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, source: str) -> None
                              f"{vocab_size:,}: it is another model's tokenizer; use the one saved with these weights")
 
 
-def family_tokenizer(path: str | os.PathLike, family: str, vocab_size: int) -> Tokenizer | None:
-    """The tokenizer in a model folder (tokenizer.json for Qwen3; tokenizer.model or original/tokenizer.model
-    for Llama 3), checked against the model's vocabulary; None when the folder has none."""
+def tokenizer_file(path: str | os.PathLike) -> Tokenizer:
+    """The tokenizer in one file, told by what the file is: a tokenizer.model (base64 token and rank per
+    line: Llama 3's) or a Hugging Face tokenizer.json (a `model` entry: Qwen3's byte-level BPE). A
+    tokenizer .json that glassgpt saved is formats.get_tokenizer's."""
     path = Path(path)
-    make = Qwen3Tokenizer if family == "qwen3" else Llama3Tokenizer
-    if family in BONUS_EOS:
+    if not path.is_file():
+        raise TokenizerError(f"--tokenizer {path}: no such file: give gpt2, a tokenizer.json or a tokenizer.model")
+    return (Llama3Tokenizer if path.suffix == ".model" else Qwen3Tokenizer)(path)
+
+
+def family_tokenizer(path: str | os.PathLike, family: str, vocab_size: int) -> Tokenizer | None:
+    """The tokenizer in a model folder (tokenizer.json for Qwen3, Gemma 3, OLMo 3 and Tiny Aya; tokenizer.model or
+    original/tokenizer.model for Llama 3), checked against the model's vocabulary; None when the folder has none."""
+    path = Path(path)
+    make = {"qwen3": Qwen3Tokenizer, "llama3": Llama3Tokenizer, "gemma3": GemmaTokenizer}.get(family)
+    if family in BONUS_EOS:  # OLMo 3, Tiny Aya: their tokenizer.json as the notebooks read it
         make = lambda file: TokenizerJson(file, family)  # noqa: E731
-    for file in (path / name for name in TOKENIZER_FILES.get(family, ("tokenizer.json",))):
+    for file in (path / name for name in TOKENIZER_FILES[family]):
         if file.is_file():
             tokenizer = make(file)
             check_vocabulary(tokenizer, vocab_size, str(file))

@@ -28,23 +28,71 @@ from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError, GlassError
 
-MAX_JSON_BYTES = 64 << 20      # config, tokenizer, meta and state files are kilobytes to a few megabytes
-MAX_HEADER_BYTES = 100 << 20   # safetensors' own limit on its JSON header
+# The largest file of each kind that glassgpt reads, checked before a byte of it is parsed (read_limited):
+# each limit is far above the largest real file of its kind, so that a file past it is not one.
+#   kind          limit     what it covers (the largest real one)
+FILE_LIMITS = {
+    "config": 1 << 20,      # config.json, hparams.json, the book's .json beside a .pth, check --config (~1 KB)
+    "tokenizer": 64 << 20,  # tokenizer.json (glassgpt's BPE ~1 MB; Qwen3's 11 MB), Llama 3's tokenizer.model (2 MB)
+    "meta": 16 << 20,       # meta.json, train_state.json, a data cache's record, a run's config (kilobytes)
+    "index": 64 << 20,      # model.safetensors.index.json (a 32B model's ~100 KB), TensorFlow's .index (18 KB)
+    "header": 100 << 20,    # a safetensors file's JSON header: safetensors' own limit
+}
+FILE_KINDS = {"config": "a config JSON", "tokenizer": "a tokenizer file", "meta": "a meta or state JSON",
+              "index": "an index of weights", "header": "a safetensors header"}
+MAX_HEADER_BYTES = FILE_LIMITS["header"]
 SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                       "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
+def too_big(label: str, size: int, kind: str) -> str:
+    """The one line that refuses a file past its kind's limit (FILE_LIMITS), with both sizes."""
+    return (f"{label} is {size:,} bytes, more than {FILE_KINDS[kind]} may be (at most {FILE_LIMITS[kind]:,} bytes): "
+            "it is not the file it should be; check the path, or copy the file again")
+
+
+def check_size(path: str | os.PathLike | DirFile, kind: str, error: type[GlassError] = CheckpointError,
+               label: str | None = None) -> None:
+    """Refuse `path` when its size on disk is past its kind's limit (FILE_LIMITS), before it is opened."""
+    size = (path if isinstance(path, DirFile) else Path(path)).stat().st_size
+    if size > FILE_LIMITS[kind]:
+        raise error(too_big(label or str(path), size, kind))
+
+
+def read_limited(path: str | os.PathLike | DirFile, kind: str, error: type[GlassError] = CheckpointError,
+                 label: str | None = None) -> bytes:
+    """The bytes of `path`, a file of `kind`: its size is checked before it is read, and no more than its
+    limit is read (a file that grows meanwhile, a FIFO or device whose size says nothing, is refused)."""
+    path = path if isinstance(path, DirFile) else Path(path)
+    label = label or str(path)
+    limit = FILE_LIMITS[kind]
+    check_size(path, kind, error, label)
+    with path.open("rb") if isinstance(path, DirFile) else _open_plain(path, error, label) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{label} holds more than {limit:,} bytes, more than {FILE_KINDS[kind]} may be: it is not the "
+                    "file it should be; check the path, or copy the file again")
+    return data
+
+
+def _open_plain(path: Path, error: type[GlassError], label: str) -> BinaryIO:
+    """`path` opened to read, when it is a plain file: a FIFO or a device is refused, not waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    mode_bits = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode_bits):
+        os.close(fd)
+        raise error(f"{label} is {path_kind(mode_bits)}, not a file: give the file itself")
+    return os.fdopen(fd, "rb")
+
+
 def read_json(path: str | os.PathLike | DirFile, error: type[GlassError] = CheckpointError,
-              what: str = "") -> dict[str, Any]:
-    """The JSON object in `path`; else one `error` that names the file (and `what` it is for)."""
+              what: str = "", kind: str = "meta") -> dict[str, Any]:
+    """The JSON object in `path`, a file of `kind` (FILE_LIMITS: its size checked before it is read); else one
+    `error` that names the file (and `what` it is for)."""
     path = path if isinstance(path, DirFile) else Path(path)
     label = f"{path}{f' ({what})' if what else ''}"
     try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise error(f"{label} is {size:,} bytes, more than any GPT-2 JSON file holds "
-                        f"({MAX_JSON_BYTES >> 20} MiB): it is not the file it should be")
-        value = json.loads(path.read_bytes().decode("utf-8"))
+        value = json.loads(read_limited(path, kind, error, label).decode("utf-8"))
     except FileNotFoundError:
         raise error(f"{label} does not exist") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:

@@ -165,7 +165,7 @@ def read_checkpoint_file(spec: str | os.PathLike, name: str, read: Callable[[Dir
 def checkpoint_config(path: Path | OpenDir) -> tuple[GPTConfig, bool]:
     """(config, whether the tensors are in Hugging Face's layout) of a checkpoint directory,
     checked against its tensors' shapes (read from the header, not the tensors)."""
-    raw = read_json(path / "config.json")
+    raw = read_json(path / "config.json", kind="config")
     source = f"{path / 'config.json'}"
     shapes = tensor_shapes(path)
     weights = str(weights_file(path))
@@ -192,12 +192,12 @@ def config_from_values(values: dict[str, Any], source: str, error: type[Exceptio
 
 def read_config_file(path: str | os.PathLike) -> GPTConfig:
     """A config .json of glassgpt's fields (vocab_size, context_length, emb_dim, ...)."""
-    return config_from_values(read_json(path, ConfigError, "a config file"), str(path), ConfigError)
+    return config_from_values(read_json(path, ConfigError, "a config file", kind="config"), str(path), ConfigError)
 
 
 def read_tokenizer(path: str | os.PathLike | DirFile) -> Tokenizer:
     """A tokenizer saved with `Tokenizer.save` / a checkpoint's tokenizer.json."""
-    return tokenizer_from_dict(read_json(path, TokenizerError, "a tokenizer file"), source=str(path))
+    return tokenizer_from_dict(read_json(path, TokenizerError, "a tokenizer file", kind="tokenizer"), source=str(path))
 
 
 # meta.json's fields that glassgpt itself reads, and what each must be.

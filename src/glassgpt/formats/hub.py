@@ -74,7 +74,7 @@ def try_fetch_config(repo_id: str, progress: bool = True) -> tuple[Repo | None, 
                           lambda p: p.is_file(), "no config.json in the repository", progress)
     if path is None:
         return None, reason
-    raw = read_json(path, what=f"{repo_id}'s config")
+    raw = read_json(path, what=f"{repo_id}'s config", kind="config")
     arch = hf_architecture(raw)
     if arch in (None, GPT2_ARCHITECTURE) and not raw.get("num_experts"):
         return Repo(repo_id, "gpt2", raw), ""  # hf.py checks the rest of a GPT-2 config against its weights
@@ -113,7 +113,7 @@ def has_files(path: Path, family: str) -> bool:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = read_json(index).get("weight_map")
+            weight_map = read_json(index, kind="index").get("weight_map")
         except CheckpointError:
             return False
         shards = set(weight_map.values()) if isinstance(weight_map, dict) else set()

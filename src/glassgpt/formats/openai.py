@@ -46,7 +46,7 @@ def openai_config(path: str | Path) -> GPTConfig:
     if not hparams.is_file():
         raise CheckpointError(f"{path} has no hparams.json: the OpenAI folder needs it for the model's sizes "
                               "(download it again with the book's gpt_download.py)")
-    h = read_json(hparams)
+    h = read_json(hparams, kind="config")
     sizes = {ours: field(h, theirs, str(hparams)) for ours, theirs in
              (("vocab_size", "n_vocab"), ("context_length", "n_ctx"), ("emb_dim", "n_embd"),
               ("n_heads", "n_head"), ("n_layers", "n_layer"))}

@@ -29,14 +29,15 @@ from torch import nn
 from ..adopt import adopt
 from ..config import PRESETS, GPTConfig, init_scheme
 from ..device import resolve_device, resolve_dtype
-from ..errors import CheckpointError, ConfigError, RandomWeightsWarning
+from ..errors import CheckpointError, ConfigError, RandomWeightsWarning, TokenizerError
 from ..model import GPTModel
 from ..prompt import Reading, classifier_reading
 from ..tokenizer import Tokenizer, get_tokenizer
 from ..families import FAMILY_PRESETS, FamilyConfig
 from . import book, families, gguf, openai
 from .checks import check_buildable
-from .files import refuse_leftover
+from .family_tokenizers import check_vocabulary, tokenizer_file
+from .files import read_json, refuse_leftover
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, read_checkpoint,
                        read_checkpoint_file, read_config_file, read_meta, read_tokenizer, resolve_checkpoint_dir)
 from .hf import hf_to_glassgpt
@@ -126,8 +127,12 @@ class Source:
     """A model spec resolved once (see the module docstring); build it with `formats.open`."""
 
     def __init__(self, spec: Any, *, n_heads: int | None = None, drop_rate: float | None = None,
-                 context_length: int | None = None) -> None:
+                 context_length: int | None = None, tokenizer: str | None = None) -> None:
         self.kind = resolve_kind(spec)
+        self.tokenizer_spec = None if tokenizer is None else str(tokenizer)  # --tokenizer: in place of the model's own
+        if self.tokenizer_spec not in (None, "gpt2") and not Path(self.tokenizer_spec).is_file():
+            raise TokenizerError(f"--tokenizer {self.tokenizer_spec}: no such file: give gpt2, a tokenizer.json or a "
+                                 "tokenizer.model")
         self.module = spec if self.kind == "module" else None
         self.name = type(spec).__name__ if self.module is not None else str(spec)
         # The file or directory named (None: a module, a preset, or a hub id, whose fetched copy is `dir`).
@@ -308,6 +313,11 @@ class Source:
                         f"{path.with_suffix('.json').name} beside it, to train with dropout")
         return [heads, drop]
 
+    def config_origin(self) -> str | None:
+        """Where a Qwen3 or Llama model's config came from (which JSON, which values assumed); None for the others,
+        whose `notes()`, checkpoint line or random-weights note say it."""
+        return families.config_origin(self.name) if self.kind == "family" else None
+
     def assumed(self, field: str) -> bool:
         """Whether `field`'s value was assumed (a Note with `assumed` set names it)."""
         return any(n.field == field and n.assumed for n in self.notes())
@@ -440,8 +450,13 @@ class Source:
         return with_drop_rate(model, config.drop_rate)
 
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer saved with a checkpoint (tokenizer.json), the OpenAI folder's or a GGUF file's own
-        (each checked to be GPT-2's), else GPT-2's."""
+        """The tokenizer given (`tokenizer=`, --tokenizer: checked against the model's vocabulary), else the one
+        saved with a checkpoint (tokenizer.json), the OpenAI folder's or a GGUF file's own (each checked to be
+        GPT-2's), a Qwen3 or Llama model's own beside its weights, else GPT-2's."""
+        if self.tokenizer_spec is not None:
+            tokenizer = read_tokenizer_spec(self.tokenizer_spec)
+            check_vocabulary(tokenizer, self.config.vocab_size, f"--tokenizer {self.tokenizer_spec}")
+            return tokenizer
         if self.kind == "family" or self._hub_family:
             return families.load_family_tokenizer(self._family_path)
         if self.kind == "openai":
@@ -453,6 +468,17 @@ class Source:
             if saved is not None:
                 return saved
         return get_tokenizer("gpt2")
+
+
+def read_tokenizer_spec(spec: str) -> Tokenizer:
+    """What --tokenizer names: "gpt2", a tokenizer .json that glassgpt saved (`glassgpt tokenizer train`, a
+    checkpoint's), a Hugging Face tokenizer.json (Qwen3's) or a tokenizer.model (Llama 3's), told by its content."""
+    if spec == "gpt2":
+        return get_tokenizer("gpt2")
+    path = Path(spec)
+    if path.suffix == ".json" and "model" not in read_json(path, TokenizerError, "a tokenizer file", kind="tokenizer"):
+        return read_tokenizer(path)
+    return tokenizer_file(path)
 
 
 def with_drop_rate(model: GPTModel, drop_rate: float) -> GPTModel:
@@ -511,12 +537,12 @@ def _train_facts(ckpt: Path) -> tuple[str | None, int | None, float | None]:
 
 
 def open(spec: Any = "gpt2", *, n_heads: int | None = None, drop_rate: float | None = None,
-         context_length: int | None = None) -> Source:
+         context_length: int | None = None, tokenizer: str | None = None) -> Source:
     """The model `spec` names, resolved once: a preset, a config .json, a checkpoint or run directory, a Hugging
     Face directory or hub id, the book's .pth or gpt2/124M folder, a .gguf file, or an nn.Module in memory.
     `n_heads`: a state dict's head count, which its shapes cannot tell (else the JSON beside it, else GPT-2's
     rule, said in a Note); `drop_rate`: the dropout to build with; `context_length`: a preset's, or at most
-    a file's own."""
+    a file's own; `tokenizer`: "gpt2" or a tokenizer file, read in place of the model's own."""
     if isinstance(spec, Source):
         return spec
-    return Source(spec, n_heads=n_heads, drop_rate=drop_rate, context_length=context_length)
+    return Source(spec, n_heads=n_heads, drop_rate=drop_rate, context_length=context_length, tokenizer=tokenizer)

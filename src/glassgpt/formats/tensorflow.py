@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
+from .files import read_limited
 
 TABLE_MAGIC = 0xDB4775248B80FB57  # the last 8 bytes of every LevelDB/TensorFlow table
 FOOTER_BYTES = 48                 # two block handles (varints), zero padding, the magic
 BLOCK_TRAILER_BYTES = 5           # after every block: compression type (1 byte), masked crc32c (4)
-MAX_INDEX_BYTES = 64 << 20        # GPT-2 1558M's index is 18 KB
 
 # TensorFlow's DataType enum (types.proto) -> torch dtype, for the types a checkpoint of weights holds.
 TF_DTYPES = {1: torch.float32, 2: torch.float64, 3: torch.int32, 4: torch.uint8, 5: torch.int16,
@@ -56,10 +56,7 @@ def read_index(prefix: str | Path) -> tuple[int, dict[str, BundleEntry]]:
     """(number of data shards, {tensor name: BundleEntry}) from `PREFIX.index`."""
     path = Path(f"{prefix}.index")
     try:
-        if path.stat().st_size > MAX_INDEX_BYTES:
-            raise CheckpointError(f"{path} is {path.stat().st_size:,} bytes: an index of tensors' names and offsets "
-                                  f"is kilobytes (at most {MAX_INDEX_BYTES >> 20} MiB here): it is not an index")
-        data = path.read_bytes()
+        data = read_limited(path, "index", CheckpointError)
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
     if len(data) < FOOTER_BYTES or struct.unpack_from("<Q", data, len(data) - 8)[0] != TABLE_MAGIC:

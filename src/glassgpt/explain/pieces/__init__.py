@@ -22,18 +22,30 @@ from torch import nn
 
 from ...adopt import check_computable, read_in_place
 from ...errors import GlassError
+from ..debugger import LayerReport, debug
 from ..verify import DEFAULT_TEXT
 from ..verify_family import check as check_model, is_family_port  # GPT-2, or a Qwen3/Llama port
 from .attention import check_attention
 from .data import check_dataset, check_dataset_class, check_loader_function, check_tokenizer
 from .functions import CHECKS as FUNCTION_CHECKS, check_function
 from .layers import check_block, check_feed_forward, check_gelu, check_layer_norm
+from .cache import check_attention_cache, check_cache, has_attention_cache, has_cache_api
 from .report import PieceError, PieceResult
 from .data import SlidingWindows, sliding_windows
+from .next_models import FAMILY_KINDS, check_apply_rope, check_gqa, check_moe, check_rms_norm, check_rope_params, check_swiglu
 
 GPT_CONFIG_124M = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12,
                    "drop_rate": 0.1, "qkv_bias": False}
 _CH03_MHA = {"d_in": 3, "d_out": 2, "context_length": 6, "dropout": 0.0, "num_heads": 2}
+# Tiny configs of the book's Qwen3 (and its mixture of experts) and Llama 3.2 dicts: a piece or a whole
+# model of either builds from them in a moment (the book's own sizes take gigabytes).
+QWEN3_TINY = {"vocab_size": 97, "context_length": 24, "emb_dim": 32, "n_heads": 4, "n_layers": 2, "hidden_dim": 48,
+              "head_dim": 16, "qk_norm": True, "n_kv_groups": 2, "rope_base": 1_000_000.0, "dtype": torch.float32}
+QWEN3_MOE_TINY = {**QWEN3_TINY, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24}
+LLAMA3_TINY = {"vocab_size": 97, "context_length": 24, "emb_dim": 32, "n_heads": 4, "n_layers": 2, "hidden_dim": 48,
+               "n_kv_groups": 2, "rope_base": 500_000.0, "dtype": torch.float32,
+               "rope_freq": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_context_length": 4}}
 # The book's constructor arguments for each class, in its chapters' examples.
 PRESETS: dict[str, dict[str, Any]] = {
     "ch03": {"SelfAttention_v1": {"d_in": 3, "d_out": 2}, "SelfAttention_v2": {"d_in": 3, "d_out": 2},
@@ -43,28 +55,41 @@ PRESETS: dict[str, dict[str, Any]] = {
                                     "num_heads": 12},
              "LayerNorm": {"emb_dim": 5}, "GELU": {}, "FeedForward": GPT_CONFIG_124M,
              "TransformerBlock": GPT_CONFIG_124M, "GPTModel": GPT_CONFIG_124M},
+    "qwen3": {"GroupedQueryAttention": QWEN3_TINY, "RMSNorm": {"emb_dim": 32}, "FeedForward": QWEN3_TINY,
+              "MoEFeedForward": QWEN3_MOE_TINY, "Qwen3Model": QWEN3_TINY},
+    "llama3": {"GroupedQueryAttention": LLAMA3_TINY, "RMSNorm": {"emb_dim": 32}, "FeedForward": LLAMA3_TINY,
+               "Llama3Model": LLAMA3_TINY},
 }
+# A model's config names, as a piece's constructor names them (a piece built "with a config").
+CONFIG_NAMES = {"d_in": "emb_dim", "d_out": "emb_dim", "num_heads": "n_heads", "num_kv_groups": "n_kv_groups",
+                "head_dim": "head_dim", "qk_norm": "qk_norm", "dtype": "dtype", "emb_dim": "emb_dim",
+                "context_length": "context_length", "dropout": "drop_rate", "qkv_bias": "qkv_bias"}
 ATTENTION = ("SelfAttention_v1", "SelfAttention_v2", "CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttention")
 LAYERS = ("LayerNorm", "GELU", "FeedForward", "TransformerBlock", "GPTModel")
 DATA = ("SimpleTokenizerV1", "SimpleTokenizerV2", "a tiktoken-style tokenizer (encode/decode)", "GPTDatasetV1",
         "a dataset or DataLoader of windows", "create_dataloader_v1")
-KNOWN = (*DATA, *ATTENTION, *LAYERS, *FUNCTION_CHECKS)
+KNOWN = (*DATA, *ATTENTION, *LAYERS, *FUNCTION_CHECKS, *FAMILY_KINDS, "Qwen3Model", "Llama3Model")
+HOW_TO_SAY = ("; say which by the book's class name (e.g. class GroupedQueryAttention), or build it with the "
+              "book's arguments: --args ch03, ch04, qwen3 or llama3 (in Python, args=...)")
 CFG_CLASSES = ("FeedForward", "TransformerBlock", "GPTModel")  # the classes built from one config dict
 
 
 def known_kinds() -> str:
-    return ", ".join(KNOWN)
+    return ", ".join(KNOWN) + HOW_TO_SAY
 
 
 def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, args: Any = None,
-          max_length: int | None = None, stride: int | None = None, inputs: torch.Tensor | None = None
-          ) -> PieceResult:
+          max_length: int | None = None, stride: int | None = None, inputs: torch.Tensor | None = None,
+          against: str | None = None) -> PieceResult | LayerReport:
     """Check `piece` (a class, an instance, a function or a tokenizer of the book's chapters 2 to 7)
     against glassgpt's formula for it: see the module's docstring. A whole GPT model goes to
     verify.check(model, text, ids). A class is built with `args` (a dict of its constructor's
     arguments, or "ch03" / "ch04" for the book's; default: the book's for its chapter) after
     torch.manual_seed(123). A dataset already built needs the `text`, `max_length` and `stride`
-    it was built with. `inputs`: a module's input instead of the book's."""
+    it was built with. `inputs`: a module's input instead of the book's. `against="transformers"`: the
+    layer debugger (debugger.py) on a whole GPT-2, Qwen3 or Llama model or its class, `args` its config."""
+    if against is not None:
+        return debug(piece, args, against=against)
     if isinstance(piece, type):
         if is_dataset_class(piece):
             return check_dataset_class(piece)
@@ -73,10 +98,18 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
         return _check_callable(piece)
     if isinstance(piece, nn.Module):
         check_computable(piece)  # a NaN, inf or meta tensor is named before anything runs
+    if isinstance(piece, nn.Module) and hasattr(piece, "tok_emb") and hasattr(piece, "trf_blocks") and \
+            has_cache_api(piece):
+        return check_cache(piece, text, ids)  # a model with the book's KV cache: cached against uncached
+    if has_attention_cache(piece):
+        return check_attention_cache(piece)
     kind = "a GPT model" if isinstance(piece, nn.Module) and is_family_port(piece) else identify(piece)
     if kind in ("GPTModel", "a GPT model"):
-        return check_model(piece, text or DEFAULT_TEXT, ids)
+        return _with_part_property(piece, check_model(piece, text or DEFAULT_TEXT, ids))
     try:
+        if kind in FAMILY_KINDS:
+            return {"GroupedQueryAttention": check_gqa, "RMSNorm": check_rms_norm, "SwiGLU FeedForward": check_swiglu,
+                    "MoEFeedForward": check_moe}[kind](piece, inputs)
         if kind in ATTENTION:
             return check_attention(piece, kind, inputs)
         if kind in ("LayerNorm", "GELU", "FeedForward", "TransformerBlock"):
@@ -87,6 +120,25 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
     if kind == "tokenizer":
         return check_tokenizer(piece, type(piece).__name__)
     return check_dataset(piece, kind, text, max_length, stride)
+
+
+def _with_part_property(model: nn.Module, result: Any) -> Any:
+    """A whole model whose first differing stage no known mistake reproduces: that part (or its block, for
+    a shortcut) checked alone on the book's inputs, so the finding names the property it breaks."""
+    first = getattr(result, "first", None)
+    if first is None or result.mistake is not None or first.non_finite:
+        return result
+    name = first.name.rsplit(".", 1)[0] if ".shortcut" in first.name else first.name
+    try:
+        part = model.get_submodule(name)
+        alone = check(part)
+    except (AttributeError, GlassError):
+        return result
+    if isinstance(alone, PieceResult) and not alone.ok and alone.prop is not None:
+        head = result.finding.split("; no known mistake")[0]
+        result.finding = f"{head}; checked alone on the book's inputs, {name}: {alone.finding}"
+        result.notes = [*result.notes, f"property broken: {alone.prop} ({alone.stage}, {alone.where})"]
+    return result
 
 
 def is_whole_model(m: Any) -> bool:
@@ -106,8 +158,14 @@ def identify(piece: Any) -> str:
     """The kind of `piece`, from its class name, then what it holds; a PieceError naming the known kinds."""
     name = type(piece).__name__
     if isinstance(piece, nn.Module):
+        if all(hasattr(piece, n) for n in ("fc1", "fc2", "fc3")):
+            return "MoEFeedForward" if hasattr(piece, "gate") else "SwiGLU FeedForward"
         if name in ATTENTION or name in LAYERS:
             return name
+        if hasattr(piece, "num_kv_groups") and hasattr(piece, "W_query"):
+            return "GroupedQueryAttention"
+        if name == "RMSNorm" or (isinstance(piece, nn.RMSNorm)):
+            return "RMSNorm"
         return _module_by_contents(piece, name)
     if callable(getattr(piece, "encode", None)) and callable(getattr(piece, "decode", None)):
         return "tokenizer"
@@ -156,6 +214,11 @@ def is_dataset_class(cls: type) -> bool:
 
 def _check_callable(fn) -> PieceResult:
     name = fn.__name__
+    params = list(inspect.signature(fn).parameters)
+    if name == "apply_rope" or params[:3] == ["x", "cos", "sin"]:
+        return check_apply_rope(fn)
+    if name == "compute_rope_params" or params[:2] == ["head_dim", "theta_base"]:
+        return check_rope_params(fn)
     if name in FUNCTION_CHECKS:
         return check_function(fn, name)
     if name == "create_dataloader_v1":
@@ -185,34 +248,67 @@ def preset_args(name: str, preset: str) -> Any:
 
 
 def build(cls: type, args: Any = None, seed: int = 123) -> Any:
-    """cls built as the book builds it: with `args` (a dict, or a chapter preset's name), after
-    torch.manual_seed(seed); a one-line PieceError when it cannot be."""
+    """cls built as the book builds it: with `args` (a dict of its arguments, a model's config dict, or a
+    preset's name), after torch.manual_seed(seed); a one-line PieceError when it cannot be. Without
+    args: the book's for its chapter or model (the first preset it builds with)."""
     name = cls.__name__
     if args is None:
-        args = next((p for p in PRESETS if name in PRESETS[p]), None)
-        if args is None:
-            kind = _kind_by_signature(cls)
-            args = next((p for p in PRESETS if kind in PRESETS[p]), None) if kind else None
-            if args is None:
-                raise PieceError(f"{name} is no kind glassgpt check knows (by its name or its constructor's "
-                                 f"arguments): it knows {known_kinds()}")
-            return build(cls, preset_args(kind, args), seed)
+        kind = name if any(name in p for p in PRESETS.values()) else _kind_by_signature(cls)
+        presets = [p for p in PRESETS if kind in PRESETS[p]] if kind else []
+        if not presets:
+            raise PieceError(f"{name} is no kind glassgpt check knows (by its name or its constructor's "
+                             f"arguments): it knows {known_kinds()}")
+        params = set(inspect.signature(cls.__init__).parameters)
+        presets.sort(key=lambda p: p != "llama3" if "d_out" in params and "num_kv_groups" in params else 0)
+        errors = []
+        for preset in presets:
+            try:
+                return build(cls, PRESETS[preset][kind], seed)
+            except PieceError as err:
+                errors.append(err)
+        raise errors[0]
     if isinstance(args, str):
         args = preset_args(_kind_by_signature(cls) or name, args)
     params = [p for p in inspect.signature(cls.__init__).parameters.values()][1:]
     one_config = len(params) == 1 and params[0].kind is params[0].POSITIONAL_OR_KEYWORD and (
         params[0].name in ("cfg", "config") or (isinstance(args, dict) and set(args) - {params[0].name}))
+    if isinstance(args, dict) and not one_config:
+        args = from_config(args, [p.name for p in params])
     torch.manual_seed(seed)
     try:
-        return cls(args) if one_config or not isinstance(args, dict) else cls(**args)
+        built = cls(args) if one_config or not isinstance(args, dict) else cls(**args)
+        return _materialized(built, seed) if isinstance(built, nn.Module) else built
     except Exception as err:
         raise PieceError(f"{name}{inspect.signature(cls.__init__)} could not be built with {args}: "
-                         f"{type(err).__name__}: {err}; pass its arguments as --args '{{...}}' or a chapter "
-                         f"preset, --args ch03 or ch04") from None
+                         f"{type(err).__name__}: {err}; pass its arguments as --args '{{...}}' or a preset, "
+                         f"--args {', '.join(list(PRESETS)[:-1])} or {list(PRESETS)[-1]}") from None
+
+
+def _materialized(module: nn.Module, seed: int) -> nn.Module:
+    """A module built with weights on the meta device (the book's MoEFeedForward keeps its experts there
+    until loaded) given seeded random ones, as its layers initialize themselves."""
+    if not any(p.is_meta for p in module.parameters()):
+        return module
+    module.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    for m in module.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    return module
+
+
+def from_config(args: dict[str, Any], params: list[str]) -> dict[str, Any]:
+    """A piece's own arguments from a model's config dict (emb_dim -> d_in, n_heads -> num_heads, ...),
+    where `args` names none of its parameters but is a config; else `args` as given."""
+    if set(args) <= set(params) or "emb_dim" not in args:
+        return args
+    return {p: args[CONFIG_NAMES[p]] for p in params if p in CONFIG_NAMES and CONFIG_NAMES[p] in args}
 
 
 def _kind_by_signature(cls: type) -> str | None:
     params = tuple(list(inspect.signature(cls.__init__).parameters)[1:])
+    if "num_kv_groups" in params:
+        return "GroupedQueryAttention"
     if params[:5] == ("d_in", "d_out", "context_length", "dropout", "num_heads"):
         return "MultiHeadAttention"  # or the wrapper: both take these; the instance tells them apart
     if params[:4] == ("d_in", "d_out", "context_length", "dropout"):

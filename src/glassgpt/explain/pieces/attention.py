@@ -21,7 +21,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ...model import attention_weights
-from .report import (PieceResult, as_double, first_row_that_differs, largest_diff, non_finite, reproducing,
+from .properties import attention_rows, score_scale
+from .report import (PieceResult, as_double, first_row_that_differs, found, largest_diff, non_finite, reproducing,
                      run_reader, same)
 
 # The book's six 3-d embeddings of "Your journey starts with one step" (chapter 3).
@@ -58,16 +59,23 @@ CAUSAL_KINDS = ("CausalAttention", "MultiHeadAttentionWrapper", "MultiHeadAttent
 
 
 class _Softmaxes(TorchFunctionMode):
-    """Records (input, output) of every softmax the reader's forward calls."""
+    """Records (input, output) of every softmax the reader's forward calls, and the weights it then
+    multiplies the values by (the left operand of the next matmul of the softmax's shape): what the
+    reader does to its weights after the softmax shows there."""
 
     def __init__(self):
         super().__init__()
         self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.used: list[torch.Tensor] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if getattr(func, "__name__", "") == "softmax" and args and torch.is_tensor(out):
+        name = getattr(func, "__name__", "")
+        if name == "softmax" and args and torch.is_tensor(out):
             self.seen.append((args[0].detach().clone(), out.detach().clone()))
+        elif name in ("matmul", "__matmul__", "bmm") and self.seen and len(self.used) < len(self.seen) and \
+                len(args) >= 2 and torch.is_tensor(args[0]) and args[0].shape == self.seen[-1][1].shape:
+            self.used.append(args[0].detach().clone())
         return out
 
 
@@ -134,6 +142,23 @@ def formula(att: nn.Module, x: torch.Tensor, n_heads: int, causal: bool, mistake
     return weights, context
 
 
+def raw_scores(att: nn.Module, x: torch.Tensor, kind: str, n_heads: int, causal: bool) -> torch.Tensor:
+    """q k^T before any scale, in float64 ([b, h, t, t]; [.., t, t] for one head), the future at -inf
+    where causal: what the reader's softmax input is, times its scale."""
+    if kind == "MultiHeadAttentionWrapper":
+        return torch.stack([raw_scores(h, x, "CausalAttention", 1, True) for h in att.heads], dim=1)
+    W = _projections(att)
+    h = as_double(x)
+    q, k = ((h @ w + b if b is not None else h @ w) for w, b in (W["q"], W["k"]))
+    t = q.shape[-2]
+    if n_heads > 1:
+        q, k = (y.reshape(y.shape[0], t, n_heads, -1).transpose(1, 2) for y in (q, k))
+    scores = q @ k.transpose(-2, -1)
+    if causal:
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -torch.inf)
+    return scores
+
+
 def wrapper_formula(att: nn.Module, x: torch.Tensor, mistake: str | None = None,
                     drops: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """MultiHeadAttentionWrapper: each CausalAttention head, concatenated along the features
@@ -173,9 +198,15 @@ def check_attention(att: nn.Module, kind: str, x: torch.Tensor | None = None) ->
                         "book_out": out, "input": x}
         result.lines.append(f"eval mode: output {_shape(runs[0][1])} against glassgpt's {_shape(out)}, "
                             f"max |diff| {_diff_text(runs[0][1], out)}")
-        if not same(runs[0][1], runs[1][1]):
-            return _found(result, "output", "two eval runs", "dropout_eval")
-        if not _judge(result, runs[0], (weights, out), lambda m: book(m), kind, causal, n_heads):
+        if not same(runs[0][1], runs[1][1]):  # eval mode must give the same numbers twice
+            _found(result, "output", "two eval runs", "dropout_eval")
+            result.prop = "dropout_in_eval"
+            return result
+        d_out = out.shape[-1] if kind != "MultiHeadAttention" else _projections(att)["q"][0].shape[-1]
+        hd = (_projections(att.heads[0])["q"][0].shape[-1] if kind == "MultiHeadAttentionWrapper"
+              else d_out // n_heads)
+        raw = raw_scores(att, x, kind, n_heads, causal)
+        if not _judge(result, runs[0], (weights, out), lambda m: book(m), kind, causal, n_heads, "", raw, hd, d_out):
             return result
         drops = _train_run(att, x, kind, result)
         if drops is None:  # no nn.Dropout to switch on: nothing more to see
@@ -197,10 +228,42 @@ def _ok_words(kind: str) -> str:
 
 
 def _judge(result: PieceResult, reader, book, variant: Callable, kind: str, causal: bool, n_heads: int,
-           prefix: str = "") -> bool:
-    """True when the reader's (weights, output) match the book's; else fill in the finding."""
-    r_weights, r_out = reader
+           prefix: str = "", raw: torch.Tensor | None = None, hd: int = 1, d_out: int = 1) -> bool:
+    """True when the reader's (weights, output, scores, used weights) match the book's; else fill in the
+    finding: the property of the formula that breaks first (properties.py), then the catalogue's line."""
+    r_weights, r_out, r_scores, r_used = reader
     b_weights, b_out = book
+    variants = {m: (lambda m=m: variant(m)[1]) for m in _candidates(kind, causal, n_heads)}
+    weights_differ = r_weights is not None and tuple(r_weights.shape) == tuple(b_weights.shape) and \
+        not same(r_weights, b_weights)
+    if not weights_differ and same(r_out, b_out):
+        return True
+    mistake = reproducing(r_out, variants)
+    if weights_differ:
+        index = first_row_that_differs(r_weights, b_weights)
+        bad = non_finite(r_weights[index]) if index else None
+        if bad:
+            where = f"row {index[-1]}" + (f" of head {index[1]}" if len(index) == 3 and n_heads > 1 else "")
+            result.stage, result.where, result.mistake = "attention weights", where, mistake
+            cause = _nan_cause(r_weights, index) if mistake is None else MISTAKES[mistake]
+            result.finding = f"{prefix}{where} of the attention weights is {bad}: {cause}"
+            return False
+    broken = _broken_property(r_weights, r_scores, r_used, raw, causal, n_heads, hd, d_out, bool(prefix))
+    if broken is not None:
+        found(result, broken, mistake, MISTAKES, prefix)
+        return False
+    if weights_differ:
+        index = first_row_that_differs(r_weights, b_weights)
+        where = f"row {index[-1]}" + (f" of head {index[1]}" if len(index) == 3 and n_heads > 1 else "")
+        return not _found(result, "attention weights", where, mistake, prefix)
+    if tuple(r_out.shape) != tuple(b_out.shape):
+        _found(result, "output", f"shape {_shape(r_out)}, glassgpt's {_shape(b_out)}", mistake, prefix)
+        return False
+    index = first_row_that_differs(r_out, b_out)
+    return not _found(result, "output", f"position {index[-1]}" if index else "output", mistake, prefix)
+
+
+def _candidates(kind: str, causal: bool, n_heads: int) -> list[str]:
     candidates = [m for m in MISTAKES if m not in ("dropout_eval",)]
     if not causal:
         candidates = [m for m in candidates if m not in ("no_mask", "mask_wrong_side", "mask_diagonal")]
@@ -208,27 +271,23 @@ def _judge(result: PieceResult, reader, book, variant: Callable, kind: str, caus
         candidates = [m for m in candidates if m not in ("view_no_transpose", "scale_d_out")]
     if kind != "MultiHeadAttentionWrapper":
         candidates = [m for m in candidates if not m.startswith("concat")]
-    variants = {m: (lambda m=m: variant(m)[1]) for m in candidates}
-    if r_weights is not None and tuple(r_weights.shape) == tuple(b_weights.shape) and not same(r_weights, b_weights):
-        index = first_row_that_differs(r_weights, b_weights)
-        mistake = reproducing(r_out, variants)
-        bad = non_finite(r_weights[index]) if index else None
-        where = f"row {index[-1]}" + (f" of head {index[1]}" if len(index) == 3 and n_heads > 1 else "")
-        if bad:
-            result.stage, result.where, result.mistake = "attention weights", where, mistake
-            cause = _nan_cause(r_weights, index) if mistake is None else MISTAKES[mistake]
-            result.finding = f"{prefix}{where} of the attention weights is {bad}: {cause}"
-            return False
-        return not _found(result, "attention weights", where, mistake, prefix)
-    if same(r_out, b_out):
-        return True
-    if tuple(r_out.shape) != tuple(b_out.shape):
-        mistake = reproducing(r_out, variants)
-        _found(result, "output", f"shape {_shape(r_out)}, glassgpt's {_shape(b_out)}", mistake, prefix)
-        return False
-    index = first_row_that_differs(r_out, b_out)
-    return not _found(result, "output", f"position {index[-1]}" if index else "output",
-                      reproducing(r_out, variants), prefix)
+    return candidates
+
+
+def _broken_property(weights, scores, used, raw, causal: bool, n_heads: int, hd: int, d_out: int,
+                     training: bool):
+    """The first property of softmax attention the reader's own tensors break: the weights it multiplies
+    the values by (rows sum to 1, nothing after the diagonal: skipped with dropout on), then the scale."""
+    heads = n_heads > 1
+    if not training:
+        for w in (used, weights):
+            if w is not None and w.dim() >= 2 and w.shape[-1] == w.shape[-2]:
+                broken = attention_rows(w, causal, heads=heads)
+                if broken is not None:
+                    return broken
+    if scores is not None and raw is not None:
+        return score_scale(scores, raw, hd, d_out)
+    return None
 
 
 def _found(result: PieceResult, stage: str, where: str, mistake: str | None, prefix: str = "") -> PieceResult:
@@ -237,8 +296,18 @@ def _found(result: PieceResult, stage: str, where: str, mistake: str | None, pre
         what = f"{prefix}the {stage} has {where}"
     else:
         what = f"{prefix}the {stage} first differ{'s' if stage == 'output' else ''} from glassgpt's at {where}"
-    result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
-        f"{what}; no known mistake reproduces it: compare your forward line by line with the book's"
+    if mistake:
+        result.finding = f"{what}: {MISTAKES[mistake]}"
+    elif stage == "output":
+        result.prop = "after_the_weights"
+        result.finding = (f"{what}, while the attention weights keep softmax's properties (each row sums to 1, "
+                          f"nothing after the diagonal, scores scaled by 1/sqrt(head size)): the difference comes "
+                          f"after them, in the values, the merge of the heads or out_proj")
+    else:
+        result.prop = "scores"
+        result.finding = (f"{what}, while they keep softmax's properties (each row sums to 1, nothing after the "
+                          f"diagonal, one scale): the scores themselves differ, so the queries or the keys do "
+                          f"(W_query, W_key, or the split into heads)")
     return result
 
 
@@ -247,18 +316,23 @@ def _nan_cause(weights: torch.Tensor, index: tuple[int, ...]) -> str:
             "the scores: print attn_scores at that row")
 
 
-def _run(att: nn.Module, x: torch.Tensor, kind: str) -> tuple[torch.Tensor | None, torch.Tensor]:
+def _run(att: nn.Module, x: torch.Tensor, kind: str):
     """(the reader's attention weights as its softmax returned them, stacked [b, h, t, t] for the
-    wrapper's heads; its output)."""
+    wrapper's heads; its output; the scores its softmax was given; the weights it multiplied the
+    values by), the last three None where they were not seen."""
     mode = _Softmaxes()
     with torch.no_grad(), mode:
         out = run_reader(f"{type(att).__name__}.forward on a {_shape(x)} input", lambda: att(x))
+    if not mode.seen:
+        return None, out.detach(), None, None
     seen = [w for _, w in mode.seen]
-    if not seen:
-        return None, out.detach()
+    scores = [s for s, _ in mode.seen]
+    used = mode.used if len(mode.used) == len(seen) else None
     if kind == "MultiHeadAttentionWrapper":
-        return (torch.stack(seen, dim=1) if all(w.shape == seen[0].shape for w in seen) else None), out.detach()
-    return seen[0], out.detach()
+        def stacked(ts):
+            return torch.stack(ts, dim=1) if ts and all(t.shape == ts[0].shape for t in ts) else None
+        return stacked(seen), out.detach(), stacked(scores), stacked(used) if used else None
+    return seen[0], out.detach(), scores[0], used[0] if used else None
 
 
 def _train_run(att: nn.Module, x: torch.Tensor, kind: str, result: PieceResult):

@@ -18,7 +18,8 @@ import torch
 
 from ...tokenizer import Tokenizer, get_tokenizer
 from ..result import Result
-from .report import PieceError, PieceResult, run_reader
+from . import properties
+from .report import PieceError, PieceResult, found, run_reader
 
 # The opening of the book's text, Edith Wharton's "The Verdict" (1908).
 BOOK_TEXT = ("I HAD always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so it was no "
@@ -253,8 +254,39 @@ def _windows_differ(result, ids, got: Windows, want: Windows, max_length: int, s
         result.where = f"window {k}"
         what = (f"window {k}'s {part} first differ (max_length {max_length}, stride {stride}): yours "
                 f"{getattr(got, part)[k]}, the book's {getattr(want, part)[k]}")
+    broken = properties.shift_broken(got.inputs, got.targets) if got.inputs else None
+    if broken is None:  # where the windows sit: said after both windows are shown
+        broken = properties.window_starts(ids, got.inputs, max_length, stride)
+        if broken is not None:
+            broken.words = f"{what}; {broken.words}"
+    if broken is not None:
+        return found(result, broken, mistake, MISTAKES)
     result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
         f"{what}; no known mistake reproduces it: compare your __init__'s loop with the book's GPTDatasetV1"
+    return result
+
+
+def check_windows_alone(w: Windows, kind: str) -> PieceResult:
+    """What the windows alone must satisfy: targets are the inputs shifted by one token, and every
+    window is as long as the first (the text, max_length and stride are not needed)."""
+    n = len(w.inputs[0]) if w.inputs else 0
+    result = PieceResult(kind, f"its own {len(w.inputs)} windows of {n} tokens (no text given: checked on what "
+                               f"the windows alone must satisfy)")
+    result.views["windows"] = [{"max_length": n, "stride": None, "ids": [], "reader": w, "book": w}]
+    if not w.inputs:
+        raise PieceError(f"the {kind} holds no windows: the text is shorter than max_length + 1 tokens")
+    k = properties.target_shift(w.inputs, w.targets)
+    result.lines.append(f"targets = inputs shifted by {k if k is not None else 'no one k'} token(s)")
+    uneven = next((i for i, (x, y) in enumerate(zip(w.inputs, w.targets)) if len(x) != n or len(y) != n), None)
+    broken = properties.shift_broken(w.inputs, w.targets)
+    if broken is None and uneven is not None:
+        broken = properties.Broken("window_length", "windows", f"window {uneven}", f"window {uneven} holds "
+                                   f"{len(w.inputs[uneven])} inputs and {len(w.targets[uneven])} targets, window 0 "
+                                   f"{n}: every window holds max_length tokens")
+    if broken is not None:
+        return found(result, broken, "not_shifted" if k == 0 else None, MISTAKES)
+    result.finding = (f"{kind}'s targets are its inputs shifted by one token in each of its {len(w.inputs)} windows "
+                      f"(to compare them with the book's windows too, give text=, max_length= and stride=).")
     return result
 
 
@@ -270,10 +302,10 @@ def check_loader_function(fn: Callable) -> PieceResult:
 
 
 def check_dataset(obj: Any, kind: str, text: str | None, max_length: int | None, stride: int | None) -> PieceResult:
-    """A dataset or loader the reader already built: its windows against the book's over `text`."""
-    if text is None or max_length is None or stride is None:
-        raise PieceError(f"a {kind} already built holds windows but not what made them: give them, "
-                         f"glassgpt.check(dataset, text=raw_text, max_length=4, stride=4)")
+    """A dataset or loader the reader already built: its windows against the book's over `text`; without
+    the text (and max_length, stride), what its windows alone must satisfy."""
     windows = loader_windows(obj) if kind == "DataLoader" else windows_of(obj)
+    if text is None or max_length is None or stride is None:
+        return check_windows_alone(windows, kind)
     return check_windows(lambda *_: windows, kind, text, [(max_length, stride)],
                          batch_size=getattr(obj, "batch_size", None) if kind == "DataLoader" else None)

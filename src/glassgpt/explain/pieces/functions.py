@@ -19,7 +19,8 @@ from ...generate import pick_next
 from ...model import GPTModel
 from ...prompt import format_prompt
 from ...tokenizer import get_tokenizer
-from .report import PieceError, PieceResult, run_reader
+from .properties import Broken
+from .report import PieceError, PieceResult, found, run_reader
 
 PROMPT = "Hello, I am"  # the book's chapter 4 prompt
 COLLATE_BATCH = [[0, 1, 2, 3, 4], [5, 6], [7, 8, 9]]  # the book's chapter 7 example
@@ -106,12 +107,35 @@ def check_generate(fn: Callable, kind: str) -> PieceResult:
             result.stage, result.where, result.mistake = "tokens", f"new token {k - idx.shape[1]}", mistake
             what = (f"with {_args(s, simple)}, new token {k - idx.shape[1]} first differs: yours "
                     f"{_at(got, k)}, glassgpt's {_at(want, k)}")
+            broken = greedy_pick(model, got, k, ctx, k - idx.shape[1]) if s["temperature"] == 0 else None
+            if broken is not None:
+                return found(result, broken, mistake, MISTAKES)
             result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
                 f"{what}; no known mistake reproduces it: compare your loop with the book's generate"
             return result
     result.finding = f"{kind} picks the same tokens as glassgpt's formula" + \
         ("." if simple else ", greedy and sampled with the same seed.")
     return result
+
+
+def greedy_pick(model, got: torch.Tensor, k: int, ctx: int, new: int) -> Broken | None:
+    """Greedy decoding's property: token k is the argmax of the logits of the last position before it
+    (the context cut to the last context_size tokens); else which position's argmax it is, if any."""
+    if k >= got.shape[1]:
+        return Broken("stops_early", "tokens", f"new token {new}", f"the loop stops after {new} new tokens: "
+                      f"for _ in range(max_new_tokens) adds one token each turn")
+    with torch.no_grad():
+        logits = model(got[:, :k][:, -ctx:])  # [1, t, V]
+    picks = logits[0].argmax(-1)  # each position's argmax
+    token = int(got[0, k])
+    if int(picks[-1]) == token:
+        return None
+    where = [p for p in range(picks.shape[0]) if int(picks[p]) == token]
+    said = (f"the argmax of position {where[0]}'s logits (of {picks.shape[0]})" if where else
+            "the argmax of no position's logits")
+    return Broken("greedy_argmax", "tokens", f"new token {new}", f"new token {new} is {token}, {said}; greedy "
+                  f"decoding takes the argmax of the last position's, {int(picks[-1])}: "
+                  f"torch.argmax(logits[:, -1, :], dim=-1)")
 
 
 def _args(s: dict, simple: bool) -> str:
@@ -214,10 +238,39 @@ def check_loss(fn: Callable, kind: str) -> PieceResult:
         mistake = next((m for m, fn_ in variants.items() if abs(float(fn_()) - got) <= 1e-5 * abs(got)), None)
         result.where = "the loss"
         what = f"the loss is {got:.6f}, glassgpt's {want:.6f}"
+        broken = loss_positions(model, batches if loader else batches[:1], got, chapter)
+        if broken is not None:
+            return found(result, broken, mistake, MISTAKES)
     result.mistake = mistake
     result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
         f"{what}; no known mistake reproduces it: compare with the book's {kind}"
     return result
+
+
+def loss_positions(model, batches, got: float, chapter: int) -> Broken | None:
+    """Which positions the reader's loss averages over: the cross-entropy of each (window, position)
+    is computed here, and the reader's number matched against the mean over each set of positions
+    (chapter 5: every position of every window; chapter 6: the last position's class)."""
+    per = []  # per batch: [b, t] cross-entropies (chapter 6: [b, t] against the label at every position)
+    for x, y in batches:
+        with torch.no_grad():
+            logits = model(x).double()
+        labels = y if chapter == 5 else y[:, None].expand(-1, logits.shape[1])
+        per.append(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape))
+    t = per[0].shape[1]
+    sets = {"every position": slice(None), "the last position only": slice(t - 1, t),
+            "the first position only": slice(0, 1), "every position but the last": slice(0, t - 1),
+            "every position but the first": slice(1, t)}
+    want = "every position" if chapter == 5 else "the last position only"
+    for name, cut in sets.items():
+        for how, reduce in (("averages", torch.mean), ("sums", torch.sum)):
+            value = sum(float(reduce(p[:, cut])) for p in per) / len(per)
+            if abs(value - got) <= 1e-5 * max(abs(got), 1e-12) and (name, how) != (want, "averages"):
+                return Broken("loss_positions", "loss", name, f"the loss {how} the cross-entropy over {name} of "
+                              f"each window (it equals that, {got:.6f}); chapter {chapter}'s averages over {want}" +
+                              (": cross_entropy(logits.flatten(0, 1), target_batch.flatten())" if chapter == 5
+                               else ": model(input_batch)[:, -1, :]"))
+    return None
 
 
 def _fed(chapter: int, loader: bool, batches) -> str:
@@ -238,9 +291,24 @@ def check_accuracy(fn: Callable, kind: str) -> PieceResult:
     mistake = "first_token" if abs(got - accuracy_formula(model, batches, "first_token")) <= 1e-9 else None
     result.stage, result.where, result.mistake = "accuracy", "the accuracy", mistake
     what = f"the accuracy is {got:.4f}, glassgpt's {want:.4f}"
+    position = _accuracy_position(model, batches, got)
+    if position is not None:
+        return found(result, Broken("accuracy_position", "accuracy", f"position {position}", f"{what}: it is the "
+                                    f"argmax accuracy of position {position}'s logits; the classifier reads the last "
+                                    f"token's, model(input_batch)[:, -1, :]"), mistake, MISTAKES)
     result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
         f"{what}; no known mistake reproduces it: compare with the book's calc_accuracy_loader"
     return result
+
+
+def _accuracy_position(model, batches, got: float) -> int | None:
+    """The position whose logits' argmax gives the reader's accuracy (not the last), if one does."""
+    with torch.no_grad():
+        logits = [(model(x), y) for x, y in batches]
+    t, seen = logits[0][0].shape[1], sum(len(y) for _, y in logits)
+    matches = [p for p in range(t - 1)
+               if abs(sum(int((out[:, p].argmax(-1) == y).sum()) for out, y in logits) / seen - got) <= 1e-9]
+    return matches[0] if len(matches) == 1 else None  # two positions alike would be a guess
 
 
 # --- chapter 7 --------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ from torch import nn
 from ...config import GPTConfig
 from ...model import GELU, FeedForward, LayerNorm, TransformerBlock
 from .attention import check_attention
-from .report import PieceResult, as_double, first_row_that_differs, largest_diff, reproducing, run_reader, same
+from . import properties
+from .report import (PieceResult, as_double, first_row_that_differs, found, largest_diff, reproducing, run_reader,
+                     same)
 
 MISTAKES = {
     "no_eps": "the LayerNorm leaves out eps, so a row of (nearly) equal numbers divides by (nearly) 0: "
@@ -82,8 +84,12 @@ def check_layer_norm(norm: nn.Module, x: torch.Tensor | None = None, kind: str =
                                f"1e-3 smaller)" if x.dim() == 2 else "the inputs it was given")
     got = run_reader(f"{type(norm).__name__}.forward", lambda: _no_grad(norm, x))
     want = norm_formula(norm, x)
+
+    def normalized():  # the reader's output with its own scale and shift taken off: what the formula fixes
+        scale, shift = _scale_shift(norm, d)
+        return properties.norm_rows(x, (as_double(got) - shift) / scale, False, float(getattr(norm, "eps", 1e-5)))
     return _compare(result, got, want, {m: (lambda m=m: norm_formula(norm, x, m)) for m in ("no_eps", "unbiased_var")},
-                    "row")
+                    "row", normalized)
 
 
 def gelu_formula(x: torch.Tensor, mistake: str | None = None) -> torch.Tensor:
@@ -101,7 +107,8 @@ def check_gelu(gelu: nn.Module, x: torch.Tensor | None = None) -> PieceResult:
                          "the inputs it was given")
     got = run_reader(f"{type(gelu).__name__}.forward", lambda: _no_grad(gelu, x))
     return _compare(result, got, gelu_formula(x), {m: (lambda m=m: gelu_formula(x, m)) for m in ("exact_gelu", "relu")},
-                    "input")
+                    "input", lambda: properties.activation(x.reshape(-1, 1), got.reshape(-1, 1),
+                                                           "GELU (the tanh form)"))
 
 
 def _linears(ff: nn.Module) -> list[nn.Linear]:
@@ -123,16 +130,24 @@ def check_feed_forward(ff: nn.Module, x: torch.Tensor | None = None) -> PieceRes
     x = torch.rand(2, 3, d, generator=torch.Generator().manual_seed(123)) if x is None else x
     result = PieceResult("FeedForward", f"torch.rand(2, 3, {d}) (seed 123)" if x.shape[:2] == (2, 3) else
                          "the inputs it was given")
-    if hidden != 4 * d:
-        result.stage, result.where = "shape", f"nn.Linear({d}, {hidden})"
-        result.mistake = "ff_2x" if hidden == 2 * d else None
-        result.finding = (f"the first layer maps {d} -> {hidden} ({hidden / d:g}x): " +
-                          (MISTAKES["ff_2x"] if hidden == 2 * d else
-                           "the book's FeedForward widens to 4 * emb_dim"))
+    broken = properties.width(hidden, d, 4 * d, "the book's FeedForward (4 * emb_dim)")
+    if broken is not None:
+        found(result, broken, "ff_2x" if hidden == 2 * d else None, MISTAKES)
+        result.where = f"nn.Linear({d}, {hidden})"
         return result
-    got = run_reader(f"{type(ff).__name__}.forward", lambda: _no_grad(ff, x))
+    seen: dict[str, torch.Tensor] = {}
+    def keep(_module, args, out):  # returns None: the reader's numbers flow on unchanged
+        seen.setdefault("h" if _module is linears[0] else "a", (out if _module is linears[0] else args[0]).detach().clone())
+    handles = [linears[0].register_forward_hook(keep), linears[-1].register_forward_hook(keep)]
+    try:
+        got = run_reader(f"{type(ff).__name__}.forward", lambda: _no_grad(ff, x))
+    finally:
+        for handle in handles:
+            handle.remove()
     variants = {m: (lambda m=m: ff_formula(ff, x, m)) for m in ("exact_gelu", "relu")}
-    return _compare(result, got, ff_formula(ff, x), variants, "position")
+    return _compare(result, got, ff_formula(ff, x), variants, "position",
+                    lambda: properties.activation(seen["h"], seen["a"], "GELU (the tanh form)") if len(seen) == 2
+                    else None)
 
 
 def block_formula(block: nn.Module, x: torch.Tensor, mistake: str | None = None) -> torch.Tensor:
@@ -159,9 +174,12 @@ def check_block(block: nn.Module, x: torch.Tensor | None = None) -> PieceResult:
     d = _norm_dim(block.norm1)
     x = torch.rand(2, 4, d, generator=torch.Generator().manual_seed(123)) if x is None else x
     seen: dict[str, torch.Tensor] = {}
+    outs: dict[str, torch.Tensor] = {}
     def tap(name):
-        def hook(_module, args, _out):
+        def hook(_module, args, out):
             seen.setdefault(name, args[0].detach().clone())  # returns None: the output stays the reader's
+            if torch.is_tensor(out):
+                outs.setdefault(name, out.detach().clone())
         return hook
     handles = [getattr(block, name).register_forward_hook(tap(name))
                for name in ("norm1", "att", "norm2", "ff") if isinstance(getattr(block, name, None), nn.Module)]
@@ -186,10 +204,25 @@ def check_block(block: nn.Module, x: torch.Tensor | None = None) -> PieceResult:
                                                          "inputs they were given"])
     variants = {m: (lambda m=m: block_formula(block, x, m)) for m in ("no_shortcut", "no_shortcut1", "no_shortcut2",
                                                                         "post_norm")}
-    return _compare(result, got, block_formula(block, x), variants, "position")
+    return _compare(result, got, block_formula(block, x), variants, "position",
+                    lambda: _block_properties(x, seen, outs, got))
 
 
-def _compare(result: PieceResult, got: torch.Tensor, want: torch.Tensor, variants: dict, unit: str) -> PieceResult:
+def _block_properties(x: torch.Tensor, seen: dict, outs: dict, out: torch.Tensor):
+    """A pre-norm block's properties, from what its parts were given and gave: norm1 reads the block's
+    input and att reads norm1's output (else the norm is placed after), then both shortcuts."""
+    if not {"norm1", "att", "norm2", "ff"} <= set(seen) or not {"norm1", "att", "ff"} <= set(outs):
+        return None
+    if not same(seen["norm1"], x) or not same(seen["att"], outs["norm1"]):
+        reads = "the block's input" if same(seen["att"], x) else "something other than norm1's output"
+        return properties.Broken("norm_placement", "output", "position 0",
+                                 f"the attention reads {reads}, not norm1(x): GPT-2 normalizes each part's input "
+                                 f"before it (pre-norm), x = x + att(norm1(x)), then x = x + ff(norm2(x))")
+    return properties.shortcuts(x, outs["att"], seen["norm2"], outs["ff"], out)
+
+
+def _compare(result: PieceResult, got: torch.Tensor, want: torch.Tensor, variants: dict, unit: str,
+             broken_property=None) -> PieceResult:
     shown = f"max |diff| {largest_diff(got, want):.3g}" if tuple(got.shape) == tuple(want.shape) else \
         f"shape {list(got.shape)}, glassgpt's {list(want.shape)}"
     result.lines.append(f"output against model.py's {result.kind} in float64: {shown}")
@@ -202,6 +235,9 @@ def _compare(result: PieceResult, got: torch.Tensor, want: torch.Tensor, variant
     result.stage = "output"
     result.where = f"{unit} {index[-1]}" if index else "its shape"
     result.mistake = reproducing(got, variants)
+    broken = broken_property() if broken_property else None
+    if broken is not None:  # the property of the formula first, then the catalogue's line
+        return found(result, broken, result.mistake, MISTAKES)
     what = f"the output first differs from glassgpt's at {result.where}"
     result.finding = f"{what}: {MISTAKES[result.mistake]}" if result.mistake else \
         f"{what}; no known mistake reproduces it: compare your forward line by line with the book's"

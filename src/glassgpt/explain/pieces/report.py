@@ -36,6 +36,7 @@ class PieceResult(Result):
     stage: str | None = None                 # "output", "attention weights", "windows", "tokens", ...
     where: str | None = None                 # "row 0", "position 3", "window 1", "token 5"
     mistake: str | None = None               # the key of the known mistake that reproduces it
+    prop: str | None = None                  # the property of the formula that breaks (properties.py's key)
     finding: str = ""
     lines: list[str] = field(default_factory=list)        # what was compared, one line each
     views: dict[str, Any] = field(default_factory=dict)   # what show() draws: the reader's and the book's
@@ -46,7 +47,7 @@ class PieceResult(Result):
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "fed": self.fed, "ok": self.ok, "stage": self.stage, "where": self.where,
-                "mistake": self.mistake, "finding": self.finding, "lines": self.lines}
+                "mistake": self.mistake, "property": self.prop, "finding": self.finding, "lines": self.lines}
 
     def to_text(self) -> str:
         head = [f"glassgpt check: {self.kind}", f"  fed {self.fed}"]
@@ -116,6 +117,14 @@ def non_finite(t: torch.Tensor) -> str | None:
     if bool(torch.isinf(t).any()):
         return "inf"
     return None
+
+
+def found(result: PieceResult, broken, mistake: str | None, lines: dict[str, str], prefix: str = "") -> PieceResult:
+    """Fill in `result` from a broken property (properties.Broken) and the catalogue's mistake that
+    reproduces it (its line, from `lines`), if one does."""
+    result.stage, result.where, result.prop, result.mistake = broken.stage, broken.where, broken.prop, mistake
+    result.finding = prefix + broken.words + (f". The line: {lines[mistake]}" if mistake else "")
+    return result
 
 
 def run_reader(what: str, fn: Callable[[], Any]) -> Any:

@@ -14,6 +14,7 @@ registry, filled here when glassgpt.explain is imported.
 """
 
 from ..compare import Comparison
+from ..debugger import LayerReport
 from ..diff import WeightDiff
 from ..family import FamilyTrace, GPT2Changes
 from ..passage import Passage
@@ -28,7 +29,7 @@ from .diagram import layout as trace_layout
 from .diff import diff_layout, diff_text
 from .family import (family_html, family_layout, family_why_html, render_changes_text, render_family_text,
                      render_family_why_text)
-from .notebook import check_html, check_layout, comparison_html, diff_html, passage_html, trace_html
+from .notebook import check_html, check_layout, layers_html, layers_layout, comparison_html, diff_html, passage_html, trace_html
 from .passage import passage_layout, passage_text
 from .pieces import piece_html, piece_layout, windows_html, windows_layout, windows_text
 from .text import render_text
@@ -43,5 +44,6 @@ register(FamilyTrace, text=render_family_text, picture=family_layout, html=famil
 register(GPT2Changes, text=render_changes_text, html=family_html)
 register(FamilyWhy, text=render_family_why_text, picture=why_layout, html=family_why_html)
 register(CheckResult, picture=check_layout, html=check_html)  # its text is CheckResult.to_text, in verify.py
+register(LayerReport, picture=layers_layout, html=layers_html)  # its text is LayerReport.to_text, in debugger.py
 register(PieceResult, picture=piece_layout, html=piece_html)  # its text is PieceResult.to_text, in pieces/report.py
 register(SlidingWindows, text=windows_text, picture=windows_layout, html=windows_html)

@@ -54,6 +54,10 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
     lines.append(f"  No pos_emb: tok_emb's output is the same for a token wherever it stands. Inside every attention "
                  f"the queries and keys (not the values) are rotated by RoPE, base {att['rope_base']:,.0f}{scaled}, "
                  "each pair of dimensions (i, i + hd/2) turning by an angle that grows with the position.")
+    if att.get("sliding_layers"):  # Gemma 3: the base above is the full layers'
+        lines.append(f"  Sliding layers {att['sliding_layers']}: each query sees only the last {att['window']:,} "
+                     f"positions, and RoPE turns them with base {att['rope_local_base']:,.0f}; the other layers see "
+                     "every earlier position.")
     if att["qk_norm"]:
         lines.append("  QK-norm: each query and key head is RMS-normed before the rotation.")
     lines += ["", "the heads"]

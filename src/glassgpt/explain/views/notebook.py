@@ -21,6 +21,7 @@ from ..diff import WeightDiff
 from .draw import GRAY, GREEN, INK, MUTED, RED, Drawing, Rect, Text
 from ..passage import Passage
 from ..trace import Trace, trace
+from ..debugger import LayerReport
 from ..verify import CheckResult
 from .compare import comparison_layout, comparison_text
 from .diff import diff_layout, summary
@@ -84,4 +85,26 @@ def check_layout(result: CheckResult, width: float = 1040) -> Drawing:
 
 def check_html(result: CheckResult) -> str:
     return figure_html(check_layout(result), result.to_text().splitlines())
+
+
+def layers_layout(report: LayerReport, width: float = 1040) -> Drawing:
+    """The layer debugger's table as a column of boxes: green [OK], red where a layer first differs
+    (and the parts inside it), gray after; the first cause under them."""
+    d = Drawing()
+    d.add(Text(20, 30, f"glassgpt check: {report.kind} against {report.reference}", size=16, bold=True, color=INK))
+    y = 50.0
+    for prefix, lines in (("", report.layers), (f"{report.layer}.", report.parts)):
+        for line in lines:
+            first = f"{prefix}{line.name}" in (report.layer, f"{report.layer}.{report.part}")
+            colour = GREEN if line.status == "OK" else (RED if first else GRAY)
+            d.add(Rect(20, y, 14, 14, fill=colour, width=0, key=f"layer:{prefix}{line.name}"))
+            d.add(Text(42, y + 12, draw.fit(line.line, width - 62, 12), size=12, color=INK))
+            y += 20
+        y += 8
+    d.add(Text(20, y + 16, draw.fit(report.finding, width - 40, 13), size=13, color=RED if report.layer else MUTED))
+    return d.fit_canvas(width, y + 28)
+
+
+def layers_html(report: LayerReport) -> str:
+    return figure_html(layers_layout(report), report.to_text().splitlines())
 

@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...config import known_fields
+from ...config import from_fields
 from ...errors import TrainError
 
 RECIPES = ("glassgpt", "book")
@@ -148,7 +148,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        return cls(**known_fields(cls, values, TrainError, "training setting"))
+        return from_fields(cls, values, TrainError, "training setting")
 
 
 def setting_type(name: str) -> type:

@@ -1,0 +1,71 @@
+"""Chapter 4's variants on the GPT base, one glass file each, as the book's repository has them.
+
+    gqa.py  grouped-query attention (ch04/04_gqa): g key/value heads shared by the h query heads
+    mla.py  multi-head latent attention (ch04/05_mla): a c-wide latent cached, keys and values made from it
+    swa.py  sliding-window attention (ch04/06_swa): a query sees the last W tokens; the cache keeps W
+    moe.py  a mixture of experts (ch04/07_moe): E SwiGLU feed-forwards, k of them per token
+    base.py what they keep of GPT-2: the model, the block, the repository's cache API, greedy generation
+
+    cfg = GQAConfig(emb_dim=768, n_heads=12, n_layers=12, n_kv_groups=4)
+    model = build_model(cfg)                      # gqa.GPTModel, by the config's type
+    ids = generate_text_simple_cached(model, prompt_ids, 20)
+    kv_bytes_per_token(cfg, torch.bfloat16), kv_bytes_per_token(gpt2_config(cfg), torch.bfloat16)
+
+Each model runs `model(ids, use_cache=True)` and `model.reset_kv_cache()` as the repository's do;
+glassgpt's engine and `glassgpt.generate` drive GPT-2, Qwen3 and Llama 3, not these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from ..config import GPTConfig
+from . import gqa, mla, moe, swa
+from .base import CachedGPTModel, generate_text_simple_cached, mha_kv_cache_bytes
+from .gqa import GQAConfig, GroupedQueryAttention
+from .mla import MLAConfig, MultiHeadLatentAttention
+from .moe import MoEConfig, MoEFeedForward
+from .swa import MultiHeadAttentionWithSWA, SWAConfig
+
+# Each variant's config type, and its glass file.
+VARIANTS = {GQAConfig: gqa, MLAConfig: mla, SWAConfig: swa, MoEConfig: moe}
+
+__all__ = ["CachedGPTModel", "GQAConfig", "GroupedQueryAttention", "MLAConfig", "MoEConfig", "MoEFeedForward",
+           "MultiHeadAttentionWithSWA", "MultiHeadLatentAttention", "SWAConfig", "VARIANTS", "build_model",
+           "generate_text_simple_cached", "gpt2_config", "kv_bytes_per_token", "kv_cache_bytes", "variant_of"]
+
+
+def build_model(cfg: GPTConfig) -> CachedGPTModel:
+    """The glass model of the variant `cfg` configures, with PyTorch's default initialisation (as the repository's)."""
+    return VARIANTS[type(cfg)].GPTModel(cfg)
+
+
+def gpt2_config(cfg: GPTConfig) -> GPTConfig:
+    """The same shape with GPT-2's own parts: the GPTConfig fields of a variant's config."""
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    return GPTConfig(**{k: v for k, v in dataclasses.asdict(cfg).items() if k in fields})
+
+
+def kv_cache_bytes(cfg: GPTConfig, dtype: torch.dtype, num_tokens: int, batch_size: int = 1) -> int:
+    """Bytes the KV cache of `cfg`'s model holds after `num_tokens` tokens of `batch_size` sequences
+    (GPT-2's multi-head attention for a plain GPTConfig)."""
+    if type(cfg) is GPTConfig:
+        return mha_kv_cache_bytes(cfg, dtype, num_tokens, batch_size)
+    return VARIANTS[type(cfg)].kv_cache_bytes(cfg, dtype, num_tokens, batch_size)
+
+
+def kv_bytes_per_token(cfg: GPTConfig, dtype: torch.dtype) -> float:
+    """KV-cache bytes per token at a full context (cfg.context_length tokens): exact for GPT-2, GQA, MLA
+    and MoE, which keep the same per token; for sliding windows, the average (a window layer keeps W)."""
+    return kv_cache_bytes(cfg, dtype, cfg.context_length) / cfg.context_length
+
+
+def variant_of(model: nn.Module) -> str | None:
+    """The variant file's name ("gqa", ...) of one of these models; None for any other module."""
+    for module in VARIANTS.values():
+        if type(model) is module.GPTModel:
+            return module.__name__.rpartition(".")[2]
+    return None
