@@ -248,6 +248,8 @@ def test_trace_gives_the_models_own_next_token(tmp_path, tokenizer_json, kind):
         expected = int(model(torch.tensor([tok.encode("The quick brown fox jumps")]))[0, -1].argmax())
     assert tr.next_token["id"] == expected
     assert tr.head["max_abs_diff"] < 1e-5  # the logits are the head's dot products (times Tiny Aya's logit_scale)
+    # RoPE turns every OLMo 3 layer; Tiny Aya's full layer (2) has no positions
+    assert tr.attention["rope_layers"] == {"olmo3-yarn": [0, 1, 2, 3], "tiny_aya": [0, 1, 3]}[kind]
     name = {"olmo3-yarn": "OLMo 3", "tiny_aya": "Tiny Aya"}[kind]
     assert tr.to_text().startswith(f"{name}: 4 blocks, d 32, V {VOCAB}, 4 query heads, 2 key/value groups")
 

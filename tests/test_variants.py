@@ -442,3 +442,191 @@ def test_glassgpt_generate_refuses_a_variant_in_one_line_rather_than_run_it_as_g
                                                  r"variants.*generate_text_simple_cached") as err:
         glassgpt.generate(model, [1, 2, 3], 20)
     assert "\n" not in str(err.value)
+
+
+# --- the description (anatomy.py): what each variant file says it is made of --------------------
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_each_variant_describes_itself_and_the_description_agrees_with_its_module(name):
+    from helpers import check_description
+
+    anatomy = check_description(tiny(name))
+    assert anatomy.positions.kind == "learned" and anatomy.n_layers == 3 and name in VARIANT_NAMES[anatomy.name]
+
+
+VARIANT_NAMES = {"GPT-2 with grouped-query attention": "gqa", "GPT-2 with multi-head latent attention": "mla",
+                 "GPT-2 with sliding-window attention": "swa", "GPT-2 with a mixture of experts": "moe"}
+
+
+def test_the_descriptions_say_what_each_variant_changes():
+    import glassgpt
+
+    gqa, mla, swa, moe = (glassgpt.describe(tiny(n)).blocks for n in ("gqa", "mla", "swa", "moe"))
+    assert [(b.attention.n_heads, b.attention.n_kv_groups, b.attention.key.out_features) for b in gqa] == [(4, 2, 16)] * 3
+    assert [(b.attention.latent.path, b.attention.latent.out_features, b.attention.key.in_features) for b in mla] == \
+        [(f"trf_blocks.{i}.att.W_DKV", 8, 8) for i in range(3)]
+    assert [b.attention.window for b in swa] == layer_windows(CONFIGS["swa"]) == [4, 4, None]
+    assert [b.layer_type for b in swa] == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert [(b.ff.kind, b.ff.experts.n_experts, b.ff.experts.per_token, b.ff.experts.router.path) for b in moe] == \
+        [("moe", 4, 2, f"trf_blocks.{i}.ff.gate") for i in range(3)]
+    # GPT-2's parts are kept where the variant changes nothing
+    assert all(b.attention.n_kv_groups == 4 and b.attention.latent is None for b in (*swa, *moe))
+    assert all(b.ff.kind == "gelu_mlp" for b in (*gqa, *mla, *swa))
+
+
+@pytest.mark.parametrize("name, part", [("gqa", "W_key"), ("mla", "W_DKV"), ("moe", "gate")])
+def test_a_description_that_disagrees_with_its_variant_is_named_by_the_part(name, part):
+    from glassgpt.kinds import description_mismatches
+    import glassgpt
+
+    model = tiny(name)
+    anatomy = glassgpt.describe(model)
+    holder = model.trf_blocks[1].att if part != "gate" else model.trf_blocks[1].ff
+    setattr(holder, part, torch.nn.Linear(32, 5, bias=False))
+    assert any(f"trf_blocks.1." in line and part in line for line in description_mismatches(model, anatomy))
+
+
+# --- glassgpt.check: the cache against no cache ----------------------------------------------------
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_check_finds_each_variants_cache_changes_nothing(name):
+    import glassgpt
+
+    result = glassgpt.check(tiny(name))
+    assert result.ok and result.mistake is None and "your cache changes nothing" in result.finding
+
+
+class _TrimmedTooFar(MultiHeadAttentionWithSWA):
+    """A planted mistake: the cache keeps W - 1 keys and the new token attends over the cache alone."""
+
+    def update(self, k_new, v_new):
+        from glassgpt.variants.base import append_to_cache
+
+        k, v = append_to_cache(self, k_new, v_new)
+        self.cache_k, self.cache_v = k[:, :, -(self.sliding_window_size - 1):], v[:, :, -(self.sliding_window_size - 1):]
+        return self.cache_k, self.cache_v
+
+
+class _NeverTrimmed(MultiHeadAttentionWithSWA):
+    """A planted mistake: the cache grows with the text and the window's mask is left out."""
+
+    def update(self, k_new, v_new):
+        from glassgpt.variants.base import append_to_cache
+
+        return append_to_cache(self, k_new, v_new)
+
+    def attend(self, q, k, v):
+        return MultiHeadAttention.attend(self, q, k, v) if k.shape[2] != q.shape[2] else super().attend(q, k, v)
+
+
+@pytest.mark.parametrize("planted, words", [
+    (_TrimmedTooFar, "reads 3 keys where it should read 4, fewer than its window holds: the cache is trimmed too far"),
+    (_NeverTrimmed, "reads 5 keys where it should read 4, more than its window holds: the cache is not trimmed to "
+                    "the window"),
+])
+def test_check_names_a_sliding_window_cache_trimmed_wrongly(planted, words):
+    import glassgpt
+
+    model = tiny("swa")
+    for block, window in zip(model.trf_blocks, layer_windows(CONFIGS["swa"])):
+        if window is None:
+            continue  # the full layer keeps every key, rightly
+        old = block.att
+        block.att = planted(CONFIGS["swa"], window)
+        block.att.load_state_dict(old.state_dict())
+    result = glassgpt.check(model)
+    assert not result.ok
+    assert result.prop == "window_trimming" and words in result.finding, result.to_text()
+
+
+def test_the_cli_checks_a_readers_variant_file_and_names_a_window_trimmed_too_far(tmp_path, capsys):
+    from glassgpt.cli import main
+
+    (tmp_path / "my_swa.py").write_text(
+        "import torch\nfrom glassgpt.variants import SWAConfig, build_model\nfrom glassgpt.variants import swa\n"
+        "from glassgpt.variants.base import append_to_cache\n\n"
+        "CFG = SWAConfig(vocab_size=101, context_length=32, emb_dim=32, n_heads=4, n_layers=3, sliding_window_size=4)\n"
+        "torch.manual_seed(0)\nright = build_model(CFG)\n\n\n"
+        "class Trimmed(swa.MultiHeadAttentionWithSWA):\n"
+        "    def update(self, k_new, v_new):\n"
+        "        k, v = append_to_cache(self, k_new, v_new)\n"
+        "        self.cache_k, self.cache_v = k[:, :, -3:], v[:, :, -3:]  # keeps W - 1\n"
+        "        return self.cache_k, self.cache_v\n\n\n"
+        "wrong = build_model(CFG)\nfor blk in wrong.trf_blocks:\n"
+        "    if blk.att.sliding_window_size:\n        blk.att.__class__ = Trimmed\n")
+    assert main(["check", f"{tmp_path / 'my_swa.py'}:right"]) == 0
+    assert "your cache changes nothing" in capsys.readouterr().out
+    assert main(["check", f"{tmp_path / 'my_swa.py'}:wrong"]) == 1
+    assert "whose window is 4, reads 3 keys where it should read 4" in capsys.readouterr().out
+
+
+# --- glassgpt.trace: the GPT-2 trace, reading what each description changes ------------------------
+
+def char_variant(name: str) -> torch.nn.Module:
+    from helpers import CHAR_TOK
+
+    torch.manual_seed(0)
+    return build_model(dataclasses.replace(CONFIGS[name], vocab_size=CHAR_TOK.n_vocab)).eval()
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_trace_of_each_variant_gives_its_own_next_token(name):
+    import glassgpt
+    from helpers import CHAR_TEXT, CHAR_TOK
+
+    model = char_variant(name)
+    result = glassgpt.trace(model, CHAR_TOK, CHAR_TEXT)
+    own = model(torch.tensor([CHAR_TOK.encode(CHAR_TEXT)]))[0, -1]
+    assert result.next_token["id"] == int(own.argmax())
+    assert result.params["total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_the_trace_shows_what_each_variant_changes():
+    import glassgpt
+    from helpers import CHAR_TEXT, CHAR_TOK
+
+    t = len(CHAR_TOK.encode(CHAR_TEXT))
+    gqa, mla, swa, moe = (glassgpt.trace(char_variant(n), CHAR_TOK, CHAR_TEXT) for n in ("gqa", "mla", "swa", "moe"))
+    assert gqa.stage("trf_blocks.0.att.kv_heads").shape == [1, 2, t, 8]  # [b, g, t, hd]
+    assert gqa.stage("trf_blocks.0.att.W_key").shape == [1, t, 16]
+    assert mla.stage("trf_blocks.0.att.W_DKV").shape == [1, t, 8]  # the latent [b, t, c]
+    assert mla.stage("trf_blocks.0.att.W_UK").input_shape == [1, t, 8]
+    assert "window 4" in swa.stage("trf_blocks.0.att.attn_weights").module
+    assert moe.stage("trf_blocks.0.ff.gate").shape == [1, t, 4] and moe.stage("trf_blocks.0.ff.routing").shape == [1, t, 2]
+    for result, name in ((gqa, "gqa"), (mla, "mla"), (swa, "swa"), (moe, "moe")):
+        mine = kv_bytes_per_token(CONFIGS[name], torch.float32)
+        gpt2 = kv_bytes_per_token(gpt2_config(CONFIGS[name]), torch.float32)
+        assert f"KV cache: {mine:,.0f} bytes per token (float32, at 32 tokens) where GPT-2 of this shape keeps " \
+               f"{gpt2:,.0f}" in " ".join(result.notes)
+
+
+def test_the_traced_window_layers_attend_only_inside_their_window_as_the_model_does():
+    import glassgpt
+    from glassgpt.explain import TraceOptions
+    from helpers import CHAR_TEXT, CHAR_TOK
+
+    model = char_variant("swa")
+    result = glassgpt.trace(model, CHAR_TOK, CHAR_TEXT, options=TraceOptions(attention=True))
+    layers = torch.tensor(result.attention["layers"])  # [n_layers, h, t, t]
+    t = layers.shape[-1]
+    pos = torch.arange(t)
+    too_old = (pos[:, None] - pos[None, :]) >= 4
+    assert (layers[0][:, too_old] == 0).all() and (layers[1][:, too_old] == 0).all()
+    assert (layers[2][:, too_old] > 0).any()  # the full layer sees past the window
+    # the traced weights reproduce the module's own: its softmax over the window, on the same q and k
+    from glassgpt.variants.swa import window_attention_weights
+    x = model.trf_blocks[0].norm1(model.tok_emb(torch.tensor([CHAR_TOK.encode(CHAR_TEXT)])) + model.pos_emb.weight[:t])
+    att = model.trf_blocks[0].att
+    q, k = (w(x).view(1, t, 4, 8).transpose(1, 2) for w in (att.W_query, att.W_key))
+    torch.testing.assert_close(layers[0], window_attention_weights(q, k, 4)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_why_refuses_a_variant_in_one_line_rather_than_attribute_it_as_gpt2(name):
+    import glassgpt
+    from helpers import CHAR_TEXT, CHAR_TOK
+
+    with pytest.raises(glassgpt.GlassError, match=r"why, compare and generate do not read yet \(trace and check do\)") \
+            as err:
+        glassgpt.why(char_variant(name), CHAR_TOK, CHAR_TEXT)
+    assert "\n" not in str(err.value)

@@ -74,13 +74,21 @@ class _Adoption:
 _ADOPTED: "weakref.WeakKeyDictionary[nn.Module, _Adoption]" = weakref.WeakKeyDictionary()
 
 
-def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None) -> GPTModel:
+def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None, *, described: bool = False) -> GPTModel:
     """`module` as a glassgpt GPTModel sharing its tensors; `ids` (`[b, t]` or `[t]`): a prompt on
     which, the first time the module is used with one, its own logits are checked against
     glassgpt's forward. Raises a one-line GlassError for a module of no known kind, on mixed
     devices or dtypes, or whose logits glassgpt's forward does not reproduce; with `ids` (it is
     about to compute), also for weights that cannot compute (check_computable) and ids past its rows.
-    A Qwen3 or Llama 3 glass model (families/) is returned as it is, checked the same way."""
+    A Qwen3 or Llama 3 glass model (families/), or OLMo 3 or Tiny Aya (BONUS_MODELS), is returned as it is,
+    checked the same way.
+    described: the caller reads the model through its description only (the trace), so chapter 4's
+    variants (variants/), which every other caller refuses in one line, are returned as they are too."""
+    if described and variant_of(module):
+        if ids is not None:
+            check_computable(module)
+            check_prompt_ids(ids, module.cfg.vocab_size)
+        return module
     glass = isinstance(module, GPTModel) or is_family_model(module) or is_bonus_model(module)
     if glass or isinstance(getattr(module, "model", None), GPTModel):
         if ids is not None:  # about to compute on it
@@ -141,7 +149,7 @@ def check_computable(model: nn.Module, tokenizer: Tokenizer | None = None) -> No
                          "device_map='meta' / init_empty_weights")
     _check_finite(model, [(n, t) for n, t in tensors if t.is_floating_point() or t.is_complex()])
     if tokenizer is not None:
-        vocab = adopt(model).cfg.vocab_size
+        vocab = adopt(model, described=True).cfg.vocab_size
         check_fits(tokenizer, vocab, f"ids {vocab:,} and up have no row in tok_emb; pass the model's own tokenizer")
 
 
@@ -233,7 +241,7 @@ def layout_of(module: nn.Module) -> Layout:
     """The kind of `module` and its tensors in glassgpt's names; a one-line GlassError if none fits."""
     if variant_of(module):  # GPT-2's names, another computation: never read as GPT-2 (docs/variants.md)
         raise GlassError(f"{type(module).__module__}.GPTModel is one of chapter 4's variants, which glassgpt's "
-                         "trace, why, check and generate do not read yet: run it with "
+                         "why, compare and generate do not read yet (trace and check do): generate with "
                          "glassgpt.variants.generate_text_simple_cached(model, ids, max_new_tokens)")
     children = dict(module.named_children())
     if {"tok_emb", "pos_emb", "trf_blocks", "final_norm", "out_head"} <= set(children):

@@ -14,7 +14,7 @@ The vocabulary is wider than the three models written so far, so that the book's
 described without changing an analysis: an embedding scaled by sqrt(d) (Gemma 3) and per-layer
 embeddings (Gemma 4); norms after the sublayer (OLMo 3), on both sides (Gemma's sandwich) or one norm
 for a parallel attention and feed-forward (Tiny Aya); (1 + weight) RMSNorm (Gemma); per-layer
-attention kinds (sliding and full, each with its own RoPE base; linear attention with a recurrent
+attention kinds (sliding and full, each with its own RoPE base; a cached latent, MLA; linear attention with a recurrent
 state, Qwen3.5), layers without positions, kv-shared layers and softcaps; GeGLU and mixtures of experts.
 """
 
@@ -41,6 +41,8 @@ class Linear:
     """One matrix, as nn.Linear stores it: `[out_features, in_features]`.
 
     rows: a slice (start, stop) of a fused module's output rows (GPT-2's c_attn holds q, k and v);
+    head_rows: (block, start, stop): rows start..stop of every block of `block` rows (Qwen3.5's W_query
+    holds, per head, hd query rows then hd gate rows);
     transposed: the module stores `[in, out]` (transformers' Conv1D)."""
 
     path: str
@@ -49,6 +51,7 @@ class Linear:
     bias: bool
     rows: tuple[int, int] | None = None
     transposed: bool = False
+    head_rows: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,28 @@ class Rope:
 
 
 @dataclass(frozen=True)
+class RecurrentState:
+    """What a linear attention keeps in place of a KV cache (Qwen3.5's Gated DeltaNet): per sequence, a
+    `[key head_dim, value_head_dim]` state per value head, and the short causal convolution's last
+    conv_kernel - 1 inputs of its conv_channels; the same bytes whatever the sequence's length.
+
+    rule: "gated_delta" (S <- exp(g) S, then S += k (beta (v - S^T k))^T; output S^T q); gate: the output
+    norm's gate (silu); beta: the step size's matrix (sigmoid); decay: the decay's (g = -exp(A_log) *
+    softplus(a + dt_bias)); norm: the gated output norm, one per value head."""
+
+    rule: str
+    value_heads: int
+    value_head_dim: int
+    conv: str
+    conv_kernel: int
+    conv_channels: int
+    gate: Linear
+    beta: Linear
+    decay: Linear
+    norm: Norm
+
+
+@dataclass(frozen=True)
 class Attention:
     """One block's attention: h query heads, g key/value groups (h // g query heads share each), head size hd."""
 
@@ -104,6 +129,10 @@ class Attention:
     scale: float | None = None   # the scores' factor; None: 1 / sqrt(hd)
     softcap: float | None = None
     kv_shared_from: int | None = None  # a layer that reuses another layer's keys and values (Gemma 4)
+    latent: Linear | None = None  # latent attention (MLA): x -> a c-wide latent, the one thing cached; then
+                                  # key and value are made from it (their in_features is c, not d)
+    output_gate: Linear | None = None  # context * sigmoid(gate(x)) before `out` (Qwen3.5's full layers)
+    state: RecurrentState | None = None  # kind "linear": what it keeps instead of keys and values
 
     def __post_init__(self) -> None:
         _one_of(self.kind, ATTENTION_KINDS, "attention kind")
@@ -111,7 +140,10 @@ class Attention:
 
 @dataclass(frozen=True)
 class Experts:
-    """A mixture of experts: a router picks `per_token` of `n_experts` feed-forwards for each token."""
+    """A mixture of experts: a router picks `per_token` of `n_experts` feed-forwards for each token.
+
+    The FeedForward's up, gate and down describe expert 0; expert j's are the same paths with the
+    index 0 as j (the book repository's ModuleLists fc1.j, fc2.j, fc3.j under `path`)."""
 
     router: Linear
     n_experts: int
@@ -227,6 +259,9 @@ class Anatomy:
         for block in self.blocks:
             att, ff = block.attention, block.ff
             found += [att.query, att.key, att.value, att.out, ff.up, ff.down] + ([ff.gate] if ff.gate else [])
+            found += [att.output_gate] if att.output_gate else []
+            found += [att.state.gate, att.state.beta, att.state.decay] if att.state else []
+            found += [att.latent] if att.latent else []
             found += [ff.experts.router] if ff.experts else []
         return found
 
@@ -261,7 +296,8 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
     def block(b: Block) -> Block:
         att, ff = b.attention, b.ff
         att = replace(att, path=path(att.path), query=linear(att.query), key=linear(att.key), value=linear(att.value),
-                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm))
+                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm), latent=linear(att.latent),
+                      output_gate=linear(att.output_gate))
         experts = ff.experts and replace(ff.experts, router=linear(ff.experts.router), path=path(ff.experts.path))
         ff = replace(ff, path=path(ff.path), up=linear(ff.up), down=linear(ff.down), gate=linear(ff.gate),
                      activation_path=path(ff.activation_path), experts=experts)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import codecs
 import math
+from functools import partial
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -27,8 +28,9 @@ import torch
 from torch import nn
 
 from .adopt import adopt, adopted_from
-from .engine import KVCache, as_engine, pages
+from .engine import as_engine, pages
 from .engine.family import family_steps
+from .engine.hybrid_cache import cache_for
 from .families import is_bonus_model, is_family_model
 from .model import GPTModel
 from .errors import GlassError, NonFiniteError, PromptError
@@ -171,7 +173,9 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     seq = torch.empty(b, t + max_new_tokens, dtype=torch.long, device=device)
     seq[:, :t] = prompt
     # The cache holds what this call can use, not a whole context: short replies stay cheap.
-    make_cache = glass.kv_cache if bonus else lambda *a, **k: KVCache(glass.cfg, *a, **k)  # sliding layers: a window
+    # OLMo 3's and Tiny Aya's own kv_cache (a sliding layer keeps its window only); else a KVCache, or Qwen3.5's
+    # HybridCache with its linear layers' states (cache_for)
+    make_cache = glass.kv_cache if bonus else partial(cache_for, glass.cfg)
     cache = make_cache(b, max_len=min(ctx, t + max_new_tokens), device=device,
                        dtype=glass.tok_emb.weight.dtype) if use_cache else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)

@@ -4,7 +4,7 @@
     description_mismatches(model, anatomy) -> list[str]   where a description and its module disagree
 
 A kind is found by its children's names, then described by its glass file's describe(cfg) (model.py,
-families/qwen3.py, families/llama3.py) over the config its tensors and attributes say (adopt.py's and
+families/qwen3.py, families/llama3.py, and chapter 4's variants/gqa.py, mla.py, swa.py, moe.py) over the config its tensors and attributes say (adopt.py's and
 families/adopt.py's readers), with every path mapped to the object's own names:
     glassgpt's GPTModel, Qwen3Model (and its MoE), Llama3Model,  the glass names
       Gemma3Model
@@ -29,14 +29,15 @@ from . import anatomy as an
 from . import model as gpt2
 from .adopt import config_of, layout_of
 from .errors import GlassError, UnreadableModelError
-from .families import BONUS_MODELS, FAMILIES, gemma3, llama3, olmo3, qwen3, tiny_aya
+from .families import BONUS_MODELS, FAMILIES, gemma3, llama3, olmo3, qwen3, qwen3_5, tiny_aya
 from .families.adopt import family_layout
 from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, bonus_config_from_hf
+from .variants import VARIANTS, variant_of
 
-GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "olmo3": olmo3.describe,
-         "tiny_aya": tiny_aya.describe}
-KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Olmo3Model and TinyAyaModel; the book's "
-              "GPTModel, Qwen3Model and Llama3Model "
+GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "qwen3_5": qwen3_5.describe,
+         "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe}
+KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Qwen3_5Model, Olmo3Model and TinyAyaModel "
+              "(and chapter 4's variants.gqa/mla/swa/moe GPTModel); the book's GPTModel, Qwen3Model and Llama3Model "
               "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
               "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM and "
               "Cohere2ForCausalLM")
@@ -71,6 +72,8 @@ def describe(model: nn.Module) -> an.Anatomy:
                                    f"{KINDS_READ}")
     if isinstance(model, gpt2.GPTModel):
         return _tied_by_storage(gpt2.describe(model.cfg), model)
+    if variant_of(model):  # chapter 4's variants: their glass file's own describe (variants/)
+        return _tied_by_storage(VARIANTS[type(model.cfg)].describe(model.cfg), model)
     for family, cls in FAMILIES.items():
         if isinstance(model, cls):
             return _tied_by_storage(GLASS[family](model.cfg), model)
@@ -272,6 +275,9 @@ def _linear_mismatches(mod: nn.Module | None, lin: an.Linear) -> list[str]:
     w = w.t() if lin.transposed else w  # as nn.Linear stores it, [out, in]
     if lin.rows is not None:
         w = w[lin.rows[0]:lin.rows[1]]
+    if lin.head_rows is not None and w.shape[0] % lin.head_rows[0] == 0:  # rows start..stop of every block
+        block, start, stop = lin.head_rows
+        w = w.reshape(-1, block, w.shape[-1])[:, start:stop].reshape(-1, w.shape[-1])
     where = lin.path + ("" if lin.rows is None else f"[{lin.rows[0]}:{lin.rows[1]}]")
     found = []
     if list(w.shape) != [lin.out_features, lin.in_features]:

@@ -41,7 +41,8 @@ from .check import check_embedding_is_linear
 from .head import head_products, logit_lens_of
 from .result import Result
 
-FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "olmo3": "OLMo 3", "tiny_aya": "Tiny Aya"}
+FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "qwen3_5": "Qwen3.5", "olmo3": "OLMo 3",
+                "tiny_aya": "Tiny Aya"}
 
 
 @dataclass
@@ -87,6 +88,13 @@ class RecordingCache:
             self.cache.seen[self.i] = (k.detach(), v.detach())
             return k, v
 
+        def read(self) -> tuple[None, None]:
+            """A linear attention's convolution inputs and state (Qwen3.5): none before the first token."""
+            return None, None
+
+        def write(self, conv: torch.Tensor, state: torch.Tensor) -> None:
+            """(one forward pass from position 0: the state it ends with is not read again)"""
+
 
 def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, top_k: int = 5, *,
                  ids: list[int] | None = None, attention: bool = False, logit_lens: bool = False) -> FamilyTrace:
@@ -110,9 +118,11 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     device = part(anatomy.embedding.path).weight.device
     ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=device)  # [1, t]
     logits, seen, kept, cache = _run_with_taps(model, anatomy, ids, attention, logit_lens)
-    k, v = cache.seen[0]  # [1, g, t, hd], after RoPE (and QK-norm)
+    k, v = cache.seen[_first_causal(anatomy)]  # [1, g, t, hd], after RoPE (and QK-norm)
     b, t = ids.shape
-    att0 = anatomy.blocks[0].attention  # the sizes as the description gives them (every block has the same)
+    # the sizes as the description gives them, from the first block with keys and values (every such block has the
+    # same; Qwen3.5's linear-attention blocks have sizes of their own)
+    att0 = anatomy.blocks[_first_causal(anatomy)].attention
     ropes = [blk.attention.rope for blk in anatomy.blocks if blk.attention.rope is not None]
     full = [blk.attention.rope for blk in anatomy.blocks if blk.attention.rope is not None and blk.attention.window is None]
     rope = (full or ropes or [None])[0]  # a full layer's (Gemma 3's sliding layers have a base of their own)
@@ -126,11 +136,12 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     groups = [j // (h // g) for j in range(h)]
     tr = FamilyTrace(
         family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
-        stages=_stages(cfg, anatomy, seen, q_shape, list(k.shape)),
+        stages=_stages(cfg, anatomy, seen, q_shape, list(k.shape), linear_stages(anatomy, b)),
         attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
                    "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
                    "qk_norm": att0.q_norm is not None, "rope_base": rope.base if rope else None,
-                   "rope_scaled": any(r.scaling is not None for r in ropes), **_sliding_layers(anatomy)},
+                   "rope_scaled": any(r.scaling is not None for r in ropes), **_sliding_layers(anatomy),
+                   **rope_reach(anatomy)},
         answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens,
         head=head_products(model, kept["final_norm"][0, -1], logits[0, -1], [n["id"] for n in next_tokens],
                            ids[0].tolist(), label))
@@ -170,7 +181,7 @@ def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, l
     def keep(name: str):
         return lambda module, inputs, output: kept.__setitem__(name, output.detach())
 
-    first_att, first_ff = anatomy.blocks[0].attention, anatomy.blocks[0].ff
+    first_att, first_ff = anatomy.blocks[_first_causal(anatomy)].attention, anatomy.blocks[0].ff
     taps = {"tok_emb": part(anatomy.embedding.path), "trf_blocks.0.att.W_query": part(first_att.query.path),
             "trf_blocks.0.att.W_key": part(first_att.key.path), "trf_blocks.0.att.W_value": part(first_att.value.path),
             "trf_blocks.0.ff.fc1": part(first_ff.experts.router.path if first_ff.experts else (first_ff.gate or first_ff.up).path), "final_norm": part(anatomy.final_norm.path),
@@ -205,11 +216,43 @@ def _attention_layers(model: nn.Module, anatomy, kept: dict, seen_kv: dict, t: i
             for i, block in enumerate(anatomy.blocks)]
 
 
-def _stages(cfg, anatomy, seen: dict, q_shape: tuple, kv_shape: list[int]) -> list[dict[str, Any]]:
+def rope_reach(anatomy) -> dict[str, Any]:
+    """Which layers RoPE turns, and how many of a head's dimensions (Qwen3.5: the full layers, 64 of 256; Tiny Aya:
+    the sliding layers only, its full layers have no positions)."""
+    turned = [block for block in anatomy.blocks if block.attention.rope is not None]
+    if not turned:
+        return {"rope_layers": []}
+    rope = turned[0].attention.rope
+    return {"rope_layers": [block.index for block in turned], "rope_dims": rope.rotary_dim or rope.head_dim}
+
+
+def linear_stages(anatomy, b: int) -> list[dict[str, Any]]:
+    """The linear-attention blocks (Qwen3.5's Gated DeltaNet), from the description: what they keep in place of
+    keys and values. None for a model without them."""
+    linear = [block for block in anatomy.blocks if block.attention.kind == "linear"]
+    if not linear:
+        return []
+    att, state = linear[0].attention, linear[0].attention.state
+    return [{"name": "linear attention", "module": att.path, "shape": [b, state.value_heads, att.head_dim,
+                                                                      state.value_head_dim],
+             "note": f"{len(linear)} of {anatomy.n_layers} blocks (layers {', '.join(str(x.index) for x in linear)}) "
+                     f"keep no keys or values: a causal convolution over {state.conv_kernel} tokens, then a state "
+                     f"[{att.head_dim}, {state.value_head_dim}] per value head, decayed and corrected by the gated "
+                     "delta rule at each token; the same size at any length"}]
+
+
+def _first_causal(anatomy) -> int:
+    """The first block with keys and values (Qwen3.5's first three are linear attention: a state, no keys)."""
+    return next(i for i, block in enumerate(anatomy.blocks) if block.attention.kind == "causal")
+
+
+def _stages(cfg, anatomy, seen: dict, q_shape: tuple, kv_shape: list[int],
+            linear: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The stages in the order the forward pass ran them, with the shapes the taps saw (`seen`: input and output
     shapes by module name), the sizes from the model's description."""
     b, h, t, hd = q_shape
-    g, d, V = anatomy.blocks[0].attention.n_kv_groups, anatomy.embedding.emb_dim, anatomy.embedding.vocab_size
+    g, d, V = anatomy.blocks[_first_causal(anatomy)].attention.n_kv_groups, anatomy.embedding.emb_dim, \
+        anatomy.embedding.vocab_size
     hidden_dim = anatomy.blocks[0].ff.hidden_dim
     return [
         {"name": "ids", "module": "", "shape": [b, t], "note": "token ids"},
@@ -222,6 +265,7 @@ def _stages(cfg, anatomy, seen: dict, q_shape: tuple, kv_shape: list[int]) -> li
          "note": f"{list(seen['trf_blocks.0.att.W_key'][1])} split into {g} heads; the cache keeps these"},
         {"name": "repeat_interleave", "module": "", "shape": list(q_shape),
          "note": f"each key/value head serves {h // g} neighbouring query heads"},
+        *linear,  # Qwen3.5's linear-attention blocks, where it has them
         {"name": "ff", "module": "trf_blocks.N.ff", "shape": list(seen["trf_blocks.0.ff.fc1"][1]),
          "note": f"router gate: {cfg.num_experts} expert scores; each token runs its top {cfg.num_experts_per_tok} "
                  f"SwiGLU experts, {d} -> {cfg.moe_hidden_dim} -> {d}, weighted by the softmax of their scores"

@@ -93,6 +93,8 @@ def _tap_points(model: nn.Module) -> list[tuple[nn.Module, _Tap]]:
         points += [(part(block.path), _Tap(block.path, inputs=True, step=True))]
         points += [(part(lin.path), _Tap(lin.path)) for lin in (att.query, att.key, att.value)]
         points.append((part(att.out.path), _Tap(att.out.path, inputs=True)))
+        points += [(part(lin.path), _Tap(lin.path)) for lin in (att.latent, ff.experts and ff.experts.router) if lin]
+        points += [(part(ff.path), _Tap(ff.path, inputs=True))] if ff.experts else []
         inside = [n.path for n in block.norms] + [lin.path for lin in (ff.gate, ff.up) if lin is not None]
         inside += [ff.activation_path] if ff.activation_path else []
         points += [(part(path), _Tap(path, inputs=True)) for path in inside + [ff.down.path]]
@@ -114,6 +116,6 @@ def record(model: nn.Module, ids: torch.Tensor, rec: Recorder, last_only: bool =
     rec.check()
     token = _RECORDER.set(rec)
     try:
-        return model(ids, last_only=last_only)  # [b, t] -> [b, t, V]
+        return model(ids, last_only=True) if last_only else model(ids)  # [b, t] -> [b, t, V]
     finally:
         _RECORDER.reset(token)

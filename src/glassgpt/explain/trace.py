@@ -38,6 +38,7 @@ from ..memory import parameter_table
 from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights, init_name
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
+from ..variants import gpt2_config, kv_bytes_per_token
 from .check import check_embedding_is_linear
 from .family import FamilyTrace, rotary_trace
 from .head import head_products, logit_lens_of  # noqa: F401 (logit_lens_of: read here by earlier callers)
@@ -136,9 +137,9 @@ def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None =
     about = about.about() if isinstance(about, Source) else about or About()  # a Source says its About
     anatomy = describe(model)  # what it is made of; one line for an object of no kind glassgpt reads
     check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
-    cfg = adopt(model).cfg
+    cfg = adopt(model, described=True).cfg
     prompt = _prompt(cfg, tokenizer, text, ids, opt, about.reading)
-    model = adopt(model, [prompt.ids])  # a reader's module, read in place; its own logits checked once
+    model = adopt(model, [prompt.ids], described=True)  # a reader's module, read in place; its own logits checked once
     if anatomy.positions.kind != "learned":  # positions inside the attention: its stages are the rotary trace's
         return rotary_trace(model, tokenizer, top_k=opt.top_k, ids=prompt.ids, attention=opt.attention,
                             logit_lens=opt.logit_lens)
@@ -158,14 +159,17 @@ def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None =
     top_list = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
     stages.append(_pick_stage(cfg, top_list[0]))
     text = tokenizer.decode(prompt.ids)
+    changed = changed_parts(anatomy)
     result = Trace(
         model=model_facts(model, tokenizer, about), prompt=text,
         tokens=[{"id": i, "text": tokenizer.decode([i])} for i in prompt.ids], stages=stages,
-        params=_params(model), next_token=_next_token(cfg, top_list, text, opt.temperature),
-        modules=parameter_table(model.cfg)["modules"],
+        params=_live_params(model) if changed else _params(model),
+        next_token=_next_token(cfg, top_list, text, opt.temperature),
+        modules=_live_modules(model, anatomy) if changed else parameter_table(model.cfg)["modules"],
         head=head_products(model, rec.seen["final_norm"][0, -1], logits[0, -1], [t["id"] for t in top_list],
                            prompt.ids, label),
-        notes=[n for n in (adopted_from(model), prompt.note, reading_line(cfg.num_classes, about.reading, prompt)) if n])
+        notes=[n for n in (adopted_from(model), prompt.note, reading_line(cfg.num_classes, about.reading, prompt)) if n]
+        + ([f"the description's changes from GPT-2: {'; '.join(changed)}", kv_line(cfg, logits.dtype)] if changed else []))
     if opt.attention:
         result.attention = {"shape": [cfg.n_layers, cfg.n_heads, len(prompt.ids), len(prompt.ids)],  # the data's own
                             "tokens": [tk["text"] for tk in result.tokens],
@@ -199,12 +203,59 @@ def _kept_tensors(anatomy: an.Anatomy, opt: TraceOptions) -> frozenset[str]:
     ff = opened.ff
     keep = {anatomy.embedding.path, anatomy.positions.path, "embeddings", anatomy.final_norm.path,
             *(n.path for n in opened.norms), ff.up.path, ff.activation_path, ff.down.path}
+    if ff.experts is not None:  # a mixture of experts: the router's scores and the whole feed-forward
+        keep.update((ff.path, ff.experts.router.path))
     for block in anatomy.blocks:
         keep.add(block.path)
         if opt.attention or block.index == opt.block:
             att = block.attention
-            keep.update(lin.path for lin in (att.query, att.key, att.value, att.out))
+            keep.update(lin.path for lin in (att.query, att.key, att.value, att.out, att.latent) if lin)
     return frozenset(keep - {None})
+
+
+def changed_parts(anatomy: an.Anatomy) -> list[str]:
+    """What a model's description changes in GPT-2's attention and feed-forward (chapter 4's variants), one
+    phrase each; empty for GPT-2's own parts, whose trace is GPT-2's unchanged."""
+    changed: dict[str, None] = {}
+    for block in anatomy.blocks:
+        att, ff = block.attention, block.ff
+        if att.n_kv_groups != att.n_heads:
+            changed[f"{att.n_kv_groups} key/value groups shared by {att.n_heads} query heads"] = None
+        if att.latent is not None:
+            changed[f"keys and values made from a cached {att.latent.out_features}-wide latent"] = None
+        if att.window is not None:
+            windows = [b.index for b in anatomy.blocks if b.attention.window is not None]
+            changed[f"a window of {att.window} in layers {', '.join(map(str, windows))} (the others full)"] = None
+        if ff.experts is not None:
+            changed[f"{ff.experts.n_experts} experts, {ff.experts.per_token} per token"] = None
+    return list(changed)
+
+
+def kv_line(cfg: GPTConfig, dtype: torch.dtype) -> str:
+    """A variant's KV-cache bytes per token at a full context, beside GPT-2's of the same shape."""
+    mine, gpt2 = kv_bytes_per_token(cfg, dtype), kv_bytes_per_token(gpt2_config(cfg), dtype)
+    return (f"KV cache: {mine:,.0f} bytes per token ({_dtype(torch.empty(0, dtype=dtype))}, at "
+            f"{cfg.context_length:,} tokens) where GPT-2 of this shape keeps {gpt2:,.0f} ({mine / gpt2:.0%})")
+
+
+def _live_params(model: nn.Module) -> dict[str, Any]:
+    """The totals from the live module (a variant's parts are not GPT-2's table): parameters() yields a tied matrix once."""
+    total = own_parameters(model)
+    untied = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
+    return {"total": total, "total_untied": untied, "tied": untied != total}
+
+
+def _live_modules(model: nn.Module, anatomy: an.Anatomy) -> list[dict[str, Any]]:
+    """parameter_table's rows, counted on the live module: the embeddings, the blocks, the final norm, the head."""
+    part, n = model.get_submodule, anatomy.n_layers
+    rows = [{"name": p, "shape": str(list(part(p).weight.shape)), "params": own_parameters(part(p)), "note": ""}
+            for p in (anatomy.embedding.path, anatomy.positions.path) if p]
+    per_block = own_parameters(part(anatomy.blocks[0].path))
+    rows.append({"name": f"{anatomy.blocks_path} (x{n})", "shape": "", "params": own_parameters(part(anatomy.blocks_path)),
+                 "note": f"{per_block:,} in block 0"})
+    rows += [{"name": p, "shape": str(list(part(p).weight.shape if hasattr(part(p), "weight") else part(p).scale.shape)),
+              "params": own_parameters(part(p)), "note": ""} for p in (anatomy.final_norm.path, anatomy.head.path)]
+    return rows
 
 
 def _params(model: GPTModel) -> dict[str, Any]:
@@ -322,8 +373,18 @@ def _attention_of(seen: dict, block: an.Block) -> torch.Tensor:
     q, k = seen[att.query.path].float(), seen[att.key.path].float()
     b, t, _ = q.shape
     q = q.view(b, t, att.n_heads, att.head_dim).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
-    k = k.view(b, t, att.n_heads, att.head_dim).transpose(1, 2)
-    return attention_weights(q, k)
+    k = _heads(k, att.n_kv_groups, att.head_dim).repeat_interleave(att.n_heads // att.n_kv_groups, dim=1)
+    attn = attention_weights(q, k)
+    if att.window is not None:  # the causal softmax kept to the last `window` positions, renormalised:
+        pos = torch.arange(t, device=attn.device)  # the same as a softmax over the window alone
+        attn = attn * ((pos[:, None] - pos[None, :]) < att.window)
+        attn = attn / attn.sum(dim=-1, keepdim=True)
+    return attn
+
+
+def _heads(x: torch.Tensor, n: int, hd: int) -> torch.Tensor:
+    b, t, _ = x.shape
+    return x.view(b, t, n, hd).transpose(1, 2)  # [b, t, n * hd] -> [b, n, t, hd]
 
 
 def _opened_block(model: nn.Module, block: an.Block, seen: dict) -> list[Stage]:
@@ -335,17 +396,31 @@ def _opened_block(model: nn.Module, block: an.Block, seen: dict) -> list[Stage]:
     h, hd = att.n_heads, att.head_dim
     attn = _attention_of(seen, block)
     context_in, out_proj_out = seen[att.out.path]
-    v = seen[att.value.path].float().view(b, t, h, hd).transpose(1, 2)
+    v = _heads(seen[att.value.path].float(), att.n_kv_groups, hd).repeat_interleave(h // att.n_kv_groups, dim=1)
     # The recomputed weights must reproduce what the model gave out_proj: a check, not a decoration.
     attn_error = float(((attn @ v).transpose(1, 2).reshape(b, t, d) - context_in.float()).abs().max())
     inside = [_weight_stage(norm1, part(norm1), seen[norm1][1], parent=p)]
+    if att.latent is not None:  # latent attention: what the cache keeps, and what keys and values are made from
+        inside.append(_weight_stage(att.latent.path, part(att.latent.path), seen[att.latent.path], parent=p,
+                                    note=f"the latent [b, t, {att.latent.out_features}]: all the KV cache keeps of "
+                                         f"this token, where GPT-2 keeps a key and a value of {d} each"))
     for lin, what in ((att.query, "queries"), (att.key, "keys"), (att.value, "values")):
-        inside.append(_weight_stage(lin.path, part(lin.path), seen[lin.path], parent=p, note=what))
+        made = f" from the latent" if att.latent is not None and lin is not att.query else ""
+        inside.append(_weight_stage(lin.path, part(lin.path), seen[lin.path], parent=p, note=what + made,
+                                    input_shape=[b, t, lin.in_features] if made else None))
+    g, window = att.n_kv_groups, att.window
+    inside.append(Stage(f"{att.path}.heads", "view + transpose", [b, h, t, hd], _dtype(q), parent=p, input_shape=[b, t, d],
+                        note=f"q, k, v each split into {h} heads of {hd}" if g == h else f"q split into {h} heads of {hd}"))
+    if g != h:
+        inside.append(Stage(f"{att.path}.kv_heads", f"view + transpose, repeat_interleave({h // g})", [b, g, t, hd],
+                            _dtype(q), parent=p, input_shape=[b, t, g * hd],
+                            note=f"k and v split into {g} groups of {hd} (what the cache keeps), each repeated for its "
+                                 f"{h // g} query heads -> [b, {h}, t, {hd}]"))
+    rows = "tokens 0..j" if window is None else f"tokens max(0, j - {window - 1})..j, its window of {window}"
+    mask = "causal mask" if window is None else f"causal mask, window {window}"
     inside += [
-        Stage(f"{att.path}.heads", "view + transpose", [b, h, t, hd], _dtype(q), parent=p, input_shape=[b, t, d],
-              note=f"q, k, v each split into {h} heads of {hd}"),
-        _tensor_stage(f"{att.path}.attn_weights", f"softmax(q @ k.T / sqrt({hd}) + causal mask)", attn, parent=p,
-                      note=f"row j: how much token j attends to tokens 0..j (rows sum to 1; "
+        _tensor_stage(f"{att.path}.attn_weights", f"softmax(q @ k.T / sqrt({hd}) + {mask})", attn, parent=p,
+                      note=f"row j: how much token j attends to {rows} (rows sum to 1; "
                            f"matches the model's own to {attn_error:.1e})"),
         _tensor_stage(f"{att.path}.context", "attn_weights @ v, heads merged", context_in, parent=p,
                       input_shape=[b, h, t, hd], note="[b, h, t, hd] -> [b, t, d]"),
@@ -353,14 +428,40 @@ def _opened_block(model: nn.Module, block: an.Block, seen: dict) -> list[Stage]:
         _tensor_stage(f"{p}.shortcut1", "x + att(norm1(x))", seen[norm2][0], parent=p,
                       note="residual connection (what norm2 reads)"),
         _weight_stage(norm2, part(norm2), seen[norm2][1], parent=p),
-        _weight_stage(ff.up.path, part(ff.up.path), seen[ff.up.path][1], parent=p,
-                      note=f"expand to {ff.hidden_dim // d} x {d} = {ff.hidden_dim}"),
-        _weight_stage(ff.activation_path, part(ff.activation_path), seen[ff.activation_path][1], parent=p),
-        _weight_stage(ff.down.path, part(ff.down.path), seen[ff.down.path][1], parent=p, note=f"project back to {d}"),
-        _tensor_stage(f"{p}.shortcut2", "x + ff(norm2(x))", seen[p][1], parent=p,
-                      note="residual connection; the block's output"),
     ]
+    if ff.experts is not None:
+        inside += _expert_stages(part, ff, seen, p)
+    else:
+        inside += [
+            _weight_stage(ff.up.path, part(ff.up.path), seen[ff.up.path][1], parent=p,
+                          note=f"expand to {ff.hidden_dim // d} x {d} = {ff.hidden_dim}"),
+            _weight_stage(ff.activation_path, part(ff.activation_path), seen[ff.activation_path][1], parent=p),
+            _weight_stage(ff.down.path, part(ff.down.path), seen[ff.down.path][1], parent=p, note=f"project back to {d}"),
+        ]
+    inside.append(_tensor_stage(f"{p}.shortcut2", "x + ff(norm2(x))", seen[p][1], parent=p,
+                                note="residual connection; the block's output"))
     return inside
+
+
+def _expert_stages(part, ff: an.FeedForward, seen: dict, p: str) -> list[Stage]:
+    """A mixture of experts: the router's scores, the k experts each token is routed to, their weighted sum."""
+    ex, (x, out) = ff.experts, seen[ff.path]
+    scores = seen[ex.router.path]  # [b, t, E]
+    top = scores.topk(ex.per_token, dim=-1)
+    chosen = top.indices  # [b, t, k]
+    per_token = " ".join("+".join(map(str, c)) for c in chosen[0].tolist())
+    counts = torch.bincount(chosen.flatten(), minlength=ex.n_experts).tolist()
+    return [
+        _weight_stage(ex.router.path, part(ex.router.path), scores, parent=p,
+                      note=f"one score per expert, {ex.n_experts} experts"),
+        Stage(f"{ff.path}.routing", f"topk(scores, {ex.per_token}), softmax over the {ex.per_token}", list(chosen.shape),
+              "int64", parent=p, input_shape=list(scores.shape),
+              note=f"experts per token: {per_token}; tokens per expert: {counts}"),
+        _tensor_stage(ff.path, f"{type(part(ff.path)).__name__} ({ex.n_experts} experts, each down({ff.activation}(gate(x)) * up(x)))", out,
+                      parent=p, input_shape=list(x.shape), params=own_parameters(part(ff.path)),
+                      note=f"each token: its {ex.per_token} experts' outputs ({x.shape[-1]} -> {ff.hidden_dim} -> "
+                           f"{x.shape[-1]}) weighted by their probabilities"),
+    ]
 
 
 def _output_stages(model: nn.Module, anatomy: an.Anatomy, seen: dict, logits: torch.Tensor,

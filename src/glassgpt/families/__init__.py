@@ -1,5 +1,6 @@
 """The book's next models after GPT-2, one glass file each: Qwen3 and its MoE (qwen3.py), Llama 3.2
-(llama3.py) and the bonus Gemma 3 (gemma3.py).
+(llama3.py) and the bonus Gemma 3 (gemma3.py) and Qwen3.5 (qwen3_5.py: linear and full attention layers, its
+Qwen3_5Config a FamilyConfig with more fields).
 
     cfg = family_config("qwen3-0.6b", n_layers=2)   # FamilyConfig (config.py), a preset or your own
     model = build_model(cfg)                        # Qwen3Model or Llama3Model, by cfg.family
@@ -24,11 +25,14 @@ from .gemma3 import Gemma3Config, Gemma3Model
 from .llama3 import Llama3Model
 from .olmo3 import Olmo3Config, Olmo3Model
 from .qwen3 import Qwen3Model
+from .qwen3_5 import Qwen3_5Config, Qwen3_5Model
 from .tiny_aya import TinyAyaConfig, TinyAyaModel
 
-# The registry: which glass class builds each family. FamilyConfig builds the first two; Gemma 3 has its own
-# config (gemma3.py's Gemma3Config, the notebook's keys), whose `family` is "gemma3".
-FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model, "gemma3": Gemma3Model}
+# The registry: which glass class builds each family. FamilyConfig builds the first three (Qwen3.5's Qwen3_5Config is
+# a FamilyConfig with its own fields); Gemma 3 has its own config (gemma3.py's Gemma3Config, the notebook's keys),
+# whose `family` is "gemma3".
+FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Model, "qwen3_5": Qwen3_5Model,
+                                        "gemma3": Gemma3Model}
 assert tuple(FAMILIES)[:len(FAMILY_NAMES)] == FAMILY_NAMES
 FAMILY_CONFIGS = (FamilyConfig, Gemma3Config)  # a family model's config is one of these (isinstance)
 
@@ -40,8 +44,9 @@ BONUS_MODELS: dict[str, tuple[type[nn.Module], type]] = {"olmo3": (Olmo3Model, O
 BONUS_CONFIGS = (Olmo3Config, TinyAyaConfig)  # a bonus model's config is one of these (isinstance)
 
 __all__ = ["BONUS_CONFIGS", "BONUS_MODELS", "FAMILIES", "FAMILY_CONFIGS", "FAMILY_PRESETS", "FamilyConfig",
-           "Gemma3Config", "Gemma3Model", "Llama3Model", "Olmo3Config", "Olmo3Model", "Qwen3Model", "RopeFreq",
-           "TinyAyaConfig", "TinyAyaModel", "build_model", "family_config", "is_bonus_model", "is_family_model",
+           "Gemma3Config", "Gemma3Model", "Llama3Model", "Olmo3Config", "Olmo3Model", "Qwen3Model", "Qwen3_5Config",
+           "Qwen3_5Model", "RopeFreq", "TinyAyaConfig", "TinyAyaModel", "build_model", "family_config",
+           "is_bonus_model", "is_family_model",
            "random_family_model"]
 
 

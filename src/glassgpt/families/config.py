@@ -22,7 +22,7 @@ from typing import Any
 from ..config import from_fields, known_fields
 from ..errors import ConfigError
 
-FAMILY_NAMES = ("qwen3", "llama3")
+FAMILY_NAMES = ("qwen3", "llama3", "qwen3_5")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from . import qwen3_5_memory
 from .config import FamilyConfig
 from .gemma3 import Gemma3Config
 
@@ -76,6 +77,8 @@ def family_modules(cfg: FamilyConfig | Gemma3Config) -> tuple[list[tuple], list[
 
 def family_parameter_table(cfg: FamilyConfig) -> dict[str, Any]:
     """Per-module parameter counts and the totals with and without the tie (memory.parameter_table's form)."""
+    if cfg.family == "qwen3_5":  # a hybrid stack: a row per module of each layer type
+        return qwen3_5_memory.qwen3_5_parameter_table(cfg)
     before, block, after = family_modules(cfg)
 
     def row(name, shape, note, tied):
@@ -97,6 +100,8 @@ def family_memory_needs(cfg: FamilyConfig, dtype: torch.dtype, batch_size: int =
     """Bytes for inference (weights, RoPE tables, KV cache, one forward's temporaries) and for training
     (float32 weights, gradients and AdamW's two moments, plus a low-precision copy below float32, and
     the activations backward keeps), for `batch_size` sequences of `seq_len` tokens (default: context)."""
+    if cfg.family == "qwen3_5":  # linear layers keep a state, not keys and values
+        return qwen3_5_memory.qwen3_5_memory_needs(cfg, dtype, batch_size, seq_len)
     name = str(dtype).removeprefix("torch.")
     size = torch.empty((), dtype=dtype).element_size()
     t = seq_len or cfg.context_length
@@ -143,6 +148,8 @@ def family_memory_needs(cfg: FamilyConfig, dtype: torch.dtype, batch_size: int =
 
 def family_notes(cfg: FamilyConfig) -> list[str]:
     """What `info` says about the architecture, in a line each."""
+    if cfg.family == "qwen3_5":
+        return qwen3_5_memory.qwen3_5_notes(cfg)
     if cfg.family == "gemma3":
         full = cfg.layer_types.count("full_attention")
         return [f"Gemma 3: {cfg.n_heads} query heads of {cfg.head_dim} share {cfg.n_kv_groups} key/value groups",

@@ -27,7 +27,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError, GlassError, TokenizerError
-from ..families import BONUS_MODELS, FAMILIES, FamilyConfig, Gemma3Config, RopeFreq, build_model, is_family_model
+from ..families import (BONUS_MODELS, FAMILIES, FamilyConfig, Gemma3Config, Qwen3_5Config, RopeFreq, build_model,
+                        is_family_model)
 from ..families.bonus_hf import HF_BONUS, bonus_config_from_hf, bonus_hf_names
 from .checks import on_meta
 from .family_tokenizers import family_tokenizer
@@ -35,7 +36,7 @@ from .files import atomic_write, read_json, read_safetensors
 
 # transformers' class name -> the family that reads it
 HF_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3", "LlamaForCausalLM": "llama3",
-                    "Gemma3ForCausalLM": "gemma3"} | HF_BONUS
+                    "Gemma3ForCausalLM": "gemma3", "Qwen3_5ForCausalLM": "qwen3_5"} | HF_BONUS
 COVERED = ", ".join(f"{arch} ({family})" for arch, family in HF_ARCHITECTURES.items())
 
 
@@ -65,6 +66,9 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyCo
         raise CheckpointError(f"{source} is Gemma 3's vision model ({arch}: a SigLIP vision tower before the text "
                               "model): glassgpt reads the text models, Gemma3ForCausalLM (model_type gemma3_text, "
                               "gemma-3-270m and gemma-3-1b)")
+    if arch == "Qwen3_5ForConditionalGeneration":
+        raise CheckpointError(f"{source} is a vision-language model ({arch}, with a vision tower): glassgpt reads "
+                              "text models; save its text model as Qwen3_5ForCausalLM and open that folder")
     if arch not in HF_ARCHITECTURES:
         raise CheckpointError(f"{source} is a {arch or 'model with no architectures entry'}"
                               f"{' (' + str(raw.get('model_type')) + ')' if raw.get('model_type') else ''}: "
@@ -72,6 +76,8 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyCo
     family = HF_ARCHITECTURES[arch]
     if family == "gemma3":
         return gemma3_config_from_hf(raw, source)
+    if family == "qwen3_5":
+        return qwen3_5_config_from_hf(raw, source)
     quant = raw.get("quantization_config")
     if quant:  # FP8, AWQ, GPTQ, bitsandbytes: packed weights and scales in place of the matrices
         method = quant.get("quant_method", "quantized") if isinstance(quant, dict) else "quantized"
@@ -150,6 +156,63 @@ def gemma3_config_from_hf(raw: dict[str, Any], source: str) -> Gemma3Config:
         raise ConfigError(f"{source}: {e}") from None
 
 
+def qwen3_5_config_from_hf(raw: dict[str, Any], source: str) -> Qwen3_5Config:
+    """The Qwen3_5Config of a transformers Qwen3_5ForCausalLM config.json; a field it sets to what the glass
+    file does not implement is named in one line."""
+    rope = raw.get("rope_parameters") or {}
+    unimplemented = {"attention_bias": raw.get("attention_bias", False) is not False,
+                     "hidden_act": raw.get("hidden_act", "silu") != "silu",
+                     "rope_parameters.rope_type": rope.get("rope_type", "default") != "default",
+                     "rope_scaling": bool(raw.get("rope_scaling")),
+                     "quantization_config": bool(raw.get("quantization_config"))}
+    for field, set_to_other in unimplemented.items():
+        if set_to_other:
+            top, _, leaf = field.partition(".")
+            value = rope.get(leaf) if leaf else raw.get(top)
+            raise ConfigError(f"{source}: {field} is {value!r}, which glassgpt's Qwen3.5 does not implement (it has "
+                              f"{QWEN3_5_IMPLEMENTS[field]}): run this model with transformers")
+    try:
+        return Qwen3_5Config(
+            family="qwen3_5", vocab_size=raw["vocab_size"], context_length=raw["max_position_embeddings"],
+            emb_dim=raw["hidden_size"], n_heads=raw["num_attention_heads"], n_layers=raw["num_hidden_layers"],
+            hidden_dim=raw["intermediate_size"], n_kv_groups=raw.get("num_key_value_heads", raw["num_attention_heads"]),
+            rope_base=float(rope.get("rope_theta", raw.get("rope_theta", 10_000.0))), head_dim=raw.get("head_dim", 256),
+            qk_norm=True, tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            partial_rotary_factor=float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25))),
+            linear_conv_kernel_dim=raw.get("linear_conv_kernel_dim", 4),
+            linear_key_head_dim=raw.get("linear_key_head_dim", 128),
+            linear_value_head_dim=raw.get("linear_value_head_dim", 128),
+            linear_num_key_heads=raw.get("linear_num_key_heads", 16),
+            linear_num_value_heads=raw.get("linear_num_value_heads", 32),
+            layer_types=raw.get("layer_types") or [
+                "full_attention" if (i + 1) % raw.get("full_attention_interval", 4) == 0 else "linear_attention"
+                for i in range(raw["num_hidden_layers"])])
+    except KeyError as e:
+        raise CheckpointError(f"{source} has no {e.args[0]!r}: it is not a whole Qwen3_5ForCausalLM config") from None
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def qwen3_5_config_to_hf(cfg: Qwen3_5Config) -> dict[str, Any]:
+    return {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": cfg.vocab_size,
+            "max_position_embeddings": cfg.context_length, "hidden_size": cfg.emb_dim,
+            "num_attention_heads": cfg.n_heads, "num_hidden_layers": cfg.n_layers, "intermediate_size": cfg.hidden_dim,
+            "num_key_value_heads": cfg.n_kv_groups, "head_dim": cfg.head_dim_value, "rms_norm_eps": cfg.norm_eps,
+            "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu", "attention_bias": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base,
+                                "partial_rotary_factor": cfg.partial_rotary_factor},
+            "linear_conv_kernel_dim": cfg.linear_conv_kernel_dim, "linear_key_head_dim": cfg.linear_key_head_dim,
+            "linear_value_head_dim": cfg.linear_value_head_dim, "linear_num_key_heads": cfg.linear_num_key_heads,
+            "linear_num_value_heads": cfg.linear_num_value_heads, "layer_types": list(cfg.layer_types),
+            "torch_dtype": "float32"}
+
+
+QWEN3_5_IMPLEMENTS = {"attention_bias": "no biases", "hidden_act": "silu", "rope_parameters.rope_type":
+                      "the default RoPE", "rope_scaling": "no RoPE scaling",
+                      "quantization_config": "float weights"}
+
+
 def moe_from_hf(raw: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
     """Qwen3MoeForCausalLM's experts as the MoE notebook's keys; what its MoEFeedForward does not do is refused
     by the field that asks for it (dense blocks between sparse ones, routing weights not renormalised)."""
@@ -174,6 +237,8 @@ def moe_from_hf(raw: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
 def config_to_hf(cfg: FamilyConfig | Gemma3Config) -> dict[str, Any]:
     """The config.json that transformers' Qwen3ForCausalLM / Qwen3MoeForCausalLM / LlamaForCausalLM /
     Gemma3ForCausalLM reads for `cfg`."""
+    if cfg.family == "qwen3_5":
+        return qwen3_5_config_to_hf(cfg)
     if cfg.family == "gemma3":
         return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": cfg.vocab_size,
                 "max_position_embeddings": cfg.context_length, "hidden_size": cfg.emb_dim,
@@ -209,6 +274,8 @@ def hf_names(cfg: FamilyConfig | Gemma3Config) -> list[tuple[str, str]]:
         return bonus_hf_names(cfg)
     if cfg.family == "gemma3":
         return gemma3_hf_names(cfg)
+    if cfg.family == "qwen3_5":
+        return qwen3_5_hf_names(cfg)
     norm = "scale" if cfg.family == "qwen3" else "weight"  # the book's RMSNorm (Qwen3) or torch.nn.RMSNorm (Llama)
     names = [("tok_emb.weight", "model.embed_tokens.weight")]
     for i in range(cfg.n_layers):
@@ -260,10 +327,38 @@ def gemma3_hf_names(cfg: Gemma3Config) -> list[tuple[str, str]]:
     return names
 
 
+QWEN3_5_LINEAR = ("conv1d.weight", "dt_bias", "A_log", "norm.weight", "out_proj.weight", "in_proj_qkv.weight",
+                  "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight")  # the same leaves in both
+
+
+def qwen3_5_hf_names(cfg: Qwen3_5Config) -> list[tuple[str, str]]:
+    """Qwen3.5's (the notebook's name, transformers' name) pairs: token_mixer is linear_attn or self_attn by layer."""
+    names = [("tok_emb.weight", "model.embed_tokens.weight")]
+    for i, layer_type in enumerate(cfg.layer_types):
+        b, h = f"trf_blocks.{i}", f"model.layers.{i}"
+        if layer_type == "linear_attention":
+            names += [(f"{b}.token_mixer.{leaf}", f"{h}.linear_attn.{leaf}") for leaf in QWEN3_5_LINEAR]
+        else:
+            names += [(f"{b}.token_mixer.{ours}.weight", f"{h}.self_attn.{theirs}.weight") for ours, theirs in
+                      (("W_query", "q_proj"), ("W_key", "k_proj"), ("W_value", "v_proj"), ("out_proj", "o_proj"))
+                      + ((("q_norm", "q_norm"), ("k_norm", "k_norm")) if cfg.qk_norm else ())]
+        names += [(f"{b}.norm1.weight", f"{h}.input_layernorm.weight"),
+                  (f"{b}.ff.fc1.weight", f"{h}.mlp.gate_proj.weight"),
+                  (f"{b}.ff.fc2.weight", f"{h}.mlp.up_proj.weight"),
+                  (f"{b}.ff.fc3.weight", f"{h}.mlp.down_proj.weight"),
+                  (f"{b}.norm2.weight", f"{h}.post_attention_layernorm.weight")]
+    names.append(("final_norm.weight", "model.norm.weight"))
+    if not cfg.tie_embeddings:
+        names.append(("out_head.weight", "lm_head.weight"))
+    return names
+
+
 def book_config(family: str, values: dict[str, Any], tie_embeddings: bool) -> FamilyConfig | Gemma3Config:
     """The config of a book's or notebook's config dict for `family`."""
     if family == "gemma3":
         return Gemma3Config.from_book_dict(values, tie_embeddings=tie_embeddings)
+    if family == "qwen3_5":
+        return Qwen3_5Config.from_book_dict(family, values, tie_embeddings=tie_embeddings)
     return FamilyConfig.from_book_dict(family, values, tie_embeddings=tie_embeddings)
 
 
@@ -309,6 +404,8 @@ def _book_family(values: dict[str, Any]) -> str:
     named = values.get("family")
     if named in BOOK_CLASSES:
         return named
+    if "linear_num_key_heads" in values:  # Qwen3.5's notebook (its layer_types too: told before Gemma 3)
+        return "qwen3_5"
     if "n_kv_heads" in values:
         return "tiny_aya" if "layer_norm_eps" in values else "olmo3"
     return "gemma3" if "layer_types" in values else "qwen3" if "qk_norm" in values else "llama3"
@@ -379,6 +476,8 @@ def load_hf_family(path: str | os.PathLike, device: torch.device | str = "cpu",
     for name, tensor in hf_tensors(path):
         if name == "lm_head.weight" and cfg.tie_embeddings:
             continue  # some tied checkpoints store the head anyway: it is tok_emb's
+        if cfg.family == "qwen3_5" and name.startswith("mtp."):
+            continue  # Qwen3.5's multi-token prediction head: not the next-token model (transformers skips it too)
         if name not in book_name:
             raise CheckpointError(f"{path} holds {name!r}, which a {cfg.family} model of this config has not: "
                                   f"its config.json does not describe these weights")
@@ -392,6 +491,9 @@ def model_from_book_state(cfg: FamilyConfig, state: dict[str, torch.Tensor], sou
     with on_meta():  # (no initial weights drawn: nothing to draw into)
         model = build_model(cfg)
     expected = {k: v.shape for k, v in model.state_dict().items()}
+    # glassgpt's tensor readers rename GPT-2's old norm1.weight to norm1.scale (files.upgrade_name): a family whose
+    # RMSNorm keeps `weight` (Llama 3, Qwen3.5), read from glassgpt's own checkpoint, gets its names back
+    state = {weight_name(k, expected): v for k, v in state.items()}
     if cfg.tie_embeddings:
         expected.pop("out_head.weight")
         state = {k: v for k, v in state.items() if k != "out_head.weight"}
@@ -411,10 +513,17 @@ def model_from_book_state(cfg: FamilyConfig, state: dict[str, torch.Tensor], sou
     return model.to(device=device, dtype=dtype).eval()
 
 
+def weight_name(name: str, expected: dict[str, Any]) -> str:
+    head, _, leaf = name.rpartition(".")
+    return f"{head}.weight" if leaf == "scale" and name not in expected and f"{head}.weight" in expected else name
+
+
 def family_of_state(state: dict[str, Any]) -> str | None:
     """Which family a book state dict is, told by its names: QK-norm and `scale` are Qwen3's, `norm1.weight` Llama's,
     post-feed-forward norms in `blocks` OLMo 3's (`weight`; Gemma 3's are `scale`), one `input_layernorm` per block
-    in `trf_blocks` Tiny Aya's."""
+    in `trf_blocks` Tiny Aya's, a `token_mixer` Qwen3.5's."""
+    if any(k.startswith("trf_blocks.0.token_mixer.") for k in state):  # Qwen3.5's notebook
+        return "qwen3_5"
     if "blocks.0.post_feedforward_layernorm.weight" in state:
         return "olmo3"
     if "trf_blocks.0.input_layernorm.weight" in state:
@@ -430,11 +539,14 @@ def family_of_state(state: dict[str, Any]) -> str | None:
 
 BOOK_CLASSES = {"qwen3": "Qwen3Model (llms_from_scratch.qwen3)", "llama3": "Llama3Model (llms_from_scratch.llama3)",
                 "gemma3": "Gemma3Model (the notebook standalone-gemma3)",
+                "qwen3_5": "Qwen3_5Model (the notebook qwen3.5)",
                 "olmo3": "Olmo3Model (the notebook standalone-olmo3)",
                 "tiny_aya": "TinyAyaModel (the notebook standalone-tiny-aya)"}
 # What a family's tensors cannot tell, and where the book's config dict keeps it.
 UNTOLD = {"qwen3": ("context_length", "rope_base"),
-          "llama3": ("n_heads", "n_kv_groups", "context_length", "rope_base", "rope_freq")}
+          "llama3": ("n_heads", "n_kv_groups", "context_length", "rope_base", "rope_freq"),
+          "qwen3_5": ("n_heads", "n_kv_groups", "context_length", "rope_base", "partial_rotary_factor",
+                      "linear_num_key_heads", "linear_num_value_heads", "layer_types")}
 
 
 def what_state_tells(state: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:

@@ -39,7 +39,9 @@ LLAMA3_SPECIALS = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|start_header
 
 # Where a model folder keeps each family's tokenizer (Meta's repositories: in original/), in the order tried.
 TOKENIZER_FILES = {"qwen3": ("tokenizer.json",), "llama3": ("tokenizer.model", "original/tokenizer.model"),
-                   "gemma3": ("tokenizer.json",), "olmo3": ("tokenizer.json",), "tiny_aya": ("tokenizer.json",)}
+                   "gemma3": ("tokenizer.json",),
+                   "qwen3_5": ("tokenizer.json",),  # Qwen3.5: Qwen's byte-level BPE and specials, 248k ids
+                   "olmo3": ("tokenizer.json",), "tiny_aya": ("tokenizer.json",)}
 GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>")
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback: one byte a piece
 
@@ -257,10 +259,12 @@ def tokenizer_file(path: str | os.PathLike) -> Tokenizer:
 
 
 def family_tokenizer(path: str | os.PathLike, family: str, vocab_size: int) -> Tokenizer | None:
-    """The tokenizer in a model folder (tokenizer.json for Qwen3, Gemma 3, OLMo 3 and Tiny Aya; tokenizer.model or
-    original/tokenizer.model for Llama 3), checked against the model's vocabulary; None when the folder has none."""
+    """The tokenizer in a model folder (tokenizer.json for Qwen3, Qwen3.5, Gemma 3, OLMo 3 and Tiny Aya;
+    tokenizer.model or original/tokenizer.model for Llama 3), checked against the model's vocabulary; None when the
+    folder has none."""
     path = Path(path)
-    make = {"qwen3": Qwen3Tokenizer, "llama3": Llama3Tokenizer, "gemma3": GemmaTokenizer}.get(family)
+    make = {"qwen3": Qwen3Tokenizer, "llama3": Llama3Tokenizer, "gemma3": GemmaTokenizer,
+            "qwen3_5": Qwen3Tokenizer}.get(family)
     if family in BONUS_EOS:  # OLMo 3, Tiny Aya: their tokenizer.json as the notebooks read it
         make = lambda file: TokenizerJson(file, family)  # noqa: E731
     for file in (path / name for name in TOKENIZER_FILES[family]):

@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 
 from ..config import GPTConfig
 from ..errors import CheckpointError, ConfigError, GlassError, TokenizerError
-from ..families import FamilyConfig
+from ..families import FamilyConfig, Qwen3_5Config
 from ..model import GPTModel
 from ..tokenizer import Tokenizer, tokenizer_from_dict
 from ..version import __version__
@@ -183,8 +183,8 @@ def config_from_values(values: dict[str, Any], source: str, error: type[Exceptio
     """GPTConfig from glassgpt's own config.json fields (the book's names); errors name the file."""
     values = {k: v for k, v in values.items() if k != "glassgpt_version"}
     try:
-        if "family" in values:  # a Qwen3 or Llama 3 model glassgpt trained or saved (families/)
-            return FamilyConfig.from_dict(values)
+        if "family" in values:  # a Qwen3, Llama 3 or Qwen3.5 model glassgpt trained or saved (families/)
+            return (Qwen3_5Config if values["family"] == "qwen3_5" else FamilyConfig).from_dict(values)
         return GPTConfig.from_dict(values)
     except ConfigError as e:
         raise error(f"{source}: {e}") from None

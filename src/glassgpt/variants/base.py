@@ -18,11 +18,13 @@ bytes beside GPT-2's (`mha_kv_cache_bytes`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 from torch import nn
 
+from .. import anatomy as an
 from .. import model as gpt2
 from ..config import GPTConfig
 from ..errors import ConfigError, PromptError
@@ -35,6 +37,22 @@ class VariantConfig(GPTConfig):
 
     qkv_bias: bool = False
     tie_embeddings: bool = False
+
+
+def describe_gpt_base(cfg: GPTConfig, name: str, fields: tuple[str, ...],
+                      attention: Callable[[an.Block], an.Attention] | None = None,
+                      ff: Callable[[an.Block], an.FeedForward] | None = None,
+                      layer_type: Callable[[an.Block], str] | None = None) -> an.Anatomy:
+    """GPT-2's description (model.describe) with the part a variant swaps, block by block: the variant
+    file's describe(cfg) says only what it changes (its attention or its feed-forward) and its config fields."""
+
+    def block(b: an.Block) -> an.Block:
+        return replace(b, attention=attention(b) if attention else b.attention, ff=ff(b) if ff else b.ff,
+                       layer_type=layer_type(b) if layer_type else b.layer_type)
+
+    anatomy = gpt2.describe(cfg)
+    return replace(anatomy, name=name, source=f"glassgpt's variants ({name})",
+                   blocks=tuple(block(b) for b in anatomy.blocks), config_fields=anatomy.config_fields + fields)
 
 
 def check_language_model(cfg: GPTConfig) -> None:

@@ -17,14 +17,15 @@ the config key `n_kv_groups`; its out_proj has no bias.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
+from .. import anatomy as an
 from ..errors import ConfigError
 from ..model import FeedForward, attention_weights
-from .base import CachedGPTModel, TransformerBlock, VariantConfig, append_to_cache, element_bytes
+from .base import CachedGPTModel, TransformerBlock, VariantConfig, append_to_cache, describe_gpt_base, element_bytes
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,18 @@ class GPTModel(CachedGPTModel):
 
     def make_block(self, cfg: GQAConfig, i: int) -> TransformerBlock:
         return TransformerBlock(cfg, GroupedQueryAttention(cfg), FeedForward(cfg))
+
+
+def describe(cfg: GQAConfig) -> an.Anatomy:
+    """This file's model as data (anatomy.py): GPT-2's, with g key/value groups, W_key and W_value [g * hd, d]."""
+    d, kv = cfg.emb_dim, cfg.n_kv_groups * cfg.head_dim
+
+    def attention(b: an.Block) -> an.Attention:
+        att = b.attention
+        return replace(att, n_kv_groups=cfg.n_kv_groups, key=replace(att.key, out_features=kv),
+                       value=replace(att.value, out_features=kv), out=replace(att.out, bias=False))
+
+    return describe_gpt_base(cfg, "GPT-2 with grouped-query attention", ("n_kv_groups",), attention=attention)
 
 
 def kv_cache_bytes(cfg: GQAConfig, dtype: torch.dtype, num_tokens: int, batch_size: int = 1) -> int:

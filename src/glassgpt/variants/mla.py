@@ -19,14 +19,15 @@ The repository's names: `MultiHeadLatentAttention`, `W_DKV`, `W_UK`, `W_UV`, `la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
+from .. import anatomy as an
 from ..errors import ConfigError
 from ..model import FeedForward, attention_weights
-from .base import CachedGPTModel, TransformerBlock, VariantConfig, element_bytes
+from .base import CachedGPTModel, TransformerBlock, VariantConfig, describe_gpt_base, element_bytes
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,20 @@ class GPTModel(CachedGPTModel):
 
     def make_block(self, cfg: MLAConfig, i: int) -> TransformerBlock:
         return TransformerBlock(cfg, MultiHeadLatentAttention(cfg), FeedForward(cfg))
+
+
+def describe(cfg: MLAConfig) -> an.Anatomy:
+    """This file's model as data (anatomy.py): GPT-2's, whose attention caches the latent W_DKV makes
+    (Attention.latent, [c, d]), keys and values made from it by W_UK and W_UV ([d, c])."""
+    d, c = cfg.emb_dim, cfg.latent_dim
+
+    def attention(b: an.Block) -> an.Attention:
+        att = b.attention
+        return replace(att, latent=an.Linear(f"{att.path}.W_DKV", d, c, cfg.qkv_bias),
+                       key=an.Linear(f"{att.path}.W_UK", c, d, cfg.qkv_bias),
+                       value=an.Linear(f"{att.path}.W_UV", c, d, cfg.qkv_bias))
+
+    return describe_gpt_base(cfg, "GPT-2 with multi-head latent attention", ("latent_dim",), attention=attention)
 
 
 def kv_cache_bytes(cfg: MLAConfig, dtype: torch.dtype, num_tokens: int, batch_size: int = 1) -> int:

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .. import anatomy as an
 from ..errors import ConfigError
-from .base import CachedGPTModel, MultiHeadAttention, TransformerBlock, VariantConfig, mha_kv_cache_bytes
+from .base import CachedGPTModel, MultiHeadAttention, TransformerBlock, VariantConfig, describe_gpt_base, mha_kv_cache_bytes
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,21 @@ class GPTModel(CachedGPTModel):
 
     def make_block(self, cfg: MoEConfig, i: int) -> TransformerBlock:
         return TransformerBlock(cfg, MultiHeadAttention(cfg), MoEFeedForward(cfg))
+
+
+def describe(cfg: MoEConfig) -> an.Anatomy:
+    """This file's model as data (anatomy.py): GPT-2's, whose feed-forward is E SwiGLU experts behind a
+    router; up, gate and down name expert 0 (fc2.0, fc1.0, fc3.0), expert j's are fc2.j, fc1.j, fc3.j."""
+    d, f, e = cfg.emb_dim, cfg.hidden_dim, cfg.num_experts
+
+    def ff(b: an.Block) -> an.FeedForward:
+        p = f"{b.path}.ff"
+        return an.FeedForward(p, "moe", f, "silu", up=an.Linear(f"{p}.fc2.0", d, f, False),
+                              down=an.Linear(f"{p}.fc3.0", f, d, False), gate=an.Linear(f"{p}.fc1.0", d, f, False),
+                              experts=an.Experts(an.Linear(f"{p}.gate", d, e, False), e, cfg.num_experts_per_tok, p))
+
+    return describe_gpt_base(cfg, "GPT-2 with a mixture of experts",
+                             ("num_experts", "num_experts_per_tok", "hidden_dim"), ff=ff)
 
 
 def kv_cache_bytes(cfg: MoEConfig, dtype: torch.dtype, num_tokens: int, batch_size: int = 1) -> int:

@@ -19,14 +19,16 @@ The repository's names: `MultiHeadAttentionWithSWA`, the config keys `sliding_wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from .. import anatomy as an
 from ..config import GPTConfig
 from ..errors import ConfigError
 from ..model import FeedForward
-from .base import CachedGPTModel, MultiHeadAttention, TransformerBlock, VariantConfig, append_to_cache, element_bytes
+from .base import (CachedGPTModel, MultiHeadAttention, TransformerBlock, VariantConfig, append_to_cache,
+                   describe_gpt_base, element_bytes)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,14 @@ class GPTModel(CachedGPTModel):
 
     def make_block(self, cfg: SWAConfig, i: int) -> TransformerBlock:
         return TransformerBlock(cfg, MultiHeadAttentionWithSWA(cfg, layer_windows(cfg)[i]), FeedForward(cfg))
+
+
+def describe(cfg: SWAConfig) -> an.Anatomy:
+    """This file's model as data (anatomy.py): GPT-2's, each layer's window by the K:1 schedule (layer_windows)."""
+    windows = layer_windows(cfg)
+    return describe_gpt_base(cfg, "GPT-2 with sliding-window attention", ("sliding_window_size", "sliding_window_stride"),
+                             attention=lambda b: replace(b.attention, window=windows[b.index]),
+                             layer_type=lambda b: "full_attention" if windows[b.index] is None else "sliding_attention")
 
 
 def kv_cache_bytes(cfg: SWAConfig, dtype: torch.dtype, num_tokens: int, batch_size: int = 1) -> int:

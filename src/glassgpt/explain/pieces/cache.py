@@ -6,7 +6,9 @@ twice (reset_kv_cache() between the runs), and at the first step that parts from
 logits the properties a cache keeps are read off the reader's own tensors:
 
   the keys     step j's new token reads j + 1 keys (more: the cache was not emptied, or keys are added
-               twice; fewer: it was trimmed);
+               twice; fewer: it was trimmed); min(j + 1, W) where the model's description (glassgpt.describe)
+               gives its first layer a window of W (sliding-window attention): more, the cache is not
+               trimmed to the window; fewer, it is trimmed too far;
   the mask     it puts weight on every one of them (a zero on an earlier position: the causal mask is
                not offset by the cache's length);
   the counter  a position counter (current_pos, ptr_current_pos) reads j + 1 after step j, 0 after
@@ -26,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...errors import GlassError
+from ...kinds import describe
 from .attention import _Softmaxes
 from .properties import Broken, attention_rows
 from .report import PieceError, PieceResult, found, run_reader
@@ -184,11 +188,20 @@ def _reset(model: nn.Module) -> None:
         model.reset_kv_cache()
 
 
+def _first_window(model: nn.Module) -> int | None:
+    """The window of the first layer's attention (whose weights a cached run reads), as the model's description
+    says; None for full attention or a model glassgpt does not describe."""
+    try:
+        return describe(model).blocks[0].attention.window
+    except GlassError:
+        return None
+
+
 def _cached_run(model: nn.Module, ids: torch.Tensor) -> list[dict[str, Any]]:
     """Each step: the logits of the one token fed, the first attention's weights, the counters after it."""
     _reset(model)
     cache = KVCache(_n_layers(model)) if "cache" in _forward_params(model) else None
-    steps = []
+    window, steps = _first_window(model), []
     for j in range(ids.shape[1]):
         mode = _Softmaxes()
         try:
@@ -200,7 +213,8 @@ def _cached_run(model: nn.Module, ids: torch.Tensor) -> list[dict[str, Any]]:
             steps.append({"error": err})
             return steps
         weights = mode.used[0] if mode.used else (mode.seen[0][1] if mode.seen else None)
-        steps.append({"logits": logits[0, -1].double(), "weights": weights, "counters": _counters(model)})
+        steps.append({"logits": logits[0, -1].double(), "weights": weights, "counters": _counters(model),
+                      "window": window})
     return steps
 
 
@@ -291,7 +305,16 @@ def _why(run: list[dict], j: int, r: int) -> Broken:
         return Broken("cache_reset", "cache", where, f"at {where} the cache still holds the first run "
                       f"({w.shape[-1] - 1} keys): reset_kv_cache() must empty the cached keys and values and set "
                       f"the position counter back to 0")
-    if w is not None:
+    window = step.get("window")
+    if w is not None and window is not None and w.shape[-1] != min(j + 1, window):
+        s, want = w.shape[-1], min(j + 1, window)
+        words = ("more than its window holds: the cache is not trimmed to the window; keep only the last "
+                 f"{window} keys and values after each step" if s > want else
+                 f"fewer than its window holds: the cache is trimmed too far; keep the last {window} keys and values "
+                 f"(the new token sees itself and the {window - 1} before it)")
+        return Broken("window_trimming", "cache", where, f"at {where} the new token (position {j}) of the first "
+                      f"layer, whose window is {window}, reads {s} keys where it should read {want}, {words}")
+    if w is not None and window is None:
         s = w.shape[-1]
         if s != j + 1:
             how = "more" if s > j + 1 else "fewer"

@@ -51,9 +51,15 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
     lines.append(f"  4. Are there weight matrices for both, and are they shared?  {tie}.")
     lines += ["", "where positions enter"]
     scaled = ", with Llama 3's frequency scaling" if att["rope_scaled"] else ""
-    lines.append(f"  No pos_emb: tok_emb's output is the same for a token wherever it stands. Inside every attention "
+    layers, dims, hd = att.get("rope_layers"), att.get("rope_dims"), att["q_shape"][-1]
+    inside = "every attention" if layers is None or len(layers) == tr.config["n_layers"] else (
+        f"the full attentions (layers {', '.join(map(str, layers))}; the linear ones have no position signal: their "
+        "convolution and state see the order itself)")
+    pairs = "each pair of dimensions (i, i + hd/2)" if not dims or dims == hd else (
+        f"each pair (i, i + {dims // 2}) of the first {dims} of {hd} dimensions (the other {hd - dims} unturned)")
+    lines.append(f"  No pos_emb: tok_emb's output is the same for a token wherever it stands. Inside {inside} "
                  f"the queries and keys (not the values) are rotated by RoPE, base {att['rope_base']:,.0f}{scaled}, "
-                 "each pair of dimensions (i, i + hd/2) turning by an angle that grows with the position.")
+                 f"{pairs} turning by an angle that grows with the position.")
     if att.get("sliding_layers"):  # Gemma 3: the base above is the full layers'
         lines.append(f"  Sliding layers {att['sliding_layers']}: each query sees only the last {att['window']:,} "
                      f"positions, and RoPE turns them with base {att['rope_local_base']:,.0f}; the other layers see "

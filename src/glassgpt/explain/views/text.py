@@ -59,7 +59,8 @@ def _header(tr: Trace, lines: list[str], c) -> None:
                f" · tie_embeddings {cfg['tie_embeddings']}"))
     for note in m.get("notes", []):  # where a value the file does not hold came from (its Source's notes)
         out(c(DIM, note))
-    layout = layout_note(GPTConfig.from_dict(cfg))  # how it differs from GPT-2, or OpenAI's / a classifier's
+    variant = set(cfg) - set(GPTConfig.__dataclass_fields__)  # chapter 4's variants: their parts are in the notes
+    layout = None if variant else layout_note(GPTConfig.from_dict(cfg))  # how it differs from GPT-2, OpenAI's, ...
     out(c(DIM, layout if layout is not None else m["layout"]))
     for note in tr.notes:
         out(c(ORANGE, f"note: {note}"))
