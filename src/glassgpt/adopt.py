@@ -32,8 +32,9 @@ from torch import nn
 
 from .config import GPTConfig
 from .errors import ConfigError, GlassError, NonFiniteError, PromptError
-from .families import FamilyConfig, is_family_model
+from .families import FamilyConfig, is_bonus_model, is_family_model
 from .families.adopt import build_family_glass, family_layout, family_line
+from .families.bonus_hf import bonus_glass
 from .model import GPTModel
 from .tokenizer import Tokenizer, check_fits
 from .variants import variant_of
@@ -79,7 +80,8 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None, *,
     glassgpt's forward. Raises a one-line GlassError for a module of no known kind, on mixed
     devices or dtypes, or whose logits glassgpt's forward does not reproduce; with `ids` (it is
     about to compute), also for weights that cannot compute (check_computable) and ids past its rows.
-    A Qwen3 or Llama 3 glass model (families/) is returned as it is, checked the same way.
+    A Qwen3 or Llama 3 glass model (families/), or OLMo 3 or Tiny Aya (BONUS_MODELS), is returned as it is,
+    checked the same way.
     described: the caller reads the model through its description only (the trace), so chapter 4's
     variants (variants/), which every other caller refuses in one line, are returned as they are too."""
     if described and variant_of(module):
@@ -87,15 +89,22 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None, *,
             check_computable(module)
             check_prompt_ids(ids, module.cfg.vocab_size)
         return module
-    if isinstance(module, GPTModel) or is_family_model(module) or isinstance(getattr(module, "model", None), GPTModel):
+    glass = isinstance(module, GPTModel) or is_family_model(module) or is_bonus_model(module)
+    if glass or isinstance(getattr(module, "model", None), GPTModel):
         if ids is not None:  # about to compute on it
             check_computable(module)
             check_prompt_ids(ids, module.cfg.vocab_size)
-        return module if isinstance(module, GPTModel) or is_family_model(module) else module.model  # an engine runs a GPTModel
+        return module if glass else module.model  # an engine runs a GPTModel
     if not isinstance(module, nn.Module):
         raise GlassError(f"a model must be an nn.Module, got {type(module).__name__}")
     if ids is not None:
         check_computable(module)
+    bonus = bonus_glass(module)  # transformers' OLMo 3 or Cohere2 (Tiny Aya): the glass model over its tensors
+    if bonus is not None:
+        if ids is not None:
+            check_prompt_ids(ids, bonus.cfg.vocab_size)
+            _check_bonus_logits(module, bonus, ids)
+        return bonus
     adoption = _adoption(module)
     if ids is not None:
         check_prompt_ids(ids, adoption.model.cfg.vocab_size)
@@ -104,6 +113,22 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None, *,
     if adoption.verdict:
         raise GlassError(adoption.verdict)
     return adoption.model
+
+
+@torch.no_grad()
+def _check_bonus_logits(module: nn.Module, glass: nn.Module, ids) -> None:
+    """The module's own logits against the glass model's over its tensors, once per glass model."""
+    if getattr(glass, "logits_checked", False):
+        return
+    batch = torch.as_tensor(ids, dtype=torch.long, device=glass.tok_emb.weight.device)
+    batch = batch[None] if batch.dim() == 1 else batch
+    theirs, ours = module(batch).logits.float(), glass(batch).float()
+    allowed = TOLERANCE.get(glass.tok_emb.weight.dtype, 1e-4) * max(1.0, float(theirs.abs().max()))
+    diff = float((ours - theirs).abs().max())
+    if not diff <= allowed:
+        raise GlassError(f"{type(module).__name__}'s logits differ from glassgpt's {type(glass).__name__} over its "
+                         f"own tensors by {diff:.3g} (allowed {allowed:.3g}): its forward is not the one described")
+    glass.logits_checked = True
 
 
 def check_computable(model: nn.Module, tokenizer: Tokenizer | None = None) -> None:

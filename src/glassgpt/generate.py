@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import codecs
 import math
+from functools import partial
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -30,7 +31,7 @@ from .adopt import adopt, adopted_from
 from .engine import as_engine, pages
 from .engine.family import family_steps
 from .engine.hybrid_cache import cache_for
-from .families import is_family_model
+from .families import is_bonus_model, is_family_model
 from .model import GPTModel
 from .errors import GlassError, NonFiniteError, PromptError
 from .tokenizer import Tokenizer
@@ -52,6 +53,24 @@ def glass_model(model: nn.Module) -> GPTModel:
     read in place (adopt.py); a Qwen3 or Llama 3 model (families/) as it is, or the glass model of one
     read in place from the book's or transformers' module."""
     return adopt(model)
+
+
+class GlassSteps:
+    """generate's seams (prefill, decode_one) on the glass model itself over its own kv_cache(): the book's bonus
+    models (OLMo 3, Tiny Aya), which have no twin or native step yet."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def prefill(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        cache.reset()
+        return self.model(ids, cache, last_only=True)[:, -1]
+
+    def decode_one(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        return self.model(ids[:, None], cache, last_only=True)[:, -1]
+
+    def greedy(self, logits: torch.Tensor) -> None:
+        return None
 
 
 def as_batch(ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
@@ -133,8 +152,10 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     family = is_family_model(glass)
     if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
         use_cache = False
+    bonus = is_bonus_model(glass)
     if use_cache:
-        engine = family_steps(glass) if family else as_engine(glass if adopted_from(glass) else model)
+        engine = GlassSteps(glass) if bonus else family_steps(glass) if family else \
+            as_engine(glass if adopted_from(glass) else model)
     device = glass.tok_emb.weight.device
     prompt = as_batch(ids, device)
     if max_new_tokens == 0:
@@ -152,8 +173,11 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     seq = torch.empty(b, t + max_new_tokens, dtype=torch.long, device=device)
     seq[:, :t] = prompt
     # The cache holds what this call can use, not a whole context: short replies stay cheap.
-    cache = cache_for(glass.cfg, b, max_len=min(ctx, t + max_new_tokens), device=device,
-                      dtype=glass.tok_emb.weight.dtype) if use_cache else None  # Qwen3.5: with its linear states
+    # OLMo 3's and Tiny Aya's own kv_cache (a sliding layer keeps its window only); else a KVCache, or Qwen3.5's
+    # HybridCache with its linear layers' states (cache_for)
+    make_cache = glass.kv_cache if bonus else partial(cache_for, glass.cfg)
+    cache = make_cache(b, max_len=min(ctx, t + max_new_tokens), device=device,
+                       dtype=glass.tok_emb.weight.dtype) if use_cache else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)
 
     def last_logits(length: int) -> torch.Tensor:

@@ -13,6 +13,8 @@ families/adopt.py's readers), with every path mapped to the object's own names:
     nanoGPT's GPT, transformers' GPT2LMHeadModel              transformer.h.{i}.attn.c_attn (q, k, v as row slices;
                                                               Conv1D stores [in, out])
     transformers' Qwen3ForCausalLM, LlamaForCausalLM          model.layers.{i}.self_attn.q_proj ...
+    glassgpt's Olmo3Model, TinyAyaModel (the notebooks'       the glass names; transformers' through
+      names); transformers' Olmo3ForCausalLM, Cohere2ForCausalLM   families/bonus_hf.py's map
 Anything else is one UnreadableModelError line naming what was looked for and the kinds read.
 """
 
@@ -27,14 +29,18 @@ from . import anatomy as an
 from . import model as gpt2
 from .adopt import config_of, layout_of
 from .errors import GlassError, UnreadableModelError
-from .families import FAMILIES, gemma3, llama3, qwen3, qwen3_5
+from .families import BONUS_MODELS, FAMILIES, gemma3, llama3, olmo3, qwen3, qwen3_5, tiny_aya
 from .families.adopt import family_layout
+from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, bonus_config_from_hf
 from .variants import VARIANTS, variant_of
 
-GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "qwen3_5": qwen3_5.describe}
-KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model and Qwen3_5Model (and chapter 4's variants.gqa/mla/swa/moe GPTModel); the book's GPTModel, Qwen3Model and Llama3Model "
+GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "qwen3_5": qwen3_5.describe,
+         "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe}
+KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Qwen3_5Model, Olmo3Model and TinyAyaModel "
+              "(and chapter 4's variants.gqa/mla/swa/moe GPTModel); the book's GPTModel, Qwen3Model and Llama3Model "
               "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
-              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM and Gemma3ForCausalLM")
+              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM and "
+              "Cohere2ForCausalLM")
 LOOKED_FOR = ("the book's children (tok_emb, trf_blocks, final_norm, out_head), nanoGPT's and GPT-2's "
               "(transformer.wte, transformer.h, transformer.ln_f, lm_head) or Qwen3's and Llama's "
               "(model.embed_tokens, model.layers, model.norm, lm_head)")
@@ -71,11 +77,16 @@ def describe(model: nn.Module) -> an.Anatomy:
     for family, cls in FAMILIES.items():
         if isinstance(model, cls):
             return _tied_by_storage(GLASS[family](model.cfg), model)
+    for family, (cls, _) in BONUS_MODELS.items():  # OLMo 3, Tiny Aya
+        if isinstance(model, cls):
+            return _tied_by_storage(GLASS[family](model.cfg), model)
     return _tied_by_storage(_foreign(model), model)
 
 
 def _foreign(model: nn.Module) -> an.Anatomy:
-
+    bonus = _bonus_hf(model)
+    if bonus is not None:
+        return bonus
     try:
         found = family_layout(model)
     except (AttributeError, TypeError, KeyError, IndexError):
@@ -106,6 +117,20 @@ def _foreign(model: nn.Module) -> an.Anatomy:
         return _book_variants(model, anatomy, cfg.emb_dim)
     conv1d = layout.kind.startswith("transformers'")
     return an.renamed(anatomy, _gpt2_mapper(cfg.emb_dim, conv1d, model), norm_leaves=("weight", "bias"))
+
+
+def _bonus_hf(model: nn.Module) -> an.Anatomy | None:
+    """transformers' Olmo3ForCausalLM or Cohere2ForCausalLM, described by the glass file over its config, every
+    path mapped through families/bonus_hf.py's names; None for any other module."""
+    config = getattr(model, "config", None)
+    family = HF_MODEL_TYPES.get(getattr(config, "model_type", None))
+    if family is None or "lm_head" not in dict(model.named_children()):
+        return None
+    cfg = bonus_config_from_hf(config.to_dict() | {"architectures": [type(model).__name__]}, type(model).__name__)
+    inside = {ours: hf for hf, ours in HF_LAYER_NAMES[family].items()}
+    top = {ours: hf for hf, ours in HF_TOP.items()} | {BLOCKS[family]: "model.layers", "trf_blocks": "model.layers"}
+    return an.renamed(GLASS[family](cfg), _mapper(top, inside), norm_leaves=("weight", None),
+                      source=f"transformers' {type(model).__name__}")
 
 
 def _as_read(anatomy: an.Anatomy, layout) -> an.Anatomy:

@@ -35,8 +35,8 @@ import torch
 
 from .config import GPTConfig
 from .engine.attention import ATTENTION_BLOCK
-from .errors import ConfigError
-from .families import FAMILY_CONFIGS, FamilyConfig
+from .errors import ConfigError, GlassError
+from .families import BONUS_CONFIGS, BONUS_MODELS, FAMILY_CONFIGS, build_model
 from .families.memory import family_memory_needs, family_parameter_table
 
 INT8 = "int8"  # weight-only int8 (engine/int8.py): Linear weights 1 byte, the rest bfloat16
@@ -98,6 +98,8 @@ def parameter_table(cfg: GPTConfig) -> dict[str, Any]:
     config alone (no weights are built): what `glassgpt info` and `explain` print."""
     if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3.2, Gemma 3 (families/memory.py)
         return family_parameter_table(cfg)
+    if getattr(cfg, "family", None) in BONUS_MODELS:
+        return bonus_parameter_table(cfg)
     before, block, after = model_modules(cfg)
     per_block = sum(m.params for m in block)
     total = sum(m.params for m in before + after) + cfg.n_layers * per_block
@@ -107,6 +109,63 @@ def parameter_table(cfg: GPTConfig) -> dict[str, Any]:
                  "note": f"{per_block:,} per block"})
     rows += [_row(m.name, m) for m in after]
     return {"modules": rows, "total": total, "total_untied": total + tied, "tied": tied > 0}
+
+
+def bonus_parameter_table(cfg) -> dict[str, Any]:
+    """A bonus model's (OLMo 3, Tiny Aya) parameters by top-level part, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    rows = [{"name": name, "shape": "", "params": sum(p.numel() for p in part.parameters()), "note": ""}
+            for name, part in model.named_children()]
+    total = sum(p.numel() for p in model.parameters())  # a tied head counted once
+    untied = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
+    return {"modules": rows, "total": total, "total_untied": untied, "tied": untied > total}
+
+
+def bonus_memory_needs(cfg, dtype: torch.dtype | str, batch_size: int = 1, seq_len: int | None = None) -> dict[str, Any]:
+    """A bonus model's inference bytes: weights, the KV cache (a sliding layer keeps its window: min(window, t)
+    positions), RoPE's float32 tables, and one layer's [b, h, t, s] scores with the last position's logits.
+    Training them is not covered: its fields count the float32 weights, gradients and AdamW state alone."""
+    name, size = _dtype_size(dtype)
+    if name in QUANTIZED:
+        raise GlassError(f"{name} weights are GPT-2's (engine/): use float32 or bfloat16 for a {cfg.family} model")
+    b, t = batch_size, seq_len or cfg.context_length
+    n_params = bonus_parameter_table(cfg)["total"]
+    g, hd = cfg.kv_heads
+    kv_cache = sum(2 * b * (t if w is None else min(w, t)) * g * hd * size for w in cfg.windows)
+    rope = 2 * 2 * cfg.context_length * hd * 4
+    working = 2 * b * cfg.n_heads * t * t * size + b * cfg.vocab_size * 4
+    weights = n_params * size
+    inference = weights + rope + kv_cache + working
+    gradients, adamw_state = n_params * 4, 2 * n_params * 4
+    notes = {"weights": f"{n_params:,} parameters x {size} bytes ({name})",
+             "kv_cache": f"keys and values of {g} groups x {hd}: every position in the full layers, the last "
+                         f"{cfg.sliding_window:,} in the sliding ones",
+             "inference": "weights + RoPE's float32 cos/sin + KV cache + one layer's [b, h, t, t] attention and the "
+                          "last position's float32 logits",
+             "gradients": "one float32 gradient per parameter", "adamw_state": "AdamW's two float32 moments",
+             "activations": "not counted: training these models is not covered",
+             "training": "float32 weights + gradients + AdamW state (activations not counted)"}
+    return {"dtype": name, "batch_size": b, "seq_len": t, "parameters": n_params, "weights": weights,
+            "rope_tables": rope, "kv_cache": kv_cache, "inference": inference, "gradients": gradients,
+            "adamw_state": adamw_state, "activations": 0, "training": n_params * 4 + gradients + adamw_state,
+            "notes": notes}
+
+
+def bonus_notes(cfg) -> list[str]:
+    """What `info` says about a bonus model's architecture, a line each, read from its description."""
+    from .kinds import GLASS
+    anatomy = GLASS[cfg.family](cfg)
+    att = anatomy.blocks[0].attention
+    kinds = [b.layer_type for b in anatomy.blocks]
+    rope = {b.attention.rope.scaling or "plain" for b in anatomy.blocks if b.attention.rope is not None}
+    unrotated = sum(b.attention.rope is None for b in anatomy.blocks)
+    return [f"{anatomy.name}: {att.n_heads} query heads of {att.head_dim} share {att.n_kv_groups} key/value groups",
+            f"{kinds.count('sliding_attention')} sliding layers (window {cfg.sliding_window:,}), "
+            f"{kinds.count('full_attention')} full; norms placed {anatomy.blocks[0].placement}",
+            f"RoPE ({', '.join(sorted(rope))}, base {cfg.rope_base:,.0f})"
+            + (f"; {unrotated} layers without any position signal" if unrotated else " in every layer"),
+            "out_head is tok_emb (tied)" if cfg.tie_word_embeddings else "out_head has its own weights (untied)"]
 
 
 def _row(name: str, module: ModuleShape, note: str | None = None) -> dict[str, Any]:
@@ -142,9 +201,10 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3.2, Gemma 3 (families/memory.py)
         name, _ = _dtype_size(dtype)
         if name in QUANTIZED:
-            from .errors import GlassError
             raise GlassError(f"{name} weights are GPT-2's (engine/): use float32 or bfloat16 for a {cfg.family} model")
         return family_memory_needs(cfg, getattr(torch, name), batch_size, seq_len)
+    if getattr(cfg, "family", None) in BONUS_MODELS:
+        return bonus_memory_needs(cfg, dtype, batch_size, seq_len)
     seq_len = seq_len or cfg.context_length
     b, t, d, n = batch_size, seq_len, cfg.emb_dim, cfg.n_layers
     counts = parameter_counts(cfg)
@@ -379,7 +439,7 @@ def inference_fit(cfg: GPTConfig, dtype: torch.dtype | str, tokens: int, free: F
         nearest = f"{tokens_flag} {most:,} fits"
     else:
         name = _dtype_size(dtype)[0]
-        quantized = () if isinstance(cfg, FAMILY_CONFIGS) else (INT8, INT4)  # the engine's, GPT-2's only
+        quantized = () if isinstance(cfg, FAMILY_CONFIGS + BONUS_CONFIGS) else (INT8, INT4)  # the engine's, GPT-2's only
         smaller = [d for d in ("bfloat16",) + quantized if d != name
                    and fits(inference_need(cfg, d, tokens), free) and _dtype_size(d)[1] <= _dtype_size(dtype)[1]]
         nearest = f"--dtype {smaller[0]} fits" if smaller else "a smaller model"

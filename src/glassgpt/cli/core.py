@@ -18,8 +18,8 @@ from ..recall import MIN_TOKENS, copied_spans
 from ..generate import decode_stream, glass_model, sampling_probs, stream
 from ..prompt import fit_prompt
 from .. import memory
-from ..memory import memory_needs, parameter_table
-from ..families import FAMILY_CONFIGS
+from ..memory import bonus_notes, memory_needs, parameter_table
+from ..families import BONUS_CONFIGS, FAMILY_CONFIGS
 from ..families.memory import family_notes
 from ..formats import download
 from ..formats.gguf import gguf_dtype_note
@@ -29,6 +29,9 @@ from .common import (add_model_args, add_special_arg, check_prompt, encode_promp
                      positive_int, probability, require_language_model, special_reading, temperature)
 from .limits import MAX_TEMPERATURE, MIN_TEMPERATURE
 from .progress import Heartbeat, duration
+
+# The configs whose models run their glass code only (Qwen3, Llama 3.2, Gemma 3; OLMo 3, Tiny Aya): no kernels to choose.
+GLASS_ONLY = FAMILY_CONFIGS + BONUS_CONFIGS
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -92,7 +95,7 @@ def run_generate(args: argparse.Namespace) -> int:
     model, tok = load(args, tokens=len(args.prompt.encode("utf-8")) + args.max_new_tokens,
                       new_tokens=args.max_new_tokens)
     require_language_model(model, args.model)
-    if not isinstance(model.cfg, FAMILY_CONFIGS):  # Qwen3, Llama and Gemma run their glass code: no kernels to choose
+    if not isinstance(model.cfg, GLASS_ONLY):  # Qwen3, Llama, Gemma, OLMo and Aya run their glass code: no kernels
         report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
     measure = None  # where a compile runs: what it costs and saves is measured, for the next command
     if args.compile:
@@ -156,7 +159,7 @@ def compile_if_it_pays(model, new_tokens: int):
     that ran, or None): `model` compiled where compiling pays for `new_tokens` new
     tokens (engine/compiling.py decides, from what it measured here), with a note on stderr saying why or
     why not. Off the CPU, and for Qwen3 and Llama, it compiles as asked."""
-    if isinstance(model.cfg, FAMILY_CONFIGS) or model.tok_emb.weight.device.type != "cpu":
+    if isinstance(model.cfg, GLASS_ONLY) or model.tok_emb.weight.device.type != "cpu":
         return compile_for_generation(model), None
     engine = as_engine(model)
     choices = engine.choices
@@ -281,7 +284,8 @@ def run_info(args: argparse.Namespace) -> int:
     precision = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     if precision == "int4":
         check_group_size(cfg)
-    family = isinstance(cfg, FAMILY_CONFIGS)  # Qwen3, Llama 3.2, Gemma 3: glass code only, no kernels to choose
+    bonus = isinstance(cfg, BONUS_CONFIGS)  # OLMo 3, Tiny Aya
+    family = isinstance(cfg, GLASS_ONLY)  # Qwen3, Llama 3.2, Gemma 3 and those: glass code only, no kernels to choose
     here = fit_here(cfg, dtype, args.batch_size, args.seq_len or cfg.context_length, memory.available_memory(device))
     # (the kernels are timed on one layer of the model's shapes: not for a model that this machine cannot run)
     choices = autotune.choose(cfg, precision) if device.type == "cpu" and precision in autotune.PRECISIONS \
@@ -289,7 +293,7 @@ def run_info(args: argparse.Namespace) -> int:
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len,
                        prompt_attention=choices.winners.get("attention prompt", "sdpa") if choices else "sdpa")
-    notes = family_notes(cfg) if family else [str(note) for note in source.notes()] + [
+    notes = bonus_notes(cfg) if bonus else family_notes(cfg) if family else [str(note) for note in source.notes()] + [
         n for n in (layout_note(cfg),) if n]
     if source.random_weights:
         notes.insert(0, f"random weights drawn by {INIT_SCHEMES[source.init]}" if source.init else

@@ -17,7 +17,7 @@ from ..explain.compare import compare, same_tokenizer
 from ..explain.views.compare import comparison_layout, comparison_text
 from ..explain.views.diagram import layout, save_attention_png
 from ..explain.family import changes_from_gpt2, family_trace
-from ..families import is_family_model
+from ..families import is_bonus_model, is_family_model
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
 from ..explain.pieces import sliding_windows
 from ..explain.passage import passage
@@ -107,7 +107,7 @@ def run_explain(args: argparse.Namespace) -> int:
         _check_layers(args, cfg.n_layers)
     model, tok = load(args, source, tokens=len(args.prompt.encode("utf-8")))  # (its bytes bound its tokens)
     _check_layers(args, model.cfg.n_layers)
-    if is_family_model(model):  # Qwen3, Llama 3.2: the text view of explain/family.py
+    if is_family_model(model) or is_bonus_model(model):  # Qwen3, Llama 3.2, OLMo 3, Tiny Aya: explain/family.py's
         return _run_family(args, model, tok, source)
     about = read_as(args, source, model)
     allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
@@ -142,6 +142,9 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer, source: Source)
     if args.embedding_vs_linear:
         raise GlassError(f"for a {model.cfg.family} model the one-hot proof is the third of the four answers that "
                          "explain prints: drop --embedding-vs-linear")
+    if is_bonus_model(model) and (args.why or args.compare):  # why and compare follow Qwen3's and Llama's modules
+        raise GlassError(f"--{'why' if args.why else 'compare'} does not read a {model.cfg.family} model yet: "
+                         "explain it without the flag")
     if args.why:  # the same answer as GPT-2's (its JSON under "why"), and the same picture
         result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, top_k=args.top_k)
         for note in result.notes[:-1]:  # (the last, on attention, is in every view)

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..families import is_family_model
+from ..errors import GlassError
+from ..families import is_bonus_model, is_family_model
 from ..families.layers import apply_rope
 from ..kinds import describe
 from ..memory import parameter_table
@@ -40,7 +41,8 @@ from .check import check_embedding_is_linear
 from .head import head_products, logit_lens_of
 from .result import Result
 
-FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "qwen3_5": "Qwen3.5"}
+FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "qwen3_5": "Qwen3.5", "olmo3": "OLMo 3",
+                "tiny_aya": "Tiny Aya"}
 
 
 @dataclass
@@ -108,11 +110,52 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
                  ) -> tuple[FamilyTrace, torch.Tensor]:
     """family_trace(...), and the last position's logits `[V]` of its one forward pass. The modules are found
     through the model's description (glassgpt.describe), not by its family."""
-    assert is_family_model(model)
+    assert is_family_model(model) or is_bonus_model(model)
     cfg, anatomy = model.cfg, describe(model)
+    if attention and not is_family_model(model):  # attention_of follows Qwen3's and Llama's QK-norm and RoPE
+        raise GlassError(f"{anatomy.name}'s attention weights are not traced yet: trace it without --attention")
     part = model.get_submodule
     device = part(anatomy.embedding.path).weight.device
     ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=device)  # [1, t]
+    logits, seen, kept, cache = _run_with_taps(model, anatomy, ids, attention, logit_lens)
+    k, v = cache.seen[_first_causal(anatomy)]  # [1, g, t, hd], after RoPE (and QK-norm)
+    b, t = ids.shape
+    # the sizes as the description gives them, from the first block with keys and values (every such block has the
+    # same; Qwen3.5's linear-attention blocks have sizes of their own)
+    att0 = anatomy.blocks[_first_causal(anatomy)].attention
+    ropes = [blk.attention.rope for blk in anatomy.blocks if blk.attention.rope is not None]
+    full = [blk.attention.rope for blk in anatomy.blocks if blk.attention.rope is not None and blk.attention.window is None]
+    rope = (full or ropes or [None])[0]  # a full layer's (Gemma 3's sliding layers have a base of their own)
+    h, g, V, n_layers = att0.n_heads, att0.n_kv_groups, anatomy.embedding.vocab_size, anatomy.n_layers
+    q_shape = (b, h, t, att0.head_dim)
+    label = lambda i: _text(tokenizer, i)  # noqa: E731
+    probs = torch.softmax(logits[0, -1].float(), dim=-1)
+    top = probs.topk(min(top_k, V))
+    next_tokens = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
+    tokens = [tokenizer.decode([int(i)]) for i in ids[0]]
+    groups = [j // (h // g) for j in range(h)]
+    tr = FamilyTrace(
+        family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
+        stages=_stages(cfg, anatomy, seen, q_shape, list(k.shape), linear_stages(anatomy, b)),
+        attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
+                   "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
+                   "qk_norm": att0.q_norm is not None, "rope_base": rope.base if rope else None,
+                   "rope_scaled": any(r.scaling is not None for r in ropes), **_sliding_layers(anatomy),
+                   **rope_reach(anatomy)},
+        answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens,
+        head=head_products(model, kept["final_norm"][0, -1], logits[0, -1], [n["id"] for n in next_tokens],
+                           ids[0].tolist(), label))
+    if logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
+        tr.logit_lens = logit_lens_of(model, [kept[f"trf_blocks.{i}"] for i in range(n_layers)], logits, label)
+    if attention:
+        tr.attention_weights = {"shape": [n_layers, h, t, t], "tokens": tokens, "groups": groups,
+                                "layers": _attention_layers(model, anatomy, kept, cache.seen, t)}
+    return tr, logits[0, -1]
+
+
+def _run_with_taps(model: nn.Module, anatomy, ids: torch.Tensor, attention: bool, logit_lens: bool):
+    """One forward pass of `ids` with the taps rotary_trace reads: (logits [1, t, V], the shapes each tapped
+    module saw, the outputs kept, the recording cache that holds every layer's keys and values)."""
     seen: dict[str, tuple[tuple, tuple]] = {}
     kept: dict[str, torch.Tensor] = {}
     handles = _hooks(model, anatomy, seen, kept, attention, logit_lens)
@@ -122,32 +165,7 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     finally:
         for h in handles:
             h.remove()
-    k, v = cache.seen[_first_causal(anatomy)]  # [1, g, t, hd], after RoPE (and QK-norm)
-    b, t = ids.shape
-    h, g, V = cfg.n_heads, cfg.n_kv_groups, cfg.vocab_size
-    q_shape = (b, h, t, cfg.head_dim_value)
-    label = lambda i: _text(tokenizer, i)  # noqa: E731
-    probs = torch.softmax(logits[0, -1].float(), dim=-1)
-    top = probs.topk(min(top_k, V))
-    next_tokens = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
-    tokens = [tokenizer.decode([int(i)]) for i in ids[0]]
-    groups = [j // cfg.group_size for j in range(h)]
-    tr = FamilyTrace(
-        family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
-        stages=_stages(cfg, seen, q_shape, list(k.shape), linear_stages(anatomy, b)),
-        attention={"q_shape": list(q_shape), "kv_shape": list(k.shape), "group_size": h // g,
-                   "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)], "qk_norm": cfg.qk_norm,
-                   "rope_base": cfg.rope_base, "rope_scaled": getattr(cfg, "rope_freq", None) is not None,
-                   **_sliding_layers(anatomy), **rope_reach(anatomy)},
-        answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens,
-        head=head_products(model, kept["final_norm"][0, -1], logits[0, -1], [n["id"] for n in next_tokens],
-                           ids[0].tolist(), label))
-    if logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
-        tr.logit_lens = logit_lens_of(model, [kept[f"trf_blocks.{i}"] for i in range(cfg.n_layers)], logits, label)
-    if attention:
-        tr.attention_weights = {"shape": [cfg.n_layers, h, t, t], "tokens": tokens, "groups": groups,
-                                "layers": _attention_layers(model, anatomy, kept, cache.seen, t)}
-    return tr, logits[0, -1]
+    return logits, seen, kept, cache
 
 
 def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, logit_lens: bool) -> list:
@@ -179,12 +197,14 @@ def _hooks(model: nn.Module, anatomy, seen: dict, kept: dict, attention: bool, l
 
 
 def _sliding_layers(anatomy) -> dict[str, Any]:
-    """Which layers see only a window (Gemma 3's sliding layers), the window and their own RoPE base; {} if none."""
+    """Which layers see only a window (Gemma 3's, OLMo 3's and Tiny Aya's sliding layers), the window and their own
+    RoPE base; {} if none."""
     sliding = [b for b in anatomy.blocks if b.attention.window is not None]
     if not sliding:
         return {}
+    rope = sliding[0].attention.rope
     return {"sliding_layers": [b.index for b in sliding], "window": sliding[0].attention.window,
-            "rope_local_base": sliding[0].attention.rope.base}
+            "rope_local_base": rope.base if rope is not None else None}
 
 
 def _attention_layers(model: nn.Module, anatomy, kept: dict, seen_kv: dict, t: int) -> list:
@@ -197,10 +217,13 @@ def _attention_layers(model: nn.Module, anatomy, kept: dict, seen_kv: dict, t: i
 
 
 def rope_reach(anatomy) -> dict[str, Any]:
-    """Which layers RoPE turns, and how many of a head's dimensions (Qwen3.5: the full layers, 64 of 256)."""
-    rope = anatomy.blocks[_first_causal(anatomy)].attention.rope
-    return {"rope_layers": [block.index for block in anatomy.blocks if block.attention.rope is not None],
-            "rope_dims": rope.rotary_dim or rope.head_dim}
+    """Which layers RoPE turns, and how many of a head's dimensions (Qwen3.5: the full layers, 64 of 256; Tiny Aya:
+    the sliding layers only, its full layers have no positions)."""
+    turned = [block for block in anatomy.blocks if block.attention.rope is not None]
+    if not turned:
+        return {"rope_layers": []}
+    rope = turned[0].attention.rope
+    return {"rope_layers": [block.index for block in turned], "rope_dims": rope.rotary_dim or rope.head_dim}
 
 
 def linear_stages(anatomy, b: int) -> list[dict[str, Any]]:
@@ -223,12 +246,14 @@ def _first_causal(anatomy) -> int:
     return next(i for i, block in enumerate(anatomy.blocks) if block.attention.kind == "causal")
 
 
-def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int],
+def _stages(cfg, anatomy, seen: dict, q_shape: tuple, kv_shape: list[int],
             linear: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The stages in the order the forward pass ran them, with the shapes the taps saw (`seen`: input and output
-    shapes by module name)."""
+    shapes by module name), the sizes from the model's description."""
     b, h, t, hd = q_shape
-    g, d, V = cfg.n_kv_groups, cfg.emb_dim, cfg.vocab_size
+    g, d, V = anatomy.blocks[_first_causal(anatomy)].attention.n_kv_groups, anatomy.embedding.emb_dim, \
+        anatomy.embedding.vocab_size
+    hidden_dim = anatomy.blocks[0].ff.hidden_dim
     return [
         {"name": "ids", "module": "", "shape": [b, t], "note": "token ids"},
         {"name": "tok_emb", "module": "tok_emb", "shape": list(seen["tok_emb"][1]),
@@ -244,9 +269,10 @@ def _stages(cfg, seen: dict, q_shape: tuple, kv_shape: list[int],
         {"name": "ff", "module": "trf_blocks.N.ff", "shape": list(seen["trf_blocks.0.ff.fc1"][1]),
          "note": f"router gate: {cfg.num_experts} expert scores; each token runs its top {cfg.num_experts_per_tok} "
                  f"SwiGLU experts, {d} -> {cfg.moe_hidden_dim} -> {d}, weighted by the softmax of their scores"
-         if getattr(cfg, "num_experts", 0) else f"GeGLU: fc3(gelu_tanh(fc1(x)) * fc2(x)), {d} -> {cfg.hidden_dim} -> {d}"
-         if cfg.family == "gemma3" else f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {cfg.hidden_dim} -> {d}"},
-        {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]), "note": "RMSNorm"},
+         if getattr(cfg, "num_experts", 0) else f"GeGLU: fc3(gelu_tanh(fc1(x)) * fc2(x)), {d} -> {hidden_dim} -> {d}"
+         if cfg.family == "gemma3" else f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {hidden_dim} -> {d}"},
+        {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]),
+         "note": {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}.get(anatomy.final_norm.kind, anatomy.final_norm.kind)},
         {"name": "out_head", "module": "out_head", "shape": list(seen["out_head"][1]),
          "note": f"hidden -> vocab: x @ W.T with W {[V, d]}"},
     ]

@@ -30,12 +30,15 @@ def head_products(model: nn.Module, h: torch.Tensor, logits: torch.Tensor, top_i
     """The dot products behind `logits` ([V], out_head's output at the last position) for the
     `top_ids`, from h ([d], final_norm's output there); JSON-ready."""
     logits = logits.float()
-    out_head = model.get_submodule(describe(model).head.path)  # found through the description
+    described = describe(model).head
+    out_head = model.get_submodule(described.path)  # found through the description
     W = out_head.weight.float()  # [V, d]
     bias = out_head.bias.float() if out_head.bias is not None else None
     h = h.float()
     dots = W @ h  # [V, d] @ [d] -> [V]
     recomputed = dots + bias if bias is not None else dots
+    scale = described.logit_scale or 1.0  # Tiny Aya's logits are the products times logit_scale
+    recomputed = recomputed * scale
     row_norms = _row_norms(out_head.weight)  # [V]
     h_norm = float(h.norm())
     cos = dots / (row_norms * h_norm).clamp_min(1e-30)  # [V]
@@ -49,6 +52,8 @@ def head_products(model: nn.Module, h: torch.Tensor, logits: torch.Tensor, top_i
                     for j, r in zip(nearest, _ranks(logits, nearest))],
         "kind": "classes" if model.cfg.num_classes is not None else "tokens",
     }
+    if scale != 1.0:
+        out["logit_scale"] = scale
     if getattr(model.cfg, "family", None):  # Qwen3, Llama 3: h is their RMSNorm's output
         out["family"] = model.cfg.family
     if model.cfg.num_classes is None:

@@ -35,7 +35,7 @@ import torch
 from ..adopt import adopt, check_computable
 from ..device import evaluating
 from ..engine.fused import fused
-from ..errors import TraceCancelled
+from ..errors import GlassError, TraceCancelled
 from ..kinds import describe
 from ..model import GPTModel, attention_weights
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
@@ -60,6 +60,10 @@ def why(model: GPTModel, tokenizer: Tokenizer, text: str | None = None, versus: 
     Llama 3.2, glassgpt's, the book's or transformers') is answered by why_family.py, with the same fields: its parts through RMSNorm, one per query head, each naming the key/value group it read.
     """
     anatomy = describe(model)  # what it is made of; one line for an object of no kind glassgpt reads
+    placements = sorted({b.placement for b in anatomy.blocks} - {"pre"})
+    if placements:  # the attribution follows each block's residual x + sublayer(norm(x)) (why.py's, why_family.py's)
+        raise GlassError(f"why splits the logit over pre-norm blocks; {anatomy.name}'s are {placements[0]}-norm: "
+                         "use glassgpt trace (explain) for it")
     check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model).cfg
     ids = check_ids(ids, min(tokenizer.n_vocab, cfg.vocab_size)) if ids is not None else encode(tokenizer, text)

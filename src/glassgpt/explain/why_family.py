@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..device import evaluating
-from ..errors import GlassError, TraceCancelled
+from ..errors import TraceCancelled
 from ..kinds import describe
 from ..prompt import Prompt
 from ..tokenizer import Tokenizer
@@ -67,10 +67,7 @@ def why_family(model: nn.Module, tokenizer: Tokenizer, prompt: Prompt, target: i
                versus: str | int | None = None, patch: str | None = None, top_k: int = 10,
                cancel: threading.Event | None = None) -> FamilyWhy:
     """why.py's `why` for a Qwen3Model or Llama3Model: the same choices of A, B and the corrupted prompt."""
-    anatomy = describe(model)
-    if any(block.placement != "pre" for block in anatomy.blocks):  # its sums split the pre-norm residual stream
-        raise GlassError(f"why splits the logit over pre-norm blocks; {anatomy.name}'s are "
-                         f"{anatomy.blocks[0].placement}-norm: use glassgpt trace (explain) for it")
+    # (why() has refused a model whose blocks are not pre-norm: these sums split the pre-norm residual stream)
     cfg, ids = model.cfg, prompt.ids
     label = labeller(model, tokenizer, None)
     with evaluating(model):

@@ -9,6 +9,10 @@ They share one config type (config.py), their pieces (layers.py: RMSNorm, RoPE, 
 attention, SwiGLU); the engine's KVCache keeps their key/value groups (`cfg.kv_heads`); GPT-2 (model.py) stays as the book's chapter 4 has it.
 memory.py counts their bytes from the config; adopt.py reads the book's and transformers' Qwen3 and
 Llama modules in place (what glassgpt.adopt calls for them).
+
+The book's other bonus notebooks (issue 48), each a glass file with its own config (the notebook's keys):
+olmo3.py (OLMo 3) and tiny_aya.py (Tiny Aya); sliding.py holds their sliding/full attention and the
+cache that keeps a sliding layer's window only; bonus_hf.py transformers' names for them.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from torch import nn
 from .config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config
 from .gemma3 import Gemma3Config, Gemma3Model
 from .llama3 import Llama3Model
+from .olmo3 import Olmo3Config, Olmo3Model
 from .qwen3 import Qwen3Model
 from .qwen3_5 import Qwen3_5Config, Qwen3_5Model
+from .tiny_aya import TinyAyaConfig, TinyAyaModel
 
 # The registry: which glass class builds each family. FamilyConfig builds the first three (Qwen3.5's Qwen3_5Config is
 # a FamilyConfig with its own fields); Gemma 3 has its own config (gemma3.py's Gemma3Config, the notebook's keys),
@@ -30,18 +36,35 @@ FAMILIES: dict[str, type[nn.Module]] = {"qwen3": Qwen3Model, "llama3": Llama3Mod
 assert tuple(FAMILIES)[:len(FAMILY_NAMES)] == FAMILY_NAMES
 FAMILY_CONFIGS = (FamilyConfig, Gemma3Config)  # a family model's config is one of these (isinstance)
 
-__all__ = ["FAMILIES", "FAMILY_CONFIGS", "FAMILY_PRESETS", "FamilyConfig", "Gemma3Config", "Gemma3Model", "Llama3Model",
-           "Qwen3Model", "Qwen3_5Config", "Qwen3_5Model", "RopeFreq", "build_model", "family_config", "is_family_model",
+# The book's bonus models (issue 48), each with a config of its own (the notebook's keys): family -> (model, config).
+# They run through generate, describe, trace and the file readers; the Qwen3/Llama-only machinery (the native
+# step, why, verify, compare, export) does not take them yet.
+BONUS_MODELS: dict[str, tuple[type[nn.Module], type]] = {"olmo3": (Olmo3Model, Olmo3Config),
+                                                         "tiny_aya": (TinyAyaModel, TinyAyaConfig)}
+BONUS_CONFIGS = (Olmo3Config, TinyAyaConfig)  # a bonus model's config is one of these (isinstance)
+
+__all__ = ["BONUS_CONFIGS", "BONUS_MODELS", "FAMILIES", "FAMILY_CONFIGS", "FAMILY_PRESETS", "FamilyConfig",
+           "Gemma3Config", "Gemma3Model", "Llama3Model", "Olmo3Config", "Olmo3Model", "Qwen3Model", "Qwen3_5Config",
+           "Qwen3_5Model", "RopeFreq", "TinyAyaConfig", "TinyAyaModel", "build_model", "family_config",
+           "is_bonus_model", "is_family_model",
            "random_family_model"]
 
 
-def build_model(cfg: FamilyConfig | Gemma3Config) -> nn.Module:
-    """The glass model of `cfg.family`, with PyTorch's default initialisation (as the book's classes)."""
+def build_model(cfg: FamilyConfig | Gemma3Config | Olmo3Config | TinyAyaConfig) -> nn.Module:
+    """The glass model of `cfg.family` (a FamilyConfig, Gemma 3's or a bonus model's config), with PyTorch's
+    default initialisation (as the book's classes)."""
+    if cfg.family in BONUS_MODELS:
+        return BONUS_MODELS[cfg.family][0](cfg)
     return FAMILIES[cfg.family](cfg)
 
 
 def is_family_model(model: object) -> bool:
     return isinstance(model, tuple(FAMILIES.values()))
+
+
+def is_bonus_model(model: object) -> bool:
+    """One of the book's bonus models (BONUS_MODELS): OLMo 3, Tiny Aya."""
+    return isinstance(model, tuple(m for m, _ in BONUS_MODELS.values()))
 
 
 

@@ -27,14 +27,16 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError, GlassError, TokenizerError
-from ..families import FAMILIES, FamilyConfig, Gemma3Config, Qwen3_5Config, RopeFreq, build_model, is_family_model
+from ..families import (BONUS_MODELS, FAMILIES, FamilyConfig, Gemma3Config, Qwen3_5Config, RopeFreq, build_model,
+                        is_family_model)
+from ..families.bonus_hf import HF_BONUS, bonus_config_from_hf, bonus_hf_names
 from .checks import on_meta
 from .family_tokenizers import family_tokenizer
 from .files import atomic_write, read_json, read_safetensors
 
 # transformers' class name -> the family that reads it
 HF_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3", "LlamaForCausalLM": "llama3",
-                    "Gemma3ForCausalLM": "gemma3", "Qwen3_5ForCausalLM": "qwen3_5"}
+                    "Gemma3ForCausalLM": "gemma3", "Qwen3_5ForCausalLM": "qwen3_5"} | HF_BONUS
 COVERED = ", ".join(f"{arch} ({family})" for arch, family in HF_ARCHITECTURES.items())
 
 
@@ -81,6 +83,8 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyCo
         method = quant.get("quant_method", "quantized") if isinstance(quant, dict) else "quantized"
         raise CheckpointError(f"{source} describes {method} weights (quantization_config): glassgpt reads float "
                               f"weights (float32, bfloat16, float16): use the model's unquantized repository")
+    if family in BONUS_MODELS:  # OLMo 3, Tiny Aya: their own configs (families/bonus_hf.py)
+        return bonus_config_from_hf(raw, source)
     rope = raw.get("rope_parameters") or {}  # transformers 5 keeps rope_theta and the scaling here
     scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type") == "llama3" else None)
     rope_base = raw.get("rope_theta", rope.get("rope_theta", 10_000.0))
@@ -266,6 +270,8 @@ def config_to_hf(cfg: FamilyConfig | Gemma3Config) -> dict[str, Any]:
 
 def hf_names(cfg: FamilyConfig | Gemma3Config) -> list[tuple[str, str]]:
     """(the book's name, Hugging Face's name) of every stored tensor; a tied head is stored once."""
+    if cfg.family in BONUS_MODELS:
+        return bonus_hf_names(cfg)
     if cfg.family == "gemma3":
         return gemma3_hf_names(cfg)
     if cfg.family == "qwen3_5":
@@ -367,7 +373,8 @@ def is_family_spec(spec: object) -> bool:
     side = book_config_path(path)
     if path.suffix in (".pth", ".pt") and path.is_file() and side.is_file():
         try:
-            return "n_kv_groups" in read_json(side, kind="config")
+            keys = read_json(side, kind="config")
+            return "n_kv_groups" in keys or ("n_kv_heads" in keys and "layer_types" in keys)  # the bonus notebooks'
         except (OSError, GlassError):
             return False
     return False
@@ -385,16 +392,23 @@ def read_family_config(spec: str | os.PathLike) -> FamilyConfig:
         return read_hf_config(spec)
     values = read_json(book_config_path(spec), what=f"the config of {spec}", kind="config")
     family = _book_family(values)  # (the weights are not read)
+    if family in BONUS_MODELS:  # OLMo 3's and Tiny Aya's notebook dicts (tie_word_embeddings, if any, among them)
+        return BONUS_MODELS[family][1].from_dict(values)
     tie = bool(values.pop("tie_embeddings", family == "gemma3"))
     return book_config(family, values, tie)
 
 
 def _book_family(values: dict[str, Any]) -> str:
-    """Which model a book's or notebook's config dict is for: the family it names, else told by its keys."""
+    """Which model a book's or notebook's config dict is for: the family it names, else told by its keys (the
+    OLMo 3 and Tiny Aya notebooks' `n_kv_heads`: Tiny Aya's norms have layer_norm_eps, OLMo 3's rms_norm_eps)."""
     named = values.get("family")
-    return named if named in BOOK_CLASSES else "qwen3_5" if "linear_num_key_heads" in values else \
-        "gemma3" if "layer_types" in values else \
-        "qwen3" if "qk_norm" in values else "llama3"
+    if named in BOOK_CLASSES:
+        return named
+    if "linear_num_key_heads" in values:  # Qwen3.5's notebook (its layer_types too: told before Gemma 3)
+        return "qwen3_5"
+    if "n_kv_heads" in values:
+        return "tiny_aya" if "layer_norm_eps" in values else "olmo3"
+    return "gemma3" if "layer_types" in values else "qwen3" if "qk_norm" in values else "llama3"
 
 
 def config_origin(spec: str | os.PathLike) -> str:
@@ -505,9 +519,15 @@ def weight_name(name: str, expected: dict[str, Any]) -> str:
 
 
 def family_of_state(state: dict[str, Any]) -> str | None:
-    """Which family a book state dict is, told by its names: QK-norm and `scale` are Qwen3's, `norm1.weight` Llama's."""
+    """Which family a book state dict is, told by its names: QK-norm and `scale` are Qwen3's, `norm1.weight` Llama's,
+    post-feed-forward norms in `blocks` OLMo 3's (`weight`; Gemma 3's are `scale`), one `input_layernorm` per block
+    in `trf_blocks` Tiny Aya's, a `token_mixer` Qwen3.5's."""
     if any(k.startswith("trf_blocks.0.token_mixer.") for k in state):  # Qwen3.5's notebook
         return "qwen3_5"
+    if "blocks.0.post_feedforward_layernorm.weight" in state:
+        return "olmo3"
+    if "trf_blocks.0.input_layernorm.weight" in state:
+        return "tiny_aya"
     if "trf_blocks.0.norm1.scale" in state:
         return "qwen3"
     if "trf_blocks.0.norm1.weight" in state:
@@ -519,7 +539,9 @@ def family_of_state(state: dict[str, Any]) -> str | None:
 
 BOOK_CLASSES = {"qwen3": "Qwen3Model (llms_from_scratch.qwen3)", "llama3": "Llama3Model (llms_from_scratch.llama3)",
                 "gemma3": "Gemma3Model (the notebook standalone-gemma3)",
-                "qwen3_5": "Qwen3_5Model (the notebook qwen3.5)"}
+                "qwen3_5": "Qwen3_5Model (the notebook qwen3.5)",
+                "olmo3": "Olmo3Model (the notebook standalone-olmo3)",
+                "tiny_aya": "TinyAyaModel (the notebook standalone-tiny-aya)"}
 # What a family's tensors cannot tell, and where the book's config dict keeps it.
 UNTOLD = {"qwen3": ("context_length", "rope_base"),
           "llama3": ("n_heads", "n_kv_groups", "context_length", "rope_base", "rope_freq"),
@@ -533,7 +555,7 @@ def what_state_tells(state: dict[str, Any]) -> tuple[str, dict[str, Any]] | None
     are not (W_query is emb_dim square whatever the head count)."""
     family = family_of_state(state)
     # GPT-2's norms are `scale` too: the book's next models add no pos_emb and feed SwiGLU's fc1, fc2, fc3
-    if family is None or "tok_emb.weight" not in state or "pos_emb.weight" in state \
+    if family not in UNTOLD or "tok_emb.weight" not in state or "pos_emb.weight" in state \
             or "trf_blocks.0.ff.fc1.weight" not in state:
         return None
     blocks = {int(k.split(".")[1]) for k in state if k.startswith("trf_blocks.") and k.split(".")[1].isdigit()}
@@ -594,13 +616,20 @@ def load_book_family(path: str | os.PathLike, device: torch.device | str = "cpu"
     family = family_of_state(state)
     if family is None:
         raise CheckpointError(f"{path} is not a state dict of the book's Qwen3Model or Llama3Model "
-                              "(no trf_blocks.0.norm1.scale or .weight) or of the notebook's Gemma3Model "
-                              "(no blocks.0.input_layernorm.scale)")
+                              "(no trf_blocks.0.norm1.scale or .weight) or of the notebooks' Gemma3Model, Olmo3Model "
+                              "or TinyAyaModel (no blocks.0.input_layernorm.scale, blocks.0.post_feedforward_layernorm"
+                              ".weight or trf_blocks.0.input_layernorm.weight)")
     side = book_config_path(path)
     if not side.is_file():
         raise CheckpointError(f"{path} needs its config: the book's config dict as JSON in {side} "
                               f"(glassgpt export --format book writes both)")
     values = read_json(side, what=f"the config of {path}", kind="config")
+    if family in BONUS_MODELS:  # the notebook's config dict, its dtype as a string
+        try:
+            cfg = BONUS_MODELS[family][1].from_dict(values)
+        except ConfigError as e:
+            raise ConfigError(f"{side}: {e}") from None
+        return model_from_book_state(cfg, state, str(path), device, dtype)
     # The notebooks' models keep an out_head of their own; Gemma's loader ties it when the weights have no lm_head
     tie = bool(values.pop("tie_embeddings", family == "gemma3" and _same_storage(state, "out_head.weight",
                                                                                  "tok_emb.weight")))

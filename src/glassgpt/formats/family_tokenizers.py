@@ -40,7 +40,8 @@ LLAMA3_SPECIALS = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|start_header
 # Where a model folder keeps each family's tokenizer (Meta's repositories: in original/), in the order tried.
 TOKENIZER_FILES = {"qwen3": ("tokenizer.json",), "llama3": ("tokenizer.model", "original/tokenizer.model"),
                    "gemma3": ("tokenizer.json",),
-                   "qwen3_5": ("tokenizer.json",)}  # Qwen3.5: Qwen's byte-level BPE and specials, 248k ids
+                   "qwen3_5": ("tokenizer.json",),  # Qwen3.5: Qwen's byte-level BPE and specials, 248k ids
+                   "olmo3": ("tokenizer.json",), "tiny_aya": ("tokenizer.json",)}
 GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>")
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback: one byte a piece
 
@@ -189,6 +190,56 @@ class Llama3Tokenizer(Tokenizer):
         raise TokenizerError("Llama 3's tokenizer is its tokenizer.model: copy that file")
 
 
+# The bonus notebooks' tokenizer classes (OlmoTokenizer, TinyAyaTokenizer): their end token and chat wrap.
+BONUS_EOS = {"olmo3": ("<|endoftext|>", "<end_of_turn>"), "tiny_aya": ("<EOS_TOKEN>",)}
+BONUS_CHAT = {"olmo3": "<|im_start|>user\n{}\n<|im_end|>\n<|im_start|>assistant\n",
+              "tiny_aya": "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>{}<|END_OF_TURN_TOKEN|>"
+                          "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_RESPONSE|>"}
+
+
+class TokenizerJson(Tokenizer):
+    """A bonus model's tokenizer.json as its notebook reads it: `encode` is the tokenizers library's (its
+    special tokens in the text read as specials), the end token and the chat wrap the notebook's."""
+
+    def __init__(self, path: str | os.PathLike, family: str):
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:
+            raise TokenizerError("reading a tokenizer.json needs the tokenizers library: "
+                                 "pip install 'glassgpt[families]'") from None
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the library raises its own Exception for a bad file
+            raise TokenizerError(f"cannot read {path} as a tokenizer.json: {str(e).splitlines()[0][:200]}") from None
+        self.name = family
+        self.specials = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+        self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eot_id = next((self.specials[t] for t in BONUS_EOS[family] if t in self.specials), None)
+        self._unbyte = {c: b for b, c in gpt2_byte_to_unicode().items()}
+
+    def encode(self, text: str, allowed_special: Iterable[str] = ()) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def chat(self, user_message: str) -> list[int]:
+        """The ids of the notebook's apply_chat_template(user_message)."""
+        return self.encode(BONUS_CHAT[self.name].format(user_message))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        self._check_ids([token_id])
+        token = self._tok.id_to_token(token_id)
+        if token in self.specials or token is None:
+            return (token or "").encode("utf-8")
+        if all(c in self._unbyte for c in token):  # byte-level BPE: one character per byte
+            return bytes(self._unbyte[c] for c in token)
+        return self._tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.token_bytes(i) for i in self._check_ids(ids))
+
+    def to_dict(self) -> dict:
+        raise TokenizerError(f"{self.name}'s tokenizer is its tokenizer.json: copy that file")
+
+
 def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, source: str) -> None:
     """Refuse, before anything runs, a tokenizer with ids the model has no rows for (Qwen3's 151,669
     ids fit its 151,936 rows; the rows past them are padding)."""
@@ -208,10 +259,14 @@ def tokenizer_file(path: str | os.PathLike) -> Tokenizer:
 
 
 def family_tokenizer(path: str | os.PathLike, family: str, vocab_size: int) -> Tokenizer | None:
-    """The tokenizer in a model folder (tokenizer.json for Qwen3; tokenizer.model or original/tokenizer.model
-    for Llama 3), checked against the model's vocabulary; None when the folder has none."""
+    """The tokenizer in a model folder (tokenizer.json for Qwen3, Qwen3.5, Gemma 3, OLMo 3 and Tiny Aya;
+    tokenizer.model or original/tokenizer.model for Llama 3), checked against the model's vocabulary; None when the
+    folder has none."""
     path = Path(path)
-    make = {"qwen3": Qwen3Tokenizer, "llama3": Llama3Tokenizer, "gemma3": GemmaTokenizer, "qwen3_5": Qwen3Tokenizer}[family]
+    make = {"qwen3": Qwen3Tokenizer, "llama3": Llama3Tokenizer, "gemma3": GemmaTokenizer,
+            "qwen3_5": Qwen3Tokenizer}.get(family)
+    if family in BONUS_EOS:  # OLMo 3, Tiny Aya: their tokenizer.json as the notebooks read it
+        make = lambda file: TokenizerJson(file, family)  # noqa: E731
     for file in (path / name for name in TOKENIZER_FILES[family]):
         if file.is_file():
             tokenizer = make(file)

@@ -25,7 +25,7 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
     """The flow, the four answers, RoPE and the groups, the next tokens; then, as GPT-2's text view has them,
     the head's dot products, `attention_layer`'s heads (if the trace has the weights) and the logit lens."""
     cfg, a, att = tr.config, tr.answers, tr.attention
-    V, d, h, g = cfg["vocab_size"], cfg["emb_dim"], cfg["n_heads"], cfg["n_kv_groups"]
+    V, d, h, g = cfg["vocab_size"], cfg["emb_dim"], cfg["n_heads"], len(tr.attention["groups"])
     name = FAMILY_NAMES[tr.family]
     lines = [f"{name}: {cfg['n_layers']} blocks, d {d:,}, V {V:,}, {h} query heads, {g} key/value groups",
              "tokens: " + " ".join(repr(t) for t in tr.tokens), ""]
@@ -112,7 +112,7 @@ def family_layout(tr: FamilyTrace, width: float = 980, **_options) -> Drawing:
         y += h + 14
     # the groups: each key/value head and the query heads that read it (repeat_interleave)
     gx, gy = x + w + 40, 50.0
-    d.add(Text(gx, gy + 12, f"{cfg['n_heads']} query heads, {cfg['n_kv_groups']} key/value heads", size=13, bold=True))
+    d.add(Text(gx, gy + 12, f"{cfg['n_heads']} query heads, {len(tr.attention['groups'])} key/value heads", size=13, bold=True))
     for j, group in enumerate(att["groups"]):
         row = gy + 28 + j * 26
         d.add(Rect(gx, row, 52, 20, fill="#eef2ff", key=f"kv:{j}"))

@@ -1,0 +1,212 @@
+"""transformers' names for the book's bonus models: OLMo 3 (Olmo3ForCausalLM) and Tiny Aya (Cohere2ForCausalLM).
+
+    bonus_config_from_hf(raw, source)   a transformers config dict -> Olmo3Config or TinyAyaConfig
+    bonus_hf_names(cfg)                 (the notebook's name, transformers' name) of every stored tensor
+    bonus_glass(module)                 transformers' module as the glass model over its own tensors (None: not one)
+    HF_LAYER_NAMES[family]              inside one decoder layer: transformers' module -> the notebook's
+
+The one place these models' Hugging Face names live (formats/families.py reads folders through it,
+kinds.py describes transformers' modules through it). What the glass files do not implement is refused in
+one line naming the config field: a RoPE scaling other than YaRN (OLMo 3's full layers) or any scaling on
+Tiny Aya, sliding layers of another RoPE than the full ones', a softcap, an activation other than SiLU.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, ConfigError
+from .olmo3 import Olmo3Config
+from .tiny_aya import TinyAyaConfig
+
+HF_BONUS = {"Olmo3ForCausalLM": "olmo3", "Cohere2ForCausalLM": "tiny_aya"}
+HF_MODEL_TYPES = {"olmo3": "olmo3", "cohere2": "tiny_aya"}
+BLOCKS = {"olmo3": "blocks", "tiny_aya": "trf_blocks"}  # the notebooks' ModuleList names
+HF_LAYER_NAMES = {
+    "olmo3": {"self_attn.q_proj": "att.W_query", "self_attn.k_proj": "att.W_key", "self_attn.v_proj": "att.W_value",
+              "self_attn.o_proj": "att.out_proj", "self_attn.q_norm": "att.q_norm", "self_attn.k_norm": "att.k_norm",
+              "mlp.gate_proj": "ff.fc1", "mlp.up_proj": "ff.fc2", "mlp.down_proj": "ff.fc3",
+              "post_attention_layernorm": "post_attention_layernorm",
+              "post_feedforward_layernorm": "post_feedforward_layernorm", "self_attn": "att", "mlp": "ff"},
+    "tiny_aya": {"self_attn.q_proj": "att.W_query", "self_attn.k_proj": "att.W_key", "self_attn.v_proj": "att.W_value",
+                 "self_attn.o_proj": "att.out_proj", "mlp.gate_proj": "ff.fc1", "mlp.up_proj": "ff.fc2",
+                 "mlp.down_proj": "ff.fc3", "input_layernorm": "input_layernorm", "self_attn": "att", "mlp": "ff"},
+}
+HF_TOP = {"model.embed_tokens": "tok_emb", "model.norm": "final_norm", "lm_head": "out_head"}
+UNIMPLEMENTED = ("attn_logit_softcapping", "final_logit_softcapping", "use_qk_norm", "partial_rotary_factor")
+
+
+def _layer_types(raw: dict[str, Any], n_layers: int) -> list[str]:
+    """The config's layer_types, or transformers' default for it: every fourth layer full."""
+    pattern = raw.get("sliding_window_pattern", 4)
+    return raw.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                      for i in range(n_layers)]
+
+
+def _rope(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(full layers' RoPE parameters, sliding layers'), from transformers 5's rope_parameters (one dict, or one
+    per layer type) or the older rope_theta and rope_scaling."""
+    params = raw.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        full = dict(params.get("full_attention") or {"rope_type": "default"})
+        sliding = dict(params.get("sliding_attention") or {"rope_type": "default"})
+    else:
+        full = dict(params) | dict(raw.get("rope_scaling") or {})
+        sliding = {"rope_type": "default"}
+    theta = raw.get("rope_theta", 10_000.0)
+    full.setdefault("rope_theta", theta)
+    sliding.setdefault("rope_theta", full["rope_theta"])
+    for part in (full, sliding):
+        part["rope_type"] = part.get("rope_type", part.get("type", "default"))
+    return full, sliding
+
+
+def bonus_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> Olmo3Config | TinyAyaConfig:
+    """The glass config of an Olmo3ForCausalLM or Cohere2ForCausalLM config.json."""
+    archs = raw.get("architectures") or []
+    family = HF_BONUS.get(archs[0] if archs else "") or HF_MODEL_TYPES.get(raw.get("model_type", ""))
+    for field in UNIMPLEMENTED:
+        if raw.get(field):
+            raise ConfigError(f"{source}: {field} = {raw[field]!r} is not implemented in glassgpt's {family}: it "
+                              f"reads configs without it")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{source}: hidden_act = {raw['hidden_act']!r} is not implemented: the glass file's "
+                          "feed-forward is SwiGLU (silu)")
+    full, sliding = _rope(raw)
+    try:
+        n_layers, heads = raw["num_hidden_layers"], raw["num_attention_heads"]
+        common = dict(vocab_size=raw["vocab_size"], context_length=raw["max_position_embeddings"],
+                      emb_dim=raw["hidden_size"], n_heads=heads, n_layers=n_layers,
+                      hidden_dim=raw["intermediate_size"], head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+                      n_kv_heads=raw.get("num_key_value_heads") or heads, sliding_window=raw.get("sliding_window"),
+                      layer_types=_layer_types(raw, n_layers), attention_bias=bool(raw.get("attention_bias", False)),
+                      eos_token_id=_one_id(raw.get("eos_token_id")), pad_token_id=_one_id(raw.get("pad_token_id")))
+        if family == "olmo3":
+            return Olmo3Config(**common, rope_base=float(full["rope_theta"]), **_olmo3_rope(full, sliding, source),
+                               rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                               tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)))
+        if full["rope_type"] != "default":
+            raise ConfigError(f"rope_parameters.rope_type = {full['rope_type']!r} is not implemented: Tiny Aya's "
+                              "glass file has plain RoPE")
+        return TinyAyaConfig(**common, rope_base=float(full["rope_theta"]),
+                             layer_norm_eps=float(raw.get("layer_norm_eps", 1e-5)),
+                             logit_scale=float(raw.get("logit_scale", 1.0)),
+                             tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+                             bos_token_id=_one_id(raw.get("bos_token_id")))
+    except KeyError as e:
+        raise CheckpointError(f"{source} has no {e.args[0]!r}: it is not a whole {archs[0] if archs else family} "
+                              "config") from None
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _olmo3_rope(full: dict[str, Any], sliding: dict[str, Any], source: str) -> dict[str, Any]:
+    """The Olmo3Config RoPE fields of the full layers' parameters; the sliding layers' must be plain at that base."""
+    if sliding["rope_type"] != "default":
+        raise ConfigError(f"rope_parameters.sliding_attention.rope_type = {sliding['rope_type']!r} is not implemented: "
+                          "OLMo 3's sliding layers turn at the plain rate")
+    if float(sliding["rope_theta"]) != float(full["rope_theta"]):
+        raise ConfigError(f"rope_parameters.sliding_attention.rope_theta = {sliding['rope_theta']} differs from the "
+                          f"full layers' {full['rope_theta']}: OLMo 3's glass file has one rope_base")
+    kind = full["rope_type"]
+    if kind == "default":
+        return {}
+    if kind != "yarn":
+        raise ConfigError(f"rope_parameters.full_attention.rope_type = {kind!r} is not implemented: OLMo 3's glass "
+                          "file has YaRN and plain RoPE")
+    for field in ("mscale", "mscale_all_dim"):
+        if full.get(field):
+            raise ConfigError(f"rope_parameters.full_attention.{field} is not implemented (YaRN's attention factor is "
+                              "read as given, or 0.1 ln(factor) + 1)")
+    if full.get("truncate") is False:
+        raise ConfigError("rope_parameters.full_attention.truncate = false is not implemented: YaRN's ramp is rounded "
+                          "to whole dimensions, as the notebook does")
+    factor = float(full["factor"])
+    attention_factor = full.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return dict(rope_type="yarn", rope_factor=factor, rope_attention_factor=float(attention_factor),
+                rope_orig_max=int(full["original_max_position_embeddings"]),
+                beta_fast=float(full.get("beta_fast") or 32.0), beta_slow=float(full.get("beta_slow") or 1.0))
+
+
+def _one_id(value: Any) -> int | None:
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value if isinstance(value, int) else None
+
+
+def bonus_hf_names(cfg: Olmo3Config | TinyAyaConfig) -> list[tuple[str, str]]:
+    """(the notebook's name, transformers' name) of every stored tensor; a tied head is stored once."""
+    names = [("tok_emb.weight", "model.embed_tokens.weight")]
+    layer = HF_LAYER_NAMES[cfg.family]
+    for i in range(cfg.n_layers):
+        for hf, ours in layer.items():
+            if hf in ("self_attn", "mlp"):
+                continue
+            leaves = ("weight", "bias") if hf.endswith("_proj") and hf.startswith("self_attn") and cfg.attention_bias \
+                else ("weight",)
+            names += [(f"{BLOCKS[cfg.family]}.{i}.{ours}.{leaf}", f"model.layers.{i}.{hf}.{leaf}") for leaf in leaves]
+    names.append(("final_norm.weight", "model.norm.weight"))
+    if not cfg.tie_word_embeddings:
+        names.append(("out_head.weight", "lm_head.weight"))
+    return names
+
+
+def bonus_config_to_hf(cfg: Olmo3Config | TinyAyaConfig) -> dict[str, Any]:
+    """The config.json transformers reads for `cfg` (written by export; the tests build theirs with transformers)."""
+    arch = next(a for a, f in HF_BONUS.items() if f == cfg.family)
+    raw = {"architectures": [arch], "model_type": {"olmo3": "olmo3", "tiny_aya": "cohere2"}[cfg.family],
+           "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.emb_dim,
+           "num_attention_heads": cfg.n_heads, "num_hidden_layers": cfg.n_layers, "intermediate_size": cfg.hidden_dim,
+           "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "sliding_window": cfg.sliding_window,
+           "layer_types": list(cfg.layer_types), "attention_bias": cfg.attention_bias, "hidden_act": "silu",
+           "tie_word_embeddings": cfg.tie_word_embeddings, "torch_dtype": "float32"}
+    if cfg.family == "olmo3":
+        full = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_base}
+        if cfg.rope_type == "yarn":
+            full |= {"factor": cfg.rope_factor, "attention_factor": cfg.rope_attention_factor,
+                     "original_max_position_embeddings": cfg.rope_orig_max, "beta_fast": cfg.beta_fast,
+                     "beta_slow": cfg.beta_slow}
+        raw |= {"rms_norm_eps": cfg.rms_norm_eps,
+                "rope_parameters": {"full_attention": full,
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_base}}}
+    else:
+        raw |= {"layer_norm_eps": cfg.layer_norm_eps, "logit_scale": cfg.logit_scale,
+                "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base}}
+    return raw
+
+
+_GLASS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, nn.Module]]" = weakref.WeakKeyDictionary()
+
+
+def bonus_glass(module: nn.Module) -> nn.Module | None:
+    """transformers' Olmo3ForCausalLM or Cohere2ForCausalLM as the glass model whose every parameter is a view of
+    the module's own tensor (nothing copied), made once per module (again if its tensors were replaced); None
+    for any other module. adopt.py checks its logits against the module's once."""
+    config = getattr(module, "config", None)
+    family = HF_MODEL_TYPES.get(getattr(config, "model_type", None))
+    if family is None or not isinstance(getattr(module, "lm_head", None), nn.Module):
+        return None
+    fingerprint = tuple((p.data_ptr(), p.dtype, p.device) for p in module.parameters())
+    found = _GLASS.get(module)
+    if found is not None and found[0] == fingerprint:
+        return found[1]
+    from . import build_model
+    cfg = bonus_config_from_hf(config.to_dict() | {"architectures": [type(module).__name__]}, type(module).__name__)
+    own = dict(module.named_parameters(remove_duplicate=False))
+    with torch.device("meta"):
+        glass = build_model(cfg)
+    for ours, theirs in bonus_hf_names(cfg):
+        owner, _, leaf = ours.rpartition(".")
+        setattr(glass.get_submodule(owner), leaf, nn.Parameter(own[theirs].detach(), requires_grad=False))
+    glass.tie_weights()
+    glass.adopted_kind = f"transformers' {type(module).__name__}"
+    glass.adopted_from = f"{glass.adopted_kind}, read in place as glassgpt's {type(glass).__name__}"
+    _GLASS[module] = (fingerprint, glass.eval())
+    return glass
