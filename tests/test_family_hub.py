@@ -218,12 +218,12 @@ def test_a_gated_repository_without_a_token_says_to_accept_the_license_and_set_h
 def test_an_uncovered_architecture_is_refused_from_config_json_before_any_weights(tmp_path, fake_hub, capsys):
     repo = tmp_path / "gemma"
     repo.mkdir()
-    (repo / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3"}))
+    (repo / "config.json").write_text(json.dumps({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2"}))
     (repo / "model.safetensors").write_bytes(b"weights that must not be fetched")
-    fake = fake_hub({"google/gemma-3-1b-pt": repo})
-    code, _, err = run(["explain", PROMPT, "--model", "google/gemma-3-1b-pt"], capsys)
-    assert_one_line_error(code, err, "google/gemma-3-1b-pt's config.json is a Gemma3ForCausalLM (gemma3)",
-                          "glassgpt covers Qwen3ForCausalLM (qwen3), LlamaForCausalLM (llama3)")
+    fake = fake_hub({"google/gemma-2-2b": repo})
+    code, _, err = run(["explain", PROMPT, "--model", "google/gemma-2-2b"], capsys)
+    assert_one_line_error(code, err, "google/gemma-2-2b's config.json is a Gemma2ForCausalLM (gemma2)",
+                          "glassgpt covers Qwen3ForCausalLM (qwen3), Qwen3MoeForCausalLM (qwen3), LlamaForCausalLM (llama3)")
     assert fake.network_calls() == [("hf_hub_download", "config.json", False)] and fake.sent == ["config.json"]
 
 

@@ -61,4 +61,4 @@ def cache_for(cfg, batch_size: int, max_len: int | None = None, device: torch.de
     """The cache generate gives `cfg`'s model: a HybridCache where some layer is linear attention, else a KVCache."""
     if "linear_attention" in (getattr(cfg, "layer_types", None) or ()):
         return HybridCache(cfg, batch_size, max_len, device, dtype)
-    return KVCache(cfg, batch_size, max_len, device, dtype)
+    return KVCache(cfg, batch_size, max_len, device=device, dtype=dtype)
