@@ -289,7 +289,7 @@ MODEL_FILES = {"glassgpt.model", "glassgpt.families", "glassgpt.families.qwen3",
                "glassgpt.families.gemma3", "glassgpt.families.layers"}
 FAMILY_TWINS = {  # a module for the other models beside the one for GPT-2
     "glassgpt.explain.family": "glassgpt.explain.trace", "glassgpt.explain.why_family": "glassgpt.explain.why",
-    "glassgpt.explain.verify_family": "glassgpt.explain.verify", "glassgpt.engine.family": "glassgpt.engine.step",
+    "glassgpt.explain.verify_family": "glassgpt.explain.verify",
     "glassgpt.explain.views.family": "glassgpt.explain.views.text"}
 FAMILIES_COPIES = {  # families/ copies of a top-level module
     "glassgpt.families.adopt": "glassgpt.adopt", "glassgpt.families.config": "glassgpt.config",

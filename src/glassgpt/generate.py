@@ -9,7 +9,7 @@ prompt, temperature, top-k and seed, that draws the very tokens the book's `gene
 draws after `torch.manual_seed(seed)` (tests/test_book.py), up to one difference: the
 book stops *before* an `eos_id` and drops it, glassgpt keeps it as the last token.
 
-By default the engine (`glassgpt.engine`; engine/family.py for Qwen3 and Llama 3) runs the model
+By default the engine (`glassgpt.engine`; its TwinSteps for Qwen3 and Llama 3) runs the model
 with a KV cache, so each step
 feeds it one token; `use_cache=False` is the book's loop instead, the whole sequence
 through the glass model at every step. Either way, when the sequence outgrows
@@ -29,7 +29,7 @@ from torch import nn
 
 from .adopt import adopt, adopted_from
 from .engine import as_engine, pages
-from .engine.family import family_steps
+from .engine.decode import twin_steps
 from .engine.hybrid_cache import cache_for
 from .families import is_bonus_model, is_family_model
 from .model import GPTModel
@@ -154,7 +154,7 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
         use_cache = False
     bonus = is_bonus_model(glass)
     if use_cache:
-        engine = GlassSteps(glass) if bonus else family_steps(glass) if family else \
+        engine = GlassSteps(glass) if bonus else twin_steps(glass) if family else \
             as_engine(glass if adopted_from(glass) else model)
     device = glass.tok_emb.weight.device
     prompt = as_batch(ids, device)
