@@ -16,7 +16,7 @@ from ..explain.views import draw
 from ..explain.compare import compare, same_tokenizer
 from ..explain.views.compare import comparison_layout, comparison_text
 from ..explain.views.diagram import layout, save_attention_png
-from ..explain.family import changes_from_gpt2, family_trace
+from ..explain.trace import changes_from_gpt2, family_trace
 from ..families import is_family_model
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
 from ..explain.pieces import sliding_windows
@@ -107,7 +107,7 @@ def run_explain(args: argparse.Namespace) -> int:
         _check_layers(args, cfg.n_layers)
     model, tok = load(args, source, tokens=len(args.prompt.encode("utf-8")))  # (its bytes bound its tokens)
     _check_layers(args, model.cfg.n_layers)
-    if is_family_model(model):  # Qwen3, Llama 3.2: the text view of explain/family.py
+    if is_family_model(model):  # Qwen3, Llama 3.2: the rotary trace's text view (explain/trace.py)
         return _run_family(args, model, tok, source)
     about = read_as(args, source, model)
     allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
