@@ -73,3 +73,19 @@ def test_about_names_the_model_and_warns_of_random_weights():
     text = tr.to_text()
     assert tr.about["name"] == "my-qwen" and "model my-qwen" in text
     assert "RANDOM WEIGHTS" in text and "n_heads assumed" in text
+
+
+def test_glassgpt_explain_of_a_family_folder_reads_block_and_temperature(tmp_path, monkeypatch, capsys):
+    import json
+
+    from glassgpt.cli import main
+    from glassgpt.formats import families
+    from glassgpt.formats.families import export_family_hf
+    monkeypatch.setattr(families, "load_family_tokenizer", lambda spec: TOK)
+    folder = str(export_family_hf(model_of(QWEN), tmp_path / "qwen"))
+    out = tmp_path / "trace.json"
+    assert main(["explain", TEXT, "--model", folder, "--block", "1", "--temperature", "0.5", "--format", "json",
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    assert data["block"] == 1 and data["temperature"] == 0.5
+    assert data["answers"]["one_hot"]["equal_one_hot_matmul"] is True  # the third answer, always checked here

@@ -144,8 +144,10 @@ def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None =
     if named is None and adopted_kind(model):
         about = replace(about, name=adopted_kind(model))
     if anatomy.positions.kind != "learned":  # positions inside the attention: its stages are the rotary trace's
-        return rotary_trace(model, tokenizer, ids=prompt.ids, options=opt, about=about, cancel=cancel,
-                            progress=progress)
+        result, last = rotary_trace(model, tokenizer, ids=prompt.ids, options=opt, about=about, cancel=cancel,
+                                    progress=progress)
+        result.notes = [n for n in (adopted_from(model), prompt.note) if n]
+        return result, last
     anatomy = describe(model)  # the glass model's parts: their paths are the stage names
     batch = torch.tensor([prompt.ids], device=model.get_submodule(anatomy.embedding.path).weight.device)  # [b=1, t]
     rec = Recorder(_kept_tensors(anatomy, opt), cfg.n_layers * (2 if opt.logit_lens else 1) + opt.embedding_check,
@@ -445,6 +447,7 @@ class FamilyTrace(Result):
     about: dict[str, Any] = field(default_factory=dict)  # name, random_weights, notes: what the weights cannot tell
     block: int = 0                                   # the block whose modules the stages' shapes were read from
     temperature: float = 1.0                         # what the last logits were divided by before the softmax
+    notes: list[str] = field(default_factory=list)   # as Trace.notes: e.g. what was kept of a prompt over the context
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
