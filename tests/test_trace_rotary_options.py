@@ -13,6 +13,7 @@ from glassgpt.explain.options import TraceOptions
 from glassgpt.explain.trace import trace, trace_with_logits
 from glassgpt.families import build_model
 from glassgpt.formats.source import About
+from glassgpt.kinds import describe
 
 from helpers import CHAR_LLAMA as LLAMA, CHAR_QWEN as QWEN, CHAR_TEXT as TEXT, CHAR_TOK as TOK
 
@@ -89,3 +90,63 @@ def test_glassgpt_explain_of_a_family_folder_reads_block_and_temperature(tmp_pat
     data = json.loads(out.read_text())
     assert data["block"] == 1 and data["temperature"] == 0.5
     assert data["answers"]["one_hot"]["equal_one_hot_matmul"] is True  # the third answer, always checked here
+
+
+# --- every rotary model the house reads, through the same trace (issue 47: main's Gemma 3, Qwen3.5, OLMo 3
+# and Tiny Aya carried from explain/family.py into trace.py) -------------------------------------------------
+
+def _rotary_models():
+    from glassgpt.families import FamilyConfig, Gemma3Config, Olmo3Config, Qwen3_5Config, TinyAyaConfig
+    v, sliding, full = TOK.n_vocab, "sliding_attention", "full_attention"
+    small = dict(vocab_size=v, context_length=32, emb_dim=32, n_heads=4, n_layers=4, hidden_dim=48, head_dim=8)
+    aya = dict(small, n_kv_heads=2, sliding_window=4, layer_types=(sliding, sliding, full, sliding),
+               rope_base=10_000.0)
+    return {
+        "qwen3_moe": FamilyConfig(family="qwen3", n_kv_groups=2, qk_norm=True, rope_base=1e6, num_experts=4, num_experts_per_tok=2,
+                                  moe_hidden_dim=24, **small),
+        "gemma3": Gemma3Config(n_kv_groups=2, rope_local_base=10_000.0, rope_base=1e6, sliding_window=4,
+                               layer_types=(sliding, full, sliding, full), query_pre_attn_scalar=24, **small),
+        "qwen3_5": Qwen3_5Config(family="qwen3_5", n_kv_groups=2, qk_norm=True, rope_base=1e6, linear_conv_kernel_dim=3,
+                                 linear_key_head_dim=8, linear_value_head_dim=6, linear_num_key_heads=2,
+                                 linear_num_value_heads=4,
+                                 layer_types=("linear_attention", "full_attention", "linear_attention", "linear_attention"),
+                                 **small),
+        "olmo3": Olmo3Config(**aya),
+        "tiny_aya": TinyAyaConfig(**aya),
+    }
+
+
+ROTARY = _rotary_models()
+
+
+@pytest.mark.parametrize("kind", list(ROTARY))
+def test_every_rotary_model_reads_block_lens_progress_and_temperature_through_the_one_trace(kind):
+    model, steps = model_of(ROTARY[kind]), []
+    n, last = model.cfg.n_layers, model.cfg.n_layers - 1  # Qwen3.5's last block is linear attention: no keys
+    opt = TraceOptions(block=last, logit_lens=True, temperature=0.5, top_k=3)
+    tr, logits = trace_with_logits(model, TOK, TEXT, options=opt, progress=lambda *step: steps.append(step))
+    assert [s[0] for s in steps[:n]] == [block.path for block in describe(model).blocks]  # Gemma's: blocks.N
+    assert [s[1] for s in steps] == list(range(1, 2 * n + 2))
+    assert steps[-1] == ("embedding_check", 2 * n + 1, 2 * n + 1)
+    assert tr.block == last and len(tr.logit_lens["layers"]) == n
+    expected = torch.softmax(logits.float() / 0.5, dim=-1).topk(3)
+    assert [t["id"] for t in tr.next_tokens] == expected.indices.tolist()
+    with torch.no_grad():
+        assert tr.next_token["id"] == int(model(torch.tensor([TOK.encode(TEXT)]))[0, -1].argmax())
+    assert tr.answers["one_hot"]["equal_one_hot_matmul"] is True
+    names = [s["name"] for s in tr.stages]
+    assert names[:2] == ["ids", "tok_emb"] and names[-2:] == ["final_norm", "out_head"]
+    assert ("linear attention" in names) == (kind == "qwen3_5")
+    h, hd = model.cfg.n_heads, model.cfg.head_dim
+    assert tr.attention["q_shape"] == [1, h, len(tr.tokens), hd]
+
+
+def test_the_feed_forward_stage_says_what_the_description_says():
+    notes = {kind: next(s["note"] for s in trace(model_of(cfg), TOK, TEXT).stages if s["name"] == "ff")
+             for kind, cfg in ROTARY.items()}
+    assert notes["qwen3_moe"].startswith("router gate: 4 expert scores; each token runs its top 2 SwiGLU experts, "
+                                         "32 -> 24 -> 32")
+    assert notes["gemma3"] == "GeGLU: fc3(gelu_tanh(fc1(x)) * fc2(x)), 32 -> 48 -> 32"
+    assert notes["olmo3"] == "SwiGLU: fc3(silu(fc1(x)) * fc2(x)), 32 -> 48 -> 32"
+    gemma_emb = next(s["note"] for s in trace(model_of(ROTARY["gemma3"]), TOK, TEXT).stages if s["name"] == "tok_emb")
+    assert "times sqrt(32) = 5.66" in gemma_emb
