@@ -150,3 +150,10 @@ def test_the_feed_forward_stage_says_what_the_description_says():
     assert notes["olmo3"] == "SwiGLU: fc3(silu(fc1(x)) * fc2(x)), 32 -> 48 -> 32"
     gemma_emb = next(s["note"] for s in trace(model_of(ROTARY["gemma3"]), TOK, TEXT).stages if s["name"] == "tok_emb")
     assert "times sqrt(32) = 5.66" in gemma_emb
+
+
+def test_attention_weights_of_a_model_with_linear_attention_layers_are_refused_in_one_line():
+    """Qwen3.5's Gated DeltaNet layers keep a state, no weights over the positions (a KeyError before)."""
+    from glassgpt.errors import GlassError
+    with pytest.raises(GlassError, match="layers 0, 2, 3 are linear attention .*: trace it without --attention"):
+        trace(model_of(ROTARY["qwen3_5"]), TOK, TEXT, options=TraceOptions(attention=True))

@@ -608,8 +608,8 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     family."""
     opt, about = options or TraceOptions(), about or About()
     cfg, anatomy = model.cfg, describe(model)
-    if opt.attention and not is_family_model(model):  # attention_of follows Qwen3's and Llama's QK-norm and RoPE
-        raise GlassError(f"{anatomy.name}'s attention weights are not traced yet: trace it without --attention")
+    if opt.attention:
+        _check_weights_traceable(model, anatomy)
     device = model.get_submodule(anatomy.embedding.path).weight.device
     ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=device)  # [1, t]
     opened = anatomy.blocks[opt.block]
@@ -659,6 +659,16 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         tr.answers["one_hot"] = check_embedding_is_linear(model, ids, timing=False)
         rec.step("embedding_check")
     return tr, logits[0, -1]
+
+
+def _check_weights_traceable(model: nn.Module, anatomy: an.Anatomy) -> None:
+    """Refuse, in one line, the attention weights attention_of cannot compute for this model."""
+    if not is_family_model(model):  # attention_of follows Qwen3's and Llama's QK-norm and RoPE
+        raise GlassError(f"{anatomy.name}'s attention weights are not traced yet: trace it without --attention")
+    linear = [block.index for block in anatomy.blocks if block.attention.kind == "linear"]
+    if linear:  # Qwen3.5's Gated DeltaNet layers: a state, no weights over the positions
+        raise GlassError(f"{anatomy.name}'s layers {', '.join(map(str, linear))} are linear attention (a state, no "
+                         "attention weights over the positions): trace it without --attention")
 
 
 def _heads_and_positions(anatomy: an.Anatomy, att: an.Attention, q_shape: tuple, kv_shape: list[int]
