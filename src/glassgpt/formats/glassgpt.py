@@ -184,6 +184,8 @@ def config_from_values(values: dict[str, Any], source: str, error: type[Exceptio
     values = {k: v for k, v in values.items() if k != "glassgpt_version"}
     try:
         if "family" in values:  # a Qwen3, Llama 3 or Qwen3.5 model glassgpt trained or saved (families/)
+            if values["family"] in ("qwen3", "llama3"):  # (a hand-written one may leave norm_eps: the book's)
+                return FamilyConfig.from_book_dict(values["family"], values)
             return (Qwen3_5Config if values["family"] == "qwen3_5" else FamilyConfig).from_dict(values)
         return GPTConfig.from_dict(values)
     except ConfigError as e:
