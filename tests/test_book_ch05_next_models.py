@@ -146,3 +146,76 @@ def test_a_window_longer_than_the_models_context_is_refused_in_one_line(text, tm
                  str(tmp_path / "run"), "--context-length", "128", "--no-progress"]) != 0
     message = one_line_error(capsys)
     assert "--context-length 128 is longer than" in message and "context_length 64" in message
+
+
+class _BookTokenizerForChapter2:
+    """The notebook's own Qwen3Tokenizer where chapter 2's GPTDatasetV1 and chapter 5's text_to_token_ids pass
+    tiktoken's `allowed_special` (the notebook's GPTDatasetV1 calls plain `tokenizer.encode(txt)`)."""
+
+    def __init__(self, book):
+        self.book = book
+
+    def encode(self, text, allowed_special=None):
+        return self.book.encode(text)
+
+    def decode(self, ids):
+        return self.book.decode(ids)
+
+
+def test_the_notebook_with_qwen3s_own_tokenizer_json_and_the_run_keeps_that_file(text, tmp_path):
+    """--tokenizer tokenizer.json (a tiny byte-level BPE with Qwen3's specials, as the hub's file is built):
+    the lines equal the notebook's loop on the book's Qwen3Tokenizer; the checkpoint holds the file, and
+    generate reads it back."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from llms_from_scratch.qwen3 import Qwen3Tokenizer
+    from torch.utils.data import DataLoader
+    from glassgpt.formats.family_tokenizers import QWEN_SPECIALS
+
+    raw = text.read_text(encoding="utf-8")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator([raw], trainers.BpeTrainer(vocab_size=300, special_tokens=list(QWEN_SPECIALS),
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    cfg = {**TINY["qwen3"], "vocab_size": tok.get_vocab_size()}
+
+    torch.set_num_threads(1)
+    book_tok = _BookTokenizerForChapter2(Qwen3Tokenizer(str(path), apply_chat_template=False))
+    split = int(0.90 * len(raw))
+    loader = lambda part, train: DataLoader(ch02.GPTDatasetV1(part, book_tok, WINDOW, WINDOW), batch_size=2,  # noqa: E731
+                                            shuffle=train, drop_last=train, num_workers=0)
+    train_loader, val_loader = loader(raw[:split], True), loader(raw[split:], False)
+    torch.manual_seed(123)
+    model = Qwen3Model({**cfg, "dtype": torch.float32})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0004, weight_decay=0.1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(book_ch05, "generate_and_print_sample", notebook_sample)
+        book_ch05.train_model_simple(model, train_loader, val_loader, optimizer, "cpu", num_epochs=1, eval_freq=5,
+                                     eval_iter=5, start_context="Every effort moves you", tokenizer=book_tok)
+    book_lines = printed.getvalue().splitlines()
+
+    config, out = tmp_path / "qwen3.json", tmp_path / "run"
+    config.write_text(json.dumps({"family": "qwen3", **cfg}), encoding="utf-8")
+    lines, said = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(lines), contextlib.redirect_stderr(said):
+        assert main(["train", "--recipe", "book", "--model", str(config), "--tokenizer", str(path), "--data",
+                     str(text), "--out", str(out), "--context-length", str(WINDOW), "--epochs", "1",
+                     "--threads", "1", "--no-progress"]) == 0
+    ours = [line for line in lines.getvalue().splitlines() if line.startswith(("Ep ", "Every effort moves you"))]
+    assert book_lines[0].startswith("Ep 1 (Step 000000)") and ours == book_lines
+    assert f"the tokenizer {path}" in said.getvalue()
+    assert (out / "latest" / "tokenizer.json").read_bytes() == path.read_bytes()  # the file itself, kept
+    generated = io.StringIO()
+    with contextlib.redirect_stdout(generated), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["generate", "Every effort", "--model", str(out), "--max-new-tokens", "3",
+                     "--threads", "1"]) == 0
+    assert generated.getvalue().startswith("Every effort")
+
+
+def test_a_checkpoints_record_of_a_tokenizer_file_is_refused_in_one_line_naming_the_flag():
+    from glassgpt.errors import TokenizerError
+    from glassgpt.tokenizer import tokenizer_from_dict
+    with pytest.raises(TokenizerError, match=r"names the tokenizer file 'tokenizer.model'.*--tokenizer PATH"):
+        tokenizer_from_dict({"type": "file", "name": "llama3", "file": "tokenizer.model", "sha256": "0" * 64})

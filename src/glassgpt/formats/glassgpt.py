@@ -292,7 +292,12 @@ def save_model(model: GPTModel, path: str | os.PathLike, tokenizer: Tokenizer | 
     atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     cfg = {"glassgpt_version": __version__, **model.cfg.to_dict()}
     atomic_write(path / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(cfg, indent=2)))
-    if tokenizer is not None:
+    file = getattr(tokenizer, "file", None)  # a model's own tokenizer.json or tokenizer.model: kept as it is
+    if file is not None:
+        data = Path(file).read_bytes()
+        name = "tokenizer.model" if Path(file).suffix == ".model" else "tokenizer.json"
+        atomic_write(path / name, lambda tmp: Path(tmp).write_bytes(data))
+    elif tokenizer is not None:
         spec = json.dumps(tokenizer.to_dict(), ensure_ascii=False)
         atomic_write(path / "tokenizer.json", lambda tmp: Path(tmp).write_text(spec, encoding="utf-8"))
     if meta:
