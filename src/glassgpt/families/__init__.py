@@ -1,10 +1,10 @@
 """The book's next models after GPT-2, one glass file each: Qwen3 and its MoE (qwen3.py), Llama 3.2
 (llama3.py) and the bonus Gemma 3 (gemma3.py).
 
-    cfg = family_config("qwen3-0.6b", n_layers=2)   # FamilyConfig (config.py), a preset or your own
+    cfg = family_config("qwen3-0.6b", n_layers=2)   # FamilyConfig (glassgpt/config.py), a preset or your own
     model = build_model(cfg)                        # Qwen3Model or Llama3Model, by cfg.family
 
-They share one config type (config.py), their pieces (layers.py: RMSNorm, RoPE, grouped-query
+They share one config type (glassgpt/config.py), their pieces (layers.py: RMSNorm, RoPE, grouped-query
 attention, SwiGLU); the engine's KVCache keeps their key/value groups (`cfg.kv_heads`); GPT-2 (model.py) stays as the book's chapter 4 has it.
 memory.py counts their bytes from the config; adopt.py reads the book's and transformers' Qwen3 and
 Llama modules in place (what glassgpt.adopt calls for them).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config
+from ..config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config
 from .gemma3 import Gemma3Config, Gemma3Model
 from .llama3 import Llama3Model
 from .qwen3 import Qwen3Model

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import GlassError
 from . import build_model
-from .config import FamilyConfig, RopeFreq
+from ..config import FamilyConfig, RopeFreq
 from .gemma3 import Gemma3Config
 
 # transformers' names inside one decoder layer -> the book's (families/layers.py), the same [out, in] matrices

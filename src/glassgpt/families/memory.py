@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .config import FamilyConfig
+from ..config import FamilyConfig
 from .gemma3 import Gemma3Config
 
 
