@@ -292,7 +292,6 @@ FAMILY_TWINS = {  # a module for the other models beside the one for GPT-2
     "glassgpt.explain.verify_family": "glassgpt.explain.verify", "glassgpt.engine.family": "glassgpt.engine.step",
     "glassgpt.explain.views.family": "glassgpt.explain.views.text"}
 FAMILIES_COPIES = {  # families/ copies of a top-level module
-    "glassgpt.families.adopt": "glassgpt.adopt",
     "glassgpt.families.memory": "glassgpt.memory"}
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
     "glassgpt.explain.causes", "glassgpt.explain.check", "glassgpt.explain.compare", "glassgpt.explain.debugger",

@@ -4,8 +4,8 @@
     description_mismatches(model, anatomy) -> list[str]   where a description and its module disagree
 
 A kind is found by its children's names, then described by its glass file's describe(cfg) (model.py,
-families/qwen3.py, families/llama3.py) over the config its tensors and attributes say (adopt.py's and
-families/adopt.py's readers), with every path mapped to the object's own names:
+families/qwen3.py, families/llama3.py) over the config its tensors and attributes say (adopt.py's
+readers), with every path mapped to the object's own names:
     glassgpt's GPTModel, Qwen3Model (and its MoE), Llama3Model,  the glass names
       Gemma3Model
     the book's GPTModel, Qwen3Model, Llama3Model (and the     the same names (the book's)
@@ -25,18 +25,11 @@ from torch import nn
 
 from . import anatomy as an
 from . import model as gpt2
-from .adopt import config_of, layout_of
+from .adopt import KINDS_READ, LOOKED_FOR, config_of, family_layout, layout_of
 from .errors import GlassError, UnreadableModelError
 from .families import FAMILIES, gemma3, llama3, qwen3
-from .families.adopt import family_layout
 
 GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe}
-KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model and Gemma3Model; the book's GPTModel, Qwen3Model and Llama3Model "
-              "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
-              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM and Gemma3ForCausalLM")
-LOOKED_FOR = ("the book's children (tok_emb, trf_blocks, final_norm, out_head), nanoGPT's and GPT-2's "
-              "(transformer.wte, transformer.h, transformer.ln_f, lm_head) or Qwen3's and Llama's "
-              "(model.embed_tokens, model.layers, model.norm, lm_head)")
 
 # The name maps: a glass path inside block i (after "trf_blocks.{i}.") -> the object's own.
 GPT2_HF = {"norm1": "ln_1", "norm2": "ln_2", "att": "attn", "att.out_proj": "attn.c_proj", "ff": "mlp",
@@ -92,12 +85,8 @@ def _foreign(model: nn.Module) -> an.Anatomy:
     try:
         layout = layout_of(model)
         cfg = config_of(model, layout)
-    except (AttributeError, TypeError, KeyError, IndexError):
+    except (AttributeError, TypeError, KeyError, IndexError, UnreadableModelError):
         raise UnreadableModelError(_unreadable(model)) from None
-    except GlassError as err:
-        if "is not a GPT-2-shaped model" in str(err):
-            raise UnreadableModelError(_unreadable(model)) from None
-        raise
     anatomy = _as_read(replace(gpt2.describe(cfg), source=layout.kind), layout)
     if layout.stages.get("tok_emb") == "tok_emb":
         return _book_variants(model, anatomy, cfg.emb_dim)

@@ -6,8 +6,8 @@
 
 They share one config type (glassgpt/config.py), their pieces (layers.py: RMSNorm, RoPE, grouped-query
 attention, SwiGLU); the engine's KVCache keeps their key/value groups (`cfg.kv_heads`); GPT-2 (model.py) stays as the book's chapter 4 has it.
-memory.py counts their bytes from the config; adopt.py reads the book's and transformers' Qwen3 and
-Llama modules in place (what glassgpt.adopt calls for them).
+memory.py counts their bytes from the config; glassgpt's adopt.py reads the book's, the notebooks' and
+transformers' Qwen3, Llama and Gemma 3 modules in place.
 """
 
 from __future__ import annotations
