@@ -1,6 +1,7 @@
 """The kinds of model object glassgpt reads, each described through its glass file and one name map.
 
     describe(model) -> Anatomy        glassgpt.describe: any kind below, with no copy of its weights
+    describe_config(cfg) -> Anatomy   the same from a config alone, before any weights exist
     description_mismatches(model, anatomy) -> list[str]   where a description and its module disagree
 
 A kind is found by its children's names, then described by its glass file's describe(cfg) (model.py,
@@ -48,6 +49,12 @@ GEMMA3_HF = {"att": "self_attn", "att.W_query": "self_attn.q_proj", "att.W_key":
              "ff.fc3": "mlp.down_proj"} | {n: n for n in ("input_layernorm", "post_attention_layernorm",
                                                            "pre_feedforward_layernorm", "post_feedforward_layernorm")}
 GEMMA3_TOP = ROPE_TOP | {"blocks": "model.layers"}
+
+
+def describe_config(cfg) -> an.Anatomy:
+    """What a model of `cfg` is made of, as its glass file declares it (a GPTConfig: model.py; a family's
+    config: its family's file), before any weights exist: what memory.py counts bytes from."""
+    return GLASS[cfg.family](cfg) if hasattr(cfg, "family") else gpt2.describe(cfg)
 
 
 def describe(model: nn.Module) -> an.Anatomy:

@@ -1,11 +1,18 @@
-"""How many bytes a GPT-2 needs, from its config alone: weights, KV cache, training state.
+"""How many bytes a model needs, from its config alone: weights, KV cache, training state.
 
     memory_needs(cfg, dtype, batch_size, seq_len) -> {"weights": bytes, "kv_cache": ..., ...}
     parameter_table(cfg) -> the parameters of every module, as `glassgpt info` prints them
+    architecture_notes(cfg) -> what `info` says about the attention, the positions and the tie
     available_memory() -> Free(ram, swap): what this machine has free now (MemAvailable, SwapFree)
     training_fit / inference_fit(cfg, ..., free) -> None, a note (only swap would be touched), or a
         ConfigError with the figure and the nearest settings that fit: what the commands check first
     with_margin(need) -> what a run of that estimate is let have: need x 1.2 + 512 MiB (MARGIN)
+
+Every figure is read from the model's description (anatomy.py, as its glass file declares it:
+kinds.describe_config), never from its family: the matrices and norms it lists, the key/value heads
+its attention keeps (grouped-query attention's saving), RoPE's float32 cos/sin tables where positions
+are rotary, a gated feed-forward's extra hidden tensors. The config adds what a description does not
+hold (drop_rate).
 
 One estimate (memory_needs) and one comparison (fits: the estimate with its margin against
 MemAvailable) serve every command: `info` prints both, generate, explain and serve refuse a model
@@ -14,13 +21,12 @@ run (training_fit), and formats.check_buildable refuses, for any caller of the l
 that would not fit even in swap. GLASSGPT_MEMORY_AVAILABLE (bytes, or a size such as 22.2GiB)
 stands for MemAvailable, with no swap, where it is set: for tests and fault drills.
 
-A back-of-the-envelope count that follows what the forward pass keeps (model.py) and
-what AdamW stores, so it tells a reader whether gpt2-xl fits before they load it.
-tests/test_memory.py holds it to within 20% of the peak that PyTorch's allocator
-records for a real generation and real training steps on a CPU; the process needs some
-more for the allocator's own slack. Training counts the activations that backward
-needs when attention runs through a fused kernel (SDPA keeps q, k, v and its output,
-never the [t, t] scores) and no activation checkpointing.
+A back-of-the-envelope count that follows what the forward pass keeps and what AdamW stores, so it
+tells a reader whether gpt2-xl fits before they load it. tests/test_memory.py holds GPT-2's to within
+20% of the peak that PyTorch's allocator records for a real generation and real training steps on a
+CPU; the process needs some more for the allocator's own slack. Where the engine runs attention
+through a fused kernel (SDPA keeps q, k, v and its output, never the [t, t] scores), training counts
+that; a glass attention keeps its [b, h, t, t] weights. No activation checkpointing.
 """
 
 from __future__ import annotations
@@ -33,24 +39,42 @@ from typing import Any
 
 import torch
 
+from . import anatomy as an
 from .config import GPTConfig
 from .engine.attention import ATTENTION_BLOCK
-from .errors import ConfigError
-from .families import FAMILY_CONFIGS, FamilyConfig
-from .families.memory import family_memory_needs, family_parameter_table
+from .errors import ConfigError, GlassError
+from .kinds import describe_config
 
 INT8 = "int8"  # weight-only int8 (engine/int8.py): Linear weights 1 byte, the rest bfloat16
 INT4 = "int4"  # 4-bit groups (engine/int4.py): Linear weights half a byte + a scale and a minimum per group
 QUANTIZED = (INT8, INT4)
 
 
+MOST_BLOCKS = 512  # described one by one up to this; past it, one block stands for every layer
+
+
+def described(cfg) -> tuple[an.Anatomy, int]:
+    """The description of `cfg` and how many layers each of its blocks stands for (1; a config that claims
+    more than MOST_BLOCKS layers, such as a million, is counted from one block, which every model of so many
+    layers described so far repeats, so that an estimate stays a few milliseconds)."""
+    if cfg.n_layers <= MOST_BLOCKS:
+        return describe_config(cfg), 1
+    return describe_config(replace(cfg, n_layers=1)), cfg.n_layers
+
+
+def engine_runs(anatomy: an.Anatomy) -> bool:
+    """Whether the engine's kernels (fused attention, int8 and int4 Linear layers) run this model: the
+    learned-position block they were written for; a rotary model runs its glass code."""
+    return anatomy.positions.kind == "learned"
+
+
 @dataclass(frozen=True)
 class ModuleShape:
-    """One module's parameters, from the config: its weight's shape and its bias's length."""
+    """One module's parameters, from the description: its weight's shape and its bias's length."""
     name: str
     weight: tuple[int, ...]
     bias: int
-    kind: str  # "embedding", "norm" (weight and bias) or "linear"
+    kind: str  # "embedding", "norm" or "linear"
     note: str = ""
     tied: bool = False  # the weight is another module's tensor, counted there
 
@@ -63,48 +87,81 @@ class ModuleShape:
         return self.weight_params + self.bias
 
 
-def block_modules(cfg: GPTConfig) -> list[ModuleShape]:
-    """The modules of one TransformerBlock (model.py), in order."""
-    d = cfg.emb_dim
-    qkv_bias = d if cfg.qkv_bias else 0
-    return [ModuleShape("norm1", (d,), d, "norm"),
-            ModuleShape("att.W_query", (d, d), qkv_bias, "linear"),
-            ModuleShape("att.W_key", (d, d), qkv_bias, "linear"),
-            ModuleShape("att.W_value", (d, d), qkv_bias, "linear"),
-            ModuleShape("att.out_proj", (d, d), d, "linear"),
-            ModuleShape("norm2", (d,), d, "norm"),
-            ModuleShape("ff.layers.0", (4 * d, d), 4 * d, "linear"),   # d -> 4d
-            ModuleShape("ff.layers.2", (d, 4 * d), d, "linear")]       # 4d -> d
+NORM_NOTES = {"rmsnorm": "RMSNorm: a scale, no shift", "rmsnorm_plus_one": "RMSNorm: x / rms(x) * (1 + scale)"}
 
 
-def model_modules(cfg: GPTConfig) -> tuple[list[ModuleShape], list[ModuleShape], list[ModuleShape]]:
-    """(before the blocks, one block, after the blocks), as model.py builds them."""
-    d = cfg.emb_dim
-    if cfg.num_classes is not None:
-        head = ModuleShape("out_head", (cfg.out_dim, d), cfg.out_dim, "linear", "hidden -> classes")
-    elif cfg.tie_embeddings:  # GPT-2's choice: the head *is* tok_emb
-        head = ModuleShape("out_head", (cfg.out_dim, d), 0, "linear",
-                      "hidden -> vocab: the same tensor as tok_emb.weight, counted once", tied=True)
+def _norm(norm: an.Norm, note: str = "") -> ModuleShape:
+    note = note or (NORM_NOTES.get(norm.kind, "") if norm.role in ("attn_in", "final") else "")
+    return ModuleShape(norm.path, (norm.dim,), norm.dim if norm.bias is not None else 0, "norm", note)
+
+
+def _linear(lin: an.Linear, note: str = "") -> ModuleShape:
+    return ModuleShape(lin.path, (lin.out_features, lin.in_features), lin.out_features if lin.bias else 0,
+                       "linear", note)
+
+
+def block_modules(block: an.Block) -> list[ModuleShape]:
+    """The modules of one block, in the order its forward meets them."""
+    att, ff = block.attention, block.ff
+    h, g, hd = att.n_heads, att.n_kv_groups, att.head_dim
+    grouped = g < h
+    rows = [_norm(n) for n in block.norms if n.role == "attn_in"]
+    rows += [_linear(att.query, f"{h} query heads of {hd}" if grouped else ""),
+             _linear(att.key, f"{g} key heads, each shared by {h // g} query heads" if grouped else ""),
+             _linear(att.value, f"{g} value heads" if grouped else ""), _linear(att.out)]
+    rows += [_norm(n, "QK-norm: one scale per head dimension" if n.role == "q_norm" else "")
+             for n in (att.q_norm, att.k_norm) if n]
+    rows += [_norm(n, "on att's output, before the residual add" if n.role == "attn_out" else "")
+             for n in block.norms if n.role in ("attn_out", "ff_in")]
+    if ff.experts is not None:  # E experts' matrices; a token reads k of them
+        E, k = ff.experts.n_experts, ff.experts.per_token
+        rows.append(_linear(ff.experts.router, f"the router: a score per expert; each token runs its top {k}"))
+        rows += [ModuleShape(lin.path.rpartition(".")[0], (E, lin.out_features, lin.in_features), 0, "linear",
+                             f"{E} experts' {what}") for lin, what in ((ff.gate, "gates"), (ff.up, "ups"),
+                                                                       (ff.down, "downs, back to d"))]
     else:
-        head = ModuleShape("out_head", (cfg.out_dim, d), 0, "linear", "hidden -> vocab")
-    return ([ModuleShape("tok_emb", (cfg.vocab_size, d), 0, "embedding", "vocab -> hidden"),
-             ModuleShape("pos_emb", (cfg.context_length, d), 0, "embedding", "one row per position")],
-            block_modules(cfg),
-            [ModuleShape("final_norm", (d,), d, "norm"), head])
+        if ff.gate is not None:
+            rows.append(_linear(ff.gate, f"gate: {ff.activation}({ff.gate.path.rpartition('.')[2]}(x))"))
+        rows += [_linear(ff.up, f"times {ff.up.path.rpartition('.')[2]}(x)" if ff.gate else ""),
+                 _linear(ff.down, "back to d" if ff.gate else "")]
+    rows += [_norm(n, "on ff's output, before the residual add") for n in block.norms if n.role == "ff_out"]
+    return rows
 
 
-def parameter_table(cfg: GPTConfig) -> dict[str, Any]:
+def model_modules(cfg) -> tuple[list[ModuleShape], list[list[ModuleShape]], list[ModuleShape], int]:
+    """(before the blocks, each block's modules, after the blocks, the layers each block stands for), as the
+    description lists them."""
+    anatomy, repeat = described(cfg)
+    emb, head, d = anatomy.embedding, anatomy.head, anatomy.embedding.emb_dim
+    rotary = anatomy.positions.kind == "rope"
+    scaled = f", times sqrt({d})" if emb.scale else ""
+    before = [ModuleShape(emb.path, (emb.vocab_size, d), 0, "embedding", f"vocab -> hidden{scaled}"
+                          + (" (no pos_emb: RoPE turns q and k in each attention)" if rotary else ""))]
+    if anatomy.positions.kind == "learned":
+        before.append(ModuleShape(anatomy.positions.path, (anatomy.positions.context_length, d), 0, "embedding",
+                                  "one row per position"))
+    what = "hidden -> vocab" if head.out_features == emb.vocab_size and not head.bias else "hidden -> classes"
+    if head.tied:
+        head_row = ModuleShape(head.path, (head.out_features, d), 0, "linear",
+                               f"{what}: the same tensor as {emb.path}.weight, counted once", tied=True)
+    else:
+        head_row = ModuleShape(head.path, (head.out_features, d), head.out_features if head.bias else 0, "linear", what)
+    return before, [block_modules(b) for b in anatomy.blocks], [_norm(anatomy.final_norm), head_row], repeat
+
+
+def parameter_table(cfg) -> dict[str, Any]:
     """Per-module parameter counts and the totals with and without weight tying, from the
     config alone (no weights are built): what `glassgpt info` and `explain` print."""
-    if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3.2, Gemma 3 (families/memory.py)
-        return family_parameter_table(cfg)
-    before, block, after = model_modules(cfg)
-    per_block = sum(m.params for m in block)
-    total = sum(m.params for m in before + after) + cfg.n_layers * per_block
+    before, blocks, after, repeat = model_modules(cfg)
+    in_blocks = repeat * sum(m.params for block in blocks for m in block)
+    total = sum(m.params for m in before + after) + in_blocks
     tied = sum(math.prod(m.weight) for m in after if m.tied)
-    rows = [_row(m.name, m) for m in before] + [_row(f"trf_blocks.N.{m.name}", m, "in each block") for m in block]
-    rows.append({"name": f"trf_blocks (x{cfg.n_layers})", "shape": "", "params": cfg.n_layers * per_block,
-                 "note": f"{per_block:,} per block"})
+    first = blocks[0]  # the blocks differ in their attention's window at most: their modules are the first's
+    where = first[0].name.split(".")[0]
+    rows = [_row(m.name, m) for m in before]
+    rows += [_row(f"{where}.N.{m.name.split('.', 2)[2]}", m, m.note or "in each block") for m in first]
+    rows.append({"name": f"{where} (x{cfg.n_layers})", "shape": "", "params": in_blocks,
+                 "note": f"{in_blocks // cfg.n_layers:,} per block"})
     rows += [_row(m.name, m) for m in after]
     return {"modules": rows, "total": total, "total_untied": total + tied, "tied": tied > 0}
 
@@ -114,22 +171,60 @@ def _row(name: str, module: ModuleShape, note: str | None = None) -> dict[str, A
             "note": module.note if note is None else note}
 
 
-def parameter_counts(cfg: GPTConfig) -> dict[str, int]:
+def parameter_counts(cfg) -> dict[str, int]:
     """Parameters by kind: `linear` (the matrices of the blocks and the head), `other` (the rest)."""
-    before, block, after = model_modules(cfg)
+    before, blocks, after, repeat = model_modules(cfg)
     def linear(modules: list[ModuleShape]) -> int:
         return sum(m.weight_params for m in modules if m.kind == "linear")
     def total(modules: list[ModuleShape]) -> int:
         return sum(m.params for m in modules)
-    n_linear = cfg.n_layers * linear(block) + linear(after)
+    n_linear = repeat * sum(linear(b) for b in blocks) + linear(after)
     return {
         "linear": n_linear,
-        "other": total(before) + cfg.n_layers * total(block) + total(after) - n_linear,
-        "head_rows": cfg.out_dim,  # the int8 head needs its own copy when tied
+        "other": total(before) + repeat * sum(total(b) for b in blocks) + total(after) - n_linear,
+        "head_rows": after[-1].weight[0],  # the int8 head needs its own copy when tied
     }
 
 
-def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch_size: int = 1,
+def architecture_notes(cfg) -> list[str]:
+    """What `info` says about a model with rotary positions, in a line each: its attention's heads and groups,
+    RoPE (each base, its scaling, the sliding layers' window), QK-norm, norms other than one before each
+    sublayer, a scaled embedding, experts, the tie. An empty list for learned positions (GPT-2's notes are
+    its loader's)."""
+    anatomy, _ = described(cfg)
+    block = anatomy.blocks[0]
+    att, ff = block.attention, block.ff
+    if att.rope is None:
+        return []
+    h, g, hd, d = att.n_heads, att.n_kv_groups, att.head_dim, anatomy.embedding.emb_dim
+    notes = [f"{anatomy.name}: {h} query heads of {hd} share {g} key/value groups ({h // g} per group)"]
+    if anatomy.embedding.scale:
+        notes.append(f"{anatomy.embedding.path}'s rows are multiplied by sqrt({d}) = {anatomy.embedding.scale:.2f}")
+    sliding = [b.attention for b in anatomy.blocks if b.attention.window]
+    if sliding:
+        full = [b.attention for b in anatomy.blocks if not b.attention.window]
+        notes.append(f"{len(sliding)} sliding layers (window {sliding[0].window}, RoPE base {sliding[0].rope.base:,.0f})"
+                     + (f" and {len(full)} full layers (RoPE base {full[0].rope.base:,.0f})" if full else ""))
+    else:
+        scaling = dict(att.rope.scaling_values)
+        notes.append(f"no pos_emb: RoPE (base {att.rope.base:,.0f}"
+                     + (f", {att.rope.scaling} frequency scaling x{scaling.get('factor', 1):g}" if att.rope.scaling else "")
+                     + ") turns the queries and keys inside every attention")
+    if att.q_norm is not None:
+        notes.append("QK-norm: each query and key head is RMS-normed before RoPE")
+    if block.placement != "pre":
+        notes.append(f"{len(block.norms)} norms a block ({block.placement}: "
+                     + ", ".join(n.role.replace("_", " ") for n in block.norms) + f"); {ff.kind}")
+    if ff.experts is not None:
+        notes.append(f"mixture of experts: a router picks {ff.experts.per_token} of {ff.experts.n_experts} "
+                     f"{ff.activation} experts (width {ff.hidden_dim}) for each token, weighted by the softmax of "
+                     "their scores")
+    notes.append(f"{anatomy.head.path} is {anatomy.embedding.path} (tied)" if anatomy.head.tied
+                 else f"{anatomy.head.path} has its own weights (untied)")
+    return notes
+
+
+def memory_needs(cfg, dtype: torch.dtype | str = torch.float32, batch_size: int = 1,
                  seq_len: int | None = None, prompt_attention: str = "sdpa") -> dict[str, Any]:
     """Bytes for inference (weights + KV cache + working buffers) and for training as
     `glassgpt train --dtype DTYPE` runs it (float32 master weights, their gradients and
@@ -139,37 +234,57 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     dtype for training (a torch dtype, its name, or "int8"/"int4" for quantized decoding).
     `prompt_attention`: the engine's path for long prompts on a CPU ("sdpa" or "blocks", as
     engine/autotune.py chose it)."""
-    if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3.2, Gemma 3 (families/memory.py)
-        name, _ = _dtype_size(dtype)
-        if name in QUANTIZED:
-            from .errors import GlassError
-            raise GlassError(f"{name} weights are GPT-2's (engine/): use float32 or bfloat16 for a {cfg.family} model")
-        return family_memory_needs(cfg, getattr(torch, name), batch_size, seq_len)
+    anatomy, repeat = described(cfg)
+    name, size = _dtype_size(dtype)
+    quantized = name in QUANTIZED
+    if quantized and not engine_runs(anatomy):
+        raise GlassError(f"{name} weights are the engine's, for learned-position models (engine/): use float32 or "
+                         f"bfloat16 for a {anatomy.name} model")
     seq_len = seq_len or cfg.context_length
-    b, t, d, n = batch_size, seq_len, cfg.emb_dim, cfg.n_layers
+    b, t, n = batch_size, seq_len, cfg.n_layers
+    d, V = anatomy.embedding.emb_dim, anatomy.head.out_features
     counts = parameter_counts(cfg)
     n_params = counts["linear"] + counts["other"]
-    name, size = _dtype_size(dtype)
-    act = 2 if name in QUANTIZED else size  # int8 and int4 run their activations in bfloat16
+    act = 2 if quantized else size  # int8 and int4 run their activations in bfloat16
+    fused = engine_runs(anatomy)  # the engine's attention keeps no [t, t] scores; a glass one keeps them
 
-    d_head = cfg.out_dim * d if cfg.tie_embeddings else 0  # a tied head gets a quantized copy of its own
-    if name == INT8:
-        scale_rows = n * (3 * d + d + 4 * d + d) + cfg.out_dim
-        weights = counts["linear"] + d_head + 2 * scale_rows + 2 * counts["other"]
+    if name == INT8:  # every Linear 1 byte a weight and a bfloat16 scale a row; a tied head gets a copy of its own
+        head_copy = V * d if anatomy.head.tied else 0
+        scale_rows = repeat * sum(lin.out_features for lin in anatomy.linears()) + V
+        weights = counts["linear"] + head_copy + 2 * scale_rows + 2 * counts["other"]
     elif name == INT4:
-        weights = _int4_bytes(cfg) + 2 * counts["other"]
+        weights = _int4_bytes(anatomy, repeat, V, d) + 2 * counts["other"]
     else:
         weights = n_params * size
-    kv_cache = 2 * n * b * t * d * act
-    # A forward's transient peak is in the feed-forward: the residual stream, norm2's output,
-    # the [b, t, 4d] hidden before and after GELU, and the block's output (11 x d per token),
-    # then the last position's float32 logits. A prompt of ATTENTION_BLOCK+ tokens that the
-    # engine attends a block of queries at a time (engine/attention.py): add one block's
-    # float32 scores and their float32 softmax.
-    working = b * t * 11 * d * act + b * cfg.out_dim * 4
-    if prompt_attention == "blocks" and t >= ATTENTION_BLOCK:
-        working += b * cfg.n_heads * ATTENTION_BLOCK * t * (4 + 4)
-    inference = weights + kv_cache + working
+    ropes = {(blk.attention.rope.base, blk.attention.rope.head_dim) for blk in anatomy.blocks if blk.attention.rope}
+    rope = sum(2 * anatomy.positions.context_length * hd * 4 for _, hd in ropes)  # float32 cos and sin, each base
+    kv_kept = kv_cache = working = activations = 0
+    for block in anatomy.blocks:
+        att, ff = block.attention, block.ff
+        h, g, hd, f = att.n_heads, att.n_kv_groups, att.head_dim, ff.hidden_dim
+        kept = t if att.window is None else min(t, att.window)  # a sliding layer keeps its window
+        kv_kept += repeat * kept
+        kv_cache += repeat * 2 * b * kept * g * hd * act
+        # A forward's transient peak: in the feed-forward, the residual stream, the norm's output, the hidden
+        # tensors (before and after the activation; a gated one's gate, up, activation and product; for
+        # experts, those of the k a token runs) and the block's output; or a glass attention's [b, h, t, t]
+        # scores and weights. A prompt of ATTENTION_BLOCK+ tokens that the engine attends a block of queries
+        # at a time (engine/attention.py): one block's float32 scores and their softmax.
+        hidden = (4 if ff.gate is not None else 2) * (ff.experts.per_token if ff.experts else 1)
+        scores = 0 if fused else 2 * b * h * t * t * act
+        block_working = max(scores, b * t * (3 * d + hidden * f) * act)
+        if fused and prompt_attention == "blocks" and t >= ATTENTION_BLOCK:
+            block_working += b * h * ATTENTION_BLOCK * t * (4 + 4)
+        working = max(working, block_working)
+        # Saved for backward, per token: each norm's input and output, q, k, v (and the rotated q, k), the
+        # attention's output and its [b, t, h*hd] reshape, the feed-forward's hidden tensors, and the dropout
+        # masks where drop_rate > 0 (1 byte each, 3 of width d); a glass attention's [b, h, t, t] too.
+        rotated = (h + g) * hd if att.rope else 0
+        per_token = (2 * len(block.norms) * d + (h + 2 * g) * hd + rotated + 2 * h * hd + hidden * f) * act \
+            + (3 * d if getattr(cfg, "drop_rate", 0) > 0 else 0)
+        activations += repeat * (b * t * per_token + scores)
+    working += b * V * 4  # the last position's float32 logits
+    inference = weights + rope + kv_cache + working
 
     # train.py keeps the weights, their gradients and AdamW's state in float32; below float32
     # forward and backward run on a copy of the weights in `dtype` (engine/mixed.py), whose
@@ -178,44 +293,52 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     master = n_params * 4 + copy
     gradients = n_params * 4 + copy
     adamw_state = 2 * n_params * 4  # exp_avg and exp_avg_sq, float32
-    # Saved for backward, per token and block: norm1 in/out, q, k, v, attention out,
-    # its [b, t, d] reshape, norm2 in/out (9d), ff hidden before and after GELU (8d),
-    # plus the dropout masks when drop_rate > 0 (1 byte each, 3 of width d).
-    per_token_block = 17 * d * act + (3 * d if cfg.drop_rate > 0 else 0)
     # The head: final_norm's output, the logits, and their gradient (engine/loss.py never widens all
     # of them to float32: it works a few rows at a time and writes the gradient in their dtype).
-    head_acts = b * t * (2 * d * act + 2 * cfg.out_dim * act)
-    activations = b * t * n * per_token_block + b * t * d * act + head_acts
-    quantized = name in QUANTIZED
+    activations += b * t * d * act + b * t * (2 * d * act + 2 * V * act)
     training = master + gradients + adamw_state + activations if not quantized else 0
 
+    att = anatomy.blocks[0].attention
+    h, g, hd = att.n_heads, att.n_kv_groups, att.head_dim
     notes = {
         "weights": f"{n_params:,} parameters" + (f" ({name} Linear weights + bfloat16 rest)" if quantized
                                                   else f" x {size} bytes ({name})"),
-        "kv_cache": f"keys and values: 2 x {n} layers x {b} x {t} tokens x {d} x {act} bytes",
-        "inference": "weights + KV cache + one forward's temporaries (11 x d per token, last logits)",
+        "kv_cache": (f"keys and values: 2 x {n} layers x {b} x {t} tokens x {g * hd} x {act} bytes"
+                     + (f" ({g} groups of {hd}: {h // g}x smaller than {h} heads would need)" if g < h else ""))
+                    if kv_kept == n * t else
+                    f"keys and values: 2 x {kv_kept:,} positions over {n} layers (a sliding layer keeps its window) "
+                    f"x {b} x {g} groups x {hd} x {act} bytes",
+        "inference": "weights + " + (f"RoPE's float32 cos/sin ({rope / 2**20:.0f} MiB) + " if rope else "")
+                     + "KV cache + one forward's temporaries (the feed-forward's"
+                     + ("" if fused else ", or one layer's [b, h, t, t] attention") + ", and the last logits)",
         "gradients": "one float32 gradient per parameter" + (f", and the {name} copy's while it is widened"
                                                             if copy else ""),
         "adamw_state": "AdamW's exp_avg and exp_avg_sq: two float32 copies of the parameters",
-        "activations": f"kept for backward: ~17 x d per token per block, plus the [b, t, V] logits "
-                       f"and their gradient ({b} x {t} tokens, SDPA, no checkpointing)",
+        "activations": "kept for backward: the norms' inputs and outputs, q, k, v, the attention's output and the "
+                       "feed-forward's hidden tensors per token and block"
+                       + ("" if fused else ", the [b, h, t, t] attention weights")
+                       + f", plus the [b, t, V] logits and their gradient ({b} x {t} tokens, "
+                       + ("SDPA, " if fused else "") + "no checkpointing)",
         "training": ("float32 weights" + (f" and their {name} copy" if copy else "")
                      + " + gradients + AdamW state + activations") if not quantized
                     else f"{name} is for inference only",
     }
-    return {"dtype": name, "batch_size": b, "seq_len": t, "parameters": n_params,
-            "weights": weights, "kv_cache": kv_cache, "inference": inference,
-            "gradients": gradients if not quantized else 0, "adamw_state": adamw_state if not quantized else 0,
-            "activations": activations if not quantized else 0, "training": training, "notes": notes}
+    needs = {"dtype": name, "batch_size": b, "seq_len": t, "parameters": n_params,
+             "weights": weights, "kv_cache": kv_cache, "inference": inference,
+             "gradients": gradients if not quantized else 0, "adamw_state": adamw_state if not quantized else 0,
+             "activations": activations if not quantized else 0, "training": training, "notes": notes}
+    if rope:
+        needs["rope_tables"] = rope
+    return needs
 
 
-def _int4_bytes(cfg: GPTConfig) -> int:
+def _int4_bytes(anatomy: an.Anatomy, repeat: int, V: int, d: int) -> int:
     """What engine/int4.py stores for every Linear's weight (the head's too): rows padded to blocks of 16,
     half a byte per weight, a bfloat16 scale and minimum per row and group of GROUP_SIZE columns."""
     from .engine.int4 import GROUP_SIZE
-    d = cfg.emb_dim
+    shapes = [(lin.out_features, lin.in_features) for lin in anatomy.linears()] * repeat + [(V, d)]
     total = 0
-    for out, inp in [(d, d)] * 4 * cfg.n_layers + [(4 * d, d), (d, 4 * d)] * cfg.n_layers + [(cfg.out_dim, d)]:
+    for out, inp in shapes:
         rows = -(-out // 16) * 16
         total += rows * inp // 2 + rows * (inp // GROUP_SIZE) * 2 * 2
     return total
@@ -379,7 +502,7 @@ def inference_fit(cfg: GPTConfig, dtype: torch.dtype | str, tokens: int, free: F
         nearest = f"{tokens_flag} {most:,} fits"
     else:
         name = _dtype_size(dtype)[0]
-        quantized = () if isinstance(cfg, FAMILY_CONFIGS) else (INT8, INT4)  # the engine's, GPT-2's only
+        quantized = (INT8, INT4) if engine_runs(described(cfg)[0]) else ()  # the engine's kernels' models
         smaller = [d for d in ("bfloat16",) + quantized if d != name
                    and fits(inference_need(cfg, d, tokens), free) and _dtype_size(d)[1] <= _dtype_size(dtype)[1]]
         nearest = f"--dtype {smaller[0]} fits" if smaller else "a smaller model"

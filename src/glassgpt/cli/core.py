@@ -18,9 +18,8 @@ from ..recall import MIN_TOKENS, copied_spans
 from ..generate import decode_stream, glass_model, sampling_probs, stream
 from ..prompt import fit_prompt
 from .. import memory
-from ..memory import memory_needs, parameter_table
+from ..memory import architecture_notes, memory_needs, parameter_table
 from ..families import FAMILY_CONFIGS
-from ..families.memory import family_notes
 from ..formats import download
 from ..formats.gguf import gguf_dtype_note
 from ..formats.source import QUANTIZED
@@ -289,7 +288,7 @@ def run_info(args: argparse.Namespace) -> int:
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len,
                        prompt_attention=choices.winners.get("attention prompt", "sdpa") if choices else "sdpa")
-    notes = family_notes(cfg) if family else [str(note) for note in source.notes()] + [
+    notes = architecture_notes(cfg) if family else [str(note) for note in source.notes()] + [
         n for n in (layout_note(cfg),) if n]
     if source.random_weights:
         notes.insert(0, f"random weights drawn by {INIT_SCHEMES[source.init]}" if source.init else

@@ -6,7 +6,7 @@
 
 They share one config type (glassgpt/config.py), their pieces (layers.py: RMSNorm, RoPE, grouped-query
 attention, SwiGLU); the engine's KVCache keeps their key/value groups (`cfg.kv_heads`); GPT-2 (model.py) stays as the book's chapter 4 has it.
-memory.py counts their bytes from the config; glassgpt's adopt.py reads the book's, the notebooks' and
+glassgpt's memory.py counts their bytes from their description, its adopt.py reads the book's, the notebooks' and
 transformers' Qwen3, Llama and Gemma 3 modules in place.
 """
 
