@@ -606,9 +606,9 @@ def _hf_gemma3(module: nn.Module):
     """transformers' Gemma3ForCausalLM: its config's fields as the notebook's keys, its tensors by gemma3.py's names
     (its Gemma3RMSNorm is (1 + weight) too)."""
     hf, inner = module.config, module.model
-    for field in ("attn_logit_softcapping", "final_logit_softcapping", "use_bidirectional_attention"):
-        if getattr(hf, field, None):
-            raise GlassError(f"{type(module).__name__} sets {field} ({getattr(hf, field)!r}): the notebook's "
+    for setting in ("attn_logit_softcapping", "final_logit_softcapping", "use_bidirectional_attention"):
+        if getattr(hf, setting, None):
+            raise GlassError(f"{type(module).__name__} sets {setting} ({getattr(hf, setting)!r}): the notebook's "
                              "Gemma3Model has none")
     rope = getattr(hf, "rope_parameters", None) or {}
     for kind in ("full_attention", "sliding_attention"):
