@@ -25,7 +25,7 @@ from torch import nn
 
 from .. import anatomy as an
 from ..model import attention_weights
-from .config import FamilyConfig, RopeFreq
+from ..config import FamilyConfig, RopeFreq
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
