@@ -28,13 +28,12 @@ import torch
 from torch import nn
 
 from .. import anatomy as an
-from ..adopt import adopt, adopted_from, adopted_kind, check_computable, is_added, own_parameters
+from ..adopt import adopt, adopted_from, adopted_kind, check_computable, family_line, is_added, own_parameters
 from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import GlassError, PromptError
 from ..families import FAMILY_CONFIGS, FamilyConfig, is_family_model
 from ..families.layers import apply_rope
-from ..families.adopt import family_line
 from ..formats.source import About, Source  # what the weights cannot tell: a Source's about()
 from ..kinds import describe
 from ..memory import parameter_table
