@@ -4,7 +4,7 @@ code and transformers, on the same random weights, in the same process and threa
 Rows, for each dtype (float32, bfloat16):
   - glassgpt: `glassgpt.generate` on the glass model (families/), with its grouped KV cache
     (engine/cache.py: the g key/value heads written in place, RoPE's rows sliced, not recomputed):
-    the prompt through engine/family.py's twin (the gemv kernel on the layers where autotune
+    the prompt through engine/decode.py's twin (the gemv kernel on the layers where autotune
     measured it faster), then each new token by the native step (kernels/family_step.cpp, one C++
     call per token) where it measured faster than the twin on this machine;
   - the book: `llms_from_scratch.kv_cache.generate.generate_text_simple` on the book's KV-cache
@@ -34,7 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import CopyMeter, Row, machine_info, print_views, time_rows, weight_bytes_per_token  # noqa: E402
 
-from glassgpt.engine.family import FamilyStep, family_steps  # noqa: E402
+from glassgpt.engine.decode import twin_steps  # noqa: E402
+from glassgpt.engine.step import RopeStep  # noqa: E402
 from glassgpt.families import family_config, random_family_model  # noqa: E402
 from glassgpt.formats.families import config_to_hf, hf_names  # noqa: E402
 from glassgpt.generate import generate  # noqa: E402
@@ -102,7 +103,7 @@ def bench(name: str, args: argparse.Namespace, copy: CopyMeter) -> None:
             for label, s in seconds.items():
                 note = agreement(fns[label](), reference, args.prompt_len)
                 if label.startswith("glassgpt"):
-                    path = "native step" if isinstance(family_steps(glass).step, FamilyStep) else "twin"
+                    path = "native step" if isinstance(twin_steps(glass).step, RopeStep) else "twin"
                     note += f"; decoded by the {path}; {copy.note(label, weight_bytes_per_token(glass), n)} (prompt included)"
                 rows.append(Row(label, n / s, dtype_name, reference=not label.startswith("glassgpt"), note=note))
         del glass, models, fns
