@@ -28,6 +28,7 @@ from torch import nn
 from . import anatomy as an
 from . import model as gpt2
 from .adopt import config_of, layout_of
+from .config import GPTConfig
 from .errors import GlassError, UnreadableModelError
 from .families import BONUS_MODELS, FAMILIES, gemma3, llama3, olmo3, qwen3, qwen3_5, tiny_aya
 from .families.adopt import family_layout
@@ -81,6 +82,20 @@ def describe(model: nn.Module) -> an.Anatomy:
         if isinstance(model, cls):
             return _tied_by_storage(GLASS[family](model.cfg), model)
     return _tied_by_storage(_foreign(model), model)
+
+
+def describe_config(cfg) -> an.Anatomy:
+    """What a model of `cfg` is made of, from the config alone (nothing built): its glass file's describe(cfg), by
+    the config's kind (a GPTConfig, a variant's, or a family's `cfg.family`). The tie is the config's."""
+    if isinstance(cfg, GPTConfig):
+        return gpt2.describe(cfg)
+    if type(cfg) in VARIANTS:
+        return VARIANTS[type(cfg)].describe(cfg)
+    family = getattr(cfg, "family", None)
+    if family not in GLASS:
+        raise UnreadableModelError(f"{type(cfg).__name__} is not a config glassgpt can describe: it describes "
+                                   f"GPT-2's and {', '.join(GLASS)}")
+    return GLASS[family](cfg)
 
 
 def _foreign(model: nn.Module) -> an.Anatomy:

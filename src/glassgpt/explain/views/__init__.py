@@ -3,6 +3,7 @@
     text.py       a Trace in the terminal                diagram.py  a Trace's picture; attention heatmaps
     why.py        a Why: text, picture, HTML             passage.py  a Passage: text and picture
     compare.py    a Comparison: text and picture         diff.py     a WeightDiff: text and picture
+    gallery.py    a Gallery of architecture cards: text, picture, HTML
     family.py     a Qwen3/Llama FamilyTrace (text, picture), its FamilyWhy (text, HTML; its picture is why.py's)
                   and what changed from GPT-2 (text)
     notebook.py   each result's notebook cell (its picture and key lines); show(model, text)
@@ -17,6 +18,7 @@ from ..compare import Comparison
 from ..debugger import LayerReport
 from ..diff import WeightDiff
 from ..family import FamilyTrace, GPT2Changes
+from ..gallery import Gallery
 from ..passage import Passage
 from ..pieces import PieceResult, SlidingWindows
 from ..result import register
@@ -27,6 +29,7 @@ from ..why_family import FamilyWhy
 from .compare import comparison_layout, comparison_text
 from .diagram import layout as trace_layout
 from .diff import diff_layout, diff_text
+from .gallery import gallery_html, gallery_layout, gallery_text
 from .family import (family_html, family_layout, family_why_html, render_changes_text, render_family_text,
                      render_family_why_text)
 from .notebook import check_html, check_layout, layers_html, layers_layout, comparison_html, diff_html, passage_html, trace_html
@@ -46,4 +49,5 @@ register(FamilyWhy, text=render_family_why_text, picture=why_layout, html=family
 register(CheckResult, picture=check_layout, html=check_html)  # its text is CheckResult.to_text, in verify.py
 register(LayerReport, picture=layers_layout, html=layers_html)  # its text is LayerReport.to_text, in debugger.py
 register(PieceResult, picture=piece_layout, html=piece_html)  # its text is PieceResult.to_text, in pieces/report.py
+register(Gallery, text=gallery_text, picture=gallery_layout, html=gallery_html)
 register(SlidingWindows, text=windows_text, picture=windows_layout, html=windows_html)
