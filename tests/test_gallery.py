@@ -4,26 +4,23 @@ Each model is built at a small config of its own real shape's kind (the same lay
 feed-forward and norms, small widths), through the same path as its real card (gallery.real_config with the
 notebook's keys overridden). Its card's parameter count must equal the sum of the module's tensors' numel, and
 its cache bytes the bytes a cached forward allocates, before and after a sliding window fills; at the real
-shapes the cache equals memory.py's estimate. "What changed from GPT-2" (compare.what_changed) is tested line
-by line on a model that has each change and one that has not.
+shapes the cache equals memory.py's estimate. What each card says changed from GPT-2 is
+tests/test_compare_changes.py's.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from glassgpt.engine.hybrid_cache import cache_for
-from glassgpt.explain.compare import what_changed
 from glassgpt.explain.gallery import SHAPES, card, cache_bytes, gallery, real_config
 from glassgpt.explain.views import draw
 from glassgpt.families import build_model
-from glassgpt.kinds import describe_config
 from glassgpt.memory import memory_needs
 from glassgpt.model import GPTModel
 
@@ -123,55 +120,6 @@ def test_the_gallery_reads_no_model_file():
     assert {"..kinds", "..formats.families"} <= imported
 
 
-# --- what changed from GPT-2 ---------------------------------------------------------------------------
-
-GPT2 = describe_config(real_config("gpt2"))
-CHANGES = [  # (what, a model that has it, words its row holds, a model that has it not)
-    ("embedding_scale", "gemma3", "sqrt(640) = 25.30", "qwen3"),
-    ("positions", "qwen3", "RoPE", "gpt2"),
-    ("no_positions", "tiny-aya", "9 full layers have no position signal", "gemma3"),
-    ("norm", "qwen3", "RMSNorm", "gpt2"),
-    ("norm", "tiny-aya", "LayerNorm without a shift", "gpt2"),
-    ("placement", "olmo3", "post-norm", "qwen3"),
-    ("placement", "gemma3", "sandwich", "llama3"),
-    ("placement", "tiny-aya", "parallel", "qwen3.5"),
-    ("groups", "qwen3", "16 query heads share 8 key/value heads", "olmo3"),
-    ("sliding", "gemma3", "15 sliding layers (window 512; RoPE base 10,000) and 3 full layers (RoPE base 1,000,000)",
-     "qwen3"),
-    ("sliding", "tiny-aya", "9 full layers (no RoPE)", "llama3"),
-    ("linear_attention", "qwen3.5", "a state of [16, 128, 128]", "qwen3"),
-    ("qk_norm", "qwen3", "normed", "llama3"),
-    ("geglu", "gemma3", "gelu_tanh", "qwen3"),
-    ("swiglu", "llama3", "silu", "gemma3"),
-    ("experts", "qwen3-moe", "8 of 128 experts", "qwen3"),
-    ("tie", "olmo3", "own weights", "qwen3"),
-]
-
-
-def rows(key: str, **overrides) -> dict[str, dict[str, str]]:
-    return {r["what"]: r for r in what_changed(describe_config(real_config(key, **overrides)), GPT2)}
-
-
-@pytest.mark.parametrize("what, has, words, has_not", CHANGES)
-def test_each_change_is_on_the_model_that_has_it_and_not_on_one_that_has_not(what, has, words, has_not):
-    found = rows(has)
-    assert what in found and words in found[what]["model"], found.get(what)
-    assert what not in rows(has_not)
-
-
-def test_gpt2_has_nothing_changed_from_itself():
-    assert what_changed(GPT2, GPT2) == []
-
-
-def test_the_logit_scale_and_the_softcap_are_changes_where_the_head_has_them():
-    assert "logit_scale" not in rows("tiny-aya")  # the notebook's 1.0: no scale
-    assert "(h @ W.T) * 0.125" in rows("tiny-aya", logit_scale=0.125)["logit_scale"]["model"]
-    gemma = describe_config(real_config("gemma3"))
-    capped = replace(gemma, head=replace(gemma.head, softcap=30.0))  # Gemma 2's and 4's final softcap
-    assert "30 * tanh" in {r["what"]: r for r in what_changed(capped, GPT2)}["softcap"]["model"]
-    assert "softcap" not in rows("gemma3")
-
-
 # --- the views and the command ---------------------------------------------------------------------
 
 def test_the_picture_draws_a_card_per_model_and_a_square_per_layer():
@@ -195,3 +143,20 @@ def test_the_command_prints_the_cards_and_their_figures(capsys):
 def test_an_unknown_model_is_one_line_naming_the_ones_there_are(capsys):
     code, _, err = run(["compare", "--models", "gpt2", "gpt5"], capsys)
     assert_one_line_error(code, err, "'gpt5'", "qwen3-moe")
+
+
+def test_the_page_serves_the_gallery_and_its_json():
+    from fastapi.testclient import TestClient
+    import glassgpt
+    from glassgpt.explain import About
+    from glassgpt.web.app import create_app
+    model = GPTModel(glassgpt.GPTConfig(context_length=16, emb_dim=8, n_heads=2, n_layers=1)).eval()
+    app = create_app(model, glassgpt.get_tokenizer("gpt2"), About("tiny", random_weights=True))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        page = client.get("/gallery", params={"models": "gpt2,olmo3"})
+        assert page.status_code == 200 and "<svg" in page.text and "OLMo 3 7B" in page.text
+        data = client.get("/api/gallery", params={"models": "qwen3.5", "tokens": 100}).json()
+        assert data["cards"][0]["cache_bytes"] == cache_bytes(card(real_config("qwen3.5"), "q"), 100)
+        wrong = client.get("/api/gallery", params={"models": "gpt5"})
+        assert wrong.status_code == 400 and "qwen3-moe" in wrong.json()["error"]
+        assert 'href="/gallery"' in client.get("/").text

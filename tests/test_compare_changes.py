@@ -1,0 +1,60 @@
+"""What changed from GPT-2 (explain/compare.py's what_changed), read from two descriptions: each line on the
+model that has the change (at its real shape, the gallery's: explain/gallery.py) and absent from one that has not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from glassgpt.explain.compare import what_changed
+from glassgpt.explain.gallery import real_config
+from glassgpt.kinds import describe_config
+
+
+GPT2 = describe_config(real_config("gpt2"))
+CHANGES = [  # (what, a model that has it, words its row holds, a model that has it not)
+    ("embedding_scale", "gemma3", "sqrt(640) = 25.30", "qwen3"),
+    ("positions", "qwen3", "RoPE", "gpt2"),
+    ("no_positions", "tiny-aya", "9 full layers have no position signal", "gemma3"),
+    ("norm", "qwen3", "RMSNorm", "gpt2"),
+    ("norm", "tiny-aya", "LayerNorm without a shift", "gpt2"),
+    ("placement", "olmo3", "post-norm", "qwen3"),
+    ("placement", "gemma3", "sandwich", "llama3"),
+    ("placement", "tiny-aya", "parallel", "qwen3.5"),
+    ("groups", "qwen3", "16 query heads share 8 key/value heads", "olmo3"),
+    ("sliding", "gemma3", "15 sliding layers (window 512; RoPE base 10,000) and 3 full layers (RoPE base 1,000,000)",
+     "qwen3"),
+    ("sliding", "tiny-aya", "9 full layers (no RoPE)", "llama3"),
+    ("linear_attention", "qwen3.5", "a state of [16, 128, 128]", "qwen3"),
+    ("qk_norm", "qwen3", "normed", "llama3"),
+    ("geglu", "gemma3", "gelu_tanh", "qwen3"),
+    ("swiglu", "llama3", "silu", "gemma3"),
+    ("experts", "qwen3-moe", "8 of 128 experts", "qwen3"),
+    ("tie", "olmo3", "own weights", "qwen3"),
+]
+
+
+def rows(key: str, **overrides) -> dict[str, dict[str, str]]:
+    return {r["what"]: r for r in what_changed(describe_config(real_config(key, **overrides)), GPT2)}
+
+
+@pytest.mark.parametrize("what, has, words, has_not", CHANGES)
+def test_each_change_is_on_the_model_that_has_it_and_not_on_one_that_has_not(what, has, words, has_not):
+    found = rows(has)
+    assert what in found and words in found[what]["model"], found.get(what)
+    assert what not in rows(has_not)
+
+
+def test_gpt2_has_nothing_changed_from_itself():
+    assert what_changed(GPT2, GPT2) == []
+
+
+def test_the_logit_scale_and_the_softcap_are_changes_where_the_head_has_them():
+    assert "logit_scale" not in rows("tiny-aya")  # the notebook's 1.0: no scale
+    assert "(h @ W.T) * 0.125" in rows("tiny-aya", logit_scale=0.125)["logit_scale"]["model"]
+    gemma = describe_config(real_config("gemma3"))
+    capped = replace(gemma, head=replace(gemma.head, softcap=30.0))  # Gemma 2's and 4's final softcap
+    assert "30 * tanh" in {r["what"]: r for r in what_changed(capped, GPT2)}["softcap"]["model"]
+    assert "softcap" not in rows("gemma3")
