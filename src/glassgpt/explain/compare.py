@@ -24,10 +24,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from .. import anatomy as an
 from ..adopt import adopt, check_computable
 from ..families import is_family_model
+from ..kinds import describe
 from ..model import GPTModel
 from ..prompt import encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
@@ -158,6 +160,24 @@ FF_WORDS = {"gelu_mlp": "GELU MLP: down(gelu(up(x)))", "swiglu": "SwiGLU: down(s
             "moe": "a router picks experts, each a SwiGLU: down(silu(gate(x)) * up(x))"}
 
 
+@dataclass
+class Changes(Result):
+    """What changed from GPT-2 to a model (`name`): what_changed's rows, read from the two live models' descriptions."""
+
+    name: str
+    rows: list[dict[str, str]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def changes_of(model: nn.Module, gpt2: nn.Module) -> Changes:
+    """What changed from the GPT-2 `gpt2` to `model`, any model glassgpt describes (kinds.describe): each row read
+    from the two modules' descriptions, so it says what the module holds."""
+    anatomy = describe(model)
+    return Changes(anatomy.name, what_changed(anatomy, describe(gpt2)))
+
+
 def what_changed(model: an.Anatomy, gpt2: an.Anatomy) -> list[dict[str, str]]:
     """What `model` does otherwise than GPT-2, one row per change (what, change, gpt2, model), each read from the
     two descriptions: the embedding's scale, the position signal (and layers with none), the norm and where it
@@ -237,7 +257,7 @@ def _attention_rows(model: an.Anatomy, gpt2: an.Anatomy, row) -> None:
                                               else "no RoPE" for b in bs}))
         row("sliding", "sliding and full layers", "every layer attends to every earlier position",
             f"{len(sliding)} sliding layers (window {sliding[0].attention.window:,}; {bases(sliding)}) and "
-            f"{len(full)} full layers ({bases(full) if full else 'none'}): a sliding layer's cache keeps its "
+            f"{len(full)} full layer{'s' * (len(full) != 1)} ({bases(full) if full else 'none'}): a sliding layer's cache keeps its "
             "window only")
     linear = [b.attention for b in model.blocks if b.attention.kind == "linear"]
     if linear:
@@ -248,9 +268,13 @@ def _attention_rows(model: an.Anatomy, gpt2: an.Anatomy, row) -> None:
             f"{len(linear)} of {model.n_layers} layers are linear attention ({st.rule.replace('_', ' ')} rule): "
             f"a state of [{st.value_heads}, {a.head_dim}, {st.value_head_dim}] ({state:,} numbers) and the last "
             f"{st.conv_kernel - 1} inputs of a short convolution, the same size at any length")
-    if any(a.q_norm is not None for a in attention) and g_att.q_norm is None:
+    normed = [a for a in attention if a.q_norm is not None]
+    if normed and g_att.q_norm is None:
+        a = normed[0]
         row("qk_norm", "QK-norm", "queries and keys as the matrices make them",
-            "each query and key head normed on its own (an RMSNorm over hd) before RoPE")
+            f"each query and key head normed on its own (over hd = {a.head_dim}) before RoPE" if a.q_norm.dim == a.head_dim
+            else f"the queries and the keys normed over the whole projection ({a.q_norm.dim:,} and {a.k_norm.dim:,} "
+                 "wide, all heads at once) before RoPE")
 
 
 def _norm_name(n: an.Norm) -> str:

@@ -3,7 +3,7 @@
     text.py       a Trace in the terminal                diagram.py  a Trace's picture; attention heatmaps
     why.py        a Why: text, picture, HTML             passage.py  a Passage: text and picture
     compare.py    a Comparison: text and picture         diff.py     a WeightDiff: text and picture
-    gallery.py    a Gallery of architecture cards: text, picture, HTML
+    gallery.py    a Gallery of architecture cards: text, picture, HTML; what changed from GPT-2 (text, HTML)
     family.py     a Qwen3/Llama FamilyTrace (text, picture), its FamilyWhy (text, HTML; its picture is why.py's)
                   and what changed from GPT-2 (text)
     notebook.py   each result's notebook cell (its picture and key lines); show(model, text)
@@ -14,7 +14,7 @@ The views import the analyses and never the reverse: a result finds its views in
 registry, filled here when glassgpt.explain is imported.
 """
 
-from ..compare import Comparison
+from ..compare import Changes, Comparison
 from ..debugger import LayerReport
 from ..diff import WeightDiff
 from ..family import FamilyTrace, GPT2Changes
@@ -29,7 +29,7 @@ from ..why_family import FamilyWhy
 from .compare import comparison_layout, comparison_text
 from .diagram import layout as trace_layout
 from .diff import diff_layout, diff_text
-from .gallery import gallery_html, gallery_layout, gallery_text
+from .gallery import changes_html, changes_text, gallery_html, gallery_layout, gallery_text
 from .family import (family_html, family_layout, family_why_html, render_changes_text, render_family_text,
                      render_family_why_text)
 from .notebook import check_html, check_layout, layers_html, layers_layout, comparison_html, diff_html, passage_html, trace_html
@@ -50,4 +50,5 @@ register(CheckResult, picture=check_layout, html=check_html)  # its text is Chec
 register(LayerReport, picture=layers_layout, html=layers_html)  # its text is LayerReport.to_text, in debugger.py
 register(PieceResult, picture=piece_layout, html=piece_html)  # its text is PieceResult.to_text, in pieces/report.py
 register(Gallery, text=gallery_text, picture=gallery_layout, html=gallery_html)
+register(Changes, text=changes_text, html=changes_html)
 register(SlidingWindows, text=windows_text, picture=windows_layout, html=windows_html)

@@ -1,9 +1,12 @@
 """The views of a Gallery (gallery.py): the text, the picture (cards side by side, each block drawn as its norms,
-attention and feed-forward sit) and the notebook cell.
+attention and feed-forward sit) and the notebook cell; and the text of compare.py's Changes (what changed from GPT-2).
 """
 
 from __future__ import annotations
 
+from html import escape
+
+from ..compare import Changes
 from ..gallery import Card, Gallery, cache_bytes
 from . import draw
 from .notebook import figure_html
@@ -147,3 +150,15 @@ def _letters(pattern: str) -> str:
 def gallery_html(g: Gallery) -> str:
     text = gallery_text(g).splitlines()
     return figure_html(gallery_layout(g), text[:len(g.cards) + 4])
+
+
+def changes_text(c: Changes, **_options) -> str:
+    """Each change from GPT-2: what it is, then GPT-2's way and the model's."""
+    lines = [f"what changed from GPT-2 to {c.name} (read from both models' descriptions)"]
+    for r in c.rows:
+        lines += ["", r["change"], f"  GPT-2   {r['gpt2']}", f"  {c.name:<7} {r['model']}"]
+    return "\n".join(lines)
+
+
+def changes_html(c: Changes) -> str:
+    return f"<pre>{escape(changes_text(c))}</pre>"
