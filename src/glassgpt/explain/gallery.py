@@ -26,9 +26,8 @@ from typing import Any
 import torch
 
 from .. import anatomy as an
-from ..config import get_config
+from ..config import family_config, get_config
 from ..errors import ConfigError
-from ..families.config import family_config
 from ..formats.families import config_from_book
 from ..kinds import describe_config
 from .compare import what_changed
