@@ -14,7 +14,7 @@ Inside two folders the parts are layered too (`FOLDERS`), lowest first; a packag
 __init__.py is its public API and may gather every part:
 
     explain/    record (record, options, result, notation)  <  analyses (trace, head, check, passage,
-                compare, diff, why, verify, pieces/, debugger, causes, loading)  <  views/ (text, pictures, notebook HTML; where
+                compare, diff, why, verify, pieces/, debugger, causes, loading, gallery)  <  views/ (text, pictures, notebook HTML; where
                 each result type's views are registered)
     training/   loop/ (the loop and its machinery)  <  tasks/ (what glassgpt trains on)
                 <  book/ (the book's chapters, as its code runs them)  <  recipes, finetuning, evaluation
@@ -37,7 +37,7 @@ LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 FOLDERS = {
     "glassgpt.explain": [("record", "options", "result", "notation"),
                          ("trace", "head", "check", "passage", "compare", "diff", "why", "why_result", "why_family",
-                          "verify", "family", "verify_family", "pieces", "debugger", "causes", "loading"),
+                          "verify", "family", "verify_family", "pieces", "debugger", "causes", "loading", "gallery"),
                          ("views",)],
     "glassgpt.training": [("loop",), ("tasks",), ("book",), ("recipes", "finetuning", "evaluation")],
 }
