@@ -183,6 +183,17 @@ def test_a_window_cache_that_kept_every_position_would_give_other_logits():
         assert not torch.allclose(wider(ids), model(ids), atol=1e-3)
 
 
+def test_a_sliding_layer_keeps_no_storage_past_its_window_after_a_long_prompt():
+    """A 40-token prompt on a window of 4: a sliding layer's keys hold 4 positions, and so does their storage (a
+    view of the prompt's 40 kept all 40 alive until the next step)."""
+    cache = WindowKVCache([4, None], (1, 8), 1, 64, dtype=torch.float32)
+    k = torch.randn(1, 1, 40, 8)
+    cache.update(0, k, k.clone())
+    assert cache.k[0].shape[2] == 4 and torch.equal(cache.k[0], k[:, :, -4:])
+    assert cache.k[0].untyped_storage().nbytes() == cache.k[0].nbytes == 4 * 8 * 4
+    assert cache.v[0].untyped_storage().nbytes() == cache.v[0].nbytes
+
+
 # --- generate, the CLI, the tokenizer -----------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["olmo3", "tiny_aya"])
