@@ -357,9 +357,9 @@ def _scale_and_rope(w: Where, att: an.Attention, scores) -> str | None:
     if att.output_gate is not None or (att.rope is not None and (att.rope.rotary_dim or
                                                                  att.rope.scaling not in (None, "llama3"))):
         return None  # a gate inside W_query, a partial or YaRN rotation: not fitted here
-    rel = w.rel(att.path)
-    q = w.theirs.get(f"{w.layer}.{rel}.q_norm", w.theirs.get(f"{w.layer}.{rel}.W_query"))
-    k = w.theirs.get(f"{w.layer}.{rel}.k_norm", w.theirs.get(f"{w.layer}.{rel}.W_key"))
+    # the reference's q and k (the port's agreed with them, or an earlier part would have differed)
+    q, k = (w.theirs.get(f"{w.layer}.{w.rel((norm or lin).path)}")
+            for norm, lin in ((att.q_norm, att.query), (att.k_norm, att.key)))
     if q is None or k is None:
         return None
     t, hd = scores.shape[-1], att.head_dim
@@ -481,11 +481,16 @@ def routing_property(w: Where, ff: an.FeedForward) -> str | None:
     got = seen[ff.path][1]
     x, scores, got = x.reshape(-1, x.shape[-1]), scores.reshape(-1, scores.shape[-1]), got.reshape(-1, got.shape[-1])
 
+    def leaf(lin: an.Linear, e: int) -> nn.Module | None:
+        """Expert e's matrix: expert 0's path with its last index 0 as e (anatomy.Experts)."""
+        parts = lin.path.split(".")
+        last = max(i for i, p in enumerate(parts) if p == "0")
+        return w.module(".".join(parts[:last] + [str(e)] + parts[last + 1:]))
+
     def expert(e: int, h: torch.Tensor) -> torch.Tensor:
-        leaf = lambda lin: w.module(re.sub(r"\.0(\.|$)", f".{e}\\1", lin.path, count=1))  # noqa: E731
-        up, down = leaf(ff.up), leaf(ff.down)
+        up, down = leaf(ff.up, e), leaf(ff.down, e)
         lin = lambda m, v: F.linear(v, m.weight.double(), None if m.bias is None else m.bias.double())  # noqa: E731
-        inner = F.silu(lin(leaf(ff.gate), h)) * lin(up, h) if ff.gate is not None else F.gelu(lin(up, h))
+        inner = F.silu(lin(leaf(ff.gate, e), h)) * lin(up, h) if ff.gate is not None else F.gelu(lin(up, h))
         return lin(down, inner)
 
     def mix(weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,7 @@ TINY_VALUES = {  # a tiny config of each glass file, its first layer the kind th
                  "rope_base": 10_000.0},
     "qwen3_5": {"family": "qwen3_5", "vocab_size": 257, "context_length": 16, "emb_dim": 32, "n_heads": 4,
                 "n_layers": 2, "hidden_dim": 48, "head_dim": 8, "n_kv_groups": 2, "rope_base": 1_000_000.0,
-                "layer_types": ("linear_attention", "full_attention"), "linear_conv_kernel_dim": 3,
+                "qk_norm": True, "layer_types": ("linear_attention", "full_attention"), "linear_conv_kernel_dim": 3,
                 "linear_key_head_dim": 8, "linear_value_head_dim": 6, "linear_num_key_heads": 2,
                 "linear_num_value_heads": 4, "partial_rotary_factor": 0.25},
     "gqa": _VARIANT | {"n_kv_groups": 2},
