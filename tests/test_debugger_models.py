@@ -219,3 +219,23 @@ def test_moe_variant_routing_weights_not_renormalised_are_named_at_the_feed_forw
     report = debug(model)
     assert (report.layer, report.part) == ("trf_blocks.0", "ff")
     assert "routing weights sum to" in report.broken and "over all 4 experts before the top 2" in report.broken
+
+
+def test_the_command_checks_a_bonus_port_in_a_file(tmp_path, capsys):
+    from helpers import run
+    (tmp_path / "my_aya.py").write_text(
+        "from glassgpt.families import tiny_aya\n\n\n"
+        "class TransformerBlock(tiny_aya.TransformerBlock):\n"
+        "    def forward(self, x, cos, sin, cache=None):\n"
+        "        x = x + self.att(self.input_layernorm(x), cos, sin, cache)\n"
+        "        return x + self.ff(self.input_layernorm(x))\n\n\n"
+        "class TinyAyaModel(tiny_aya.TinyAyaModel):\n"
+        "    def __init__(self, cfg):\n"
+        "        super().__init__(cfg)\n"
+        "        for block in self.trf_blocks:\n"
+        "            block.__class__ = TransformerBlock\n")
+    code, out, _ = run(["check", f"{tmp_path / 'my_aya.py'}:TinyAyaModel", "--against", "transformers"], capsys)
+    assert code == 1
+    assert out.splitlines()[0] == ("glassgpt check: TinyAyaModel (your subclass of glassgpt's "
+                                  "TinyAyaModel) against transformers' Cohere2ForCausalLM")
+    assert "[DIFF] trf_blocks.0: max=" in out and "inside it, ff first: ff reads another input than the attention" in out

@@ -336,7 +336,7 @@ def port_side(model: nn.Module) -> Port:
         glass = kinds.glass_description(cfg)
         return Port(key, cfg, dict(model.named_parameters(remove_duplicate=False)), glass,
                     f"glassgpt's {type(model).__name__}" if type(model) is kinds.glass_class(cfg) else
-                    f"{type(model).__name__} (a {type(model).__mro__[1].__name__})")
+                    f"{type(model).__name__} (your subclass of glassgpt's {kinds.glass_class(cfg).__name__})")
     found = family_layout(model)
     if found is not None:
         kind, cfg, tensors, _ = found
