@@ -37,12 +37,10 @@ from torch import nn
 
 from .. import anatomy as an
 from .. import kinds
-from ..adopt import evaluating_all, module_logits, read_in_place
-from ..config import GPTConfig
+from ..adopt import evaluating_all, family_layout, module_logits, read_in_place
+from ..config import FamilyConfig, GPTConfig, RopeFreq
 from ..errors import GlassError
-from ..families.adopt import family_layout
 from ..families.bonus_hf import bonus_config_to_hf
-from ..families.config import FamilyConfig, RopeFreq
 from ..formats import families as family_formats, hf as gpt2_formats
 from .causes import ABSENT, ATOL, HEAD_COPY, RTOL, Where, broken_property, catalogue, norm_property, position_property
 from .result import Result
