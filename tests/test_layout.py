@@ -291,8 +291,7 @@ FAMILY_TWINS = {  # a module for the other models beside the one for GPT-2
     "glassgpt.explain.why_family": "glassgpt.explain.why",
     "glassgpt.explain.verify_family": "glassgpt.explain.verify"}
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
-    "glassgpt.explain.causes", "glassgpt.explain.check", "glassgpt.explain.compare", "glassgpt.explain.debugger",
-    "glassgpt.explain.diff", "glassgpt.explain.trace",
+    "glassgpt.explain.check", "glassgpt.explain.compare", "glassgpt.explain.diff", "glassgpt.explain.trace",
     "glassgpt.explain.verify", "glassgpt.explain.verify_family", "glassgpt.explain.why"]
 
 
