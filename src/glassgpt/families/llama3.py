@@ -43,7 +43,7 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, cfg: FamilyConfig):
         super().__init__()
-        self.att = GroupedQueryAttention(cfg)
+        self.att = GroupedQueryAttention(cfg, keys_first=True)  # the book's order of creation
         self.ff = FeedForward(cfg)
         self.norm1 = RMSNorm(cfg.emb_dim, eps=cfg.norm_eps)
         self.norm2 = RMSNorm(cfg.emb_dim, eps=cfg.norm_eps)
