@@ -414,3 +414,19 @@ def test_transformers_module_itself_is_traced_and_generated_from_in_place(tokeni
     theirs = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert glassgpt.generate(hf, ids, 8).tolist() == theirs.tolist()
     assert glassgpt.adopt(hf).tok_emb.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()  # nothing copied
+
+
+@pytest.mark.parametrize("kind", ["olmo3", "tiny_aya"])
+def test_transformers_module_whose_forward_is_not_the_described_one_is_refused_in_one_line(kind):
+    """adopt checks the module's own logits against the glass model over its tensors: a forward that adds 1 to
+    every logit (planted by a hook) is refused, naming the module and the largest difference."""
+    hf = randomised(FOLDERS[kind]())
+
+    def shifted(module, args, output):
+        output.logits = output.logits + 1.0
+        return output
+
+    hf.register_forward_hook(shifted)
+    with pytest.raises(GlassError, match=rf"transformers' {type(hf).__name__}'s weights does not give its logits "
+                                         r"\(largest difference 1"):
+        glassgpt.adopt(hf, [1, 2, 3, 4])
