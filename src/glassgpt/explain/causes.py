@@ -11,7 +11,7 @@ Each property is measured on the port's own tensors, recorded by hooks on a forw
 - a shortcut: the sum that is the sub-layer's output alone;
 - the feed-forward's activation, fitted between its first matrices and its last;
 - the positions: which rows of pos_emb the port adds.
-Then the catalogue (verify.py's and verify_family.py's MISTAKES, on the same weights and ids) names the
+Then the catalogue (verify.py's MISTAKES and DESCRIBED_MISTAKES, on the same weights and ids) names the
 exact line where one of its mistakes reproduces the numbers.
 """
 
@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..adopt import evaluating_all, module_logits
 from ..families.layers import apply_rope, compute_rope_params
-from . import verify, verify_family
+from . import verify
 
 RTOL = ATOL = 1e-5  # the maintainer's torch.allclose(ours, theirs, rtol=1e-5, atol=1e-5)
 ABSENT = "absent"  # in a recording: the points whose module the port does not have
@@ -50,9 +50,9 @@ def position_property(model: nn.Module, stages: dict[str, str], got: torch.Tenso
 
 
 def catalogue(family: str, model: nn.Module, ids: list[int], layer: str, part: str | None):
-    """(the mistake's key, its sentence) from verify.py's / verify_family.py's catalogue, on the same
+    """(the mistake's key, its sentence) from verify.py's catalogues, on the same
     weights and ids, where the stage it names is in the layer the table found."""
-    result = verify.check(model, ids=ids) if family == "gpt2" else verify_family.check_family(model, ids)
+    result = verify.check(model, ids=ids) if family == "gpt2" else verify.check_family(model, ids)
     if result.mistake is None or result.first is None:
         return None, None
     stage = result.first.name
@@ -244,10 +244,10 @@ def _rotations(family, cfg, hd):
         return rotate
 
     yield rope(), None
-    yield rope(pairs=verify_family._rope_interleaved), (
+    yield rope(pairs=verify._rope_interleaved), (
         f"RoPE rotates neighbouring pairs (x[0], x[1]), (x[2], x[3]), ... where transformers rotates the halves "
         f"(x[i], x[i + {hd // 2}])")
-    for base in verify_family.ROPE_BASES:
+    for base in verify.ROPE_BASES:
         if base != cfg.rope_base:
             yield rope(base=base), (f"RoPE turns at theta base {base:,.0f}, where the config's rope_base is "
                                     f"{cfg.rope_base:,.0f}")

@@ -24,7 +24,7 @@ from ...adopt import check_computable, read_in_place
 from ...errors import GlassError
 from ..debugger import LayerReport, debug
 from ..verify import DEFAULT_TEXT
-from ..verify_family import check as check_model, is_family_port  # GPT-2, or a Qwen3/Llama port
+from ..verify import check as check_model, is_described_port  # GPT-2, or any other described model
 from .attention import check_attention
 from .data import check_dataset, check_dataset_class, check_loader_function, check_tokenizer
 from .functions import CHECKS as FUNCTION_CHECKS, check_function
@@ -99,11 +99,11 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
     if isinstance(piece, nn.Module):
         check_computable(piece)  # a NaN, inf or meta tensor is named before anything runs
     if isinstance(piece, nn.Module) and hasattr(piece, "tok_emb") and hasattr(piece, "trf_blocks") and \
-            has_cache_api(piece):
+            has_cache_api(piece) and not is_glass_model(piece):
         return check_cache(piece, text, ids)  # a model with the book's KV cache: cached against uncached
     if has_attention_cache(piece):
         return check_attention_cache(piece)
-    kind = "a GPT model" if isinstance(piece, nn.Module) and is_family_port(piece) else identify(piece)
+    kind = "a GPT model" if isinstance(piece, nn.Module) and is_described_port(piece) else identify(piece)
     if kind in ("GPTModel", "a GPT model"):
         return _with_part_property(piece, check_model(piece, text or DEFAULT_TEXT, ids))
     try:
@@ -139,6 +139,12 @@ def _with_part_property(model: nn.Module, result: Any) -> Any:
         result.finding = f"{head}; checked alone on the book's inputs, {name}: {alone.finding}"
         result.notes = [*result.notes, f"property broken: {alone.prop} ({alone.stage}, {alone.where})"]
     return result
+
+
+def is_glass_model(m: nn.Module) -> bool:
+    """One of glassgpt's own described models (chapter 4's variants keep the repository's cache API, proven by
+    their own tests): checked stage by stage, not cached against uncached."""
+    return is_described_port(m) and type(m).__module__.startswith("glassgpt.")
 
 
 def is_whole_model(m: Any) -> bool:
