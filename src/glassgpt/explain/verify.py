@@ -495,7 +495,7 @@ def _record_described(model: nn.Module, anatomy: an.Anatomy, batch: torch.Tensor
     handles = [model.get_submodule(p).register_forward_hook(tap(p), with_kwargs=True) for p in dict.fromkeys(paths)]
     try:
         with torch.inference_mode(), evaluating_all(model):
-            module_logits(model, batch)
+            seen["logits"] = (batch, module_logits(model, batch).detach().clone())
     except GlassError:
         raise
     except Exception as err:  # the reader's own forward failed: say where, in one line
@@ -535,8 +535,10 @@ def _described_stages(model: nn.Module, anatomy: an.Anatomy, seen: dict, batch: 
     yield _norm_stage(model, final, seen)
     head = anatomy.head
     yield _reads(f"{head.path} (input)", seen[head.path][0], seen[final.path][1], {})
-    yield _Stage(head.path, seen[head.path][1], _head_formula(model, head, seen[head.path][0]), "head",
-                 {"scale": head.logit_scale or 1.0})
+    # a logit scale or softcap applied after the head's module (Tiny Aya's forward): the model's logits
+    scaled = head.logit_scale is not None or head.softcap is not None
+    yield _Stage(head.path, seen["logits" if scaled else head.path][1], _head_formula(model, head, seen[head.path][0]),
+                 "head", {"scale": head.logit_scale or 1.0})
 
 
 def _block_stages(model: nn.Module, block: an.Block, seen: dict):

@@ -153,6 +153,8 @@ def is_whole_model(m: Any) -> bool:
         return False
     if type(m).__name__ in ATTENTION or type(m).__name__ in LAYERS[:-1]:
         return False
+    if is_described_port(m):  # Qwen3, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5, chapter 4's variants, ...
+        return True
     try:
         read_in_place(m)
         return True
