@@ -16,59 +16,10 @@ import torch
 from torch import nn
 
 import glassgpt
-from glassgpt.families import (FamilyConfig, Gemma3Config, Olmo3Config, Qwen3_5Config, TinyAyaConfig,
-                               build_model)
-from glassgpt.variants import GQAConfig, MLAConfig, MoEConfig, SWAConfig
-from glassgpt.variants import build_model as build_variant
+from helpers import DESCRIBED, FULL, SLIDING, TINY_GPT, tiny_described as tiny
 
-SLIDING, FULL = "sliding_attention", "full_attention"
-TINY_GPT = dict(vocab_size=101, context_length=32, emb_dim=32, n_heads=4, n_layers=3, qkv_bias=True)
-CONFIGS = {
-    "qwen3-moe": FamilyConfig(family="qwen3", vocab_size=300, context_length=64, emb_dim=32, n_heads=4, n_layers=2,
-                              hidden_dim=48, n_kv_groups=2, rope_base=1_000_000.0, head_dim=8, qk_norm=True,
-                              num_experts=8, num_experts_per_tok=3, moe_hidden_dim=24),
-    "gemma3": Gemma3Config(vocab_size=300, context_length=64, emb_dim=32, n_heads=4, n_layers=4, hidden_dim=48,
-                           head_dim=8, n_kv_groups=2, rope_local_base=10_000.0, rope_base=1_000_000.0,
-                           sliding_window=4, layer_types=(SLIDING, FULL, SLIDING, FULL), query_pre_attn_scalar=24),
-    "olmo3": Olmo3Config(vocab_size=300, context_length=64, emb_dim=16, n_heads=2, n_layers=4, hidden_dim=32,
-                         head_dim=8, n_kv_heads=1, sliding_window=4, layer_types=(SLIDING, SLIDING, FULL, SLIDING),
-                         rope_base=10_000.0, rope_type="yarn", rope_factor=8.0, rope_orig_max=16,
-                         rope_attention_factor=1.2),
-    "tiny-aya": TinyAyaConfig(vocab_size=300, context_length=64, emb_dim=16, n_heads=2, n_layers=4, hidden_dim=32,
-                              head_dim=8, n_kv_heads=1, sliding_window=4, layer_types=(SLIDING, SLIDING, FULL, SLIDING),
-                              rope_base=10_000.0, logit_scale=0.25),
-    "qwen3.5": Qwen3_5Config.from_book_dict("qwen3_5", {
-        "vocab_size": 300, "context_length": 64, "emb_dim": 32, "n_heads": 4, "n_layers": 3, "hidden_dim": 64,
-        "head_dim": 8, "qk_norm": True, "n_kv_groups": 2, "rope_base": 10_000_000.0, "partial_rotary_factor": 0.25,
-        "rms_norm_eps": 1e-6, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 6,
-        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "layer_types": ["linear_attention", "full_attention", "linear_attention"]}),
-    "gqa": GQAConfig(**TINY_GPT, n_kv_groups=2),
-    "mla": MLAConfig(**TINY_GPT, latent_dim=8),
-    "swa": SWAConfig(**TINY_GPT, sliding_window_size=4, sliding_window_stride=2),
-    "moe": MoEConfig(**TINY_GPT, num_experts=4, num_experts_per_tok=2, hidden_dim=24),
-}
+CONFIGS = DESCRIBED
 VARIANTS = ("gqa", "mla", "swa", "moe")
-
-
-def tiny(name: str, seed: int = 0) -> nn.Module:
-    """The model of CONFIGS[name], every parameter random (a norm's weight around its resting value: 0 for the
-    (1 + w) norms, 1 for the others; large enough that routing, the window and the gates change the numbers)."""
-    cfg = CONFIGS[name]
-    model = build_variant(cfg) if name in VARIANTS else build_model(cfg)
-    gen = torch.Generator().manual_seed(seed)
-    zero_centred = name in ("gemma3", "qwen3.5")
-    with torch.no_grad():
-        for path, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if "norm" in path or "scale" in path or "shift" in path:
-                p.copy_((0.0 if zero_centred or "shift" in path else 1.0) + 0.3 * noise)
-            elif "A_log" in path or "dt_bias" in path:
-                p.copy_(0.5 * noise)
-            else:
-                p.copy_(noise * 0.3)
-    return model.eval()
-
 
 # --- the planted mistakes: each a reader's line written wrong ---------------------------------------------
 
@@ -187,7 +138,8 @@ PLANTED = {  # model: (plant, first stage, mistake, words the finding must hold)
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_a_correct_model_matches_its_description_at_every_stage(name):
-    result = glassgpt.check(tiny(name), "Every effort moves you")
+    from glassgpt.explain.verify import check  # (glassgpt.check of a variant then checks its cache too: below)
+    result = check(tiny(name), "Every effort moves you")
     assert result.ok, result.to_text()
     assert result.finding.startswith("matches") and "at every stage" in result.finding
     assert not any(s.name.endswith("(input)") for s in result.stages)  # the wiring shows only where it is wrong
@@ -208,6 +160,13 @@ def test_a_planted_mistake_is_found_at_its_stage_and_named(name):
     assert result.mistake == mistake, result.to_text()
     assert words in result.finding, result.finding
     assert all(s.ok for s in result.stages[:result.stages.index(result.first)])
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_glassgpt_check_of_a_variant_checks_its_stages_then_its_cache(name):
+    result = glassgpt.check(tiny(name))
+    assert result.ok and "your cache changes nothing" in result.finding
+    assert result.lines[-1].startswith("stage by stage against its description: matches GPT-2 with ")
 
 
 def test_a_mistake_the_catalogue_does_not_hold_is_located_but_not_named():
@@ -264,4 +223,5 @@ def test_the_cli_passes_a_correct_variant(tmp_path, capsys):
         f"model = build_model(GQAConfig(**{TINY_GPT!r}, n_kv_groups=2)).eval()\n", encoding="utf-8")
     assert main(["check", f"{tmp_path / 'my_gqa.py'}:model", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["ok"] and out["kind"] == "GPTModel (GPT-2 with grouped-query attention)"
+    assert out["ok"] and out["lines"][-1].startswith("stage by stage against its description: matches GPT-2 with "
+                                                     "grouped-query attention's formulas")

@@ -295,8 +295,8 @@ FAMILIES_COPIES = {  # families/ copies of a top-level module
     "glassgpt.families.adopt": "glassgpt.adopt", "glassgpt.families.config": "glassgpt.config",
     "glassgpt.families.memory": "glassgpt.memory"}
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
-    "glassgpt.explain.causes", "glassgpt.explain.check", "glassgpt.explain.compare", "glassgpt.explain.debugger",
-    "glassgpt.explain.diff", "glassgpt.explain.family", "glassgpt.explain.trace",
+    "glassgpt.explain.causes", "glassgpt.explain.compare", "glassgpt.explain.debugger",
+    "glassgpt.explain.family", "glassgpt.explain.trace",
     "glassgpt.explain.why"]
 
 

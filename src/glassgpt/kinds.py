@@ -323,3 +323,16 @@ def norm_kind_by_behaviour(mod: nn.Module, weight: torch.Tensor, bias: torch.Ten
         if torch.allclose(out, expected, atol=tol, rtol=tol):
             return kind
     return None
+
+
+def glass_model(cfg) -> nn.Module:
+    """The glass model a config builds (PyTorch's initial weights; under formats.checks.on_meta, shapes only):
+    model.py's GPTModel for a GPTConfig, a chapter-4 variant's for its config, a family's or bonus model's."""
+    if type(cfg) in VARIANTS:
+        return VARIANTS[type(cfg)].GPTModel(cfg)
+    family = getattr(cfg, "family", None)
+    if family in BONUS_MODELS:
+        return BONUS_MODELS[family][0](cfg)
+    if family in FAMILIES:
+        return FAMILIES[family](cfg)
+    return gpt2.GPTModel(cfg)

@@ -432,6 +432,10 @@ DESCRIBED_MISTAKES = {
                             "the other); this block is parallel: attention and feed-forward both read the one "
                             "{norm}(x), and the block returns x + att + ff"),
 }
+# The lines a Qwen3/Llama port's pieces are checked for alone (pieces/next_models.py), as verify_family.py had them.
+PORT_MISTAKES = {name: DESCRIBED_MISTAKES[name] for name in (
+    "rope_interleaved", "rope_on_values", "no_qk_norm", "qk_norm_after_rope", "repeat", "no_freq_scaling", "rope_base",
+    "norm_eps", "norm_low_precision", "gate_up_swapped")}
 ROPE_BASES = (10_000.0, 500_000.0, 1_000_000.0)
 EPSILONS = (1e-5, 1e-6, 1e-8, 0.0)
 

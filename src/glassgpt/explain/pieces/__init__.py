@@ -99,8 +99,8 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
     if isinstance(piece, nn.Module):
         check_computable(piece)  # a NaN, inf or meta tensor is named before anything runs
     if isinstance(piece, nn.Module) and hasattr(piece, "tok_emb") and hasattr(piece, "trf_blocks") and \
-            has_cache_api(piece) and not is_glass_model(piece):
-        return check_cache(piece, text, ids)  # a model with the book's KV cache: cached against uncached
+            has_cache_api(piece):
+        return _staged_then_cached(piece, text, ids)  # a model with the book's KV cache: cached against uncached
     if has_attention_cache(piece):
         return check_attention_cache(piece)
     kind = "a GPT model" if isinstance(piece, nn.Module) and is_described_port(piece) else identify(piece)
@@ -126,7 +126,7 @@ def _with_part_property(model: nn.Module, result: Any) -> Any:
     """A whole model whose first differing stage no known mistake reproduces: that part (or its block, for
     a shortcut) checked alone on the book's inputs, so the finding names the property it breaks."""
     first = getattr(result, "first", None)
-    if first is None or result.mistake is not None or first.non_finite:
+    if first is None or first.non_finite:
         return result
     name = first.name.rsplit(".", 1)[0] if ".shortcut" in first.name else first.name
     try:
@@ -135,16 +135,25 @@ def _with_part_property(model: nn.Module, result: Any) -> Any:
     except (AttributeError, GlassError):
         return result
     if isinstance(alone, PieceResult) and not alone.ok and alone.prop is not None:
-        head = result.finding.split("; no known mistake")[0]
-        result.finding = f"{head}; checked alone on the book's inputs, {name}: {alone.finding}"
+        if result.mistake is None:  # (a named line keeps its finding; the property is noted beside it)
+            head = result.finding.split("; no known mistake")[0]
+            result.finding = f"{head}; checked alone on the book's inputs, {name}: {alone.finding}"
         result.notes = [*result.notes, f"property broken: {alone.prop} ({alone.stage}, {alone.where})"]
     return result
 
 
-def is_glass_model(m: nn.Module) -> bool:
-    """One of glassgpt's own described models (chapter 4's variants keep the repository's cache API, proven by
-    their own tests): checked stage by stage, not cached against uncached."""
-    return is_described_port(m) and type(m).__module__.startswith("glassgpt.")
+def _staged_then_cached(model: nn.Module, text: str | None, ids: list[int] | None) -> Any:
+    """A whole model with the book's KV cache: glassgpt's own described ones (chapter 4's variants) first stage by
+    stage against their description (the result where a stage differs), then cached against uncached, its lines
+    saying the stages matched; a reader's port, cached against uncached."""
+    if not (is_described_port(model) and type(model).__module__.startswith("glassgpt.")):
+        return check_cache(model, text, ids)
+    staged = check_model(model, text or DEFAULT_TEXT, ids)
+    if not staged.ok:
+        return _with_part_property(model, staged)
+    cached = check_cache(model, text, ids)
+    cached.lines = [*cached.lines, f"stage by stage against its description: {staged.finding}"]
+    return cached
 
 
 def is_whole_model(m: Any) -> bool:

@@ -21,7 +21,7 @@ from torch import nn
 
 from ...families import FamilyConfig, RopeFreq
 from ...families.layers import GroupedQueryAttention, apply_rope, compute_rope_params, rms_norm
-from ..verify import DESCRIBED_MISTAKES as FAMILY_MISTAKES, family_attention as _attention
+from ..verify import PORT_MISTAKES as FAMILY_MISTAKES, family_attention as _attention
 from . import properties
 from .attention import _Softmaxes
 from .properties import Broken
