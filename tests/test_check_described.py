@@ -162,6 +162,33 @@ def test_a_planted_mistake_is_found_at_its_stage_and_named(name):
     assert all(s.ok for s in result.stages[:result.stages.index(result.first)])
 
 
+def transformers_model(name: str) -> nn.Module:
+    """A tiny random transformers model of each described architecture it has (seeded)."""
+    import transformers as tf
+    torch.manual_seed(0)
+    common = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64)
+    windows = dict(sliding_window=4, layer_types=[SLIDING, FULL])
+    make = {"qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, head_dim=8)),
+            "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**common)),
+            "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**common, **windows, head_dim=8,
+                                                                       query_pre_attn_scalar=8)),
+            "olmo3": lambda: tf.Olmo3ForCausalLM(tf.Olmo3Config(**common, **windows, eos_token_id=None,
+                                                                pad_token_id=None)),
+            "cohere2": lambda: tf.Cohere2ForCausalLM(tf.Cohere2Config(**common, **windows, eos_token_id=None,
+                                                                      pad_token_id=None, bos_token_id=None))}
+    return make[name]().eval()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama", "gemma3", "olmo3", "cohere2"])
+def test_transformers_own_modules_match_the_description_at_every_stage(name):
+    """Read in place under transformers' names (Gemma 3's embedding module scales its own rows: its stage holds the
+    scale, the embeddings' none)."""
+    result = glassgpt.check(transformers_model(name), "Every effort moves you")
+    assert result.ok, result.to_text()
+    assert result.stages[0].name == "model.embed_tokens" and result.stages[-1].name == "lm_head"
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 def test_glassgpt_check_of_a_variant_checks_its_stages_then_its_cache(name):
     result = glassgpt.check(tiny(name))

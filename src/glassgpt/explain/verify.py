@@ -519,16 +519,19 @@ def _described_stages(model: nn.Module, anatomy: an.Anatomy, seen: dict, batch: 
     """Every stage in the order the data flows, each fed with the model's own input to it."""
     emb, t = anatomy.embedding, batch.shape[1]
     table = _param(model, emb.path, "weight").double()
-    yield _Stage(emb.path, seen[emb.path][1], lambda m: table[batch], "tok_emb")
+    scale = emb.scale or 1.0
+    # an embedding module that scales its own rows (transformers' Gemma3TextScaledWordEmbedding): the scale is its
+    inside = scale != 1.0 and _compare(emb.path, seen[emb.path][1], table[batch] * scale, seen[emb.path][1].dtype).ok
+    yield _Stage(emb.path, seen[emb.path][1], lambda m: table[batch] * (scale if inside else 1.0), "tok_emb")
     tok, pos = seen[emb.path][1].double(), 0.0
     if anatomy.positions.kind == "learned":
         path = anatomy.positions.path
         positions = _param(model, path, "weight").double()
         yield _Stage(path, seen[path][1], lambda m: positions[:t][None], "pos_emb")
         pos = seen[path][1].double().reshape(-1, t, emb.emb_dim)[:1]
-    scale = emb.scale or 1.0
+    after = 1.0 if inside else scale
     yield _Stage("embeddings", seen[anatomy.blocks[0].path][0],
-                 lambda m: (tok if m else tok * scale) + pos, "embeddings", {"scale": scale})
+                 lambda m: (tok if m else tok * after) + pos, "embeddings", {"scale": after})
     previous = seen[anatomy.blocks[0].path][0]
     for block in anatomy.blocks:
         yield _reads(f"{block.path} (input)", seen[block.path][0], previous, {})
