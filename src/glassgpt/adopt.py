@@ -347,6 +347,13 @@ def _head_count(att: nn.Module, names: tuple[str, ...], module: nn.Module) -> in
     return None
 
 
+def _book_eps(book: dict, family: str) -> float:
+    """The norms' eps as the config says it (the book's classes write it in: Qwen3 1e-6, Llama 3 1e-5), not as a
+    norm module holds it: check (explain/verify.py) compares the module's against it."""
+    eps = book.get("norm_eps", book.get("rms_norm_eps"))
+    return float(eps) if isinstance(eps, (int, float)) else (1e-6 if family == "qwen3" else 1e-5)
+
+
 def _eps(norm: nn.Module, default: float = 1e-5) -> float:
     eps = getattr(norm, "eps", None)
     return float(eps) if isinstance(eps, (int, float)) else default
@@ -545,7 +552,7 @@ def _book_family(module: nn.Module):
                   qk_norm=getattr(att, "q_norm", None) is not None,
                   rope_freq=RopeFreq(**rope_freq) if rope_freq else None,
                   tie_embeddings=_same_view(module.out_head.weight, module.tok_emb.weight),
-                  norm_eps=_eps(norm, 1e-6 if family == "qwen3" else 1e-5))
+                  norm_eps=_book_eps(book, family))
     tensors = dict(module.named_parameters(remove_duplicate=False))
     stages = {s: s for s in ("tok_emb", "final_norm", "out_head")}
     for i in range(cfg.n_layers):

@@ -19,7 +19,7 @@ attention's window, RoPE and scale, the experts), never by the model's name:
 - the experts' routing: the weights of each token's chosen experts, renormalised or not;
 - the feed-forward's activation, fitted between its first matrices and its last;
 - the positions: which rows of pos_emb the port adds.
-Then the catalogue (verify.py's and verify_family.py's MISTAKES, on the same weights and ids) names the
+Then the catalogue (verify.py's MISTAKES and DESCRIBED_MISTAKES, on the same weights and ids) names the
 exact line where one of its mistakes reproduces the numbers.
 """
 
@@ -38,7 +38,7 @@ from torch.overrides import TorchFunctionMode
 from .. import anatomy as an
 from ..adopt import evaluating_all, module_logits
 from ..kinds import norm_kind_by_behaviour
-from . import verify, verify_family
+from . import verify
 
 RTOL = ATOL = 1e-5  # the maintainer's torch.allclose(ours, theirs, rtol=1e-5, atol=1e-5)
 ABSENT = "absent"  # in a recording: the points whose module the port does not have
@@ -99,10 +99,10 @@ def position_property(w: Where, got: torch.Tensor | None) -> str | None:
 
 
 def catalogue(family: str, model: nn.Module, ids: list[int], layer: str, part: str | None):
-    """(the mistake's key, its sentence) from verify.py's / verify_family.py's catalogue, on the same
+    """(the mistake's key, its sentence) from verify.py's catalogues, on the same
     weights and ids, where the stage it names is in the layer the table found."""
     try:
-        result = verify.check(model, ids=ids) if family == "gpt2" else verify_family.check_family(model, ids)
+        result = verify.check(model, ids=ids) if family == "gpt2" else verify.check_family(model, ids)
     except Exception:  # noqa: BLE001  the catalogue reads the models it knows; another is no catalogue finding
         return None, None
     if result.mistake is None or result.first is None:
@@ -397,25 +397,26 @@ def _rotations(w: Where, att: an.Attention, hd: int):
     if att.rope is None:
         yield None, None
         return
-    freq = getattr(w.cfg, "rope_freq", None) if att.rope.scaling == "llama3" else None
 
-    def rope(pairs=verify_family.apply_rope, base=att.rope.base, freq=freq):
+    def rope(pairs=None, base=att.rope.base, scaled=True):
         def rotate(q, k, t):
-            cos, sin = verify_family.compute_rope_params(hd, base, t, freq)
-            return pairs(q, cos.double(), sin.double()), pairs(k, cos.double(), sin.double())
+            cos, sin = verify._rope_tables(att.rope, t, base, scaled)  # float64, the description's pairing
+            turn = pairs or (lambda x, c, s: verify._rotate(x, c, s, att.rope.pairs))
+            return turn(q, cos, sin), turn(k, cos, sin)
         return rotate
 
     yield rope(), None
-    yield rope(pairs=verify_family._rope_interleaved), (
-        f"RoPE rotates neighbouring pairs (x[0], x[1]), (x[2], x[3]), ... where {w.reference} rotates the halves "
-        f"(x[i], x[i + {hd // 2}])")
-    for base in verify_family.ROPE_BASES:
+    if att.rope.pairs == "halves":
+        yield rope(pairs=verify._rope_interleaved), (
+            f"RoPE rotates neighbouring pairs (x[0], x[1]), (x[2], x[3]), ... where {w.reference} rotates the halves "
+            f"(x[i], x[i + {hd // 2}])")
+    for base in verify.ROPE_BASES:
         if base != att.rope.base:
             yield rope(base=base), (f"RoPE turns at theta base {base:,.0f}, where the config's rope_base is "
                                     f"{att.rope.base:,.0f}")
-    if freq is not None:
-        yield rope(freq=None), ("RoPE's frequencies are not scaled as Llama 3's are (rope_freq: factor, low and high "
-                                "frequency factors): the long wavelengths turn too fast")
+    if att.rope.scaling == "llama3":
+        yield rope(scaled=False), ("RoPE's frequencies are not scaled as Llama 3's are (rope_freq: factor, low and "
+                                   "high frequency factors): the long wavelengths turn too fast")
 
 
 # --- the feed-forward -------------------------------------------------------------------------------------------
