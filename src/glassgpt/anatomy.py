@@ -305,7 +305,7 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
 
     return replace(anatomy, source=source or anatomy.source,
                    embedding=replace(anatomy.embedding, path=path(anatomy.embedding.path),
-                                     dropout=path(anatomy.embedding.dropout)),
+                                     dropout=path(anatomy.embedding.dropout), per_layer=path(anatomy.embedding.per_layer)),
                    positions=replace(anatomy.positions, path=path(anatomy.positions.path)),
                    blocks=tuple(block(b) for b in anatomy.blocks), final_norm=norm(anatomy.final_norm),
                    head=replace(anatomy.head, path=path(anatomy.head.path)), blocks_path=path(anatomy.blocks_path))

@@ -29,18 +29,19 @@ from . import anatomy as an
 from . import model as gpt2
 from .adopt import config_of, layout_of
 from .errors import GlassError, UnreadableModelError
-from .families import BONUS_MODELS, FAMILIES, gemma3, llama3, olmo3, qwen3, qwen3_5, tiny_aya
+from .families import BONUS_MODELS, FAMILIES, gemma3, gemma4, llama3, olmo3, qwen3, qwen3_5, tiny_aya
 from .families.adopt import family_layout
 from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, bonus_config_from_hf
 from .variants import VARIANTS, variant_of
 
 GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "qwen3_5": qwen3_5.describe,
-         "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe}
-KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Qwen3_5Model, Olmo3Model and TinyAyaModel "
+         "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe, "gemma4": gemma4.describe}
+KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Qwen3_5Model, Olmo3Model, TinyAyaModel and "
+              "Gemma4DenseModel "
               "(and chapter 4's variants.gqa/mla/swa/moe GPTModel); the book's GPTModel, Qwen3Model and Llama3Model "
               "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
-              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM and "
-              "Cohere2ForCausalLM")
+              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM, "
+              "Cohere2ForCausalLM and Gemma4ForCausalLM")
 LOOKED_FOR = ("the book's children (tok_emb, trf_blocks, final_norm, out_head), nanoGPT's and GPT-2's "
               "(transformer.wte, transformer.h, transformer.ln_f, lm_head) or Qwen3's and Llama's "
               "(model.embed_tokens, model.layers, model.norm, lm_head)")
@@ -77,7 +78,7 @@ def describe(model: nn.Module) -> an.Anatomy:
     for family, cls in FAMILIES.items():
         if isinstance(model, cls):
             return _tied_by_storage(GLASS[family](model.cfg), model)
-    for family, (cls, _) in BONUS_MODELS.items():  # OLMo 3, Tiny Aya
+    for family, (cls, _) in BONUS_MODELS.items():  # OLMo 3, Tiny Aya, Gemma 4
         if isinstance(model, cls):
             return _tied_by_storage(GLASS[family](model.cfg), model)
     return _tied_by_storage(_foreign(model), model)
@@ -120,7 +121,7 @@ def _foreign(model: nn.Module) -> an.Anatomy:
 
 
 def _bonus_hf(model: nn.Module) -> an.Anatomy | None:
-    """transformers' Olmo3ForCausalLM or Cohere2ForCausalLM, described by the glass file over its config, every
+    """transformers' Olmo3ForCausalLM, Cohere2ForCausalLM or Gemma4ForCausalLM, described by the glass file over its config, every
     path mapped through families/bonus_hf.py's names; None for any other module."""
     config = getattr(model, "config", None)
     family = HF_MODEL_TYPES.get(getattr(config, "model_type", None))

@@ -131,16 +131,20 @@ def bonus_memory_needs(cfg, dtype: torch.dtype | str, batch_size: int = 1, seq_l
         raise GlassError(f"{name} weights are GPT-2's (engine/): use float32 or bfloat16 for a {cfg.family} model")
     b, t = batch_size, seq_len or cfg.context_length
     n_params = bonus_parameter_table(cfg)["total"]
-    g, hd = cfg.kv_heads
-    kv_cache = sum(2 * b * (t if w is None else min(w, t)) * g * hd * size for w in cfg.windows)
-    rope = 2 * 2 * cfg.context_length * hd * 4
+    # (g, hd) of every layer, or per layer: Gemma 4's full layers have wider heads, its kv-shared layers keep none
+    per_layer = cfg.kv_heads if isinstance(cfg.kv_heads, list) else [cfg.kv_heads] * cfg.n_layers
+    kv_cache = sum(2 * b * (t if w is None else min(w, t)) * kv[0] * kv[1] * size
+                   for w, kv in zip(cfg.windows, per_layer) if kv is not None)
+    sizes = sorted({kv for kv in per_layer if kv is not None})
+    rope = sum(2 * 2 * cfg.context_length * hd * 4 for hd in {hd for _, hd in sizes})  # a table per head size
     working = 2 * b * cfg.n_heads * t * t * size + b * cfg.vocab_size * 4
     weights = n_params * size
     inference = weights + rope + kv_cache + working
     gradients, adamw_state = n_params * 4, 2 * n_params * 4
     notes = {"weights": f"{n_params:,} parameters x {size} bytes ({name})",
-             "kv_cache": f"keys and values of {g} groups x {hd}: every position in the full layers, the last "
-                         f"{cfg.sliding_window:,} in the sliding ones",
+             "kv_cache": f"keys and values of {' or '.join(f'{g} groups x {hd}' for g, hd in sizes)}: every position "
+                         f"in the full layers, the last {cfg.sliding_window:,} in the sliding ones"
+                         + (f", none in the {per_layer.count(None)} kv-shared layers" if None in per_layer else ""),
              "inference": "weights + RoPE's float32 cos/sin + KV cache + one layer's [b, h, t, t] attention and the "
                           "last position's float32 logits",
              "gradients": "one float32 gradient per parameter", "adamw_state": "AdamW's two float32 moments",
