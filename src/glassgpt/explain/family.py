@@ -42,7 +42,7 @@ from .head import head_products, logit_lens_of
 from .result import Result
 
 FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "qwen3_5": "Qwen3.5", "olmo3": "OLMo 3",
-                "tiny_aya": "Tiny Aya"}
+                "tiny_aya": "Tiny Aya", "gemma4": "Gemma 4"}
 
 
 @dataclass
@@ -141,7 +141,7 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
                    "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
                    "qk_norm": att0.q_norm is not None, "rope_base": rope.base if rope else None,
                    "rope_scaled": any(r.scaling is not None for r in ropes), **_sliding_layers(anatomy),
-                   **rope_reach(anatomy)},
+                   **rope_reach(anatomy), **_kv_shared(anatomy)},
         answers=four_answers(model, ids), params=parameter_table(cfg), next_tokens=next_tokens,
         head=head_products(model, kept["final_norm"][0, -1], logits[0, -1], [n["id"] for n in next_tokens],
                            ids[0].tolist(), label))
@@ -207,6 +207,16 @@ def _sliding_layers(anatomy) -> dict[str, Any]:
             "rope_local_base": rope.base if rope is not None else None}
 
 
+def _kv_shared(anatomy) -> dict[str, Any]:
+    """The layers that reuse another layer's keys and values (Gemma 4's last num_kv_shared_layers), each with its
+    source layer, and the RoPE scalings by name ("proportional": Gemma 4's partial RoPE); {} for neither."""
+    shared = {b.index: b.attention.kv_shared_from for b in anatomy.blocks if b.attention.kv_shared_from is not None}
+    scalings = sorted({b.attention.rope.scaling for b in anatomy.blocks if b.attention.rope and b.attention.rope.scaling})
+    partial = [b.attention.rope for b in anatomy.blocks if b.attention.rope and b.attention.rope.scaling == "proportional"]
+    return ({"kv_shared_from": shared} if shared else {}) | ({"rope_scalings": scalings} if scalings else {}) | (
+        {"proportional_dims": [partial[0].rotary_dim, partial[0].head_dim]} if partial else {})
+
+
 def _attention_layers(model: nn.Module, anatomy, kept: dict, seen_kv: dict, t: int) -> list:
     """Every layer's `[h, t, t]` weights (as lists), from its kept W_query output and rotated keys, by its own RoPE
     tables (Gemma 3's sliding and full layers have their own: `rope_of`)."""
@@ -258,7 +268,7 @@ def _stages(cfg, anatomy, seen: dict, q_shape: tuple, kv_shape: list[int],
         {"name": "ids", "module": "", "shape": [b, t], "note": "token ids"},
         {"name": "tok_emb", "module": "tok_emb", "shape": list(seen["tok_emb"][1]),
          "note": f"vocab -> hidden: row lookup in the {[V, d]} weight"
-                 + (f", times sqrt({d}) = {d ** 0.5:.2f}" if cfg.family == "gemma3" else "") + "; no pos_emb is added"},
+                 + (f", times sqrt({d}) = {d ** 0.5:.2f}" if anatomy.embedding.scale else "") + "; no pos_emb is added"},
         {"name": "queries", "module": "trf_blocks.N.att.W_query", "shape": list(q_shape),
          "note": f"{list(seen['trf_blocks.0.att.W_query'][1])} split into {h} heads, RoPE-rotated"},
         {"name": "keys, values", "module": "trf_blocks.N.att.W_key, W_value", "shape": kv_shape,
@@ -270,7 +280,7 @@ def _stages(cfg, anatomy, seen: dict, q_shape: tuple, kv_shape: list[int],
          "note": f"router gate: {cfg.num_experts} expert scores; each token runs its top {cfg.num_experts_per_tok} "
                  f"SwiGLU experts, {d} -> {cfg.moe_hidden_dim} -> {d}, weighted by the softmax of their scores"
          if getattr(cfg, "num_experts", 0) else f"GeGLU: fc3(gelu_tanh(fc1(x)) * fc2(x)), {d} -> {hidden_dim} -> {d}"
-         if cfg.family == "gemma3" else f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {hidden_dim} -> {d}"},
+         if anatomy.blocks[0].ff.kind == "geglu" else f"SwiGLU: fc3(silu(fc1(x)) * fc2(x)), {d} -> {hidden_dim} -> {d}"},
         {"name": "final_norm", "module": "final_norm", "shape": list(seen["final_norm"][1]),
          "note": {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}.get(anatomy.final_norm.kind, anatomy.final_norm.kind)},
         {"name": "out_head", "module": "out_head", "shape": list(seen["out_head"][1]),
