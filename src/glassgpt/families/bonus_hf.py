@@ -209,9 +209,13 @@ def _gemma4_global_head_dim(raw: dict[str, Any], types: list[str], hd: int, g: i
     overrides = raw.get("per_layer_config")
     if not overrides:
         return int(raw.get("global_head_dim", 512))
+    try:  # keyed by the layer's index as a string, zero-padded to the widest ("04" of 35 layers)
+        overrides = {int(k): v for k, v in overrides.items()}
+    except (TypeError, ValueError, AttributeError):
+        raise ConfigError(f"{source}: per_layer_config is {overrides!r}: transformers keys it by layer index") from None
     sizes = set()
     for i, layer_type in enumerate(types):
-        own = overrides.get(str(i), overrides.get(i)) or {}
+        own = overrides.get(i) or {}
         for key, value in own.items():
             if key not in ("head_dim", "num_key_value_heads") or (key == "num_key_value_heads" and value != g):
                 raise ConfigError(f"{source}: per_layer_config.{i}.{key} is {value!r}: the notebook's Gemma 4 gives "
