@@ -23,6 +23,7 @@ from glassgpt.families import Gemma4Config, Gemma4DenseModel
 from glassgpt.families.gemma4 import get_gemma4_dense_config
 from glassgpt.formats.family_tokenizers import TokenizerJson
 from glassgpt.kinds import description_mismatches
+from helpers import check_description
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Sliding layers see a window; full layers see it all. "
         "Ünïcödé and emoji 🙂 too.\n") * 20
@@ -278,8 +279,7 @@ def test_the_tokenizer_gives_the_libraries_ids_the_chat_wrap_and_the_end_token(t
 
 def test_the_description_agrees_with_the_module_and_names_what_gemma4_adds(tmp_path, tokenizer_json):
     model = glassgpt.load_model(saved(hf_gemma4(), tmp_path / "g4", tokenizer_json))
-    anatomy = glassgpt.describe(model)
-    assert description_mismatches(model, anatomy) == []
+    anatomy = check_description(model)
     assert [b.layer_type for b in anatomy.blocks] == LAYERS
     assert [b.attention.kv_shared_from for b in anatomy.blocks] == SHARED_FROM
     assert anatomy.blocks[3].attention.key.path == "blocks.1.att.k_proj"  # a shared layer's keys: its source's
@@ -289,7 +289,8 @@ def test_the_description_agrees_with_the_module_and_names_what_gemma4_adds(tmp_p
     assert (full.scaling, full.rotary_dim, full.head_dim) == ("proportional", 4, 16)  # a quarter of 8 pairs turn
     assert {b.placement for b in anatomy.blocks} == {"sandwich"} and anatomy.final_norm.kind == "rmsnorm"
     assert anatomy.blocks[0].attention.scale == 1.0 and anatomy.head.softcap == 30.0 and anatomy.head.tied
-    assert anatomy.embedding.scale == pytest.approx(32 ** 0.5) and anatomy.embedding.per_layer == "embed_tokens_per_layer"
+    assert anatomy.embedding.scale == pytest.approx(32 ** 0.5)
+    assert anatomy.embedding.per_layer == "embed_tokens_per_layer"
 
 
 def test_a_description_of_a_wrong_norm_or_head_size_is_found():
@@ -306,8 +307,7 @@ def test_a_description_of_a_wrong_norm_or_head_size_is_found():
 
 def test_transformers_module_is_described_in_its_own_names_and_agrees_with_itself():
     hf = randomised(hf_gemma4(tie_word_embeddings=False))
-    anatomy = glassgpt.describe(hf)
-    assert description_mismatches(hf, anatomy) == []
+    anatomy = check_description(hf)
     assert anatomy.blocks[3].attention.key.path == "model.layers.1.self_attn.k_proj"
     assert anatomy.embedding.per_layer == "model.embed_tokens_per_layer" and not anatomy.head.tied
 
@@ -360,6 +360,15 @@ def test_glassgpt_info_counts_the_parameters_and_the_cache_of_the_layers_that_ke
     # k and v of 2 groups: sliding layers 0 and 2 keep 4 positions of 8, full layer 1 all 64 of 16; 3-5 keep none
     assert out["memory"]["kv_cache"] == 2 * (2 * 4 * 8 + 64 * 16) * 2 * 4
 
+
+
+def test_why_refuses_gemma4_in_one_line_naming_its_sandwich_blocks(tokenizer_json):
+    """why splits a logit over x + sublayer(norm(x)) blocks; Gemma 4's norm each sublayer's output too."""
+    tok = TokenizerJson(tokenizer_json, "gemma4")
+    glass = Gemma4DenseModel(tiny_config(vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB))
+    for model in (randomised(hf_gemma4()), glass):
+        with pytest.raises(GlassError, match="why splits the logit over pre-norm blocks; .*'s are sandwich-norm"):
+            glassgpt.why(model, tok, "The quick brown fox")
 
 # --- bad input: one line each ---------------------------------------------------------------------
 

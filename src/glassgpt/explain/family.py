@@ -211,8 +211,9 @@ def _kv_shared(anatomy) -> dict[str, Any]:
     """The layers that reuse another layer's keys and values (Gemma 4's last num_kv_shared_layers), each with its
     source layer, and the RoPE scalings by name ("proportional": Gemma 4's partial RoPE); {} for neither."""
     shared = {b.index: b.attention.kv_shared_from for b in anatomy.blocks if b.attention.kv_shared_from is not None}
-    scalings = sorted({b.attention.rope.scaling for b in anatomy.blocks if b.attention.rope and b.attention.rope.scaling})
-    partial = [b.attention.rope for b in anatomy.blocks if b.attention.rope and b.attention.rope.scaling == "proportional"]
+    ropes = [b.attention.rope for b in anatomy.blocks if b.attention.rope is not None]
+    scalings = sorted({rope.scaling for rope in ropes if rope.scaling})
+    partial = [rope for rope in ropes if rope.scaling == "proportional"]
     return ({"kv_shared_from": shared} if shared else {}) | ({"rope_scalings": scalings} if scalings else {}) | (
         {"proportional_dims": [partial[0].rotary_dim, partial[0].head_dim]} if partial else {})
 

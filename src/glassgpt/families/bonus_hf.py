@@ -196,7 +196,8 @@ def gemma4_config_from_hf(raw: dict[str, Any], source: str = "config.json") -> G
             rope_global_partial_rotary_factor=float(full.get("partial_rotary_factor") or 1.0),
             layer_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             final_logit_softcap=raw.get("final_logit_softcapping"),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)), pad_token_id=_one_id(raw.get("pad_token_id")))
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+            pad_token_id=_one_id(raw.get("pad_token_id")))
     except KeyError as e:
         raise CheckpointError(f"{source} has no {e.args[0]!r}: it is not a whole Gemma4ForCausalLM config") from None
     except ConfigError as e:
@@ -244,7 +245,8 @@ def gemma4_hf_names(cfg: Gemma4Config) -> list[tuple[str, str]]:
     for i in range(cfg.n_layers):
         for hf, ours in HF_LAYER_NAMES["gemma4"].items():
             name = f"blocks.{i}.{ours}.weight"
-            if hf in ("self_attn", "mlp") or name in unread or ("per_layer" in hf and not cfg.hidden_size_per_layer_input):
+            no_per_layer = "per_layer" in hf and not cfg.hidden_size_per_layer_input
+            if hf in ("self_attn", "mlp") or name in unread or no_per_layer:
                 continue
             names.append((name, f"model.layers.{i}.{hf}.weight"))
         names.append((f"blocks.{i}.layer_scalar", f"model.layers.{i}.layer_scalar"))
@@ -327,9 +329,10 @@ _GLASS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, nn.Module]]" = weakre
 
 
 def bonus_glass(module: nn.Module) -> nn.Module | None:
-    """transformers' Olmo3ForCausalLM, Cohere2ForCausalLM or Gemma4ForCausalLM as the glass model whose every parameter is a view of
-    the module's own tensor (nothing copied), made once per module (again if its tensors were replaced); None
-    for any other module. adopt.py checks its logits against the module's once."""
+    """transformers' Olmo3ForCausalLM, Cohere2ForCausalLM or Gemma4ForCausalLM as the glass model whose every
+    parameter is a view of the module's own tensor (nothing copied; Gemma 4's never-read shared-layer tensors are
+    zeros), made once per module (again if its tensors were replaced); None for any other module. adopt.py checks
+    its logits against the module's once."""
     config = getattr(module, "config", None)
     family = HF_MODEL_TYPES.get(getattr(config, "model_type", None))
     if family is None or not isinstance(getattr(module, "lm_head", None), nn.Module):

@@ -112,8 +112,8 @@ class Gemma4Config:
             raise ConfigError(f"the kv-shared layers ({first} on) include {missing[0]} layers but no earlier layer is "
                               f"one: each reuses the keys and values of the last earlier layer of its type")
         if self.attention_k_eq_v:
-            raise ConfigError("attention_k_eq_v is true (keys reused as values, the 26B and 31B models): the notebook's "
-                              "Gemma4DenseModel has separate k_proj and v_proj")
+            raise ConfigError("attention_k_eq_v is true (keys reused as values, the 26B and 31B models): the "
+                              "notebook's Gemma4DenseModel has separate k_proj and v_proj")
         if self.rope_local_type != "default":
             raise ConfigError(f"rope_local_type {self.rope_local_type!r} is not implemented: the sliding layers turn "
                               "by plain RoPE")

@@ -54,9 +54,10 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
     if att.get("rope_scalings") and att["rope_scalings"] != ["llama3"]:  # OLMo 3's YaRN, Gemma 4's proportional RoPE
         turned = att.get("proportional_dims")
         scaled = ", with " + " and ".join(
-            f"proportional partial RoPE in the full layers ({turned[0]} of their {turned[1]} dimensions turn: the pairs "
-            f"(i, i + {turned[1] // 2}) for i < {turned[0] // 2}, the others stay as they are)"
-            if name == "proportional" else {"yarn": "YaRN", "llama3": "Llama 3's"}.get(name, name) + " frequency scaling"
+            f"proportional partial RoPE in the full layers ({turned[0]} of their {turned[1]} dimensions turn: the "
+            f"pairs (i, i + {turned[1] // 2}) for i < {turned[0] // 2}, the others stay as they are)"
+            if name == "proportional" else {"yarn": "YaRN", "llama3": "Llama 3's"}.get(name, name)
+            + " frequency scaling"
             for name in att["rope_scalings"])
     layers, dims, hd = att.get("rope_layers"), att.get("rope_dims"), att["q_shape"][-1]
     inside = "every attention" if layers is None or len(layers) == tr.config["n_layers"] else (
