@@ -1,11 +1,13 @@
 """The kinds of model object glassgpt reads, each described through its glass file and one name map.
 
     describe(model) -> Anatomy        glassgpt.describe: any kind below, with no copy of its weights
+    describe_config(cfg) -> Anatomy   the same from a config alone, before any weights exist
     description_mismatches(model, anatomy) -> list[str]   where a description and its module disagree
 
 A kind is found by its children's names, then described by its glass file's describe(cfg) (model.py,
-families/qwen3.py, families/llama3.py, and chapter 4's variants/gqa.py, mla.py, swa.py, moe.py) over the config its tensors and attributes say (adopt.py's and
-families/adopt.py's readers), with every path mapped to the object's own names:
+families/qwen3.py, families/llama3.py, families/qwen3_5.py, olmo3.py, tiny_aya.py, and chapter 4's variants/gqa.py,
+mla.py, swa.py, moe.py) over the config its tensors and attributes say (adopt.py's readers), with every path
+mapped to the object's own names:
     glassgpt's GPTModel, Qwen3Model (and its MoE), Llama3Model,  the glass names
       Gemma3Model
     the book's GPTModel, Qwen3Model, Llama3Model (and the     the same names (the book's)
@@ -27,24 +29,14 @@ from torch import nn
 
 from . import anatomy as an
 from . import model as gpt2
-from .adopt import config_of, layout_of
+from .adopt import KINDS_READ, LOOKED_FOR, config_of, family_layout, layout_of
 from .errors import GlassError, UnreadableModelError
 from .families import BONUS_MODELS, FAMILIES, gemma3, gemma4, llama3, olmo3, qwen3, qwen3_5, tiny_aya
-from .families.adopt import family_layout
 from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, bonus_config_from_hf
 from .variants import VARIANTS, variant_of
 
 GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "qwen3_5": qwen3_5.describe,
          "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe, "gemma4": gemma4.describe}
-KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Qwen3_5Model, Olmo3Model, TinyAyaModel and "
-              "Gemma4DenseModel "
-              "(and chapter 4's variants.gqa/mla/swa/moe GPTModel); the book's GPTModel, Qwen3Model and Llama3Model "
-              "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
-              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM, "
-              "Cohere2ForCausalLM and Gemma4ForCausalLM")
-LOOKED_FOR = ("the book's children (tok_emb, trf_blocks, final_norm, out_head), nanoGPT's and GPT-2's "
-              "(transformer.wte, transformer.h, transformer.ln_f, lm_head) or Qwen3's and Llama's "
-              "(model.embed_tokens, model.layers, model.norm, lm_head)")
 
 # The name maps: a glass path inside block i (after "trf_blocks.{i}.") -> the object's own.
 GPT2_HF = {"norm1": "ln_1", "norm2": "ln_2", "att": "attn", "att.out_proj": "attn.c_proj", "ff": "mlp",
@@ -63,6 +55,12 @@ GEMMA3_HF = {"att": "self_attn", "att.W_query": "self_attn.q_proj", "att.W_key":
              "ff.fc3": "mlp.down_proj"} | {n: n for n in ("input_layernorm", "post_attention_layernorm",
                                                            "pre_feedforward_layernorm", "post_feedforward_layernorm")}
 GEMMA3_TOP = ROPE_TOP | {"blocks": "model.layers"}
+
+
+def describe_config(cfg) -> an.Anatomy:
+    """What a model of `cfg` is made of, as its glass file declares it (a GPTConfig: model.py; a family's
+    config: its family's file), before any weights exist: what memory.py counts bytes from."""
+    return GLASS[cfg.family](cfg) if hasattr(cfg, "family") else gpt2.describe(cfg)
 
 
 def describe(model: nn.Module) -> an.Anatomy:
@@ -107,12 +105,8 @@ def _foreign(model: nn.Module) -> an.Anatomy:
     try:
         layout = layout_of(model)
         cfg = config_of(model, layout)
-    except (AttributeError, TypeError, KeyError, IndexError):
+    except (AttributeError, TypeError, KeyError, IndexError, UnreadableModelError):
         raise UnreadableModelError(_unreadable(model)) from None
-    except GlassError as err:
-        if "is not a GPT-2-shaped model" in str(err):
-            raise UnreadableModelError(_unreadable(model)) from None
-        raise
     anatomy = _as_read(replace(gpt2.describe(cfg), source=layout.kind), layout)
     if layout.stages.get("tok_emb") == "tok_emb":
         return _book_variants(model, anatomy, cfg.emb_dim)
@@ -121,8 +115,8 @@ def _foreign(model: nn.Module) -> an.Anatomy:
 
 
 def _bonus_hf(model: nn.Module) -> an.Anatomy | None:
-    """transformers' Olmo3ForCausalLM, Cohere2ForCausalLM or Gemma4ForCausalLM, described by the glass file over its config, every
-    path mapped through families/bonus_hf.py's names; None for any other module."""
+    """transformers' Olmo3ForCausalLM, Cohere2ForCausalLM or Gemma4ForCausalLM, described by the glass file over its
+    config, every path mapped through families/bonus_hf.py's names; None for any other module."""
     config = getattr(model, "config", None)
     family = HF_MODEL_TYPES.get(getattr(config, "model_type", None))
     if family is None or "lm_head" not in dict(model.named_children()):
@@ -238,6 +232,12 @@ def description_mismatches(model: nn.Module, anatomy: an.Anatomy) -> list[str]:
     e = anatomy.embedding
     if emb is not None and list(emb.weight.shape) != [e.vocab_size, e.emb_dim]:
         wrong.append(f"embedding {e.path}: weight {list(emb.weight.shape)}, described [{e.vocab_size}, {e.emb_dim}]")
+    per_layer = e.per_layer_inputs
+    if per_layer is not None:  # Gemma 4's second table: n_layers vectors of dim per token
+        table = module(e.per_layer, "per-layer embeddings")
+        if table is not None and list(table.weight.shape) != [per_layer.vocab_size, per_layer.n_layers * per_layer.dim]:
+            wrong.append(f"per-layer embeddings {e.per_layer}: weight {list(table.weight.shape)}, described "
+                         f"[{per_layer.vocab_size}, {per_layer.n_layers * per_layer.dim}]")
     if anatomy.positions.kind == "learned":
         pos = module(anatomy.positions.path, "positions")
         if pos is not None and list(pos.weight.shape) != [anatomy.positions.context_length, e.emb_dim]:

@@ -46,7 +46,9 @@ HF_LAYER_NAMES = {
                                 "post_per_layer_input_norm")} | {"self_attn": "att", "mlp": "mlp"},
 }
 HF_TOP = {"model.embed_tokens": "tok_emb", "model.norm": "final_norm", "lm_head": "out_head",
-          "model.embed_tokens_per_layer": "embed_tokens_per_layer"}
+          "model.embed_tokens_per_layer": "embed_tokens_per_layer",
+          "model.per_layer_model_projection": "per_layer_model_projection",
+          "model.per_layer_projection_norm": "per_layer_projection_norm"}
 UNIMPLEMENTED = ("attn_logit_softcapping", "final_logit_softcapping", "use_qk_norm", "partial_rotary_factor")
 
 

@@ -440,9 +440,10 @@ CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Gemma4Config))
 def describe(cfg: Gemma4Config) -> an.Anatomy:
     """This file's model as data: a scaled embedding with per-layer embeddings, sandwich blocks of RMSNorms,
     sliding and full attention (their own head sizes and RoPE, proportional and partial in the full layers),
-    kv-shared layers, GeGLU, a softcapped tied head. (The weightless v_norm, layer_scalar and the per-layer input's
-    gated add have no place in the description's vocabulary: the docstring above says them.)"""
+    kv-shared layers, GeGLU, the per-layer inputs, a softcapped tied head. (The weightless v_norm and layer_scalar
+    have no place in the description's vocabulary: the docstring above says them.)"""
     d, h, g, eps = cfg.emb_dim, cfg.n_heads, cfg.n_kv_heads, cfg.layer_norm_eps
+    pl, L = cfg.hidden_size_per_layer_input, cfg.n_layers
 
     def norm(path: str, role: str, dim: int = d) -> an.Norm:
         return an.Norm(path, "rmsnorm", dim, eps, role=role)
@@ -473,12 +474,18 @@ def describe(cfg: Gemma4Config) -> an.Anatomy:
                             gate=an.Linear(f"{p}.mlp.gate_proj", d, f, False))
         norms = (norm(f"{p}.input_layernorm", "attn_in"), norm(f"{p}.post_attention_layernorm", "attn_out"),
                  norm(f"{p}.pre_feedforward_layernorm", "ff_in"), norm(f"{p}.post_feedforward_layernorm", "ff_out"))
-        return an.Block(i, p, "sandwich", norms, att, ff, layer_type=layer_type)
+        own = an.PerLayerInput(an.Linear(f"{p}.per_layer_input_gate", d, pl, False),
+                               an.Linear(f"{p}.per_layer_projection", pl, d, False),
+                               norm(f"{p}.post_per_layer_input_norm", "per_layer")) if pl else None
+        return an.Block(i, p, "sandwich", norms, att, ff, layer_type=layer_type, per_layer_input=own)
 
     return an.Anatomy(name="Gemma 4", source="glassgpt's Gemma4DenseModel",
                       embedding=an.Embedding("tok_emb", cfg.vocab_size, d, scale=math.sqrt(d),
-                                             per_layer="embed_tokens_per_layer" if cfg.hidden_size_per_layer_input
-                                             else None),
+                                             per_layer="embed_tokens_per_layer" if pl else None,
+                                             per_layer_inputs=an.PerLayerInputs(
+                                                 cfg.vocab_size_per_layer_input, pl, L,
+                                                 an.Linear("per_layer_model_projection", d, L * pl, False),
+                                                 norm("per_layer_projection_norm", "per_layer", pl)) if pl else None),
                       positions=an.Positions("rope", cfg.context_length),
                       blocks=tuple(block(i, t) for i, t in enumerate(cfg.layer_types)),
                       final_norm=norm("final_norm", "final"),
