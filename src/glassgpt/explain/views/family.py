@@ -20,6 +20,26 @@ def _shape(shape) -> str:
     return "[" + ", ".join(f"{s:,}" for s in shape) + "]"
 
 
+def _scaling_words(att: dict) -> str:
+    """How RoPE's frequencies are changed, by name: Llama 3's scaling, OLMo 3's YaRN, Gemma 4's proportional RoPE."""
+    if not att.get("rope_scalings") or att["rope_scalings"] == ["llama3"]:
+        return ", with Llama 3's frequency scaling" if att["rope_scaled"] else ""
+    turned = att.get("proportional_dims")
+    return ", with " + " and ".join(
+        f"proportional partial RoPE in the full layers ({turned[0]} of their {turned[1]} dimensions turn: the "
+        f"pairs (i, i + {turned[1] // 2}) for i < {turned[0] // 2}, the others stay as they are)"
+        if name == "proportional" else {"yarn": "YaRN", "llama3": "Llama 3's"}.get(name, name) + " frequency scaling"
+        for name in att["rope_scalings"])
+
+
+def _kv_shared_lines(att: dict) -> list[str]:
+    """Gemma 4's last layers, which attend over an earlier layer's keys and values."""
+    if not att.get("kv_shared_from"):
+        return []
+    return ["  KV-shared layers: " + ", ".join(f"{i} reads {j}'s" for i, j in att["kv_shared_from"].items())
+            + " keys and values (they compute none and keep no cache of their own)."]
+
+
 def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heatmap: str | None = None,
                        **_options) -> str:
     """The flow, the four answers, RoPE and the groups, the next tokens; then, as GPT-2's text view has them,
@@ -50,15 +70,7 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
         tie = f"two separate tensors (untied): {tr.params['total']:,} parameters"
     lines.append(f"  4. Are there weight matrices for both, and are they shared?  {tie}.")
     lines += ["", "where positions enter"]
-    scaled = ", with Llama 3's frequency scaling" if att["rope_scaled"] else ""
-    if att.get("rope_scalings") and att["rope_scalings"] != ["llama3"]:  # OLMo 3's YaRN, Gemma 4's proportional RoPE
-        turned = att.get("proportional_dims")
-        scaled = ", with " + " and ".join(
-            f"proportional partial RoPE in the full layers ({turned[0]} of their {turned[1]} dimensions turn: the "
-            f"pairs (i, i + {turned[1] // 2}) for i < {turned[0] // 2}, the others stay as they are)"
-            if name == "proportional" else {"yarn": "YaRN", "llama3": "Llama 3's"}.get(name, name)
-            + " frequency scaling"
-            for name in att["rope_scalings"])
+    scaled = _scaling_words(att)
     layers, dims, hd = att.get("rope_layers"), att.get("rope_dims"), att["q_shape"][-1]
     inside = "every attention" if layers is None or len(layers) == tr.config["n_layers"] else (
         f"the full attentions (layers {', '.join(map(str, layers))}; the linear ones have no position signal: their "
@@ -74,9 +86,7 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
                      "every earlier position.")
     if att["qk_norm"]:
         lines.append("  QK-norm: each query and key head is RMS-normed before the rotation.")
-    if att.get("kv_shared_from"):  # Gemma 4's last layers
-        lines.append("  KV-shared layers: " + ", ".join(f"{i} reads {j}'s" for i, j in att["kv_shared_from"].items())
-                     + " keys and values (they compute none and keep no cache of their own).")
+    lines += _kv_shared_lines(att)
     lines += ["", "the heads"]
     lines.append(f"  queries {_shape(att['q_shape'])}, keys and values {_shape(att['kv_shape'])}: {h} query heads "
                  f"share {g} key/value heads, {att['group_size']} each (repeat_interleave):")
