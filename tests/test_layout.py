@@ -288,12 +288,11 @@ def test_an_import_of_another_test_module_is_found(tmp_path):
 MODEL_FILES = {"glassgpt.model", "glassgpt.families", "glassgpt.families.qwen3", "glassgpt.families.llama3",
                "glassgpt.families.gemma3", "glassgpt.families.gemma4", "glassgpt.families.layers"}
 FAMILY_TWINS = {  # a module for the other models beside the one for GPT-2
-    "glassgpt.explain.family": "glassgpt.explain.trace", "glassgpt.explain.why_family": "glassgpt.explain.why",
-    "glassgpt.explain.verify_family": "glassgpt.explain.verify", "glassgpt.engine.family": "glassgpt.engine.step",
-    "glassgpt.explain.views.family": "glassgpt.explain.views.text"}
+    "glassgpt.explain.why_family": "glassgpt.explain.why",
+    "glassgpt.explain.verify_family": "glassgpt.explain.verify"}
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
     "glassgpt.explain.causes", "glassgpt.explain.check", "glassgpt.explain.compare", "glassgpt.explain.debugger",
-    "glassgpt.explain.diff", "glassgpt.explain.family", "glassgpt.explain.trace",
+    "glassgpt.explain.diff", "glassgpt.explain.trace",
     "glassgpt.explain.verify", "glassgpt.explain.verify_family", "glassgpt.explain.why"]
 
 

@@ -16,7 +16,7 @@ from ..explain.views import draw
 from ..explain.compare import compare, same_tokenizer
 from ..explain.views.compare import comparison_layout, comparison_text
 from ..explain.views.diagram import layout, save_attention_png
-from ..explain.family import changes_from_gpt2, family_trace
+from ..explain.trace import changes_from_gpt2
 from ..families import is_bonus_model, is_family_model
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
 from ..explain.pieces import sliding_windows
@@ -107,7 +107,7 @@ def run_explain(args: argparse.Namespace) -> int:
         _check_layers(args, cfg.n_layers)
     model, tok = load(args, source, tokens=len(args.prompt.encode("utf-8")))  # (its bytes bound its tokens)
     _check_layers(args, model.cfg.n_layers)
-    if is_family_model(model) or is_bonus_model(model):  # Qwen3, Llama 3.2, OLMo 3, Tiny Aya: explain/family.py's
+    if is_family_model(model) or is_bonus_model(model):  # Qwen3, Llama 3.2, OLMo 3, ...: the rotary trace's text view
         return _run_family(args, model, tok, source)
     about = read_as(args, source, model)
     allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
@@ -160,7 +160,10 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer, source: Source)
         if args.format == "json":
             return emit(json.dumps(changes.to_dict(), indent=2), args.out)
         return emit(changes.to_text(), args.out)
-    tr = family_trace(model, tok, args.prompt, top_k=args.top_k, attention=args.attention, logit_lens=args.logit_lens)
+    # every trace option, as GPT-2's path reads them; the one-hot proof is always the third answer
+    tr = trace(model, tok, args.prompt, options=trace_options(args, embedding_check=True), about=source.about())
+    for note in tr.notes:
+        print(f"note: {note}", file=sys.stderr)
     heat = None
     if args.attention:  # every query head of --layer, each titled with the key/value group it reads
         heat = args.attention_out or f"attention-L{args.layer}.png"

@@ -33,7 +33,7 @@ from ..errors import GlassError
 from ..families import FamilyConfig, build_model, is_family_model
 from ..formats.checks import on_meta
 from ..model import GPTModel
-from .family import FAMILY_NAMES
+from .trace import FAMILY_NAMES
 from .notation import shape
 from .result import Result
 

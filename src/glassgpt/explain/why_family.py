@@ -41,7 +41,7 @@ from ..errors import TraceCancelled
 from ..kinds import describe
 from ..prompt import Prompt
 from ..tokenizer import Tokenizer
-from .family import RecordingCache, attention_of
+from .trace import RecordingCache, attention_of
 from .why_result import (ATTENTION_IS_NOT, Why, check_id, corrupted_ids, first_difference, labeller, patch_pair,
                          runner_up, sources_of, versus_id)
 
@@ -175,7 +175,7 @@ def attribute_family(model: nn.Module, seen: dict, a: int, b: int | None) -> dic
 
 
 def last_row_attention(att: nn.Module, seen: dict, p: str, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The last query's attention weights over the sources, [h, t] (family.py's attention_of: its query through
+    """The last query's attention weights over the sources, [h, t] (trace.py's attention_of: its query through
     QK-norm (Qwen3) and RoPE at the last position, against the recorded rotated keys)."""
     q = seen[f"{p}.att.W_query"][:, -1:]  # [1, 1, h*hd]
     return attention_of(att, q, seen[f"{p}.att.kv"][0], cos[-1:], sin[-1:])[0, :, 0].double()  # every source

@@ -1,10 +1,9 @@
 """The views of explain's results, and the one place each result type gets them: its text, picture and HTML.
 
-    text.py       a Trace in the terminal                diagram.py  a Trace's picture; attention heatmaps
-    why.py        a Why: text, picture, HTML             passage.py  a Passage: text and picture
+    text.py       a Trace in the terminal; a rotary FamilyTrace and what changed from GPT-2 too
+    diagram.py    a Trace's picture, and a FamilyTrace's; attention heatmaps
+    why.py        a Why and a FamilyWhy: text, picture, HTML  passage.py  a Passage: text and picture
     compare.py    a Comparison: text and picture         diff.py     a WeightDiff: text and picture
-    family.py     a Qwen3/Llama FamilyTrace (text, picture), its FamilyWhy (text, HTML; its picture is why.py's)
-                  and what changed from GPT-2 (text)
     notebook.py   each result's notebook cell (its picture and key lines); show(model, text)
     pieces.py     a text's sliding windows; a checked piece's picture; show(piece, input) for any piece
     draw.py       boxes, text and lines, measured; written as SVG or PNG
@@ -16,24 +15,21 @@ registry, filled here when glassgpt.explain is imported.
 from ..compare import Comparison
 from ..debugger import LayerReport
 from ..diff import WeightDiff
-from ..family import FamilyTrace, GPT2Changes
 from ..passage import Passage
 from ..pieces import PieceResult, SlidingWindows
 from ..result import register
-from ..trace import Trace
+from ..trace import FamilyTrace, GPT2Changes, Trace
 from ..verify import CheckResult
 from ..why import Why
 from ..why_family import FamilyWhy
 from .compare import comparison_layout, comparison_text
-from .diagram import layout as trace_layout
+from .diagram import family_layout, layout as trace_layout
 from .diff import diff_layout, diff_text
-from .family import (family_html, family_layout, family_why_html, render_changes_text, render_family_text,
-                     render_family_why_text)
-from .notebook import check_html, check_layout, layers_html, layers_layout, comparison_html, diff_html, passage_html, trace_html
+from .notebook import family_html, check_html, check_layout, layers_html, layers_layout, comparison_html, diff_html, passage_html, trace_html
 from .passage import passage_layout, passage_text
 from .pieces import piece_html, piece_layout, windows_html, windows_layout, windows_text
-from .text import render_text
-from .why import why_html, why_layout, why_text
+from .text import render_changes_text, render_family_text, render_text
+from .why import family_why_html, render_family_why_text, why_html, why_layout, why_text
 
 register(Trace, text=render_text, picture=trace_layout, html=trace_html)
 register(Why, text=why_text, picture=why_layout, html=why_html)

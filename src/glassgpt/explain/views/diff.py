@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..diff import BLOCK_PARTS, FAMILY_BLOCK_PARTS, TensorChange, WeightDiff
-from ..family import FAMILY_NAMES
+from ..trace import FAMILY_NAMES
 from ..notation import shape
 from .compare import bar_columns
 from .draw import GRAY, INK, MUTED, ORANGE, Drawing, Rect, Text, header, wrap
