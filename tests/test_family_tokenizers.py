@@ -141,7 +141,8 @@ def test_a_gemma_folder_is_refused_by_load_model_naming_its_architecture(tmp_pat
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: {tmp_path / 'config.json'} is a Gemma2ForCausalLM (gemma2): glassgpt covers Qwen3ForCausalLM "
         "(qwen3), Qwen3MoeForCausalLM (qwen3), LlamaForCausalLM (llama3), Gemma3ForCausalLM (gemma3), "
-        "Qwen3_5ForCausalLM (qwen3_5), Olmo3ForCausalLM (olmo3), Cohere2ForCausalLM (tiny_aya) and "
+        "Qwen3_5ForCausalLM (qwen3_5), Olmo3ForCausalLM (olmo3), Cohere2ForCausalLM (tiny_aya), "
+        "Gemma4ForCausalLM (gemma4) and "
         "GPT2LMHeadModel (gpt2)"]
 
 

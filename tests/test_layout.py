@@ -286,7 +286,7 @@ def test_an_import_of_another_test_module_is_found(tmp_path):
 # twin (or the import) makes the test pass, and strict xfail then fails until the entry is struck off here.
 
 MODEL_FILES = {"glassgpt.model", "glassgpt.families", "glassgpt.families.qwen3", "glassgpt.families.llama3",
-               "glassgpt.families.gemma3", "glassgpt.families.layers"}
+               "glassgpt.families.gemma3", "glassgpt.families.gemma4", "glassgpt.families.layers"}
 FAMILY_TWINS = {  # a module for the other models beside the one for GPT-2
     "glassgpt.explain.why_family": "glassgpt.explain.why"}
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)

@@ -46,11 +46,12 @@ from .variants import variant_of
 # float64 for the book's GELU, whose sqrt(2/pi) is a float32 number (1e-8 from transformers' in float64).
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
-KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Qwen3_5Model, Olmo3Model and TinyAyaModel "
+KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Qwen3_5Model, Olmo3Model, TinyAyaModel and "
+              "Gemma4DenseModel "
               "(and chapter 4's variants.gqa/mla/swa/moe GPTModel); the book's GPTModel, Qwen3Model and Llama3Model "
               "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
-              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM and "
-              "Cohere2ForCausalLM")
+              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM, "
+              "Cohere2ForCausalLM and Gemma4ForCausalLM")
 LOOKED_FOR = ("the book's children (tok_emb, pos_emb or none, trf_blocks or the Gemma 3 notebook's blocks, final_norm, "
               "out_head), nanoGPT's and GPT-2's (transformer.wte, transformer.wpe, transformer.h, transformer.ln_f, "
               "lm_head) or Qwen3's, Llama's and Gemma 3's (model.embed_tokens, model.layers, model.norm, lm_head)")

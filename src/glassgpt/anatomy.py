@@ -170,6 +170,29 @@ class FeedForward:
 
 
 @dataclass(frozen=True)
+class PerLayerInput:
+    """A block's per-layer input (Gemma 4), added after its feed-forward:
+    x + norm(projection(gelu_tanh(gate(x)) * the block's slice of the per-layer inputs))."""
+
+    gate: Linear                 # d -> p
+    projection: Linear           # p -> d
+    norm: Norm                   # d
+
+
+@dataclass(frozen=True)
+class PerLayerInputs:
+    """Gemma 4's per-layer inputs (its "E"): a second table `[vocab_size, n_layers * dim]` (at Embedding.per_layer),
+    times sqrt(dim), plus `norm`(`projection`(the scaled embedding) / sqrt(d)) per layer, times 2^-0.5: one
+    `dim`-wide vector per token and layer, which block i reads (Block.per_layer_input)."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    projection: Linear           # d -> n_layers * dim
+    norm: Norm                   # dim
+
+
+@dataclass(frozen=True)
 class Block:
     """One transformer block: where its norms sit, its attention, its feed-forward.
 
@@ -183,6 +206,7 @@ class Block:
     attention: Attention
     ff: FeedForward
     layer_type: str = "full_attention"  # "sliding_attention", "linear_attention", ... as configs name them
+    per_layer_input: PerLayerInput | None = None  # Gemma 4
 
     def __post_init__(self) -> None:
         _one_of(self.placement, PLACEMENTS, "norm placement")
@@ -200,6 +224,7 @@ class Embedding:
     emb_dim: int
     scale: float | None = None
     per_layer: str | None = None  # Gemma 4's per-layer embeddings: their module's path
+    per_layer_inputs: PerLayerInputs | None = None  # and what is made of them
     dropout: str | None = None    # the dropout the embeddings pass (GPT-2's drop_emb): its output is the first block's input
 
 
@@ -249,15 +274,19 @@ class Anatomy:
 
     def norms(self) -> list[Norm]:
         """Every norm, in the order the forward pass meets them (QK-norms inside their block)."""
-        found = []
+        per_layer = self.embedding.per_layer_inputs
+        found = [per_layer.norm] if per_layer else []
         for block in self.blocks:
             found += list(block.norms) + [n for n in (block.attention.q_norm, block.attention.k_norm) if n]
+            found += [block.per_layer_input.norm] if block.per_layer_input else []
         return found + [self.final_norm]
 
     def linears(self) -> list[Linear]:
-        found = []
+        per_layer = self.embedding.per_layer_inputs
+        found = [per_layer.projection] if per_layer else []
         for block in self.blocks:
             att, ff = block.attention, block.ff
+            found += [block.per_layer_input.gate, block.per_layer_input.projection] if block.per_layer_input else []
             found += [att.query, att.key, att.value, att.out, ff.up, ff.down] + ([ff.gate] if ff.gate else [])
             found += [att.output_gate] if att.output_gate else []
             found += [att.state.gate, att.state.beta, att.state.decay] if att.state else []
@@ -301,11 +330,18 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
         experts = ff.experts and replace(ff.experts, router=linear(ff.experts.router), path=path(ff.experts.path))
         ff = replace(ff, path=path(ff.path), up=linear(ff.up), down=linear(ff.down), gate=linear(ff.gate),
                      activation_path=path(ff.activation_path), experts=experts)
-        return replace(b, path=path(b.path), norms=tuple(norm(n) for n in b.norms), attention=att, ff=ff)
+        own = b.per_layer_input and replace(b.per_layer_input, gate=linear(b.per_layer_input.gate),
+                                            projection=linear(b.per_layer_input.projection),
+                                            norm=norm(b.per_layer_input.norm))
+        return replace(b, path=path(b.path), norms=tuple(norm(n) for n in b.norms), attention=att, ff=ff,
+                       per_layer_input=own)
 
+    per_layer = anatomy.embedding.per_layer_inputs
     return replace(anatomy, source=source or anatomy.source,
                    embedding=replace(anatomy.embedding, path=path(anatomy.embedding.path),
-                                     dropout=path(anatomy.embedding.dropout)),
+                                     dropout=path(anatomy.embedding.dropout), per_layer=path(anatomy.embedding.per_layer),
+                                     per_layer_inputs=per_layer and replace(per_layer, projection=linear(
+                                         per_layer.projection), norm=norm(per_layer.norm))),
                    positions=replace(anatomy.positions, path=path(anatomy.positions.path)),
                    blocks=tuple(block(b) for b in anatomy.blocks), final_norm=norm(anatomy.final_norm),
                    head=replace(anatomy.head, path=path(anatomy.head.path)), blocks_path=path(anatomy.blocks_path))

@@ -32,14 +32,14 @@ from . import model as gpt2
 from .adopt import KINDS_READ, LOOKED_FOR, config_of, family_layout, layout_of
 from .config import FamilyConfig, GPTConfig
 from .errors import GlassError, UnreadableModelError
-from .families import BONUS_MODELS, FAMILIES, gemma3, llama3, olmo3, qwen3, qwen3_5, tiny_aya
+from .families import BONUS_MODELS, FAMILIES, gemma3, gemma4, llama3, olmo3, qwen3, qwen3_5, tiny_aya
 from .families import build_model as build_family
 from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, bonus_config_from_hf
 from .variants import VARIANTS, variant_of
 from .variants import build_model as build_variant
 
 GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "qwen3_5": qwen3_5.describe,
-         "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe}
+         "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe, "gemma4": gemma4.describe}
 
 # The name maps: a glass path inside block i (after "trf_blocks.{i}.") -> the object's own.
 GPT2_HF = {"norm1": "ln_1", "norm2": "ln_2", "att": "attn", "att.out_proj": "attn.c_proj", "ff": "mlp",
@@ -79,7 +79,7 @@ def describe(model: nn.Module) -> an.Anatomy:
     for family, cls in FAMILIES.items():
         if isinstance(model, cls):
             return _tied_by_storage(GLASS[family](model.cfg), model)
-    for family, (cls, _) in BONUS_MODELS.items():  # OLMo 3, Tiny Aya
+    for family, (cls, _) in BONUS_MODELS.items():  # OLMo 3, Tiny Aya, Gemma 4
         if isinstance(model, cls):
             return _tied_by_storage(GLASS[family](model.cfg), model)
     return _tied_by_storage(_foreign(model), model)
@@ -118,8 +118,8 @@ def _foreign(model: nn.Module) -> an.Anatomy:
 
 
 def _bonus_hf(model: nn.Module) -> an.Anatomy | None:
-    """transformers' Olmo3ForCausalLM or Cohere2ForCausalLM, described by the glass file over its config, every
-    path mapped through families/bonus_hf.py's names; None for any other module."""
+    """transformers' Olmo3ForCausalLM, Cohere2ForCausalLM or Gemma4ForCausalLM, described by the glass file over its
+    config, every path mapped through families/bonus_hf.py's names; None for any other module."""
     config = getattr(model, "config", None)
     family = HF_MODEL_TYPES.get(getattr(config, "model_type", None))
     if family is None or "lm_head" not in dict(model.named_children()):
@@ -235,6 +235,12 @@ def description_mismatches(model: nn.Module, anatomy: an.Anatomy) -> list[str]:
     e = anatomy.embedding
     if emb is not None and list(emb.weight.shape) != [e.vocab_size, e.emb_dim]:
         wrong.append(f"embedding {e.path}: weight {list(emb.weight.shape)}, described [{e.vocab_size}, {e.emb_dim}]")
+    per_layer = e.per_layer_inputs
+    if per_layer is not None:  # Gemma 4's second table: n_layers vectors of dim per token
+        table = module(e.per_layer, "per-layer embeddings")
+        if table is not None and list(table.weight.shape) != [per_layer.vocab_size, per_layer.n_layers * per_layer.dim]:
+            wrong.append(f"per-layer embeddings {e.per_layer}: weight {list(table.weight.shape)}, described "
+                         f"[{per_layer.vocab_size}, {per_layer.n_layers * per_layer.dim}]")
     if anatomy.positions.kind == "learned":
         pos = module(anatomy.positions.path, "positions")
         if pos is not None and list(pos.weight.shape) != [anatomy.positions.context_length, e.emb_dim]:

@@ -121,6 +121,10 @@ def block_modules(block: an.Block) -> list[ModuleShape]:
         rows += [_linear(ff.up, f"times {ff.up.path.rpartition('.')[2]}(x)" if ff.gate else ""),
                  _linear(ff.down, "back to d" if ff.gate else "")]
     rows += [_norm(n, "on ff's output, before the residual add") for n in block.norms if n.role == "ff_out"]
+    if block.per_layer_input is not None:  # Gemma 4: x + norm(projection(gelu_tanh(gate(x)) * its input))
+        own = block.per_layer_input
+        rows += [_linear(own.gate, "gate on the block's per-layer input"), _linear(own.projection, "back to d"),
+                 _norm(own.norm)]
     return _merged(rows)
 
 
@@ -181,6 +185,12 @@ def model_modules(cfg) -> tuple[list[ModuleShape], list[list[ModuleShape]], list
     if anatomy.positions.kind == "learned":
         before.append(ModuleShape(anatomy.positions.path, (anatomy.positions.context_length, d), 0, "embedding",
                                   "one row per position"))
+    if emb.per_layer_inputs is not None:  # Gemma 4: a vector of p per token and layer
+        pl = emb.per_layer_inputs
+        before += [ModuleShape(emb.per_layer, (pl.vocab_size, pl.n_layers * pl.dim), 0, "embedding",
+                               f"vocab -> {pl.n_layers} per-layer inputs of {pl.dim}"),
+                   _linear(pl.projection, "the scaled embedding, projected to every layer's input"),
+                   _norm(pl.norm, "on each layer's projected input")]
     what = "hidden -> vocab" if head.out_features == emb.vocab_size and not head.bias else "hidden -> classes"
     if head.tied:
         head_row = ModuleShape(head.path, (head.out_features, d), 0, "linear",
@@ -266,8 +276,18 @@ def architecture_notes(cfg) -> list[str]:
         notes.append(f"mixture of experts: a router picks {ff.experts.per_token} of {ff.experts.n_experts} "
                      f"{ff.activation} experts (width {ff.hidden_dim}) for each token, weighted by the softmax of "
                      "their scores")
+    shared = [b for b in anatomy.blocks if b.attention.kv_shared_from is not None]
+    if shared:  # Gemma 4's last layers
+        notes.append(f"{len(shared)} kv-shared layers ({shared[0].index} on): no keys or values of their own, each "
+                     "attends over the last earlier layer's of its type, and keeps no cache")
+    if anatomy.embedding.per_layer_inputs is not None:
+        pl = anatomy.embedding.per_layer_inputs
+        notes.append(f"per-layer inputs: {anatomy.embedding.per_layer} gives each token {pl.n_layers} vectors of "
+                     f"{pl.dim}, one added into each block (gated, projected, normed)")
     if anatomy.head.logit_scale:
         notes.append(f"the logits are multiplied by {anatomy.head.logit_scale:g}")
+    if anatomy.head.softcap:
+        notes.append(f"the logits are capped softly: {anatomy.head.softcap:g} tanh(logits / {anatomy.head.softcap:g})")
     notes.append(f"{anatomy.head.path} is {anatomy.embedding.path} (tied)" if anatomy.head.tied
                  else f"{anatomy.head.path} has its own weights (untied)")
     return notes
@@ -360,7 +380,7 @@ def memory_needs(cfg, dtype: torch.dtype | str = torch.float32, batch_size: int 
             st = att.state
             states += repeat * b * (st.value_heads * hd * st.value_head_dim * 4
                                     + st.conv_channels * (st.conv_kernel - 1) * act)
-        else:
+        elif att.kv_shared_from is None:  # (a kv-shared layer reads another layer's keys and values, keeps none)
             kept = t if att.window is None else min(t, att.window)  # a sliding layer keeps its window
             kv_kept += repeat * kept
             kv_cache += repeat * 2 * b * kept * g * hd * act

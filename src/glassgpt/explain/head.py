@@ -39,6 +39,8 @@ def head_products(model: nn.Module, h: torch.Tensor, logits: torch.Tensor, top_i
     recomputed = dots + bias if bias is not None else dots
     scale = described.logit_scale or 1.0  # Tiny Aya's logits are the products times logit_scale
     recomputed = recomputed * scale
+    if described.softcap:  # Gemma 4's logits are softcap * tanh(products / softcap)
+        recomputed = torch.tanh(recomputed / described.softcap) * described.softcap
     row_norms = _row_norms(out_head.weight)  # [V]
     h_norm = float(h.norm())
     cos = dots / (row_norms * h_norm).clamp_min(1e-30)  # [V]

@@ -529,7 +529,7 @@ def _probs(last: torch.Tensor, temperature: float) -> torch.Tensor:
 # queries through QK-norm and RoPE against the rotated keys of the group it reads (`attention_of`).
 
 FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "qwen3_5": "Qwen3.5", "olmo3": "OLMo 3",
-                "tiny_aya": "Tiny Aya"}
+                "tiny_aya": "Tiny Aya", "gemma4": "Gemma 4"}
 
 
 @dataclass
@@ -682,13 +682,24 @@ def _heads_and_positions(anatomy: an.Anatomy, att: an.Attention, q_shape: tuple,
             "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
             "qk_norm": att.q_norm is not None, "rope_base": rope.base if rope else None,
             "rope_scaled": any(r.scaling is not None for r in ropes), **_sliding_layers(anatomy),
-            **rope_reach(anatomy)}
+            **rope_reach(anatomy), **_kv_shared(anatomy)}
 
 
 def _ff_in(ff: an.FeedForward) -> an.Linear:
     """The feed-forward's first matrix whose output every token passes: a mixture's router (an expert may see no
     token), else the gate (SwiGLU, GeGLU) or the up projection."""
     return ff.experts.router if ff.experts else ff.gate or ff.up
+
+
+def _kv_shared(anatomy: an.Anatomy) -> dict[str, Any]:
+    """The layers that reuse another layer's keys and values (Gemma 4's last num_kv_shared_layers), each with its
+    source layer, and the RoPE scalings by name ("proportional": Gemma 4's partial RoPE); {} for neither."""
+    shared = {b.index: b.attention.kv_shared_from for b in anatomy.blocks if b.attention.kv_shared_from is not None}
+    ropes = [b.attention.rope for b in anatomy.blocks if b.attention.rope is not None]
+    scalings = sorted({rope.scaling for rope in ropes if rope.scaling})
+    partial = [rope for rope in ropes if rope.scaling == "proportional"]
+    return ({"kv_shared_from": shared} if shared else {}) | ({"rope_scalings": scalings} if scalings else {}) | (
+        {"proportional_dims": [partial[0].rotary_dim, partial[0].head_dim]} if partial else {})
 
 
 def _sliding_layers(anatomy: an.Anatomy) -> dict[str, Any]:

@@ -11,8 +11,8 @@ glassgpt's memory.py counts their bytes from their description, its adopt.py rea
 transformers' Qwen3, Llama, Gemma 3, OLMo 3 and Tiny Aya modules in place.
 
 The book's other bonus notebooks (issue 48), each a glass file with its own config (the notebook's keys):
-olmo3.py (OLMo 3) and tiny_aya.py (Tiny Aya); sliding.py holds their sliding/full attention and the
-cache that keeps a sliding layer's window only; bonus_hf.py transformers' names for them.
+olmo3.py (OLMo 3), tiny_aya.py (Tiny Aya) and gemma4.py (Gemma 4 E2B/E4B); sliding.py holds their sliding/full
+attention and the cache that keeps a sliding layer's window only; bonus_hf.py transformers' names for them.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import nn
 
 from ..config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config
 from .gemma3 import Gemma3Config, Gemma3Model
+from .gemma4 import Gemma4Config, Gemma4DenseModel
 from .llama3 import Llama3Model
 from .olmo3 import Olmo3Config, Olmo3Model
 from .qwen3 import Qwen3Model
@@ -40,11 +41,12 @@ FAMILY_CONFIGS = (FamilyConfig, Gemma3Config)  # a family model's config is one 
 # They run through generate, describe, trace and the file readers; the Qwen3/Llama-only machinery (the native
 # step, why, verify, compare, export) does not take them yet.
 BONUS_MODELS: dict[str, tuple[type[nn.Module], type]] = {"olmo3": (Olmo3Model, Olmo3Config),
-                                                         "tiny_aya": (TinyAyaModel, TinyAyaConfig)}
-BONUS_CONFIGS = (Olmo3Config, TinyAyaConfig)  # a bonus model's config is one of these (isinstance)
+                                                         "tiny_aya": (TinyAyaModel, TinyAyaConfig),
+                                                         "gemma4": (Gemma4DenseModel, Gemma4Config)}
+BONUS_CONFIGS = (Olmo3Config, TinyAyaConfig, Gemma4Config)  # a bonus model's config is one of these (isinstance)
 
 __all__ = ["BONUS_CONFIGS", "BONUS_MODELS", "FAMILIES", "FAMILY_CONFIGS", "FAMILY_PRESETS", "FamilyConfig",
-           "Gemma3Config", "Gemma3Model", "Llama3Model", "Olmo3Config", "Olmo3Model", "Qwen3Model", "Qwen3_5Config",
+           "Gemma3Config", "Gemma3Model", "Gemma4Config", "Gemma4DenseModel", "Llama3Model", "Olmo3Config", "Olmo3Model", "Qwen3Model", "Qwen3_5Config",
            "Qwen3_5Model", "RopeFreq", "TinyAyaConfig", "TinyAyaModel", "build_model", "family_config",
            "is_bonus_model", "is_family_model",
            "random_family_model"]
@@ -63,7 +65,7 @@ def is_family_model(model: object) -> bool:
 
 
 def is_bonus_model(model: object) -> bool:
-    """One of the book's bonus models (BONUS_MODELS): OLMo 3, Tiny Aya."""
+    """One of the book's bonus models (BONUS_MODELS): OLMo 3, Tiny Aya, Gemma 4."""
     return isinstance(model, tuple(m for m, _ in BONUS_MODELS.values()))
 
 

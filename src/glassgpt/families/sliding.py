@@ -63,10 +63,13 @@ class WindowKVCache:
     go), `layer(i).update(k, v)` (write, and return every key and value the layer attends over), `advance(t)`.
     """
 
-    def __init__(self, windows: Sequence[int | None], kv_heads: tuple[int, int], batch_size: int, max_len: int,
+    def __init__(self, windows: Sequence[int | None], kv_heads, batch_size: int, max_len: int,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
+        """kv_heads: (g, hd) of every layer, or one (g, hd) per layer (Gemma 4's full layers have wider heads;
+        None for a layer that keeps nothing, its kv-shared layers)."""
         self.windows = list(windows)  # None: a full layer
-        self.shape = (batch_size, kv_heads[0], max_len, kv_heads[1])
+        per_layer = kv_heads if isinstance(kv_heads, list) else [kv_heads] * len(self.windows)
+        self.shapes = [None if kv is None else (batch_size, kv[0], max_len, kv[1]) for kv in per_layer]
         self.device, self.dtype, self.max_len = device, dtype, max_len
         self.reset()
 
@@ -94,8 +97,8 @@ class WindowKVCache:
         window = self.windows[i]
         if window is None:  # a full layer: written in place, never reallocated
             if self.k[i] is None:
-                self.k[i] = torch.empty(self.shape, device=self.device, dtype=self.dtype)
-                self.v[i] = torch.empty(self.shape, device=self.device, dtype=self.dtype)
+                self.k[i] = torch.empty(self.shapes[i], device=self.device, dtype=self.dtype)
+                self.v[i] = torch.empty(self.shapes[i], device=self.device, dtype=self.dtype)
             self.k[i][:, :, self.pos:end] = k
             self.v[i][:, :, self.pos:end] = v
             return self.k[i][:, :, :end], self.v[i][:, :, :end]

@@ -29,7 +29,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError, GlassError, TokenizerError
 from ..families import (BONUS_MODELS, FAMILIES, FamilyConfig, Gemma3Config, Qwen3_5Config, RopeFreq, build_model,
                         is_family_model)
-from ..families.bonus_hf import HF_BONUS, bonus_config_from_hf, bonus_hf_names
+from ..families.bonus_hf import HF_BONUS, bonus_config_from_hf, bonus_hf_names, bonus_unread, gemma4_unread
 from .checks import on_meta
 from .family_tokenizers import family_tokenizer
 from .files import atomic_write, read_json, read_safetensors
@@ -66,6 +66,10 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> FamilyCo
         raise CheckpointError(f"{source} is Gemma 3's vision model ({arch}: a SigLIP vision tower before the text "
                               "model): glassgpt reads the text models, Gemma3ForCausalLM (model_type gemma3_text, "
                               "gemma-3-270m and gemma-3-1b)")
+    if arch == "Gemma4ForConditionalGeneration" or raw.get("model_type") == "gemma4":
+        raise CheckpointError(f"{source} is Gemma 4's multimodal model ({arch}: vision and audio towers before the text "
+                              "model): glassgpt reads its text model, Gemma4ForCausalLM (model_type gemma4_text); save "
+                              "that and open its folder")
     if arch == "Qwen3_5ForConditionalGeneration":
         raise CheckpointError(f"{source} is a vision-language model ({arch}, with a vision tower): glassgpt reads "
                               "text models; save its text model as Qwen3_5ForCausalLM and open that folder")
@@ -413,6 +417,8 @@ def _book_family(values: dict[str, Any]) -> str:
         return named
     if "linear_num_key_heads" in values:  # Qwen3.5's notebook (its layer_types too: told before Gemma 3)
         return "qwen3_5"
+    if "global_head_dim" in values:  # Gemma 4's notebook (its n_kv_heads and layer_norm_eps too: told before Tiny Aya)
+        return "gemma4"
     if "n_kv_heads" in values:
         return "tiny_aya" if "layer_norm_eps" in values else "olmo3"
     return "gemma3" if "layer_types" in values else "qwen3" if "qk_norm" in values else "llama3"
@@ -478,7 +484,7 @@ def load_hf_family(path: str | os.PathLike, device: torch.device | str = "cpu",
     path = Path(path)
     cfg = read_hf_config(path)
     family_tokenizer(path, cfg.family, cfg.vocab_size)  # another model's tokenizer: refused before the weights are read
-    book_name = {hf: book for book, hf in hf_names(cfg)}
+    book_name = {hf: book for book, hf in hf_names(cfg) + (gemma4_unread(cfg) if cfg.family == "gemma4" else [])}
     state = {}
     for name, tensor in hf_tensors(path):
         if name == "lm_head.weight" and cfg.tie_embeddings:
@@ -489,6 +495,7 @@ def load_hf_family(path: str | os.PathLike, device: torch.device | str = "cpu",
             raise CheckpointError(f"{path} holds {name!r}, which a {cfg.family} model of this config has not: "
                                   f"its config.json does not describe these weights")
         state[book_name[name]] = tensor
+    state = bonus_unread(cfg, state)  # Gemma 4's kv-shared layers' k_proj, v_proj, k_norm: never read, zeros if absent
     return model_from_book_state(cfg, state, str(path), device, dtype)
 
 
@@ -531,6 +538,8 @@ def family_of_state(state: dict[str, Any]) -> str | None:
     in `trf_blocks` Tiny Aya's, a `token_mixer` Qwen3.5's."""
     if any(k.startswith("trf_blocks.0.token_mixer.") for k in state):  # Qwen3.5's notebook
         return "qwen3_5"
+    if "blocks.0.layer_scalar" in state:  # Gemma 4's notebook (its post_feedforward_layernorm is OLMo 3's name too)
+        return "gemma4"
     if "blocks.0.post_feedforward_layernorm.weight" in state:
         return "olmo3"
     if "trf_blocks.0.input_layernorm.weight" in state:
@@ -548,7 +557,8 @@ BOOK_CLASSES = {"qwen3": "Qwen3Model (llms_from_scratch.qwen3)", "llama3": "Llam
                 "gemma3": "Gemma3Model (the notebook standalone-gemma3)",
                 "qwen3_5": "Qwen3_5Model (the notebook qwen3.5)",
                 "olmo3": "Olmo3Model (the notebook standalone-olmo3)",
-                "tiny_aya": "TinyAyaModel (the notebook standalone-tiny-aya)"}
+                "tiny_aya": "TinyAyaModel (the notebook standalone-tiny-aya)",
+                "gemma4": "Gemma4DenseModel (the notebook standalone-gemma4)"}
 # What a family's tensors cannot tell, and where the book's config dict keeps it.
 UNTOLD = {"qwen3": ("context_length", "rope_base"),
           "llama3": ("n_heads", "n_kv_groups", "context_length", "rope_base", "rope_freq"),
@@ -623,9 +633,10 @@ def load_book_family(path: str | os.PathLike, device: torch.device | str = "cpu"
     family = family_of_state(state)
     if family is None:
         raise CheckpointError(f"{path} is not a state dict of the book's Qwen3Model or Llama3Model "
-                              "(no trf_blocks.0.norm1.scale or .weight) or of the notebooks' Gemma3Model, Olmo3Model "
-                              "or TinyAyaModel (no blocks.0.input_layernorm.scale, blocks.0.post_feedforward_layernorm"
-                              ".weight or trf_blocks.0.input_layernorm.weight)")
+                              "(no trf_blocks.0.norm1.scale or .weight) or of the notebooks' Gemma3Model, Olmo3Model, "
+                              "TinyAyaModel or Gemma4DenseModel (no blocks.0.input_layernorm.scale, "
+                              "blocks.0.post_feedforward_layernorm.weight, trf_blocks.0.input_layernorm.weight or "
+                              "blocks.0.layer_scalar)")
     side = book_config_path(path)
     if not side.is_file():
         raise CheckpointError(f"{path} needs its config: the book's config dict as JSON in {side} "

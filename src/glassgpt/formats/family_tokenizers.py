@@ -42,7 +42,7 @@ LLAMA3_SPECIALS = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|start_header
 TOKENIZER_FILES = {"qwen3": ("tokenizer.json",), "llama3": ("tokenizer.model", "original/tokenizer.model"),
                    "gemma3": ("tokenizer.json",),
                    "qwen3_5": ("tokenizer.json",),  # Qwen3.5: Qwen's byte-level BPE and specials, 248k ids
-                   "olmo3": ("tokenizer.json",), "tiny_aya": ("tokenizer.json",)}
+                   "olmo3": ("tokenizer.json",), "tiny_aya": ("tokenizer.json",), "gemma4": ("tokenizer.json",)}
 GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>")
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback: one byte a piece
 
@@ -195,10 +195,12 @@ class Llama3Tokenizer(Tokenizer):
 
 
 # The bonus notebooks' tokenizer classes (OlmoTokenizer, TinyAyaTokenizer): their end token and chat wrap.
-BONUS_EOS = {"olmo3": ("<|endoftext|>", "<end_of_turn>"), "tiny_aya": ("<EOS_TOKEN>",)}
+BONUS_EOS = {"olmo3": ("<|endoftext|>", "<end_of_turn>"), "tiny_aya": ("<EOS_TOKEN>",), "gemma4": ("<eos>", "<turn|>")}
 BONUS_CHAT = {"olmo3": "<|im_start|>user\n{}\n<|im_end|>\n<|im_start|>assistant\n",
               "tiny_aya": "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|USER_TOKEN|>{}<|END_OF_TURN_TOKEN|>"
-                          "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_RESPONSE|>"}
+                          "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_RESPONSE|>",
+              # the released template, as the notebook's test writes it (its GemmaTokenizer opens turns with <turn|>)
+              "gemma4": "<bos><|turn>user\n{}<turn|>\n<|turn>model\n"}
 
 
 class TokenizerJson(Tokenizer):

@@ -363,7 +363,7 @@ def position_lines(tr: FamilyTrace, lines: list[str]) -> None:
     """Where positions enter a rotary model: no pos_emb, RoPE's base and reach, the sliding layers, QK-norm."""
     att = tr.attention
     lines += ["", "where positions enter"]
-    scaled = ", with Llama 3's frequency scaling" if att["rope_scaled"] else ""
+    scaled = _scaling_words(att)
     layers, dims, hd = att.get("rope_layers"), att.get("rope_dims"), att["q_shape"][-1]
     inside = "every attention" if layers is None or len(layers) == tr.config["n_layers"] else (
         f"the full attentions (layers {', '.join(map(str, layers))}; the linear ones have no position signal: their "
@@ -379,6 +379,21 @@ def position_lines(tr: FamilyTrace, lines: list[str]) -> None:
                      "every earlier position.")
     if att["qk_norm"]:
         lines.append("  QK-norm: each query and key head is RMS-normed before the rotation.")
+    if att.get("kv_shared_from"):  # Gemma 4's last layers
+        lines.append("  KV-shared layers: " + ", ".join(f"{i} reads {j}'s" for i, j in att["kv_shared_from"].items())
+                     + " keys and values (they compute none and keep no cache of their own).")
+
+
+def _scaling_words(att: dict) -> str:
+    """How RoPE's frequencies are changed, by name: Llama 3's scaling, OLMo 3's YaRN, Gemma 4's proportional RoPE."""
+    if not att.get("rope_scalings") or att["rope_scalings"] == ["llama3"]:
+        return ", with Llama 3's frequency scaling" if att["rope_scaled"] else ""
+    turned = att.get("proportional_dims")
+    return ", with " + " and ".join(
+        f"proportional partial RoPE in the full layers ({turned[0]} of their {turned[1]} dimensions turn: the "
+        f"pairs (i, i + {turned[1] // 2}) for i < {turned[0] // 2}, the others stay as they are)"
+        if name == "proportional" else {"yarn": "YaRN", "llama3": "Llama 3's"}.get(name, name) + " frequency scaling"
+        for name in att["rope_scalings"])
 
 
 def render_changes_text(changes: GPT2Changes, **_options) -> str:
