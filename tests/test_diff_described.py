@@ -70,9 +70,27 @@ def test_a_setting_that_no_tensor_holds_is_noted_when_it_differs():
                        "tensors compute otherwise, so the predictions differ beyond the weights' changes"]
 
 
-# (Gemma 3's folder: diff's weights as these, but the command's next-token comparison, compare.py, does not read
-# Gemma 3 yet; OLMo 3, Tiny Aya and chapter 4's variants have no folder glassgpt writes.)
-@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-moe"])
+@pytest.mark.parametrize("name", ["qwen3-moe", "gemma3", "olmo3", "tiny-aya", "qwen3.5"])  # (the variants: adopt's
+def test_compare_reads_every_described_model_its_lens_through_its_own_head(name):
+    # one-line refusal, until generate and compare read them)
+    """compare (diff's next-token half, explain --compare) on two of each model: the next token is the model's
+    own argmax, and the lens at the last block, through the model's own final norm and head, is that token."""
+    from glassgpt.explain.compare import compare
+    from glassgpt.tokenizer import get_tokenizer
+    tok = get_tokenizer("char", text="Every effort moves you, abcdefghijklmnopqrstuvwxyz.")
+    a, b = tiny(name), tiny(name, seed=1)
+    result = compare(a, b, tok, "Every effort")
+    for model, side in ((a, result.a), (b, result.b)):
+        with torch.no_grad():
+            logits = glassgpt.adopt(model)(torch.tensor([tok.encode("Every effort")]))[0, -1]
+        assert side["next_token"]["id"] == int(logits.argmax())
+        assert side["lens_last"][-1]["id"] == side["next_token"]["id"]
+        assert len(side["lens_last"]) == len(glassgpt.describe(model).blocks)
+    assert result.kl_ab > 0
+
+
+# (OLMo 3, Tiny Aya and chapter 4's variants have no folder glassgpt writes.)
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3-moe", "gemma3"])
 def test_glassgpt_diff_of_two_folders_lists_the_moved_tensor(name, tmp_path, monkeypatch, capsys):
     from glassgpt.cli import main
     from glassgpt.formats import families

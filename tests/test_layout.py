@@ -290,7 +290,7 @@ MODEL_FILES = {"glassgpt.model", "glassgpt.families", "glassgpt.families.qwen3",
 FAMILY_TWINS = {  # a module for the other models beside the one for GPT-2
     "glassgpt.explain.why_family": "glassgpt.explain.why"}
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
-    "glassgpt.explain.compare", "glassgpt.explain.trace", "glassgpt.explain.why"]
+    "glassgpt.explain.trace", "glassgpt.explain.why"]
 
 
 def family_twins(names) -> set[str]:

@@ -9,8 +9,9 @@ p_B) and KL(B || A), in nats; 0 when the distributions are the same, and large w
 is sure of a token the other thinks unlikely. Models whose heads differ (a language model
 and a classifier) have no KL: their outputs are not over the same ids.
 
-Qwen3 and Llama 3.2 models (families/) are compared the same way, their logit lens read
-through their own final_norm (RMSNorm) and out_head, and beside a GPT-2 too. Two models whose
+Every other described model (Qwen3, Llama 3.2, Gemma 3 and 4, OLMo 3, Tiny Aya, Qwen3.5) is compared the
+same way, found through its description: its logit lens read through its own final norm and head (with
+its logit scale or softcap), and beside a GPT-2 too. Two models whose
 tokenizers differ each read the text with their own (`tokenizer_b`): the tokens and the ids
 differ, so there is no KL divergence, and a note says so.
 
@@ -27,10 +28,8 @@ import torch
 from torch import nn
 
 from .. import anatomy as an
-from ..adopt import adopt, check_computable
-from ..families import is_family_model
+from ..adopt import adopt, check_computable, module_logits
 from ..kinds import describe
-from ..model import GPTModel
 from ..prompt import encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
 from .head import head_products
@@ -58,7 +57,7 @@ def kl_divergence(log_p: torch.Tensor, log_q: torch.Tensor) -> float:
     return float((log_p.exp() * (log_p - log_q)).sum().clamp_min(0.0))
 
 
-def compare(model_a: GPTModel, model_b: GPTModel, tokenizer: Tokenizer, text: str, about_a: About | None = None,
+def compare(model_a: nn.Module, model_b: nn.Module, tokenizer: Tokenizer, text: str, about_a: About | None = None,
             about_b: About | None = None, top_k: int = 10, tokenizer_b: Tokenizer | None = None) -> Comparison:
     """Trace `text` through both models and set their next-token distributions side by side. `tokenizer_b`:
     B's own tokenizer, where it is not A's (each model then reads the text its own way)."""
@@ -105,8 +104,8 @@ def same_tokenizer(a: Tokenizer, b: Tokenizer) -> bool:
 def _run(model, tokenizer: Tokenizer, ids: list[int], top_k: int, about: About) -> tuple[dict[str, Any], torch.Tensor]:
     """One model's side of the comparison (its top tokens, the logit lens's top token at the last position after
     every block, the head's dot product for its top token, its layout), and its last logits [V]."""
-    if is_family_model(model):
-        return _family_run(model, tokenizer, ids, top_k)
+    if describe(model).positions.kind != "learned":  # RoPE or none: read through the description
+        return _described_run(model, tokenizer, ids, top_k)
     options = TraceOptions(top_k=top_k, logit_lens=True, embedding_check=False)
     tr, last = trace_with_logits(model, tokenizer, ids=ids, options=options, about=about)
     return {"next_token": {k: tr.next_token[k] for k in ("id", "text", "prob")}, "top": tr.next_token["top"],
@@ -115,34 +114,52 @@ def _run(model, tokenizer: Tokenizer, ids: list[int], top_k: int, about: About) 
 
 
 @torch.inference_mode()
-def _family_run(model, tokenizer: Tokenizer, ids: list[int], top_k: int) -> tuple[dict[str, Any], torch.Tensor]:
-    """_run for a Qwen3 or Llama model: the logit lens sends each block's output at the last position through
-    the model's own final_norm (RMSNorm) and out_head, as GPT-2's lens does through LayerNorm."""
+def _described_run(model, tokenizer: Tokenizer, ids: list[int], top_k: int) -> tuple[dict[str, Any], torch.Tensor]:
+    """_run for a model whose positions are not GPT-2's (Qwen3, Llama, Gemma 3 and 4, OLMo 3, Tiny Aya, Qwen3.5),
+    found through its description: the logit lens sends each block's output at the last position through the
+    model's own final norm and head (its logit scale and softcap too), as GPT-2's lens does through LayerNorm."""
+    anatomy = describe(model)
+    blocks = [model.get_submodule(b.path) for b in anatomy.blocks]
+    final_norm, out_head = model.get_submodule(anatomy.final_norm.path), model.get_submodule(anatomy.head.path)
     seen: list[torch.Tensor] = []
-    handles = [block.register_forward_hook(lambda module, inputs, out: seen.append(out[0, -1]))
-               for block in model.trf_blocks]
-    handles.append(model.final_norm.register_forward_hook(lambda module, inputs, out: seen.append(out[0, -1])))
+
+    def keep(module, inputs, out):  # (transformers' layers may return a tuple)
+        seen.append((out[0] if isinstance(out, tuple) else out)[0, -1])
+
+    handles = [block.register_forward_hook(keep) for block in blocks]
+    handles.append(final_norm.register_forward_hook(keep))
     try:
-        last = model(torch.tensor([ids], device=model.tok_emb.weight.device))[0, -1].float()  # [V]
+        last = module_logits(model, torch.tensor([ids], device=out_head.weight.device))[0, -1].float()  # [V]
     finally:
         for h in handles:
             h.remove()
-    *blocks, h = seen  # each block's output [d], then final_norm's [d]
+    *outputs, h = seen[:len(blocks)] + seen[-1:]  # each block's output [d], then the final norm's [d]
 
     def label(i: int) -> str:  # Qwen3 pads its 151,669 ids to 151,936 rows
         return tokenizer.decode([i]) if i < tokenizer.n_vocab else f"<row {i}: no token>"
+
+    def head(x: torch.Tensor) -> torch.Tensor:  # the model's own head on a [d] vector: [V] logits
+        logits = out_head(final_norm(x)).float()
+        if anatomy.head.logit_scale is not None:
+            logits = logits * anatomy.head.logit_scale
+        if anatomy.head.softcap is not None:
+            logits = torch.tanh(logits / anatomy.head.softcap) * anatomy.head.softcap
+        return logits
 
     probs = last.softmax(-1)
     top = [{"id": int(i), "text": label(int(i)), "prob": float(p)}
            for p, i in zip(*probs.topk(min(top_k, probs.numel())))]
     lens = []
-    for layer, x in enumerate(blocks):
-        p = model.out_head(model.final_norm(x)).float().softmax(-1)  # [d] -> [V]
+    for layer, x in enumerate(outputs):
+        p = head(x).softmax(-1)  # [d] -> [V]
         j = int(p.argmax())
         lens.append({"id": j, "text": label(j), "prob": float(p[j]), "layer": layer})
-    head = head_products(model, h, last, [top[0]["id"]], ids, label)
+    products = head_products(model, h, last, [top[0]["id"]], ids, label)
+    cfg = getattr(model, "cfg", None)
+    layout = (layout_line(cfg) if getattr(cfg, "family", None) in ("qwen3", "llama3") else
+              f"{anatomy.name}: {'out_head tied to tok_emb.weight' if anatomy.head.tied else 'its own out_head (untied)'}")
     return {"next_token": {k: top[0][k] for k in ("id", "text", "prob")}, "top": top, "lens_last": lens,
-            "head_top": head["rows"][0], "layout": layout_line(model.cfg)}, last
+            "head_top": products["rows"][0], "layout": layout}, last
 
 
 # --- what changed from GPT-2, read from the two descriptions (anatomy.py) ---------------------------------
