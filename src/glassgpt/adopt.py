@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .config import FamilyConfig, GPTConfig, RopeFreq
+from .config import FamilyConfig, GPTConfig, RopeFreq, moe_from_hf
 from .errors import ConfigError, GlassError, NonFiniteError, PromptError, UnreadableModelError
 from .families import build_model, is_bonus_model, is_family_model
 from .families.bonus_hf import bonus_glass
@@ -642,10 +642,8 @@ HF_EXPERTS = ("mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_p
 
 
 def _hf_moe(module: nn.Module) -> dict[str, int]:
-    """transformers' Qwen3MoeForCausalLM's experts as the MoE notebook's config keys (formats' moe_from_hf: what the
+    """transformers' Qwen3MoeForCausalLM's experts as the MoE notebook's config keys (config.moe_from_hf: what the
     notebook's MoEFeedForward does not do is refused by its field)."""
-    from .formats.families import moe_from_hf
-
     name = type(module).__name__
     try:
         return moe_from_hf(module.config.to_dict(), name, name)
