@@ -4,8 +4,9 @@ The bonus models (Qwen3 MoE, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5) are held agains
 classes, chapter 4's variants (GQA, MLA, SWA, MoE) against glassgpt's glass variant of the same config,
 since transformers has no class for them: every layer matches at rtol = atol = 1e-5, the maintainer's.
 Then one planted mistake per model, each a reader's port in memory (glassgpt's class with one piece
-rewritten), named at its layer, the part inside it and the property it breaks: none of them is in
-the catalogue (verify.py's MISTAKES), so the property alone carries the finding.
+rewritten), named at its layer, the part inside it and the property it breaks. All but one are outside
+the catalogue, so the property alone carries the finding; the MoE's unrenormalised routing is also
+verify.py's described catalogue entry, which then names the line as well.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def test_qwen3_moe_routing_weights_not_renormalised_are_named_at_the_feed_forwar
     for blk in model.trf_blocks:
         swap(blk.ff, route=unrenormalised_route)
     report = debug(model)
-    assert (report.layer, report.part, report.mistake) == ("trf_blocks.0", "ff", None)
+    # the property names it, and verify's catalogue of the described models (its MoE entry) names the line too
+    assert (report.layer, report.part, report.mistake) == ("trf_blocks.0", "ff", "moe_not_renormalised")
     assert [p.status for p in report.parts][:8] == ["OK"] * 8  # norm1, q, k, v, q_norm, k_norm, att, the sum
     assert report.broken.startswith("each token's 2 routing weights sum to ")
     assert "not 1: the softmax runs over all 4 experts before the top 2 are kept" in report.broken
