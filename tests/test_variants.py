@@ -432,16 +432,60 @@ def test_the_experts_have_the_repositorys_names_and_shapes():
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_glassgpt_generate_refuses_a_variant_in_one_line_rather_than_run_it_as_gpt2(name):
-    # GPT-2's names over another computation: read as GPT-2, a window model whose window covers the
-    # prompt passed the logits check and generated GPT-2's tokens past the window.
+def test_glassgpt_generate_greedy_gives_the_repositorys_cached_and_uncached_tokens(name):
+    # the variant's own cache (reset_kv_cache, use_cache=True) through generate's loop, against the
+    # repository's loop with and without it; exact: the same forward calls on the same tokens
     import glassgpt
 
     model = tiny(name)
-    with pytest.raises(glassgpt.GlassError, match=rf"^glassgpt\.variants\.{name}\.GPTModel is one of chapter 4's "
-                                                 r"variants.*generate_text_simple_cached") as err:
-        glassgpt.generate(model, [1, 2, 3], 20)
+    prompt = torch.randint(0, TINY["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(3))
+    want = generate_text_simple_cached(model, prompt, 20)
+    assert torch.equal(want, generate_text_simple_cached(model, prompt, 20, use_cache=False))
+    assert torch.equal(glassgpt.generate(model, prompt, 20), want)
+    assert torch.equal(glassgpt.generate(model, prompt, 20, use_cache=False), want)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_glassgpt_generate_sampled_draws_the_same_tokens_with_and_without_the_cache(name):
+    import glassgpt
+
+    model = tiny(name)
+    kw = dict(temperature=1.5, top_k=20, seed=7)
+    cached = glassgpt.generate(model, [1, 2, 3], 20, **kw)
+    assert torch.equal(cached, glassgpt.generate(model, [1, 2, 3], 20, use_cache=False, **kw))
+    assert not torch.equal(cached, glassgpt.generate(model, [1, 2, 3], 20))  # sampled, not greedy (seed 7, 1.5)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_glassgpt_generate_past_the_context_slides_its_window_as_the_uncached_loop(name):
+    import glassgpt
+
+    model = tiny(name)  # context_length 32: 10 + 40 tokens refill the cache with the last 32 past it
+    prompt = torch.randint(0, TINY["vocab_size"], (1, 10), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(glassgpt.generate(model, prompt, 40), glassgpt.generate(model, prompt, 40, use_cache=False))
+
+
+def test_the_sliding_window_cache_stays_trimmed_to_its_window_while_generate_runs():
+    from glassgpt.generate import stream
+
+    model = tiny("swa")  # window 4 in layers 0 and 1, layer 2 full
+    held = []
+    for _ in stream(model, [1, 2, 3, 4, 5, 6], 12):
+        held.append([block.att.cache_k.shape[2] for block in model.trf_blocks])
+    # after the prompt (6) and each decoded token: the window layers keep 4, the full layer all it was fed
+    assert held == [[4, 4, 6 + j] for j in range(12)]
+    assert all(block.att.cache_v.shape[2] == (4 if block.att.sliding_window_size else 17) for block in model.trf_blocks)
+
+
+def test_a_model_with_its_own_forward_but_no_cache_reset_is_refused_in_one_line_with_use_cache():
+    import glassgpt
+
+    model = tiny("gqa")
+    model.reset_kv_cache = None  # a reader's copy without the repository's reset
+    with pytest.raises(glassgpt.GlassError, match=r"no reset_kv_cache\(\).*use_cache=False") as err:
+        glassgpt.generate(model, [1, 2, 3], 4)
     assert "\n" not in str(err.value)
+    assert glassgpt.generate(model, [1, 2, 3], 4, use_cache=False).shape == (1, 7)
 
 
 # --- the description (anatomy.py): what each variant file says it is made of --------------------
@@ -626,7 +670,7 @@ def test_why_refuses_a_variant_in_one_line_rather_than_attribute_it_as_gpt2(name
     import glassgpt
     from helpers import CHAR_TEXT, CHAR_TOK
 
-    with pytest.raises(glassgpt.GlassError, match=r"why, compare and generate do not read yet \(trace and check do\)") \
+    with pytest.raises(glassgpt.GlassError, match=r"why and compare do not read yet \(trace, check and generate do\)") \
             as err:
         glassgpt.why(char_variant(name), CHAR_TOK, CHAR_TEXT)
     assert "\n" not in str(err.value)

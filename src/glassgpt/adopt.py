@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .config import FamilyConfig, GPTConfig, RopeFreq
+from .config import FamilyConfig, GPTConfig, RopeFreq, moe_from_hf
 from .errors import ConfigError, GlassError, NonFiniteError, PromptError, UnreadableModelError
 from .families import build_model, is_bonus_model, is_family_model
 from .families.bonus_hf import bonus_glass
@@ -50,8 +50,8 @@ KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Qwen3_
               "Gemma4DenseModel "
               "(and chapter 4's variants.gqa/mla/swa/moe GPTModel); the book's GPTModel, Qwen3Model and Llama3Model "
               "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
-              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM, "
-              "Cohere2ForCausalLM and Gemma4ForCausalLM")
+              "GPT2LMHeadModel, Qwen3ForCausalLM, Qwen3MoeForCausalLM (its fused experts read as views), "
+              "LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM, Cohere2ForCausalLM and Gemma4ForCausalLM")
 LOOKED_FOR = ("the book's children (tok_emb, pos_emb or none, trf_blocks or the Gemma 3 notebook's blocks, final_norm, "
               "out_head), nanoGPT's and GPT-2's (transformer.wte, transformer.wpe, transformer.h, transformer.ln_f, "
               "lm_head) or Qwen3's, Llama's and Gemma 3's (model.embed_tokens, model.layers, model.norm, lm_head)")
@@ -245,8 +245,8 @@ def layout_of(module: nn.Module) -> Layout:
     what was looked for and every kind read if none fits."""
     if variant_of(module):  # GPT-2's names, another computation: never read as GPT-2 (docs/variants.md)
         raise GlassError(f"{type(module).__module__}.GPTModel is one of chapter 4's variants, which glassgpt's "
-                         "why, compare and generate do not read yet (trace and check do): generate with "
-                         "glassgpt.variants.generate_text_simple_cached(model, ids, max_new_tokens)")
+                         "why and compare do not read yet (trace, check and generate do): see it with "
+                         "glassgpt.trace(model, tokenizer, text)")
     family = family_layout(module)
     if family is not None:
         kind, cfg, tensors, stages = family
@@ -509,7 +509,7 @@ HF_LAYER_NAMES = {"self_attn.q_proj.weight": "att.W_query.weight", "self_attn.k_
                   "mlp.down_proj.weight": "ff.fc3.weight"}
 HF_NORMS = {"self_attn.q_norm": "att.q_norm", "self_attn.k_norm": "att.k_norm", "input_layernorm": "norm1",
             "post_attention_layernorm": "norm2"}
-HF_FAMILIES = {"qwen3": "qwen3", "llama": "llama3"}
+HF_FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "llama": "llama3"}
 
 
 def family_layout(module: nn.Module) -> tuple[str, FamilyConfig, dict[str, torch.Tensor], dict[str, str]] | None:
@@ -591,7 +591,8 @@ def _hf_family(module: nn.Module):
         return _hf_gemma3(module)
     if model_type not in HF_FAMILIES:
         raise GlassError(f"{type(module).__name__} is a {model_type} model: glassgpt adopts transformers' "
-                         "Qwen3ForCausalLM (qwen3), LlamaForCausalLM (llama) and GPT2LMHeadModel (gpt2)")
+                         "Qwen3ForCausalLM (qwen3), Qwen3MoeForCausalLM (qwen3_moe), LlamaForCausalLM (llama) and "
+                         "GPT2LMHeadModel (gpt2)")
     family = HF_FAMILIES[model_type]
     rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
     rope_base = rope.get("rope_theta", getattr(hf, "rope_theta", None) or 10_000.0)
@@ -606,9 +607,10 @@ def _hf_family(module: nn.Module):
     inner, first = module.model, module.model.layers[0]
     vocab, d = inner.embed_tokens.weight.shape
     hd = getattr(hf, "head_dim", None) or d // hf.num_attention_heads
+    moe = _hf_moe(module) if model_type == "qwen3_moe" else {}
     cfg = _family_config(module, family=family, vocab_size=vocab, context_length=hf.max_position_embeddings, emb_dim=d,
-                  n_heads=hf.num_attention_heads, n_layers=len(inner.layers),
-                  hidden_dim=first.mlp.gate_proj.weight.shape[0],
+                  n_heads=hf.num_attention_heads, n_layers=len(inner.layers), **moe,
+                  hidden_dim=moe["moe_hidden_dim"] if moe else first.mlp.gate_proj.weight.shape[0],
                   n_kv_groups=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
                   rope_base=float(rope_base), head_dim=None if family == "llama3" and hd == d // hf.num_attention_heads
                   else hd, qk_norm=hasattr(first.self_attn, "q_norm"), rope_freq=rope_freq,
@@ -623,6 +625,8 @@ def _hf_family(module: nn.Module):
             owner = name.rpartition(".")[0]
             if name in HF_LAYER_NAMES:
                 tensors[f"trf_blocks.{i}.{HF_LAYER_NAMES[name]}"] = p
+            elif moe and name in HF_EXPERTS:
+                tensors.update(_expert_views(f"trf_blocks.{i}.ff", name, p, moe["moe_hidden_dim"]))
             elif owner in HF_NORMS:
                 tensors[f"trf_blocks.{i}.{HF_NORMS[owner]}.{norm}"] = p
             else:
@@ -632,6 +636,32 @@ def _hf_family(module: nn.Module):
                        f"trf_blocks.{i}.att": f"model.layers.{i}.self_attn", f"trf_blocks.{i}.ff": f"model.layers.{i}.mlp",
                        f"trf_blocks.{i}.norm2": f"model.layers.{i}.post_attention_layernorm"})
     return f"transformers' {type(module).__name__}", cfg, tensors, stages
+
+
+# transformers' Qwen3MoeSparseMoeBlock: the router, and every expert's matrices fused into one 3-D tensor each
+HF_EXPERTS = ("mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _hf_moe(module: nn.Module) -> dict[str, int]:
+    """transformers' Qwen3MoeForCausalLM's experts as the MoE notebook's config keys (config.moe_from_hf: what the
+    notebook's MoEFeedForward does not do is refused by its field)."""
+    name = type(module).__name__
+    try:
+        return moe_from_hf(module.config.to_dict(), name, name)
+    except ConfigError as err:
+        raise GlassError(str(err)) from None
+
+
+def _expert_views(ff: str, name: str, p: torch.Tensor, m: int) -> dict[str, torch.Tensor]:
+    """One fused tensor of transformers' experts as the notebook's per-expert matrices, each a view of it (nothing
+    copied): gate_up_proj [E, 2m, d] holds expert e's gate rows (fc1) then its up rows (fc2); down_proj [E, d, m]
+    its down matrix (fc3); the router's weight is the notebook's `gate`."""
+    if name == "mlp.gate.weight":
+        return {f"{ff}.gate.weight": p}
+    if name == "mlp.experts.gate_up_proj":
+        return {f"{ff}.{fc}.{e}.weight": p[e, rows] for e in range(p.shape[0])
+                for fc, rows in (("fc1", slice(0, m)), ("fc2", slice(m, 2 * m)))}
+    return {f"{ff}.fc3.{e}.weight": p[e] for e in range(p.shape[0])}
 
 
 GEMMA3_HF_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",

@@ -327,3 +327,24 @@ def family_config(name: str | FamilyConfig, **overrides: Any) -> FamilyConfig:
     if not isinstance(name, FamilyConfig) and name not in FAMILY_PRESETS:
         raise ConfigError(f"unknown family preset {name!r}: choose one of {', '.join(FAMILY_PRESETS)}")
     return _overridden(name if isinstance(name, FamilyConfig) else FAMILY_PRESETS[name], overrides)
+
+
+def moe_from_hf(raw: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
+    """Qwen3MoeForCausalLM's experts as the MoE notebook's keys; what its MoEFeedForward does not do is refused
+    by the field that asks for it (dense blocks between sparse ones, routing weights not renormalised)."""
+    experts = raw.get("num_experts", raw.get("num_local_experts"))  # transformers 5 writes num_local_experts
+    if arch != "Qwen3MoeForCausalLM":
+        if experts:
+            raise ConfigError(f"{source}: num_experts is {experts} but {arch} has no experts: it is not a {arch} config")
+        return {}
+    if raw.get("mlp_only_layers"):
+        raise ConfigError(f"{source}: mlp_only_layers {raw['mlp_only_layers']} gives some blocks a dense feed-forward; "
+                          "the MoE notebook's Qwen3Model has experts in every block")
+    if raw.get("decoder_sparse_step", 1) != 1:
+        raise ConfigError(f"{source}: decoder_sparse_step {raw['decoder_sparse_step']} gives some blocks a dense "
+                          "feed-forward; the MoE notebook's Qwen3Model has experts in every block")
+    if not raw.get("norm_topk_prob", False):
+        raise ConfigError(f"{source}: norm_topk_prob is false (the chosen experts' weights are not renormalised); "
+                          "the MoE notebook's MoEFeedForward renormalises them, as the released Qwen3 MoE models do")
+    return {"num_experts": experts, "num_experts_per_tok": raw["num_experts_per_tok"],
+            "moe_hidden_dim": raw["moe_intermediate_size"]}

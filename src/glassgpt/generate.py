@@ -11,7 +11,9 @@ book stops *before* an `eos_id` and drops it, glassgpt keeps it as the last toke
 
 By default the engine (`glassgpt.engine`; its TwinSteps for Qwen3 and Llama 3) runs the model
 with a KV cache, so each step
-feeds it one token; `use_cache=False` is the book's loop instead, the whole sequence
+feeds it one token; a model that keeps its cache inside its own modules (chapter 4's variants, the book
+repository's `forward(ids, use_cache=True)` and `reset_kv_cache()`: `OwnCacheSteps`) decodes through that cache,
+its forward in PyTorch, where and how far it reaches read from its description (kinds.describe); `use_cache=False` is the book's loop instead, the whole sequence
 through the glass model at every step. Either way, when the sequence outgrows
 `context_length` the model sees its last `context_length` tokens (a sliding window).
 """
@@ -36,6 +38,7 @@ from .engine.hybrid_cache import cache_for
 from .families import is_bonus_model, is_family_model
 from .model import GPTModel
 from .errors import GlassError, NonFiniteError, PromptError
+from .kinds import describe
 from .tokenizer import Tokenizer
 
 
@@ -122,6 +125,58 @@ class GlassSteps:
         return None
 
 
+class OwnCache:
+    """generate's view of a cache a model keeps inside its own modules: where it is (`pos`, the tokens fed since the
+    last reset) and how far this call lets it go (`max_len`); the keys and values stay in the model's modules."""
+
+    def __init__(self, model: nn.Module, max_len: int):
+        self.model, self.max_len, self.pos = model, max_len, 0
+
+    def reset(self) -> None:
+        self.model.reset_kv_cache()
+        self.pos = 0
+
+
+class OwnCacheSteps:
+    """generate's seams over a model with the book repository's cache API (chapter 4's variants): `forward(ids,
+    use_cache=True)` feeds the tokens after those cached, `reset_kv_cache()` empties every module's cache. Its own
+    forward decodes (the native step has no plan for what its description changes: engine/step.py's plan_of)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def prefill(self, ids: torch.Tensor, cache: OwnCache) -> torch.Tensor:
+        cache.reset()
+        logits = self.model(ids, use_cache=True)[:, -1]
+        cache.pos = ids.shape[1]
+        return logits
+
+    def prepare(self, cache: OwnCache) -> None:
+        """Nothing to plan: the model's own forward decodes."""
+
+    def decode_one(self, ids: torch.Tensor, cache: OwnCache) -> torch.Tensor:
+        logits = self.model(ids[:, None], use_cache=True)[:, -1]
+        cache.pos += 1
+        return logits
+
+    def greedy(self, logits: torch.Tensor) -> None:
+        return None
+
+
+def keeps_own_cache(model: nn.Module) -> bool:
+    """Whether `model` keeps its KV cache in its own modules, with the book repository's API (chapter 4's variants)."""
+    return callable(getattr(model, "reset_kv_cache", None))
+
+
+def reach(glass: nn.Module) -> tuple[torch.device, int]:
+    """The device `glass` computes on and the tokens it sees at once: its embedding's and its context_length, found
+    through its description for a model glassgpt reads as it is (not one of its glass models)."""
+    if isinstance(glass, GPTModel) or is_family_model(glass) or is_bonus_model(glass):
+        return glass.tok_emb.weight.device, glass.cfg.context_length
+    anatomy = describe(glass)
+    return glass.get_submodule(anatomy.embedding.path).weight.device, anatomy.positions.context_length
+
+
 def as_batch(ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
     ids = torch.as_tensor(ids, dtype=torch.long, device=device)
     if ids.dim() == 1:
@@ -203,20 +258,25 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     timing = timing if timing is not None else Timing(clock=_no_clock)
     clock = timing.clock
     start = clock()
-    glass = adopt(model, ids)  # a reader's module is read in place, checked once
+    # a reader's module is read in place, checked once; a model read through its description as it is (chapter 4's
+    # variants) comes back itself
+    glass = adopt(model, ids, described=True)
     family = is_family_model(glass)
     if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
         use_cache = False
     bonus = is_bonus_model(glass)
+    own = not (isinstance(glass, GPTModel) or family or bonus)  # described, and run by its own forward
+    if own and use_cache and not keeps_own_cache(glass):
+        raise GlassError(f"{type(glass).__name__} has no reset_kv_cache(), so glassgpt cannot use its cache: "
+                         "generate with use_cache=False")
     if use_cache:
-        engine = GlassSteps(glass) if bonus else twin_steps(glass) if family else \
+        engine = OwnCacheSteps(glass) if own else GlassSteps(glass) if bonus else twin_steps(glass) if family else \
             as_engine(glass if adopted_from(glass) else model)
-    device = glass.tok_emb.weight.device
+    device, ctx = reach(glass)
     prompt = as_batch(ids, device)
     if max_new_tokens == 0:
         return  # nothing to generate: no forward pass at all
     b, t = prompt.shape
-    ctx = glass.cfg.context_length
     if use_cache and device.type == "cpu" and b * max_new_tokens >= pages.PAYS_AT and not glass.training \
             and getattr(engine, "compiled", None) is None:
         pages.move_to_large_pages(glass)  # a long run: the weights onto 2 MB pages (engine/pages.py)
@@ -230,7 +290,8 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     # The cache holds what this call can use, not a whole context: short replies stay cheap.
     # OLMo 3's and Tiny Aya's own kv_cache (a sliding layer keeps its window only); else a KVCache, or Qwen3.5's
     # HybridCache with its linear layers' states (cache_for)
-    make_cache = glass.kv_cache if bonus else partial(cache_for, glass.cfg)
+    make_cache = (lambda b, max_len, **_: OwnCache(glass, max_len)) if own else glass.kv_cache if bonus else \
+        partial(cache_for, glass.cfg)
     cache = make_cache(b, max_len=min(ctx, t + max_new_tokens), device=device,
                        dtype=glass.tok_emb.weight.dtype) if use_cache else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)
@@ -302,7 +363,7 @@ def generate(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens
     last `context_length` tokens. `timing`: a `Timing` this call fills, its set-up (the
     engine, the decoding step's measurement or plan, the prompt) apart from its decoding rate.
     """
-    prompt = as_batch(ids, glass_model(model).tok_emb.weight.device)
+    prompt = as_batch(ids, reach(adopt(model, described=True))[0])
     new = list(stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache,
                       timing=timing))
     if not new:

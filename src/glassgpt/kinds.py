@@ -102,6 +102,9 @@ def _foreign(model: nn.Module) -> an.Anatomy:
         anatomy = GLASS[cfg.family](cfg)
         if stages.get("tok_emb") == "tok_emb":  # the book's names: the glass file's own
             return replace(anatomy, source=kind)
+        if getattr(cfg, "moe", False):  # transformers' experts fused, one 3-D tensor for all: no module per expert
+            return replace(anatomy, source=f"{kind}, its fused experts read as the notebook's per-expert matrices "
+                                           "(views of them): the paths are those of glassgpt.adopt(model)")
         if cfg.family == "gemma3":
             return an.renamed(anatomy, _mapper(GEMMA3_TOP, GEMMA3_HF), norm_leaves=("weight", None), source=kind)
         return an.renamed(anatomy, _mapper(ROPE_TOP, ROPE_HF), norm_leaves=("weight", None), source=kind)

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..config import moe_from_hf
 from ..errors import CheckpointError, ConfigError, GlassError, TokenizerError
 from ..families import (BONUS_MODELS, FAMILIES, FamilyConfig, Gemma3Config, Qwen3_5Config, RopeFreq, build_model,
                         is_family_model)
@@ -215,27 +216,6 @@ def qwen3_5_config_to_hf(cfg: Qwen3_5Config) -> dict[str, Any]:
 QWEN3_5_IMPLEMENTS = {"attention_bias": "no biases", "hidden_act": "silu", "rope_parameters.rope_type":
                       "the default RoPE", "rope_scaling": "no RoPE scaling",
                       "quantization_config": "float weights"}
-
-
-def moe_from_hf(raw: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
-    """Qwen3MoeForCausalLM's experts as the MoE notebook's keys; what its MoEFeedForward does not do is refused
-    by the field that asks for it (dense blocks between sparse ones, routing weights not renormalised)."""
-    experts = raw.get("num_experts", raw.get("num_local_experts"))  # transformers 5 writes num_local_experts
-    if arch != "Qwen3MoeForCausalLM":
-        if experts:
-            raise ConfigError(f"{source}: num_experts is {experts} but {arch} has no experts: it is not a {arch} config")
-        return {}
-    if raw.get("mlp_only_layers"):
-        raise ConfigError(f"{source}: mlp_only_layers {raw['mlp_only_layers']} gives some blocks a dense feed-forward; "
-                          "the MoE notebook's Qwen3Model has experts in every block")
-    if raw.get("decoder_sparse_step", 1) != 1:
-        raise ConfigError(f"{source}: decoder_sparse_step {raw['decoder_sparse_step']} gives some blocks a dense "
-                          "feed-forward; the MoE notebook's Qwen3Model has experts in every block")
-    if not raw.get("norm_topk_prob", False):
-        raise ConfigError(f"{source}: norm_topk_prob is false (the chosen experts' weights are not renormalised); "
-                          "the MoE notebook's MoEFeedForward renormalises them, as the released Qwen3 MoE models do")
-    return {"num_experts": experts, "num_experts_per_tok": raw["num_experts_per_tok"],
-            "moe_hidden_dim": raw["moe_intermediate_size"]}
 
 
 def config_to_hf(cfg: FamilyConfig | Gemma3Config) -> dict[str, Any]:

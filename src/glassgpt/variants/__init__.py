@@ -12,7 +12,7 @@
     kv_bytes_per_token(cfg, torch.bfloat16), kv_bytes_per_token(gpt2_config(cfg), torch.bfloat16)
 
 Each model runs `model(ids, use_cache=True)` and `model.reset_kv_cache()` as the repository's do;
-glassgpt's engine and `glassgpt.generate` drive GPT-2, Qwen3 and Llama 3, not these.
+`glassgpt.generate` drives them through that cache (generate.py's OwnCacheSteps); the engine's native step does not.
 """
 
 from __future__ import annotations
