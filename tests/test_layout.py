@@ -36,7 +36,7 @@ LAYERS = [("errors", "version"), ("config", "tokenizer"), ("model", "anatomy", "
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 FOLDERS = {
     "glassgpt.explain": [("record", "options", "result", "notation"),
-                         ("trace", "head", "check", "passage", "compare", "diff", "why", "why_result", "why_family",
+                         ("trace", "head", "check", "passage", "compare", "diff", "why", "why_result",
                           "verify", "family", "verify_family", "pieces", "debugger", "causes", "loading"),
                          ("views",)],
     "glassgpt.training": [("loop",), ("tasks",), ("book",), ("recipes", "finetuning", "evaluation")],
@@ -288,7 +288,7 @@ def test_an_import_of_another_test_module_is_found(tmp_path):
 MODEL_FILES = {"glassgpt.model", "glassgpt.families", "glassgpt.families.qwen3", "glassgpt.families.llama3",
                "glassgpt.families.gemma3", "glassgpt.families.layers"}
 FAMILY_TWINS = {  # a module for the other models beside the one for GPT-2
-    "glassgpt.explain.family": "glassgpt.explain.trace", "glassgpt.explain.why_family": "glassgpt.explain.why",
+    "glassgpt.explain.family": "glassgpt.explain.trace",
     "glassgpt.explain.verify_family": "glassgpt.explain.verify", "glassgpt.engine.family": "glassgpt.engine.step",
     "glassgpt.explain.views.family": "glassgpt.explain.views.text"}
 FAMILIES_COPIES = {  # families/ copies of a top-level module
@@ -297,7 +297,7 @@ FAMILIES_COPIES = {  # families/ copies of a top-level module
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
     "glassgpt.explain.causes", "glassgpt.explain.check", "glassgpt.explain.compare", "glassgpt.explain.debugger",
     "glassgpt.explain.diff", "glassgpt.explain.family", "glassgpt.explain.trace",
-    "glassgpt.explain.verify", "glassgpt.explain.verify_family", "glassgpt.explain.why"]
+    "glassgpt.explain.verify", "glassgpt.explain.verify_family"]
 
 
 def family_twins(names) -> set[str]:

@@ -23,7 +23,7 @@ from ..result import register
 from ..trace import Trace
 from ..verify import CheckResult
 from ..why import Why
-from ..why_family import FamilyWhy
+from ..why import FamilyWhy
 from .compare import comparison_layout, comparison_text
 from .diagram import layout as trace_layout
 from .diff import diff_layout, diff_text

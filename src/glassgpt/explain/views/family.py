@@ -7,7 +7,7 @@ import html
 
 from ..family import FAMILY_NAMES, FamilyTrace, GPT2Changes
 from ..notation import clip, token
-from ..why_family import FamilyWhy
+from ..why import FamilyWhy
 from . import draw
 from .draw import GRAY, GREEN, INK, MUTED, Drawing, Line, Rect, Text
 from .text import attention_lines, head_lines, lens_lines, painter
