@@ -539,9 +539,15 @@ def test_transformers_gemma3_module_is_described_and_traced_in_place():
         assert tr.next_token["id"] == int(module(torch.tensor([tok.encode("hello world")])).logits[0, -1].argmax())
 
 
-def test_why_on_gemma3_is_refused_in_one_line_naming_its_sandwich_norms():
-    from glassgpt.errors import GlassError
+def test_why_on_gemma3_splits_the_logit_over_its_sandwich_norms():
+    """Each part's write is its post-norm's output; the parts (the sqrt(d)-scaled embedding, each query head read
+    through post_attention_layernorm, each GeGLU through post_feedforward_layernorm) sum to the model's logit."""
     from glassgpt.tokenizer import CharTokenizer
     tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ")
-    with pytest.raises(GlassError, match="why splits the logit over pre-norm blocks; Gemma 3's are sandwich-norm"):
-        glassgpt.why(randomize_(build_model(GEMMA)), tok, "hello world")
+    model = randomize_(build_model(GEMMA))
+    w = glassgpt.why(model, tok, "hello world")
+    with torch.no_grad():
+        logits = model(torch.tensor([tok.encode("hello world")]))[0, -1]
+    a = int(logits.argmax())
+    assert w.target["id"] == a and abs(w.total - float(logits[a])) <= 1e-4 * max(1.0, abs(float(logits[a])))
+    assert len(w.parts) == 1 + GEMMA.n_layers * (GEMMA.n_heads + 1)

@@ -11,7 +11,7 @@ from ..why import FamilyWhy
 from . import draw
 from .draw import GRAY, GREEN, INK, MUTED, Drawing, Line, Rect, Text
 from .text import attention_lines, head_lines, lens_lines, painter
-from .why import metric_name, patch_lines, top_parts, why_svg
+from .why import expert_lines, metric_name, patch_lines, top_parts, why_svg
 
 TRANSITION = "#b45309"  # the two stages where the width changes (V -> d, d -> V), as the GPT-2 picture marks them
 
@@ -155,7 +155,7 @@ def render_family_why_text(w: FamilyWhy, top: int = 12, **_options) -> str:
     """The attribution in the terminal: the exact sum, the top parts, the heads grid with the key/value groups,
     the prompt tokens' shares (each with the query head it went through most) and the patching grids."""
     t = w.target
-    lines = [f"{FAMILY_NAMES[w.family]}: why {t['text']!r} (id {t['id']}) after "
+    lines = [f"{FAMILY_NAMES.get(w.family, w.family)}: why {t['text']!r} (id {t['id']}) after "
              + " ".join(repr(s["text"]) for s in w.tokens[-8:]),
              f"{metric_name(w)} {w.metric:+.4f} = sum of {len(w.parts)} parts {w.total:+.4f} "
              f"(final_norm's 1/rms frozen at the last position: rms {w.rms:.4g}; its weight folded into out_head)",
@@ -170,8 +170,10 @@ def render_family_why_text(w: FamilyWhy, top: int = 12, **_options) -> str:
               "  block " + "".join(f"{f'h{j} g{w.groups[j]}':>10}" for j in range(n_heads)) + f"{'ff':>10}"]
     for i, row in enumerate(w.heads):
         lines.append(f"  {i:>5} " + "".join(f"{v:>+10.3f}" for v in row) + f"{w.ff[i]:>+10.3f}")
-    lines.append(f"  tok_emb {w.parts[0]['value']:+.3f}; no pos_emb: positions entered as RoPE inside each attention")
-    lines += ["", *_family_sources(w)]
+    pos = next((p for p in w.parts if p["name"] == "pos_emb"), None)
+    lines.append(f"  tok_emb {w.parts[0]['value']:+.3f}; " + (f"pos_emb {pos['value']:+.3f}" if pos else
+                                                               "no pos_emb: positions entered as RoPE inside each attention"))
+    lines += [*expert_lines(w), "", *_family_sources(w)]
     if w.patch is not None:
         lines += ["", *patch_lines(w.patch)]
     return "\n".join(lines)
@@ -193,9 +195,10 @@ def _family_sources(w: FamilyWhy) -> list[str]:
              f"{'causal: p change':>17} {'logit change':>13}"]
     for s in w.sources:
         j = s["position"]
-        i, h = max(((i, h) for i in range(len(w.heads)) for h in range(len(w.groups))),
+        i, h = max(((i, h) for i in range(len(w.heads)) for h in range(len(w.by_source[i]))),
                    key=lambda ih: abs(w.by_source[ih[0]][ih[1]][j]))
-        through = f"b{i} h{h} (kv group {w.groups[h]}) {w.by_source[i][h][j]:+.4f}"
+        group = f" (kv group {w.groups[h]})" if h < len(w.groups) else ""
+        through = f"b{i} h{h}{group} {w.by_source[i][h][j]:+.4f}"
         cause = s["causal"]
         tail = (f"   {cause['how']}" if cause["prob_change"] is None
                 else f"{cause['prob_change']:>+17.4f} {cause['logit_change']:>+13.4f}")

@@ -90,6 +90,28 @@ def _source_lines(w: Why) -> list[str]:
     return lines
 
 
+def expert_lines(w: Why) -> list[str]:
+    """A mixture of experts' routes: per block, the last token's chosen experts with their renormalised weights
+    and their parts of the logit, then every token's experts (the JSON's `experts` holds the same)."""
+    routes = getattr(w, "experts", None)
+    if not routes:
+        return []
+    lines = ["", "experts (per block: the last token's routed experts, their weights and their parts; then each "
+             "token's)"]
+    parts = {p["name"]: p["value"] for p in w.parts}
+    for i, block in enumerate(routes):
+        if block is None:
+            continue
+        names = [f"trf_blocks.{i}.ff.expert.{r['expert']}" for r in block[-1]]
+        last = ", ".join(f"e{r['expert']} w {r['weight']:.3f} ({parts.get(name, 0.0):+.4f})"
+                         for r, name in zip(block[-1], names))
+        lines.append(f"  block {i}: {last}  = ff {w.ff[i]:+.4f}")
+        lines.append("    " + " | ".join(f"{token(tok['text'])} " + " ".join(f"e{r['expert']} {r['weight']:.2f}"
+                                                                              for r in row)
+                                         for tok, row in zip(w.tokens, block)))
+    return lines
+
+
 def patch_lines(patch: dict) -> list[str]:
     a, b = token(patch["clean_top"]["text"]), token(patch["versus"]["text"])
     cols = [token(t, 9) for t in patch["positions"]]
