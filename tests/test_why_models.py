@@ -227,3 +227,27 @@ def test_patching_gives_the_logits_of_a_rerun_with_a_block_input_replaced(name):
     handle.remove()
     restored = (float(logits[a] - logits[b]) - m_bad) / (m_clean - m_bad)
     assert abs(w.patch["grid"][1][-1] - restored) < 1e-4
+
+
+def test_a_softcap_scales_each_part_so_the_parts_still_sum_to_the_capped_logit(monkeypatch):
+    """A head with a softcap (cap * tanh(z / cap), Gemma 2's and Gemma 4's): each part is scaled by its logit's
+    capped / uncapped ratio, so the parts sum to the capped logit, and to the capped difference against B.
+    The description of a Qwen3 model is given a cap of 2 (the parts are read through the description only)."""
+    import dataclasses
+    import importlib
+
+    why_module = importlib.import_module("glassgpt.explain.why")  # (glassgpt.explain.why is the function)
+    model = model_of("qwen3")
+    capped = dataclasses.replace(glassgpt.describe(model), head=dataclasses.replace(glassgpt.describe(model).head,
+                                                                                   softcap=2.0))
+    monkeypatch.setattr(why_module, "describe", lambda m: capped)
+    z = own_logits(model)  # the uncapped logits
+    cap = 2.0 * torch.tanh(z / 2.0)
+    with torch.inference_mode():
+        seen, _ = record_parts(model, encode(CHAR_TOK, CHAR_TEXT), None)
+        a, b = int(z.argmax()), int(z.argmin())
+        alone = attribute_parts(model, seen, a, None, {})["parts"]
+        against = attribute_parts(model, seen, a, b, {})["parts"]
+    assert abs(sum(p["value"] for p in alone) - float(cap[a])) <= LOGIT
+    assert abs(sum(p["value"] for p in against) - float(cap[a] - cap[b])) <= LOGIT
+    assert abs(float(cap[a]) - float(z[a])) > 0.1  # the cap changed the logit: the test tells the two apart

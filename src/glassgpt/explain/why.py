@@ -424,10 +424,6 @@ def _module(model: nn.Module, path: str) -> nn.Module:
     return model.get_submodule(path)
 
 
-def _norm_module(model: nn.Module, norm: an.Norm | None) -> nn.Module | None:
-    return None if norm is None else _module(model, norm.path)
-
-
 def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -435,13 +431,6 @@ def _device(model: nn.Module) -> torch.device:
 def _last_only(model: nn.Module, anatomy: an.Anatomy):
     """A tap on the head that hands it the last position only: `[b, t, d] -> [b, 1, d]` (logits of one row)."""
     return _module(model, anatomy.head.path).register_forward_pre_hook(lambda m, args: (args[0][:, -1:], *args[1:]))
-
-
-def _stopping(cancel: threading.Event | None):
-    def check(module, args):
-        if cancel is not None and cancel.is_set():
-            raise TraceCancelled("the trace was cancelled")
-    return check
 
 
 def record_parts(model: nn.Module, ids: list[int], cancel: threading.Event | None) -> tuple[dict, torch.Tensor]:
@@ -699,6 +688,11 @@ def _check_cancel(cancel: threading.Event | None) -> None:
         raise TraceCancelled("the trace was cancelled")
 
 
+def _cancelled(cancel: threading.Event | None):
+    """A block's forward pre-hook that stops a re-run once `cancel` is set."""
+    return lambda module, args: _check_cancel(cancel)
+
+
 def _only_source(out: torch.Tensor, keep: torch.Tensor, rows: tuple[int, int] | None) -> torch.Tensor:
     """A value projection's output with, in copy r, every position but its source zeroed (only the value rows of a
     fused projection: `rows`)."""
@@ -722,7 +716,7 @@ def remove_each_rerun(model: nn.Module, seen: dict, ids: list[int], last: torch.
     shortened = [ids[:j] + ids[j + 1:] for j in range(t)]
     rows = max(1, REMOVAL_TOKENS // (t - 1))
     logit, prob = [], []
-    handles = [_last_only(model, anatomy)] + [_module(model, blk.path).register_forward_pre_hook(_stopping(cancel))
+    handles = [_last_only(model, anatomy)] + [_module(model, blk.path).register_forward_pre_hook(_cancelled(cancel))
                                               for blk in anatomy.blocks]
     try:
         for start in range(0, t, rows):
@@ -787,7 +781,7 @@ def _run_patched(model: nn.Module, anatomy: an.Anatomy, ids: list[int], runs: in
     """The last position's logits `[runs, V]` of `runs` copies of `ids`, with `swap` replacing the input of the
     module at `path` (a forward pre-hook)."""
     handles = [_module(model, path).register_forward_pre_hook(swap), _last_only(model, anatomy)]
-    handles += [_module(model, blk.path).register_forward_pre_hook(_stopping(cancel)) for blk in anatomy.blocks]
+    handles += [_module(model, blk.path).register_forward_pre_hook(_cancelled(cancel)) for blk in anatomy.blocks]
     try:
         _check_cancel(cancel)
         return model(torch.tensor([ids] * runs, device=_device(model)))[:, -1].float()

@@ -1,5 +1,5 @@
 """The views of explain's Qwen3/Llama results: a FamilyTrace and what changed from GPT-2 (explain/family.py), and
-a FamilyWhy (explain/why_family.py), whose picture is GPT-2's Why picture (views/why.py)."""
+a FamilyWhy (explain/why.py), whose picture is GPT-2's Why picture (views/why.py)."""
 
 from __future__ import annotations
 
