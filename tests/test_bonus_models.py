@@ -249,6 +249,27 @@ def test_qwen3_moe_folder_runs_through_trace_and_the_cli(tmp_path, qwen_tokenize
     assert out["new_ids"] == generate(model, out["prompt_ids"], 5)[0, -5:].tolist()
 
 
+def test_qwen3_moe_folder_why_through_the_cli_shows_each_tokens_experts_as_parts(tmp_path, qwen_tokenizer_json, capsys):
+    """`glassgpt explain --why` on a Qwen3 MoE folder: the routed experts of the last token are parts, their sum the
+    block's feed-forward part, and every token's experts and weights are in the JSON and the text."""
+    from glassgpt.cli import main
+    folder = hf_folder(tmp_path / "moe", MOE, qwen_tokenizer_json)
+    assert main(["explain", "--why", "--model", str(folder), "The quick brown fox", "--format", "json"]) == 0, \
+        capsys.readouterr().err
+    data = json.loads(capsys.readouterr().out)["why"]
+    model, tok = glassgpt.load_model(folder), glassgpt.load_tokenizer(folder)
+    with torch.no_grad():
+        logits = model(torch.tensor([tok.encode("The quick brown fox")]))[0, -1]
+    assert abs(sum(p["value"] for p in data["parts"]) - float(logits.max())) <= 1e-4 * max(1.0, float(logits.abs().max()))
+    t = len(tok.encode("The quick brown fox"))
+    for i, routes in enumerate(data["experts"]):
+        assert len(routes) == t and all(len(r) == MOE.num_experts_per_tok for r in routes)
+        experts = [p["value"] for p in data["parts"] if p["name"].startswith(f"trf_blocks.{i}.ff.expert.")]
+        assert len(experts) == MOE.num_experts_per_tok and abs(sum(experts) - data["ff"][i]) <= 1e-5
+    assert main(["explain", "--why", "--model", str(folder), "The quick brown fox"]) == 0
+    assert "experts (per block" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_qwen3_moe_at_the_real_block_shape_equals_transformers(tmp_path):
     """Qwen3 30B-A3B's block (d 2,048, 32 query heads of 128 on 4 groups, 128 experts of 768, 8 a token) and
