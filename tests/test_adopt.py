@@ -13,7 +13,7 @@ from torch import nn
 
 import glassgpt
 from glassgpt.adopt import adopt, adopted_from
-from glassgpt.errors import GlassError
+from glassgpt.errors import GlassError, UnreadableModelError
 from glassgpt.training import evaluate_text
 from llms_from_scratch import ch04
 
@@ -154,6 +154,17 @@ def test_a_module_of_no_known_kind_is_one_line_naming_what_is_looked_for_and_its
         glassgpt.generate(module, [1, 2], max_new_tokens=1)
     message = str(err.value)
     assert "tok_emb" in message and "transformer.wte" in message and "children are: 0, 1" in message
+    assert "\n" not in message
+
+
+def test_adopts_message_for_an_unknown_module_names_every_kind_it_reads():
+    # adopt reads GPT-2's kinds and the next models' (Qwen3, Llama 3.2, Gemma 3) alike: its one line says so.
+    with pytest.raises(UnreadableModelError) as err:
+        adopt(nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10)))
+    message = str(err.value)
+    for kind in ("GPT2LMHeadModel", "Qwen3ForCausalLM", "LlamaForCausalLM", "Gemma3ForCausalLM", "Qwen3Model",
+                 "Llama3Model", "nanoGPT's GPT", "model.embed_tokens", "transformer.wte", "children are: 0, 1"):
+        assert kind in message, kind
     assert "\n" not in message
 
 

@@ -172,6 +172,26 @@ def test_real_shape_cache_bytes():
     assert cache_bytes(cfg, 1000, 1, 2) == 19_537_920 + 1000 * 12_288
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_memory_reads_the_state_and_the_convolution_buffer_from_the_description(dtype):
+    """glassgpt.memory counts Qwen3.5's cache from its description (anatomy.RecurrentState), not from the glass
+    file's functions: the figure equals cache_bytes and the bytes a filled HybridCache holds."""
+    from glassgpt.memory import memory_needs, parameter_table
+    book = {"vocab_size": V, "context_length": 160, "emb_dim": 32, "n_heads": 4, "n_layers": len(LAYERS),
+            "hidden_dim": 64, "head_dim": 8, "qk_norm": True, "n_kv_groups": 2, "rope_base": 1e6,
+            "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 3, "linear_key_head_dim": 8,
+            "linear_value_head_dim": 6, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "layer_types": LAYERS}
+    cfg = Qwen3_5Config.from_book_dict("qwen3_5", book, tie_embeddings=False)
+    model = build_model(cfg).to(dtype)
+    with torch.no_grad():
+        cache = HybridCache(cfg, 2, 20, dtype=dtype)
+        model(ids(2, 20), cache)
+    size = torch.empty((), dtype=dtype).element_size()
+    assert memory_needs(cfg, dtype, 2, 20)["kv_cache"] == cache_bytes(cfg, 20, 2, size) == cache.nbytes
+    assert parameter_table(cfg)["total"] == sum(p.numel() for p in model.parameters())
+    assert memory_needs(real_config(), torch.bfloat16, 1, 1000)["kv_cache"] == 19_537_920 + 1000 * 12_288
+
+
 # --- the notebook's files: its state dict and config JSON ---------------------------------------
 
 NOTEBOOK_KEYS_LINEAR = ["token_mixer.A_log", "token_mixer.conv1d.weight", "token_mixer.dt_bias",
@@ -328,9 +348,9 @@ def test_trace_names_the_models_own_next_token(tiny):
 
 
 def test_info_counts_every_parameter(tiny, capsys):
-    from glassgpt.families.qwen3_5_memory import qwen3_5_parameter_table
+    from glassgpt.memory import parameter_table
     model = load_family(tiny[0])
-    table = qwen3_5_parameter_table(model.cfg)
+    table = parameter_table(model.cfg)
     assert table["total"] == sum(p.numel() for p in model.parameters())  # the tied head counted once
 
 

@@ -1,4 +1,4 @@
-"""GPTConfig and the GPT-2 presets.
+"""The models' configs and their presets: GPTConfig (GPT-2) and FamilyConfig (Qwen3, Llama 3.2).
 
 Field names follow the book ("Build a Large Language Model (From Scratch)"):
 `vocab_size`, `context_length`, `emb_dim`, `n_heads`, `n_layers`, `drop_rate`,
@@ -6,6 +6,20 @@ Field names follow the book ("Build a Large Language Model (From Scratch)"):
 [vocab_size, emb_dim] matrix for both the token embedding and the output head)
 and `num_classes` (set by classification finetuning, which swaps the
 emb_dim -> vocab_size head for an emb_dim -> num_classes one).
+
+FamilyConfig: one config type for the book's next models (Qwen3 and its MoE, Llama 3.2; built by
+families/qwen3.py and llama3.py). Field names are the book's (`llms_from_scratch.qwen3.QWEN_CONFIG_06_B`,
+`llama3.LLAMA32_CONFIG_1B`): `vocab_size`, `context_length`, `emb_dim`, `n_heads`, `n_layers`, `hidden_dim`, `head_dim`,
+`n_kv_groups`, `rope_base`, `qk_norm`, `rope_freq`. What the book's dicts leave to the code is a
+field here: `family` (which glass file builds it), `tie_embeddings` (the book's models keep an
+out_head of their own; the published 0.6B, 1.7B, 1B and 3B weights tie it to tok_emb) and
+`norm_eps` (1e-6 in Qwen3, 1e-5 in Llama 3). The book's `dtype` is not a field: the weights carry
+their dtype, as GPTConfig's do.
+
+Qwen3's mixture-of-experts models (the bonus notebook standalone-qwen3-moe.ipynb: 30B-A3B, 235B-A22B)
+are the same family with the notebook's three keys: `num_experts` (0: dense), `num_experts_per_tok`
+and `moe_hidden_dim` (each expert's SwiGLU width).
+(Gemma 3's config, the bonus notebook's keys, is Gemma3Config beside its glass file, families/gemma3.py.)
 """
 
 from __future__ import annotations
@@ -139,5 +153,182 @@ def get_config(name: str | GPTConfig, **overrides: Any) -> GPTConfig:
     return dataclasses.replace(base, **overrides)
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, min(n, 64) + 1) if n % k == 0]
+def _divisors(n: int, most: int = 64) -> list[int]:
+    return [k for k in range(1, min(n, most) + 1) if n % k == 0]
+
+
+# --- the book's next models: Qwen3 and Llama 3.2 (families/qwen3.py, llama3.py) ---------------------
+
+FAMILY_NAMES = ("qwen3", "llama3", "qwen3_5")
+
+
+@dataclass(frozen=True)
+class RopeFreq:
+    """Llama 3's RoPE frequency scaling (the book's `rope_freq`): slow rotations slowed by `factor`."""
+
+    factor: float = 32.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context_length: int = 8192
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    family: str                  # "qwen3" or "llama3": the glass file that builds it
+    vocab_size: int              # V: rows of tok_emb, columns of the logits
+    context_length: int          # longest input; rows of RoPE's cos/sin tables
+    emb_dim: int                 # d: the width every block keeps
+    n_heads: int                 # h: query heads
+    n_layers: int                # number of transformer blocks
+    hidden_dim: int              # SwiGLU's inner width (fc1, fc2: d -> hidden_dim; fc3 back)
+    n_kv_groups: int             # g: key/value heads; h // g query heads share each
+    rope_base: float             # RoPE's theta: 1,000,000 in Qwen3, 500,000 in Llama 3
+    head_dim: int | None = None  # hd: None means emb_dim // n_heads (Llama's rule)
+    qk_norm: bool = False        # RMSNorm on each query and key head before RoPE (Qwen3)
+    rope_freq: RopeFreq | None = None  # Llama 3's frequency scaling; None: plain RoPE
+    tie_embeddings: bool = False  # out_head.weight is tok_emb.weight (one tensor)
+    norm_eps: float = 1e-6       # every RMSNorm's eps
+    num_experts: int = 0         # Qwen3 MoE: feed-forwards per block a router picks from (0: one dense SwiGLU)
+    num_experts_per_tok: int = 0  # how many of them each token runs (their outputs weighted, summed)
+    moe_hidden_dim: int | None = None  # each expert's SwiGLU width (hidden_dim is then unused)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILY_NAMES:
+            raise ConfigError(f"family {self.family!r} is not covered: choose one of {', '.join(FAMILY_NAMES)}")
+        for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "hidden_dim", "n_kv_groups"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.rope_freq, dict):  # from a JSON file or the book's dict
+            object.__setattr__(self, "rope_freq", from_fields(RopeFreq, self.rope_freq, ConfigError, "rope_freq field"))
+        if self.head_dim is None and self.emb_dim % self.n_heads:
+            raise ConfigError(f"emb_dim ({self.emb_dim}) must be divisible by n_heads ({self.n_heads}) when "
+                              f"head_dim is not given: choose n_heads from {_divisors(self.emb_dim, 128)} or set head_dim")
+        hd = self.head_dim_value
+        if not isinstance(hd, int) or isinstance(hd, bool) or hd <= 0 or hd % 2:
+            raise ConfigError(f"head_dim is {hd!r} but RoPE rotates pairs of dimensions, so it must be a positive "
+                              f"even number: choose an even head_dim (or n_heads so that emb_dim // n_heads is even)")
+        if self.n_heads % self.n_kv_groups:
+            raise ConfigError(f"n_heads ({self.n_heads}) must be divisible by n_kv_groups ({self.n_kv_groups}): "
+                              f"each key/value group serves the same number of query heads; choose n_kv_groups "
+                              f"from {_divisors(self.n_heads, 128)}")
+        if not self.rope_base > 0:
+            raise ConfigError(f"rope_base must be positive, got {self.rope_base!r}")
+        if not 0 < self.norm_eps < 1:
+            raise ConfigError(f"norm_eps must be in (0, 1), got {self.norm_eps!r}")
+        for name in ("qk_norm", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.num_experts:
+            self._check_experts()
+
+    def _check_experts(self) -> None:
+        if self.family != "qwen3":
+            raise ConfigError(f"num_experts is {self.num_experts} but glassgpt's mixture of experts is Qwen3's: "
+                              f"set num_experts to 0 for {self.family}")
+        for name in ("num_experts", "num_experts_per_tok", "moe_hidden_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer in a mixture-of-experts config, got {value!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ConfigError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts "
+                              f"({self.num_experts}): a token cannot run more experts than there are; choose "
+                              f"1 to {self.num_experts}")
+
+    @property
+    def moe(self) -> bool:
+        """Whether each block's feed-forward is a router over num_experts SwiGLU experts."""
+        return self.num_experts > 0
+
+    @property
+    def kv_heads(self) -> tuple[int, int]:
+        """What a KV cache keeps per token and layer: the g key/value groups (before repeat_interleave:
+        8 heads, not 16, in Qwen3 0.6B), each of head size hd; keys are kept after RoPE."""
+        return self.n_kv_groups, self.head_dim_value
+
+    @property
+    def head_dim_value(self) -> int:
+        """hd: the given head_dim, else emb_dim // n_heads."""
+        return self.emb_dim // self.n_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value group."""
+        return self.n_heads // self.n_kv_groups
+
+    @property
+    def out_dim(self) -> int:
+        return self.vocab_size
+
+    @property
+    def num_classes(self) -> None:
+        """Always None: these are language models (GPTConfig's field, which commands read)."""
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "FamilyConfig":
+        """A config from its own `to_dict` (the JSON glassgpt writes beside a family's weights)."""
+        return from_fields(cls, values, ConfigError, "config field")
+
+    def to_book_dict(self, dtype=None) -> dict[str, Any]:
+        """The book's config dict (`QWEN_CONFIG_06_B`, `LLAMA32_CONFIG_1B`) for these sizes, `dtype` as given."""
+        book = {"vocab_size": self.vocab_size, "context_length": self.context_length, "emb_dim": self.emb_dim,
+                "n_heads": self.n_heads, "n_layers": self.n_layers, "hidden_dim": self.hidden_dim,
+                "n_kv_groups": self.n_kv_groups, "rope_base": self.rope_base, "dtype": dtype}
+        if self.family == "qwen3":
+            book.update(head_dim=self.head_dim_value, qk_norm=self.qk_norm)
+        else:
+            book["rope_freq"] = None if self.rope_freq is None else dataclasses.asdict(self.rope_freq)
+        if self.moe:  # the MoE notebook's QWEN3_CONFIG has no hidden_dim: its blocks have no dense SwiGLU
+            del book["hidden_dim"]
+            book.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                        moe_hidden_dim=self.moe_hidden_dim)
+        return book
+
+    @classmethod
+    def from_book_dict(cls, family: str, book: dict[str, Any], tie_embeddings: bool | None = None) -> "FamilyConfig":
+        """A config from the book's dict for `family`, as its weights tell it (its `dtype` is dropped: the weights
+        carry theirs). The dict may name the family and the tie too (glassgpt's own fields), as long as it
+        agrees with `family` and a `tie_embeddings` given here (None: the dict's, else untied)."""
+        values = {k: v for k, v in book.items() if k != "dtype"}
+        if "moe_intermediate_size" in values:  # llms_from_scratch.qwen3's name for the notebook's moe_hidden_dim
+            values["moe_hidden_dim"] = values.pop("moe_intermediate_size")
+        if values.get("num_experts") and "hidden_dim" not in values:  # the MoE notebook's dict: no dense width
+            values["hidden_dim"] = values.get("moe_hidden_dim")
+        values.setdefault("norm_eps", 1e-6 if family == "qwen3" else 1e-5)
+        given = {"family": family} if tie_embeddings is None else {"family": family, "tie_embeddings": tie_embeddings}
+        return from_fields(cls, values, ConfigError, "book config field", given_by=f"the weights are a {family} model's",
+                           **given)
+
+
+# The published sizes, from the book's dicts; the released weights of all four tie the head.
+FAMILY_PRESETS: dict[str, FamilyConfig] = {
+    "qwen3-0.6b": FamilyConfig(family="qwen3", vocab_size=151_936, context_length=40_960, emb_dim=1024, n_heads=16,
+                               n_layers=28, hidden_dim=3072, head_dim=128, n_kv_groups=8, rope_base=1_000_000.0,
+                               qk_norm=True, tie_embeddings=True, norm_eps=1e-6),
+    "qwen3-1.7b": FamilyConfig(family="qwen3", vocab_size=151_936, context_length=40_960, emb_dim=2048, n_heads=16,
+                               n_layers=28, hidden_dim=6144, head_dim=128, n_kv_groups=8, rope_base=1_000_000.0,
+                               qk_norm=True, tie_embeddings=True, norm_eps=1e-6),
+    "llama3.2-1b": FamilyConfig(family="llama3", vocab_size=128_256, context_length=131_072, emb_dim=2048,
+                                n_heads=32, n_layers=16, hidden_dim=8192, n_kv_groups=8, rope_base=500_000.0,
+                                rope_freq=RopeFreq(), tie_embeddings=True, norm_eps=1e-5),
+    "llama3.2-3b": FamilyConfig(family="llama3", vocab_size=128_256, context_length=131_072, emb_dim=3072,
+                                n_heads=24, n_layers=28, hidden_dim=8192, n_kv_groups=8, rope_base=500_000.0,
+                                rope_freq=RopeFreq(), tie_embeddings=True, norm_eps=1e-5),
+}
+
+
+def family_config(name: str | FamilyConfig, **overrides: Any) -> FamilyConfig:
+    """A family preset by name (or a FamilyConfig), with field overrides applied (None: unchanged)."""
+    if isinstance(name, FamilyConfig):
+        base = name
+    elif name in FAMILY_PRESETS:
+        base = FAMILY_PRESETS[name]
+    else:
+        raise ConfigError(f"unknown family preset {name!r}: choose one of {', '.join(FAMILY_PRESETS)}")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    known_fields(FamilyConfig, overrides, ConfigError, "config field")
+    return dataclasses.replace(base, **overrides) if overrides else base

@@ -1,11 +1,13 @@
 """The kinds of model object glassgpt reads, each described through its glass file and one name map.
 
     describe(model) -> Anatomy        glassgpt.describe: any kind below, with no copy of its weights
+    describe_config(cfg) -> Anatomy   the same from a config alone, before any weights exist
     description_mismatches(model, anatomy) -> list[str]   where a description and its module disagree
 
 A kind is found by its children's names, then described by its glass file's describe(cfg) (model.py,
-families/qwen3.py, families/llama3.py, and chapter 4's variants/gqa.py, mla.py, swa.py, moe.py) over the config its tensors and attributes say (adopt.py's and
-families/adopt.py's readers), with every path mapped to the object's own names:
+families/qwen3.py, families/llama3.py, families/qwen3_5.py, olmo3.py, tiny_aya.py, and chapter 4's variants/gqa.py,
+mla.py, swa.py, moe.py) over the config its tensors and attributes say (adopt.py's readers), with every path
+mapped to the object's own names:
     glassgpt's GPTModel, Qwen3Model (and its MoE), Llama3Model,  the glass names
       Gemma3Model
     the book's GPTModel, Qwen3Model, Llama3Model (and the     the same names (the book's)
@@ -27,23 +29,14 @@ from torch import nn
 
 from . import anatomy as an
 from . import model as gpt2
-from .adopt import config_of, layout_of
+from .adopt import KINDS_READ, LOOKED_FOR, config_of, family_layout, layout_of
 from .errors import GlassError, UnreadableModelError
 from .families import BONUS_MODELS, FAMILIES, gemma3, llama3, olmo3, qwen3, qwen3_5, tiny_aya
-from .families.adopt import family_layout
 from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, bonus_config_from_hf
 from .variants import VARIANTS, variant_of
 
 GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "qwen3_5": qwen3_5.describe,
          "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe}
-KINDS_READ = ("glassgpt's GPTModel, Qwen3Model, Llama3Model, Gemma3Model, Qwen3_5Model, Olmo3Model and TinyAyaModel "
-              "(and chapter 4's variants.gqa/mla/swa/moe GPTModel); the book's GPTModel, Qwen3Model and Llama3Model "
-              "(and their kv_cache variants) or a copy with the book's names; nanoGPT's GPT; transformers' "
-              "GPT2LMHeadModel, Qwen3ForCausalLM, LlamaForCausalLM, Gemma3ForCausalLM, Olmo3ForCausalLM and "
-              "Cohere2ForCausalLM")
-LOOKED_FOR = ("the book's children (tok_emb, trf_blocks, final_norm, out_head), nanoGPT's and GPT-2's "
-              "(transformer.wte, transformer.h, transformer.ln_f, lm_head) or Qwen3's and Llama's "
-              "(model.embed_tokens, model.layers, model.norm, lm_head)")
 
 # The name maps: a glass path inside block i (after "trf_blocks.{i}.") -> the object's own.
 GPT2_HF = {"norm1": "ln_1", "norm2": "ln_2", "att": "attn", "att.out_proj": "attn.c_proj", "ff": "mlp",
@@ -62,6 +55,12 @@ GEMMA3_HF = {"att": "self_attn", "att.W_query": "self_attn.q_proj", "att.W_key":
              "ff.fc3": "mlp.down_proj"} | {n: n for n in ("input_layernorm", "post_attention_layernorm",
                                                            "pre_feedforward_layernorm", "post_feedforward_layernorm")}
 GEMMA3_TOP = ROPE_TOP | {"blocks": "model.layers"}
+
+
+def describe_config(cfg) -> an.Anatomy:
+    """What a model of `cfg` is made of, as its glass file declares it (a GPTConfig: model.py; a family's
+    config: its family's file), before any weights exist: what memory.py counts bytes from."""
+    return GLASS[cfg.family](cfg) if hasattr(cfg, "family") else gpt2.describe(cfg)
 
 
 def describe(model: nn.Module) -> an.Anatomy:
@@ -106,12 +105,8 @@ def _foreign(model: nn.Module) -> an.Anatomy:
     try:
         layout = layout_of(model)
         cfg = config_of(model, layout)
-    except (AttributeError, TypeError, KeyError, IndexError):
+    except (AttributeError, TypeError, KeyError, IndexError, UnreadableModelError):
         raise UnreadableModelError(_unreadable(model)) from None
-    except GlassError as err:
-        if "is not a GPT-2-shaped model" in str(err):
-            raise UnreadableModelError(_unreadable(model)) from None
-        raise
     anatomy = _as_read(replace(gpt2.describe(cfg), source=layout.kind), layout)
     if layout.stages.get("tok_emb") == "tok_emb":
         return _book_variants(model, anatomy, cfg.emb_dim)

@@ -1,11 +1,18 @@
-"""How many bytes a GPT-2 needs, from its config alone: weights, KV cache, training state.
+"""How many bytes a model needs, from its config alone: weights, KV cache, training state.
 
     memory_needs(cfg, dtype, batch_size, seq_len) -> {"weights": bytes, "kv_cache": ..., ...}
     parameter_table(cfg) -> the parameters of every module, as `glassgpt info` prints them
+    architecture_notes(cfg) -> what `info` says about the attention, the positions and the tie
     available_memory() -> Free(ram, swap): what this machine has free now (MemAvailable, SwapFree)
     training_fit / inference_fit(cfg, ..., free) -> None, a note (only swap would be touched), or a
         ConfigError with the figure and the nearest settings that fit: what the commands check first
     with_margin(need) -> what a run of that estimate is let have: need x 1.2 + 512 MiB (MARGIN)
+
+Every figure is read from the model's description (anatomy.py, as its glass file declares it:
+kinds.describe_config), never from its family: the matrices and norms it lists, the key/value heads
+its attention keeps (grouped-query attention's saving), RoPE's float32 cos/sin tables where positions
+are rotary, a gated feed-forward's extra hidden tensors. The config adds what a description does not
+hold (drop_rate).
 
 One estimate (memory_needs) and one comparison (fits: the estimate with its margin against
 MemAvailable) serve every command: `info` prints both, generate, explain and serve refuse a model
@@ -14,13 +21,12 @@ run (training_fit), and formats.check_buildable refuses, for any caller of the l
 that would not fit even in swap. GLASSGPT_MEMORY_AVAILABLE (bytes, or a size such as 22.2GiB)
 stands for MemAvailable, with no swap, where it is set: for tests and fault drills.
 
-A back-of-the-envelope count that follows what the forward pass keeps (model.py) and
-what AdamW stores, so it tells a reader whether gpt2-xl fits before they load it.
-tests/test_memory.py holds it to within 20% of the peak that PyTorch's allocator
-records for a real generation and real training steps on a CPU; the process needs some
-more for the allocator's own slack. Training counts the activations that backward
-needs when attention runs through a fused kernel (SDPA keeps q, k, v and its output,
-never the [t, t] scores) and no activation checkpointing.
+A back-of-the-envelope count that follows what the forward pass keeps and what AdamW stores, so it
+tells a reader whether gpt2-xl fits before they load it. tests/test_memory.py holds GPT-2's to within
+20% of the peak that PyTorch's allocator records for a real generation and real training steps on a
+CPU; the process needs some more for the allocator's own slack. Where the engine runs attention
+through a fused kernel (SDPA keeps q, k, v and its output, never the [t, t] scores), training counts
+that; a glass attention keeps its [b, h, t, t] weights. No activation checkpointing.
 """
 
 from __future__ import annotations
@@ -33,24 +39,43 @@ from typing import Any
 
 import torch
 
+from . import anatomy as an
 from .config import GPTConfig
 from .engine.attention import ATTENTION_BLOCK
 from .errors import ConfigError, GlassError
-from .families import BONUS_CONFIGS, BONUS_MODELS, FAMILY_CONFIGS, build_model
-from .families.memory import family_memory_needs, family_parameter_table
+from .kinds import describe_config
 
 INT8 = "int8"  # weight-only int8 (engine/int8.py): Linear weights 1 byte, the rest bfloat16
 INT4 = "int4"  # 4-bit groups (engine/int4.py): Linear weights half a byte + a scale and a minimum per group
 QUANTIZED = (INT8, INT4)
 
 
+MOST_BLOCKS = 512  # described one by one up to this; past it, one block stands for every layer
+
+
+def described(cfg) -> tuple[an.Anatomy, int]:
+    """The description of `cfg` and how many layers each of its blocks stands for (1; a config that claims
+    more than MOST_BLOCKS layers, such as a million, is counted from one block, which every model of so many
+    layers described so far repeats, so that an estimate stays a few milliseconds). A config that lists its
+    layers' types (Gemma 3, OLMo 3, Tiny Aya, Qwen3.5) holds every layer already and is described whole."""
+    if cfg.n_layers <= MOST_BLOCKS or getattr(cfg, "layer_types", None):
+        return describe_config(cfg), 1
+    return describe_config(replace(cfg, n_layers=1)), cfg.n_layers
+
+
+def engine_runs(anatomy: an.Anatomy) -> bool:
+    """Whether the engine's kernels (fused attention, int8 and int4 Linear layers) run this model: the
+    learned-position block they were written for; a rotary model runs its glass code."""
+    return anatomy.positions.kind == "learned"
+
+
 @dataclass(frozen=True)
 class ModuleShape:
-    """One module's parameters, from the config: its weight's shape and its bias's length."""
+    """One module's parameters, from the description: its weight's shape and its bias's length."""
     name: str
     weight: tuple[int, ...]
     bias: int
-    kind: str  # "embedding", "norm" (weight and bias) or "linear"
+    kind: str  # "embedding", "norm", "linear" or "other" (a convolution's filters, a vector of its own)
     note: str = ""
     tied: bool = False  # the weight is another module's tensor, counted there
 
@@ -63,109 +88,133 @@ class ModuleShape:
         return self.weight_params + self.bias
 
 
-def block_modules(cfg: GPTConfig) -> list[ModuleShape]:
-    """The modules of one TransformerBlock (model.py), in order."""
-    d = cfg.emb_dim
-    qkv_bias = d if cfg.qkv_bias else 0
-    return [ModuleShape("norm1", (d,), d, "norm"),
-            ModuleShape("att.W_query", (d, d), qkv_bias, "linear"),
-            ModuleShape("att.W_key", (d, d), qkv_bias, "linear"),
-            ModuleShape("att.W_value", (d, d), qkv_bias, "linear"),
-            ModuleShape("att.out_proj", (d, d), d, "linear"),
-            ModuleShape("norm2", (d,), d, "norm"),
-            ModuleShape("ff.layers.0", (4 * d, d), 4 * d, "linear"),   # d -> 4d
-            ModuleShape("ff.layers.2", (d, 4 * d), d, "linear")]       # 4d -> d
+NORM_NOTES = {"rmsnorm": "RMSNorm: a scale, no shift", "rmsnorm_plus_one": "RMSNorm: x / rms(x) * (1 + scale)"}
 
 
-def model_modules(cfg: GPTConfig) -> tuple[list[ModuleShape], list[ModuleShape], list[ModuleShape]]:
-    """(before the blocks, one block, after the blocks), as model.py builds them."""
-    d = cfg.emb_dim
-    if cfg.num_classes is not None:
-        head = ModuleShape("out_head", (cfg.out_dim, d), cfg.out_dim, "linear", "hidden -> classes")
-    elif cfg.tie_embeddings:  # GPT-2's choice: the head *is* tok_emb
-        head = ModuleShape("out_head", (cfg.out_dim, d), 0, "linear",
-                      "hidden -> vocab: the same tensor as tok_emb.weight, counted once", tied=True)
+def _norm(norm: an.Norm, note: str = "") -> ModuleShape:
+    note = note or (NORM_NOTES.get(norm.kind, "") if norm.role in ("attn_in", "final") else "")
+    return ModuleShape(norm.path, (norm.dim,), norm.dim if norm.bias is not None else 0, "norm", note)
+
+
+def _linear(lin: an.Linear, note: str = "") -> ModuleShape:
+    return ModuleShape(lin.path, (lin.out_features, lin.in_features), lin.out_features if lin.bias else 0,
+                       "linear", note)
+
+
+def block_modules(block: an.Block) -> list[ModuleShape]:
+    """The modules of one block, in the order its forward meets them (matrices that share one module, such as
+    q, k and v as row slices of a fused projection, are one row)."""
+    att, ff = block.attention, block.ff
+    rows = [_norm(n) for n in block.norms if n.role == "attn_in"]
+    rows += _state_modules(att) if att.state is not None else _attention_modules(att)
+    rows += [_norm(n, "on att's output, before the residual add" if n.role == "attn_out" else "")
+             for n in block.norms if n.role in ("attn_out", "ff_in")]
+    if ff.experts is not None:  # E experts' matrices; a token reads k of them
+        E, k = ff.experts.n_experts, ff.experts.per_token
+        rows.append(_linear(ff.experts.router, f"the router: a score per expert; each token runs its top {k}"))
+        rows += [ModuleShape(lin.path.rpartition(".")[0], (E, lin.out_features, lin.in_features), 0, "linear",
+                             f"{E} experts' {what}") for lin, what in ((ff.gate, "gates"), (ff.up, "ups"),
+                                                                       (ff.down, "downs, back to d"))]
     else:
-        head = ModuleShape("out_head", (cfg.out_dim, d), 0, "linear", "hidden -> vocab")
-    return ([ModuleShape("tok_emb", (cfg.vocab_size, d), 0, "embedding", "vocab -> hidden"),
-             ModuleShape("pos_emb", (cfg.context_length, d), 0, "embedding", "one row per position")],
-            block_modules(cfg),
-            [ModuleShape("final_norm", (d,), d, "norm"), head])
+        if ff.gate is not None:
+            rows.append(_linear(ff.gate, f"gate: {ff.activation}({ff.gate.path.rpartition('.')[2]}(x))"))
+        rows += [_linear(ff.up, f"times {ff.up.path.rpartition('.')[2]}(x)" if ff.gate else ""),
+                 _linear(ff.down, "back to d" if ff.gate else "")]
+    rows += [_norm(n, "on ff's output, before the residual add") for n in block.norms if n.role == "ff_out"]
+    return _merged(rows)
 
 
-def parameter_table(cfg: GPTConfig) -> dict[str, Any]:
+def _attention_modules(att: an.Attention) -> list[ModuleShape]:
+    """Softmax attention's matrices and QK-norms (an output gate: rows of the query's module, per head)."""
+    h, g, hd = att.n_heads, att.n_kv_groups, att.head_dim
+    grouped = g < h
+    query = (f"per head: {hd} query rows, then {hd} gate rows" if att.output_gate is not None
+             else f"{h} query heads of {hd}" if grouped else "")
+    rows = [_linear(att.query, query)] + ([_linear(att.output_gate)] if att.output_gate is not None else [])
+    rows += [_linear(att.key, f"{g} key heads, each shared by {h // g} query heads" if grouped else ""),
+             _linear(att.value, f"{g} value heads" if grouped else ""), _linear(att.out)]
+    per = "head dimension" if att.q_norm is None or att.q_norm.dim == hd else "dimension of the whole projection"
+    rows += [_norm(n, f"QK-norm: one scale per {per}" if n.role == "q_norm" else "")
+             for n in (att.q_norm, att.k_norm) if n]
+    return rows
+
+
+def _state_modules(att: an.Attention) -> list[ModuleShape]:
+    """A linear attention's modules (anatomy.RecurrentState): q, k and v before the short convolution, the
+    convolution (one filter of conv_kernel per channel), the output norm's gate, the step size's and the decay's
+    matrices with the decay's two vectors per value head (the gated delta rule's A_log and dt_bias), the gated
+    output norm and the output matrix."""
+    st = att.state
+    return [_linear(att.query, "q, k and v of the linear attention, before the short convolution"),
+            _linear(att.key), _linear(att.value),
+            ModuleShape(st.conv, (st.conv_channels, 1, st.conv_kernel), 0, "other", "the short causal convolution: one filter "
+               "per channel"),
+            _linear(st.gate, "the output norm's gate"), _linear(st.beta, "the delta rule's step size"),
+            _linear(st.decay, "the state's decay"),
+            ModuleShape(f"{att.path}.A_log", (st.value_heads,), 0, "other", "the decay's rate, one per value head"),
+            ModuleShape(f"{att.path}.dt_bias", (st.value_heads,), 0, "other", "the decay's bias, one per value head"),
+            _norm(st.norm, "the gated output norm, one per value head"), _linear(att.out)]
+
+
+def _merged(rows: list[ModuleShape]) -> list[ModuleShape]:
+    """One row per module: matrices described as row slices of the same module are stacked."""
+    merged: dict[str, ModuleShape] = {}
+    for row in rows:
+        seen = merged.get(row.name)
+        merged[row.name] = row if seen is None else replace(
+            seen, weight=(seen.weight[0] + row.weight[0],) + seen.weight[1:], bias=seen.bias + row.bias,
+            note=seen.note or row.note)
+    return list(merged.values())
+
+
+def model_modules(cfg) -> tuple[list[ModuleShape], list[list[ModuleShape]], list[ModuleShape], int]:
+    """(before the blocks, each block's modules, after the blocks, the layers each block stands for), as the
+    description lists them."""
+    anatomy, repeat = described(cfg)
+    emb, head, d = anatomy.embedding, anatomy.head, anatomy.embedding.emb_dim
+    rotary = anatomy.positions.kind == "rope"
+    everywhere = all(b.attention.rope is not None for b in anatomy.blocks)
+    scaled = f", times sqrt({d})" if emb.scale else ""
+    before = [ModuleShape(emb.path, (emb.vocab_size, d), 0, "embedding", f"vocab -> hidden{scaled}"
+                          + (f" (no pos_emb: RoPE turns q and k in {'each' if everywhere else 'some'} attention)"
+                             if rotary else ""))]
+    if anatomy.positions.kind == "learned":
+        before.append(ModuleShape(anatomy.positions.path, (anatomy.positions.context_length, d), 0, "embedding",
+                                  "one row per position"))
+    what = "hidden -> vocab" if head.out_features == emb.vocab_size and not head.bias else "hidden -> classes"
+    if head.tied:
+        head_row = ModuleShape(head.path, (head.out_features, d), 0, "linear",
+                               f"{what}: the same tensor as {emb.path}.weight, counted once", tied=True)
+    else:
+        head_row = ModuleShape(head.path, (head.out_features, d), head.out_features if head.bias else 0, "linear", what)
+    return before, [block_modules(b) for b in anatomy.blocks], [_norm(anatomy.final_norm), head_row], repeat
+
+
+def parameter_table(cfg) -> dict[str, Any]:
     """Per-module parameter counts and the totals with and without weight tying, from the
-    config alone (no weights are built): what `glassgpt info` and `explain` print."""
-    if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3.2, Gemma 3 (families/memory.py)
-        return family_parameter_table(cfg)
-    if getattr(cfg, "family", None) in BONUS_MODELS:
-        return bonus_parameter_table(cfg)
-    before, block, after = model_modules(cfg)
-    per_block = sum(m.params for m in block)
-    total = sum(m.params for m in before + after) + cfg.n_layers * per_block
+    config alone (no weights are built): what `glassgpt info` and `explain` print. Blocks of one set of
+    modules are one group of rows (trf_blocks.N.*); where the layer types hold different modules (Qwen3.5's
+    linear and full attention), a group per type, named by its letter (trf_blocks.L.*, trf_blocks.F.*)."""
+    before, blocks, after, repeat = model_modules(cfg)
+    anatomy, _ = described(cfg)
+    in_blocks = repeat * sum(m.params for block in blocks for m in block)
+    total = sum(m.params for m in before + after) + in_blocks
     tied = sum(math.prod(m.weight) for m in after if m.tied)
-    rows = [_row(m.name, m) for m in before] + [_row(f"trf_blocks.N.{m.name}", m, "in each block") for m in block]
-    rows.append({"name": f"trf_blocks (x{cfg.n_layers})", "shape": "", "params": cfg.n_layers * per_block,
-                 "note": f"{per_block:,} per block"})
+    where = anatomy.blocks_path
+    groups: dict[tuple, tuple[str, list[ModuleShape], int]] = {}  # the modules' shapes -> a layer type, its modules, count
+    for block, modules in zip(anatomy.blocks, blocks):
+        shapes = tuple((m.name.split(".", 2)[2], m.weight, m.bias) for m in modules)
+        layer_type, first, count = groups.get(shapes, (block.layer_type, modules, 0))
+        groups[shapes] = (layer_type, first, count + repeat)
+    rows = [_row(m.name, m) for m in before]
+    for layer_type, modules, count in groups.values():
+        letter = "N" if len(groups) == 1 else layer_type[0].upper()
+        rows += [_row(f"{where}.{letter}.{m.name.split('.', 2)[2]}", m, m.note or "in each block") for m in modules]
+        per_block = sum(m.params for m in modules)
+        name = f"{where} (x{count})" if len(groups) == 1 else f"{where} ({count} x {layer_type})"
+        rows.append({"name": name, "shape": "", "params": count * per_block, "note": f"{per_block:,} per block"})
     rows += [_row(m.name, m) for m in after]
     return {"modules": rows, "total": total, "total_untied": total + tied, "tied": tied > 0}
-
-
-def bonus_parameter_table(cfg) -> dict[str, Any]:
-    """A bonus model's (OLMo 3, Tiny Aya) parameters by top-level part, counted on the meta device (nothing allocated)."""
-    with torch.device("meta"):
-        model = build_model(cfg)
-    rows = [{"name": name, "shape": "", "params": sum(p.numel() for p in part.parameters()), "note": ""}
-            for name, part in model.named_children()]
-    total = sum(p.numel() for p in model.parameters())  # a tied head counted once
-    untied = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
-    return {"modules": rows, "total": total, "total_untied": untied, "tied": untied > total}
-
-
-def bonus_memory_needs(cfg, dtype: torch.dtype | str, batch_size: int = 1, seq_len: int | None = None) -> dict[str, Any]:
-    """A bonus model's inference bytes: weights, the KV cache (a sliding layer keeps its window: min(window, t)
-    positions), RoPE's float32 tables, and one layer's [b, h, t, s] scores with the last position's logits.
-    Training them is not covered: its fields count the float32 weights, gradients and AdamW state alone."""
-    name, size = _dtype_size(dtype)
-    if name in QUANTIZED:
-        raise GlassError(f"{name} weights are GPT-2's (engine/): use float32 or bfloat16 for a {cfg.family} model")
-    b, t = batch_size, seq_len or cfg.context_length
-    n_params = bonus_parameter_table(cfg)["total"]
-    g, hd = cfg.kv_heads
-    kv_cache = sum(2 * b * (t if w is None else min(w, t)) * g * hd * size for w in cfg.windows)
-    rope = 2 * 2 * cfg.context_length * hd * 4
-    working = 2 * b * cfg.n_heads * t * t * size + b * cfg.vocab_size * 4
-    weights = n_params * size
-    inference = weights + rope + kv_cache + working
-    gradients, adamw_state = n_params * 4, 2 * n_params * 4
-    notes = {"weights": f"{n_params:,} parameters x {size} bytes ({name})",
-             "kv_cache": f"keys and values of {g} groups x {hd}: every position in the full layers, the last "
-                         f"{cfg.sliding_window:,} in the sliding ones",
-             "inference": "weights + RoPE's float32 cos/sin + KV cache + one layer's [b, h, t, t] attention and the "
-                          "last position's float32 logits",
-             "gradients": "one float32 gradient per parameter", "adamw_state": "AdamW's two float32 moments",
-             "activations": "not counted: training these models is not covered",
-             "training": "float32 weights + gradients + AdamW state (activations not counted)"}
-    return {"dtype": name, "batch_size": b, "seq_len": t, "parameters": n_params, "weights": weights,
-            "rope_tables": rope, "kv_cache": kv_cache, "inference": inference, "gradients": gradients,
-            "adamw_state": adamw_state, "activations": 0, "training": n_params * 4 + gradients + adamw_state,
-            "notes": notes}
-
-
-def bonus_notes(cfg) -> list[str]:
-    """What `info` says about a bonus model's architecture, a line each, read from its description."""
-    from .kinds import GLASS
-    anatomy = GLASS[cfg.family](cfg)
-    att = anatomy.blocks[0].attention
-    kinds = [b.layer_type for b in anatomy.blocks]
-    rope = {b.attention.rope.scaling or "plain" for b in anatomy.blocks if b.attention.rope is not None}
-    unrotated = sum(b.attention.rope is None for b in anatomy.blocks)
-    return [f"{anatomy.name}: {att.n_heads} query heads of {att.head_dim} share {att.n_kv_groups} key/value groups",
-            f"{kinds.count('sliding_attention')} sliding layers (window {cfg.sliding_window:,}), "
-            f"{kinds.count('full_attention')} full; norms placed {anatomy.blocks[0].placement}",
-            f"RoPE ({', '.join(sorted(rope))}, base {cfg.rope_base:,.0f})"
-            + (f"; {unrotated} layers without any position signal" if unrotated else " in every layer"),
-            "out_head is tok_emb (tied)" if cfg.tie_word_embeddings else "out_head has its own weights (untied)"]
 
 
 def _row(name: str, module: ModuleShape, note: str | None = None) -> dict[str, Any]:
@@ -173,22 +222,103 @@ def _row(name: str, module: ModuleShape, note: str | None = None) -> dict[str, A
             "note": module.note if note is None else note}
 
 
-def parameter_counts(cfg: GPTConfig) -> dict[str, int]:
+def parameter_counts(cfg) -> dict[str, int]:
     """Parameters by kind: `linear` (the matrices of the blocks and the head), `other` (the rest)."""
-    before, block, after = model_modules(cfg)
+    before, blocks, after, repeat = model_modules(cfg)
     def linear(modules: list[ModuleShape]) -> int:
         return sum(m.weight_params for m in modules if m.kind == "linear")
     def total(modules: list[ModuleShape]) -> int:
         return sum(m.params for m in modules)
-    n_linear = cfg.n_layers * linear(block) + linear(after)
+    n_linear = repeat * sum(linear(b) for b in blocks) + linear(after)
     return {
         "linear": n_linear,
-        "other": total(before) + cfg.n_layers * total(block) + total(after) - n_linear,
-        "head_rows": cfg.out_dim,  # the int8 head needs its own copy when tied
+        "other": total(before) + repeat * sum(total(b) for b in blocks) + total(after) - n_linear,
+        "head_rows": after[-1].weight[0],  # the int8 head needs its own copy when tied
     }
 
 
-def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch_size: int = 1,
+def architecture_notes(cfg) -> list[str]:
+    """What `info` says about a model with rotary positions, in a line each: its attention's heads and groups,
+    its layers' kinds (sliding and full, linear and full), where RoPE turns and where it does not, QK-norm, norms
+    other than one before each sublayer, a scaled embedding, experts, a scaled head, the tie. An empty list for
+    learned positions (GPT-2's notes are its loader's)."""
+    anatomy, _ = described(cfg)
+    if anatomy.positions.kind != "rope":
+        return []
+    block = next((b for b in anatomy.blocks if b.attention.state is None), anatomy.blocks[0])  # a softmax layer
+    att, ff = block.attention, block.ff
+    h, g, hd, d = att.n_heads, att.n_kv_groups, att.head_dim, anatomy.embedding.emb_dim
+    gated = ", its output gated by sigmoid(x @ gate)" if att.output_gate is not None else ""
+    notes = [f"{anatomy.name}: {h} query heads of {hd} share {g} key/value groups ({h // g} per group){gated}"]
+    notes += _layer_notes(anatomy.blocks)
+    if anatomy.embedding.scale:
+        notes.append(f"{anatomy.embedding.path}'s rows are multiplied by sqrt({d}) = {anatomy.embedding.scale:.2f}")
+    if att.q_norm is not None:
+        notes.append("QK-norm: each query and key head is RMS-normed before RoPE" if att.q_norm.dim == hd else
+                     "QK-norm: the whole query and key projections are RMS-normed before RoPE")
+    if any(n.kind == "rmsnorm_plus_one" for n in anatomy.norms()):
+        notes.append("every RMSNorm scales by (1 + weight)")
+    if block.placement != "pre":
+        count = f"{len(block.norms)} norm{'s' if len(block.norms) > 1 else ''}"
+        notes.append(f"{count} a block ({block.placement}: "
+                     + ", ".join(n.role.replace("_", " ") for n in block.norms) + f"); {ff.kind}")
+    if ff.experts is not None:
+        notes.append(f"mixture of experts: a router picks {ff.experts.per_token} of {ff.experts.n_experts} "
+                     f"{ff.activation} experts (width {ff.hidden_dim}) for each token, weighted by the softmax of "
+                     "their scores")
+    if anatomy.head.logit_scale:
+        notes.append(f"the logits are multiplied by {anatomy.head.logit_scale:g}")
+    notes.append(f"{anatomy.head.path} is {anatomy.embedding.path} (tied)" if anatomy.head.tied
+                 else f"{anatomy.head.path} has its own weights (untied)")
+    return notes
+
+
+def _layer_kind(block: an.Block) -> str:
+    att = block.attention
+    return "linear" if att.state is not None else "sliding" if att.window else "full"
+
+
+def _layer_notes(blocks: tuple[an.Block, ...]) -> list[str]:
+    """The layers' kinds and where RoPE turns the queries and keys, from each block's attention."""
+    kinds = [_layer_kind(b) for b in blocks]
+    notes = []
+    linear = [b.attention for b in blocks if b.attention.state is not None]
+    if linear:
+        st, dk = linear[0].state, linear[0].head_dim
+        notes.append(f"{len(linear)} linear-attention layers ({st.rule.replace('_', ' ')} rule: {st.value_heads} "
+                     f"states of [{dk}, {st.value_head_dim}] per sequence, a convolution over {st.conv_kernel} "
+                     f"tokens), {kinds.count('full')} full")
+    sliding = [b.attention for b in blocks if b.attention.window]
+    if sliding:
+        notes.append(f"{len(sliding)} sliding layers (window {sliding[0].window:,}), {kinds.count('full')} full")
+    ropes: dict[tuple, list[str]] = {}  # each RoPE as said once -> the kinds of layer it turns in
+    for kind, block in zip(kinds, blocks):
+        rope = block.attention.rope
+        if rope is not None:
+            said = [f"base {rope.base:,.0f}"]
+            if rope.scaling:
+                values = dict(rope.scaling_values)
+                factor = values.get("factor", values.get("rope_factor"))
+                said.append(f"{rope.scaling} scaling" + (f" x{factor:g}" if factor is not None else ""))
+            if rope.rotary_dim and rope.rotary_dim < rope.head_dim:
+                said.append(f"on {rope.rotary_dim} of {rope.head_dim} dimensions")
+            if rope.pairs != "halves":
+                said.append(f"{rope.pairs} paired")
+            ropes.setdefault(tuple(said), [])
+            ropes[tuple(said)] += [kind] if kind not in ropes[tuple(said)] else []
+    unrotated = sum(b.attention.rope is None for b in blocks)
+    if len(ropes) == 1 and not unrotated:
+        notes.append(f"no pos_emb: RoPE ({', '.join(next(iter(ropes)))}) turns the queries and keys inside every "
+                     "attention")
+    else:
+        notes.append("no pos_emb: RoPE (" + "; ".join(f"{', '.join(said)} in the {' and '.join(where)} layers"
+                                                       for said, where in ropes.items()) + ")"
+                     + (f"; {unrotated} layer{'s' if unrotated > 1 else ''} without any position signal"
+                        if unrotated else ""))
+    return notes
+
+
+def memory_needs(cfg, dtype: torch.dtype | str = torch.float32, batch_size: int = 1,
                  seq_len: int | None = None, prompt_attention: str = "sdpa") -> dict[str, Any]:
     """Bytes for inference (weights + KV cache + working buffers) and for training as
     `glassgpt train --dtype DTYPE` runs it (float32 master weights, their gradients and
@@ -198,38 +328,64 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     dtype for training (a torch dtype, its name, or "int8"/"int4" for quantized decoding).
     `prompt_attention`: the engine's path for long prompts on a CPU ("sdpa" or "blocks", as
     engine/autotune.py chose it)."""
-    if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3.2, Gemma 3 (families/memory.py)
-        name, _ = _dtype_size(dtype)
-        if name in QUANTIZED:
-            raise GlassError(f"{name} weights are GPT-2's (engine/): use float32 or bfloat16 for a {cfg.family} model")
-        return family_memory_needs(cfg, getattr(torch, name), batch_size, seq_len)
-    if getattr(cfg, "family", None) in BONUS_MODELS:
-        return bonus_memory_needs(cfg, dtype, batch_size, seq_len)
+    anatomy, repeat = described(cfg)
+    name, size = _dtype_size(dtype)
+    quantized = name in QUANTIZED
+    if quantized and not engine_runs(anatomy):
+        raise GlassError(f"{name} weights are the engine's, for learned-position models (engine/): use float32 or "
+                         f"bfloat16 for a {anatomy.name} model")
     seq_len = seq_len or cfg.context_length
-    b, t, d, n = batch_size, seq_len, cfg.emb_dim, cfg.n_layers
+    b, t, n = batch_size, seq_len, cfg.n_layers
+    d, V = anatomy.embedding.emb_dim, anatomy.head.out_features
     counts = parameter_counts(cfg)
     n_params = counts["linear"] + counts["other"]
-    name, size = _dtype_size(dtype)
-    act = 2 if name in QUANTIZED else size  # int8 and int4 run their activations in bfloat16
+    act = 2 if quantized else size  # int8 and int4 run their activations in bfloat16
+    fused = engine_runs(anatomy)  # the engine's attention keeps no [t, t] scores; a glass one keeps them
 
-    d_head = cfg.out_dim * d if cfg.tie_embeddings else 0  # a tied head gets a quantized copy of its own
-    if name == INT8:
-        scale_rows = n * (3 * d + d + 4 * d + d) + cfg.out_dim
-        weights = counts["linear"] + d_head + 2 * scale_rows + 2 * counts["other"]
+    if name == INT8:  # every Linear 1 byte a weight and a bfloat16 scale a row; a tied head gets a copy of its own
+        head_copy = V * d if anatomy.head.tied else 0
+        scale_rows = repeat * sum(lin.out_features for lin in anatomy.linears()) + V
+        weights = counts["linear"] + head_copy + 2 * scale_rows + 2 * counts["other"]
     elif name == INT4:
-        weights = _int4_bytes(cfg) + 2 * counts["other"]
+        weights = _int4_bytes(anatomy, repeat, V, d) + 2 * counts["other"]
     else:
         weights = n_params * size
-    kv_cache = 2 * n * b * t * d * act
-    # A forward's transient peak is in the feed-forward: the residual stream, norm2's output,
-    # the [b, t, 4d] hidden before and after GELU, and the block's output (11 x d per token),
-    # then the last position's float32 logits. A prompt of ATTENTION_BLOCK+ tokens that the
-    # engine attends a block of queries at a time (engine/attention.py): add one block's
-    # float32 scores and their float32 softmax.
-    working = b * t * 11 * d * act + b * cfg.out_dim * 4
-    if prompt_attention == "blocks" and t >= ATTENTION_BLOCK:
-        working += b * cfg.n_heads * ATTENTION_BLOCK * t * (4 + 4)
-    inference = weights + kv_cache + working
+    ropes = {(r.base, r.rotary_dim or r.head_dim) for r in (blk.attention.rope for blk in anatomy.blocks) if r}
+    rope = sum(2 * anatomy.positions.context_length * hd * 4 for _, hd in ropes)  # float32 cos and sin, each base
+    kv_kept = kv_cache = states = working = activations = 0
+    for block in anatomy.blocks:
+        att, ff = block.attention, block.ff
+        h, g, hd, f = att.n_heads, att.n_kv_groups, att.head_dim, ff.hidden_dim
+        if att.state is not None:  # a linear attention keeps a float32 state and its convolution's last inputs
+            st = att.state
+            states += repeat * b * (st.value_heads * hd * st.value_head_dim * 4
+                                    + st.conv_channels * (st.conv_kernel - 1) * act)
+        else:
+            kept = t if att.window is None else min(t, att.window)  # a sliding layer keeps its window
+            kv_kept += repeat * kept
+            kv_cache += repeat * 2 * b * kept * g * hd * act
+        # A forward's transient peak: in the feed-forward, the residual stream, the norm's output, the hidden
+        # tensors (before and after the activation; a gated one's gate, up, activation and product; for
+        # experts, those of the k a token runs) and the block's output; or a glass attention's [b, h, t, t]
+        # scores and weights. A prompt of ATTENTION_BLOCK+ tokens that the engine attends a block of queries
+        # at a time (engine/attention.py): one block's float32 scores and their softmax.
+        hidden = (4 if ff.gate is not None else 2) * (ff.experts.per_token if ff.experts else 1)
+        scores = 0 if fused or att.state is not None else 2 * b * h * t * t * act  # a state: no [t, t] scores
+        block_working = max(scores, b * t * (3 * d + hidden * f) * act)
+        if fused and prompt_attention == "blocks" and t >= ATTENTION_BLOCK:
+            block_working += b * h * ATTENTION_BLOCK * t * (4 + 4)
+        working = max(working, block_working)
+        # Saved for backward, per token: each norm's input and output, q, k, v (and the rotated q, k; an output
+        # gate), the attention's output and its [b, t, h*hd] reshape, the feed-forward's hidden tensors, and the
+        # dropout masks where drop_rate > 0 (1 byte each, 3 of width d); a glass attention's [b, h, t, t] too.
+        qkv = sum(lin.out_features for lin in (att.query, att.key, att.value, att.output_gate) if lin)
+        rotated = (h + g) * hd if att.rope else 0
+        per_token = (2 * len(block.norms) * d + qkv + rotated + 2 * att.out.in_features + hidden * f) * act \
+            + (3 * d if getattr(cfg, "drop_rate", 0) > 0 else 0)
+        activations += repeat * (b * t * per_token + scores)
+    kv_cache += states
+    working += b * V * 4  # the last position's float32 logits
+    inference = weights + rope + kv_cache + working
 
     # train.py keeps the weights, their gradients and AdamW's state in float32; below float32
     # forward and backward run on a copy of the weights in `dtype` (engine/mixed.py), whose
@@ -238,44 +394,55 @@ def memory_needs(cfg: GPTConfig, dtype: torch.dtype | str = torch.float32, batch
     master = n_params * 4 + copy
     gradients = n_params * 4 + copy
     adamw_state = 2 * n_params * 4  # exp_avg and exp_avg_sq, float32
-    # Saved for backward, per token and block: norm1 in/out, q, k, v, attention out,
-    # its [b, t, d] reshape, norm2 in/out (9d), ff hidden before and after GELU (8d),
-    # plus the dropout masks when drop_rate > 0 (1 byte each, 3 of width d).
-    per_token_block = 17 * d * act + (3 * d if cfg.drop_rate > 0 else 0)
     # The head: final_norm's output, the logits, and their gradient (engine/loss.py never widens all
     # of them to float32: it works a few rows at a time and writes the gradient in their dtype).
-    head_acts = b * t * (2 * d * act + 2 * cfg.out_dim * act)
-    activations = b * t * n * per_token_block + b * t * d * act + head_acts
-    quantized = name in QUANTIZED
+    activations += b * t * d * act + b * t * (2 * d * act + 2 * V * act)
     training = master + gradients + adamw_state + activations if not quantized else 0
 
+    linear = [blk for blk in anatomy.blocks if blk.attention.state is not None]
+    att = next((blk.attention for blk in anatomy.blocks if blk.attention.state is None), anatomy.blocks[0].attention)
+    h, g, hd = att.n_heads, att.n_kv_groups, att.head_dim
     notes = {
         "weights": f"{n_params:,} parameters" + (f" ({name} Linear weights + bfloat16 rest)" if quantized
                                                   else f" x {size} bytes ({name})"),
-        "kv_cache": f"keys and values: 2 x {n} layers x {b} x {t} tokens x {d} x {act} bytes",
-        "inference": "weights + KV cache + one forward's temporaries (11 x d per token, last logits)",
+        "kv_cache": (f"{states // b:,} bytes of linear-attention state per sequence, whatever its length, + "
+                     if states else "")
+                    + ((f"keys and values: 2 x {n - len(linear)} layers x {b} x {t} tokens x {g * hd} x {act} bytes"
+                        + (f" ({g} groups of {hd}: {h // g}x smaller than {h} heads would need)" if g < h else ""))
+                       if kv_kept == (n - len(linear)) * t else
+                       f"keys and values: 2 x {kv_kept:,} positions over {n} layers (a sliding layer keeps its "
+                       f"window) x {b} x {g} groups x {hd} x {act} bytes"),
+        "inference": "weights + " + (f"RoPE's float32 cos/sin ({rope / 2**20:.0f} MiB) + " if rope else "")
+                     + "KV cache + one forward's temporaries (the feed-forward's"
+                     + ("" if fused else ", or one layer's [b, h, t, t] attention") + ", and the last logits)",
         "gradients": "one float32 gradient per parameter" + (f", and the {name} copy's while it is widened"
                                                             if copy else ""),
         "adamw_state": "AdamW's exp_avg and exp_avg_sq: two float32 copies of the parameters",
-        "activations": f"kept for backward: ~17 x d per token per block, plus the [b, t, V] logits "
-                       f"and their gradient ({b} x {t} tokens, SDPA, no checkpointing)",
+        "activations": "kept for backward: the norms' inputs and outputs, q, k, v, the attention's output and the "
+                       "feed-forward's hidden tensors per token and block"
+                       + ("" if fused else ", the [b, h, t, t] attention weights")
+                       + f", plus the [b, t, V] logits and their gradient ({b} x {t} tokens, "
+                       + ("SDPA, " if fused else "") + "no checkpointing)",
         "training": ("float32 weights" + (f" and their {name} copy" if copy else "")
                      + " + gradients + AdamW state + activations") if not quantized
                     else f"{name} is for inference only",
     }
-    return {"dtype": name, "batch_size": b, "seq_len": t, "parameters": n_params,
-            "weights": weights, "kv_cache": kv_cache, "inference": inference,
-            "gradients": gradients if not quantized else 0, "adamw_state": adamw_state if not quantized else 0,
-            "activations": activations if not quantized else 0, "training": training, "notes": notes}
+    needs = {"dtype": name, "batch_size": b, "seq_len": t, "parameters": n_params,
+             "weights": weights, "kv_cache": kv_cache, "inference": inference,
+             "gradients": gradients if not quantized else 0, "adamw_state": adamw_state if not quantized else 0,
+             "activations": activations if not quantized else 0, "training": training, "notes": notes}
+    if rope:
+        needs["rope_tables"] = rope
+    return needs
 
 
-def _int4_bytes(cfg: GPTConfig) -> int:
+def _int4_bytes(anatomy: an.Anatomy, repeat: int, V: int, d: int) -> int:
     """What engine/int4.py stores for every Linear's weight (the head's too): rows padded to blocks of 16,
     half a byte per weight, a bfloat16 scale and minimum per row and group of GROUP_SIZE columns."""
     from .engine.int4 import GROUP_SIZE
-    d = cfg.emb_dim
+    shapes = [(lin.out_features, lin.in_features) for lin in anatomy.linears()] * repeat + [(V, d)]
     total = 0
-    for out, inp in [(d, d)] * 4 * cfg.n_layers + [(4 * d, d), (d, 4 * d)] * cfg.n_layers + [(cfg.out_dim, d)]:
+    for out, inp in shapes:
         rows = -(-out // 16) * 16
         total += rows * inp // 2 + rows * (inp // GROUP_SIZE) * 2 * 2
     return total
@@ -439,7 +606,7 @@ def inference_fit(cfg: GPTConfig, dtype: torch.dtype | str, tokens: int, free: F
         nearest = f"{tokens_flag} {most:,} fits"
     else:
         name = _dtype_size(dtype)[0]
-        quantized = () if isinstance(cfg, FAMILY_CONFIGS + BONUS_CONFIGS) else (INT8, INT4)  # the engine's, GPT-2's only
+        quantized = (INT8, INT4) if engine_runs(described(cfg)[0]) else ()  # the engine's kernels' models
         smaller = [d for d in ("bfloat16",) + quantized if d != name
                    and fits(inference_need(cfg, d, tokens), free) and _dtype_size(d)[1] <= _dtype_size(dtype)[1]]
         nearest = f"--dtype {smaller[0]} fits" if smaller else "a smaller model"

@@ -184,6 +184,9 @@ def tokenizer_from_dict(spec: dict, source: str = "tokenizer spec") -> Tokenizer
         return CharTokenizer(spec["chars"])
     if kind == "bpe":
         return _bpe_from_dict(spec, source)
+    if kind == "file":  # a model's own tokenizer file (family_tokenizers.file_identity): the file is the tokenizer
+        raise TokenizerError(f"{source} names the tokenizer file {spec.get('file')!r}, not its contents: give "
+                             f"--tokenizer PATH of that file")
     raise TokenizerError(f"{source} has unknown tokenizer type {kind!r}: expected gpt2, char or bpe")
 
 

@@ -18,9 +18,8 @@ from ..recall import MIN_TOKENS, copied_spans
 from ..generate import decode_stream, glass_model, sampling_probs, stream
 from ..prompt import fit_prompt
 from .. import memory
-from ..memory import bonus_notes, memory_needs, parameter_table
+from ..memory import architecture_notes, memory_needs, parameter_table
 from ..families import BONUS_CONFIGS, FAMILY_CONFIGS
-from ..families.memory import family_notes
 from ..formats import download
 from ..formats.gguf import gguf_dtype_note
 from ..formats.source import QUANTIZED
@@ -284,7 +283,6 @@ def run_info(args: argparse.Namespace) -> int:
     precision = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     if precision == "int4":
         check_group_size(cfg)
-    bonus = isinstance(cfg, BONUS_CONFIGS)  # OLMo 3, Tiny Aya
     family = isinstance(cfg, GLASS_ONLY)  # Qwen3, Llama 3.2, Gemma 3 and those: glass code only, no kernels to choose
     here = fit_here(cfg, dtype, args.batch_size, args.seq_len or cfg.context_length, memory.available_memory(device))
     # (the kernels are timed on one layer of the model's shapes: not for a model that this machine cannot run)
@@ -293,7 +291,7 @@ def run_info(args: argparse.Namespace) -> int:
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len,
                        prompt_attention=choices.winners.get("attention prompt", "sdpa") if choices else "sdpa")
-    notes = bonus_notes(cfg) if bonus else family_notes(cfg) if family else [str(note) for note in source.notes()] + [
+    notes = architecture_notes(cfg) if family else [str(note) for note in source.notes()] + [
         n for n in (layout_note(cfg),) if n]
     if source.random_weights:
         notes.insert(0, f"random weights drawn by {INIT_SCHEMES[source.init]}" if source.init else

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .. import formats
 from ..config import PRESETS, init_scheme
+from ..families import FAMILY_PRESETS as PRESETS_OF_FAMILIES
 from ..engine import native
 from ..errors import GlassError
 from ..formats import get_config
@@ -192,7 +193,8 @@ def _new_setup(args: argparse.Namespace, start: Start):
             "(--allow-special), as it is between files", file=sys.stderr)
     task, data["fingerprint"], line = recipe.task(files, tokenizer, data, cfg, Path(args.out))
     say(line)
-    cfg = _with_epochs(args, cfg, task, start.ranks.world, default=recipe.epochs)
+    notebook = book.next_model_notebook(recipe, model.cfg)
+    cfg = _with_epochs(args, cfg, task, start.ranks.world, default=notebook.epochs if notebook else recipe.epochs)
     if recipe.settle:
         cfg = recipe.settle(cfg, task.steps_per_epoch)
     if not recipe.seeds_globally and len(task.train) < SMALL_TEXT_WINDOWS * task.context_length:
@@ -221,11 +223,14 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: re
             raise GlassError(f"--model takes an architecture (a preset or a config .json); to start from the "
                              f"weights in {args.model}, pass --init {args.model}")
         tokenizer = build_tokenizer(args.tokenizer or "gpt2", files)
+        seed = args.seed if args.seed is not None else recipe.defaults.get("seed", default("seed"))
+        notebook = book.next_model_notebook(recipe, get_config(args.model or "gpt2"))
+        if notebook is not None:
+            return _as_the_notebook(args, notebook, tokenizer, recipe, cfg, seed)
         gcfg = get_config(args.model or "gpt2", vocab_size=tokenizer.n_vocab, n_layers=args.n_layers,
                           n_heads=args.n_heads, emb_dim=args.emb_dim, context_length=args.context_length,
                           drop_rate=args.drop_rate)
         check_training_memory(gcfg, cfg.dtype, cfg.batch_size, gcfg.context_length, args.device)
-        seed = args.seed if args.seed is not None else recipe.defaults.get("seed", default("seed"))
         return recipe.new_model(gcfg, init_scheme(args.model or "gpt2"), seed), tokenizer, gcfg.context_length
     source = open_model(args, spec=args.init, window=True)  # --n-heads, --drop-rate, --context-length: its own
     init_cfg = source.config_before_weights()  # a Qwen3/Llama hub id's: its config.json alone
@@ -248,6 +253,31 @@ def _model_and_tokenizer(args: argparse.Namespace, files: list[Path], recipe: re
         raise GlassError(f"--context-length {context} is longer than {args.init}'s context_length "
                          f"{model.cfg.context_length}: give at most {model.cfg.context_length}")
     return model, tokenizer, context
+
+
+def _as_the_notebook(args: argparse.Namespace, notebook: book.Notebook, tokenizer, recipe: recipes.Recipe,
+                     cfg: TrainConfig, seed: int):
+    """(model, tokenizer, window) for chapter 5 with Qwen3 or Llama 3.2, as ch05/14_ch05_with_other_llms
+    runs it: the model keeps its context_length and vocabulary (the windows are `train_context_length`,
+    --context-length), its own out_head, and the book's `torch.manual_seed(seed)` then the model."""
+    base = get_config(args.model)
+    if tokenizer.n_vocab > base.vocab_size:
+        raise GlassError(f"the {tokenizer.name} tokenizer has {tokenizer.n_vocab:,} tokens, more than {args.model}'s "
+                         f"vocab_size {base.vocab_size:,}: give a config .json with a larger vocab_size")
+    overrides = {"n_layers": args.n_layers, "n_heads": args.n_heads, "emb_dim": args.emb_dim,
+                 "drop_rate": args.drop_rate}
+    if not args.tokenizer:  # GPT-2's tokenizer, not the model's own: its 50,257 rows (the model's would never be read)
+        overrides["vocab_size"] = tokenizer.n_vocab
+    if str(args.model) in PRESETS_OF_FAMILIES:  # the notebook's Qwen3Model / Llama3Model: out_head of its own
+        overrides["tie_embeddings"] = False
+    gcfg = get_config(args.model, **overrides)
+    window = args.context_length or notebook.window
+    if window > gcfg.context_length:
+        raise GlassError(f"--context-length {window:,} is longer than {args.model}'s context_length "
+                         f"{gcfg.context_length:,}: give at most {gcfg.context_length:,}")
+    check_training_memory(gcfg, cfg.dtype, cfg.batch_size, window, args.device)
+    say(f"note: {notebook.describe(gcfg, window, cfg.dtype, args.tokenizer or 'gpt2', seed)}", file=sys.stderr)
+    return recipe.new_model(gcfg, init_scheme(args.model), seed), tokenizer, window
 
 
 def _check_recipe_flags(args: argparse.Namespace, recipe: recipes.Recipe, world: int) -> None:

@@ -34,7 +34,7 @@ from ..adopt import evaluating_all, module_logits, read_in_place
 from ..config import GPTConfig
 from ..errors import GlassError
 from ..families import FAMILIES, FamilyConfig, RopeFreq, is_family_model
-from ..families.adopt import HF_LAYER_NAMES, HF_NORMS, family_layout
+from ..adopt import HF_LAYER_NAMES, HF_NORMS, family_layout
 from ..formats import families as family_formats, hf as gpt2_formats
 from ..model import GPTModel
 from .causes import (ABSENT, ATOL, HEAD_COPY, RTOL, broken_property, catalogue, module_at, norm_property,

@@ -31,7 +31,7 @@ from ..config import GPTConfig
 from ..device import evaluating
 from ..errors import PromptError
 from ..families import FAMILY_CONFIGS, FamilyConfig
-from ..families.adopt import family_line
+from ..adopt import family_line
 from ..formats.source import About, Source  # what the weights cannot tell: a Source's about()
 from ..kinds import describe
 from ..memory import parameter_table

@@ -2,13 +2,13 @@
 (llama3.py) and the bonus Gemma 3 (gemma3.py) and Qwen3.5 (qwen3_5.py: linear and full attention layers, its
 Qwen3_5Config a FamilyConfig with more fields).
 
-    cfg = family_config("qwen3-0.6b", n_layers=2)   # FamilyConfig (config.py), a preset or your own
+    cfg = family_config("qwen3-0.6b", n_layers=2)   # FamilyConfig (glassgpt/config.py), a preset or your own
     model = build_model(cfg)                        # Qwen3Model or Llama3Model, by cfg.family
 
-They share one config type (config.py), their pieces (layers.py: RMSNorm, RoPE, grouped-query
+They share one config type (glassgpt/config.py), their pieces (layers.py: RMSNorm, RoPE, grouped-query
 attention, SwiGLU); the engine's KVCache keeps their key/value groups (`cfg.kv_heads`); GPT-2 (model.py) stays as the book's chapter 4 has it.
-memory.py counts their bytes from the config; adopt.py reads the book's and transformers' Qwen3 and
-Llama modules in place (what glassgpt.adopt calls for them).
+glassgpt's memory.py counts their bytes from their description, its adopt.py reads the book's, the notebooks' and
+transformers' Qwen3, Llama, Gemma 3, OLMo 3 and Tiny Aya modules in place.
 
 The book's other bonus notebooks (issue 48), each a glass file with its own config (the notebook's keys):
 olmo3.py (OLMo 3) and tiny_aya.py (Tiny Aya); sliding.py holds their sliding/full attention and the
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config
+from ..config import FAMILY_NAMES, FAMILY_PRESETS, FamilyConfig, RopeFreq, family_config
 from .gemma3 import Gemma3Config, Gemma3Model
 from .llama3 import Llama3Model
 from .olmo3 import Olmo3Config, Olmo3Model

@@ -25,7 +25,7 @@ from torch import nn
 
 from .. import anatomy as an
 from ..model import attention_weights
-from .config import FamilyConfig, RopeFreq
+from ..config import FamilyConfig, RopeFreq
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -123,7 +123,9 @@ class GroupedQueryAttention(nn.Module):
     rotation. Queries, keys and values have no biases; nor has out_proj.
     """
 
-    def __init__(self, cfg: FamilyConfig):
+    def __init__(self, cfg: FamilyConfig, keys_first: bool = False):
+        """`keys_first`: create W_key and W_value before W_query, as the book's Llama 3.2 does, so that
+        `torch.manual_seed(s)` then the model draws the book's initial weights (Qwen3: the query first)."""
         super().__init__()
         d, hd = cfg.emb_dim, cfg.head_dim_value
         self.num_heads = cfg.n_heads
@@ -131,9 +133,12 @@ class GroupedQueryAttention(nn.Module):
         self.group_size = cfg.group_size
         self.head_dim = hd
         self.d_out = cfg.n_heads * hd
-        self.W_query = nn.Linear(d, self.d_out, bias=False)                # [b, t, d] -> [b, t, h*hd]
+        if not keys_first:
+            self.W_query = nn.Linear(d, self.d_out, bias=False)            # [b, t, d] -> [b, t, h*hd]
         self.W_key = nn.Linear(d, cfg.n_kv_groups * hd, bias=False)         # [b, t, d] -> [b, t, g*hd]
         self.W_value = nn.Linear(d, cfg.n_kv_groups * hd, bias=False)       # [b, t, d] -> [b, t, g*hd]
+        if keys_first:
+            self.W_query = nn.Linear(d, self.d_out, bias=False)
         self.out_proj = nn.Linear(self.d_out, d, bias=False)               # [b, t, h*hd] -> [b, t, d]
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, eps=cfg.norm_eps)

@@ -18,7 +18,7 @@ from torch import nn
 
 from .. import anatomy as an
 from ..errors import PromptError
-from .config import FamilyConfig
+from ..config import FamilyConfig
 from .layers import (CONFIG_FIELDS, FeedForward, GroupedQueryAttention, RopeTables, compute_rope_params, describe_attention,
                      describe_swiglu, rms_norm)
 
@@ -43,7 +43,7 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, cfg: FamilyConfig):
         super().__init__()
-        self.att = GroupedQueryAttention(cfg)
+        self.att = GroupedQueryAttention(cfg, keys_first=True)  # the book's order of creation
         self.ff = FeedForward(cfg)
         self.norm1 = RMSNorm(cfg.emb_dim, eps=cfg.norm_eps)
         self.norm2 = RMSNorm(cfg.emb_dim, eps=cfg.norm_eps)

@@ -23,7 +23,7 @@ from torch import nn
 
 from .. import anatomy as an
 from ..errors import PromptError
-from .config import FamilyConfig
+from ..config import FamilyConfig
 from .layers import (CONFIG_FIELDS, FeedForward, GroupedQueryAttention, RMSNorm, RopeTables, compute_rope_params,
                      describe_attention, describe_swiglu)
 

@@ -41,7 +41,7 @@ from torch import nn
 from .. import anatomy as an
 from ..errors import ConfigError, PromptError
 from ..model import attention_weights
-from .config import FamilyConfig
+from ..config import FamilyConfig
 from .layers import FeedForward, RopeTables, apply_rope, compute_rope_params, describe_swiglu
 
 LAYER_TYPES = ("full_attention", "linear_attention")

@@ -96,7 +96,7 @@ def check_buildable(cfg: GPTConfig, dtype: torch.dtype, device: torch.device, so
     """Refuse a model whose weights alone, with the estimate's margin (memory.with_margin), would not fit in this
     machine's memory even with swap, before any is asked for: the last guard for every caller of the library (the
     commands check the whole run first, memory.inference_fit and training_fit)."""
-    params = parameter_table(cfg)["total"]  # GPT-2's, or a Qwen3/Llama config's (families/memory.py)
+    params = parameter_table(cfg)["total"]  # GPT-2's, or a Qwen3/Llama config's (memory.py reads its description)
     need = memory.memory_needs(cfg, dtype, 1, 1)["weights"]
     free = memory.available_memory(device)
     if memory.with_margin(need) > free.ram + free.swap:

@@ -14,6 +14,7 @@ interface (encode, decode_bytes, token_bytes), so that generate's streaming deco
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -50,6 +51,7 @@ class Qwen3Tokenizer(Tokenizer):
     """Qwen3's byte-level BPE from tokenizer.json; special tokens in the text are split out first."""
 
     def __init__(self, path: str | os.PathLike):
+        self.file = Path(path)  # the file it is: a checkpoint keeps a copy (formats/glassgpt.py save_model)
         try:
             from tokenizers import Tokenizer as HFTokenizer
         except ImportError:
@@ -97,7 +99,7 @@ class Qwen3Tokenizer(Tokenizer):
         return b"".join(self.token_bytes(i) for i in self._check_ids(ids))
 
     def to_dict(self) -> dict:
-        raise TokenizerError("Qwen3's tokenizer is its tokenizer.json: copy that file")
+        return file_identity(self)
 
 
 class GemmaTokenizer(Tokenizer):
@@ -105,6 +107,7 @@ class GemmaTokenizer(Tokenizer):
     file's post-processor adds (<bos>); pieces mark a space with U+2581 and fall back to <0xHH> bytes."""
 
     def __init__(self, path: str | os.PathLike):
+        self.file = Path(path)  # the file it is: a checkpoint keeps a copy (formats/glassgpt.py save_model)
         try:
             from tokenizers import Tokenizer as HFTokenizer
         except ImportError:
@@ -141,13 +144,14 @@ class GemmaTokenizer(Tokenizer):
         return b"".join(self.token_bytes(i) for i in self._check_ids(ids))
 
     def to_dict(self) -> dict:
-        raise TokenizerError("Gemma's tokenizer is its tokenizer.json: copy that file")
+        return file_identity(self)
 
 
 class Llama3Tokenizer(Tokenizer):
     """Llama 3's tiktoken BPE from tokenizer.model; special tokens numbered after the ranks, as Meta's."""
 
     def __init__(self, path: str | os.PathLike):
+        self.file = Path(path)  # the file it is: a checkpoint keeps a copy (formats/glassgpt.py save_model)
         from tiktoken.load import load_tiktoken_bpe
         check_size(path, "tokenizer", TokenizerError)  # before tiktoken reads it whole
         try:
@@ -187,7 +191,7 @@ class Llama3Tokenizer(Tokenizer):
         return self._enc.decode_bytes(self._check_ids(ids))
 
     def to_dict(self) -> dict:
-        raise TokenizerError("Llama 3's tokenizer is its tokenizer.model: copy that file")
+        return file_identity(self)
 
 
 # The bonus notebooks' tokenizer classes (OlmoTokenizer, TinyAyaTokenizer): their end token and chat wrap.
@@ -202,6 +206,7 @@ class TokenizerJson(Tokenizer):
     special tokens in the text read as specials), the end token and the chat wrap the notebook's."""
 
     def __init__(self, path: str | os.PathLike, family: str):
+        self.file = Path(path)  # the file it is: a checkpoint keeps a copy (formats/glassgpt.py save_model)
         try:
             from tokenizers import Tokenizer as HFTokenizer
         except ImportError:
@@ -237,7 +242,17 @@ class TokenizerJson(Tokenizer):
         return b"".join(self.token_bytes(i) for i in self._check_ids(ids))
 
     def to_dict(self) -> dict:
-        raise TokenizerError(f"{self.name}'s tokenizer is its tokenizer.json: copy that file")
+        return file_identity(self)
+
+
+def file_identity(tokenizer: Tokenizer) -> dict:
+    """A tokenizer that is its file (tokenizer.json, tokenizer.model), as a dict: its name, its file's name and
+    sha256 (what a token cache's key and a run's record hold); a checkpoint keeps the file itself."""
+    digest = hashlib.sha256()
+    with open(tokenizer.file, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"type": "file", "name": tokenizer.name, "file": tokenizer.file.name, "sha256": digest.hexdigest()}
 
 
 def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, source: str) -> None:

@@ -184,6 +184,8 @@ def config_from_values(values: dict[str, Any], source: str, error: type[Exceptio
     values = {k: v for k, v in values.items() if k != "glassgpt_version"}
     try:
         if "family" in values:  # a Qwen3, Llama 3 or Qwen3.5 model glassgpt trained or saved (families/)
+            if values["family"] in ("qwen3", "llama3"):  # (a hand-written one may leave norm_eps: the book's)
+                return FamilyConfig.from_book_dict(values["family"], values)
             return (Qwen3_5Config if values["family"] == "qwen3_5" else FamilyConfig).from_dict(values)
         return GPTConfig.from_dict(values)
     except ConfigError as e:
@@ -290,7 +292,12 @@ def save_model(model: GPTModel, path: str | os.PathLike, tokenizer: Tokenizer | 
     atomic_write(path / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     cfg = {"glassgpt_version": __version__, **model.cfg.to_dict()}
     atomic_write(path / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(cfg, indent=2)))
-    if tokenizer is not None:
+    file = getattr(tokenizer, "file", None)  # a model's own tokenizer.json or tokenizer.model: kept as it is
+    if file is not None:
+        data = Path(file).read_bytes()
+        name = "tokenizer.model" if Path(file).suffix == ".model" else "tokenizer.json"
+        atomic_write(path / name, lambda tmp: Path(tmp).write_bytes(data))
+    elif tokenizer is not None:
         spec = json.dumps(tokenizer.to_dict(), ensure_ascii=False)
         atomic_write(path / "tokenizer.json", lambda tmp: Path(tmp).write_text(spec, encoding="utf-8"))
     if meta:

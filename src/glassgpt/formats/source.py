@@ -463,17 +463,27 @@ class Source:
             return openai.openai_tokenizer(self.name)
         if self.kind == "gguf":
             return gguf.gguf_tokenizer(self.name)
-        if self.is_local_checkpoint:
-            saved = read_checkpoint_file(self._local_dir, "tokenizer.json", read_tokenizer)
-            if saved is not None:
-                return saved
+        if self.is_local_checkpoint:  # glassgpt's tokenizer.json, a model's own tokenizer.json, or tokenizer.model
+            for name in ("tokenizer.json", "tokenizer.model"):
+                saved = read_checkpoint_file(self._local_dir, name, _saved_tokenizer)
+                if saved is not None:
+                    if getattr(saved, "file", None) is not None:  # a model's own file: its ids fit this model?
+                        check_vocabulary(saved, self.config.vocab_size, f"{self.name}'s {name}")
+                    return saved
         return get_tokenizer("gpt2")
+
+
+def _saved_tokenizer(file) -> Tokenizer:
+    """A checkpoint's tokenizer file, by what it holds: glassgpt's own .json, or a copy of the model's file."""
+    if file.suffix == ".json" and "model" not in read_json(file, TokenizerError, "a tokenizer file", kind="tokenizer"):
+        return read_tokenizer(file)
+    return tokenizer_file(str(file))
 
 
 def read_tokenizer_spec(spec: str) -> Tokenizer:
     """What --tokenizer names: "gpt2", a tokenizer .json that glassgpt saved (`glassgpt tokenizer train`, a
     checkpoint's), a Hugging Face tokenizer.json (Qwen3's) or a tokenizer.model (Llama 3's), told by its content."""
-    if spec == "gpt2":
+    if str(spec) == "gpt2":
         return get_tokenizer("gpt2")
     path = Path(spec)
     if path.suffix == ".json" and "model" not in read_json(path, TokenizerError, "a tokenizer file", kind="tokenizer"):

@@ -28,6 +28,7 @@ import torch
 
 from ..config import GPTConfig
 from ..errors import GlassError
+from ..families import build_model
 from ..formats import random_model
 from ..model import GPTModel, init_name
 from .book import appendix_d
@@ -67,6 +68,9 @@ class Recipe:
         """A random model for a new run: the book's `torch.manual_seed(seed); GPTModel(cfg)` for the
         book's initialisation under the book's recipes; else drawn from its own generator (and then
         the seed, as the book's code seeds before training)."""
+        if self.seeds_globally and getattr(cfg, "family", None) is not None:  # the bonus code's Qwen3Model, ...
+            torch.manual_seed(seed)  # as ch05/14_ch05_with_other_llms builds it (PyTorch's default init)
+            return build_model(cfg)
         if self.seeds_globally and init_name(scheme) == "pytorch-default":
             torch.manual_seed(seed)  # and torch's generator left where the notebook leaves it for training
             return GPTModel(cfg)

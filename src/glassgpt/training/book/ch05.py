@@ -24,6 +24,7 @@ Exact resume: the checkpoint keeps torch's RNG state (checkpoint.py) and this ep
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -43,6 +44,44 @@ from ..loop.task import Task
 START_CONTEXT = "Every effort moves you"  # the book's start_context
 SAMPLE_TOKENS = 50                        # generate_and_print_sample's max_new_tokens
 LINE = "Ep {epoch} (Step {global_step:06d}): Train loss {train_eval_loss:.3f}, Val loss {val_loss:.3f}"
+
+
+@dataclass(frozen=True)
+class Notebook:
+    """Chapter 5 with a next model: ch05/14_ch05_with_other_llms, which runs this chapter's loop on the
+    Qwen3 or Llama 3.2 of the book's bonus code: windows of `train_context_length` tokens (the model
+    keeps its context_length and vocabulary), the model's own out_head, 40 epochs; the rest as chapter 5
+    (batch 2, AdamW lr 4e-4 and weight_decay 0.1, an evaluation every 5 steps over 5 batches, a greedy
+    50-token sample after each epoch). The notebook builds its model in bfloat16 and reads the model's
+    own tokenizer."""
+    name: str          # the notebook's path in the book's repository
+    model: str         # what it trains
+    tokenizer: str     # the tokenizer it reads
+    window: int = 256  # train_context_length
+    epochs: int = 40   # num_epochs
+
+    def describe(self, cfg, window: int, dtype: str, tokenizer: str, seed: int) -> str:
+        """The note a run prints: what it keeps of the notebook, and where it differs."""
+        tok = (f"the GPT-2 tokenizer and its vocab_size {cfg.vocab_size:,}, where the notebook reads "
+               f"{self.tokenizer} (--tokenizer FILE)" if tokenizer == "gpt2" else f"the tokenizer {tokenizer}")
+        return (f"chapter 5 as {self.name} trains {self.model}: windows of {window:,} tokens (train_context_length; "
+                f"the model keeps context_length {cfg.context_length:,}), {'a tied' if cfg.tie_embeddings else 'its own'} "
+                f"out_head, torch.manual_seed({seed}) then the model; the notebook's weights are bfloat16, this run "
+                f"computes in {dtype}; {tok}")
+
+
+NEXT_MODELS = {
+    "qwen3": Notebook("ch05/14_ch05_with_other_llms/ch05-qwen3.ipynb", "Qwen3 0.6B", "Qwen3's tokenizer.json"),
+    "llama3": Notebook("ch05/14_ch05_with_other_llms/ch05-llama32.ipynb", "Llama 3.2 1B",
+                       "Llama 3's tokenizer.model"),
+}
+
+
+def next_model_notebook(recipe, cfg) -> Notebook | None:
+    """The notebook a `train --recipe book` run of this config follows, or None (GPT-2: the chapter itself)."""
+    if recipe.command != "train" or recipe.name != "book":
+        return None
+    return NEXT_MODELS.get(getattr(cfg, "family", None))
 
 
 def split_text(text: str, val_fraction: float) -> tuple[str, str]:

@@ -120,7 +120,11 @@ def read_blocks(path: Path) -> Iterator[str]:
 
 
 def build_tokenizer(spec: str, files: list[Path]) -> Tokenizer:
-    """`gpt2`, a tokenizer .json file, or `char`: the characters of these files."""
+    """`gpt2`, a tokenizer .json file (glassgpt's, or a model's own tokenizer.json), a tokenizer.model (Llama 3's),
+    or `char`: the characters of these files."""
+    if spec != "char" and Path(spec).is_file():  # what the file is: glassgpt's .json, or a model's own file
+        from ...formats.source import read_tokenizer_spec  # (formats imports training's pieces)
+        return read_tokenizer_spec(spec)
     if spec != "char":
         return get_tokenizer(spec)
     chars: set[str] = set()
