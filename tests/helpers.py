@@ -6,7 +6,8 @@ never from each other (tests/test_layout.py checks it). Fixtures live in conftes
 - a character model that has learnt a text by heart, and decoding with a chosen step (the engine's
   and the native step's tests);
 - a gpt2/124M folder written by TensorFlow (the book's tests, the crafted files);
-- a pickled object that must never be unpickled.
+- a pickled object that must never be unpickled;
+- every described model but GPT-2 at a tiny size, random (check's and diff's tests of them).
 """
 
 from __future__ import annotations
@@ -290,3 +291,60 @@ def check_description(model: torch.nn.Module):
     anatomy = glassgpt.describe(model)
     assert description_mismatches(model, anatomy) == []
     return anatomy
+
+
+# --- every described model but GPT-2, tiny and random ---------------------------------------------------
+
+from glassgpt.families import FamilyConfig, Gemma3Config, Olmo3Config, Qwen3_5Config, TinyAyaConfig  # noqa: E402
+from glassgpt.variants import GQAConfig, MLAConfig, MoEConfig, SWAConfig  # noqa: E402
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+TINY_GPT = dict(vocab_size=101, context_length=32, emb_dim=32, n_heads=4, n_layers=3, qkv_bias=True)
+DESCRIBED = {  # every described model but GPT-2, tiny (tests/test_check_described.py, test_diff_described.py)
+    "qwen3-moe": FamilyConfig(family="qwen3", vocab_size=300, context_length=64, emb_dim=32, n_heads=4, n_layers=2,
+                              hidden_dim=48, n_kv_groups=2, rope_base=1_000_000.0, head_dim=8, qk_norm=True,
+                              num_experts=8, num_experts_per_tok=3, moe_hidden_dim=24),
+    "gemma3": Gemma3Config(vocab_size=300, context_length=64, emb_dim=32, n_heads=4, n_layers=4, hidden_dim=48,
+                           head_dim=8, n_kv_groups=2, rope_local_base=10_000.0, rope_base=1_000_000.0,
+                           sliding_window=4, layer_types=(SLIDING, FULL, SLIDING, FULL), query_pre_attn_scalar=24),
+    "olmo3": Olmo3Config(vocab_size=300, context_length=64, emb_dim=16, n_heads=2, n_layers=4, hidden_dim=32,
+                         head_dim=8, n_kv_heads=1, sliding_window=4, layer_types=(SLIDING, SLIDING, FULL, SLIDING),
+                         rope_base=10_000.0, rope_type="yarn", rope_factor=8.0, rope_orig_max=16,
+                         rope_attention_factor=1.2),
+    "tiny-aya": TinyAyaConfig(vocab_size=300, context_length=64, emb_dim=16, n_heads=2, n_layers=4, hidden_dim=32,
+                              head_dim=8, n_kv_heads=1, sliding_window=4, layer_types=(SLIDING, SLIDING, FULL, SLIDING),
+                              rope_base=10_000.0, logit_scale=0.25),
+    "qwen3.5": Qwen3_5Config.from_book_dict("qwen3_5", {
+        "vocab_size": 300, "context_length": 64, "emb_dim": 32, "n_heads": 4, "n_layers": 3, "hidden_dim": 64,
+        "head_dim": 8, "qk_norm": True, "n_kv_groups": 2, "rope_base": 10_000_000.0, "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-6, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 6,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"]}),
+    "gqa": GQAConfig(**TINY_GPT, n_kv_groups=2),
+    "mla": MLAConfig(**TINY_GPT, latent_dim=8),
+    "swa": SWAConfig(**TINY_GPT, sliding_window_size=4, sliding_window_stride=2),
+    "moe": MoEConfig(**TINY_GPT, num_experts=4, num_experts_per_tok=2, hidden_dim=24),
+}
+VARIANTS = ("gqa", "mla", "swa", "moe")
+
+
+def tiny_described(name: str, seed: int = 0) -> torch.nn.Module:
+    """The model of DESCRIBED[name], every parameter random (a norm's weight around its resting value: 0 for the
+    (1 + w) norms, 1 for the others; large enough that routing, the window and the gates change the numbers)."""
+    cfg = DESCRIBED[name]
+    from glassgpt.families import build_model
+    from glassgpt.variants import build_model as build_variant
+
+    model = build_variant(cfg) if name in VARIANTS else build_model(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    zero_centred = name in ("gemma3", "qwen3.5")
+    with torch.no_grad():
+        for path, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "norm" in path or "scale" in path or "shift" in path:
+                p.copy_((0.0 if zero_centred or "shift" in path else 1.0) + 0.3 * noise)
+            elif "A_log" in path or "dt_bias" in path:
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(noise * 0.3)
+    return model.eval()

@@ -183,6 +183,17 @@ def test_a_window_cache_that_kept_every_position_would_give_other_logits():
         assert not torch.allclose(wider(ids), model(ids), atol=1e-3)
 
 
+def test_a_sliding_layer_keeps_no_storage_past_its_window_after_a_long_prompt():
+    """A 40-token prompt on a window of 4: a sliding layer's keys hold 4 positions, and so does their storage (a
+    view of the prompt's 40 kept all 40 alive until the next step)."""
+    cache = WindowKVCache([4, None], (1, 8), 1, 64, dtype=torch.float32)
+    k = torch.randn(1, 1, 40, 8)
+    cache.update(0, k, k.clone())
+    assert cache.k[0].shape[2] == 4 and torch.equal(cache.k[0], k[:, :, -4:])
+    assert cache.k[0].untyped_storage().nbytes() == cache.k[0].nbytes == 4 * 8 * 4
+    assert cache.v[0].untyped_storage().nbytes() == cache.v[0].nbytes
+
+
 # --- generate, the CLI, the tokenizer -----------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["olmo3", "tiny_aya"])
@@ -419,3 +430,19 @@ def test_transformers_module_itself_is_traced_and_generated_from_in_place(tokeni
     theirs = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert glassgpt.generate(hf, ids, 8).tolist() == theirs.tolist()
     assert glassgpt.adopt(hf).tok_emb.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()  # nothing copied
+
+
+@pytest.mark.parametrize("kind", ["olmo3", "tiny_aya"])
+def test_transformers_module_whose_forward_is_not_the_described_one_is_refused_in_one_line(kind):
+    """adopt checks the module's own logits against the glass model over its tensors: a forward that adds 1 to
+    every logit (planted by a hook) is refused, naming the module and the largest difference."""
+    hf = randomised(FOLDERS[kind]())
+
+    def shifted(module, args, output):
+        output.logits = output.logits + 1.0
+        return output
+
+    hf.register_forward_hook(shifted)
+    with pytest.raises(GlassError, match=rf"transformers' {type(hf).__name__}'s weights does not give its logits "
+                                         r"\(largest difference 1"):
+        glassgpt.adopt(hf, [1, 2, 3, 4])

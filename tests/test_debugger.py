@@ -61,7 +61,7 @@ def test_the_table_can_fail_a_port_whose_weights_are_not_transformers():
     from glassgpt.explain import debugger
     original = debugger.map_weights
     try:
-        debugger.map_weights = lambda family, cfg, hf, tensors, kind: None  # nothing copied: random against random
+        debugger.map_weights = lambda port, ref: None  # nothing copied: random against random
         assert [line.status for line in debug(model).layers] == ["DIFF"] * 5
     finally:
         debugger.map_weights = original
@@ -405,5 +405,17 @@ def test_the_table_docs_check_md_shows_is_what_the_debugger_prints():
             for block in self.trf_blocks:
                 block.ff.layers[1] = nn.GELU()
 
+    from glassgpt.explain.debugger import tiny_config
+    from glassgpt.families import Olmo3Model
+
+    olmo = Olmo3Model(tiny_config("olmo3"))  # the page's OLMo 3 with its norms before each sublayer
+
+    def forward(self, x, cos, sin, cache=None):
+        x = x + self.att(self.post_attention_layernorm(x), cos, sin, cache)
+        return x + self.ff(self.post_feedforward_layernorm(x))
+
+    for block in olmo.blocks:
+        block.forward = forward.__get__(block)
     assert [block.strip() for block in shown] == [glassgpt.check(book_qwen.Qwen3Model, against="transformers").to_text(),
-                                                  glassgpt.check(MyGPTModel, against="transformers").to_text()]
+                                                  glassgpt.check(MyGPTModel, against="transformers").to_text(),
+                                                  glassgpt.check(olmo, against="transformers").to_text()]

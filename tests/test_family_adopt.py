@@ -149,17 +149,18 @@ def test_generation_feeds_one_token_per_step_through_the_cache_and_never_remakes
     glass.tok_emb.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
     for module in (layers, qwen3):  # made once, when the model was built; generation only slices them
         monkeypatch.setattr(module, "compute_rope_params", lambda *a, **k: pytest.fail("RoPE's tables made again"))
-    import glassgpt.engine.family as family_engine
-    monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: False)
+    import glassgpt.engine.decode as decode
+    from glassgpt.engine.step import RopeStep
+    monkeypatch.setattr(decode.autotune, "native_step_chosen", lambda engine, cache: False)
     generate(glass, ids(6, seed=7)[:1], 5)
     assert seen == [6, 1, 1, 1, 1]  # the prompt once, then each new token alone: the cache is used
-    # The native step (engine/family.py) too: the prompt through the model, then one id per call.
+    # The native step (engine/step.py's RopeStep) too: the prompt through the model, then one id per call.
     needs_kernels()
     seen.clear()
     fed = []
-    real_call = family_engine.FamilyStep.__call__
-    monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: True)
-    monkeypatch.setattr(family_engine.FamilyStep, "__call__", lambda self, x: fed.append(x.numel()) or real_call(self, x))
+    real_call = RopeStep.__call__
+    monkeypatch.setattr(decode.autotune, "native_step_chosen", lambda engine, cache: True)
+    monkeypatch.setattr(RopeStep, "__call__", lambda self, x: fed.append(x.numel()) or real_call(self, x))
     generate(glass, ids(6, seed=7)[:1], 5)
     assert seen == [6] and fed == [1, 1, 1, 1]
 
@@ -167,11 +168,11 @@ def test_generation_feeds_one_token_per_step_through_the_cache_and_never_remakes
 @pytest.mark.parametrize("family", list(TINY))
 def test_the_decoding_twin_shares_the_weights_and_gives_the_glass_models_logits(family):
     from glassgpt.engine import native
-    from glassgpt.engine.family import gemv_twin
+    from glassgpt.engine.decode import gemv_twin
     from glassgpt.engine.linear import GemvLinear
     from glassgpt import KVCache
     glass = adopt(book_module(family, tie=True))
-    twin = gemv_twin(glass)
+    twin, _ = gemv_twin(glass)
     assert pointers(twin) == pointers(glass) and twin.tied  # nothing copied
     ops = native.load()
     for m in twin.modules():  # glassgpt's kernel on every layer, whichever won here

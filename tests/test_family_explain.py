@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import llms_from_scratch.qwen3 as book_qwen
-from glassgpt.explain.family import family_trace
+from glassgpt.explain.trace import family_trace
 from glassgpt.families import FamilyConfig, build_model
 from glassgpt.formats.families import export_family_hf, hf_names
 
@@ -78,7 +78,7 @@ def test_glassgpt_explain_runs_on_a_qwen3_folder(tmp_path, monkeypatch, capsys):
 def test_what_changed_from_gpt2_accounts_for_every_parameter_of_both_live_models(cfg):
     import glassgpt
     from glassgpt.config import GPTConfig
-    from glassgpt.explain.family import changes_from_gpt2
+    from glassgpt.explain.trace import changes_from_gpt2
     gpt2 = glassgpt.load_model("gpt2", config=GPTConfig(vocab_size=TOK.n_vocab, context_length=32, emb_dim=24,
                                                         n_heads=3, n_layers=3))
     model = model_of(cfg)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from glassgpt.cli import main
-from glassgpt.explain.family import family_trace
+from glassgpt.explain.trace import family_trace
 from glassgpt.families import build_model
 from glassgpt.formats.families import export_family_hf
 from glassgpt.prompt import encode

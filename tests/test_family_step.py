@@ -1,7 +1,7 @@
-"""The native decoding step for Qwen3 and Llama 3 (engine/family.py FamilyStep, kernels/family_step.cpp)
-gives the glass model's answers.
+"""The native decoding step for Qwen3 and Llama 3 (engine/step.py's RopeStep, the plan their description asks
+for; kernels/family_step.cpp) gives the glass model's answers.
 
-One C++ call per new token runs the whole family model; `FamilySteps.decode_one` uses it where the
+One C++ call per new token runs the whole family model; `TwinSteps.decode_one` uses it where the
 measurement on this machine chose it. Each test here calls the step itself, or forces the choice,
 so both paths are checked whatever this machine measured. Stated tolerances, against the glass
 model (families/qwen3.py, llama3.py) on the whole sequence:
@@ -22,9 +22,10 @@ import dataclasses
 import pytest
 import torch
 
-import glassgpt.engine.family as family_engine
-from glassgpt.engine import KVCache
-from glassgpt.engine.family import FamilyStep, family_step, family_steps, why_not
+import glassgpt.engine.decode as decode
+from glassgpt.engine import KVCache, autotune
+from glassgpt.engine.decode import TwinSteps, twin_steps
+from glassgpt.engine.step import RopeStep, native_step, why_not
 from glassgpt.families import build_model
 from glassgpt.generate import generate
 
@@ -63,8 +64,8 @@ def stepped(model, ids: torch.Tensor, prompt: int) -> torch.Tensor:
     cache = KVCache(model.cfg, ids.shape[0], ids.shape[1], dtype=model.tok_emb.weight.dtype)
     with torch.no_grad():
         model(ids[:, :prompt], cache)
-        step = family_step(model, cache)
-        assert step is not None, why_not(model, cache)
+        step = native_step(model, cache)
+        assert isinstance(step, RopeStep), why_not(model, cache)
         return torch.stack([step(ids[:, t]).clone() for t in range(prompt, ids.shape[1])], dim=1)
 
 
@@ -120,7 +121,7 @@ def test_the_step_reads_the_models_tensors_in_place():
     cache = KVCache(model.cfg, 1, 8)
     with torch.no_grad():
         model(x[:, :4], cache)
-        step = family_step(model, cache)
+        step = native_step(model, cache)
         model.trf_blocks[1].ff.fc3.weight.mul_(2)
         model.trf_blocks[0].att.k_norm.scale.add_(0.5)
         got = step(x[:, 4]).clone()
@@ -140,19 +141,19 @@ def test_the_step_reads_the_models_tensors_in_place():
 def test_greedy_generation_with_the_native_step_equals_the_glass_models_tokens(monkeypatch):
     model = model_of(TINY["llama3"])
     prompt = ids_of(1, 5)
-    monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: True)
+    monkeypatch.setattr(decode.autotune, "native_step_chosen", lambda engine, cache: True)
     picks = []
-    real = family_engine.FamilySteps.greedy
-    monkeypatch.setattr(family_engine.FamilySteps, "greedy", lambda self, logits: picks.append(real(self, logits)) or
+    real = TwinSteps.greedy
+    monkeypatch.setattr(TwinSteps, "greedy", lambda self, logits: picks.append(real(self, logits)) or
                         picks[-1])
     native = generate(model, prompt, max_new_tokens=30)  # past the 24-token context: the cache is refilled
-    assert isinstance(family_steps(model).step, FamilyStep)
+    assert isinstance(twin_steps(model).step, RopeStep)
     # the step's own greedy pick took each id the step made (19 fill the 24-position cache after the 5-token
     # prompt); the prompt's and, once the window is full, each refill's are pick_next's
     assert len(picks) == 30 and sum(p is not None for p in picks) == 24 - 5
-    monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: False)
+    monkeypatch.setattr(decode.autotune, "native_step_chosen", lambda engine, cache: False)
     plain = generate(model, prompt, max_new_tokens=30)
-    assert family_steps(model).step is None
+    assert twin_steps(model).step is None
     seq = prompt
     with torch.no_grad():
         for _ in range(30):
@@ -167,33 +168,35 @@ def test_the_next_generate_moves_the_plan_onto_its_cache_and_frees_the_last_one(
     import weakref
 
     model = model_of(TINY["qwen3"])
-    monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: True)
+    monkeypatch.setattr(decode.autotune, "native_step_chosen", lambda engine, cache: True)
     first = generate(model, ids_of(1, 5), max_new_tokens=8)
-    step = family_steps(model).step
+    step = twin_steps(model).step
     old_cache = weakref.ref(step.cache)
     second = generate(model, ids_of(1, 5, seed=2), max_new_tokens=8)
-    assert family_steps(model).step is step
+    assert twin_steps(model).step is step
     gc.collect()
     assert old_cache() is None
-    family_steps(model).step = None  # the next call plans afresh
+    twin_steps(model).step = None  # the next call plans afresh
     assert torch.equal(generate(model, ids_of(1, 5, seed=2), max_new_tokens=8), second)
-    assert family_steps(model).step is not step
+    assert twin_steps(model).step is not step
     assert torch.equal(generate(model, ids_of(1, 5), max_new_tokens=8), first)
 
 
 def test_the_choice_between_the_step_and_the_twin_is_measured_once(monkeypatch):
     model = model_of(TINY["qwen3"])
     timed = []
-    real = family_engine.measure
+    real = autotune.measure
 
     def spy(choices, decision, candidates, *args):
         timed.append(sorted(candidates))
         real(choices, decision, candidates, *args)
-    monkeypatch.setattr(family_engine, "measure", spy)
-    monkeypatch.setattr(family_engine, "_STEP_WINNERS", {})
-    steps = family_steps(model)
-    first = family_engine.native_step_chosen(model, steps.twin)
-    assert family_engine.native_step_chosen(model, steps.twin) == first
+    monkeypatch.setattr(autotune, "measure", spy)
+    steps = twin_steps(model)
+    steps.choices.winners.pop("step", None)  # as on a machine that never measured this model's step
+    steps.choices.unsettled.pop("step", None)
+    cache = KVCache(model.cfg, 1, 8)
+    first = autotune.native_step_chosen(steps, cache)
+    assert autotune.native_step_chosen(steps, cache) == first
     assert [names for names in timed if "native" in names] == [["engine", "native"]]
 
 
@@ -202,7 +205,8 @@ def test_the_choice_between_the_step_and_the_twin_is_measured_once(monkeypatch):
     ("a LoRA layer", "not all plain"),
     ("batch 9", "batches of 1 to 8"),
     ("a float32 cache for bf16 weights", "dtype and key/value groups"),
-    ("a GPT-2", "Qwen3 and Llama 3 models only"),
+    ("a GPT-2", "the KV cache is not of the model's layers and heads"),
+    ("a mixture of experts", "not SwiGLU"),
 ])
 def test_what_the_step_does_not_cover_is_said_in_one_line_and_the_twin_runs(case, words):
     cfg = TINY["llama3"]
@@ -222,22 +226,25 @@ def test_what_the_step_does_not_cover_is_said_in_one_line_and_the_twin_runs(case
         from glassgpt import GPTConfig
         model = random_model(GPTConfig(vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=2),
                              torch.device("cpu"), torch.float32)
+    elif case == "a mixture of experts":
+        model = model_of(dataclasses.replace(TINY["qwen3"], num_experts=4, num_experts_per_tok=2, moe_hidden_dim=16))
+        cache = KVCache(model.cfg, 1, 8)
     reason = why_not(model, cache)
     assert reason is not None and words in reason and "\n" not in reason
-    assert family_step(model, cache) is None
+    assert native_step(model, cache) is None
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_a_model_that_generated_is_freed_once_the_reader_drops_it(native, monkeypatch):
-    # family_steps keeps its twin and steps per model, holding the model weakly: before, every family model
+    # twin_steps keeps its twin and steps per model, holding the model weakly: before, every family model
     # that ever generated stayed in memory for the life of the process (a 0.6B Qwen3 is 2.4 GB in float32)
     import gc
     import weakref
-    monkeypatch.setattr(family_engine, "native_step_chosen", lambda model, twin: native)
+    monkeypatch.setattr(decode.autotune, "native_step_chosen", lambda engine, cache: native)
     model = model_of(TINY["qwen3"])
     generate(model, ids_of(1, 5), max_new_tokens=4)
-    assert isinstance(family_steps(model).step, FamilyStep) == native
+    assert isinstance(twin_steps(model).step, RopeStep) == native
     gone = weakref.ref(model)
     del model
     gc.collect()
-    assert gone() is None and len(family_engine._TWINS) == 0
+    assert gone() is None and len(decode._TWINS) == 0

@@ -107,7 +107,7 @@ def test_settings_that_no_tensor_holds_are_named_when_they_differ():
 
 
 def test_models_of_another_family_or_shape_are_refused_in_one_line_naming_the_first_difference():
-    with pytest.raises(GlassError, match=r"^A is a Qwen3 model and B is a Llama 3 model: diff compares two models "
+    with pytest.raises(GlassError, match=r"^A is a Qwen3 model and B is a Llama 3.2 model: diff compares two models "
                                          r"of one family and one shape"):
         diff_weights(model_of(QWEN), model_of(LLAMA))
     gpt2 = glassgpt.load_model("gpt2", config=glassgpt.GPTConfig(vocab_size=TOK.n_vocab, context_length=32,
@@ -141,7 +141,7 @@ def test_glassgpt_diff_refuses_other_kinds_and_shapes_in_one_line_before_loading
     gpt2 = tmp_path / "gpt2.json"
     gpt2.write_text(json.dumps({"vocab_size": TOK.n_vocab, "context_length": 32, "emb_dim": 32, "n_heads": 4,
                                 "n_layers": 2}))
-    for b, words in ((llama, f"{qwen} is a Qwen3 model and {llama} is a Llama 3 model"),
+    for b, words in ((llama, f"{qwen} is a Qwen3 model and {llama} is a Llama 3.2 model"),
                      (str(gpt2), f"{qwen} is a Qwen3 model and {gpt2} is a GPT-2 model"),
                      (wide, f"trf_blocks.0.ff.fc1.weight is [48, 32] in {qwen} and [64, 32] in {wide}")):
         assert main(["diff", qwen, b]) == 2

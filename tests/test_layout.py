@@ -14,7 +14,7 @@ Inside two folders the parts are layered too (`FOLDERS`), lowest first; a packag
 __init__.py is its public API and may gather every part:
 
     explain/    record (record, options, result, notation)  <  analyses (trace, head, check, passage,
-                compare, diff, why, verify, pieces/, debugger, causes, loading)  <  views/ (text, pictures, notebook HTML; where
+                compare, diff, why, verify, pieces/, debugger, causes, loading, gallery)  <  views/ (text, pictures, notebook HTML; where
                 each result type's views are registered)
     training/   loop/ (the loop and its machinery)  <  tasks/ (what glassgpt trains on)
                 <  book/ (the book's chapters, as its code runs them)  <  recipes, finetuning, evaluation
@@ -37,7 +37,7 @@ LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 FOLDERS = {
     "glassgpt.explain": [("record", "options", "result", "notation"),
                          ("trace", "head", "check", "passage", "compare", "diff", "why", "why_result",
-                          "verify", "family", "verify_family", "pieces", "debugger", "causes", "loading"),
+                          "verify", "family", "pieces", "debugger", "causes", "loading", "gallery"),
                          ("views",)],
     "glassgpt.training": [("loop",), ("tasks",), ("book",), ("recipes", "finetuning", "evaluation")],
 }
@@ -287,14 +287,9 @@ def test_an_import_of_another_test_module_is_found(tmp_path):
 
 MODEL_FILES = {"glassgpt.model", "glassgpt.families", "glassgpt.families.qwen3", "glassgpt.families.llama3",
                "glassgpt.families.gemma3", "glassgpt.families.layers"}
-FAMILY_TWINS = {  # a module for the other models beside the one for GPT-2
-    "glassgpt.explain.family": "glassgpt.explain.trace",
-    "glassgpt.explain.verify_family": "glassgpt.explain.verify", "glassgpt.engine.family": "glassgpt.engine.step",
-    "glassgpt.explain.views.family": "glassgpt.explain.views.text"}
+FAMILY_TWINS: dict[str, str] = {}  # a module for the other models beside the one for GPT-2 (all merged now)
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
-    "glassgpt.explain.causes", "glassgpt.explain.check", "glassgpt.explain.compare", "glassgpt.explain.debugger",
-    "glassgpt.explain.diff", "glassgpt.explain.family", "glassgpt.explain.trace",
-    "glassgpt.explain.verify", "glassgpt.explain.verify_family"]
+    "glassgpt.explain.compare", "glassgpt.explain.trace"]
 
 
 def family_twins(names) -> set[str]:

@@ -123,19 +123,13 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None, *,
     return adoption.model
 
 
-@torch.no_grad()
 def _check_bonus_logits(module: nn.Module, glass: nn.Module, ids) -> None:
     """The module's own logits against the glass model's over its tensors, once per glass model."""
     if getattr(glass, "logits_checked", False):
         return
-    batch = torch.as_tensor(ids, dtype=torch.long, device=glass.tok_emb.weight.device)
-    batch = batch[None] if batch.dim() == 1 else batch
-    theirs, ours = module(batch).logits.float(), glass(batch).float()
-    allowed = TOLERANCE.get(glass.tok_emb.weight.dtype, 1e-4) * max(1.0, float(theirs.abs().max()))
-    diff = float((ours - theirs).abs().max())
-    if not diff <= allowed:
-        raise GlassError(f"{type(module).__name__}'s logits differ from glassgpt's {type(glass).__name__} over its "
-                         f"own tensors by {diff:.3g} (allowed {allowed:.3g}): its forward is not the one described")
+    verdict = _logits_verdict(module, glass, ids, f"transformers' {type(module).__name__}")
+    if verdict:
+        raise GlassError(verdict)
     glass.logits_checked = True
 
 
@@ -353,6 +347,13 @@ def _head_count(att: nn.Module, names: tuple[str, ...], module: nn.Module) -> in
     return None
 
 
+def _book_eps(book: dict, family: str) -> float:
+    """The norms' eps as the config says it (the book's classes write it in: Qwen3 1e-6, Llama 3 1e-5), not as a
+    norm module holds it: check (explain/verify.py) compares the module's against it."""
+    eps = book.get("norm_eps", book.get("rms_norm_eps"))
+    return float(eps) if isinstance(eps, (int, float)) else (1e-6 if family == "qwen3" else 1e-5)
+
+
 def _eps(norm: nn.Module, default: float = 1e-5) -> float:
     eps = getattr(norm, "eps", None)
     return float(eps) if isinstance(eps, (int, float)) else default
@@ -551,7 +552,7 @@ def _book_family(module: nn.Module):
                   qk_norm=getattr(att, "q_norm", None) is not None,
                   rope_freq=RopeFreq(**rope_freq) if rope_freq else None,
                   tie_embeddings=_same_view(module.out_head.weight, module.tok_emb.weight),
-                  norm_eps=_eps(norm, 1e-6 if family == "qwen3" else 1e-5))
+                  norm_eps=_book_eps(book, family))
     tensors = dict(module.named_parameters(remove_duplicate=False))
     stages = {s: s for s in ("tok_emb", "final_norm", "out_head")}
     for i in range(cfg.n_layers):
@@ -665,10 +666,9 @@ def _hf_gemma3(module: nn.Module):
     tensors = {"tok_emb.weight": inner.embed_tokens.weight, "final_norm.scale": inner.norm.weight,
                "out_head.weight": module.lm_head.weight}
     stages = {"tok_emb": "model.embed_tokens", "final_norm": "model.norm", "out_head": "lm_head"}
-    ours = {theirs: f"att.{mine}" for theirs, mine in (("self_attn.q_proj", "W_query"), ("self_attn.k_proj", "W_key"),
-            ("self_attn.v_proj", "W_value"), ("self_attn.o_proj", "out_proj"))}
-    ours |= {"mlp.gate_proj": "ff.fc1", "mlp.up_proj": "ff.fc2", "mlp.down_proj": "ff.fc3",
-             "self_attn.q_norm": "att.q_norm", "self_attn.k_norm": "att.k_norm"}
+    # Qwen3's and Llama's names for the matrices and QK-norms; Gemma 3's four block norms keep their own
+    ours = {theirs.removesuffix(".weight"): mine.removesuffix(".weight") for theirs, mine in HF_LAYER_NAMES.items()}
+    ours |= {theirs: mine for theirs, mine in HF_NORMS.items() if theirs.startswith("self_attn.")}
     for i, layer in enumerate(inner.layers):
         for name, p in layer.named_parameters():
             owner = name.rpartition(".")[0]
@@ -750,7 +750,12 @@ class evaluating_all:
 
 
 def _check_logits(module: nn.Module, adoption: _Adoption, ids) -> str:
-    glass = adoption.model
+    return _logits_verdict(module, adoption.model, ids, adoption.layout.kind)
+
+
+def _logits_verdict(module: nn.Module, glass: nn.Module, ids, kind: str) -> str:
+    """"" where glassgpt's forward over the module's tensors gives the module's own logits on `ids` (within
+    TOLERANCE of their dtype); else the one line that says they part."""
     device = glass.tok_emb.weight.device
     batch = torch.as_tensor(ids, dtype=torch.long, device=device)
     batch = (batch.unsqueeze(0) if batch.dim() == 1 else batch)[:, -glass.cfg.context_length:]
@@ -758,12 +763,12 @@ def _check_logits(module: nn.Module, adoption: _Adoption, ids) -> str:
         theirs = module_logits(module, batch)
         ours = glass(batch)[:, -theirs.shape[1]:]
     if ours.shape != theirs.shape:
-        return (f"{adoption.layout.kind} returned logits of shape {list(theirs.shape)} where glassgpt's forward "
+        return (f"{kind} returned logits of shape {list(theirs.shape)} where glassgpt's forward "
                 f"gives {list(ours.shape)}: run glassgpt.check(model) to see where they part")
     diff = float((ours.double() - theirs.double()).abs().max())
     tol = TOLERANCE.get(theirs.dtype, 1e-4) * max(1.0, float(theirs.double().abs().max()))
     if not diff <= tol:  # nan too
-        return (f"glassgpt's forward on {adoption.layout.kind}'s weights does not give its logits (largest "
+        return (f"glassgpt's forward on {kind}'s weights does not give its logits (largest "
                 f"difference {diff:.3g}, tolerance {tol:.3g}), so glassgpt would show numbers that are not your "
                 "model's: run glassgpt.check(model) to find the first stage that differs")
     return ""

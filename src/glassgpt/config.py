@@ -1,4 +1,5 @@
-"""The models' configs and their presets: GPTConfig (GPT-2) and FamilyConfig (Qwen3, Llama 3.2).
+"""The models' configs and their presets: GPTConfig (GPT-2) and FamilyConfig (Qwen3, Llama 3.2; Qwen3.5's
+Qwen3_5Config extends it beside its glass file).
 
 Field names follow the book ("Build a Large Language Model (From Scratch)"):
 `vocab_size`, `context_length`, `emb_dim`, `n_heads`, `n_layers`, `drop_rate`,
@@ -44,10 +45,7 @@ class GPTConfig:
     num_classes: int | None = None  # None: language-model head; else a classifier head
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"))
         if self.emb_dim % self.n_heads:
             raise ConfigError(
                 f"emb_dim ({self.emb_dim}) must be divisible by n_heads ({self.n_heads}): "
@@ -56,9 +54,7 @@ class GPTConfig:
         if not isinstance(self.drop_rate, (int, float)) or isinstance(self.drop_rate, bool) \
                 or not 0.0 <= self.drop_rate < 1.0:
             raise ConfigError(f"drop_rate must be a number in [0, 1), got {self.drop_rate!r}")
-        for name in ("qkv_bias", "tie_embeddings"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        check_bools(self, ("qkv_bias", "tie_embeddings"))
         if self.num_classes is not None:
             if not isinstance(self.num_classes, int) or self.num_classes < 2:
                 raise ConfigError(f"num_classes must be an integer >= 2, got {self.num_classes!r}")
@@ -85,6 +81,21 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "GPTConfig":
         return from_fields(cls, values, ConfigError, "config field")
+
+
+def check_positive_ints(cfg: Any, names: tuple[str, ...], where: str = "") -> None:
+    """A ConfigError naming the first of `names` that is not a positive integer in `cfg` (`where`: in what config)."""
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{name} must be a positive integer{where}, got {value!r}")
+
+
+def check_bools(cfg: Any, names: tuple[str, ...]) -> None:
+    """A ConfigError naming the first of `names` that is not true or false in `cfg`."""
+    for name in names:
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(f"{name} must be true or false, got {getattr(cfg, name)!r}")
 
 
 def from_fields(cls: type, values: dict[str, Any], error: type[Exception], what: str, given_by: str = "",
@@ -137,20 +148,16 @@ def init_scheme(spec: str) -> str:
 def get_config(name: str | GPTConfig, **overrides: Any) -> GPTConfig:
     """A preset by name (or a GPTConfig), with field overrides applied (None leaves a field as it is).
     A config .json file is read by `glassgpt.get_config` (formats/), which ends here."""
-    if isinstance(name, GPTConfig):
-        base = name
-    elif name in PRESETS:
-        base = PRESETS[name]
-    else:
+    if not isinstance(name, GPTConfig) and name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)} or a config .json file")
+    return _overridden(name if isinstance(name, GPTConfig) else PRESETS[name], overrides)
+
+
+def _overridden(base: Any, overrides: dict[str, Any]) -> Any:
+    """`base` with the fields `overrides` gives (None leaves a field as it is); each must be one of its fields."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    if not overrides:
-        return base
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ConfigError(f"unknown config field(s) {unknown}: valid fields are {sorted(fields)}")
-    return dataclasses.replace(base, **overrides)
+    known_fields(type(base), overrides, ConfigError, "config field")
+    return dataclasses.replace(base, **overrides) if overrides else base
 
 
 def _divisors(n: int, most: int = 64) -> list[int]:
@@ -174,7 +181,7 @@ class RopeFreq:
 
 @dataclass(frozen=True)
 class FamilyConfig:
-    family: str                  # "qwen3" or "llama3": the glass file that builds it
+    family: str                  # "qwen3", "llama3" (or "qwen3_5": Qwen3_5Config): the glass file that builds it
     vocab_size: int              # V: rows of tok_emb, columns of the logits
     context_length: int          # longest input; rows of RoPE's cos/sin tables
     emb_dim: int                 # d: the width every block keeps
@@ -195,10 +202,8 @@ class FamilyConfig:
     def __post_init__(self) -> None:
         if self.family not in FAMILY_NAMES:
             raise ConfigError(f"family {self.family!r} is not covered: choose one of {', '.join(FAMILY_NAMES)}")
-        for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "hidden_dim", "n_kv_groups"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "hidden_dim",
+                                   "n_kv_groups"))
         if isinstance(self.rope_freq, dict):  # from a JSON file or the book's dict
             object.__setattr__(self, "rope_freq", from_fields(RopeFreq, self.rope_freq, ConfigError, "rope_freq field"))
         if self.head_dim is None and self.emb_dim % self.n_heads:
@@ -216,9 +221,7 @@ class FamilyConfig:
             raise ConfigError(f"rope_base must be positive, got {self.rope_base!r}")
         if not 0 < self.norm_eps < 1:
             raise ConfigError(f"norm_eps must be in (0, 1), got {self.norm_eps!r}")
-        for name in ("qk_norm", "tie_embeddings"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        check_bools(self, ("qk_norm", "tie_embeddings"))
         if self.num_experts:
             self._check_experts()
 
@@ -226,10 +229,8 @@ class FamilyConfig:
         if self.family != "qwen3":
             raise ConfigError(f"num_experts is {self.num_experts} but glassgpt's mixture of experts is Qwen3's: "
                               f"set num_experts to 0 for {self.family}")
-        for name in ("num_experts", "num_experts_per_tok", "moe_hidden_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer in a mixture-of-experts config, got {value!r}")
+        check_positive_ints(self, ("num_experts", "num_experts_per_tok", "moe_hidden_dim"),
+                            " in a mixture-of-experts config")
         if self.num_experts_per_tok > self.num_experts:
             raise ConfigError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts "
                               f"({self.num_experts}): a token cannot run more experts than there are; choose "
@@ -323,12 +324,6 @@ FAMILY_PRESETS: dict[str, FamilyConfig] = {
 
 def family_config(name: str | FamilyConfig, **overrides: Any) -> FamilyConfig:
     """A family preset by name (or a FamilyConfig), with field overrides applied (None: unchanged)."""
-    if isinstance(name, FamilyConfig):
-        base = name
-    elif name in FAMILY_PRESETS:
-        base = FAMILY_PRESETS[name]
-    else:
+    if not isinstance(name, FamilyConfig) and name not in FAMILY_PRESETS:
         raise ConfigError(f"unknown family preset {name!r}: choose one of {', '.join(FAMILY_PRESETS)}")
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    known_fields(FamilyConfig, overrides, ConfigError, "config field")
-    return dataclasses.replace(base, **overrides) if overrides else base
+    return _overridden(name if isinstance(name, FamilyConfig) else FAMILY_PRESETS[name], overrides)

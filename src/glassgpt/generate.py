@@ -9,7 +9,7 @@ prompt, temperature, top-k and seed, that draws the very tokens the book's `gene
 draws after `torch.manual_seed(seed)` (tests/test_book.py), up to one difference: the
 book stops *before* an `eos_id` and drops it, glassgpt keeps it as the last token.
 
-By default the engine (`glassgpt.engine`; engine/family.py for Qwen3 and Llama 3) runs the model
+By default the engine (`glassgpt.engine`; its TwinSteps for Qwen3 and Llama 3) runs the model
 with a KV cache, so each step
 feeds it one token; `use_cache=False` is the book's loop instead, the whole sequence
 through the glass model at every step. Either way, when the sequence outgrows
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import codecs
 import math
+import time
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -29,7 +31,7 @@ from torch import nn
 
 from .adopt import adopt, adopted_from
 from .engine import as_engine, pages
-from .engine.family import family_steps
+from .engine.decode import twin_steps
 from .engine.hybrid_cache import cache_for
 from .families import is_bonus_model, is_family_model
 from .model import GPTModel
@@ -55,6 +57,50 @@ def glass_model(model: nn.Module) -> GPTModel:
     return adopt(model)
 
 
+@dataclass
+class Timing:
+    """Where a generate call's time went: the set-up apart from the decoding, so that a rate is the decoding's.
+
+        timing = Timing()
+        generate(model, ids, 50, timing=timing)
+        timing.setup_s, timing.decode_rate        # e.g. 1.9 s, then 640 tokens/s
+
+    load_s     reading the model (the caller's figure: the CLI times its load; 0 for a model already in memory)
+    tune_s     making the engine and planning its decoding step: what autotune measures on this machine the
+               first time (each kernel, the native step against the PyTorch forward), or reads from its cache
+    prefill_s  the prompt through the model
+    decode_s   the decoding steps, each new token after the first (which the prompt's logits give), with
+               their picks; a refill of a full window is part of decoding
+    decoded    how many tokens those steps made
+    measured   the decisions this process measured ("step", "linear 768x768", ...); empty where every one
+               was read from autotune's cache (a warm machine)
+    clock      what is read for the seconds (a test gives a fake one)
+    """
+
+    load_s: float = 0.0
+    tune_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decoded: int = 0
+    measured: tuple[str, ...] = ()
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
+
+    @property
+    def setup_s(self) -> float:
+        """Seconds before the first decoding step: load, tune and prefill."""
+        return self.load_s + self.tune_s + self.prefill_s
+
+    @property
+    def decode_rate(self) -> float | None:
+        """Tokens per second of the decoding steps alone; None where none ran (a reply of one token)."""
+        return self.decoded / self.decode_s if self.decoded and self.decode_s > 0 else None
+
+    def to_dict(self) -> dict:
+        return {"load_s": self.load_s, "tune_s": self.tune_s, "prefill_s": self.prefill_s, "setup_s": self.setup_s,
+                "decode_s": self.decode_s, "decoded": self.decoded, "decode_tokens_per_s": self.decode_rate,
+                "measured": list(self.measured)}
+
+
 class GlassSteps:
     """generate's seams (prefill, decode_one) on the glass model itself over its own kv_cache(): the book's bonus
     models (OLMo 3, Tiny Aya), which have no twin or native step yet."""
@@ -65,6 +111,9 @@ class GlassSteps:
     def prefill(self, ids: torch.Tensor, cache) -> torch.Tensor:
         cache.reset()
         return self.model(ids, cache, last_only=True)[:, -1]
+
+    def prepare(self, cache) -> None:
+        """Nothing to plan: the glass model decodes."""
 
     def decode_one(self, ids: torch.Tensor, cache) -> torch.Tensor:
         return self.model(ids[:, None], cache, last_only=True)[:, -1]
@@ -140,21 +189,27 @@ def pick_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None 
 def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: int,
            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
            eos_id: int | None = None, seed: int | None = None, use_cache: bool = True,
-           on_pick: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> Iterator[torch.Tensor]:
+           on_pick: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+           timing: Timing | None = None) -> Iterator[torch.Tensor]:
     """Yield the next ids `[b]` one step at a time (see `generate`).
 
     on_pick: called as on_pick(logits [b, V], next_id [b]) at each step, before the id is
     yielded, e.g. to show the candidates it was drawn from (`sampling_probs`); it must not
     draw from the random generator, so the ids stay those of a run without it.
+    timing: a `Timing` whose set-up and decoding seconds this call adds to (the time the caller
+    spends between two ids is not counted).
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p)
+    timing = timing if timing is not None else Timing(clock=_no_clock)
+    clock = timing.clock
+    start = clock()
     glass = adopt(model, ids)  # a reader's module is read in place, checked once
     family = is_family_model(glass)
     if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
         use_cache = False
     bonus = is_bonus_model(glass)
     if use_cache:
-        engine = GlassSteps(glass) if bonus else family_steps(glass) if family else \
+        engine = GlassSteps(glass) if bonus else twin_steps(glass) if family else \
             as_engine(glass if adopted_from(glass) else model)
     device = glass.tok_emb.weight.device
     prompt = as_batch(ids, device)
@@ -179,6 +234,7 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     cache = make_cache(b, max_len=min(ctx, t + max_new_tokens), device=device,
                        dtype=glass.tok_emb.weight.dtype) if use_cache else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)
+    timing.tune_s += clock() - start  # the engine made (autotune's kernels measured or read), the cache allocated
 
     def last_logits(length: int) -> torch.Tensor:
         """Logits `[b, V]` after seq[:, :length]: one new token through the cache, else the window."""
@@ -196,12 +252,34 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
             return checked(found[0], all(math.isfinite(v) for v in found[1]))
         return pick_next(logits, temperature, top_k, top_p, generator)
 
-    length = t
-    logits = last_logits(length)
-    for step in range(max_new_tokens):
-        next_id = pick(logits)  # [b]
+    def first_ids() -> torch.Tensor:
+        """The prompt's logits, the decoding step planned (set-up, timed apart), and the first new ids `[b]`."""
+        start = clock()
+        logits = last_logits(t)
+        next_id = pick(logits)
         if on_pick is not None:
             on_pick(logits, next_id)
+        timing.prefill_s += clock() - start
+        if cache is not None and max_new_tokens > 1:
+            start = clock()
+            engine.prepare(cache)  # the native step's plan, and the first time on this machine its measurement
+            choices = getattr(engine, "choices", None)
+            timing.measured = tuple(sorted(choices.measured)) if choices is not None else ()
+            timing.tune_s += clock() - start
+        return next_id
+
+    length = t
+    for step in range(max_new_tokens):
+        if step == 0:
+            next_id = first_ids()  # [b]
+        else:
+            start = clock()
+            logits = last_logits(length)
+            next_id = pick(logits)  # [b]
+            if on_pick is not None:
+                on_pick(logits, next_id)
+            timing.decode_s += clock() - start
+            timing.decoded += 1
         if eos_id is not None:
             next_id = next_id.masked_fill(finished, eos_id)  # rows that ended keep emitting eos
             finished |= next_id == eos_id
@@ -210,24 +288,31 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
         yield next_id
         if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
             return
-        logits = last_logits(length)
 
 
 def generate(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: int,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             eos_id: int | None = None, seed: int | None = None, use_cache: bool = True) -> torch.Tensor:
+             eos_id: int | None = None, seed: int | None = None, use_cache: bool = True,
+             timing: Timing | None = None) -> torch.Tensor:
     """Extend `ids` (`[t]` or `[b, t]`, int64) by up to `max_new_tokens`; return `[b, t + n]` int64.
 
     temperature 0 is greedy; sampling with a `seed` is reproducible. Generation stops
     early once every row has produced `eos_id` (which is included). A prompt longer
     than `context_length` is kept whole in the output, but the model sees only its
-    last `context_length` tokens.
+    last `context_length` tokens. `timing`: a `Timing` this call fills, its set-up (the
+    engine, the decoding step's measurement or plan, the prompt) apart from its decoding rate.
     """
     prompt = as_batch(ids, glass_model(model).tok_emb.weight.device)
-    new = list(stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache))
+    new = list(stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, seed, use_cache,
+                      timing=timing))
     if not new:
         return prompt
     return torch.cat([prompt, torch.stack(new, dim=1)], dim=1)
+
+
+def _no_clock() -> float:
+    """The clock of a call that nobody times: no reads of the system clock per token."""
+    return 0.0
 
 
 def decode_stream(tokenizer: Tokenizer, ids: Iterable[int]) -> Iterator[str]:

@@ -30,10 +30,13 @@ from torch import nn
 from . import anatomy as an
 from . import model as gpt2
 from .adopt import KINDS_READ, LOOKED_FOR, config_of, family_layout, layout_of
+from .config import FamilyConfig, GPTConfig
 from .errors import GlassError, UnreadableModelError
 from .families import BONUS_MODELS, FAMILIES, gemma3, llama3, olmo3, qwen3, qwen3_5, tiny_aya
+from .families import build_model as build_family
 from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, bonus_config_from_hf
 from .variants import VARIANTS, variant_of
+from .variants import build_model as build_variant
 
 GLASS = {"qwen3": qwen3.describe, "llama3": llama3.describe, "gemma3": gemma3.describe, "qwen3_5": qwen3_5.describe,
          "olmo3": olmo3.describe, "tiny_aya": tiny_aya.describe}
@@ -318,3 +321,57 @@ def norm_kind_by_behaviour(mod: nn.Module, weight: torch.Tensor, bias: torch.Ten
         if torch.allclose(out, expected, atol=tol, rtol=tol):
             return kind
     return None
+
+
+# --- the glass model of a config, and its description (what an analysis builds without naming a model file) ----
+
+def config_key(cfg: object) -> str | None:
+    """Which glass file a config is for: "gpt2", a family ("qwen3", "gemma3", "olmo3", ...) or chapter 4's
+    variant ("gqa", "mla", "swa", "moe"); None for anything else."""
+    if isinstance(cfg, tuple(VARIANTS)):
+        return VARIANTS[type(cfg)].__name__.rpartition(".")[2]
+    if isinstance(cfg, GPTConfig):
+        return "gpt2"
+    family = getattr(cfg, "family", None)
+    return family if family in GLASS else None
+
+
+def glass_model(cfg: object) -> nn.Module:
+    """glassgpt's glass model of `cfg` (any config config_key knows), with PyTorch's default initialisation."""
+    key = config_key(cfg)
+    if key is None:
+        raise GlassError(f"{type(cfg).__name__} is no config glassgpt builds a model of: {KINDS_READ}")
+    if key == "gpt2":
+        return gpt2.GPTModel(cfg)
+    if key in ("gqa", "mla", "swa", "moe"):
+        return build_variant(cfg)
+    return build_family(cfg)
+
+
+CONFIG_TYPES = {"gemma3": gemma3.Gemma3Config, "olmo3": olmo3.Olmo3Config, "tiny_aya": tiny_aya.TinyAyaConfig,
+                "qwen3_5": qwen3_5.Qwen3_5Config} | {m.__name__.rpartition(".")[2]: c for c, m in VARIANTS.items()}
+
+
+def config_type(key: str) -> type:
+    """The config class of a glass file ("gpt2", a family, a variant): GPTConfig, FamilyConfig or its own."""
+    return GPTConfig if key == "gpt2" else CONFIG_TYPES.get(key, FamilyConfig)
+
+
+def glass_class(cfg: object) -> type:
+    """The class glass_model builds for `cfg`."""
+    key = config_key(cfg)
+    if key == "gpt2":
+        return gpt2.GPTModel
+    if key in ("gqa", "mla", "swa", "moe"):
+        return VARIANTS[type(cfg)].GPTModel
+    return BONUS_MODELS[key][0] if key in BONUS_MODELS else FAMILIES[key]
+
+
+def glass_description(cfg: object) -> an.Anatomy:
+    """The glass file's own describe(cfg): the anatomy of glass_model(cfg), and of a reader's subclass of it."""
+    key = config_key(cfg)
+    if key == "gpt2":
+        return gpt2.describe(cfg)
+    if key in ("gqa", "mla", "swa", "moe"):
+        return VARIANTS[type(cfg)].describe(cfg)
+    return GLASS[key](cfg)

@@ -453,7 +453,6 @@ def _dtype_size(dtype: torch.dtype | str) -> tuple[str, int]:
         if dtype in QUANTIZED:
             return dtype, 1
         from .device import DTYPES
-        from .errors import GlassError
         if dtype not in DTYPES:
             raise GlassError(f"unknown dtype {dtype!r}: use float32, bfloat16, float16, int8 or int4")
         dtype = DTYPES[dtype]

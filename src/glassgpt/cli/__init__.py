@@ -58,9 +58,9 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 # Which module of cli/ declares each command, so that a command imports only its own (`generate` does not
 # wait for explain's or training's modules); tests/test_cli_help.py checks it against the whole parser.
-MODULES = ("core", "explain", "diff", "check", "train", "finetune", "serve", "export")
-COMMANDS = {"generate": "core", "info": "core", "download": "core", "explain": "explain", "diff": "diff",
-            "check": "check", "train": "train", "plot": "train", "tokenizer": "train", "eval": "train",
+MODULES = ("core", "explain", "compare", "diff", "check", "train", "finetune", "serve", "export")
+COMMANDS = {"generate": "core", "info": "core", "download": "core", "explain": "explain", "compare": "compare",
+            "diff": "diff", "check": "check", "train": "train", "plot": "train", "tokenizer": "train", "eval": "train",
             "finetune": "finetune", "classify": "finetune", "chat": "finetune", "serve": "serve", "export": "export"}
 
 

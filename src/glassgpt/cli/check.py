@@ -17,8 +17,7 @@ from ..explain.debugger import AGAINST, debug
 from ..explain.loading import load_state_dict
 from ..explain.pieces import PRESETS, build, check as check_piece, is_whole_model
 from ..explain.pieces.cache import has_cache_api
-from ..explain.verify import DEFAULT_TEXT
-from ..explain.verify_family import check  # GPT-2, or a Qwen3/Llama port of the book's classes
+from ..explain.verify import DEFAULT_TEXT, check  # GPT-2, or any other described model
 from ..formats.files import read_json
 from .limits import seed
 

@@ -15,7 +15,7 @@ from ..engine import KVCache, as_engine, autotune, compile_for_generation, compi
 from ..engine.advice import advise
 from ..errors import ConfigError, GlassError
 from ..recall import MIN_TOKENS, copied_spans
-from ..generate import decode_stream, glass_model, sampling_probs, stream
+from ..generate import Timing, decode_stream, glass_model, sampling_probs, stream
 from ..prompt import fit_prompt
 from .. import memory
 from ..memory import architecture_notes, memory_needs, parameter_table
@@ -89,16 +89,21 @@ def report_kernels(cfg, precision: str, device) -> autotune.Choices | None:
 def run_generate(args: argparse.Namespace) -> int:
     check_prompt(args.prompt)
     data = _read_data(args.check_against) if args.check_against else None
+    timing = Timing()
     # The prompt's UTF-8 bytes bound its tokens: memory is checked before the tokenizer or model is loaded.
     # int8 and int4: loaded in bfloat16 and quantized by Source.load.
+    start = timing.clock()
     model, tok = load(args, tokens=len(args.prompt.encode("utf-8")) + args.max_new_tokens,
                       new_tokens=args.max_new_tokens)
+    timing.load_s = timing.clock() - start
     require_language_model(model, args.model)
+    start = timing.clock()
     if not isinstance(model.cfg, GLASS_ONLY):  # Qwen3, Llama, Gemma, OLMo and Aya run their glass code: no kernels
         report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
     measure = None  # where a compile runs: what it costs and saves is measured, for the next command
     if args.compile:
         model, measure = compile_if_it_pays(model, args.max_new_tokens)
+    timing.tune_s = timing.clock() - start
     allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
     if special_note:
         print(f"note: {special_note}", file=sys.stderr)
@@ -111,7 +116,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens >= LONG_GENERATION and not args.compile:
         print(f"note: {estimate_line(model, len(prompt_ids), args.max_new_tokens)}", file=sys.stderr)
     steps = stream(model, prompt_ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                   eos_id=tok.eot_id if args.stop_at_eos else None, seed=args.seed, on_pick=on_pick)
+                   eos_id=tok.eot_id if args.stop_at_eos else None, seed=args.seed, on_pick=on_pick, timing=timing)
     arrivals: list[float] = []  # perf_counter at each new token, for a compile's measurement
     if measure is not None:
         steps = _clocked(steps, arrivals)
@@ -132,8 +137,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if measure is not None and len(arrivals) >= 2:
         measure(arrivals[1] - t0, min(model.cfg.context_length, len(prompt_ids) + args.max_new_tokens))
     if new_ids:
-        print(f"generated {len(new_ids):,} tokens in {seconds:.2f} s: {len(new_ids) / max(seconds, 1e-9):,.1f} "
-              "tokens/s (the prompt's prefill included)", file=sys.stderr)
+        print(timing_line(timing, len(new_ids), seconds), file=sys.stderr)
     spans = copied_spans([tok.decode([i]) for i in prompt_ids + new_ids], data, len(prompt_ids)) \
         if data is not None else None
     if args.json:
@@ -151,6 +155,18 @@ def run_generate(args: argparse.Namespace) -> int:
     if spans is not None:
         _print_spans(args.check_against, spans, len(prompt_ids) + len(new_ids))
     return 0
+
+
+def timing_line(timing: Timing, new: int, seconds: float) -> str:
+    """One line: the set-up (load, this machine's measurements or their cache, the prompt) apart from the decoding
+    rate, so that a cold command's figure is not read as the model's speed."""
+    tune = (f"measuring this machine {timing.tune_s:.2f} s ({len(timing.measured)} choices, kept for the next "
+            "command)") if timing.measured else f"engine and plan {timing.tune_s:.2f} s (measurements read from the cache)"
+    setup = (f"set-up {timing.setup_s:.2f} s: loading {timing.load_s:.2f} s, {tune}, prompt {timing.prefill_s:.2f} s")
+    rate = timing.decode_rate
+    decode = f"decoding {timing.decoded:,} tokens at {rate:,.1f} tokens/s" if rate is not None else \
+        "no decoding step (the first token comes from the prompt)"
+    return f"generated {new:,} tokens in {timing.load_s + timing.tune_s + seconds:.2f} s; {setup}; {decode}"
 
 
 def compile_if_it_pays(model, new_tokens: int):

@@ -13,10 +13,10 @@ from pathlib import Path
 from ..errors import GlassError
 from ..explain import About, trace
 from ..explain.views import draw
-from ..explain.compare import compare, same_tokenizer
+from ..explain.compare import changes_of, compare, same_tokenizer
 from ..explain.views.compare import comparison_layout, comparison_text
 from ..explain.views.diagram import layout, save_attention_png
-from ..explain.family import changes_from_gpt2, family_trace
+from ..explain.trace import changes_from_gpt2
 from ..families import is_bonus_model, is_family_model
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
 from ..explain.pieces import sliding_windows
@@ -107,7 +107,7 @@ def run_explain(args: argparse.Namespace) -> int:
         _check_layers(args, cfg.n_layers)
     model, tok = load(args, source, tokens=len(args.prompt.encode("utf-8")))  # (its bytes bound its tokens)
     _check_layers(args, model.cfg.n_layers)
-    if is_family_model(model) or is_bonus_model(model):  # Qwen3, Llama 3.2, OLMo 3, Tiny Aya: explain/family.py's
+    if is_family_model(model) or is_bonus_model(model):  # Qwen3, Llama 3.2, OLMo 3, ...: the rotary trace's text view
         return _run_family(args, model, tok, source)
     about = read_as(args, source, model)
     allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
@@ -142,9 +142,6 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer, source: Source)
     if args.embedding_vs_linear:
         raise GlassError(f"for a {model.cfg.family} model the one-hot proof is the third of the four answers that "
                          "explain prints: drop --embedding-vs-linear")
-    if is_bonus_model(model) and args.compare:  # compare follows Qwen3's and Llama's modules
-        raise GlassError(f"--compare does not read a {model.cfg.family} model yet: "
-                         "explain it without the flag")
     if args.why:  # the same answer as GPT-2's (its JSON under "why"), and the same picture
         result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, top_k=args.top_k)
         for note in result.notes[:-1]:  # (the last, on attention, is in every view)
@@ -152,15 +149,25 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer, source: Source)
         return _show(args, {"why": result.to_dict()}, lambda: why_layout(result), lambda color: result.to_text())
     if args.compare:
         gpt2, second = load_second(args, args.compare, None, dtype=model.tok_emb.weight.dtype)
-        if is_family_model(gpt2):  # two Qwen3/Llama models: their next tokens side by side
+        if is_family_model(gpt2) or is_bonus_model(gpt2):  # two Qwen3/Llama models: their next tokens side by side
+            if {model.cfg.family, gpt2.cfg.family} - {"qwen3", "llama3"}:
+                raise GlassError(f"--compare sets two Qwen3 or Llama models' next tokens side by side, not a "
+                                 f"{model.cfg.family} and a {gpt2.cfg.family}: --compare gpt2 gives what changed "
+                                 "from GPT-2, and `glassgpt compare --models` the architectures side by side")
             return _run_compare(args, model, tok, source.about(), (gpt2, second))
-        changes = changes_from_gpt2(model, gpt2)
+        # Qwen3 and Llama: the book's GPT-to-Llama stages with their parameter counts; any other model: every
+        # change its description holds (compare.py)
+        changes = changes_from_gpt2(model, gpt2) if model.cfg.family in ("qwen3", "llama3") and not \
+            model.cfg.moe else changes_of(model, gpt2)
         if args.format in ("svg", "png"):
             raise GlassError("what changed from GPT-2 is text (or --format json): drop --format " + args.format)
         if args.format == "json":
             return emit(json.dumps(changes.to_dict(), indent=2), args.out)
         return emit(changes.to_text(), args.out)
-    tr = family_trace(model, tok, args.prompt, top_k=args.top_k, attention=args.attention, logit_lens=args.logit_lens)
+    # every trace option, as GPT-2's path reads them; the one-hot proof is always the third answer
+    tr = trace(model, tok, args.prompt, options=trace_options(args, embedding_check=True), about=source.about())
+    for note in tr.notes:
+        print(f"note: {note}", file=sys.stderr)
     heat = None
     if args.attention:  # every query head of --layer, each titled with the key/value group it reads
         heat = args.attention_out or f"attention-L{args.layer}.png"

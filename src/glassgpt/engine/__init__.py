@@ -8,10 +8,13 @@ the glass model (the same greedy tokens in float32; stated tolerances in bfloat1
                   that shares the model's weights
     cache.py      the KV cache: keys and values of earlier tokens, written in place
     decode.py     Engine(model): the glass model's forward on the fused twin, with the cache
-                  and the head on the last position; the decoding seam (prefill, decode_one,
-                  decode_n) that generate.py calls; compile_for_generation (torch.compile)
-    step.py       the native decoding step: one C++ call per new token for the whole model
-                  (kernels/step.cpp), over the model's own tensors
+                  and the head on the last position; the decoding seam (prefill, prepare, decode_one,
+                  decode_n) that generate.py calls; compile_for_generation (torch.compile);
+                  TwinSteps, the same seam for Qwen3 and Llama 3: the glass model's twin with the
+                  gemv kernel where it won, or the native step
+    step.py       the native decoding step: one C++ call per new token for the whole model, its plan
+                  read from the model's description (kernels/step.cpp for GPT-2's, family_step.cpp
+                  for RoPE, RMSNorm and SwiGLU: Qwen3, Llama 3), over the model's own tensors
     graphs.py     on a GPU, the decoding step recorded once as a CUDA graph and replayed per token
     attention.py  the causal attention over cached keys: SDPA, or written out in blocks
                   of queries where that measured faster on a CPU
@@ -27,10 +30,9 @@ the glass model (the same greedy tokens in float32; stated tolerances in bfloat1
     advice.py     the dtype and flags to use on this CPU, in words, from autotune's records (`info`)
     loss.py       cross-entropy a few rows at a time (no float32 copy of the logits)
     mixed.py      bfloat16 training with a float32 master copy (no casts per activation)
-    family.py     Qwen3 and Llama 3 decoding: the glass model's twin with the gemv kernel where it won
 
 generate.py runs every cached generation of GPT-2 through `Engine`, of Qwen3 and Llama 3 through
-family.py's steps; training uses `loss.py` and
+decode.py's TwinSteps; training uses `loss.py` and
 `mixed.py`.
 model.py imports nothing from here: `GPTModel` alone is a complete, correct GPT-2 that
 trains, and `generate(..., use_cache=False)` runs the book's loop on it.

@@ -68,7 +68,8 @@ from .fused import FusedAttention, FusedGELU
 from .int4 import Int4Linear, is_int4
 from .int8 import Int8Linear, is_quantized
 from .linear import GEMV_MAX_ROWS, QUANTIZED_GEMV_MAX_ROWS, GemvLinear
-from .step import NativeStep, why_not
+from ..kinds import describe as describe_model
+from . import step as plans
 
 PRECISIONS = ("float32", "bfloat16", "int8", "int4")
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
@@ -268,14 +269,53 @@ def apply(twin: nn.Module, choices: Choices) -> None:
             module.prompt_path = choices.winners.get("attention prompt", FusedAttention.prompt_path)
 
 
+def twin_choices(model: nn.Module) -> Choices | None:
+    """The kernels of a model the Engine does not fuse (decode.py's TwinSteps: Qwen3, Llama 3): for each
+    distinct Linear shape, "glassgpt" or "torch", whichever multiplied one row faster here; measured once per
+    machine, precision and shape, kept in the cache file like `choose`'s (its "step" decision joins them at
+    the first decoding step). None off the CPU, or in a precision nothing is measured for."""
+    weight = next(model.parameters(), None)
+    precision = None if weight is None else str(weight.dtype).removeprefix("torch.")
+    if weight is None or weight.device.type != "cpu" or precision not in ("float32", "bfloat16"):
+        return None
+    anatomy = describe_model(model)
+    shapes = sorted({(m.out_features, m.in_features) for m in model.modules() if type(m) is nn.Linear})
+    first = anatomy.blocks[0]
+    ops = native.load()
+    key = (f"{machine_key()} | {precision} | {anatomy.name}: d {anatomy.embedding.emb_dim}, layers {anatomy.n_layers}, "
+           f"h {first.attention.n_heads}, g {first.attention.n_kv_groups}, hd {first.attention.head_dim}, "
+           f"ff {first.ff.hidden_dim}, V {anatomy.head.out_features}, ctx {anatomy.positions.context_length}, "
+           f"linears {' '.join(f'{o}x{i}' for o, i in shapes)} | "
+           f"{'with' if ops is not None else 'without'} glassgpt's kernels")
+    if key in _memo:
+        return _memo[key]
+    cache = native.cache_dir() / "autotune.json"
+    saved = _read(cache).get(key)
+    choices = Choices(machine_key(), precision, key=key, path=cache) if saved is None else \
+        Choices(machine_key(), precision, saved["winners"], saved["ms"], cached=True, key=key, path=cache,
+                unsettled=saved.get("unsettled", {}))
+    due = [shape for shape in shapes if choices.due(f"linear {shape[0]}x{shape[1]}")]
+    if ops is not None and due:
+        with torch.random.fork_rng(devices=[]):  # random inputs: a seeded run draws the same with or without this
+            for out, inp in due:
+                measure(choices, f"linear {out}x{inp}", linear_candidates((out, inp), precision, ops))
+        save(choices)
+    _memo[key] = choices
+    return choices
+
+
 def native_step_chosen(engine: nn.Module, cache: KVCache) -> bool:
-    """Whether `engine` decodes with the native step here (timed once, on its own weights, then kept)."""
+    """Whether `engine` (decode.py's Engine, or TwinSteps) decodes with the native step here: the step and the
+    engine's own forward each decode position 1 of a scratch cache, timed once per machine and shapes on its
+    own weights, then kept in the cache file, so that a later process plans the step without timing it."""
     choices = engine.choices
     if choices.due("step"):
-        if why_not(engine.model, cache) is not None:
+        if plans.why_not(engine.model, cache) is not None:
             return False
         scratch = KVCache(engine.cfg, 1, 4, dtype=cache.k[0].dtype)
-        native, token = NativeStep(engine.model, scratch), torch.zeros(1, dtype=torch.long)
+        native, token = plans.native_step(engine.model, scratch), torch.zeros(1, dtype=torch.long)
+        if native is None:
+            return False
 
         def at(pos: int, call):
             def run():

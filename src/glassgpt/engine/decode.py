@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import types
 import warnings
+import weakref
 from typing import Callable, Iterator
 
 import torch
@@ -33,13 +34,15 @@ from torch import nn
 from ..config import GPTConfig
 from ..errors import KernelWarning
 from ..model import GPTModel
-from . import autotune, compiling
+from . import autotune, compiling, native
 from .cache import KVCache
 from .fused import fused
 from .graphs import GraphStep
 from .graphs import why_not as why_no_graph
 from .int8 import is_quantized
-from .step import NativeStep, stamp, why_not
+from .linear import GemvLinear
+from . import step as plans
+from .step import PlannedStep, stamp
 
 _said: set[str] = set()  # the reasons a native step or CUDA graph did not run, each said once per process
 
@@ -61,7 +64,8 @@ class Engine(nn.Module):
         self.model = model
         self.fast = fused(model)
         self.choices = autotune.tune(self.fast)  # the kernels measured fastest here (None off the CPU)
-        self.step: NativeStep | None = None  # the native step over the last cache decode_one was given
+        self.step: PlannedStep | None = None  # the native step over the last cache decode_one was given
+        self.declined: weakref.ref | None = None  # the cache the native step was found not to run on
         self.graphs: dict[tuple, GraphStep | None] = {}  # on a GPU: the recorded step per (batch, length, dtype)
 
     @property
@@ -85,6 +89,13 @@ class Engine(nn.Module):
         cache.reset()
         return self(ids, cache, last_only=True)[:, -1]
 
+    def prepare(self, cache: KVCache) -> None:
+        """Plan the decoding step over `cache` before the first new token (generate times it as set-up): on the
+        CPU the native step where it covers the model and autotune chose it (measured once on this machine,
+        then read from autotune's cache by every later process)."""
+        if cache.k[0].device.type == "cpu":
+            self.native_step(cache)
+
     def decode_one(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One new token per row, `[b]` at `cache.pos` -> its logits `[b, V]` (the cache advances by one).
 
@@ -106,8 +117,9 @@ class Engine(nn.Module):
             ids = pick(self.decode_one(ids, cache))
             yield ids
 
-    def native_step(self, cache: KVCache) -> NativeStep | None:
-        """The native step over `cache`, where autotune chose it here and it covers this model; else None."""
+    def native_step(self, cache: KVCache) -> PlannedStep | None:
+        """The native step over `cache`, where autotune chose it here and it covers this model; else None
+        (decided once per cache: the steps of a generate call that the PyTorch engine runs ask nothing again)."""
         step = self.step
         if step is not None and not step.stale():
             if step.cache is cache:
@@ -115,13 +127,16 @@ class Engine(nn.Module):
             if step.takes(cache) and step.stamp == stamp(self.model):
                 step.point_at(cache)  # the next generate call's cache, of the same shape: the plan moves onto it
                 return step
+        if step is None and self.declined is not None and self.declined() is cache:
+            return None
         self.step = None
-        reason = why_not(self.model, cache)
+        reason = plans.why_not(self.model, cache)
         if reason is None and self.choices is not None and autotune.native_step_chosen(self, cache):
-            self.step = NativeStep(self.model, cache)
+            self.step = plans.native_step(self.model, cache)
         elif reason is not None and cache.k[0].device.type == "cpu" and \
                 "kernels are not available" not in reason:  # that one native.py says
             say_once("native decoding step", reason)
+        self.declined = weakref.ref(cache) if self.step is None else None
         return self.step
 
     def graph_step(self, cache: KVCache) -> GraphStep | None:
@@ -146,6 +161,114 @@ class Engine(nn.Module):
         if reason is not None:
             say_once("CUDA graph of the decoding step", reason)
         return graph
+
+
+class TwinSteps:
+    """generate's seams (`prefill`, `prepare`, `decode_one`, `greedy`) for a model the Engine does not fuse (Qwen3,
+    Llama 3): the glass model again, module by module, whose nn.Linears are GemvLinear over the very same
+    Parameters (`gemv_twin`: nothing copied; RoPE's tables, the config and the hooks shared), each given
+    glassgpt's matrix-vector kernel where autotune found it faster here for that shape; and the native step
+    (step.py) where its description has a plan and autotune measured it faster than the twin.
+
+    At batch 1 each new token multiplies one row by every weight, so a step's time is the time to read the
+    weights (2.4 GB per token for Qwen3 0.6B in float32). PyTorch's matmul reads them below the memory's
+    bandwidth on some CPUs, the gemv kernel at it (linear.py, kernels/gemv.cpp); every prompt of more than
+    GEMV_MAX_ROWS tokens runs F.linear as the glass model does, so the prompt's logits are the glass model's
+    bit for bit, and each decoded token's within the kernel's rounding (tests/test_family_adopt.py). The
+    native step runs a whole decoding step in one C++ call: no Python between the 28 blocks of Qwen3 0.6B,
+    whose ~200 small operators per token otherwise cost as much as reading the weights.
+
+    What was measured (each shape's kernel, the step against the twin) is kept in autotune's cache file, so a
+    later process decodes at once at the rate the first one chose (`choices.cached`, `choices.measured`)."""
+
+    def __init__(self, model: nn.Module, twin: nn.Module, choices: autotune.Choices | None):
+        self._model = weakref.ref(model)  # weakly: twin_steps keeps these per model, and must not keep the model
+        self.twin = twin
+        self.choices = choices  # None off the CPU, or in float16: nothing measured, the twin decodes
+        self.step: PlannedStep | None = None  # the native step over the last cache decode_one was given
+        self.declined: weakref.ref | None = None  # the cache the native step was found not to run on
+
+    @property
+    def model(self) -> nn.Module:
+        return self._model()
+
+    @property
+    def cfg(self):
+        return self.model.cfg
+
+    def run(self, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
+        """The twin's forward (autotune times the native step against it)."""
+        return self.twin(ids, cache, last_only=last_only)
+
+    def prefill(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        cache.reset()
+        return self.twin(ids, cache, last_only=True)[:, -1]
+
+    def prepare(self, cache) -> PlannedStep | None:
+        """The native step over `cache` where it covers the model and autotune chose it (Engine.prepare); else None."""
+        step = self.step
+        if step is not None and step.cache is cache and not step.stale():
+            return step
+        if step is None and self.declined is not None and self.declined() is cache:
+            return None
+        chosen = self.choices is not None and autotune.native_step_chosen(self, cache)
+        if chosen and step is not None and not step.stale() and step.takes(cache):
+            step.point_at(cache)  # a cache of the same shape: twin_steps planned this model's current tensors
+        else:
+            self.step = plans.native_step(self.model, cache) if chosen else None
+        self.declined = weakref.ref(cache) if self.step is None else None
+        return self.step
+
+    def decode_one(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """One new token per row, `[b]` at `cache.pos` -> its logits `[b, V]` (the native step's are
+        float32, in a buffer the next step overwrites)."""
+        step = self.prepare(cache)
+        if step is not None:
+            return step(ids)
+        return self.twin(ids[:, None], cache, last_only=True)[:, -1]
+
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
+        """The native step's own greedy pick of `logits` where it made them (step.py's PlannedStep.greedy), else None."""
+        return self.step.greedy(logits) if self.step is not None else None
+
+
+_TWINS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, TwinSteps]]" = weakref.WeakKeyDictionary()
+
+
+def twin_steps(model: nn.Module) -> TwinSteps:
+    """The steps of `model`'s twin, made once per model (again if its tensors were replaced)."""
+    fingerprint = tuple((p.data_ptr(), p.dtype, p.device) for p in model.parameters())
+    found = _TWINS.get(model)
+    if found is None or found[0] != fingerprint:
+        twin, choices = gemv_twin(model)
+        found = (fingerprint, TwinSteps(model, twin, choices))
+        _TWINS[model] = found
+    return found[1]
+
+
+def gemv_twin(model: nn.Module) -> tuple[nn.Module, autotune.Choices | None]:
+    """`model` again, module by module, over the same Parameters (and RoPE tables, config and hooks), with
+    each nn.Linear a GemvLinear (nothing is copied or made again), each given the kernel where autotune
+    measured it faster for its shape; and those choices (None off the CPU or in float16)."""
+    twin = _shallow_copy(model)
+    choices = autotune.twin_choices(model)
+    ops = native.load() if choices is not None else None
+    if ops is not None:
+        for m in twin.modules():
+            if isinstance(m, GemvLinear) and choices.winners.get(f"linear {m.out_features}x{m.in_features}") == "glassgpt":
+                m.gemv = ops.gemv
+    return twin, choices
+
+
+def _shallow_copy(module: nn.Module) -> nn.Module:
+    """A new module object of `module`'s class (GemvLinear for an nn.Linear) sharing its Parameters,
+    buffers and attributes, with its submodules copied the same way."""
+    cls = GemvLinear if type(module) is nn.Linear else type(module)
+    twin = cls.__new__(cls)
+    twin.__dict__ = module.__dict__.copy()
+    twin._parameters = dict(module._parameters)  # the same Parameter objects
+    twin._modules = {name: None if child is None else _shallow_copy(child) for name, child in module._modules.items()}
+    return twin
 
 
 def say_once(what: str, reason: str) -> None:

@@ -14,8 +14,8 @@ analyses, each a function over the model that returns a result:
     compare.py   two models' next-token distributions side by side, and their KL divergence
     diff.py      two models' weights: the relative change of every tensor, and which did not move
     why.py       why this token: the parts' exact sum, the prompt tokens' shares, activation patching
-    verify.py    check(model): a reader's own module against the book's formulas, stage by stage
-    verify_family.py  the same for a reader's Qwen3 or Llama 3 port, with their mistakes; check() for both
+    verify.py    check(model): a reader's own module against the book's formulas, stage by stage (GPT-2 against
+                 model.py; every other described model against its description), and the known mistakes
     debugger.py  check(port, against="transformers"): the layer debugger's [OK]/[DIFF] table against
                  transformers; causes.py the first cause inside the layer that differs (property, catalogue)
     loading.py   check_state_dict: what goes wrong loading a state dict into a port, named

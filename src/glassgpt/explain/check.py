@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import GPTModel
+if TYPE_CHECKING:
+    from ..model import GPTModel
 
 
 @torch.inference_mode()

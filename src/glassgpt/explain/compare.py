@@ -24,9 +24,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
+from .. import anatomy as an
 from ..adopt import adopt, check_computable
 from ..families import is_family_model
+from ..kinds import describe
 from ..model import GPTModel
 from ..prompt import encode, fit_prompt, keep_for
 from ..tokenizer import Tokenizer
@@ -140,3 +143,144 @@ def _family_run(model, tokenizer: Tokenizer, ids: list[int], top_k: int) -> tupl
     head = head_products(model, h, last, [top[0]["id"]], ids, label)
     return {"next_token": {k: top[0][k] for k in ("id", "text", "prob")}, "top": top, "lens_last": lens,
             "head_top": head["rows"][0], "layout": layout_line(model.cfg)}, last
+
+
+# --- what changed from GPT-2, read from the two descriptions (anatomy.py) ---------------------------------
+
+PLACEMENT_WORDS = {
+    "pre": "pre-norm: x + att(norm1(x)), then x + ff(norm2(x))",
+    "post": "post-norm: x + norm(att(x)), then x + norm(ff(x)) (the norms after each sublayer, before the add)",
+    "sandwich": "sandwich: a norm before and after att, and before and after ff (four a block)",
+    "parallel": "parallel: x + att(norm(x)) + ff(norm(x)), one norm read by both, attention and feed-forward side by side"}
+NORM_WORDS = {"layernorm": "LayerNorm: (x - mean) / std * scale + shift",
+              "rmsnorm": "RMSNorm: x / rms(x) * weight (no mean, no shift)",
+              "rmsnorm_plus_one": "RMSNorm with (1 + weight): x / rms(x) * (1 + weight)"}
+FF_WORDS = {"gelu_mlp": "GELU MLP: down(gelu(up(x)))", "swiglu": "SwiGLU: down(silu(gate(x)) * up(x))",
+            "geglu": "GeGLU: down(gelu_tanh(gate(x)) * up(x))",
+            "moe": "a router picks experts, each a SwiGLU: down(silu(gate(x)) * up(x))"}
+
+
+@dataclass
+class Changes(Result):
+    """What changed from GPT-2 to a model (`name`): what_changed's rows, read from the two live models' descriptions."""
+
+    name: str
+    rows: list[dict[str, str]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def changes_of(model: nn.Module, gpt2: nn.Module) -> Changes:
+    """What changed from the GPT-2 `gpt2` to `model`, any model glassgpt describes (kinds.describe): each row read
+    from the two modules' descriptions, so it says what the module holds."""
+    anatomy = describe(model)
+    return Changes(anatomy.name, what_changed(anatomy, describe(gpt2)))
+
+
+def what_changed(model: an.Anatomy, gpt2: an.Anatomy) -> list[dict[str, str]]:
+    """What `model` does otherwise than GPT-2, one row per change (what, change, gpt2, model), each read from the
+    two descriptions: the embedding's scale, the position signal (and layers with none), the norm and where it
+    sits, the attention's heads, sliding against full layers and their RoPE bases, linear attention and its state,
+    QK-norm, the feed-forward (GeGLU, SwiGLU, experts), the head's tie, its logit scale and its softcap."""
+    rows: list[dict[str, str]] = []
+
+    def row(what: str, change: str, before: str, after: str) -> None:
+        rows.append({"what": what, "change": change, "gpt2": before, "model": after})
+
+    e, g0, blocks = model.embedding, gpt2.blocks[0], model.blocks
+    if e.scale:
+        row("embedding_scale", "the embedding is scaled", "tok_emb's rows as they are",
+            f"tok_emb's rows times sqrt({e.emb_dim}) = {e.scale:.2f}")
+    _positions_rows(model, gpt2, row)
+    norm, g_norm = model.final_norm, gpt2.final_norm
+    if (norm.kind, norm.bias is None) != (g_norm.kind, g_norm.bias is None):
+        unshifted = norm.kind == "layernorm" and norm.bias is None
+        row("norm", f"the norm: {_norm_name(g_norm)} -> {_norm_name(norm)}", NORM_WORDS[g_norm.kind],
+            "LayerNorm without a shift: (x - mean) / std * weight" if unshifted else NORM_WORDS[norm.kind])
+    if blocks[0].placement != g0.placement:
+        row("placement", f"norm placement: {g0.placement} -> {blocks[0].placement}", PLACEMENT_WORDS[g0.placement],
+            PLACEMENT_WORDS[blocks[0].placement])
+    _attention_rows(model, gpt2, row)
+    ff = blocks[0].ff
+    if ff.kind != g0.ff.kind:
+        experts = ff.experts
+        row("experts" if experts else ff.kind, f"feed-forward: {g0.ff.kind} -> {ff.kind}", FF_WORDS[g0.ff.kind],
+            FF_WORDS[ff.kind] + (f": {experts.per_token} of {experts.n_experts} experts of width {ff.hidden_dim:,} "
+                                 "run for each token, weighted by the router's softmax" if experts else ""))
+    h = model.head
+    if h.tied != gpt2.head.tied:
+        row("tie", "the head's tie", "out_head is tok_emb (tied)" if gpt2.head.tied else "out_head has its own weights",
+            "out_head is tok_emb (tied)" if h.tied else "out_head has its own weights (untied)")
+    if h.logit_scale:
+        row("logit_scale", "the logits are scaled", "logits = h @ W.T", f"logits = (h @ W.T) * {h.logit_scale:g}")
+    if h.softcap:
+        row("softcap", "the logits are capped", "logits = h @ W.T",
+            f"logits = {h.softcap:g} * tanh((h @ W.T) / {h.softcap:g}): never past +-{h.softcap:g}")
+    return rows
+
+
+def _positions_rows(model: an.Anatomy, gpt2: an.Anatomy, row) -> None:
+    attention = [b for b in model.blocks if b.attention.kind != "linear"]
+    rotated = [b for b in attention if b.attention.rope is not None]
+    if model.positions.kind != gpt2.positions.kind and rotated:
+        bases = sorted({b.attention.rope.base for b in rotated})
+        partial = {b.attention.rope.rotary_dim for b in rotated} - {None, rotated[0].attention.head_dim}
+        scaling = sorted({b.attention.rope.scaling for b in rotated} - {None})
+        row("positions", "learned positions -> RoPE",
+            f"pos_emb [{gpt2.positions.context_length:,}, {gpt2.embedding.emb_dim:,}] added to the embedding, once",
+            f"no pos_emb: RoPE turns q and k inside {len(rotated)} of {model.n_layers} layers (base "
+            f"{' and '.join(f'{b:,.0f}' for b in bases)})"
+            + (f", on {min(partial)} of each head's {rotated[0].attention.head_dim} dims" if partial else "")
+            + (f", {' and '.join(scaling)} frequency scaling" if scaling else ""))
+    unrotated = [b for b in attention if b.attention.rope is None]
+    if model.positions.kind != "learned" and unrotated:
+        row("no_positions", "layers without any position signal", "every position is in the residual (pos_emb)",
+            f"{len(unrotated)} {_layer_words(unrotated)} layers have no position signal at all: no RoPE, no pos_emb; "
+            "only the causal mask orders the tokens")
+
+
+def _attention_rows(model: an.Anatomy, gpt2: an.Anatomy, row) -> None:
+    g_att = gpt2.blocks[0].attention
+    attention = [b.attention for b in model.blocks if b.attention.kind != "linear"]
+    if attention and any(a.n_kv_groups != a.n_heads for a in attention):
+        a = attention[0]
+        row("groups", "multi-head -> grouped-query attention",
+            f"{g_att.n_heads} heads, each its own keys and values",
+            f"{a.n_heads} query heads share {a.n_kv_groups} key/value head{'s' * (a.n_kv_groups > 1)} of "
+            f"{a.head_dim} ({a.n_heads // a.n_kv_groups} query heads a group): a KV cache {a.n_heads // a.n_kv_groups}x "
+            "smaller than one head each")
+    sliding = [b for b in model.blocks if b.attention.window]
+    if sliding:
+        full = [b for b in model.blocks if b.attention.kind != "linear" and not b.attention.window]
+        bases = lambda bs: ", ".join(sorted({f"RoPE base {b.attention.rope.base:,.0f}" if b.attention.rope  # noqa: E731
+                                              else "no RoPE" for b in bs}))
+        row("sliding", "sliding and full layers", "every layer attends to every earlier position",
+            f"{len(sliding)} sliding layers (window {sliding[0].attention.window:,}; {bases(sliding)}) and "
+            f"{len(full)} full layer{'s' * (len(full) != 1)} ({bases(full) if full else 'none'}): a sliding layer's cache keeps its "
+            "window only")
+    linear = [b.attention for b in model.blocks if b.attention.kind == "linear"]
+    if linear:
+        a, st = linear[0], linear[0].state
+        state = st.value_heads * a.head_dim * st.value_head_dim
+        row("linear_attention", "linear attention and its state", "softmax attention over a KV cache that grows "
+            "with every token",
+            f"{len(linear)} of {model.n_layers} layers are linear attention ({st.rule.replace('_', ' ')} rule): "
+            f"a state of [{st.value_heads}, {a.head_dim}, {st.value_head_dim}] ({state:,} numbers) and the last "
+            f"{st.conv_kernel - 1} inputs of a short convolution, the same size at any length")
+    normed = [a for a in attention if a.q_norm is not None]
+    if normed and g_att.q_norm is None:
+        a = normed[0]
+        row("qk_norm", "QK-norm", "queries and keys as the matrices make them",
+            f"each query and key head normed on its own (over hd = {a.head_dim}) before RoPE" if a.q_norm.dim == a.head_dim
+            else f"the queries and the keys normed over the whole projection ({a.q_norm.dim:,} and {a.k_norm.dim:,} "
+                 "wide, all heads at once) before RoPE")
+
+
+def _norm_name(n: an.Norm) -> str:
+    return {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "rmsnorm_plus_one": "RMSNorm (1 + weight)"}[n.kind] + (
+        " without a shift" if n.kind == "layernorm" and n.bias is None else "")
+
+
+def _layer_words(blocks) -> str:
+    return " and ".join(dict.fromkeys(b.layer_type.removesuffix("_attention") for b in blocks))

@@ -13,27 +13,28 @@ differs.
 Its views (views/diff.py): a table, and a grid (one row per block, one cell per
 tensor, coloured by the change on a log scale, blank where nothing moved).
 
-Qwen3 and Llama 3.2 (families/) are diffed the same way under the book's names (tok_emb,
-trf_blocks.N.att.W_query, q_norm, ff.fc1/fc2/fc3, final_norm, out_head; no pos_emb). Two models of
-different families, or a family model and a GPT-2, are refused in one line naming the first
-difference. Settings that no tensor holds (rope_base, the head split, norm_eps) are compared too:
-a difference there changes the predictions beyond what the weights say, and a note names it.
+Every other described model (Qwen3, Llama 3.2, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5, chapter 4's variants) is
+diffed the same way under its own names (kinds.describe says which model it is and where its blocks are:
+tok_emb, trf_blocks.N or blocks.N, final_norm, out_head; no pos_emb where RoPE has no weights). Two models
+that are not the same described model are refused in one line naming both. Settings that no tensor holds
+(rope_base, the head split, norm_eps, a window, layer_types) are compared too: a difference there changes
+the predictions beyond what the weights say, and a note names it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..adopt import adopt, check_computable
-from ..config import GPTConfig
 from ..errors import GlassError
-from ..families import FamilyConfig, build_model, is_family_model
 from ..formats.checks import on_meta
-from ..model import GPTModel
-from .family import FAMILY_NAMES
+from ..kinds import describe, glass_model
 from .notation import shape
 from .result import Result
 
@@ -48,8 +49,8 @@ FAMILY_BLOCK_PARTS = [("norm1", ("scale", "weight")), ("att.W_query", ("weight",
                       ("att.W_value", ("weight",)), ("att.q_norm", ("scale",)), ("att.k_norm", ("scale",)),
                       ("att.out_proj", ("weight",)), ("norm2", ("scale", "weight")), ("ff.fc1", ("weight",)),
                       ("ff.fc2", ("weight",)), ("ff.fc3", ("weight",))]
-# The settings of a family's config that no tensor holds: equal shapes, yet another computation.
-UNSEEN_SETTINGS = ("n_heads", "n_kv_groups", "rope_base", "rope_freq", "norm_eps", "context_length")
+# Fields that a tensor's storage tells, not its values: the tie has a note of its own.
+TIE_FIELDS = ("tie_embeddings", "tie_word_embeddings")
 
 
 @dataclass
@@ -71,7 +72,9 @@ class WeightDiff(Result):
     tensors: list[TensorChange]
     replaced: dict[str, Any] | None = None   # the head, when B's is a classifier's (or A's)
     notes: list[str] = field(default_factory=list)
-    family: str | None = None                # "qwen3" or "llama3" for two family models; None: GPT-2
+    family: str | None = None                # the config's family ("qwen3", "gemma3", ...) of two such models; None: GPT-2
+    model: str = "GPT-2"                     # which described model both are (kinds.describe's name)
+    blocks: str = "trf_blocks"               # where their blocks are: each block's tensors are grouped under it
 
     @property
     def moved(self) -> list[str]:
@@ -85,80 +88,111 @@ class WeightDiff(Result):
         return {**asdict(self), "moved": self.moved, "unmoved": self.unmoved}
 
 
-def group_of(name: str) -> str:
-    parts = name.split(".")
-    return ".".join(parts[:2]) if parts[0] == "trf_blocks" else parts[0]
+def group_of(name: str, blocks: str = "trf_blocks") -> str:
+    """The group a tensor is shown in: its block (`trf_blocks.3`), else its top-level module (`tok_emb`)."""
+    if name.startswith(blocks + "."):
+        return f"{blocks}.{name[len(blocks) + 1:].split('.')[0]}"
+    return name.split(".")[0]
+
+
+def block_index(group: str) -> int | None:
+    """3 for a block's group (`trf_blocks.3`, `blocks.3`); None for any other."""
+    found = re.fullmatch(r".+\.(\d+)", group)
+    return int(found.group(1)) if found else None
 
 
 @torch.inference_mode()
-def diff_weights(model_a: GPTModel, model_b: GPTModel, name_a: str = "A", name_b: str = "B") -> WeightDiff:
+def diff_weights(model_a: nn.Module, model_b: nn.Module, name_a: str = "A", name_b: str = "B") -> WeightDiff:
     """Compare every tensor of two models of the same shapes (B's head may be a new classifier's)."""
     check_computable(model_a)
     check_computable(model_b)
-    model_a, model_b = adopt(model_a), adopt(model_b)  # a reader's modules, read in place
-    check_same_kind(model_a.cfg, model_b.cfg, name_a, name_b)
+    anatomy_a, anatomy_b = _described(model_a), _described(model_b)
+    check_same_kind(anatomy_a, anatomy_b, name_a, name_b)
+    if anatomy_a.name == "GPT-2":
+        return _diff_gpt2(adopt(model_a), adopt(model_b), name_a, name_b)  # a reader's modules, read in place
+    sa, sb = _comparable(model_a.state_dict(), model_b.state_dict(), name_a, name_b, False, True)
+    head, emb = f"{anatomy_a.head.path}.weight", f"{anatomy_a.embedding.path}.weight"
+    tied = emb if anatomy_a.head.tied and anatomy_b.head.tied else None
+    notes = _unseen_settings(model_a.cfg, model_b.cfg, name_a, name_b)
+    if anatomy_a.head.tied != anatomy_b.head.tied:  # told by storage: one Parameter for both, or two tensors
+        yes, own = (name_a, name_b) if anatomy_a.head.tied else (name_b, name_a)
+        notes.append(f"{head} is {emb}'s own storage in {yes} (tied) and a tensor of its own in {own}: its row "
+                     "compares their values")
+    tensors = [_change(name, a, sb[name], anatomy_a.blocks_path, tied if name == head else None)
+               for name, a in sa.items()]
+    return WeightDiff(name_a, name_b, tensors, None, notes, getattr(model_a.cfg, "family", None), anatomy_a.name,
+                      anatomy_a.blocks_path)
+
+
+def _diff_gpt2(model_a: nn.Module, model_b: nn.Module, name_a: str, name_b: str) -> WeightDiff:
     sa, sb = model_a.state_dict(), model_b.state_dict()
     replaced = None
     if model_a.cfg.num_classes != model_b.cfg.num_classes:
         replaced = {"a": {k: list(sa[k].shape) for k in HEAD if k in sa},
                     "b": {k: list(sb[k].shape) for k in HEAD if k in sb}}
-    sa, sb = _comparable(sa, sb, name_a, name_b, replaced is not None, is_family_model(model_a))
-    tensors = []
-    for name, a in sa.items():
-        a, b = a.detach().float().cpu(), sb[name].detach().float().cpu()
-        moved = not torch.equal(a, b)
-        change = float((b - a).norm()) if moved else 0.0
-        norm_a = float(a.norm())
-        rel = change / norm_a if norm_a > 0 else (None if moved else 0.0)
-        tied = "tok_emb.weight" if name == "out_head.weight" and model_a.tied and model_b.tied else None
-        tensors.append(TensorChange(name, group_of(name), list(a.shape), rel, change, moved,
-                                    float((b - a).abs().max()) if moved else 0.0, tied))
-    family = model_a.cfg.family if is_family_model(model_a) else None
+    sa, sb = _comparable(sa, sb, name_a, name_b, replaced is not None)
+    tied = "tok_emb.weight" if model_a.tied and model_b.tied else None
+    tensors = [_change(name, a, sb[name], "trf_blocks", tied if name == "out_head.weight" else None)
+               for name, a in sa.items()]
     notes = []
-    if family is not None:
-        notes += _unseen_settings(model_a.cfg, model_b.cfg, name_a, name_b)
-        if model_a.tied != model_b.tied:  # told by storage: one Parameter for both, or two tensors
-            tied, own = (name_a, name_b) if model_a.tied else (name_b, name_a)
-            notes.append(f"out_head.weight is tok_emb.weight's own storage in {tied} (tied) and a tensor of its own "
-                         f"in {own}: its row compares their values")
-    elif model_a.cfg.n_heads != model_b.cfg.n_heads:
+    if model_a.cfg.n_heads != model_b.cfg.n_heads:
         notes.append(f"the head counts differ ({model_a.cfg.n_heads} and {model_b.cfg.n_heads}): the same shapes, "
                      "split into heads another way")
-    return WeightDiff(name_a, name_b, tensors, replaced, notes, family)
+    return WeightDiff(name_a, name_b, tensors, replaced, notes, None)
 
 
-def kind_name(cfg: GPTConfig | FamilyConfig) -> str:
-    """GPT-2, Qwen3 or Llama 3: which model a config builds."""
-    return FAMILY_NAMES[cfg.family] if isinstance(cfg, FamilyConfig) else "GPT-2"
+def _change(name: str, a: torch.Tensor, b: torch.Tensor, blocks: str, tied: str | None) -> TensorChange:
+    a, b = a.detach().float().cpu(), b.detach().float().cpu()
+    moved = not torch.equal(a, b)
+    change = float((b - a).norm()) if moved else 0.0
+    norm_a = float(a.norm())
+    rel = change / norm_a if norm_a > 0 else (None if moved else 0.0)
+    return TensorChange(name, group_of(name, blocks), list(a.shape), rel, change, moved,
+                        float((b - a).abs().max()) if moved else 0.0, tied)
 
 
-def check_same_kind(cfg_a: GPTConfig | FamilyConfig, cfg_b: GPTConfig | FamilyConfig, name_a: str = "A",
-                    name_b: str = "B") -> None:
-    """Refuse, in one line, two models of different kinds (GPT-2, Qwen3, Llama 3): their tensors have other names."""
-    if kind_name(cfg_a) != kind_name(cfg_b):
-        raise GlassError(f"{name_a} is a {kind_name(cfg_a)} model and {name_b} is a {kind_name(cfg_b)} model: diff "
-                         "compares two models of one family and one shape (explain --compare sets different models "
-                         "side by side)")
+def _described(model: nn.Module):
+    """kinds.describe; a GPT module it does not name is read by adopt first (its one line if neither reads it)."""
+    try:
+        return describe(model)
+    except GlassError:
+        return describe(adopt(model))
 
 
-def _unseen_settings(cfg_a: FamilyConfig, cfg_b: FamilyConfig, name_a: str, name_b: str) -> list[str]:
-    """A note naming the settings that differ although no tensor shows it."""
-    differ = [f"{k} {getattr(cfg_a, k)} in {name_a} and {getattr(cfg_b, k)} in {name_b}" for k in UNSEEN_SETTINGS
-              if getattr(cfg_a, k) != getattr(cfg_b, k)]
+def kind_name(anatomy) -> str:
+    """GPT-2, Qwen3, Gemma 3, ...: which described model an anatomy is."""
+    return anatomy.name
+
+
+def check_same_kind(anatomy_a, anatomy_b, name_a: str = "A", name_b: str = "B") -> None:
+    """Refuse, in one line, two models of different kinds (GPT-2, Qwen3, Gemma 3, ...): their tensors have other names."""
+    if kind_name(anatomy_a) != kind_name(anatomy_b):
+        raise GlassError(f"{name_a} is a {kind_name(anatomy_a)} model and {name_b} is a {kind_name(anatomy_b)} model: "
+                         "diff compares two models of one family and one shape (explain --compare sets different "
+                         "models side by side)")
+
+
+def _unseen_settings(cfg_a: Any, cfg_b: Any, name_a: str, name_b: str) -> list[str]:
+    """A note naming the config fields that differ although no tensor shows it (the shapes are equal by now)."""
+    if not dataclasses.is_dataclass(cfg_a) or type(cfg_a) is not type(cfg_b):
+        return []
+    differ = [f"{f.name} {getattr(cfg_a, f.name)} in {name_a} and {getattr(cfg_b, f.name)} in {name_b}"
+              for f in dataclasses.fields(cfg_a)
+              if f.name not in TIE_FIELDS and getattr(cfg_a, f.name) != getattr(cfg_b, f.name)]
     if not differ:
         return []
     return [f"the configs differ where no tensor shows it ({'; '.join(differ)}): the same tensors compute "
             "otherwise, so the predictions differ beyond the weights' changes"]
 
 
-def check_same_shapes(cfg_a: GPTConfig | FamilyConfig, cfg_b: GPTConfig | FamilyConfig, name_a: str = "A",
-                      name_b: str = "B") -> None:
+def check_same_shapes(cfg_a: Any, cfg_b: Any, name_a: str = "A", name_b: str = "B") -> None:
     """diff's check from the configs alone, before any weights load (the models are built on the meta device)."""
-    check_same_kind(cfg_a, cfg_b, name_a, name_b)
-    family = isinstance(cfg_a, FamilyConfig)
     with on_meta():  # (no initial weights drawn: nothing to draw into)
-        sa, sb = ((build_model if family else GPTModel)(cfg).state_dict() for cfg in (cfg_a, cfg_b))
-    _comparable(sa, sb, name_a, name_b, cfg_a.num_classes != cfg_b.num_classes, family)
+        model_a, model_b = glass_model(cfg_a), glass_model(cfg_b)
+    anatomy_a, anatomy_b = describe(model_a), describe(model_b)
+    check_same_kind(anatomy_a, anatomy_b, name_a, name_b)
+    _comparable(model_a.state_dict(), model_b.state_dict(), name_a, name_b,
+                getattr(cfg_a, "num_classes", None) != getattr(cfg_b, "num_classes", None), anatomy_a.name != "GPT-2")
 
 
 def _comparable(sa: dict, sb: dict, name_a: str, name_b: str, new_head: bool,

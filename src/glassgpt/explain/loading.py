@@ -95,7 +95,8 @@ def _renamed(missing: list[str], unexpected: list[str]) -> str | None:
 def _book_name(name: str, tensor: torch.Tensor, model: nn.Module) -> str | None:
     """The book's name of one of transformers' tensors, by glassgpt's own maps (None: they have none)."""
     try:
-        family, cfg = port_side(model)[:2]
+        port = port_side(model)
+        family, cfg = port.key, port.cfg
         if family == "gpt2":
             mapped = [ours for ours, _ in gpt2_formats.hf_to_glassgpt(iter([(name, tensor)]), cfg)]
             return " + ".join(mapped) + (" (transposed from Conv1D)" if tensor.dim() == 2 else "") if mapped else None

@@ -10,6 +10,11 @@ def shape(dims: Sequence[int] | None) -> str:
     return "[" + ", ".join(str(n) for n in dims) + "]" if dims is not None else ""
 
 
+def sizes(dims: Sequence[int]) -> str:
+    """[1, 151,936]: a shape with its thousands marked, as the rotary trace's views write it."""
+    return "[" + ", ".join(f"{n:,}" for n in dims) + "]"
+
+
 def clip(text: str, n: int) -> str:
     """`text` cut to n characters, the last one an ellipsis when something was cut."""
     return text if len(text) <= n else text[: n - 1] + "…"

@@ -110,12 +110,16 @@ def _install_taps(model: nn.Module) -> None:
                 module.register_forward_hook(tap)
 
 
-def record(model: nn.Module, ids: torch.Tensor, rec: Recorder, last_only: bool = False) -> torch.Tensor:
-    """model(ids) with `rec` as this context's recorder: logits [b, t, V] (last_only: [b, 1, V])."""
+def record(model: nn.Module, ids: torch.Tensor, rec: Recorder, last_only: bool = False, cache: Any = None
+           ) -> torch.Tensor:
+    """model(ids) with `rec` as this context's recorder: logits [b, t, V] (last_only: [b, 1, V]). cache: handed
+    to a model whose attention gives its cache the rotated keys and values (the rotary trace's RecordingCache)."""
     _install_taps(model)
     rec.check()
     token = _RECORDER.set(rec)
     try:
+        if cache is not None:  # the rotary trace's RecordingCache, handed the rotated keys and values
+            return model(ids, cache, last_only=True) if last_only else model(ids, cache)
         return model(ids, last_only=True) if last_only else model(ids)  # [b, t] -> [b, t, V]
     finally:
         _RECORDER.reset(token)

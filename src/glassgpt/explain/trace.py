@@ -10,7 +10,9 @@ next token, and the head's logits as dot products (head.py). The two stages wher
 changes are marked `vocab->hidden` (tok_emb) and `hidden->vocab` (out_head; `hidden->classes`
 for a classifier), with the weight matrix behind each.
 
-A Trace is data (`to_dict` for JSON); text.py and diagram.py describe it. What to trace is a
+A model whose positions enter inside the attention (RoPE: Qwen3, Llama 3.2, Gemma 3, Qwen3.5, OLMo 3, Tiny
+Aya) gets the rotary trace at the end of this file, a FamilyTrace: its stages, the four answers, the key/value
+groups and RoPE, under the same options. A Trace is data (`to_dict` for JSON); text.py and diagram.py describe it. What to trace is a
 `TraceOptions`; what the weights cannot say about the model (its name, random or trained, its
 labels) is an `About`. Same shape letters as model.py: b, t, d, h, hd, V.
 """
@@ -26,12 +28,12 @@ import torch
 from torch import nn
 
 from .. import anatomy as an
-from ..adopt import adopt, adopted_from, adopted_kind, check_computable, is_added, own_parameters
+from ..adopt import adopt, adopted_from, adopted_kind, check_computable, family_line, is_added, own_parameters
 from ..config import GPTConfig
 from ..device import evaluating
-from ..errors import PromptError
-from ..families import FAMILY_CONFIGS, FamilyConfig
-from ..adopt import family_line
+from ..errors import GlassError, PromptError
+from ..families import FAMILY_CONFIGS, FamilyConfig, is_family_model
+from ..families.layers import apply_rope
 from ..formats.source import About, Source  # what the weights cannot tell: a Source's about()
 from ..kinds import describe
 from ..memory import parameter_table
@@ -40,7 +42,6 @@ from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from ..variants import gpt2_config, kv_bytes_per_token
 from .check import check_embedding_is_linear
-from .family import FamilyTrace, rotary_trace
 from .head import head_products, logit_lens_of  # noqa: F401 (logit_lens_of: read here by earlier callers)
 from .notation import trained_line
 from .options import TRACE_OPTIONS, TraceOptions, check
@@ -110,9 +111,9 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, *, id
     (trace_with_logits: the same, and the last position's logits from the same forward pass.)
 
     model: any model object glassgpt.describe reads (glassgpt's, the book's, nanoGPT's, transformers'),
-    read in place. Where its description puts the positions inside the attention (RoPE: Qwen3, Llama 3.2)
-    the result is the rotary trace (family.py's FamilyTrace: its stages, heads and groups; `about`,
-    `cancel` and `progress` are not read there yet); with learned positions, a Trace.
+    read in place. Where its description puts the positions inside the attention (RoPE: Qwen3, Llama 3.2, ...)
+    the result is the rotary trace (a FamilyTrace, below: its stages, heads and groups, under the same
+    options, `about`, `cancel` and `progress`); with learned positions, a Trace.
 
     ids: token ids instead of text, e.g. a prompt extended one generated token at a time
     (re-encoding the decoded text could merge pieces differently).
@@ -140,11 +141,13 @@ def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None =
     cfg = adopt(model, described=True).cfg
     prompt = _prompt(cfg, tokenizer, text, ids, opt, about.reading)
     model = adopt(model, [prompt.ids], described=True)  # a reader's module, read in place; its own logits checked once
-    if anatomy.positions.kind != "learned":  # positions inside the attention: its stages are the rotary trace's
-        return rotary_trace(model, tokenizer, top_k=opt.top_k, ids=prompt.ids, attention=opt.attention,
-                            logit_lens=opt.logit_lens)
     if named is None and adopted_kind(model):
         about = replace(about, name=adopted_kind(model))
+    if anatomy.positions.kind != "learned":  # positions inside the attention: its stages are the rotary trace's
+        result, last = rotary_trace(model, tokenizer, ids=prompt.ids, options=opt, about=about, cancel=cancel,
+                                    progress=progress)
+        result.notes = [n for n in (adopted_from(model), prompt.note) if n]
+        return result, last
     anatomy = describe(model)  # the glass model's parts: their paths are the stage names
     batch = torch.tensor([prompt.ids], device=model.get_submodule(anatomy.embedding.path).weight.device)  # [b=1, t]
     rec = Recorder(_kept_tensors(anatomy, opt), cfg.n_layers * (2 if opt.logit_lens else 1) + opt.embedding_check,
@@ -512,3 +515,378 @@ def _probs(last: torch.Tensor, temperature: float) -> torch.Tensor:
                           f"(the largest |logit| is {largest:.3g}); use {max(largest, 1.0) / 1e37:.0e} or more "
                           "(a temperature this small already puts all the probability on the top token)")
     return scaled.softmax(dim=-1)
+
+
+# --- positions inside the attention (RoPE: Qwen3, Llama 3.2, Gemma 3, Qwen3.5, OLMo 3, Tiny Aya) ---------
+# What it records, from the real tensors of one forward pass (record.py's taps, and a recording cache that
+# the attention hands its rotated keys and values to): ids [b, t] -> tok_emb [b, t, d] (no pos_emb is added)
+# -> each block's queries [b, h, t, hd] and keys/values [b, g, t, hd], shared by h // g query heads ->
+# final_norm -> out_head logits [b, t, V] -> the next token. Then the four answers for this model: where V
+# becomes d and back, the one-hot proof on the live weights (check.py), the weight shapes, and whether the
+# head is tied, told by storage (`data_ptr`), never by equal values: the book's loader copies the embedding
+# into the head, which gives equal values in two tensors. Beside the flow, as for GPT-2: the head's logits as
+# dot products (head.py), the logit lens, and with `attention` every query head's causal weights, from its
+# queries through QK-norm and RoPE against the rotated keys of the group it reads (`attention_of`).
+
+FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "qwen3_5": "Qwen3.5", "olmo3": "OLMo 3",
+                "tiny_aya": "Tiny Aya"}
+
+
+@dataclass
+class FamilyTrace(Result):
+    family: str
+    config: dict[str, Any]
+    tokens: list[str]
+    stages: list[dict[str, Any]]          # name, module, shape, note: in the order the forward pass ran them
+    attention: dict[str, Any]             # the heads: q and k/v shapes, the group sharing, RoPE
+    answers: dict[str, Any]               # the four questions, as facts
+    params: dict[str, Any]
+    next_tokens: list[dict[str, Any]] = field(default_factory=list)
+    head: dict[str, Any] | None = None               # the logits as dot products h . W[id] (head.py)
+    logit_lens: dict[str, Any] | None = None         # the top token at every position after every block
+    attention_weights: dict[str, Any] | None = None  # shape [n_layers, h, t, t], tokens, groups, layers
+    about: dict[str, Any] = field(default_factory=dict)  # name, random_weights, notes: what the weights cannot tell
+    block: int = 0                                   # the block whose modules the stages' shapes were read from
+    temperature: float = 1.0                         # what the last logits were divided by before the softmax
+    notes: list[str] = field(default_factory=list)   # as Trace.notes: e.g. what was kept of a prompt over the context
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def next_token(self) -> dict[str, Any]:
+        """The most probable next token (as Trace.next_token names it): id, text, prob."""
+        return self.next_tokens[0]
+
+
+class RecordingCache:
+    """What GroupedQueryAttention hands a KV cache: its rotated keys and values, kept to be read."""
+
+    def __init__(self) -> None:
+        self.pos, self.seen = 0, {}
+
+    def layer(self, i: int) -> "RecordingCache._Layer":
+        return RecordingCache._Layer(self, i)
+
+    def advance(self, t: int) -> None:
+        self.pos += t
+
+    class _Layer:
+        def __init__(self, cache: "RecordingCache", i: int):
+            self.cache, self.i = cache, i
+
+        def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.cache.seen[self.i] = (k.detach(), v.detach())
+            return k, v
+
+        def read(self) -> tuple[None, None]:
+            """A linear attention's convolution inputs and state (Qwen3.5): none before the first token."""
+            return None, None
+
+        def write(self, conv: torch.Tensor, state: torch.Tensor) -> None:
+            """(one forward pass from position 0: the state it ends with is not read again)"""
+
+
+def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, top_k: int = 5, *,
+                 ids: list[int] | None = None, attention: bool = False, logit_lens: bool = False) -> FamilyTrace:
+    """Run `text` (or its token `ids`, as the web page sends them) through a Qwen3Model or Llama3Model once
+    and keep what each stage looked like; with `attention`, every query head's weights, with `logit_lens`, the
+    top token after every block (as GPT-2's trace takes them: TraceOptions' attention and logit_lens)."""
+    opt = TraceOptions(top_k=top_k, attention=attention, logit_lens=logit_lens)
+    return rotary_trace(model, tokenizer, text, ids=ids, options=opt)[0]
+
+
+@torch.inference_mode()
+def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
+                 options: TraceOptions | None = None, about: About | None = None,
+                 cancel: threading.Event | None = None, progress: Progress | None = None
+                 ) -> tuple[FamilyTrace, torch.Tensor]:
+    """family_trace(...) under every TraceOptions (top_k, temperature, block, logit_lens, attention,
+    embedding_check), `about`, `cancel` and `progress` as trace() reads them; and the last position's logits
+    `[V]` of its one forward pass. The modules and sizes are found through the model's description, not by its
+    family."""
+    opt, about = options or TraceOptions(), about or About()
+    cfg, anatomy = model.cfg, describe(model)
+    if opt.attention:
+        _check_weights_traceable(model, anatomy)
+    device = model.get_submodule(anatomy.embedding.path).weight.device
+    ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=device)  # [1, t]
+    opened = anatomy.blocks[opt.block]
+    # the block whose keys and values are read: the opened one, or the first with any (Qwen3.5's linear-attention
+    # blocks keep a state, no keys)
+    keyed = opt.block if opened.attention.kind == "causal" else _first_causal(anatomy)
+    att = anatomy.blocks[keyed].attention
+    keep = {anatomy.embedding.path, anatomy.final_norm.path, anatomy.head.path, att.query.path, att.key.path,
+            _ff_in(opened.ff).path}
+    keep |= {block.path for block in anatomy.blocks} if opt.logit_lens else set()
+    keep |= {block.attention.query.path for block in anatomy.blocks} if opt.attention else set()
+    rec = Recorder(frozenset(keep), anatomy.n_layers * (2 if opt.logit_lens else 1) + opt.embedding_check, cancel,
+                   progress)
+    cache = RecordingCache()
+    with evaluating(model):
+        logits = record(model, ids, rec, cache=cache)  # [1, t, V]
+    seen = rec.seen
+    k, v = cache.seen[keyed]  # [1, g, t, hd], after RoPE (and QK-norm)
+    b, t = ids.shape
+    # the sizes as the description gives them, from a block with keys and values (every such block has the same;
+    # Qwen3.5's linear-attention blocks have sizes of their own)
+    h, g, V, n_layers = att.n_heads, att.n_kv_groups, anatomy.embedding.vocab_size, anatomy.n_layers
+    q_shape = (b, h, t, att.head_dim)
+    label = lambda i: _text(tokenizer, i)  # noqa: E731
+    probs = _probs(logits[:, -1, :], opt.temperature)[0]  # [V]
+    top = probs.topk(min(opt.top_k, V))
+    next_tokens = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
+    tokens = [tokenizer.decode([int(i)]) for i in ids[0]]
+    groups = [j // (h // g) for j in range(h)]
+    tr = FamilyTrace(
+        family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
+        stages=_rotary_stages(anatomy, att, opened.ff, seen, q_shape, list(k.shape), linear_stages(anatomy, b)),
+        attention=_heads_and_positions(anatomy, att, q_shape, list(k.shape)),
+        answers=four_answers(model, ids, one_hot=False), params=parameter_table(cfg), next_tokens=next_tokens,
+        head=head_products(model, seen[anatomy.final_norm.path][0, -1], logits[0, -1],
+                           [n["id"] for n in next_tokens], ids[0].tolist(), label),
+        about={"name": about.name, "random_weights": about.random_weights, "notes": list(about.notes)},
+        block=opt.block, temperature=opt.temperature)
+    if opt.logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
+        tr.logit_lens = logit_lens_of(model, [seen[block.path][1] for block in anatomy.blocks], logits, label,
+                                      rec.step)
+    if opt.attention:
+        tr.attention_weights = {"shape": [n_layers, h, t, t], "tokens": tokens, "groups": groups,
+                                "layers": _attention_layers(model, anatomy, seen, cache.seen, t)}
+    if opt.embedding_check:
+        rec.check()
+        tr.answers["one_hot"] = check_embedding_is_linear(model, ids, timing=False)
+        rec.step("embedding_check")
+    return tr, logits[0, -1]
+
+
+def _check_weights_traceable(model: nn.Module, anatomy: an.Anatomy) -> None:
+    """Refuse, in one line, the attention weights attention_of cannot compute for this model."""
+    if not is_family_model(model):  # attention_of follows Qwen3's and Llama's QK-norm and RoPE
+        raise GlassError(f"{anatomy.name}'s attention weights are not traced yet: trace it without --attention")
+    linear = [block.index for block in anatomy.blocks if block.attention.kind == "linear"]
+    if linear:  # Qwen3.5's Gated DeltaNet layers: a state, no weights over the positions
+        raise GlassError(f"{anatomy.name}'s layers {', '.join(map(str, linear))} are linear attention (a state, no "
+                         "attention weights over the positions): trace it without --attention")
+
+
+def _heads_and_positions(anatomy: an.Anatomy, att: an.Attention, q_shape: tuple, kv_shape: list[int]
+                         ) -> dict[str, Any]:
+    """The heads (q and k/v shapes, which query heads share each key/value group) and where positions enter (the
+    RoPE base of a full layer, its scaling, QK-norm, the sliding layers, which layers and dimensions RoPE turns)."""
+    h, g = att.n_heads, att.n_kv_groups
+    ropes = [blk.attention.rope for blk in anatomy.blocks if blk.attention.rope is not None]
+    full = [blk.attention.rope for blk in anatomy.blocks if blk.attention.rope is not None and blk.attention.window is None]
+    rope = (full or ropes or [None])[0]  # a full layer's (Gemma 3's sliding layers have a base of their own)
+    return {"q_shape": list(q_shape), "kv_shape": kv_shape, "group_size": h // g,
+            "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
+            "qk_norm": att.q_norm is not None, "rope_base": rope.base if rope else None,
+            "rope_scaled": any(r.scaling is not None for r in ropes), **_sliding_layers(anatomy),
+            **rope_reach(anatomy)}
+
+
+def _ff_in(ff: an.FeedForward) -> an.Linear:
+    """The feed-forward's first matrix whose output every token passes: a mixture's router (an expert may see no
+    token), else the gate (SwiGLU, GeGLU) or the up projection."""
+    return ff.experts.router if ff.experts else ff.gate or ff.up
+
+
+def _sliding_layers(anatomy: an.Anatomy) -> dict[str, Any]:
+    """Which layers see only a window (Gemma 3's, OLMo 3's and Tiny Aya's sliding layers), the window and their own
+    RoPE base; {} if none."""
+    sliding = [b for b in anatomy.blocks if b.attention.window is not None]
+    if not sliding:
+        return {}
+    rope = sliding[0].attention.rope
+    return {"sliding_layers": [b.index for b in sliding], "window": sliding[0].attention.window,
+            "rope_local_base": rope.base if rope is not None else None}
+
+
+def _attention_layers(model: nn.Module, anatomy: an.Anatomy, seen: dict, seen_kv: dict, t: int) -> list:
+    """Every layer's `[h, t, t]` weights (as lists), from its recorded W_query output and rotated keys, by its own
+    RoPE tables (Gemma 3's sliding and full layers have their own: `rope_of`)."""
+    rope_of = getattr(model, "rope_of", lambda i: model.rope)
+    return [attention_of(model.get_submodule(block.attention.path), seen[block.attention.query.path],
+                         seen_kv[i][0], *rope_of(i).at(0, t, seen_kv[i][0].device))[0].float().tolist()
+            for i, block in enumerate(anatomy.blocks)]
+
+
+def rope_reach(anatomy: an.Anatomy) -> dict[str, Any]:
+    """Which layers RoPE turns, and how many of a head's dimensions (Qwen3.5: the full layers, 64 of 256; Tiny Aya:
+    the sliding layers only, its full layers have no positions)."""
+    turned = [block for block in anatomy.blocks if block.attention.rope is not None]
+    if not turned:
+        return {"rope_layers": []}
+    rope = turned[0].attention.rope
+    return {"rope_layers": [block.index for block in turned], "rope_dims": rope.rotary_dim or rope.head_dim}
+
+
+def linear_stages(anatomy: an.Anatomy, b: int) -> list[dict[str, Any]]:
+    """The linear-attention blocks (Qwen3.5's Gated DeltaNet), from the description: what they keep in place of
+    keys and values. None for a model without them."""
+    linear = [block for block in anatomy.blocks if block.attention.kind == "linear"]
+    if not linear:
+        return []
+    att, state = linear[0].attention, linear[0].attention.state
+    return [{"name": "linear attention", "module": att.path, "shape": [b, state.value_heads, att.head_dim,
+                                                                      state.value_head_dim],
+             "note": f"{len(linear)} of {anatomy.n_layers} blocks (layers {', '.join(str(x.index) for x in linear)}) "
+                     f"keep no keys or values: a causal convolution over {state.conv_kernel} tokens, then a state "
+                     f"[{att.head_dim}, {state.value_head_dim}] per value head, decayed and corrected by the gated "
+                     "delta rule at each token; the same size at any length"}]
+
+
+def _first_causal(anatomy: an.Anatomy) -> int:
+    """The first block with keys and values (Qwen3.5's first three are linear attention: a state, no keys)."""
+    return next(i for i, block in enumerate(anatomy.blocks) if block.attention.kind == "causal")
+
+
+def _rotary_stages(anatomy: an.Anatomy, att: an.Attention, ff: an.FeedForward, seen: dict, q_shape: tuple,
+                   kv_shape: list[int], linear: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stages in the order the forward pass ran them, with the shapes the taps saw in the opened block (`att`:
+    its attention, or the first with keys and values), the sizes and kinds from the model's description."""
+    b, h, t, hd = q_shape
+    g, d, V = att.n_kv_groups, anatomy.embedding.emb_dim, anatomy.embedding.vocab_size
+    ff_in = seen[_ff_in(ff).path]  # the router's output; a gate's or up's (input, output)
+    scale = anatomy.embedding.scale
+    return [
+        {"name": "ids", "module": "", "shape": [b, t], "note": "token ids"},
+        {"name": "tok_emb", "module": "tok_emb", "shape": list(seen[anatomy.embedding.path].shape),
+         "note": f"vocab -> hidden: row lookup in the {[V, d]} weight"
+                 + (f", times sqrt({d}) = {scale:.2f}" if scale is not None else "") + "; no pos_emb is added"},
+        {"name": "queries", "module": "trf_blocks.N.att.W_query", "shape": list(q_shape),
+         "note": f"{list(seen[att.query.path].shape)} split into {h} heads, RoPE-rotated"},
+        {"name": "keys, values", "module": "trf_blocks.N.att.W_key, W_value", "shape": kv_shape,
+         "note": f"{list(seen[att.key.path].shape)} split into {g} heads; the cache keeps these"},
+        {"name": "repeat_interleave", "module": "", "shape": list(q_shape),
+         "note": f"each key/value head serves {h // g} neighbouring query heads"},
+        *linear,  # Qwen3.5's linear-attention blocks, where it has them
+        {"name": "ff", "module": "trf_blocks.N.ff", "shape": list((ff_in if ff.experts else ff_in[1]).shape),
+         "note": _ff_note(ff, d)},
+        {"name": "final_norm", "module": "final_norm", "shape": list(seen[anatomy.final_norm.path].shape),
+         "note": {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}.get(anatomy.final_norm.kind, anatomy.final_norm.kind)},
+        {"name": "out_head", "module": "out_head", "shape": list(seen[anatomy.head.path].shape),
+         "note": f"hidden -> vocab: x @ W.T with W {[V, d]}"},
+    ]
+
+
+def _ff_note(ff: an.FeedForward, d: int) -> str:
+    """The feed-forward in one line, from its description: a mixture's routing, GeGLU's or SwiGLU's formula."""
+    if ff.experts:
+        return (f"router gate: {ff.experts.n_experts} expert scores; each token runs its top {ff.experts.per_token} "
+                f"SwiGLU experts, {d} -> {ff.hidden_dim} -> {d}, weighted by the softmax of their scores")
+    name = {"geglu": "GeGLU", "swiglu": "SwiGLU"}.get(ff.kind, ff.kind)
+    return f"{name}: fc3({ff.activation}(fc1(x)) * fc2(x)), {d} -> {ff.hidden_dim} -> {d}"
+
+
+def attention_of(att: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> torch.Tensor:
+    """Attention weights `[b, h, tq, s]` by the model's own modules and formula: the queries `q` (W_query's output
+    `[b, tq, h*hd]`, at the positions of the `[tq, hd]` rows cos and sin) through QK-norm (Qwen3) and RoPE, against
+    the rotated keys `k` a cache is handed (`[b, g, s, hd]`), each query head reading its group's
+    (repeat_interleave). Query j sits at position s - tq + j and sees the positions up to it."""
+    b, tq, _ = q.shape
+    q = q.view(b, tq, att.num_heads, att.head_dim).transpose(1, 2)  # [b, tq, h*hd] -> [b, h, tq, hd]
+    if att.q_norm is not None:
+        q = att.q_norm(q)
+    q = apply_rope(q, cos, sin)
+    k = k.repeat_interleave(att.group_size, dim=1)  # [b, g, s, hd] -> [b, h, s, hd]
+    own = getattr(att, "attention_weights", None)  # Gemma 3's: its own scale, and a sliding layer's window
+    return own(q, k) if own is not None else attention_weights(q, k)
+
+
+def _text(tokenizer: Tokenizer, token_id: int) -> str:
+    """The token's text; a row of tok_emb past the tokenizer's ids (Qwen3 pads 151,669 ids to 151,936 rows) says so."""
+    return tokenizer.decode([token_id]) if token_id < tokenizer.n_vocab else f"<row {token_id}: no token>"
+
+
+def four_answers(model: nn.Module, ids: torch.Tensor, one_hot: bool = True) -> dict[str, Any]:
+    """The four questions as facts on the live model: the two transitions, the one-hot proof (None where
+    `one_hot` is off: TraceOptions' embedding_check), the tie."""
+    anatomy = describe(model)
+    emb, head = model.get_submodule(anatomy.embedding.path).weight, model.get_submodule(anatomy.head.path).weight
+    one_storage = emb.data_ptr() == head.data_ptr() and emb.shape == head.shape
+    equal_values = bool(emb.shape == head.shape and torch.equal(emb, head))
+    return {"vocab_to_hidden": {"module": anatomy.embedding.path, "weight_shape": list(emb.shape)},
+            "hidden_to_vocab": {"module": anatomy.head.path, "weight_shape": list(head.shape)},
+            "one_hot": check_embedding_is_linear(model, ids, timing=False) if one_hot else None,
+            "tied": one_storage, "equal_values": equal_values}
+
+
+# --- what changed from GPT-2 (explain --compare gpt2) ---------------------------------------------
+
+def _count(*modules_or_params) -> int:
+    """Parameters of these modules and tensors, each tensor once (a tied one is one tensor)."""
+    unique = {}
+    for m in modules_or_params:
+        for p in (m.parameters() if isinstance(m, nn.Module) else [m]):
+            unique[id(p)] = p
+    return sum(p.numel() for p in unique.values())
+
+
+def _shapes(module: nn.Module) -> str:
+    return ", ".join(f"{name or 'weight'} {list(p.shape)}" for name, p in module.named_parameters())
+
+
+@dataclass
+class GPT2Changes(Result):
+    """What changed from GPT-2 to a Qwen3/Llama model: one row per stage, with both models' shapes and counts."""
+
+    family: str
+    rows: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def changes_from_gpt2(model: nn.Module, gpt2: nn.Module) -> GPT2Changes:
+    """GPT-2 and a Qwen3/Llama model stage by stage, in the order of the book's GPT-to-Llama bonus chapter
+    (ch05/07_gpt_to_llama), with shapes and parameter counts read from the two live models."""
+    g_blk, f_blk = gpt2.trf_blocks[0], model.trf_blocks[0]
+    g_att, f_att = g_blk.att, f_blk.att
+    n_g, n_f = len(gpt2.trf_blocks), len(model.trf_blocks)
+    cfg = model.cfg
+    g_norms = [m for blk in gpt2.trf_blocks for m in (blk.norm1, blk.norm2)] + [gpt2.final_norm]
+    f_norms = [m for blk in model.trf_blocks for m in (blk.norm1, blk.norm2)] + [model.final_norm]
+    rows = [
+        {"change": "LayerNorm -> RMSNorm", "gpt2": f"norm1: {_shapes(g_blk.norm1)} (subtracts the mean, adds a shift)",
+         "family": f"norm1: {_shapes(f_blk.norm1)} (divides by the root mean square only, in float32)",
+         "gpt2_params": _count(*g_norms), "family_params": _count(*f_norms)},
+        {"change": "GELU -> SwiGLU",
+         "gpt2": f"ff.layers.0 {list(g_blk.ff.layers[0].weight.shape)}, GELU, ff.layers.2 "
+                 f"{list(g_blk.ff.layers[2].weight.shape)}, with biases",
+         "family": f"silu(fc1 {list(f_blk.ff.fc1.weight.shape)}) * fc2 {list(f_blk.ff.fc2.weight.shape)}, then fc3 "
+                   f"{list(f_blk.ff.fc3.weight.shape)}, no biases",
+         "gpt2_params": n_g * _count(g_blk.ff), "family_params": n_f * _count(f_blk.ff)},
+        {"change": "pos_emb -> RoPE", "gpt2": f"pos_emb {list(gpt2.pos_emb.weight.shape)} added to tok_emb's output",
+         "family": f"no weights: cos/sin tables {list(model.rope.cos.shape)} rotate q and k inside every attention",
+         "gpt2_params": _count(gpt2.pos_emb), "family_params": 0},
+        {"change": "multi-head -> grouped-query attention",
+         "gpt2": f"{g_att.n_heads} heads: W_query {list(g_att.W_query.weight.shape)}, W_key "
+                 f"{list(g_att.W_key.weight.shape)}, W_value {list(g_att.W_value.weight.shape)}",
+         "family": f"{cfg.n_heads} query heads, {cfg.n_kv_groups} key/value heads: W_query "
+                   f"{list(f_att.W_query.weight.shape)}, W_key {list(f_att.W_key.weight.shape)}, W_value "
+                   f"{list(f_att.W_value.weight.shape)}",
+         "gpt2_params": n_g * _count(g_att), "family_params": n_f * _count(f_att.W_query, f_att.W_key, f_att.W_value,
+                                                                            f_att.out_proj)},
+        {"change": "QK-norm", "gpt2": "none",
+         "family": f"q_norm, k_norm: {_shapes(f_att.q_norm)} each, before RoPE" if f_att.q_norm is not None
+         else "none (Llama 3 has none)",
+         "gpt2_params": 0, "family_params": n_f * (_count(f_att.q_norm, f_att.k_norm) if f_att.q_norm is not None else 0)},
+        {"change": "the head", "gpt2": _head_words(gpt2), "family": _head_words(model),
+         "gpt2_params": 0 if _tied(gpt2) else _count(gpt2.out_head),
+         "family_params": 0 if _tied(model) else _count(model.out_head)},
+    ]
+    rows.append({"change": "total", "gpt2": f"{n_g} blocks, d {gpt2.tok_emb.weight.shape[1]}",
+                 "family": f"{n_f} blocks, d {cfg.emb_dim}", "gpt2_params": _count(gpt2),
+                 "family_params": _count(model)})
+    return GPT2Changes(cfg.family, rows)
+
+
+def _tied(model: nn.Module) -> bool:
+    return model.out_head.weight.data_ptr() == model.tok_emb.weight.data_ptr()
+
+
+def _head_words(model: nn.Module) -> str:
+    w = list(model.out_head.weight.shape)
+    return f"out_head {w}, " + ("tok_emb's own storage (tied)" if _tied(model) else "its own weights (untied)")

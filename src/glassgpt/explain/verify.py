@@ -19,18 +19,23 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable
+import re
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import anatomy as an
 from ..adopt import Layout, check_computable, evaluating_all, module_logits, read_in_place
 from ..errors import GlassError
-from ..model import GELU, GPTModel
+from ..kinds import describe
 from ..tokenizer import get_tokenizer
 from .result import Result
+
+if TYPE_CHECKING:
+    from ..model import GPTModel
 
 DEFAULT_TEXT = "Every effort moves you"
 
@@ -100,6 +105,7 @@ class CheckResult(Result):
     mistake: str | None
     finding: str
     notes: list[str] = field(default_factory=list)
+    against: str = "model.py in float64"  # what each stage was computed again by
 
     @property
     def ok(self) -> bool:
@@ -112,7 +118,7 @@ class CheckResult(Result):
                             "where": s.where, "non_finite": s.non_finite} for s in self.stages]}
 
     def to_text(self) -> str:
-        lines = [f"glassgpt check: {self.kind}", f"  on {self.prompt!r}, each stage against model.py in float64"]
+        lines = [f"glassgpt check: {self.kind}", f"  on {self.prompt!r}, each stage against {self.against}"]
         for s in self.stages:
             mark = "ok" if s.ok else "DIFFERS"
             where = f"  at {_where_text(s.where)}" if not s.ok else ""
@@ -121,8 +127,25 @@ class CheckResult(Result):
 
 
 def check(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None = None) -> CheckResult:
-    """Check `model` (the book's GPTModel, a reader's copy, nanoGPT's or transformers' GPT) against
-    the book's formulas on `text` (or token `ids`): see the module's docstring."""
+    """Check `model` against its formulas on `text` (or token `ids`), stage by stage: GPT-2 (the book's
+    GPTModel, a reader's copy, nanoGPT's or transformers' GPT) against model.py's, every other described
+    model against its description's (check_described). See the module's docstring."""
+    anatomy = _described(model)
+    if anatomy is not None and anatomy.name != "GPT-2":
+        return check_described(model, anatomy, ids, text)
+    return check_gpt2(model, text, ids)
+
+
+def _described(model: nn.Module) -> an.Anatomy | None:
+    """The model's description, or None where kinds.py reads none (check_gpt2 then says what it found)."""
+    try:
+        return describe(model)
+    except Exception:  # noqa: BLE001 - any module kinds.py cannot read: check_gpt2 names what it looked for
+        return None
+
+
+def check_gpt2(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None = None) -> CheckResult:
+    """A GPT-2 against model.py's formulas, stage by stage (the module's docstring)."""
     check_computable(model)  # weights that cannot compute are named before any stage is compared
     glass, layout = read_in_place(model)
     cfg = glass.cfg
@@ -134,7 +157,7 @@ def check(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None = No
         runs = [_record(model, layout, batch) for _ in range(2)]  # two draws: dropout left on shows
     ref = copy.deepcopy(glass).double()
     for blk in ref.trf_blocks:  # the book's tanh GELU, where adopt keeps a module's exact one
-        blk.ff.layers[1] = GELU()
+        blk.ff.layers[1] = TanhGELU()
     stages, first, mistake = [], None, None
     for name, (key, io), book_fn, kind in _stages(ref, runs[0], batch):
         got = runs[0][key][io]
@@ -148,6 +171,16 @@ def check(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None = No
                 mistake = _likely_mistake(kind, got, book_fn, stage.tolerance)
     return CheckResult(layout.kind, shown, stages, first, mistake, _finding(stages, first, mistake),
                        _tie_note(glass))
+
+
+SQRT_2_OVER_PI = torch.sqrt(torch.tensor(2.0 / torch.pi, dtype=torch.float32))  # model.py's constant, as it rounds it
+
+
+class TanhGELU(nn.Module):
+    """The book's GELU (its tanh approximation), the formula model.py's GELU computes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1 + torch.tanh(SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3))))
 
 
 def same_numbers(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -295,8 +328,9 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtyp
         worst = float(diff.max()) if diff.numel() else 0.0
         index = torch.unravel_index(diff.argmax(), diff.shape)
     where = {"position": int(index[-2]), "feature": int(index[-1])}
-    if name.startswith("trf_blocks."):
-        where = {"block": int(name.split(".")[1]), **where}
+    block = re.match(r"(?:[\w.]*\.)?(?:trf_blocks|blocks|layers|h)\.(\d+)\b", name)
+    if block:
+        where = {"block": int(block.group(1)), **where}
     return StageCheck(name, worst, tol, where, non_finite)
 
 
@@ -346,3 +380,607 @@ def _tie_note(glass: GPTModel) -> list[str]:
         return ["out_head.weight holds the same numbers as tok_emb.weight but is a copy, not the same tensor: "
                 "training will move them apart; to tie them, assign model.out_head.weight = model.tok_emb.weight"]
     return []
+
+
+# --- every other described model: each stage against its description's formulas ---------------------
+# The description (anatomy.py, through kinds.describe) says where each part sits and what it computes: the
+# norms' kind, eps and placement, the attention's heads, groups, RoPE, window, scale and QK-norm, the
+# feed-forward's kind, the head's scale. Each stage is computed again from those formulas on the module's
+# own weights (float64; a norm in the model's dtype through float32, as the models compute it, so that its
+# float32 tolerance holds in bfloat16 too), from the module's own input to it. Between the stages, what each
+# sublayer reads is checked against the placement (pre, post, sandwich, parallel): a "(input)" stage, shown
+# only where it differs. No model file is imported: the description is the reference.
+
+DESCRIBED_MISTAKES = {
+    "rope_interleaved": ("att", "RoPE rotates neighbouring pairs (x[0], x[1]), ... (interleaved); the book and "
+                                "Hugging Face's weights pair the halves: x1 = x[..., :hd//2], x2 = x[..., hd//2:], "
+                                "rotated = cat(-x2, x1)"),
+    "rope_on_values": ("att", "RoPE is applied to the values too: rotate only the queries and the keys"),
+    "no_qk_norm": ("att", "QK-norm is missing: Qwen3 RMS-norms each query and key head (q_norm, k_norm) before RoPE"),
+    "qk_norm_after_rope": ("att", "QK-norm runs after RoPE: apply q_norm and k_norm first, then rotate"),
+    "repeat": ("att", "the key/value groups are expanded with repeat ([K1, K2, K1, K2]): use "
+                      "repeat_interleave(group_size, dim=1) ([K1, K1, K2, K2]), so neighbouring query heads share "
+                      "a group"),
+    "no_freq_scaling": ("att", "Llama 3's RoPE frequency scaling is missing: pass freq_config (factor, "
+                               "low_freq_factor, high_freq_factor, original_context_length) to compute_rope_params"),
+    "rope_base": ("att", "RoPE runs with theta base {base:,.0f}, not the config's rope_base {want:,.0f}: pass "
+                         "theta_base=cfg['rope_base'] to compute_rope_params"),
+    "no_mask": ("att", MISTAKES["no_mask"][1]),
+    "no_scale": ("att", "the attention scores are not scaled: multiply q @ k.T by {scale:.4g} (1 / sqrt(head_dim), "
+                        "or the model's own query_pre_attn_scalar^-0.5) before the softmax"),
+    "no_window": ("att", "this {layer_type} layer lets each query see every earlier position: hide the keys {window} "
+                         "or more positions back (query - key >= {window}) as well as the future"),
+    "norm_eps": ("norm", "RMSNorm's eps is {eps:g}, not {want:g}: Qwen3 uses 1e-6, Llama 3 1e-5"),
+    "norm_low_precision": ("norm", "RMSNorm is computed in {dtype}: square and average in float32 "
+                                   "(x = x.to(torch.float32)), then cast back, as the book's qwen3_compatible does"),
+    "norm_plus_one_missing": ("norm", "the RMSNorm multiplies by its weight, where this model's multiplies by "
+                                      "(1 + weight) (the weight is stored zero-centred): x_norm * (1.0 + self.weight)"),
+    "gate_up_swapped": ("ff", "SwiGLU's gate and up are swapped: silu(fc1(x)) * fc2(x), with fc1 the gate "
+                              "(gate_proj) and fc2 the up (up_proj)"),
+    "moe_not_renormalised": ("ff", "the chosen experts' weights are a softmax over all {n} experts' logits, so the "
+                                   "{k} chosen do not sum to 1: take the top {k} logits first, then softmax over those "
+                                   "(topk_probs = softmax(topk_scores))"),
+    "emb_not_scaled": ("embeddings", "the embedding is not multiplied by sqrt(emb_dim) = {scale:.4g}: "
+                                     "x = tok_emb(ids) * emb_dim ** 0.5, so that the residual stream starts at the "
+                                     "size the blocks' outputs have"),
+    "logit_scale_missing": ("head", "the logits are not multiplied by logit_scale {scale:g}: "
+                                    "out_head(x) * logit_scale"),
+    "norm_before": ("reads", "the norm sits before the sublayer, where this {placement}-norm block puts it after: "
+                             "x + {norm}(sublayer(x)); the sublayer reads the residual stream itself"),
+    "norm_skipped": ("reads", "the sublayer reads the block's residual stream, not its norm: x + sublayer({norm}(x))"),
+    "sequential": ("reads", "the feed-forward reads the stream after the attention was added (one sublayer after "
+                            "the other); this block is parallel: attention and feed-forward both read the one "
+                            "{norm}(x), and the block returns x + att + ff"),
+}
+# The lines a Qwen3/Llama port's pieces are checked for alone (pieces/next_models.py), as verify_family.py had them.
+PORT_MISTAKES = {name: DESCRIBED_MISTAKES[name] for name in (
+    "rope_interleaved", "rope_on_values", "no_qk_norm", "qk_norm_after_rope", "repeat", "no_freq_scaling", "rope_base",
+    "norm_eps", "norm_low_precision", "gate_up_swapped")}
+ROPE_BASES = (10_000.0, 500_000.0, 1_000_000.0)
+EPSILONS = (1e-5, 1e-6, 1e-8, 0.0)
+
+
+@dataclass
+class _Stage:
+    name: str
+    got: torch.Tensor
+    formula: Callable  # (mistake or None) -> the formula's output, the mistake as (name, value)
+    kind: str          # tok_emb, pos_emb, embeddings, norm, att, shortcut, ff, head, reads
+    facts: dict[str, Any] = field(default_factory=dict)  # what the sentences name (the scale, the window, ...)
+
+
+def check_described(model: nn.Module, anatomy: an.Anatomy, ids: list[int] | None = None,
+                    text: str | None = None) -> CheckResult:
+    """Check a described model on `ids`, else on `text` read as its UTF-8 bytes (its own tokenizer is not loaded;
+    ids modulo a toy vocabulary), else on 12 ids spread over the vocabulary."""
+    check_computable(model)
+    vocab, context = anatomy.embedding.vocab_size, anatomy.positions.context_length
+    if ids is None and text:
+        ids = [b % vocab for b in text.encode("utf-8")][-context:]
+    if ids is None:
+        ids = [(7919 * i + 11) % vocab for i in range(12)]
+    weight = _param(model, anatomy.embedding.path, "weight")
+    batch = torch.tensor([ids], device=weight.device)
+    seen = _record_described(model, anatomy, batch)
+    stages, first, mistake, facts = [], None, None, {}
+    with torch.no_grad():
+        for stage in _described_stages(model, anatomy, seen, batch):
+            dtype = torch.float32 if stage.kind == "norm" else stage.got.dtype
+            checked = _compare(stage.name, stage.got, stage.formula(None), dtype)
+            if stage.kind == "reads" and checked.ok:
+                continue  # the wiring is shown only where it is wrong
+            stages.append(checked)
+            if first is None and not checked.ok:
+                first, facts = checked, stage.facts
+                mistake = _described_mistake(stage, checked.tolerance)
+    finding = _described_finding(anatomy, stages, first, mistake, facts)
+    return CheckResult(f"{type(model).__name__} ({anatomy.name})", " ".join(map(str, ids)), stages, first,
+                       mistake and mistake[0], finding, _copy_note(model, anatomy),
+                       against=f"{anatomy.name}'s description in float64 (norms in the model's dtype)")
+
+
+def _record_described(model: nn.Module, anatomy: an.Anatomy, batch: torch.Tensor) -> dict[str, tuple]:
+    """{path: (input, output)} of each described part's first call in one forward pass (a module called twice,
+    one norm read by two sublayers, keeps its first)."""
+    paths = [anatomy.embedding.path, anatomy.final_norm.path, anatomy.head.path]
+    paths += [anatomy.positions.path] if anatomy.positions.kind == "learned" else []
+    for block in anatomy.blocks:
+        paths += [block.path, block.attention.path, block.ff.path] + [n.path for n in block.norms]
+    seen: dict[str, tuple] = {}
+
+    def tap(name: str):
+        def hook(_mod, args, kwargs, out):
+            x = args[0] if args else next((v for v in kwargs.values() if torch.is_tensor(v)), None)
+            y = out[0] if isinstance(out, (tuple, list)) else out
+            if name not in seen:
+                seen[name] = (None if x is None else x.detach().clone(), y.detach().clone())
+        return hook
+
+    handles = [model.get_submodule(p).register_forward_hook(tap(p), with_kwargs=True) for p in dict.fromkeys(paths)]
+    try:
+        with torch.inference_mode(), evaluating_all(model):
+            seen["logits"] = (batch, module_logits(model, batch).detach().clone())
+    except GlassError:
+        raise
+    except Exception as err:  # the reader's own forward failed: say where, in one line
+        raise GlassError(f"{type(model).__name__}.forward failed on a {list(batch.shape)} prompt: "
+                         f"{type(err).__name__}: {err}") from None
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [p for p in dict.fromkeys(paths) if p not in seen]
+    if missing:
+        raise GlassError(f"{type(model).__name__}.forward never calls {missing[0]}, which its description "
+                         f"({anatomy.name}) names: check runs the parts the description names")
+    return seen
+
+
+def _described_stages(model: nn.Module, anatomy: an.Anatomy, seen: dict, batch: torch.Tensor):
+    """Every stage in the order the data flows, each fed with the model's own input to it."""
+    emb, t = anatomy.embedding, batch.shape[1]
+    table = _param(model, emb.path, "weight").double()
+    scale = emb.scale or 1.0
+    # an embedding module that scales its own rows (transformers' Gemma3TextScaledWordEmbedding): the scale is its
+    inside = scale != 1.0 and _compare(emb.path, seen[emb.path][1], table[batch] * scale, seen[emb.path][1].dtype).ok
+    yield _Stage(emb.path, seen[emb.path][1], lambda m: table[batch] * (scale if inside else 1.0), "tok_emb")
+    tok, pos = seen[emb.path][1].double(), 0.0
+    if anatomy.positions.kind == "learned":
+        path = anatomy.positions.path
+        positions = _param(model, path, "weight").double()
+        yield _Stage(path, seen[path][1], lambda m: positions[:t][None], "pos_emb")
+        pos = seen[path][1].double().reshape(-1, t, emb.emb_dim)[:1]
+    after = 1.0 if inside else scale
+    yield _Stage("embeddings", seen[anatomy.blocks[0].path][0],
+                 lambda m: (tok if m else tok * after) + pos, "embeddings", {"scale": after})
+    previous = seen[anatomy.blocks[0].path][0]
+    for block in anatomy.blocks:
+        yield _reads(f"{block.path} (input)", seen[block.path][0], previous, {})
+        yield from _block_stages(model, block, seen)
+        previous = seen[block.path][1]
+    final = anatomy.final_norm
+    yield _reads(f"{final.path} (input)", seen[final.path][0], previous, {})
+    yield _norm_stage(model, final, seen)
+    head = anatomy.head
+    yield _reads(f"{head.path} (input)", seen[head.path][0], seen[final.path][1], {})
+    # a logit scale or softcap applied after the head's module (Tiny Aya's forward): the model's logits
+    scaled = head.logit_scale is not None or head.softcap is not None
+    yield _Stage(head.path, seen["logits" if scaled else head.path][1], _head_formula(model, head, seen[head.path][0]),
+                 "head", {"scale": head.logit_scale or 1.0})
+
+
+def _block_stages(model: nn.Module, block: an.Block, seen: dict):
+    """One block's stages by its placement: pre x + sub(norm(x)); post x + norm(sub(x)); sandwich
+    x + norm(sub(norm(x))); parallel x + att(norm(x)) + ff(norm(x))."""
+    att, ff, place = block.attention, block.ff, block.placement
+    x, out = seen[block.path]
+    (a_in, a_out), (f_in, f_out) = seen[att.path], seen[ff.path]
+    before = {"pre": ("attn_in", "ff_in"), "sandwich": ("attn_in", "ff_in"), "parallel": ("attn_in", "attn_in")}
+    after = {"post": ("attn_out", "ff_out"), "sandwich": ("attn_out", "ff_out")}
+    n_in = [block.norm(r) for r in before.get(place, (None, None))]
+    n_out = [block.norm(r) for r in after.get(place, (None, None))]
+    # the attention
+    if n_in[0] is not None:
+        yield _reads(f"{n_in[0].path} (input)", seen[n_in[0].path][0], x, {})
+        yield _norm_stage(model, n_in[0], seen)
+        yield _reads(f"{att.path} (input)", a_in, seen[n_in[0].path][1], {"norm": n_in[0].path.rpartition(".")[2]},
+                     {"norm_skipped": x})
+    else:
+        norm = n_out[0]
+        yield _reads(f"{att.path} (input)", a_in, x, {"norm": norm.path.rpartition(".")[2], "placement": place},
+                     {"norm_before": _norm_formula(model, norm, x)(None)})
+    yield _attention_stage(model, att, a_in, a_out, block.layer_type)
+    added = a_out
+    if n_out[0] is not None:
+        yield _reads(f"{n_out[0].path} (input)", seen[n_out[0].path][0], a_out, {})
+        yield _norm_stage(model, n_out[0], seen)
+        added = seen[n_out[0].path][1]
+    if place == "parallel":
+        normed = _norm_formula(model, n_in[0], x.double() + a_out.double())(None)
+        yield _reads(f"{ff.path} (input)", f_in, seen[n_in[0].path][1], {"norm": n_in[0].path.rpartition(".")[2]},
+                     {"sequential": normed})
+        yield _Stage(ff.path, f_out, _ff_formula(model, ff, f_in), "ff", _ff_facts(ff))
+        yield _Stage(f"{block.path}.shortcut", out, lambda m: x.double() + a_out.double() + f_out.double(), "shortcut")
+        return
+    # the stream after the first shortcut, as the next part reads it
+    h = seen[n_in[1].path][0] if n_in[1] is not None else f_in
+    yield _Stage(f"{block.path}.shortcut1", h, lambda m: x.double() + added.double(), "shortcut")
+    if n_in[1] is not None:
+        yield _norm_stage(model, n_in[1], seen)
+        yield _reads(f"{ff.path} (input)", f_in, seen[n_in[1].path][1], {"norm": n_in[1].path.rpartition(".")[2]},
+                     {"norm_skipped": h})
+    else:
+        norm = n_out[1]
+        yield _reads(f"{ff.path} (input)", f_in, h, {"norm": norm.path.rpartition(".")[2], "placement": place},
+                     {"norm_before": _norm_formula(model, norm, h)(None)})
+    yield _Stage(ff.path, f_out, _ff_formula(model, ff, f_in), "ff", _ff_facts(ff))
+    added = f_out
+    if n_out[1] is not None:
+        yield _reads(f"{n_out[1].path} (input)", seen[n_out[1].path][0], f_out, {})
+        yield _norm_stage(model, n_out[1], seen)
+        added = seen[n_out[1].path][1]
+    yield _Stage(f"{block.path}.shortcut2", out, lambda m: h.double() + added.double(), "shortcut")
+
+
+def _reads(name: str, got: torch.Tensor, want: torch.Tensor, facts: dict, wrong: dict | None = None) -> _Stage:
+    """What a part reads against what the placement says it reads; `wrong`: a known miswiring's input."""
+    wrong = wrong or {}
+    return _Stage(name, got, lambda m: want.double() if m is None else wrong[m[0]].double(), "reads",
+                  facts | {"wrong": tuple(wrong)})
+
+
+def _norm_stage(model: nn.Module, norm: an.Norm, seen: dict) -> _Stage:
+    x, y = seen[norm.path]
+    return _Stage(norm.path, y, _norm_formula(model, norm, x), "norm",
+                  {"norm": norm, "dtype": x.dtype})
+
+
+def _ff_facts(ff: an.FeedForward) -> dict:
+    return {"ff": ff} | ({"n": ff.experts.n_experts, "k": ff.experts.per_token} if ff.experts else {})
+
+
+# --- the formulas, read from the description -------------------------------------------------------
+
+def _param(model: nn.Module, path: str, leaf: str) -> torch.Tensor:
+    return getattr(model.get_submodule(path), leaf)
+
+
+def _matrix(model: nn.Module, lin: an.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight `[out, in]`, bias or None) in float64, as nn.Linear would hold them: the description's rows of
+    a fused module, its head_rows, a Conv1D's transpose."""
+    mod = model.get_submodule(lin.path)
+    w, b = mod.weight.double(), getattr(mod, "bias", None)
+    w = w.t() if lin.transposed else w
+    b = None if b is None or not lin.bias else b.double()
+    if lin.rows is not None:
+        w, b = w[lin.rows[0]:lin.rows[1]], None if b is None else b[lin.rows[0]:lin.rows[1]]
+    if lin.head_rows is not None:
+        block, start, stop = lin.head_rows
+        w = w.reshape(-1, block, w.shape[-1])[:, start:stop].reshape(-1, w.shape[-1])
+        b = None if b is None else b.reshape(-1, block)[:, start:stop].reshape(-1)
+    return w, b
+
+
+def _linear(model: nn.Module, lin: an.Linear, x: torch.Tensor) -> torch.Tensor:
+    w, b = _matrix(model, lin)
+    return F.linear(x.double(), w, b)
+
+
+def _norm_formula(model: nn.Module, norm: an.Norm, x: torch.Tensor) -> Callable:
+    """The norm over the last dimension, computed through float32 and returned in x's dtype as the models do
+    (float64 stays float64), or with a mistake (name, value)."""
+    mod = model.get_submodule(norm.path)
+    weight = getattr(mod, norm.weight)
+    bias = getattr(mod, norm.bias) if norm.bias else None
+
+    def run(mistake):
+        name, value = mistake or (None, None)
+        if name == "norm_low_precision":  # in x's dtype; then times a scale of value[1]'s dtype
+            low = x.pow(2).mean(dim=-1, keepdim=True)
+            return ((x * torch.rsqrt(low + norm.eps)) * weight.to(value[1])).to(x.dtype).double()
+        h = x if x.dtype == torch.float64 else x.float()
+        if norm.kind == "layernorm":
+            h = h - h.mean(dim=-1, keepdim=True)
+        h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + (value if name == "norm_eps" else norm.eps))
+        plus_one = norm.kind == "rmsnorm_plus_one" and name != "norm_plus_one_missing"
+        h = h * ((1.0 + weight.to(h.dtype)) if plus_one else weight.to(h.dtype))
+        return (h if bias is None else h + bias.to(h.dtype)).to(x.dtype).double()
+    return run
+
+
+def _activation(name: str, x: torch.Tensor) -> torch.Tensor:
+    if name == "silu":
+        return F.silu(x)
+    return F.gelu(x, approximate="tanh" if name == "gelu_tanh" else "none")
+
+
+def _ff_formula(model: nn.Module, ff: an.FeedForward, x: torch.Tensor) -> Callable:
+    """gelu_mlp: down(act(up(x))); swiglu / geglu: down(act(gate(x)) * up(x)); moe: the top-k experts' outputs,
+    each weighted by the softmax over the k chosen router logits."""
+    def one(up: an.Linear, gate: an.Linear | None, down: an.Linear, swapped: bool) -> torch.Tensor:
+        if gate is None:
+            return _linear(model, down, _activation(ff.activation, _linear(model, up, x)))
+        g, u = _linear(model, gate, x), _linear(model, up, x)
+        g, u = (u, g) if swapped else (g, u)
+        return _linear(model, down, _activation(ff.activation, g) * u)
+
+    def run(mistake):
+        name = (mistake or (None,))[0]
+        if ff.experts is None:
+            return one(ff.up, ff.gate, ff.down, name == "gate_up_swapped")
+        experts = ff.experts
+        logits = _linear(model, experts.router, x)  # [b, t, E]
+        top, chosen = torch.topk(logits, experts.per_token, dim=-1)  # [b, t, k]
+        probs = logits.softmax(-1).gather(-1, chosen) if name == "moe_not_renormalised" else top.softmax(-1)
+        out = torch.zeros_like(x, dtype=torch.float64)
+        for j in range(experts.n_experts):
+            weight = (probs * (chosen == j)).sum(-1, keepdim=True)  # [b, t, 1]: 0 where j is not chosen
+            if bool(weight.any()):
+                lin = [None if p is None else replace(p, path=f"{p.path.rpartition('.')[0]}.{j}")
+                       for p in (ff.up, ff.gate, ff.down)]
+                out = out + weight * one(*lin, name == "gate_up_swapped")
+        return out
+    return run
+
+
+def _head_formula(model: nn.Module, head: an.Head, x: torch.Tensor) -> Callable:
+    w = model.get_submodule(head.path).weight.double()
+    b = getattr(model.get_submodule(head.path), "bias", None)
+
+    def run(mistake):
+        logits = F.linear(x.double(), w, None if b is None else b.double())
+        if head.logit_scale is not None and mistake is None:
+            logits = logits * head.logit_scale
+        return logits if head.softcap is None else torch.tanh(logits / head.softcap) * head.softcap
+    return run
+
+
+def _rope_tables(rope: an.Rope, t: int, base: float | None = None, scaled: bool = True,
+                 pairs: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin `[t, rotary_dim]` in float64: pair i turns at base^(-2i/rotary_dim), Llama 3's or YaRN's
+    scaling as described; each angle written for both dimensions of its pair (halves, or neighbours)."""
+    rd = rope.rotary_dim or rope.head_dim
+    inv_freq = 1.0 / ((base or rope.base) ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))  # [rd/2]
+    values, factor = dict(rope.scaling_values), 1.0
+    if scaled and rope.scaling == "llama3":
+        inv_freq = _llama3_frequencies(inv_freq, values)
+    elif scaled and rope.scaling == "yarn":
+        inv_freq, factor = _yarn_frequencies(inv_freq, values, rd, base or rope.base), values["rope_attention_factor"]
+    angles = torch.arange(t, dtype=torch.float64)[:, None] * inv_freq[None, :]  # [t, rd/2]
+    halves = (pairs or rope.pairs) == "halves"
+    angles = torch.cat([angles, angles], dim=1) if halves else angles.repeat_interleave(2, dim=1)
+    return torch.cos(angles) * factor, torch.sin(angles) * factor
+
+
+def _llama3_frequencies(inv_freq: torch.Tensor, v: dict) -> torch.Tensor:
+    """Llama 3's: the slow pairs / factor, the fast kept, a blend between."""
+    low_wavelen = v["original_context_length"] / v["low_freq_factor"]
+    high_wavelen = v["original_context_length"] / v["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / v["factor"], inv_freq)
+    smooth = (v["original_context_length"] / wavelen - v["low_freq_factor"]) / (v["high_freq_factor"] - v["low_freq_factor"])
+    blended = (1 - smooth) * inv_freq / v["factor"] + smooth * inv_freq
+    return torch.where((wavelen <= low_wavelen) & (wavelen >= high_wavelen), blended, scaled)
+
+
+def _yarn_frequencies(inv_freq: torch.Tensor, v: dict, rd: int, base: float) -> torch.Tensor:
+    """YaRN's: pairs turning more than beta_fast times in rope_orig_max positions kept, fewer than beta_slow
+    divided by rope_factor, a linear ramp between."""
+    def pair_turning(turns: float) -> float:
+        return rd * math.log(v["rope_orig_max"] / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_turning(v["beta_fast"])), 0)
+    high = min(math.ceil(pair_turning(v["beta_slow"])), rd - 1)
+    keep = 1 - ((torch.arange(rd // 2, dtype=torch.float64) - low) / ((high - low) or 0.001)).clamp(0, 1)
+    return inv_freq / v["rope_factor"] * (1 - keep) + inv_freq * keep
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: str) -> torch.Tensor:
+    """RoPE on the first cos.shape[-1] dimensions of each head `[b, h, t, hd]`; the rest pass as they are."""
+    rd = cos.shape[-1]
+    turned, rest = x[..., :rd], x[..., rd:]
+    if pairs == "halves":
+        rotated = torch.cat((-turned[..., rd // 2:], turned[..., : rd // 2]), dim=-1)
+    else:
+        rotated = torch.stack((-turned[..., 1::2], turned[..., ::2]), dim=-1).flatten(-2)
+    return torch.cat([turned * cos + rotated * sin, rest], dim=-1)
+
+
+def _rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Meta's original pairing, (x[0], x[1]), (x[2], x[3]), ..., with a halves table's angles per pair."""
+    hd = x.shape[-1]
+    c, s = cos[..., : hd // 2].repeat_interleave(2, dim=-1), sin[..., : hd // 2].repeat_interleave(2, dim=-1)
+    return _rotate(x, c, s, "neighbours")
+
+
+def _attention_stage(model: nn.Module, att: an.Attention, x: torch.Tensor, out: torch.Tensor, layer_type: str):
+    facts = {"att": att, "layer_type": layer_type.removesuffix("_attention"), "window": att.window,
+             "scale": att.scale or att.head_dim ** -0.5}
+    formula = _linear_attention(model, att, x) if att.kind == "linear" else _causal_attention(model, att, x)
+    return _Stage(att.path, out, formula, "att", facts)
+
+
+def _causal_attention(model: nn.Module, att: an.Attention, x: torch.Tensor) -> Callable:
+    """softmax(q k^T * scale, causal, windowed) v, per head, with the described QK-norm, RoPE, groups, latent
+    and output gate; or with a mistake (name, value)."""
+    b, t, _ = x.shape
+    h, g, hd = att.n_heads, att.n_kv_groups, att.head_dim
+
+    def heads(y: torch.Tensor, n: int) -> torch.Tensor:
+        return y.reshape(b, t, n, hd).transpose(1, 2)  # [b, t, n*hd] -> [b, n, t, hd]
+
+    def qk_norm(norm: an.Norm | None, y: torch.Tensor, whole: bool) -> torch.Tensor:
+        if norm is None or (norm.dim != hd) != whole:
+            return y
+        return _norm_formula(model, norm, y)(None)
+
+    def run(mistake):
+        name, value = mistake or (None, None)
+        kv_in = _linear(model, att.latent, x) if att.latent is not None else x
+        q, k, v = _linear(model, att.query, x), _linear(model, att.key, kv_in), _linear(model, att.value, kv_in)
+        normed = name not in ("no_qk_norm", "qk_norm_after_rope")
+        if normed:
+            q, k = qk_norm(att.q_norm, q, True), qk_norm(att.k_norm, k, True)
+        q, k, v = heads(q, h), heads(k, g), heads(v, g)
+        if normed:
+            q, k = qk_norm(att.q_norm, q, False), qk_norm(att.k_norm, k, False)
+        if att.rope is not None:
+            cos, sin = _rope_tables(att.rope, t, value if name == "rope_base" else None, name != "no_freq_scaling",
+                                    "neighbours" if name == "rope_interleaved" else None)
+            pairs = "neighbours" if name == "rope_interleaved" else att.rope.pairs
+            q, k = _rotate(q, cos, sin, pairs), _rotate(k, cos, sin, pairs)
+            v = _rotate(v, cos, sin, pairs) if name == "rope_on_values" else v
+        if name == "qk_norm_after_rope":
+            q, k = qk_norm(att.q_norm, q, False), qk_norm(att.k_norm, k, False)
+        expand = (lambda y: y.repeat(1, h // g, 1, 1)) if name == "repeat" else (
+            lambda y: y.repeat_interleave(h // g, dim=1))
+        k, v = expand(k), expand(v)
+        scores = q @ k.transpose(-2, -1) * (1.0 if name == "no_scale" else (att.scale or hd ** -0.5))  # [b, h, t, t]
+        if att.softcap is not None:
+            scores = torch.tanh(scores / att.softcap) * att.softcap
+        pos = torch.arange(t, device=x.device)
+        hidden = pos[None, :] > pos[:, None]  # the future
+        if att.window is not None and name != "no_window":
+            hidden |= pos[:, None] - pos[None, :] >= att.window
+        if name != "no_mask":
+            scores = scores.masked_fill(hidden, -torch.inf)
+        context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h * hd)  # [b, t, h*hd]
+        if att.output_gate is not None:
+            context = context * torch.sigmoid(_linear(model, att.output_gate, x))
+        return _linear(model, att.out, context)
+    return run
+
+
+def _linear_attention(model: nn.Module, att: an.Attention, x: torch.Tensor) -> Callable:
+    """The gated delta rule (anatomy.RecurrentState): q, k, v through the short causal convolution (silu), q and k
+    of unit length; per token S <- exp(g) S, S += k (beta (v - S^T k))^T, output S^T q / sqrt(dk); then the
+    gated norm and out. A_log and dt_bias are the module's own (the notebook's and transformers' names)."""
+    state, mod = att.state, model.get_submodule(att.path)
+    b, t, _ = x.shape
+    hk, dk, hv, dv = att.n_heads, att.head_dim, state.value_heads, state.value_head_dim
+
+    def run(mistake):
+        qkv = torch.cat([_linear(model, lin, x) for lin in (att.query, att.key, att.value)], dim=-1)  # [b, t, c]
+        conv = model.get_submodule(state.conv).weight.double()  # [c, 1, kernel]
+        padded = F.pad(qkv.transpose(1, 2), (state.conv_kernel - 1, 0))
+        mixed = F.silu(F.conv1d(padded, conv, groups=conv.shape[0])).transpose(1, 2)  # [b, t, c]
+        q, k, v = mixed.split([hk * dk, hk * dk, hv * dv], dim=-1)
+        q, k = (y.reshape(b, t, hk, dk).repeat_interleave(hv // hk, dim=2) for y in (q, k))
+        q, k = (y * torch.rsqrt((y * y).sum(-1, keepdim=True) + 1e-6) for y in (q, k))
+        v = v.reshape(b, t, hv, dv)
+        beta = torch.sigmoid(_linear(model, state.beta, x))  # [b, t, hv]
+        g = -mod.A_log.double().exp() * F.softplus(_linear(model, state.decay, x) + mod.dt_bias.double())
+        s = torch.zeros(b, hv, dk, dv, dtype=torch.float64, device=x.device)
+        outs = []
+        for i in range(t):
+            s = s * g[:, i].exp()[..., None, None]
+            delta = (v[:, i] - (s * k[:, i, :, :, None]).sum(-2)) * beta[:, i, :, None]  # [b, hv, dv]
+            s = s + k[:, i, :, :, None] * delta[:, :, None, :]
+            outs.append((s * q[:, i, :, :, None]).sum(-2) * dk ** -0.5)
+        out = torch.stack(outs, dim=1)  # [b, t, hv, dv]
+        normed = _norm_formula(model, state.norm, out)(None)
+        z = _linear(model, state.gate, x).reshape(b, t, hv, dv)
+        return _linear(model, att.out, (normed * F.silu(z)).reshape(b, t, hv * dv))
+    return run
+
+
+# --- naming the mistake ----------------------------------------------------------------------------
+
+def _candidates(stage: _Stage):
+    """(name, value) of every known mistake this stage's part can make, as its description says."""
+    kind, facts = stage.kind, stage.facts
+    if kind == "reads":
+        yield from ((name, None) for name in facts["wrong"])
+    elif kind == "embeddings" and facts["scale"] != 1.0:
+        yield "emb_not_scaled", None
+    elif kind == "head" and facts["scale"] != 1.0:
+        yield "logit_scale_missing", None
+    elif kind == "norm":
+        norm = facts["norm"]
+        yield from (("norm_eps", eps) for eps in EPSILONS if eps != norm.eps)
+        if norm.kind == "rmsnorm_plus_one":
+            yield "norm_plus_one_missing", None
+        if norm.kind == "rmsnorm" and facts["dtype"] not in (torch.float32, torch.float64):
+            yield from (("norm_low_precision", (str(facts["dtype"]).removeprefix("torch."), w))
+                        for w in (torch.float32, facts["dtype"]))
+    elif kind == "ff":
+        ff = facts["ff"]
+        yield from ([("gate_up_swapped", None)] if ff.gate is not None else [])
+        yield from ([("moe_not_renormalised", None)] if ff.experts is not None else [])
+    elif kind == "att" and facts["att"].kind == "causal":
+        att = facts["att"]
+        yield from (("no_mask", None), ("no_scale", None))
+        yield from ([("no_window", None)] if att.window else [])
+        yield from ([("repeat", None)] if att.n_kv_groups < att.n_heads else [])
+        yield from ([("no_qk_norm", None), ("qk_norm_after_rope", None)] if att.q_norm else [])
+        if att.rope is not None:
+            yield from ([("rope_interleaved", None)] if att.rope.pairs == "halves" else [])
+            yield "rope_on_values", None
+            yield from ([("no_freq_scaling", None)] if att.rope.scaling == "llama3" else [])
+            yield from (("rope_base", base) for base in ROPE_BASES if base != att.rope.base)
+
+
+def _described_mistake(stage: _Stage, tol: float):
+    """The known mistake whose output reproduces the model's numbers (within the stage's tolerance), if one does."""
+    best, best_diff = None, math.inf
+    right = stage.formula(None)
+    for candidate in _candidates(stage):
+        want = stage.formula(candidate)
+        if want.shape != stage.got.shape or torch.equal(want, right):
+            continue  # the same numbers as the right formula: not what the model did
+        diff = nan_aware_diff(stage.got, want)
+        if diff < best_diff:
+            best, best_diff = candidate, diff
+    return best if best_diff <= tol else None
+
+
+def _described_finding(anatomy: an.Anatomy, stages: list[StageCheck], first: StageCheck | None, mistake,
+                       facts: dict) -> str:
+    if first is None:
+        worst = max(stages, key=lambda s: s.max_diff / s.tolerance)
+        return (f"matches {anatomy.name}'s formulas, as its description gives them, at every stage (largest "
+                f"difference {worst.max_diff:.2g}, at {worst.name})")
+    if first.name.endswith(" (input)"):
+        at = (f"{first.name.removesuffix(' (input)')} is the first stage that differs: it does not read what the "
+              f"block's {_placement(anatomy, first.name)} placement gives it (largest difference {first.max_diff:.3g} "
+              f"at {_where_text(first.where)})")
+    elif first.non_finite:
+        at = f"{first.name} is the first stage that differs: its output is {first.non_finite}, first at " \
+             f"{_where_text(first.where)}"
+    else:
+        at = (f"{first.name} is the first stage that differs (largest difference {first.max_diff:.3g} at "
+              f"{_where_text(first.where)})")
+    if mistake is None:
+        return f"{at}; no known mistake reproduces it: compare your {first.name.split('.')[-1]} line by line with the book's."
+    name, value = mistake
+    norm = facts.get("norm")
+    words = DESCRIBED_MISTAKES[name][1].format(
+        base=value if name == "rope_base" else 0, eps=value if name == "norm_eps" else 0,
+        want=facts["att"].rope.base if name == "rope_base" else getattr(norm, "eps", 0),
+        dtype=value[0] if name == "norm_low_precision" else None, **{k: v for k, v in facts.items() if k not in (
+            "norm", "att", "ff", "wrong", "dtype")}, **({"norm": norm} if isinstance(norm, str) else {}))
+    return f"{at}: {words}."
+
+
+def _placement(anatomy: an.Anatomy, name: str) -> str:
+    block = next((b for b in anatomy.blocks if name.startswith(b.path + ".")), None)
+    return block.placement if block is not None else "pre"
+
+
+def _copy_note(model: nn.Module, anatomy: an.Anatomy) -> list[str]:
+    emb = _param(model, anatomy.embedding.path, "weight")
+    head = getattr(model.get_submodule(anatomy.head.path), "weight", None)
+    if head is not None and emb.data_ptr() != head.data_ptr() and emb.shape == head.shape and torch.equal(emb, head):
+        return [f"{anatomy.head.path}.weight holds the same numbers as {anatomy.embedding.path}.weight but is a copy, "
+                "not the same tensor (its data_ptr differs): training will move them apart; to tie them, assign "
+                f"model.{anatomy.head.path}.weight = model.{anatomy.embedding.path}.weight"]
+    return []
+
+
+# --- the same formulas for the pieces' and causes' checks (a Qwen3/Llama port's modules) -------------------
+
+def is_described_port(model: nn.Module) -> bool:
+    """A whole model that check_described reads: any described model but GPT-2 (check_gpt2's)."""
+    anatomy = _described(model)
+    return anatomy is not None and anatomy.name != "GPT-2"
+
+
+def check_family(model: nn.Module, ids: list[int] | None = None, text: str | None = None) -> CheckResult:
+    """check_described on a Qwen3/Llama port (or any described model), on `ids`."""
+    return check_described(model, describe(model), ids, text)
+
+
+def family_attention(att: nn.Module, x: torch.Tensor, cfg, t: int) -> Callable:
+    """_causal_attention's formula for one grouped-query attention module with the book's names (W_query,
+    W_key, W_value, out_proj, q_norm, k_norm) and a Qwen3/Llama config (rope_base, rope_freq, norm_eps)."""
+    d, h, g, hd = x.shape[-1], att.num_heads, att.num_kv_groups, att.head_dim
+    qk = {}
+    if getattr(att, "q_norm", None) is not None:
+        leaf = "scale" if hasattr(att.q_norm, "scale") else "weight"
+        qk = {f"{n}_norm": an.Norm(f"{n}_norm", "rmsnorm", hd, cfg.norm_eps, weight=leaf) for n in ("q", "k")}
+    freq = getattr(cfg, "rope_freq", None)
+    rope = an.Rope(cfg.rope_base, hd, scaling=None if freq is None else "llama3",
+                   scaling_values=() if freq is None else tuple((k, float(v)) for k, v in vars(freq).items()))
+    described = an.Attention("", "causal", h, g, hd, query=an.Linear("W_query", d, h * hd, False),
+                             key=an.Linear("W_key", d, g * hd, False), value=an.Linear("W_value", d, g * hd, False),
+                             out=an.Linear("out_proj", h * hd, d, False), rope=rope, **qk)
+    return _causal_attention(att, described, x[:, :t])

@@ -101,7 +101,10 @@ class WindowKVCache:
             return self.k[i][:, :, :end], self.v[i][:, :, :end]
         if self.k[i] is not None:
             k, v = torch.cat([self.k[i], k], dim=2), torch.cat([self.v[i], v], dim=2)
-        self.k[i], self.v[i] = k[:, :, -window:], v[:, :, -window:]  # what the next query can still see
+        keep_k, keep_v = k[:, :, -window:], v[:, :, -window:]  # what the next query can still see
+        if k.shape[2] > window + 1:  # a prompt past the window: copied, so that no view keeps the rest alive
+            keep_k, keep_v = keep_k.clone(), keep_v.clone()
+        self.k[i], self.v[i] = keep_k, keep_v
         return k, v
 
 

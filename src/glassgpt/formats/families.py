@@ -391,9 +391,16 @@ def read_family_config(spec: str | os.PathLike) -> FamilyConfig:
     if Path(spec).is_dir():
         return read_hf_config(spec)
     values = read_json(book_config_path(spec), what=f"the config of {spec}", kind="config")
-    family = _book_family(values)  # (the weights are not read)
+    return config_from_book(values)  # (the weights are not read)
+
+
+def config_from_book(values: dict[str, Any]) -> FamilyConfig | Gemma3Config:
+    """The config of a notebook's config dict, the model told by its keys (_book_family). The tie: the dict's
+    `tie_embeddings` (OLMo 3's and Tiny Aya's `tie_word_embeddings`), else Gemma 3's tied, the others' untied."""
+    family = _book_family(values)
     if family in BONUS_MODELS:  # OLMo 3's and Tiny Aya's notebook dicts (tie_word_embeddings, if any, among them)
         return BONUS_MODELS[family][1].from_dict(values)
+    values = dict(values)
     tie = bool(values.pop("tie_embeddings", family == "gemma3"))
     return book_config(family, values, tie)
 

@@ -11,6 +11,8 @@
     POST /api/why           same body + "target": id -> which parts and prompt tokens made that token
     GET  /api/snapshots     served on a run directory: its evaluations, each with its snapshot
     POST /api/windows       {"prompt": "...", "max_length": 4, "stride": 2} -> the text's sliding windows
+    GET  /gallery           the architecture gallery (explain/gallery.py): ?models=gpt2,gemma3&dtype=&tokens=
+    GET  /api/gallery       the same cards as JSON
 
 The rules (which prompts, which limits, what a trace holds) are the service's; this module
 adds what only HTTP needs. Errors are JSON `{"error": "..."}`: 400 for a prompt the model
@@ -40,6 +42,7 @@ see `allowed_hosts`), so a web page on another site cannot reach it through DNS 
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import threading
@@ -57,6 +60,8 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from ..errors import GlassError, TraceCancelled
 from ..explain import About, Progress
+from ..explain.gallery import SHAPES, Gallery, gallery
+from ..explain.views import draw
 from ..formats import Source
 from ..model import GPTModel
 from ..tokenizer import Tokenizer
@@ -159,8 +164,29 @@ def create_app(model: GPTModel, tokenizer: Tokenizer, about: About | Source | No
     return app
 
 
+def _gallery(models: str, dtype: str, tokens: int) -> Gallery:
+    return gallery([m for m in models.split(",") if m] or list(SHAPES), dtype, tokens)
+
+
+def _add_gallery(app: FastAPI) -> None:
+    """The architecture gallery: the same for every model served (its cards are the book's models' real shapes)."""
+
+    @app.get("/api/gallery")
+    async def gallery_json(models: str = "", dtype: str = "bfloat16", tokens: int = 8192) -> dict[str, Any]:
+        return (await anyio.to_thread.run_sync(_gallery, models, dtype, tokens)).to_dict()
+
+    @app.get("/gallery", response_class=HTMLResponse)
+    async def gallery_page(models: str = "", dtype: str = "bfloat16", tokens: int = 8192) -> Response:
+        g = await anyio.to_thread.run_sync(_gallery, models, dtype, tokens)
+        page = ('<!doctype html><html lang="en"><head><meta charset="utf-8"><title>glassgpt · the architecture '
+                'gallery</title><link rel="stylesheet" href="/static/style.css"></head><body><main>'
+                f"{draw.to_svg(g.picture())}<pre>{html.escape(g.to_text())}</pre></main></body></html>")
+        return Response(page, media_type=STATIC_TYPES[".html"], headers=SECURITY_HEADERS)
+
+
 def _add_page(app: FastAPI) -> None:
     static = _read_static()
+    _add_gallery(app)
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> Response:

@@ -7,7 +7,7 @@
     service.why(WhyRequest(prompt=..., target=2300))                  -> why that token (explain/why.py)
     service.info(), service.snapshots()
 
-A Qwen3 or Llama 3.2 model (families/) gets explain/family.py's trace: its stages, the four answers,
+A Qwen3 or Llama 3.2 model (families/) gets explain/trace.py's rotary trace: its stages, the four answers,
 where positions enter (RoPE), the query and key/value head shapes and the group sharing, under
 `family`, beside the tokens and next tokens the page shows for every model; its why is why.py's
 (why.py: the parts through RMSNorm, one per query head, with the same fields as GPT-2's).
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from ..adopt import adopt, check_computable
 from ..errors import GlassError
 from ..explain import About, Progress, trace
-from ..explain.family import family_trace
+from ..explain.trace import family_trace
 from ..explain.views import draw
 from ..explain.views.diagram import to_svg
 from ..explain.pieces import sliding_windows
@@ -52,7 +52,7 @@ MAX_ATTENTION_WEIGHTS = 1_000_000
 # The embedding check builds a [t, V] one-hot matrix (and its int64 indices first): 2**24 numbers is
 # 64 MB in float32, up to 333 of GPT-2's tokens; past it the check is left out and says why.
 MAX_ONE_HOT_NUMBERS = 2 ** 24
-# The options that apply to a Qwen3/Llama model's trace (explain/family.py) and why (why.py): the page
+# The options that apply to a Qwen3/Llama model's trace (explain/trace.py's rotary trace) and why (why.py): the page
 # draws these alone.
 FAMILY_OPTIONS = ("top_k", "logit_lens", "attention", "why", "versus", "patch")
 # Heavy work waits in a queue of its own (app.py), so that a flood of it never delays a plain trace:
@@ -256,7 +256,7 @@ class ExplainService:
                        f"heads x {t} x {t}); the page shows them for prompts of up to {most} tokens")
 
     def _family_json(self, req: ExplainRequest, prompt, cancel) -> dict[str, Any]:
-        """A Qwen3/Llama model's trace (explain/family.py) under `family`, with what every model's page shows
+        """A Qwen3/Llama model's trace (explain/trace.py's rotary trace) under `family`, with what every model's page shows
         under GPT-2's names: the tokens, the next tokens, the head's dot products, the logit lens and the
         attention weights (each query head's, with `groups`: the key/value group each head reads)."""
         with_attention, omitted = self._attention_fits(req, len(prompt.ids))

@@ -22,7 +22,7 @@ namespace {
 
 using namespace step_parts;
 
-// plan[]: a header, then LAYER_FIELDS entries per block (the layout engine/family.py writes).
+// plan[]: a header, then LAYER_FIELDS entries per block (the layout engine/step.py's RopeStep writes).
 enum Header {
     F_PARAMS_BF16, F_LAYERS, F_D, F_HEADS, F_GROUPS, F_HEAD_DIM, F_HIDDEN, F_VOCAB, F_MAXLEN, F_BATCH, F_TOK_EMB,
     F_ROPE_COS, F_ROPE_SIN, F_FN_SCALE, F_HEAD_W, F_HEAD_S, F_HEAD_B, F_X, F_Q, F_KEYS, F_ATT, F_FF, F_LOGITS,

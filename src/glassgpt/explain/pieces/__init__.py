@@ -24,7 +24,7 @@ from ...adopt import check_computable, read_in_place
 from ...errors import GlassError
 from ..debugger import LayerReport, debug
 from ..verify import DEFAULT_TEXT
-from ..verify_family import check as check_model, is_family_port  # GPT-2, or a Qwen3/Llama port
+from ..verify import check as check_model, is_described_port  # GPT-2, or any other described model
 from .attention import check_attention
 from .data import check_dataset, check_dataset_class, check_loader_function, check_tokenizer
 from .functions import CHECKS as FUNCTION_CHECKS, check_function
@@ -100,10 +100,10 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
         check_computable(piece)  # a NaN, inf or meta tensor is named before anything runs
     if isinstance(piece, nn.Module) and hasattr(piece, "tok_emb") and hasattr(piece, "trf_blocks") and \
             has_cache_api(piece):
-        return check_cache(piece, text, ids)  # a model with the book's KV cache: cached against uncached
+        return _staged_then_cached(piece, text, ids)  # a model with the book's KV cache: cached against uncached
     if has_attention_cache(piece):
         return check_attention_cache(piece)
-    kind = "a GPT model" if isinstance(piece, nn.Module) and is_family_port(piece) else identify(piece)
+    kind = "a GPT model" if isinstance(piece, nn.Module) and is_described_port(piece) else identify(piece)
     if kind in ("GPTModel", "a GPT model"):
         return _with_part_property(piece, check_model(piece, text or DEFAULT_TEXT, ids))
     try:
@@ -126,7 +126,7 @@ def _with_part_property(model: nn.Module, result: Any) -> Any:
     """A whole model whose first differing stage no known mistake reproduces: that part (or its block, for
     a shortcut) checked alone on the book's inputs, so the finding names the property it breaks."""
     first = getattr(result, "first", None)
-    if first is None or result.mistake is not None or first.non_finite:
+    if first is None or first.non_finite:
         return result
     name = first.name.rsplit(".", 1)[0] if ".shortcut" in first.name else first.name
     try:
@@ -135,10 +135,25 @@ def _with_part_property(model: nn.Module, result: Any) -> Any:
     except (AttributeError, GlassError):
         return result
     if isinstance(alone, PieceResult) and not alone.ok and alone.prop is not None:
-        head = result.finding.split("; no known mistake")[0]
-        result.finding = f"{head}; checked alone on the book's inputs, {name}: {alone.finding}"
+        if result.mistake is None:  # (a named line keeps its finding; the property is noted beside it)
+            head = result.finding.split("; no known mistake")[0]
+            result.finding = f"{head}; checked alone on the book's inputs, {name}: {alone.finding}"
         result.notes = [*result.notes, f"property broken: {alone.prop} ({alone.stage}, {alone.where})"]
     return result
+
+
+def _staged_then_cached(model: nn.Module, text: str | None, ids: list[int] | None) -> Any:
+    """A whole model with the book's KV cache: glassgpt's own described ones (chapter 4's variants) first stage by
+    stage against their description (the result where a stage differs), then cached against uncached, its lines
+    saying the stages matched; a reader's port, cached against uncached."""
+    if not (is_described_port(model) and type(model).__module__.startswith("glassgpt.")):
+        return check_cache(model, text, ids)
+    staged = check_model(model, text or DEFAULT_TEXT, ids)
+    if not staged.ok:
+        return _with_part_property(model, staged)
+    cached = check_cache(model, text, ids)
+    cached.lines = [*cached.lines, f"stage by stage against its description: {staged.finding}"]
+    return cached
 
 
 def is_whole_model(m: Any) -> bool:
@@ -147,6 +162,8 @@ def is_whole_model(m: Any) -> bool:
         return False
     if type(m).__name__ in ATTENTION or type(m).__name__ in LAYERS[:-1]:
         return False
+    if is_described_port(m):  # Qwen3, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5, chapter 4's variants, ...
+        return True
     try:
         read_in_place(m)
         return True

@@ -7,8 +7,9 @@ logits the properties a cache keeps are read off the reader's own tensors:
 
   the keys     step j's new token reads j + 1 keys (more: the cache was not emptied, or keys are added
                twice; fewer: it was trimmed); min(j + 1, W) where the model's description (glassgpt.describe)
-               gives its first layer a window of W (sliding-window attention): more, the cache is not
-               trimmed to the window; fewer, it is trimmed too far;
+               gives its first layer a window of W (sliding-window attention), or a single attention keeps
+               one (sliding_window_size, chapter 4's SWA): more, the cache is not trimmed to the window;
+               fewer, it is trimmed too far;
   the mask     it puts weight on every one of them (a zero on an earlier position: the causal mask is
                not offset by the cache's length);
   the counter  a position counter (current_pos, ptr_current_pos) reads j + 1 after step j, 0 after
@@ -153,8 +154,18 @@ def _attention_run(att: nn.Module, drive: _AttentionAsModel, x: torch.Tensor) ->
             steps.append({"error": err})
             return steps
         weights = mode.used[0] if mode.used else (mode.seen[0][1] if mode.seen else None)
-        steps.append({"logits": out[0, -1].double(), "weights": weights, "counters": _counters(att)})
+        steps.append({"logits": out[0, -1].double(), "weights": weights, "counters": _counters(att),
+                      "window": _attention_window(att), "where": ""})
     return steps
+
+
+WINDOW_NAMES = ("sliding_window_size", "sliding_window", "window_size")  # the repository's SWA, the notebooks'
+
+
+def _attention_window(att: nn.Module) -> int | None:
+    """The window of one sliding-window attention, by the attribute the book's code keeps it in (None: full)."""
+    return next((v for v in (getattr(att, n, None) for n in WINDOW_NAMES)
+                 if isinstance(v, int) and not isinstance(v, bool)), None)
 
 
 def _n_layers(model: nn.Module) -> int:
@@ -315,8 +326,9 @@ def _why(run: list[dict], j: int, r: int) -> Broken:
                  f"{window} keys and values after each step" if s > want else
                  f"fewer than its window holds: the cache is trimmed too far; keep the last {window} keys and values "
                  f"(the new token sees itself and the {window - 1} before it)")
-        return Broken("window_trimming", "cache", where, f"at {where} the new token (position {j}) of the first "
-                      f"layer, whose window is {window}, reads {s} keys where it should read {want}, {words}")
+        return Broken("window_trimming", "cache", where, f"at {where} the new token (position {j})"
+                      f"{step.get('where', ' of the first layer')}, whose window is {window}, reads {s} keys where it "
+                      f"should read {want}, {words}")
     if w is not None and window is None:
         s = w.shape[-1]
         if s != j + 1:

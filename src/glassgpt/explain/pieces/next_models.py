@@ -6,7 +6,7 @@ Qwen3's MoEFeedForward (a router `gate`, per-expert fc1/fc2/fc3, a softmax over 
 logits), apply_rope(x, cos, sin) and compute_rope_params(head_dim, theta_base, context_length). Each
 runs on small seeded inputs; where it differs, the property its formula guarantees is checked first
 (properties.py: rows of weights, the scale, the norm's mean square and eps, which dimensions RoPE
-turns together and at which base), then verify_family's catalogue names the line.
+turns together and at which base), then verify.py's catalogue names the line.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import nn
 
 from ...families import FamilyConfig, RopeFreq
 from ...families.layers import GroupedQueryAttention, apply_rope, compute_rope_params, rms_norm
-from ..verify_family import MISTAKES as FAMILY_MISTAKES, _attention
+from ..verify import PORT_MISTAKES as FAMILY_MISTAKES, family_attention as _attention
 from . import properties
 from .attention import _Softmaxes
 from .properties import Broken

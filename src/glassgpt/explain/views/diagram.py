@@ -1,4 +1,5 @@
-"""The picture of a Trace, in the style of the book's GPT figure, as SVG or PNG.
+"""The picture of a Trace, in the style of the book's GPT figure, as SVG or PNG (and, at the end, a rotary
+trace's: its stages and the key/value groups).
 
 The layout is built from small named parts, top to bottom: the title (sizes, layout,
 initialisation), the prompt and its tokens, the input box (vocab -> hidden), the blocks,
@@ -17,11 +18,10 @@ from typing import Callable
 
 from ...errors import GlassError
 from . import draw
-from .draw import (BLUE, BLUE_BG, GRAY, GRAY_BG, GREEN, MUTED, ORANGE, ORANGE_BG, PURPLE, RED, Drawing, Line, Rect,
+from .draw import (BLUE, BLUE_BG, GRAY, GRAY_BG, GREEN, INK, MUTED, ORANGE, ORANGE_BG, PURPLE, RED, Drawing, Line, Rect,
                    Text, drawable, fit, wrap)
-from ..family import FamilyTrace
-from ..trace import Stage, Trace
-from ..notation import TRAINED_STATES, clip, shape as _shape, token, trained_line
+from ..trace import FAMILY_NAMES, FamilyTrace, Stage, Trace
+from ..notation import TRAINED_STATES, clip, shape as _shape, sizes, token, trained_line
 
 # The geometry, named once: every part places itself relative to these.
 MIN_WIDTH = 1040
@@ -436,7 +436,7 @@ def attention_figure(tr: Trace | FamilyTrace, layer: int):
     labels = [clip(repr(drawable(t))[1:-1], 10) for t in att["tokens"]]
     cols = min(4, len(heads))
     rows = -(-len(heads) // cols)
-    random_note = not family and tr.model["random_weights"]  # (a FamilyTrace does not know whether it was trained)
+    random_note = tr.about.get("random_weights", False) if family else tr.model["random_weights"]
     fig = Figure(figsize=(3.2 * cols + 1.0, 3.0 * rows + (0.9 if random_note else 0.6)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     title = f"trf_blocks.{layer} attention weights [heads, t, t]: row = query token, column = key token"
@@ -455,3 +455,58 @@ def attention_figure(tr: Trace | FamilyTrace, layer: int):
         axes.append(ax)
     fig.colorbar(image, ax=axes, label="attention weight (each row sums to 1)", shrink=0.8)
     return fig
+
+
+# --- the picture of a rotary trace (RoPE: Qwen3, Llama 3.2) -------------------------------------------
+
+TRANSITION = "#b45309"  # the two stages where the width changes (V -> d, d -> V), as the GPT-2 picture marks them
+
+
+def family_layout(tr: FamilyTrace, width: float = 980, **_options) -> Drawing:
+    """The flow top to bottom, one box per stage with its shape, and the key/value groups beside the attention."""
+    cfg, att = tr.config, tr.attention
+    d = Drawing()
+    d.add(Text(20, 30, f"{FAMILY_NAMES[tr.family]}: {cfg['n_layers']} blocks, d {cfg['emb_dim']:,}, "
+                       f"V {cfg['vocab_size']:,}", size=16, bold=True, color=INK))
+    x, y, w, h = 20.0, 50.0, 560.0, 40.0
+    for i, s in enumerate(tr.stages):
+        changes_width = s["name"] in ("tok_emb", "out_head")
+        d.add(Rect(x, y, w, h, fill="white", stroke=TRANSITION if changes_width else GRAY, key=f"stage:{s['name']}"))
+        d.add(Text(x + 10, y + 17, f"{s['name']}  {sizes(s['shape'])}", size=13, bold=True, mono=True))
+        d.add(Text(x + 10, y + 33, draw.fit(s["note"], w - 20, 11), size=11, color=MUTED))
+        if i:
+            d.add(Line([(x + w / 2, y - 14), (x + w / 2, y)]))
+        y += h + 14
+    # the groups: each key/value head and the query heads that read it (repeat_interleave)
+    gx, gy = x + w + 40, 50.0
+    d.add(Text(gx, gy + 12, f"{cfg['n_heads']} query heads, {len(att['groups'])} key/value heads", size=13, bold=True))
+    for j, group in enumerate(att["groups"]):
+        row = gy + 28 + j * 26
+        d.add(Rect(gx, row, 52, 20, fill="#eef2ff", key=f"kv:{j}"))
+        d.add(Text(gx + 26, row + 14, f"kv{j}", size=11, anchor="middle", mono=True))
+        d.add(Text(gx + 62, row + 14, "  ".join(f"q{q}" for q in group), size=11, mono=True, color=MUTED))
+    d.add(Text(gx, gy + 48 + len(att["groups"]) * 26, "RoPE turns q and k in every block; no pos_emb", size=11,
+               color=MUTED))
+    if tr.head:
+        y = _rotary_dot_products(d, tr.head, x, y, w)
+    return d.fit_canvas(width, y)
+
+
+def _rotary_dot_products(d: Drawing, hd: dict, x: float, y: float, w: float) -> float:
+    """The top logits as the dot products they are, h · W[id] with h final_norm's (RMSNorm) output, under the flow."""
+    rows = hd["rows"][:3]
+    height = 74 + 16 * len(rows)
+    d.add(Rect(x, y, w, height, fill="white", stroke=TRANSITION, dash=True, key="dot_products"))
+    d.add(Text(x + 10, y + 17, f"each logit is a dot product: logit[id] = h · W[id], |h| = {hd['h_norm']:.2f}", size=12,
+               bold=True, mono=True))
+    d.add(Text(x + 10, y + 33, f"{'':<16}{'logit':>9}{'|W[id]|':>10}{'cos(h, W[id])':>15}", size=11, color=MUTED,
+               mono=True))
+    row_y = y + 33
+    for row in rows:
+        row_y += 16
+        d.add(Text(x + 10, row_y, f"{clip(repr(row['text']), 15):<16}{row['logit']:>9.3f}{row['w_norm']:>10.3f}"
+                                  f"{row['cos']:>15.4f}", size=11, mono=True, key="dot_row"))
+    d.add(Text(x + 10, row_y + 18, draw.fit(hd["tying_note"], w - 20, 11), size=11, color=MUTED))
+    d.add(Text(x + 10, row_y + 34, f"checked: every logit equals out_head's (max |diff| {hd['max_abs_diff']:.0e})",
+               size=11, color=GREEN))
+    return y + height + 14

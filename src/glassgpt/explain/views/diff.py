@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..diff import BLOCK_PARTS, FAMILY_BLOCK_PARTS, TensorChange, WeightDiff
-from ..family import FAMILY_NAMES
+from ..diff import BLOCK_PARTS, FAMILY_BLOCK_PARTS, TensorChange, WeightDiff, block_index
 from ..notation import shape
 from .compare import bar_columns
 from .draw import GRAY, INK, MUTED, ORANGE, Drawing, Rect, Text, header, wrap
@@ -30,7 +29,7 @@ def _value(t: TensorChange) -> str:
 
 
 def diff_text(d: WeightDiff) -> str:
-    of = f" (two {FAMILY_NAMES[d.family]} models)" if d.family else ""
+    of = f" (two {d.model} models)" if d.model != "GPT-2" else ""
     lines = [f"glassgpt diff: how far each tensor moved from A = {d.a} to B = {d.b}{of}",
              "  ||B - A|| / ||A||, grouped as the book draws the model; bars on a log scale (4 per factor of 10, "
              "full at 1)"]
@@ -67,12 +66,21 @@ def diff_text(d: WeightDiff) -> str:
 
 
 def block_parts(d: WeightDiff) -> list[tuple[str, tuple[str, ...]]]:
-    """The grid's columns: GPT-2's block as the book draws it, or a family block's tensors that this model has."""
-    if d.family is None:
+    """The grid's columns: GPT-2's block as the book draws it, a Qwen3/Llama block's tensors in the book's order,
+    or any other model's first block's tensors in its own order."""
+    if d.model == "GPT-2":
         return BLOCK_PARTS
-    names = {t.name for t in d.tensors}
-    parts = [(m, tuple(p for p in ps if f"trf_blocks.0.{m}.{p}" in names)) for m, ps in FAMILY_BLOCK_PARTS]
-    return [(m, ps) for m, ps in parts if ps]
+    first = f"{d.blocks}.0."
+    names = [t.name[len(first):] for t in d.tensors if t.name.startswith(first)]
+    parts = [(m, tuple(p for p in ps if f"{m}.{p}" in names)) for m, ps in FAMILY_BLOCK_PARTS]
+    parts = [(m, ps) for m, ps in parts if ps]
+    if sum(len(ps) for _, ps in parts) == len(names):
+        return parts
+    found: dict[str, list[str]] = {}
+    for name in names:
+        module, _, param = name.rpartition(".")
+        found.setdefault(module, []).append(param)
+    return [(m, tuple(ps)) for m, ps in found.items()]
 
 
 def _head_shapes(shapes: dict[str, list[int]]) -> str:
@@ -96,8 +104,8 @@ def _runs(groups: list[str]) -> str:
     """tok_emb, pos_emb, trf_blocks.0 .. trf_blocks.10 (consecutive blocks joined)."""
     out: list[list[str]] = []
     for g in groups:
-        if out and g.startswith("trf_blocks.") and out[-1][-1].startswith("trf_blocks.") and \
-                int(g.split(".")[1]) == int(out[-1][-1].split(".")[1]) + 1:
+        if out and block_index(g) is not None and block_index(out[-1][-1]) is not None and \
+                block_index(g) == block_index(out[-1][-1]) + 1:
             out[-1].append(g)
         else:
             out.append([g])
@@ -156,14 +164,14 @@ def _grid(out: Drawing, d: WeightDiff, x0: float, y: float, scale) -> float:
                      10 if len(params) > 1 else 9, True, MUTED, anchor="middle"))
         for k, param in enumerate(params):
             out.add(Text(x + k * CELL_W + CELL_W / 2 - 2, y + 13, {"weight": "W", "bias": "b"}.get(param, param)
-                         if module.startswith(("att.", "ff.")) or d.family is None else "scale", 9,
+                         if module.startswith(("att.", "ff.")) or d.model == "GPT-2" else param, 9,
                          color=MUTED, anchor="middle"))
         x += CELL_W * len(params)
     y += 22
-    blocks = sorted({t.group for t in d.tensors if t.group.startswith("trf_blocks.")}, key=lambda g: int(g.split(".")[1]))
-    groups = ["tok_emb"] + (["pos_emb"] if "pos_emb.weight" in by_name else []) + blocks + ["final_norm", "out_head"]
-    for group in groups:  # no pos_emb row for a family model: RoPE has no weights
-        if group.startswith("trf_blocks."):
+    groups = list(dict.fromkeys(t.group for t in d.tensors))  # as the state dict orders them
+    groups += ["out_head"] if "out_head" not in groups else []  # (a replaced head: its row says so)
+    for group in groups:  # no pos_emb row for a RoPE model: RoPE has no weights
+        if block_index(group) is not None:
             names = [f"{group}.{m}.{p}" for m, ps in parts for p in ps]
         else:
             names = [n for n in by_name if by_name[n].group == group]

@@ -20,7 +20,7 @@ from ..compare import Comparison
 from ..diff import WeightDiff
 from .draw import GRAY, GREEN, INK, MUTED, RED, Drawing, Rect, Text
 from ..passage import Passage
-from ..trace import Trace, trace
+from ..trace import FamilyTrace, GPT2Changes, Trace, trace
 from ..debugger import LayerReport
 from ..verify import CheckResult
 from .compare import comparison_layout, comparison_text
@@ -108,3 +108,8 @@ def layers_layout(report: LayerReport, width: float = 1040) -> Drawing:
 def layers_html(report: LayerReport) -> str:
     return figure_html(layers_layout(report), report.to_text().splitlines())
 
+
+def family_html(result: FamilyTrace | GPT2Changes) -> str:
+    """A notebook cell: the picture (a FamilyTrace's), then the text view as it reads in the terminal."""
+    svg = draw.to_svg(result.picture()) if isinstance(result, FamilyTrace) else ""
+    return f"{svg}<pre>{escape(result.to_text())}</pre>"

@@ -5,14 +5,19 @@ out_head) are framed and highlighted; the head's logits are shown as the dot pro
 are (head.py); the section at the end answers the four questions a reader of the book asks,
 with the numbers of the live model. With an attention layer chosen, a table shows, per head,
 where each token looks most.
+
+A model whose positions are rotated inside the attention (RoPE: Qwen3, Llama 3.2) gets the rotary trace
+(trace.py's FamilyTrace), written at the end: its stages, the four answers, RoPE and the key/value groups,
+then the same panels (the head's dot products, the attention table, the logit lens); and what changed from
+GPT-2 (`explain --compare gpt2`).
 """
 
 from __future__ import annotations
 
 from ...formats.book import layout_note
 from ...config import GPTConfig
-from ..trace import Stage, Trace
-from ..notation import clip, numel, rank, shape as _shape, token
+from ..trace import FAMILY_NAMES, FamilyTrace, GPT2Changes, Stage, Trace
+from ..notation import clip, numel, rank, shape as _shape, sizes, token
 
 RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
 BLUE, ORANGE, GREEN, RED = "\033[38;5;33m", "\033[38;5;208m", "\033[38;5;35m", "\033[38;5;160m"
@@ -290,3 +295,97 @@ def _answers(tr: Trace, lines: list[str], c) -> None:
         tied = (f"yes, both are {_shape(emb.weight_shape)}, and here they are two separate tensors (untied): "
                 f"{tr.params['total']:,} parameters")
     lines.append(f"  4. Are there weight matrices for both, and are they shared?  {tied}.")
+
+
+# --- a model whose positions are rotated inside the attention (RoPE: Qwen3, Llama 3.2) ---------------
+
+def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heatmap: str | None = None,
+                       **_options) -> str:
+    """The flow, the four answers, RoPE and the groups, the next tokens; then, as GPT-2's text view has them,
+    the head's dot products, `attention_layer`'s heads (if the trace has the weights) and the logit lens."""
+    cfg, a, att = tr.config, tr.answers, tr.attention
+    V, d, h, g = cfg["vocab_size"], cfg["emb_dim"], cfg["n_heads"], len(att["groups"])
+    name = FAMILY_NAMES[tr.family]
+    lines = [f"{name}: {cfg['n_layers']} blocks, d {d:,}, V {V:,}, {h} query heads, {g} key/value groups"]
+    about = tr.about
+    if about.get("name", "custom") != "custom":
+        lines.append(f"model {about['name']}")
+    if about.get("random_weights"):
+        lines.append("RANDOM WEIGHTS: the shapes below are real; the probabilities and tokens are not.")
+    lines += [f"  {note}" for note in about.get("notes", [])]
+    if tr.block:
+        lines.append(f"the shapes below are read in trf_blocks.{tr.block} (--block {tr.block}); every block's are the same")
+    lines += ["tokens: " + " ".join(repr(t) for t in tr.tokens), ""]
+    for s in tr.stages:
+        lines.append(f"  {s['name']:<18} {sizes(s['shape']):<24} {s['module']:<34} {s['note']}")
+    lines += ["", "the four questions"]
+    lines.append(f"  1. Where does {V:,} become {d:,}?  At tok_emb: ids -> {sizes(tr.stages[1]['shape'])}, a lookup "
+                 f"in the {sizes(a['vocab_to_hidden']['weight_shape'])} weight. Every block then stays {d:,} wide.")
+    lines.append(f"  2. Where does {d:,} become {V:,}?  At out_head: -> logits {sizes(tr.stages[-1]['shape'])}, "
+                 f"x @ W.T with W {sizes(a['hidden_to_vocab']['weight_shape'])}.")
+    e = a["one_hot"]
+    if e is None:
+        proof = "not checked on this prompt (embedding_check is off)"
+    else:
+        proof = "yes: the lookup and one_hot(ids) @ W are identical here" if e["equal_one_hot_matmul"] and \
+            e["equal_linear"] else f"not bit for bit here (max difference {e['max_abs_diff']:.3g})"
+    lines.append(f"  3. Is nn.Embedding an nn.Linear on one-hot vectors?  {proof}; the lookup skips the zeros.")
+    if a["tied"]:
+        tie = (f"one tensor: out_head.weight and tok_emb.weight share their storage (the same data_ptr), "
+               f"{tr.params['total']:,} parameters, {tr.params['total_untied']:,} if untied")
+    elif a["equal_values"]:
+        tie = ("two tensors with equal values: a copy, not a tie (different data_ptr; the book's loader copies "
+               "the embedding), so training would move them apart")
+    else:
+        tie = f"two separate tensors (untied): {tr.params['total']:,} parameters"
+    lines.append(f"  4. Are there weight matrices for both, and are they shared?  {tie}.")
+    position_lines(tr, lines)
+    lines += ["", "the heads"]
+    lines.append(f"  queries {sizes(att['q_shape'])}, keys and values {sizes(att['kv_shape'])}: {h} query heads "
+                 f"share {g} key/value heads, {att['group_size']} each (repeat_interleave):")
+    lines.append("  " + "  ".join(f"kv{j}: q{grp[0]}..q{grp[-1]}" for j, grp in enumerate(att["groups"])))
+    if tr.next_tokens:
+        lines += ["", "next token" + (f" (softmax(last_logits / {tr.temperature:g}))" if tr.temperature != 1 else "")]
+        lines += [f"  {t['text']!r:<16} {t['prob']:.4f}" for t in tr.next_tokens]
+    c = painter(False)
+    if tr.head:
+        head_lines(tr.head, a["hidden_to_vocab"]["weight_shape"], V, lines, c)
+    if attention_layer is not None and tr.attention_weights:
+        attention_lines(tr.attention_weights, attention_layer, heatmap, lines, c,
+                        "kvN: the key/value group the query head reads (repeat_interleave); its queries and keys "
+                        "were RoPE-rotated (and QK-normed in Qwen3) before the softmax")
+    if tr.logit_lens:
+        lens_lines(tr.logit_lens, tr.tokens, lines, c)
+    return "\n".join(lines)
+
+
+def position_lines(tr: FamilyTrace, lines: list[str]) -> None:
+    """Where positions enter a rotary model: no pos_emb, RoPE's base and reach, the sliding layers, QK-norm."""
+    att = tr.attention
+    lines += ["", "where positions enter"]
+    scaled = ", with Llama 3's frequency scaling" if att["rope_scaled"] else ""
+    layers, dims, hd = att.get("rope_layers"), att.get("rope_dims"), att["q_shape"][-1]
+    inside = "every attention" if layers is None or len(layers) == tr.config["n_layers"] else (
+        f"the full attentions (layers {', '.join(map(str, layers))}; the linear ones have no position signal: their "
+        "convolution and state see the order itself)")
+    pairs = "each pair of dimensions (i, i + hd/2)" if not dims or dims == hd else (
+        f"each pair (i, i + {dims // 2}) of the first {dims} of {hd} dimensions (the other {hd - dims} unturned)")
+    lines.append(f"  No pos_emb: tok_emb's output is the same for a token wherever it stands. Inside {inside} "
+                 f"the queries and keys (not the values) are rotated by RoPE, base {att['rope_base']:,.0f}{scaled}, "
+                 f"{pairs} turning by an angle that grows with the position.")
+    if att.get("sliding_layers"):  # Gemma 3: the base above is the full layers'
+        lines.append(f"  Sliding layers {att['sliding_layers']}: each query sees only the last {att['window']:,} "
+                     f"positions, and RoPE turns them with base {att['rope_local_base']:,.0f}; the other layers see "
+                     "every earlier position.")
+    if att["qk_norm"]:
+        lines.append("  QK-norm: each query and key head is RMS-normed before the rotation.")
+
+
+def render_changes_text(changes: GPT2Changes, **_options) -> str:
+    rows, family = changes.rows, changes.family
+    lines = [f"what changed from GPT-2 to {FAMILY_NAMES[family]} (the book's ch05/07_gpt_to_llama order)", ""]
+    for r in rows:
+        lines.append(f"{r['change']}")
+        lines.append(f"  GPT-2   {r['gpt2_params']:>13,}  {r['gpt2']}")
+        lines.append(f"  {FAMILY_NAMES[family]:<7} {r['family_params']:>13,}  {r['family']}")
+    return "\n".join(lines)

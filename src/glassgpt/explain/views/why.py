@@ -4,13 +4,17 @@ Text: the top parts by what they add, the blocks x heads grid with the feed-forw
 prompt with each token's two shares (direct and causal), and the patching grids. Picture: the
 same grid as a heatmap (blue adds to the logit, red takes away), the prompt as a strip of
 coloured tokens, and the patching grid. HTML: the picture and the key lines, for `_repr_html_`.
+Any other described model's DescribedWhy (FamilyWhy; query heads reading shared key/value groups, a
+mixture's routed experts) has its own text, at the end, and the same picture.
 """
 
 from __future__ import annotations
 
 from html import escape
 
+from ..trace import FAMILY_NAMES
 from ..why import Why
+from ..why import FamilyWhy
 from .draw import BLUE, GRAY, INK, MUTED, RED, Drawing, Rect, Text, fit, header, text_width, to_svg
 from ..notation import token
 from .text import BOLD, DIM, painter
@@ -208,3 +212,66 @@ def why_svg(w: Why) -> str:
 def why_html(w: Why) -> str:
     """A notebook's view: the picture, then the top parts and the prompt's shares as text."""
     return f"<div>{why_svg(w)}<pre>{escape(why_text(w, top=8))}</pre></div>"
+
+
+# --- a model whose query heads read shared key/value groups (Qwen3, Llama 3.2) ----------------------
+
+def render_family_why_text(w: FamilyWhy, top: int = 12, **_options) -> str:
+    """The attribution in the terminal: the exact sum, the top parts, the heads grid with the key/value groups,
+    the prompt tokens' shares (each with the query head it went through most) and the patching grids."""
+    t = w.target
+    lines = [f"{FAMILY_NAMES.get(w.family, w.family)}: why {t['text']!r} (id {t['id']}) after "
+             + " ".join(repr(s["text"]) for s in w.tokens[-8:]),
+             f"{metric_name(w)} {w.metric:+.4f} = sum of {len(w.parts)} parts {w.total:+.4f} "
+             f"(final_norm's 1/rms frozen at the last position: rms {w.rms:.4g}; its weight folded into out_head)",
+             "", *_family_parts(w.parts, top, f"top parts (of {len(w.parts)})")]
+    if w.contrast is not None:
+        r = w.contrast["versus"]
+        lines += ["", *_family_parts(w.contrast["parts"], min(top, 6),
+                                     f"why {token(t['text'])} and not the runner-up {token(r['text'])} (logit "
+                                     f"difference {t['logit'] - r['logit']:+.4f}; --versus picks another)")]
+    n_heads = len(w.groups)
+    lines += ["", "heads (blocks x query heads; g = the key/value group each head read)",
+              "  block " + "".join(f"{f'h{j} g{w.groups[j]}':>10}" for j in range(n_heads)) + f"{'ff':>10}"]
+    for i, row in enumerate(w.heads):
+        lines.append(f"  {i:>5} " + "".join(f"{v:>+10.3f}" for v in row) + f"{w.ff[i]:>+10.3f}")
+    pos = next((p for p in w.parts if p["name"] == "pos_emb"), None)
+    lines.append(f"  tok_emb {w.parts[0]['value']:+.3f}; " + (f"pos_emb {pos['value']:+.3f}" if pos else
+                                                               "no pos_emb: positions entered as RoPE inside each attention"))
+    lines += [*expert_lines(w), "", *_family_sources(w)]
+    if w.patch is not None:
+        lines += ["", *patch_lines(w.patch)]
+    return "\n".join(lines)
+
+
+def _family_parts(parts: list[dict], n: int, title: str) -> list[str]:
+    lines = [title]
+    for p in top_parts(parts, n):
+        group = f"  (read key/value group {p['group']})" if "group" in p else ""
+        lines.append(f"  {p['name']:<28} {p['value']:+9.4f}{group}")
+    return lines
+
+
+def _family_sources(w: FamilyWhy) -> list[str]:
+    """Each prompt token's direct share, the query head it went through most, and its causal share."""
+    lines = ["which prompt tokens: direct (each query head's term split over the tokens it attends to, summed "
+             "over heads) and causal (the prompt run again without the token)",
+             f"  {'pos':>4}  {'token':<18} {'direct':>9}   {'most through (its share)':<30}"
+             f"{'causal: p change':>17} {'logit change':>13}"]
+    for s in w.sources:
+        j = s["position"]
+        i, h = max(((i, h) for i in range(len(w.heads)) for h in range(len(w.by_source[i]))),
+                   key=lambda ih: abs(w.by_source[ih[0]][ih[1]][j]))
+        group = f" (kv group {w.groups[h]})" if h < len(w.groups) else ""
+        through = f"b{i} h{h}{group} {w.by_source[i][h][j]:+.4f}"
+        cause = s["causal"]
+        tail = (f"   {cause['how']}" if cause["prob_change"] is None
+                else f"{cause['prob_change']:>+17.4f} {cause['logit_change']:>+13.4f}")
+        lines.append(f"  {j:>4}  {token(s['text']):<18} {s['direct']:>+9.4f}   {through:<30}{tail}")
+    lines.append(f"  note: {w.notes[-1]}")
+    return lines
+
+
+def family_why_html(w: FamilyWhy) -> str:
+    """A notebook cell: the picture (the heads grid, the prompt strip, the patching grid), then the text."""
+    return f"<div>{why_svg(w)}<pre>{escape(render_family_why_text(w, top=8))}</pre></div>"

@@ -832,7 +832,7 @@ function renderWhyPatch(patch) {
   el("table", { class: "why-patch" }, el("thead", {}, head), el("tbody", {}, rows)));
 }
 
-// --- Qwen3 and Llama 3.2: explain/family.py's trace (the answer's `family`) -------------------
+// --- a rotary model (Qwen3, Llama 3.2, ...): explain/trace.py's FamilyTrace (the answer's `family`) ----
 
 const FAMILY_NAMES = { qwen3: "Qwen3", llama3: "Llama 3" };
 
