@@ -249,6 +249,27 @@ def test_qwen3_moe_folder_runs_through_trace_and_the_cli(tmp_path, qwen_tokenize
     assert out["new_ids"] == generate(model, out["prompt_ids"], 5)[0, -5:].tolist()
 
 
+def test_qwen3_moe_folder_why_through_the_cli_shows_each_tokens_experts_as_parts(tmp_path, qwen_tokenizer_json, capsys):
+    """`glassgpt explain --why` on a Qwen3 MoE folder: the routed experts of the last token are parts, their sum the
+    block's feed-forward part, and every token's experts and weights are in the JSON and the text."""
+    from glassgpt.cli import main
+    folder = hf_folder(tmp_path / "moe", MOE, qwen_tokenizer_json)
+    assert main(["explain", "--why", "--model", str(folder), "The quick brown fox", "--format", "json"]) == 0, \
+        capsys.readouterr().err
+    data = json.loads(capsys.readouterr().out)["why"]
+    model, tok = glassgpt.load_model(folder), glassgpt.load_tokenizer(folder)
+    with torch.no_grad():
+        logits = model(torch.tensor([tok.encode("The quick brown fox")]))[0, -1]
+    assert abs(sum(p["value"] for p in data["parts"]) - float(logits.max())) <= 1e-4 * max(1.0, float(logits.abs().max()))
+    t = len(tok.encode("The quick brown fox"))
+    for i, routes in enumerate(data["experts"]):
+        assert len(routes) == t and all(len(r) == MOE.num_experts_per_tok for r in routes)
+        experts = [p["value"] for p in data["parts"] if p["name"].startswith(f"trf_blocks.{i}.ff.expert.")]
+        assert len(experts) == MOE.num_experts_per_tok and abs(sum(experts) - data["ff"][i]) <= 1e-5
+    assert main(["explain", "--why", "--model", str(folder), "The quick brown fox"]) == 0
+    assert "experts (per block" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_qwen3_moe_at_the_real_block_shape_equals_transformers(tmp_path):
     """Qwen3 30B-A3B's block (d 2,048, 32 query heads of 128 on 4 groups, 128 experts of 768, 8 a token) and
@@ -539,9 +560,15 @@ def test_transformers_gemma3_module_is_described_and_traced_in_place():
         assert tr.next_token["id"] == int(module(torch.tensor([tok.encode("hello world")])).logits[0, -1].argmax())
 
 
-def test_why_on_gemma3_is_refused_in_one_line_naming_its_sandwich_norms():
-    from glassgpt.errors import GlassError
+def test_why_on_gemma3_splits_the_logit_over_its_sandwich_norms():
+    """Each part's write is its post-norm's output; the parts (the sqrt(d)-scaled embedding, each query head read
+    through post_attention_layernorm, each GeGLU through post_feedforward_layernorm) sum to the model's logit."""
     from glassgpt.tokenizer import CharTokenizer
     tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ")
-    with pytest.raises(GlassError, match="why splits the logit over pre-norm blocks; Gemma 3's are sandwich-norm"):
-        glassgpt.why(randomize_(build_model(GEMMA)), tok, "hello world")
+    model = randomize_(build_model(GEMMA))
+    w = glassgpt.why(model, tok, "hello world")
+    with torch.no_grad():
+        logits = model(torch.tensor([tok.encode("hello world")]))[0, -1]
+    a = int(logits.argmax())
+    assert w.target["id"] == a and abs(w.total - float(logits[a])) <= 1e-4 * max(1.0, abs(float(logits[a])))
+    assert len(w.parts) == 1 + GEMMA.n_layers * (GEMMA.n_heads + 1)

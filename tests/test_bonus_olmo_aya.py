@@ -290,11 +290,27 @@ def test_glassgpt_info_counts_the_folders_parameters_as_the_model_holds_them(tmp
 
 
 @pytest.mark.parametrize("kind, placement", [("olmo3", "post"), ("tiny_aya", "parallel")])
-def test_why_refuses_a_block_it_cannot_attribute_in_one_line_naming_its_placement(tokenizer_json, kind, placement):
+def test_why_splits_the_logit_of_a_post_norm_or_parallel_block_and_the_cli_prints_it(tokenizer_json, kind, placement,
+                                                                                   tmp_path, capsys):
+    """why on transformers' own module and, through the CLI, on its folder: the parts (each part's write after its
+    own post-norm; Tiny Aya's logit scale in every term) sum to transformers' logit within 1e-4."""
+    from glassgpt.cli import main
     hf = randomised(FOLDERS[kind]())
     tok = TokenizerJson(tokenizer_json[kind], kind)
-    with pytest.raises(GlassError, match=f"why splits the logit over pre-norm blocks; .*'s are {placement}-norm"):
-        glassgpt.why(hf, tok, "The quick brown fox")
+    assert {b.placement for b in glassgpt.describe(hf).blocks} == {placement}
+    w = glassgpt.why(hf, tok, "The quick brown fox")
+    with torch.no_grad():
+        logits = hf(torch.tensor([tok.encode("The quick brown fox")])).logits[0, -1]
+    a = int(logits.argmax())
+    assert w.target["id"] == a and abs(w.total - float(logits[a])) <= 1e-4 * max(1.0, abs(float(logits[a])))
+    folder = saved(FOLDERS[kind](), tmp_path / kind, tokenizer_json[kind])
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert main(["explain", "--why", "--model", str(folder), "The quick brown fox", "--format", "json"]) == 0, \
+        capsys.readouterr().err
+    data = json.loads(capsys.readouterr().out)["why"]
+    assert abs(sum(p["value"] for p in data["parts"]) - data["target"]["logit"]) <= 1e-4 * max(1.0, abs(data["metric"]))
+    assert main(["explain", "--why", "--model", str(folder), "The quick brown fox"]) == 0
+    assert f"= sum of {len(data['parts'])} parts" in capsys.readouterr().out
 
 
 # --- bad input: one line each ---------------------------------------------------------------------

@@ -36,7 +36,7 @@ LAYERS = [("errors", "version"), ("config", "tokenizer"), ("model", "anatomy", "
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 FOLDERS = {
     "glassgpt.explain": [("record", "options", "result", "notation"),
-                         ("trace", "head", "check", "passage", "compare", "diff", "why", "why_result", "why_family",
+                         ("trace", "head", "check", "passage", "compare", "diff", "why", "why_result",
                           "verify", "family", "pieces", "debugger", "causes", "loading", "gallery"),
                          ("views",)],
     "glassgpt.training": [("loop",), ("tasks",), ("book",), ("recipes", "finetuning", "evaluation")],
@@ -287,10 +287,9 @@ def test_an_import_of_another_test_module_is_found(tmp_path):
 
 MODEL_FILES = {"glassgpt.model", "glassgpt.families", "glassgpt.families.qwen3", "glassgpt.families.llama3",
                "glassgpt.families.gemma3", "glassgpt.families.gemma4", "glassgpt.families.layers"}
-FAMILY_TWINS = {  # a module for the other models beside the one for GPT-2
-    "glassgpt.explain.why_family": "glassgpt.explain.why"}
+FAMILY_TWINS: dict[str, str] = {}  # a module for the other models beside the one for GPT-2 (all merged now)
 ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
-    "glassgpt.explain.trace", "glassgpt.explain.why"]
+    "glassgpt.explain.trace"]
 
 
 def family_twins(names) -> set[str]:

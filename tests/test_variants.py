@@ -666,11 +666,18 @@ def test_the_traced_window_layers_attend_only_inside_their_window_as_the_model_d
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_why_refuses_a_variant_in_one_line_rather_than_attribute_it_as_gpt2(name):
+def test_why_splits_a_variants_logit_through_its_own_attention_rather_than_as_gpt2(name):
     import glassgpt
     from helpers import CHAR_TEXT, CHAR_TOK
 
-    with pytest.raises(glassgpt.GlassError, match=r"why and compare do not read yet \(trace, check and generate do\)") \
-            as err:
-        glassgpt.why(char_variant(name), CHAR_TOK, CHAR_TEXT)
-    assert "\n" not in str(err.value)
+    model = char_variant(name)
+    w = glassgpt.why(model, CHAR_TOK, CHAR_TEXT)
+    with torch.no_grad():
+        logits = model(torch.tensor([CHAR_TOK.encode(CHAR_TEXT)]))[0, -1]
+    a = int(logits.argmax())
+    assert w.target["id"] == a and abs(w.total - float(logits[a])) <= 1e-4 * max(1.0, abs(float(logits[a])))
+    names = {p["name"] for p in w.parts}
+    assert {"tok_emb", "pos_emb"} <= names  # GPT-2's base: learned positions
+    out_bias = model.trf_blocks[0].att.out_proj.bias is not None  # out_proj's bias, where it has one, a part
+    assert ("trf_blocks.0.att.bias" in names) == out_bias
+    assert any(".ff.expert." in n for n in names) == (name == "moe")

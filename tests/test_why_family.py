@@ -1,4 +1,4 @@
-"""why for Qwen3 and Llama 3.2 (explain/why_family.py): the logit as an exact sum of parts through RMSNorm, the
+"""why for Qwen3 and Llama 3.2 (explain/why.py, through their descriptions): the logit as an exact sum of parts through RMSNorm, the
 prompt tokens' shares per query head, why A and not B, and activation patching, as GPT-2's why (tests/test_why.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 import glassgpt
 from glassgpt.errors import GlassError
-from glassgpt.explain.why_family import FamilyWhy, last_row_attention, record_family
+from glassgpt.explain.why import FamilyWhy, attention_rows, record_parts as record_family
 from glassgpt.families import build_model
 from glassgpt.formats.families import export_family_hf
 from glassgpt.prompt import encode
@@ -80,10 +80,9 @@ def test_the_logit_the_parts_sum_to_is_transformers_logit(family, tmp_path):
     assert abs(w.total - float(out.logits[0, -1, w.target["id"]])) < 1e-4
     # the last query's attention weights that split each head over the prompt (QK-norm, RoPE) are transformers' too
     with torch.inference_mode():
-        seen, _ = record_family(model, encode(TOK, TEXT), None)
-        cos, sin = model.rope.at(0, len(TEXT), torch.device("cpu"))
+        rows = attention_rows(model, encode(TOK, TEXT))
         for i, block in enumerate(model.trf_blocks):
-            ours = last_row_attention(block.att, seen, f"trf_blocks.{i}", cos, sin)  # [h, t]
+            ours = rows[i]  # [h, t]
             torch.testing.assert_close(ours.float(), out.attentions[i][0, :, -1], atol=1e-5, rtol=0)
 
 
@@ -292,7 +291,7 @@ def test_a_cancelled_family_why_stops_in_its_reruns():
     import threading
 
     from glassgpt.errors import TraceCancelled
-    from glassgpt.explain.why_family import patch_grid_family, remove_each_family
+    from glassgpt.explain.why import patch_grid_rerun as patch_grid_family, remove_each_rerun as remove_each_family
     model, ids, cancel = model_of("qwen3"), encode(TOK, TEXT), threading.Event()
     with torch.inference_mode():
         seen, last = record_family(model, ids, cancel)

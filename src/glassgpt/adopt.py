@@ -245,7 +245,7 @@ def layout_of(module: nn.Module) -> Layout:
     what was looked for and every kind read if none fits."""
     if variant_of(module):  # GPT-2's names, another computation: never read as GPT-2 (docs/variants.md)
         raise GlassError(f"{type(module).__module__}.GPTModel is one of chapter 4's variants, which glassgpt's "
-                         "why and compare do not read yet (trace, check and generate do): see it with "
+                         "compare does not read yet (trace, why, check and generate do): see it with "
                          "glassgpt.trace(model, tokenizer, text)")
     family = family_layout(module)
     if family is not None:

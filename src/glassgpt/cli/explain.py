@@ -142,8 +142,6 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer, source: Source)
     if args.embedding_vs_linear:
         raise GlassError(f"for a {model.cfg.family} model the one-hot proof is the third of the four answers that "
                          "explain prints: drop --embedding-vs-linear")
-    if is_bonus_model(model) and args.why:  # why follows Qwen3's and Llama's modules
-        raise GlassError(f"--why does not read a {model.cfg.family} model yet: explain it without the flag")
     if args.why:  # the same answer as GPT-2's (its JSON under "why"), and the same picture
         result = why(model, tok, args.prompt, versus=args.versus, patch=args.patch, top_k=args.top_k)
         for note in result.notes[:-1]:  # (the last, on attention, is in every view)

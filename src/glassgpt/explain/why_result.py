@@ -1,8 +1,8 @@
-"""What `why` answers, for GPT-2 (why.py) and for Qwen3 and Llama 3.2 (why_family.py): the Why result,
+"""What `why` answers (why.py), for every described model: the Why result,
 and the choices it is about: the target A, the B of logit[A] - logit[B], and a corrupted prompt to patch from.
 
-Both analyses fill the same fields, so both show through the same views (views/why.py), and the
-JSON of a family model's why reads as GPT-2's does (plus its key/value groups).
+GPT-2's attribution and the described one fill the same fields, so both show through the same views
+(views/why.py), and the JSON of any model's why reads as GPT-2's does (plus its key/value groups).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Why(Result):
 def labeller(model: nn.Module, tokenizer: Tokenizer, labels: list[str] | None) -> Callable[[int], str]:
     """The text of an id: a token's (a row of out_head past the tokenizer's ids says so: Qwen3 pads
     151,669 ids to 151,936 rows), or a classifier's class name."""
-    if model.cfg.num_classes is None:
+    if getattr(model.cfg, "num_classes", None) is None:  # (the bonus models' configs have no classifier head)
         return lambda i: tokenizer.decode([i]) if i < tokenizer.n_vocab else f"<row {i}: no token>"
     return lambda i: labels[i] if labels and i < len(labels) else f"class {i}"
 
@@ -81,19 +81,19 @@ def runner_up(last: torch.Tensor, a: int) -> int:
 def versus_id(model: nn.Module, tokenizer: Tokenizer, versus: str | int | None, labels: list[str] | None,
               last: torch.Tensor, a: int) -> int | None:
     """The id of B in logit[A] - logit[B]: as given, or for a classifier the runner-up class."""
-    cfg = model.cfg
+    num_classes, out_dim = getattr(model.cfg, "num_classes", None), last.shape[-1]
     if versus is None:
-        if cfg.num_classes is None:
+        if num_classes is None:
             return None
         return runner_up(last, a)
     if isinstance(versus, int):
-        return check_id(versus, cfg.out_dim, "--versus")
-    if cfg.num_classes is not None:
-        names = labels or [f"class {i}" for i in range(cfg.num_classes)]
+        return check_id(versus, out_dim, "--versus")
+    if num_classes is not None:
+        names = labels or [f"class {i}" for i in range(num_classes)]
         if versus in names:
             return names.index(versus)
         if versus.isdigit():
-            return check_id(int(versus), cfg.out_dim, "--versus")
+            return check_id(int(versus), out_dim, "--versus")
         raise PromptError(f"--versus {versus!r} is not a class of this classifier: choose one of {names}")
     pieces = tokenizer.encode(versus)
     if len(pieces) != 1:

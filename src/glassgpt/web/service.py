@@ -10,7 +10,7 @@
 A Qwen3 or Llama 3.2 model (families/) gets explain/trace.py's rotary trace: its stages, the four answers,
 where positions enter (RoPE), the query and key/value head shapes and the group sharing, under
 `family`, beside the tokens and next tokens the page shows for every model; its why is why.py's
-(why_family.py: the parts through RMSNorm, one per query head, with the same fields as GPT-2's).
+(why.py: the parts through RMSNorm, one per query head, with the same fields as GPT-2's).
 The head's dot products, the logit lens and the attention heatmaps (every query head's, with the
 key/value group it reads) come from the family trace too, under the names GPT-2's answer gives them,
 so the page draws them alike. Its controls are the options that apply to it (top_k and why's).
@@ -52,7 +52,7 @@ MAX_ATTENTION_WEIGHTS = 1_000_000
 # The embedding check builds a [t, V] one-hot matrix (and its int64 indices first): 2**24 numbers is
 # 64 MB in float32, up to 333 of GPT-2's tokens; past it the check is left out and says why.
 MAX_ONE_HOT_NUMBERS = 2 ** 24
-# The options that apply to a Qwen3/Llama model's trace (explain/trace.py's rotary trace) and why (why_family.py): the page
+# The options that apply to a Qwen3/Llama model's trace (explain/trace.py's rotary trace) and why (why.py): the page
 # draws these alone.
 FAMILY_OPTIONS = ("top_k", "logit_lens", "attention", "why", "versus", "patch")
 # Heavy work waits in a queue of its own (app.py), so that a flood of it never delays a plain trace:

@@ -23,7 +23,7 @@ from ..result import register
 from ..trace import FamilyTrace, GPT2Changes, Trace
 from ..verify import CheckResult
 from ..why import Why
-from ..why_family import FamilyWhy
+from ..why import FamilyWhy
 from .compare import comparison_layout, comparison_text
 from .diagram import family_layout, layout as trace_layout
 from .diff import diff_layout, diff_text

@@ -4,8 +4,8 @@ Text: the top parts by what they add, the blocks x heads grid with the feed-forw
 prompt with each token's two shares (direct and causal), and the patching grids. Picture: the
 same grid as a heatmap (blue adds to the logit, red takes away), the prompt as a strip of
 coloured tokens, and the patching grid. HTML: the picture and the key lines, for `_repr_html_`.
-A FamilyWhy (why_family.py: query heads reading shared key/value groups) has its own text, at the end, and
-the same picture.
+Any other described model's DescribedWhy (FamilyWhy; query heads reading shared key/value groups, a
+mixture's routed experts) has its own text, at the end, and the same picture.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from html import escape
 
 from ..trace import FAMILY_NAMES
 from ..why import Why
-from ..why_family import FamilyWhy
+from ..why import FamilyWhy
 from .draw import BLUE, GRAY, INK, MUTED, RED, Drawing, Rect, Text, fit, header, text_width, to_svg
 from ..notation import token
 from .text import BOLD, DIM, painter
@@ -91,6 +91,28 @@ def _source_lines(w: Why) -> list[str]:
             tail = f"   {cause['prob_change']:>+17.4f} {cause['logit_change']:>+13.4f}"
         lines.append(f"  {s['position']:>4}  {token(s['text']):<18} {s['direct']:>+9.4f}{tail}")
     lines.append(f"  note: {w.notes[-1]}")
+    return lines
+
+
+def expert_lines(w: Why) -> list[str]:
+    """A mixture of experts' routes: per block, the last token's chosen experts with their renormalised weights
+    and their parts of the logit, then every token's experts (the JSON's `experts` holds the same)."""
+    routes = getattr(w, "experts", None)
+    if not routes:
+        return []
+    lines = ["", "experts (per block: the last token's routed experts, their weights and their parts; then each "
+             "token's)"]
+    parts = {p["name"]: p["value"] for p in w.parts}
+    for i, block in enumerate(routes):
+        if block is None:
+            continue
+        names = [f"trf_blocks.{i}.ff.expert.{r['expert']}" for r in block[-1]]
+        last = ", ".join(f"e{r['expert']} w {r['weight']:.3f} ({parts.get(name, 0.0):+.4f})"
+                         for r, name in zip(block[-1], names))
+        lines.append(f"  block {i}: {last}  = ff {w.ff[i]:+.4f}")
+        lines.append("    " + " | ".join(f"{token(tok['text'])} " + " ".join(f"e{r['expert']} {r['weight']:.2f}"
+                                                                              for r in row)
+                                         for tok, row in zip(w.tokens, block)))
     return lines
 
 
@@ -198,7 +220,7 @@ def render_family_why_text(w: FamilyWhy, top: int = 12, **_options) -> str:
     """The attribution in the terminal: the exact sum, the top parts, the heads grid with the key/value groups,
     the prompt tokens' shares (each with the query head it went through most) and the patching grids."""
     t = w.target
-    lines = [f"{FAMILY_NAMES[w.family]}: why {t['text']!r} (id {t['id']}) after "
+    lines = [f"{FAMILY_NAMES.get(w.family, w.family)}: why {t['text']!r} (id {t['id']}) after "
              + " ".join(repr(s["text"]) for s in w.tokens[-8:]),
              f"{metric_name(w)} {w.metric:+.4f} = sum of {len(w.parts)} parts {w.total:+.4f} "
              f"(final_norm's 1/rms frozen at the last position: rms {w.rms:.4g}; its weight folded into out_head)",
@@ -213,8 +235,10 @@ def render_family_why_text(w: FamilyWhy, top: int = 12, **_options) -> str:
               "  block " + "".join(f"{f'h{j} g{w.groups[j]}':>10}" for j in range(n_heads)) + f"{'ff':>10}"]
     for i, row in enumerate(w.heads):
         lines.append(f"  {i:>5} " + "".join(f"{v:>+10.3f}" for v in row) + f"{w.ff[i]:>+10.3f}")
-    lines.append(f"  tok_emb {w.parts[0]['value']:+.3f}; no pos_emb: positions entered as RoPE inside each attention")
-    lines += ["", *_family_sources(w)]
+    pos = next((p for p in w.parts if p["name"] == "pos_emb"), None)
+    lines.append(f"  tok_emb {w.parts[0]['value']:+.3f}; " + (f"pos_emb {pos['value']:+.3f}" if pos else
+                                                               "no pos_emb: positions entered as RoPE inside each attention"))
+    lines += [*expert_lines(w), "", *_family_sources(w)]
     if w.patch is not None:
         lines += ["", *patch_lines(w.patch)]
     return "\n".join(lines)
@@ -236,9 +260,10 @@ def _family_sources(w: FamilyWhy) -> list[str]:
              f"{'causal: p change':>17} {'logit change':>13}"]
     for s in w.sources:
         j = s["position"]
-        i, h = max(((i, h) for i in range(len(w.heads)) for h in range(len(w.groups))),
+        i, h = max(((i, h) for i in range(len(w.heads)) for h in range(len(w.by_source[i]))),
                    key=lambda ih: abs(w.by_source[ih[0]][ih[1]][j]))
-        through = f"b{i} h{h} (kv group {w.groups[h]}) {w.by_source[i][h][j]:+.4f}"
+        group = f" (kv group {w.groups[h]})" if h < len(w.groups) else ""
+        through = f"b{i} h{h}{group} {w.by_source[i][h][j]:+.4f}"
         cause = s["causal"]
         tail = (f"   {cause['how']}" if cause["prob_change"] is None
                 else f"{cause['prob_change']:>+17.4f} {cause['logit_change']:>+13.4f}")
