@@ -182,21 +182,11 @@ def bench_bonus(name: str, args: argparse.Namespace, copy: CopyMeter) -> None:
         if not args.no_hf:
             models["transformers"] = exported_hf(glass, dtype)
             fns[f"transformers {dtype_name}"] = lambda: hf_generate(models["transformers"], ids, n)
-        with torch.inference_mode():
-            seconds = time_rows(fns, torch.device("cpu"), args.repeats, copy=copy)
-            if reference is None:
-                reference = generate(glass, ids, n)
-            for label, s in seconds.items():
-                note = agreement(fns[label](), reference, args.prompt_len)
-                if label.startswith("glassgpt"):
-                    note += f"; {copy.note(label, read_bytes_per_token(glass), n)} (prompt included)"
-                rows.append(Row(label, n / s, dtype_name, reference=not label.startswith("glassgpt"), note=note))
+        reference = timed_rows(rows, fns, glass, ids, n, dtype_name, args, copy, reference,
+                               lambda label: f"{copy.note(label, read_bytes_per_token(glass), n)} (prompt included)")
         del glass, models, fns
         gc.collect()
-    for against in ("notebook kv-cache", "transformers"):
-        chosen = [r for r in rows if not r.reference or r.name.startswith(against)]
-        if any(r.reference for r in chosen):
-            print_views(f"{name}: glassgpt against {against}, batch 1", "new tokens/s", chosen)
+    print_against(name, rows, ("notebook kv-cache", "transformers"))
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -252,19 +242,33 @@ def bench(name: str, args: argparse.Namespace, copy: CopyMeter) -> None:
         if not args.no_hf:
             models["transformers"] = hf_model(glass, dtype)
             fns[f"transformers {dtype_name}"] = lambda: hf_generate(models["transformers"], ids, n)
-        with torch.inference_mode():
-            seconds = time_rows(fns, torch.device("cpu"), args.repeats, copy=copy)
-            if reference is None:
-                reference = generate(glass, ids, n)
-            for label, s in seconds.items():
-                note = agreement(fns[label](), reference, args.prompt_len)
-                if label.startswith("glassgpt"):
-                    path = "native step" if isinstance(twin_steps(glass).step, RopeStep) else "twin"
-                    note += f"; decoded by the {path}; {copy.note(label, weight_bytes_per_token(glass), n)} (prompt included)"
-                rows.append(Row(label, n / s, dtype_name, reference=not label.startswith("glassgpt"), note=note))
+        path = "native step" if isinstance(twin_steps(glass).step, RopeStep) else "twin"
+        reference = timed_rows(rows, fns, glass, ids, n, dtype_name, args, copy, reference, lambda label: (
+            f"decoded by the {path}; {copy.note(label, weight_bytes_per_token(glass), n)} (prompt included)"))
         del glass, models, fns
         gc.collect()
-    for against in ("book kv_cache", "transformers"):
+    print_against(name, rows, ("book kv_cache", "transformers"))
+
+
+def timed_rows(rows: list, fns: dict, glass, ids, n: int, dtype_name: str, args, copy: CopyMeter, reference,
+               glass_note) -> torch.Tensor:
+    """Time every row of `fns`, note how many of its greedy tokens equal glassgpt float32's (`reference`, made
+    here on the first call), and `glass_note(label)` on glassgpt's rows; returns the reference."""
+    with torch.inference_mode():
+        seconds = time_rows(fns, torch.device("cpu"), args.repeats, copy=copy)
+        if reference is None:
+            reference = generate(glass, ids, n)
+        for label, s in seconds.items():
+            note = agreement(fns[label](), reference, args.prompt_len)
+            if label.startswith("glassgpt"):
+                note += f"; {glass_note(label)}"
+            rows.append(Row(label, n / s, dtype_name, reference=not label.startswith("glassgpt"), note=note))
+    return reference
+
+
+def print_against(name: str, rows: list, references: tuple[str, ...]) -> None:
+    """One table per reference: glassgpt's rows beside that reference's."""
+    for against in references:
         chosen = [r for r in rows if not r.reference or r.name.startswith(against)]
         if any(r.reference for r in chosen):
             print_views(f"{name}: glassgpt against {against}, batch 1", "new tokens/s", chosen)

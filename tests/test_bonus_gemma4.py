@@ -362,13 +362,16 @@ def test_glassgpt_info_counts_the_parameters_and_the_cache_of_the_layers_that_ke
 
 
 
-def test_why_refuses_gemma4_in_one_line_naming_its_sandwich_blocks(tokenizer_json):
-    """why splits a logit over x + sublayer(norm(x)) blocks; Gemma 4's norm each sublayer's output too."""
+def test_why_refuses_gemma4_in_one_line_naming_its_per_layer_inputs(tokenizer_json):
+    """why splits a logit over the writes of the blocks' parts; Gemma 4's blocks also add per-layer inputs and
+    scale their output, which why has no parts for: refused, never a split that does not sum."""
     tok = TokenizerJson(tokenizer_json, "gemma4")
     glass = Gemma4DenseModel(tiny_config(vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB))
     for model in (randomised(hf_gemma4()), glass):
-        with pytest.raises(GlassError, match="why splits the logit over pre-norm blocks; .*'s are sandwich-norm"):
+        with pytest.raises(GlassError, match=r"why does not split Gemma 4's logit yet: its blocks add per-layer "
+                                             r"inputs .* trace and explain read it") as err:
             glassgpt.why(model, tok, "The quick brown fox")
+        assert "\n" not in str(err.value)
 
 # --- bad input: one line each ---------------------------------------------------------------------
 

@@ -57,7 +57,7 @@ from .. import anatomy as an
 from ..adopt import adopt, check_computable
 from ..device import evaluating
 from ..engine.fused import fused
-from ..errors import TraceCancelled
+from ..errors import GlassError, TraceCancelled
 from ..kinds import describe
 from ..prompt import Prompt, Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
@@ -84,7 +84,7 @@ def why(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, versus:
     GPT-2's shape gives a Why; every other described model a DescribedWhy, the same fields plus its key/value
     groups, its frozen final denominator and, for a mixture of experts, each token's routed experts.
     """
-    describe(model)  # what it is made of; one line for an object of no kind glassgpt reads
+    refuse_undecomposed(describe(model))  # what it is made of; one line for an object of no kind glassgpt reads
     check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model, described=True).cfg
     num_classes = getattr(cfg, "num_classes", None)
@@ -122,6 +122,15 @@ def why(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, versus:
         candidates=[{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)],
         contrast=contrast, patch=patched,
         notes=[n for n in (prompt.note, reading_line(cfg.num_classes, reading, prompt)) if n] + [ATTENTION_IS_NOT])
+
+
+def refuse_undecomposed(anatomy: an.Anatomy) -> None:
+    """One line for a model whose residual stream takes writes why does not split yet: Gemma 4's per-layer inputs
+    (gated into every block) and its layer scalars; the parts would not sum to the logit."""
+    if anatomy.embedding.per_layer_inputs is not None or any(b.per_layer_input for b in anatomy.blocks):
+        raise GlassError(f"why does not split {anatomy.name}'s logit yet: its blocks add per-layer inputs (a second "
+                         "embedding gated into every block) and scale each layer's output, which why has no parts "
+                         "for; trace and explain read it")
 
 
 def runs_on_the_fused_twin(anatomy: an.Anatomy) -> bool:
