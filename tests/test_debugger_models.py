@@ -1,6 +1,6 @@
 """The layer debugger for every model glassgpt describes beyond GPT-2, Qwen3 and Llama 3.2 (test_debugger.py).
 
-The bonus models (Qwen3 MoE, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5) are held against their transformers
+The bonus models (Qwen3 MoE, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5, Gemma 4) are held against their transformers
 classes, chapter 4's variants (GQA, MLA, SWA, MoE) against glassgpt's glass variant of the same config,
 since transformers has no class for them: every layer matches at rtol = atol = 1e-5, the maintainer's.
 Then one planted mistake per model, each a reader's port in memory (glassgpt's class with one piece
@@ -23,7 +23,7 @@ from glassgpt.variants import gqa, swa
 from glassgpt.variants.swa import window_attention_weights
 
 BONUS = {"qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM", "olmo3": "Olmo3ForCausalLM",
-         "tiny_aya": "Cohere2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM"}
+         "tiny_aya": "Cohere2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM", "gemma4": "Gemma4ForCausalLM"}
 VARIANTS = ("gqa", "mla", "swa", "moe")
 
 
@@ -151,6 +151,66 @@ def test_qwen35_convolution_without_causal_padding_is_named_as_not_causal():
     assert report.broken.endswith("its short convolution (token_mixer.conv1d, kernel 3) must see its own token and "
                                   "the 2 before it only: pad 2 zeros on the left and none on the right, keeping the "
                                   "first t outputs")
+
+
+def gemma4_block_forward(scaled: bool):
+    def forward(self, x, per_layer_input, cos, sin, cache=None, shared_kv=None):
+        x = x + self.post_attention_layernorm(self.att(self.input_layernorm(x), cos, sin, cache, shared_kv))
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        gate = F.gelu(self.per_layer_input_gate(x)) if scaled else F.gelu(self.per_layer_input_gate(x),
+                                                                          approximate="tanh")
+        x = x + self.post_per_layer_input_norm(self.per_layer_projection(gate * per_layer_input))
+        return x * self.layer_scalar if scaled else x  # scaled: layer_scalar kept, the exact GELU instead
+    return forward
+
+
+def test_gemma4_kv_shared_layers_and_per_layer_inputs_are_parts_of_the_table():
+    report = glassgpt.check(kinds.glass_class(tiny_config("gemma4")), args=tiny_config("gemma4"),
+                            against="transformers")
+    assert report.ok and [line.name for line in report.layers][1:5] == [f"blocks.{i}" for i in range(4)]
+    from glassgpt.families.bonus_hf import gemma4_config_from_hf, gemma4_config_to_hf
+    assert gemma4_config_from_hf(gemma4_config_to_hf(tiny_config("gemma4"))) == tiny_config("gemma4")
+    model = glass("gemma4")
+    assert [b.att.kv_shared_layer_index for b in model.blocks] == [None, None, 0, 1]
+    for blk in model.blocks:
+        swap(blk, forward=gemma4_block_forward(scaled=False))
+    report = debug(model)
+    names = [p.name for p in report.parts]
+    assert names[-4:] == ["per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm", "output"]
+
+
+def test_gemma4_layer_scalar_left_out_is_named_at_the_blocks_output():
+    # layer_scalar has no place in the description: the finding names it only because the numbers show it
+    model = glass("gemma4")
+    for blk in model.blocks:
+        swap(blk, forward=gemma4_block_forward(scaled=False))
+    report = debug(model)
+    assert (report.layer, report.part) == ("blocks.0", "output")
+    assert [p.status for p in report.parts][:-1] == ["OK"] * (len(report.parts) - 1), report.to_text()
+    assert report.broken.startswith("its output times blocks.0.layer_scalar (")
+    assert report.broken.endswith("is transformers': the block's last step, x * layer_scalar (one stored number per "
+                                  "block), is left out")
+
+
+def test_gemma4_per_layer_gate_without_tanh_is_named_at_its_part_and_no_cause_is_invented():
+    model = glass("gemma4")
+    for blk in model.blocks:
+        swap(blk, forward=gemma4_block_forward(scaled=True))
+    report = debug(model)
+    assert (report.layer, report.part) == ("blocks.0", "per_layer_projection")
+    assert report.broken is None and report.finding.endswith("inside it, per_layer_projection first.")
+
+
+def test_gemma4_kv_shared_layer_computing_its_own_keys_is_named_at_its_attention():
+    model = glass("gemma4")
+    for blk in model.blocks:
+        blk.att.is_kv_shared_layer = False  # every layer computes its keys and values from its own k_proj, v_proj
+    report = debug(model)
+    assert (report.layer, report.part) == ("blocks.2", "att")
+    assert [p.name for p in report.parts][:3] == ["input_layernorm", "att.q_proj", "att.q_norm"]
+    assert report.broken == ("blocks.2 is kv-shared: it attends over the keys and values blocks.0 computed, but your "
+                             "forward calls its own att.k_proj: it computes keys of its own (transformers' blocks.2 "
+                             "has no k_proj)")
 
 
 def test_gqa_groups_expanded_with_repeat_are_named_at_the_attention():

@@ -358,7 +358,8 @@ def glass_model(cfg: object) -> nn.Module:
 
 
 CONFIG_TYPES = {"gemma3": gemma3.Gemma3Config, "olmo3": olmo3.Olmo3Config, "tiny_aya": tiny_aya.TinyAyaConfig,
-                "qwen3_5": qwen3_5.Qwen3_5Config} | {m.__name__.rpartition(".")[2]: c for c, m in VARIANTS.items()}
+                "qwen3_5": qwen3_5.Qwen3_5Config, "gemma4": gemma4.Gemma4Config} | {
+                    m.__name__.rpartition(".")[2]: c for c, m in VARIANTS.items()}
 
 
 def config_type(key: str) -> type:

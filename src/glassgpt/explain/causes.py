@@ -137,16 +137,36 @@ def broken_property(w: Where, part: str) -> str | None:
         if added is not None and x is not None and torch.allclose(w.got(part), added, rtol=RTOL, atol=ATOL):
             return ("the block's " + ("first" if part == "shortcut1" else "second") + " sum is the sub-layer's "
                     "output alone, without the block's input: the shortcut (x = x + shortcut) is missing")
-        return None
+        return _layer_scalar_property(w) if part == "output" else None
     sub = att if part.startswith(w.rel(att.path)) else ff if part.startswith(w.rel(ff.path)) else None
     if sub is not None:
         placed = placement_property(w, sub)
         if placed:
             return placed
+    if part == w.rel(att.path) and att.kv_shared_from is not None and w.got(f"{part}<own-key") is not None:
+        own = att.key.path.rpartition(".")[2]
+        return (f"{w.layer} is kv-shared: it attends over the keys and values blocks.{att.kv_shared_from} computed, "
+                f"but your forward calls its own {part}.{own}: it computes keys of its own ({w.reference}' "
+                f"{w.layer} has no {own})")
     if part == w.rel(att.path):
         return attention_property(w, att)
     if part == w.rel(ff.path):
         return ff_property(w, ff)
+    return None
+
+
+def _layer_scalar_property(w: Where) -> str | None:
+    """Gemma 4's layer_scalar (a stored number per block, not in the description): named only where the port's
+    output times it is the reference's, every part before matching."""
+    block = w.module(w.layer)
+    scalar = getattr(block, "layer_scalar", None)
+    ours, theirs = w.got("output"), w.theirs.get(f"{w.layer}.output")
+    if not torch.is_tensor(scalar) or ours is None or theirs is None or scalar.numel() != 1:
+        return None
+    s = float(scalar)
+    if s != 1.0 and torch.allclose(ours.cpu() * s, theirs.cpu(), rtol=RTOL, atol=ATOL):
+        return (f"its output times {w.layer}.layer_scalar ({s:.4g}) is {w.reference}': the block's last step, "
+                "x * layer_scalar (one stored number per block), is left out")
     return None
 
 

@@ -7,7 +7,7 @@ The book maintainer's layer debuggers (ch05/12_gemma3/tests/gemma3_layer_debugge
 Tiny Aya's) build a tiny random config, give the reader's model and transformers' the same weights,
 hook every layer and print `[OK]` / `[DIFF]` / `[SHAPE]` per layer at rtol = atol = 1e-5. This does
 the same for every model glassgpt describes: GPT-2, Llama 3.2, Qwen3 and its MoE, and the bonus Gemma 3,
-OLMo 3, Tiny Aya and Qwen3.5, each against its transformers class; chapter 4's variants (GQA, MLA, SWA,
+OLMo 3, Tiny Aya, Qwen3.5 and Gemma 4, each against its transformers class; chapter 4's variants (GQA, MLA, SWA,
 MoE), which have no transformers class, against glassgpt's glass variant of the same config. The port:
 the book's classes, glassgpt's, or a reader's copy in memory (a class or a model; no file needed).
 Where each part is comes from the model's description (kinds.py, anatomy.py: the glass file's
@@ -17,8 +17,9 @@ formats/families.py's tables, adopt.py's view of the port), never a second table
 says where each part sits in transformers' model. Then it says why, at the first layer that differs:
 
 - the first part inside it that differs (its norms wherever the block places them, the q/k/v
-  projections, q_norm/k_norm, the attention, the shortcut, the feed-forward; tok_emb and pos_emb),
-  hooked on both models;
+  projections, q_norm/k_norm, the attention, the shortcut, the feed-forward, Gemma 4's per-layer input;
+  tok_emb and pos_emb), hooked on both models (a Gemma 4 kv-shared layer's keys are its source layer's:
+  no part of its own);
 - the property that part breaks, and the catalogue's exact mistake where one reproduces the
   numbers: causes.py.
 
@@ -66,6 +67,10 @@ TINY_VALUES = {  # a tiny config of each glass file, its first layer the kind th
                 "qk_norm": True, "layer_types": ("linear_attention", "full_attention"), "linear_conv_kernel_dim": 3,
                 "linear_key_head_dim": 8, "linear_value_head_dim": 6, "linear_num_key_heads": 2,
                 "linear_num_value_heads": 4, "partial_rotary_factor": 0.25},
+    "gemma4": {"vocab_size": 257, "emb_dim": 32, "hidden_dim": 48, "n_layers": 4, "n_heads": 4, "head_dim": 8,
+               "n_kv_heads": 2, "global_head_dim": 16, "context_length": 16, "sliding_window": 4,
+               "layer_types": LAYER_TYPES * 2, "vocab_size_per_layer_input": 257, "hidden_size_per_layer_input": 8,
+               "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "final_logit_softcap": 30.0},
     "gqa": _VARIANT | {"n_kv_groups": 2},
     "mla": _VARIANT | {"latent_dim": 16},
     "swa": _VARIANT | {"sliding_window_size": 4, "sliding_window_stride": 1},
@@ -275,7 +280,7 @@ def build_port(cls: type, config: Any = None, seed: int = 0) -> nn.Module:
     if kinds.config_key(config) is not None:
         keys = [kinds.config_key(config)]
     else:
-        keys = [k for k in ("gpt2", "qwen3", "llama3", "gemma3", "olmo3", "tiny_aya", "qwen3_5") + VARIANT_KEYS
+        keys = [k for k in ("gpt2", "qwen3", "llama3", "gemma3", "olmo3", "tiny_aya", "qwen3_5", "gemma4") + VARIANT_KEYS
                 if issubclass(cls, kinds.glass_class(tiny_config(k)))]
         if not keys and family_of_config(config):
             keys = [family_of_config(config)]
@@ -332,7 +337,9 @@ def port_side(model: nn.Module) -> Port:
     key = kinds.config_key(cfg)
     if key is not None and isinstance(model, kinds.glass_class(cfg)):
         glass = kinds.glass_description(cfg)
-        return Port(key, cfg, dict(model.named_parameters(remove_duplicate=False)), glass,
+        stored = dict(model.named_parameters(remove_duplicate=False))
+        stored |= {n: b for n, b in model.named_buffers() if n.endswith("layer_scalar")}  # Gemma 4's: stored, not trained
+        return Port(key, cfg, stored, glass,
                     f"glassgpt's {type(model).__name__}" if type(model) is kinds.glass_class(cfg) else
                     f"{type(model).__name__} (your subclass of glassgpt's {kinds.glass_class(cfg).__name__})")
     found = family_layout(model)
@@ -418,7 +425,7 @@ def reference_model(key: str, cfg, seed: int = 0) -> tuple[nn.Module, str]:
     if key == "gpt2":
         config = transformers.GPT2Config(**gpt2_formats.config_to_hf(cfg))
     else:
-        raw = bonus_config_to_hf(cfg) if key in ("olmo3", "tiny_aya") else family_formats.config_to_hf(cfg)
+        raw = bonus_config_to_hf(cfg) if key in ("olmo3", "tiny_aya", "gemma4") else family_formats.config_to_hf(cfg)
         config = transformers.AutoConfig.for_model(raw["model_type"], **{k: v for k, v in raw.items()
                                                                          if k != "model_type"})
     config._attn_implementation = "eager"
@@ -449,6 +456,9 @@ def _randomise(module: nn.Module, d: int, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
             else:
                 p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.2)
+        for name, b in module.named_buffers():  # Gemma 4's layer_scalar, away from 1 so that leaving it out shows
+            if name.endswith("layer_scalar"):
+                b.copy_(1.0 + torch.randn(b.shape, generator=gen) * 0.2)
 
 
 def name_pairs(key: str, cfg, ref: nn.Module) -> list[tuple[str, str, Any]]:
@@ -527,7 +537,8 @@ def _reference_paths(glass: an.Anatomy, pairs, ref: nn.Module) -> dict[str, tupl
     found = dict(direct)
     for block in glass.blocks:
         att, ff = block.attention, block.ff
-        att_children = [lin.path for lin in (att.query, att.key, att.value, att.out)]
+        att_children = [lin.path for lin in (att.query, att.key, att.value, att.out)
+                        if lin.path.startswith(att.path + ".")]  # a kv-shared layer's keys: an earlier layer's
         if att.state is not None:
             att_children += [att.state.beta.path, att.state.decay.path]
         ff_children = [ff.up.path, ff.down.path] + ([ff.gate.path] if ff.gate else [])
@@ -583,9 +594,14 @@ def _points(glass: an.Anatomy) -> list[tuple[str, str, str]]:
         parts = []
         if norm("attn_in"):
             parts.append((rel(norm("attn_in").path), norm("attn_in").path, "out"))
+        shared = att.kv_shared_from is not None  # Gemma 4: its keys and values are an earlier layer's, no part here
         if att.kind != "linear":
-            parts += [(rel(lin.path), lin.path, "out") for lin in (att.query, att.key, att.value)]
-            parts += [(rel(n.path), n.path, "out") for n in (att.q_norm, att.k_norm) if n is not None]
+            parts += [(rel(lin.path), lin.path, "out") for lin in (att.query, att.key, att.value)
+                      if not (shared and lin is not att.query)]
+            parts += [(rel(n.path), n.path, "out") for n in (att.q_norm, att.k_norm)
+                      if n is not None and not (shared and n is att.k_norm)]
+        if shared:  # the port's own key matrix in this layer, hooked on the port only: does its forward call it?
+            parts.append((f"{rel(att.path)}<own-key", f"{att.path}.{att.key.path.rpartition('.')[2]}", "out"))
         parts.append((rel(att.path), att.path, "out"))
         if norm("attn_out"):
             parts.append((rel(norm("attn_out").path), norm("attn_out").path, "out"))
@@ -596,6 +612,9 @@ def _points(glass: an.Anatomy) -> list[tuple[str, str, str]]:
         parts.append((rel(ff.path), ff.path, "out"))
         if norm("ff_out"):
             parts.append((rel(norm("ff_out").path), norm("ff_out").path, "out"))
+        if b.per_layer_input is not None:  # Gemma 4: x + norm(projection(gelu_tanh(gate(x)) * its per-layer input))
+            own = b.per_layer_input
+            parts += [(rel(lin.path), lin.path, "out") for lin in (own.gate, own.projection, own.norm)]
         parts += [("output", b.path, "out"), (f"{rel(att.path)}<in", att.path, "in"), (f"{rel(ff.path)}<in", ff.path, "in")]
         points += [(f"{b.path}.{name}", path, what) for name, path, what in parts]
     return points

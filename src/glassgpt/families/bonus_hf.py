@@ -303,8 +303,30 @@ def bonus_hf_names(cfg: Olmo3Config | TinyAyaConfig | Gemma4Config) -> list[tupl
     return names
 
 
-def bonus_config_to_hf(cfg: Olmo3Config | TinyAyaConfig) -> dict[str, Any]:
+def gemma4_config_to_hf(cfg: Gemma4Config) -> dict[str, Any]:
+    """The config.json transformers' Gemma4ForCausalLM reads for `cfg` (gemma4_config_from_hf's inverse)."""
+    full = {"rope_type": cfg.rope_global_type, "rope_theta": cfg.rope_global_base}
+    if cfg.rope_global_type == "proportional":
+        full["partial_rotary_factor"] = cfg.rope_global_partial_rotary_factor
+    return {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "vocab_size": cfg.vocab_size,
+            "vocab_size_per_layer_input": cfg.vocab_size_per_layer_input, "hidden_size": cfg.emb_dim,
+            "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+            "global_head_dim": cfg.global_head_dim, "max_position_embeddings": cfg.context_length,
+            "sliding_window": cfg.sliding_window, "layer_types": list(cfg.layer_types),
+            "hidden_size_per_layer_input": cfg.hidden_size_per_layer_input,
+            "num_kv_shared_layers": cfg.num_kv_shared_layers, "use_double_wide_mlp": cfg.use_double_wide_mlp,
+            "final_logit_softcapping": cfg.final_logit_softcap, "tie_word_embeddings": cfg.tie_word_embeddings,
+            "rms_norm_eps": cfg.layer_norm_eps, "pad_token_id": cfg.pad_token_id,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_base},
+                                "full_attention": full}}
+
+
+def bonus_config_to_hf(cfg: Olmo3Config | TinyAyaConfig | Gemma4Config) -> dict[str, Any]:
     """The config.json transformers reads for `cfg` (written by export; the tests build theirs with transformers)."""
+    if cfg.family == "gemma4":
+        return gemma4_config_to_hf(cfg)
     arch = next(a for a, f in HF_BONUS.items() if f == cfg.family)
     raw = {"architectures": [arch], "model_type": {"olmo3": "olmo3", "tiny_aya": "cohere2"}[cfg.family],
            "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_length, "hidden_size": cfg.emb_dim,
