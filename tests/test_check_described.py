@@ -252,3 +252,32 @@ def test_the_cli_passes_a_correct_variant(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["lines"][-1].startswith("stage by stage against its description: matches GPT-2 with "
                                                      "grouped-query attention's formulas")
+
+
+def test_gemma4_is_refused_in_one_line_naming_what_check_cannot_compute(tmp_path, capsys):
+    # its description holds no v_norm and no layer_scalar: a correct Gemma 4 would be reported wrong at its first
+    # attention (measured: max |diff| 0.8 on a correct tiny model before this refusal), so check refuses instead
+    from glassgpt.cli import main
+    from glassgpt.errors import GlassError
+    from glassgpt.families.gemma4 import Gemma4Config, Gemma4DenseModel
+    values = dict(vocab_size=300, emb_dim=16, hidden_dim=32, n_layers=4, n_heads=2, head_dim=8, n_kv_heads=1,
+                  global_head_dim=16, context_length=64, sliding_window=4, layer_types=(SLIDING, FULL) * 2)
+    torch.manual_seed(0)
+    e2b_like = Gemma4DenseModel(Gemma4Config(**values, vocab_size_per_layer_input=300, hidden_size_per_layer_input=4,
+                                             num_kv_shared_layers=2)).eval()
+    with pytest.raises(GlassError) as err:
+        glassgpt.check(e2b_like)
+    assert str(err.value) == ("check does not read Gemma 4 stage by stage yet: its description has no place for the "
+                              "value norm (v_norm, in every attention) nor layer_scalar (times each block's output), "
+                              "and check has no stage for its per-layer inputs and kv-shared layers; compare it with "
+                              "transformers layer by layer: glassgpt check PORT --against transformers")
+    plain = Gemma4DenseModel(Gemma4Config(**values)).eval()
+    with pytest.raises(GlassError, match=r"nor layer_scalar \(times each block's output\); compare it with "):
+        glassgpt.check(plain)
+    (tmp_path / "my_gemma4.py").write_text(
+        "import torch\nfrom glassgpt.families.gemma4 import Gemma4Config, Gemma4DenseModel\n\n"
+        f"model = Gemma4DenseModel(Gemma4Config(**{values!r})).eval()\n", encoding="utf-8")
+    assert main(["check", f"{tmp_path / 'my_gemma4.py'}:model"]) != 0
+    out, err_text = capsys.readouterr()
+    lines = [line for line in (out + err_text).splitlines() if line.strip()]
+    assert len(lines) == 1 and "check does not read Gemma 4 stage by stage yet" in lines[0], lines
