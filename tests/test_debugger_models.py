@@ -301,3 +301,20 @@ def test_the_command_checks_a_bonus_port_in_a_file(tmp_path, capsys):
     assert out.splitlines()[0] == ("glassgpt check: TinyAyaModel (your subclass of glassgpt's "
                                   "TinyAyaModel) against transformers' Cohere2ForCausalLM")
     assert "[DIFF] trf_blocks.0: max=" in out and "inside it, ff first: ff reads another input than the attention" in out
+
+
+def test_the_command_checks_a_gemma4_port_in_a_file(tmp_path, capsys):
+    from helpers import run
+    (tmp_path / "my_gemma4.py").write_text(
+        "from glassgpt.families import gemma4\n\n\n"
+        "class Gemma4DenseModel(gemma4.Gemma4DenseModel):\n"
+        "    def __init__(self, cfg):\n"
+        "        super().__init__(cfg)\n"
+        "        for block in self.blocks:\n"
+        "            block.att.is_kv_shared_layer = False\n")
+    code, out, _ = run(["check", f"{tmp_path / 'my_gemma4.py'}:Gemma4DenseModel", "--against", "transformers"], capsys)
+    assert code == 1
+    assert out.splitlines()[0] == ("glassgpt check: Gemma4DenseModel (your subclass of glassgpt's Gemma4DenseModel) "
+                                  "against transformers' Gemma4ForCausalLM")
+    assert "[OK] blocks.1: max=" in out and "[DIFF] blocks.2: max=" in out
+    assert "inside it, att first: blocks.2 is kv-shared: it attends over the keys and values blocks.0 computed" in out
