@@ -23,7 +23,7 @@ import llms_from_scratch.qwen3 as book_qwen
 from glassgpt.explain.pieces import LLAMA3_TINY, QWEN3_MOE_TINY, QWEN3_TINY, PieceError
 from glassgpt.explain.pieces.data import BOOK_TEXT
 from glassgpt.tokenizer import get_tokenizer
-from llms_from_scratch import ch02, ch03, ch04
+from llms_from_scratch import ch02, ch03, ch04, ch07
 
 CH03 = {"d_in": 3, "d_out": 2, "context_length": 6, "dropout": 0.0, "num_heads": 2}
 CH03_HD2 = {"d_in": 3, "d_out": 6, "context_length": 6, "dropout": 0.0, "num_heads": 2}  # head size 3
@@ -243,6 +243,22 @@ def classifier_loss_first_token(input_batch, target_batch, model, device):
 
 for fn in (loss_last_position, loss_but_first, loss_summed, classifier_loss_first_token):
     fn.__name__ = "calc_loss_batch"
+
+
+def collate_pads_with_zero(batch, pad_token_id=50256, ignore_index=-100, allowed_max_length=None, device="cpu"):
+    return ch07.custom_collate_fn(batch, 0, ignore_index, allowed_max_length, device)  # planted: pads with 0
+
+
+def collate_never_cut(batch, pad_token_id=50256, ignore_index=-100, allowed_max_length=None, device="cpu"):
+    return ch07.custom_collate_fn(batch, pad_token_id, ignore_index, None, device)  # planted: no truncation
+
+
+def collate_ignore_minus_1(batch, pad_token_id=50256, ignore_index=-100, allowed_max_length=None, device="cpu"):
+    return ch07.custom_collate_fn(batch, pad_token_id, -1, allowed_max_length, device)  # planted: -1 ignored
+
+
+for fn in (collate_pads_with_zero, collate_never_cut, collate_ignore_minus_1):
+    fn.__name__ = "custom_collate_fn"
 
 
 # --- Qwen3 and Llama 3.2 pieces ------------------------------------------------------------------------------
@@ -505,6 +521,11 @@ CASES = {  # id: (a call giving the result, stage, where, property)
     "ch5_loss_summed": (lambda: glassgpt.check(loss_summed), "loss", "every position", "loss_positions"),
     "ch6_loss_first_token": (lambda: glassgpt.check(classifier_loss_first_token), "loss", "the first position only",
                              "loss_positions"),
+    "ch7_collate_pads_with_zero": (lambda: glassgpt.check(collate_pads_with_zero), "inputs", "row 1, position 2",
+                                   "pad_id"),
+    "ch7_collate_never_cut": (lambda: glassgpt.check(collate_never_cut), "inputs", "position 4", "truncation"),
+    "ch7_collate_ignore_minus_1": (lambda: glassgpt.check(collate_ignore_minus_1), "targets", "row 1, position 2",
+                                   "ignore_index"),
     "qwen3_gqa_no_mask": (lambda: glassgpt.check(GQANoMask(**{"d_in": 32, "num_heads": 4, "num_kv_groups": 2,
                                                              "head_dim": 16, "qk_norm": True})),
                           "attention weights", "row 0 of head 0", "no_future"),
@@ -551,6 +572,7 @@ OUTSIDE_CATALOGUE = {
     "qwen3_gqa_no_mask", "qwen3_rmsnorm_eps_outside", "qwen3_rmsnorm_centred", "qwen3_swiglu_gelu", "rope_backwards",
     "rope_params_interleaved", "kv_counter_stuck", "kv_reset_forgets_counter", "kv_mask_not_offset",
     "kv_gpt2_reset_keeps_keys", "kv_attention_mask_not_offset", "kv_attention_mask_columns",
+    "ch7_collate_pads_with_zero", "ch7_collate_never_cut", "ch7_collate_ignore_minus_1",
 }
 
 
