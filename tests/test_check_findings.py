@@ -261,6 +261,36 @@ for fn in (collate_pads_with_zero, collate_never_cut, collate_ignore_minus_1):
     fn.__name__ = "custom_collate_fn"
 
 
+class BPE:
+    """A tiktoken-style tokenizer over glassgpt's GPT-2 BPE, as a reader wraps one."""
+
+    def __init__(self):
+        self.gpt2 = get_tokenizer("gpt2")
+
+    def encode(self, text, allowed_special=()):
+        return self.gpt2.encode(text, allowed_special=allowed_special)
+
+    def decode(self, ids):
+        return self.gpt2.decode(ids)
+
+
+class BPESplitsEndOfText(BPE):
+    def encode(self, text, allowed_special=()):
+        return self.gpt2.encode(text)  # planted: allowed_special not passed on, <|endoftext|> read as text
+
+
+class BPELosesSpaces(BPE):
+    def encode(self, text, allowed_special=()):
+        return [i for word in text.split(" ") for i in self.gpt2.encode(word, allowed_special)]  # planted
+
+
+class BPENoMerges(BPE):
+    def encode(self, text, allowed_special=()):
+        parts = text.split("<|endoftext|>")  # planted: each character alone, no merges
+        ids = [[i for ch in part for i in self.gpt2.encode(ch)] for part in parts]
+        return ids[0] + [i for part in ids[1:] for i in [self.gpt2.eot_id] + part]
+
+
 # --- Qwen3 and Llama 3.2 pieces ------------------------------------------------------------------------------
 
 class GQANoMask(book_qwen.GroupedQueryAttention):
@@ -526,6 +556,9 @@ CASES = {  # id: (a call giving the result, stage, where, property)
     "ch7_collate_never_cut": (lambda: glassgpt.check(collate_never_cut), "inputs", "position 4", "truncation"),
     "ch7_collate_ignore_minus_1": (lambda: glassgpt.check(collate_ignore_minus_1), "targets", "row 1, position 2",
                                    "ignore_index"),
+    "ch2_bpe_splits_endoftext": (lambda: glassgpt.check(BPESplitsEndOfText()), "tokens", "token 7", "special_token"),
+    "ch2_bpe_loses_spaces": (lambda: glassgpt.check(BPELosesSpaces()), "tokens", "character 6", "round_trip"),
+    "ch2_bpe_no_merges": (lambda: glassgpt.check(BPENoMerges()), "tokens", "token 0", "merges"),
     "qwen3_gqa_no_mask": (lambda: glassgpt.check(GQANoMask(**{"d_in": 32, "num_heads": 4, "num_kv_groups": 2,
                                                              "head_dim": 16, "qk_norm": True})),
                           "attention weights", "row 0 of head 0", "no_future"),
@@ -573,6 +606,7 @@ OUTSIDE_CATALOGUE = {
     "rope_params_interleaved", "kv_counter_stuck", "kv_reset_forgets_counter", "kv_mask_not_offset",
     "kv_gpt2_reset_keeps_keys", "kv_attention_mask_not_offset", "kv_attention_mask_columns",
     "ch7_collate_pads_with_zero", "ch7_collate_never_cut", "ch7_collate_ignore_minus_1",
+    "ch2_bpe_splits_endoftext", "ch2_bpe_loses_spaces", "ch2_bpe_no_merges",
 }
 
 
