@@ -23,7 +23,7 @@ import llms_from_scratch.qwen3 as book_qwen
 from glassgpt.explain.pieces import LLAMA3_TINY, QWEN3_MOE_TINY, QWEN3_TINY, PieceError
 from glassgpt.explain.pieces.data import BOOK_TEXT
 from glassgpt.tokenizer import get_tokenizer
-from llms_from_scratch import ch02, ch03, ch04, ch07
+from llms_from_scratch import ch02, ch03, ch04, ch05, ch07
 
 CH03 = {"d_in": 3, "d_out": 2, "context_length": 6, "dropout": 0.0, "num_heads": 2}
 CH03_HD2 = {"d_in": 3, "d_out": 6, "context_length": 6, "dropout": 0.0, "num_heads": 2}  # head size 3
@@ -220,6 +220,31 @@ def generate_second_to_last(model, idx, max_new_tokens, context_size):
 
 
 generate_second_to_last.__name__ = "generate_text_simple"
+
+
+def generate_crops_first(model, idx, max_new_tokens, context_size):
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(idx[:, :context_size])[:, -1, :]  # planted: the first context_size tokens kept
+        idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
+    return idx
+
+
+def generate_new_tokens_only(model, idx, max_new_tokens, context_size):
+    start = idx.shape[1]
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(idx[:, -context_size:])[:, -1, :]
+        idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
+    return idx[:, start:]  # planted: the prompt left out of what is returned
+
+
+def generate_top_k_ignored(model, idx, max_new_tokens, context_size, temperature=0.0, top_k=None, eos_id=None):
+    return ch05.generate(model, idx, max_new_tokens, context_size, temperature, None, eos_id)  # planted: no top-k
+
+
+generate_crops_first.__name__ = generate_new_tokens_only.__name__ = "generate_text_simple"
+generate_top_k_ignored.__name__ = "generate"
 
 
 def loss_last_position(input_batch, target_batch, model, device):
@@ -559,6 +584,11 @@ CASES = {  # id: (a call giving the result, stage, where, property)
     "ch2_bpe_splits_endoftext": (lambda: glassgpt.check(BPESplitsEndOfText()), "tokens", "token 7", "special_token"),
     "ch2_bpe_loses_spaces": (lambda: glassgpt.check(BPELosesSpaces()), "tokens", "character 6", "round_trip"),
     "ch2_bpe_no_merges": (lambda: glassgpt.check(BPENoMerges()), "tokens", "token 0", "merges"),
+    "ch5_generate_crops_first": (lambda: glassgpt.check(generate_crops_first), "tokens", "new token 5",
+                                 "context_crop"),
+    "ch5_generate_new_tokens_only": (lambda: glassgpt.check(generate_new_tokens_only), "tokens",
+                                     "token 0 of the prompt", "prompt_kept"),
+    "ch5_generate_top_k_ignored": (lambda: glassgpt.check(generate_top_k_ignored), "tokens", "new token 9", "top_k"),
     "qwen3_gqa_no_mask": (lambda: glassgpt.check(GQANoMask(**{"d_in": 32, "num_heads": 4, "num_kv_groups": 2,
                                                              "head_dim": 16, "qk_norm": True})),
                           "attention weights", "row 0 of head 0", "no_future"),
@@ -607,6 +637,7 @@ OUTSIDE_CATALOGUE = {
     "kv_gpt2_reset_keeps_keys", "kv_attention_mask_not_offset", "kv_attention_mask_columns",
     "ch7_collate_pads_with_zero", "ch7_collate_never_cut", "ch7_collate_ignore_minus_1",
     "ch2_bpe_splits_endoftext", "ch2_bpe_loses_spaces", "ch2_bpe_no_merges",
+    "ch5_generate_crops_first", "ch5_generate_new_tokens_only", "ch5_generate_top_k_ignored",
 }
 
 

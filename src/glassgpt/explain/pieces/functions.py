@@ -107,7 +107,9 @@ def check_generate(fn: Callable, kind: str) -> PieceResult:
             result.stage, result.where, result.mistake = "tokens", f"new token {k - idx.shape[1]}", mistake
             what = (f"with {_args(s, simple)}, new token {k - idx.shape[1]} first differs: yours "
                     f"{_at(got, k)}, glassgpt's {_at(want, k)}")
-            broken = greedy_pick(model, got, k, ctx, k - idx.shape[1]) if s["temperature"] == 0 else None
+            broken = prompt_kept(got, idx) or (
+                greedy_pick(model, got, k, ctx, k - idx.shape[1]) if s["temperature"] == 0 else
+                sampled_pick(model, got, k, ctx, k - idx.shape[1], s["top_k"]))
             if broken is not None:
                 return found(result, broken, mistake, MISTAKES)
             result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
@@ -131,11 +133,49 @@ def greedy_pick(model, got: torch.Tensor, k: int, ctx: int, new: int) -> Broken 
     if int(picks[-1]) == token:
         return None
     where = [p for p in range(picks.shape[0]) if int(picks[p]) == token]
+    context = got[:, :k]
+    crops = [(f"the first {ctx} tokens, idx[:, :context_size]", context[:, :ctx])] + \
+        [(f"the last {c} tokens, not the last context_size = {ctx}", context[:, -c:]) for c in range(ctx - 1, 0, -1)]
+    for said, crop in ([] if where else crops):
+        if crop.shape[1] < context.shape[1] and not torch.equal(crop, context[:, -ctx:]):
+            with torch.no_grad():
+                if int(model(crop)[0, -1].argmax()) == token:
+                    return Broken("context_crop", "tokens", f"new token {new}", f"new token {new} is {token}, the "
+                                  f"argmax after the context is cut to {said}; the model reads the last "
+                                  f"context_size tokens: idx_cond = idx[:, -context_size:]")
     said = (f"the argmax of position {where[0]}'s logits (of {picks.shape[0]})" if where else
             "the argmax of no position's logits")
     return Broken("greedy_argmax", "tokens", f"new token {new}", f"new token {new} is {token}, {said}; greedy "
                   f"decoding takes the argmax of the last position's, {int(picks[-1])}: "
                   f"torch.argmax(logits[:, -1, :], dim=-1)")
+
+
+def prompt_kept(got: torch.Tensor, idx: torch.Tensor) -> Broken | None:
+    """The output starts with the prompt: each new token is appended to idx, which is returned whole."""
+    n = idx.shape[1]
+    j = next((i for i in range(n) if i >= got.shape[1] or int(got[0, i]) != int(idx[0, i])), None)
+    if j is None:
+        return None
+    yours = str(int(got[0, j])) if j < got.shape[1] else "nothing"
+    return Broken("prompt_kept", "tokens", f"token {j} of the prompt", f"the output's token {j} is {yours} where the "
+                  f"prompt's is {int(idx[0, j])}: generate returns the prompt followed by the new tokens, each "
+                  f"appended to the context, idx = torch.cat((idx, idx_next), dim=1)")
+
+
+def sampled_pick(model, got: torch.Tensor, k: int, ctx: int, new: int, top_k: int | None) -> Broken | None:
+    """Sampling's property that one seed can check: with top_k, token k is among the k largest logits of the
+    last position before it."""
+    if not top_k or k >= got.shape[1]:
+        return None
+    with torch.no_grad():
+        logits = model(got[:, :k][:, -ctx:])[0, -1]
+    token = int(got[0, k])
+    rank = int((logits > logits[token]).sum())
+    if rank < top_k:
+        return None
+    return Broken("top_k", "tokens", f"new token {new}", f"new token {new} is {token}, ranked {rank + 1} among the "
+                  f"last position's logits, where top_k={top_k} keeps only the {top_k} largest: set the others to "
+                  f"-inf before the softmax, torch.where(logits < top_logits[:, -1], -inf, logits)")
 
 
 def _args(s: dict, simple: bool) -> str:
