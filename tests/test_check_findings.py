@@ -62,6 +62,12 @@ class WindowsStartOneLate(ch02.GPTDatasetV1):
             self.target_ids.append(torch.tensor(ids[i + 1:i + max_length + 1]))
 
 
+class TargetsOneShort(ch02.GPTDatasetV1):
+    def __init__(self, txt, tokenizer, max_length, stride):
+        super().__init__(txt, tokenizer, max_length, stride)
+        self.target_ids = [y[:-1] for y in self.target_ids]  # planted: token_ids[i + 1:i + max_length]
+
+
 def built(cls):
     return cls(BOOK_TEXT, get_tokenizer("gpt2"), 4, 4)
 
@@ -589,6 +595,8 @@ CASES = {  # id: (a call giving the result, stage, where, property)
     "ch5_generate_new_tokens_only": (lambda: glassgpt.check(generate_new_tokens_only), "tokens",
                                      "token 0 of the prompt", "prompt_kept"),
     "ch5_generate_top_k_ignored": (lambda: glassgpt.check(generate_top_k_ignored), "tokens", "new token 9", "top_k"),
+    "ch2_class_targets_one_short": (lambda: glassgpt.check(named(TargetsOneShort, "GPTDatasetV1")), "windows",
+                                    "window 0", "target_length"),
     "qwen3_gqa_no_mask": (lambda: glassgpt.check(GQANoMask(**{"d_in": 32, "num_heads": 4, "num_kv_groups": 2,
                                                              "head_dim": 16, "qk_norm": True})),
                           "attention weights", "row 0 of head 0", "no_future"),
@@ -638,6 +646,7 @@ OUTSIDE_CATALOGUE = {
     "ch7_collate_pads_with_zero", "ch7_collate_never_cut", "ch7_collate_ignore_minus_1",
     "ch2_bpe_splits_endoftext", "ch2_bpe_loses_spaces", "ch2_bpe_no_merges",
     "ch5_generate_crops_first", "ch5_generate_new_tokens_only", "ch5_generate_top_k_ignored",
+    "ch2_class_targets_one_short",
 }
 
 

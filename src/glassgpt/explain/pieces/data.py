@@ -305,7 +305,8 @@ def _windows_differ(result, ids, got: Windows, want: Windows, max_length: int, s
                 f"{getattr(got, part)[k]}, the book's {getattr(want, part)[k]}")
     broken = properties.shift_broken(got.inputs, got.targets) if got.inputs else None
     if broken is None:  # where the windows sit: said after both windows are shown
-        broken = properties.window_starts(ids, got.inputs, max_length, stride)
+        broken = properties.window_starts(ids, got.inputs, max_length, stride) or \
+            properties.window_targets(ids, got.inputs, got.targets, max_length, stride)
         if broken is not None:
             broken.words = f"{what}; {broken.words}"
     if broken is not None:
