@@ -9,6 +9,7 @@ key names them): the property alone carries their finding, never "no known mista
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -66,6 +67,32 @@ class TargetsOneShort(ch02.GPTDatasetV1):
     def __init__(self, txt, tokenizer, max_length, stride):
         super().__init__(txt, tokenizer, max_length, stride)
         self.target_ids = [y[:-1] for y in self.target_ids]  # planted: token_ids[i + 1:i + max_length]
+
+
+class SimpleTokenizerV2:  # the book's chapter 2 listing (it is not in llms_from_scratch)
+    def __init__(self, vocab):
+        self.str_to_int = vocab
+        self.int_to_str = {i: s for s, i in vocab.items()}
+
+    def encode(self, text):
+        preprocessed = [item.strip() for item in re.split(r'([,.:;?_!"()\']|--|\s)', text) if item.strip()]
+        return [self.str_to_int.get(s, self.str_to_int["<|unk|>"]) for s in preprocessed]
+
+    def decode(self, ids):
+        return re.sub(r'\s+([,.:;?!"()\'])', r'\1', " ".join(self.int_to_str[i] for i in ids))
+
+
+class SplitOnSpacesOnly(SimpleTokenizerV2):
+    def encode(self, text):
+        preprocessed = [item.strip() for item in re.split(r'(\s)', text) if item.strip()]  # planted: spaces only
+        return [self.str_to_int.get(s, self.str_to_int["<|unk|>"]) for s in preprocessed]
+
+
+def simple_vocab():
+    words = sorted(set(w.strip() for w in re.split(r'([,.:;?_!"()\']|--|\s)', BOOK_TEXT + " do you like tea? In "
+                                                                                       "the sunlit terraces of")
+                       if w.strip()))
+    return {w: i for i, w in enumerate(words + ["<|endoftext|>", "<|unk|>"])}
 
 
 def built(cls):
@@ -597,6 +624,8 @@ CASES = {  # id: (a call giving the result, stage, where, property)
     "ch5_generate_top_k_ignored": (lambda: glassgpt.check(generate_top_k_ignored), "tokens", "new token 9", "top_k"),
     "ch2_class_targets_one_short": (lambda: glassgpt.check(named(TargetsOneShort, "GPTDatasetV1")), "windows",
                                     "window 0", "target_length"),
+    "ch2_simple_split_on_spaces": (lambda: glassgpt.check(SplitOnSpacesOnly(simple_vocab())), "tokens", "token 1",
+                                   "split"),
     "qwen3_gqa_no_mask": (lambda: glassgpt.check(GQANoMask(**{"d_in": 32, "num_heads": 4, "num_kv_groups": 2,
                                                              "head_dim": 16, "qk_norm": True})),
                           "attention weights", "row 0 of head 0", "no_future"),
@@ -646,7 +675,7 @@ OUTSIDE_CATALOGUE = {
     "ch7_collate_pads_with_zero", "ch7_collate_never_cut", "ch7_collate_ignore_minus_1",
     "ch2_bpe_splits_endoftext", "ch2_bpe_loses_spaces", "ch2_bpe_no_merges",
     "ch5_generate_crops_first", "ch5_generate_new_tokens_only", "ch5_generate_top_k_ignored",
-    "ch2_class_targets_one_short",
+    "ch2_class_targets_one_short", "ch2_simple_split_on_spaces",
 }
 
 

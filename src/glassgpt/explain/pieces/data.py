@@ -82,6 +82,9 @@ def _check_simple(tok: Any, vocab: dict[str, int]) -> PieceResult:
     result.lines.append(f"encode: {len(got)} ids, glassgpt's split gives {len(want)}")
     if got != want:
         variants = {m: (lambda m=m: simple_encode(text, vocab, m)) for m in ("drops_unk", "drops_endoftext")}
+        broken = words_broken(got, want, text, vocab)
+        if broken is not None:
+            return found(result, broken, next((m for m, fn in variants.items() if fn() == got), None), MISTAKES)
         return _ids_differ(result, got, want, variants, {i: w for w, i in vocab.items()})
     back = run_reader(f"{type(tok).__name__}.decode", lambda: tok.decode(want))
     if back != simple_decode(want, vocab):
@@ -90,6 +93,33 @@ def _check_simple(tok: Any, vocab: dict[str, int]) -> PieceResult:
     result.finding = f"{kind} gives the book's ids and text" + (" (unknown words as <|unk|>, <|endoftext|> kept)."
                                                                if v2 else ".")
     return result
+
+
+def words_broken(got: list[int], want: list[int], text: str, vocab: dict[str, int]) -> Broken | None:
+    """A SimpleTokenizer's properties on the reader's ids: each is an id of the vocabulary; at the first
+    token that differs, the book's word there is a punctuation mark split off on its own, <|endoftext|>
+    kept as one token, or a word the vocabulary lacks read as <|unk|>."""
+    words = {i: w for w, i in vocab.items()}
+    bad = next((k for k, i in enumerate(got) if i not in words), None)
+    if bad is not None:
+        return Broken("ids_in_vocabulary", "tokens", f"token {bad}", f"token {bad} is {got[bad]}, no id of your "
+                      f"vocabulary (str_to_int's values): encode gives self.str_to_int[s] for each word")
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    if k >= len(want):
+        return None
+    book, yours = words[want[k]], (repr(words[got[k]]) if k < len(got) else "nothing")
+    if book == "<|endoftext|>":
+        return Broken("special_token", "tokens", f"token {k}", f"token {k} should be <|endoftext|>, kept as one "
+                      f"token ({want[k]}), yours is {yours}")
+    if book == "<|unk|>":
+        word = [w.strip() for w in re.split(SPLIT, text) if w.strip()][k]
+        return Broken("unknown_word", "tokens", f"token {k}", f"word {k} of the text, {word!r}, is not in your "
+                      f"vocabulary, so the book's encode reads it as '<|unk|>' ({want[k]}); yours gives {yours}")
+    if re.fullmatch(SPLIT, book):
+        return Broken("split", "tokens", f"token {k}", f"token {k} should be {book!r}, a punctuation mark split off "
+                      f"the word before it, yours is {yours}: split on punctuation, double dashes and spaces, "
+                      f"re.split(r'{SPLIT}', text)")
+    return None
 
 
 def _check_tiktoken_style(tok: Any, kind: str) -> PieceResult:
