@@ -9,6 +9,7 @@ key names them): the property alone carries their finding, never "no known mista
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ import llms_from_scratch.qwen3 as book_qwen
 from glassgpt.explain.pieces import LLAMA3_TINY, QWEN3_MOE_TINY, QWEN3_TINY, PieceError
 from glassgpt.explain.pieces.data import BOOK_TEXT
 from glassgpt.tokenizer import get_tokenizer
-from llms_from_scratch import ch02, ch03, ch04
+from llms_from_scratch import ch02, ch03, ch04, ch05, ch07
 
 CH03 = {"d_in": 3, "d_out": 2, "context_length": 6, "dropout": 0.0, "num_heads": 2}
 CH03_HD2 = {"d_in": 3, "d_out": 6, "context_length": 6, "dropout": 0.0, "num_heads": 2}  # head size 3
@@ -60,6 +61,38 @@ class WindowsStartOneLate(ch02.GPTDatasetV1):
         for i in range(1, len(ids) - max_length, stride):  # planted: the first window starts at token 1
             self.input_ids.append(torch.tensor(ids[i:i + max_length]))
             self.target_ids.append(torch.tensor(ids[i + 1:i + max_length + 1]))
+
+
+class TargetsOneShort(ch02.GPTDatasetV1):
+    def __init__(self, txt, tokenizer, max_length, stride):
+        super().__init__(txt, tokenizer, max_length, stride)
+        self.target_ids = [y[:-1] for y in self.target_ids]  # planted: token_ids[i + 1:i + max_length]
+
+
+class SimpleTokenizerV2:  # the book's chapter 2 listing (it is not in llms_from_scratch)
+    def __init__(self, vocab):
+        self.str_to_int = vocab
+        self.int_to_str = {i: s for s, i in vocab.items()}
+
+    def encode(self, text):
+        preprocessed = [item.strip() for item in re.split(r'([,.:;?_!"()\']|--|\s)', text) if item.strip()]
+        return [self.str_to_int.get(s, self.str_to_int["<|unk|>"]) for s in preprocessed]
+
+    def decode(self, ids):
+        return re.sub(r'\s+([,.:;?!"()\'])', r'\1', " ".join(self.int_to_str[i] for i in ids))
+
+
+class SplitOnSpacesOnly(SimpleTokenizerV2):
+    def encode(self, text):
+        preprocessed = [item.strip() for item in re.split(r'(\s)', text) if item.strip()]  # planted: spaces only
+        return [self.str_to_int.get(s, self.str_to_int["<|unk|>"]) for s in preprocessed]
+
+
+def simple_vocab():
+    words = sorted(set(w.strip() for w in re.split(r'([,.:;?_!"()\']|--|\s)', BOOK_TEXT + " do you like tea? In "
+                                                                                       "the sunlit terraces of")
+                       if w.strip()))
+    return {w: i for i, w in enumerate(words + ["<|endoftext|>", "<|unk|>"])}
 
 
 def built(cls):
@@ -222,6 +255,31 @@ def generate_second_to_last(model, idx, max_new_tokens, context_size):
 generate_second_to_last.__name__ = "generate_text_simple"
 
 
+def generate_crops_first(model, idx, max_new_tokens, context_size):
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(idx[:, :context_size])[:, -1, :]  # planted: the first context_size tokens kept
+        idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
+    return idx
+
+
+def generate_new_tokens_only(model, idx, max_new_tokens, context_size):
+    start = idx.shape[1]
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(idx[:, -context_size:])[:, -1, :]
+        idx = torch.cat((idx, logits.argmax(-1, keepdim=True)), dim=1)
+    return idx[:, start:]  # planted: the prompt left out of what is returned
+
+
+def generate_top_k_ignored(model, idx, max_new_tokens, context_size, temperature=0.0, top_k=None, eos_id=None):
+    return ch05.generate(model, idx, max_new_tokens, context_size, temperature, None, eos_id)  # planted: no top-k
+
+
+generate_crops_first.__name__ = generate_new_tokens_only.__name__ = "generate_text_simple"
+generate_top_k_ignored.__name__ = "generate"
+
+
 def loss_last_position(input_batch, target_batch, model, device):
     logits = model(input_batch)
     return F.cross_entropy(logits[:, -1, :], target_batch[:, -1])  # planted: the last position only
@@ -243,6 +301,52 @@ def classifier_loss_first_token(input_batch, target_batch, model, device):
 
 for fn in (loss_last_position, loss_but_first, loss_summed, classifier_loss_first_token):
     fn.__name__ = "calc_loss_batch"
+
+
+def collate_pads_with_zero(batch, pad_token_id=50256, ignore_index=-100, allowed_max_length=None, device="cpu"):
+    return ch07.custom_collate_fn(batch, 0, ignore_index, allowed_max_length, device)  # planted: pads with 0
+
+
+def collate_never_cut(batch, pad_token_id=50256, ignore_index=-100, allowed_max_length=None, device="cpu"):
+    return ch07.custom_collate_fn(batch, pad_token_id, ignore_index, None, device)  # planted: no truncation
+
+
+def collate_ignore_minus_1(batch, pad_token_id=50256, ignore_index=-100, allowed_max_length=None, device="cpu"):
+    return ch07.custom_collate_fn(batch, pad_token_id, -1, allowed_max_length, device)  # planted: -1 ignored
+
+
+for fn in (collate_pads_with_zero, collate_never_cut, collate_ignore_minus_1):
+    fn.__name__ = "custom_collate_fn"
+
+
+class BPE:
+    """A tiktoken-style tokenizer over glassgpt's GPT-2 BPE, as a reader wraps one."""
+
+    def __init__(self):
+        self.gpt2 = get_tokenizer("gpt2")
+
+    def encode(self, text, allowed_special=()):
+        return self.gpt2.encode(text, allowed_special=allowed_special)
+
+    def decode(self, ids):
+        return self.gpt2.decode(ids)
+
+
+class BPESplitsEndOfText(BPE):
+    def encode(self, text, allowed_special=()):
+        return self.gpt2.encode(text)  # planted: allowed_special not passed on, <|endoftext|> read as text
+
+
+class BPELosesSpaces(BPE):
+    def encode(self, text, allowed_special=()):
+        return [i for word in text.split(" ") for i in self.gpt2.encode(word, allowed_special)]  # planted
+
+
+class BPENoMerges(BPE):
+    def encode(self, text, allowed_special=()):
+        parts = text.split("<|endoftext|>")  # planted: each character alone, no merges
+        ids = [[i for ch in part for i in self.gpt2.encode(ch)] for part in parts]
+        return ids[0] + [i for part in ids[1:] for i in [self.gpt2.eot_id] + part]
 
 
 # --- Qwen3 and Llama 3.2 pieces ------------------------------------------------------------------------------
@@ -505,6 +609,23 @@ CASES = {  # id: (a call giving the result, stage, where, property)
     "ch5_loss_summed": (lambda: glassgpt.check(loss_summed), "loss", "every position", "loss_positions"),
     "ch6_loss_first_token": (lambda: glassgpt.check(classifier_loss_first_token), "loss", "the first position only",
                              "loss_positions"),
+    "ch7_collate_pads_with_zero": (lambda: glassgpt.check(collate_pads_with_zero), "inputs", "row 1, position 2",
+                                   "pad_id"),
+    "ch7_collate_never_cut": (lambda: glassgpt.check(collate_never_cut), "inputs", "position 4", "truncation"),
+    "ch7_collate_ignore_minus_1": (lambda: glassgpt.check(collate_ignore_minus_1), "targets", "row 1, position 2",
+                                   "ignore_index"),
+    "ch2_bpe_splits_endoftext": (lambda: glassgpt.check(BPESplitsEndOfText()), "tokens", "token 7", "special_token"),
+    "ch2_bpe_loses_spaces": (lambda: glassgpt.check(BPELosesSpaces()), "tokens", "character 6", "round_trip"),
+    "ch2_bpe_no_merges": (lambda: glassgpt.check(BPENoMerges()), "tokens", "token 0", "merges"),
+    "ch5_generate_crops_first": (lambda: glassgpt.check(generate_crops_first), "tokens", "new token 5",
+                                 "context_crop"),
+    "ch5_generate_new_tokens_only": (lambda: glassgpt.check(generate_new_tokens_only), "tokens",
+                                     "token 0 of the prompt", "prompt_kept"),
+    "ch5_generate_top_k_ignored": (lambda: glassgpt.check(generate_top_k_ignored), "tokens", "new token 9", "top_k"),
+    "ch2_class_targets_one_short": (lambda: glassgpt.check(named(TargetsOneShort, "GPTDatasetV1")), "windows",
+                                    "window 0", "target_length"),
+    "ch2_simple_split_on_spaces": (lambda: glassgpt.check(SplitOnSpacesOnly(simple_vocab())), "tokens", "token 1",
+                                   "split"),
     "qwen3_gqa_no_mask": (lambda: glassgpt.check(GQANoMask(**{"d_in": 32, "num_heads": 4, "num_kv_groups": 2,
                                                              "head_dim": 16, "qk_norm": True})),
                           "attention weights", "row 0 of head 0", "no_future"),
@@ -551,6 +672,10 @@ OUTSIDE_CATALOGUE = {
     "qwen3_gqa_no_mask", "qwen3_rmsnorm_eps_outside", "qwen3_rmsnorm_centred", "qwen3_swiglu_gelu", "rope_backwards",
     "rope_params_interleaved", "kv_counter_stuck", "kv_reset_forgets_counter", "kv_mask_not_offset",
     "kv_gpt2_reset_keeps_keys", "kv_attention_mask_not_offset", "kv_attention_mask_columns",
+    "ch7_collate_pads_with_zero", "ch7_collate_never_cut", "ch7_collate_ignore_minus_1",
+    "ch2_bpe_splits_endoftext", "ch2_bpe_loses_spaces", "ch2_bpe_no_merges",
+    "ch5_generate_crops_first", "ch5_generate_new_tokens_only", "ch5_generate_top_k_ignored",
+    "ch2_class_targets_one_short", "ch2_simple_split_on_spaces",
 }
 
 

@@ -19,6 +19,7 @@ import torch
 from ...tokenizer import Tokenizer, get_tokenizer
 from ..result import Result
 from . import properties
+from .properties import Broken
 from .report import PieceError, PieceResult, found, run_reader
 
 # The opening of the book's text, Edith Wharton's "The Verdict" (1908).
@@ -81,6 +82,9 @@ def _check_simple(tok: Any, vocab: dict[str, int]) -> PieceResult:
     result.lines.append(f"encode: {len(got)} ids, glassgpt's split gives {len(want)}")
     if got != want:
         variants = {m: (lambda m=m: simple_encode(text, vocab, m)) for m in ("drops_unk", "drops_endoftext")}
+        broken = words_broken(got, want, text, vocab)
+        if broken is not None:
+            return found(result, broken, next((m for m, fn in variants.items() if fn() == got), None), MISTAKES)
         return _ids_differ(result, got, want, variants, {i: w for w, i in vocab.items()})
     back = run_reader(f"{type(tok).__name__}.decode", lambda: tok.decode(want))
     if back != simple_decode(want, vocab):
@@ -89,6 +93,33 @@ def _check_simple(tok: Any, vocab: dict[str, int]) -> PieceResult:
     result.finding = f"{kind} gives the book's ids and text" + (" (unknown words as <|unk|>, <|endoftext|> kept)."
                                                                if v2 else ".")
     return result
+
+
+def words_broken(got: list[int], want: list[int], text: str, vocab: dict[str, int]) -> Broken | None:
+    """A SimpleTokenizer's properties on the reader's ids: each is an id of the vocabulary; at the first
+    token that differs, the book's word there is a punctuation mark split off on its own, <|endoftext|>
+    kept as one token, or a word the vocabulary lacks read as <|unk|>."""
+    words = {i: w for w, i in vocab.items()}
+    bad = next((k for k, i in enumerate(got) if i not in words), None)
+    if bad is not None:
+        return Broken("ids_in_vocabulary", "tokens", f"token {bad}", f"token {bad} is {got[bad]}, no id of your "
+                      f"vocabulary (str_to_int's values): encode gives self.str_to_int[s] for each word")
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    if k >= len(want):
+        return None
+    book, yours = words[want[k]], (repr(words[got[k]]) if k < len(got) else "nothing")
+    if book == "<|endoftext|>":
+        return Broken("special_token", "tokens", f"token {k}", f"token {k} should be <|endoftext|>, kept as one "
+                      f"token ({want[k]}), yours is {yours}")
+    if book == "<|unk|>":
+        word = [w.strip() for w in re.split(SPLIT, text) if w.strip()][k]
+        return Broken("unknown_word", "tokens", f"token {k}", f"word {k} of the text, {word!r}, is not in your "
+                      f"vocabulary, so the book's encode reads it as '<|unk|>' ({want[k]}); yours gives {yours}")
+    if re.fullmatch(SPLIT, book):
+        return Broken("split", "tokens", f"token {k}", f"token {k} should be {book!r}, a punctuation mark split off "
+                      f"the word before it, yours is {yours}: split on punctuation, double dashes and spaces, "
+                      f"re.split(r'{SPLIT}', text)")
+    return None
 
 
 def _check_tiktoken_style(tok: Any, kind: str) -> PieceResult:
@@ -106,6 +137,9 @@ def _check_tiktoken_style(tok: Any, kind: str) -> PieceResult:
     result.views = {"reader_ids": got, "book_ids": want}
     if got != want:
         variants = {"drops_endoftext": lambda: [i for i in want if i != gpt2.eot_id]}
+        broken = bpe_broken(got, want, text, gpt2)
+        if broken is not None:
+            return found(result, broken, next((m for m, fn in variants.items() if fn() == got), None), MISTAKES)
         return _ids_differ(result, got, want, variants, None, gpt2)
     result.lines.append(f"encode: GPT-2's {len(want)} ids")
     back = run_reader(f"{type(tok).__name__}.decode", lambda: tok.decode(want))
@@ -114,6 +148,51 @@ def _check_tiktoken_style(tok: Any, kind: str) -> PieceResult:
     result.lines.append("decode(encode(text)) gives the text back")
     result.finding = f"{kind} gives GPT-2's ids, <|endoftext|> as 50256, and the text back."
     return result
+
+
+def bpe_broken(got: list[int], want: list[int], text: str, gpt2) -> Broken | None:
+    """A byte-level BPE's properties on the reader's ids for `text`: every id is in GPT-2's vocabulary;
+    <|endoftext|> is one token, 50256; GPT-2's decode of the ids gives the text back (else the character
+    where it first does not); the text is split as GPT-2's merges split it (else the first token that is not)."""
+    bad = next((k for k, i in enumerate(got) if not 0 <= int(i) < gpt2.n_vocab), None)
+    if bad is not None:
+        return Broken("ids_in_vocabulary", "tokens", f"token {bad}", f"token {bad} is {got[bad]}, outside GPT-2's "
+                      f"vocabulary of {gpt2.n_vocab:,} ids (0 to {gpt2.n_vocab - 1})")
+    eot = gpt2.eot_id
+    if eot in want and eot not in got:
+        k = want.index(eot)
+        c = text.index("<|endoftext|>")
+        if gpt2.decode(got) == text:
+            a, b = _token_at(got, c, gpt2), _token_at(got, c + len("<|endoftext|>") - 1, gpt2)
+            return Broken("special_token", "tokens", f"token {a}", f"<|endoftext|> (character {c}) is read as "
+                          f"{b - a + 1} ordinary tokens {got[a:b + 1]}, where it is one special token, {eot}: "
+                          f"tokenizer.encode(text, allowed_special={{\"<|endoftext|>\"}})")
+        return Broken("special_token", "tokens", f"token {k}", f"<|endoftext|> (character {c}) gives no token, "
+                      f"where it is one special token, {eot}")
+    back = gpt2.decode(got)
+    if back != text:
+        c = next((i for i, (a, b) in enumerate(zip(back, text)) if a != b), min(len(back), len(text)))
+        k = _token_at(got, c, gpt2)
+        return Broken("round_trip", "tokens", f"character {c}", f"your ids do not give the text back: GPT-2's decode "
+                      f"reads {back[max(0, c - 10):c + 10]!r} where the text is {text[max(0, c - 10):c + 10]!r}, "
+                      f"first at character {c} (token {k}); encode must keep every character, spaces included")
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    c = len(gpt2.decode(want[:k]))
+    yours = f"{got[k]} {gpt2.decode([got[k]])!r}" if k < len(got) else "nothing"
+    book = f"{want[k]} {gpt2.decode([want[k]])!r}" if k < len(want) else "nothing"
+    return Broken("merges", "tokens", f"token {k}", f"your ids spell the text, but split it otherwise from token {k} "
+                  f"(character {c}): yours {yours}, GPT-2's {book}; GPT-2 splits the text into words with its "
+                  f"pattern, then merges each word's bytes by its ranks: tiktoken.get_encoding(\"gpt2\")")
+
+
+def _token_at(ids: list[int], c: int, gpt2) -> int:
+    """The index of the token among `ids` whose text holds character c."""
+    seen = 0
+    for k, i in enumerate(ids):
+        seen += len(gpt2.decode([i]))
+        if seen > c:
+            return k
+    return len(ids)
 
 
 def _ids_differ(result: PieceResult, got: list[int], want: list[int], variants: dict, words: dict | None,
@@ -256,7 +335,8 @@ def _windows_differ(result, ids, got: Windows, want: Windows, max_length: int, s
                 f"{getattr(got, part)[k]}, the book's {getattr(want, part)[k]}")
     broken = properties.shift_broken(got.inputs, got.targets) if got.inputs else None
     if broken is None:  # where the windows sit: said after both windows are shown
-        broken = properties.window_starts(ids, got.inputs, max_length, stride)
+        broken = properties.window_starts(ids, got.inputs, max_length, stride) or \
+            properties.window_targets(ids, got.inputs, got.targets, max_length, stride)
         if broken is not None:
             broken.words = f"{what}; {broken.words}"
     if broken is not None:

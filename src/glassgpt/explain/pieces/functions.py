@@ -107,7 +107,9 @@ def check_generate(fn: Callable, kind: str) -> PieceResult:
             result.stage, result.where, result.mistake = "tokens", f"new token {k - idx.shape[1]}", mistake
             what = (f"with {_args(s, simple)}, new token {k - idx.shape[1]} first differs: yours "
                     f"{_at(got, k)}, glassgpt's {_at(want, k)}")
-            broken = greedy_pick(model, got, k, ctx, k - idx.shape[1]) if s["temperature"] == 0 else None
+            broken = prompt_kept(got, idx) or (
+                greedy_pick(model, got, k, ctx, k - idx.shape[1]) if s["temperature"] == 0 else
+                sampled_pick(model, got, k, ctx, k - idx.shape[1], s["top_k"]))
             if broken is not None:
                 return found(result, broken, mistake, MISTAKES)
             result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
@@ -131,11 +133,49 @@ def greedy_pick(model, got: torch.Tensor, k: int, ctx: int, new: int) -> Broken 
     if int(picks[-1]) == token:
         return None
     where = [p for p in range(picks.shape[0]) if int(picks[p]) == token]
+    context = got[:, :k]
+    crops = [(f"the first {ctx} tokens, idx[:, :context_size]", context[:, :ctx])] + \
+        [(f"the last {c} tokens, not the last context_size = {ctx}", context[:, -c:]) for c in range(ctx - 1, 0, -1)]
+    for said, crop in ([] if where else crops):
+        if crop.shape[1] < context.shape[1] and not torch.equal(crop, context[:, -ctx:]):
+            with torch.no_grad():
+                if int(model(crop)[0, -1].argmax()) == token:
+                    return Broken("context_crop", "tokens", f"new token {new}", f"new token {new} is {token}, the "
+                                  f"argmax after the context is cut to {said}; the model reads the last "
+                                  f"context_size tokens: idx_cond = idx[:, -context_size:]")
     said = (f"the argmax of position {where[0]}'s logits (of {picks.shape[0]})" if where else
             "the argmax of no position's logits")
     return Broken("greedy_argmax", "tokens", f"new token {new}", f"new token {new} is {token}, {said}; greedy "
                   f"decoding takes the argmax of the last position's, {int(picks[-1])}: "
                   f"torch.argmax(logits[:, -1, :], dim=-1)")
+
+
+def prompt_kept(got: torch.Tensor, idx: torch.Tensor) -> Broken | None:
+    """The output starts with the prompt: each new token is appended to idx, which is returned whole."""
+    n = idx.shape[1]
+    j = next((i for i in range(n) if i >= got.shape[1] or int(got[0, i]) != int(idx[0, i])), None)
+    if j is None:
+        return None
+    yours = str(int(got[0, j])) if j < got.shape[1] else "nothing"
+    return Broken("prompt_kept", "tokens", f"token {j} of the prompt", f"the output's token {j} is {yours} where the "
+                  f"prompt's is {int(idx[0, j])}: generate returns the prompt followed by the new tokens, each "
+                  f"appended to the context, idx = torch.cat((idx, idx_next), dim=1)")
+
+
+def sampled_pick(model, got: torch.Tensor, k: int, ctx: int, new: int, top_k: int | None) -> Broken | None:
+    """Sampling's property that one seed can check: with top_k, token k is among the k largest logits of the
+    last position before it."""
+    if not top_k or k >= got.shape[1]:
+        return None
+    with torch.no_grad():
+        logits = model(got[:, :k][:, -ctx:])[0, -1]
+    token = int(got[0, k])
+    rank = int((logits > logits[token]).sum())
+    if rank < top_k:
+        return None
+    return Broken("top_k", "tokens", f"new token {new}", f"new token {new} is {token}, ranked {rank + 1} among the "
+                  f"last position's logits, where top_k={top_k} keeps only the {top_k} largest: set the others to "
+                  f"-inf before the softmax, torch.where(logits < top_logits[:, -1], -inf, logits)")
 
 
 def _args(s: dict, simple: bool) -> str:
@@ -345,6 +385,9 @@ def check_collate(fn: Callable, kind: str) -> PieceResult:
                 mistake = next((m for m in ("no_ignore_index", "first_eot_masked", "not_shifted")
                                 if all(torch.equal(a.cpu(), b) for a, b in
                                        zip(got, collate_formula(COLLATE_BATCH, mistake=m, **kwargs)))), None)
+                broken = collate_broken(COLLATE_BATCH, got[0].cpu(), got[1].cpu(), kwargs.get("allowed_max_length"))
+                if broken is not None:
+                    return found(result, broken, mistake, MISTAKES)
                 row, col = _first_cell(g, w)
                 result.stage, result.where, result.mistake = part, f"row {row}, position {col}", mistake
                 what = (f"the {part} first differ at row {row}, position {col}: yours {g.tolist()[row]}, "
@@ -356,6 +399,57 @@ def check_collate(fn: Callable, kind: str) -> PieceResult:
     result.finding = f"{kind} pads with 50256, shifts the targets by one and masks the padding after the first " \
                      f"<|endoftext|> with -100, as the book's does."
     return result
+
+
+def collate_broken(batch, inputs: torch.Tensor, targets: torch.Tensor, allowed_max_length: int | None,
+                   pad_token_id: int = 50256, ignore_index: int = -100) -> Broken | None:
+    """custom_collate_fn's properties on the reader's own batch, in the order the book writes them: one row
+    per example, as long as the longest example (cut to allowed_max_length); each input row is its example
+    then pad_token_id; each target row is the input shifted by one, its first padding token kept and every
+    one after it ignore_index."""
+    longest = max(len(item) for item in batch)
+    length = longest if allowed_max_length is None else min(longest, allowed_max_length)
+    for part, t in (("inputs", inputs), ("targets", targets)):
+        if t.dim() != 2 or t.shape[0] != len(batch):
+            return Broken("batch_shape", part, "the batch", f"the {part} are {list(t.shape)}: one row per "
+                          f"example, [{len(batch)}, {length}], torch.stack(inputs_lst)")
+        if t.shape[1] != length:
+            cut = f", then cut to allowed_max_length={allowed_max_length}" if allowed_max_length else ""
+            prop = "truncation" if allowed_max_length is not None and t.shape[1] > length else "padded_length"
+            return Broken(prop, part, f"position {min(t.shape[1], length)}", f"the {part} are {t.shape[1]} long "
+                          f"where they should be {length}: padded to the longest example ({longest} tokens){cut}"
+                          + (", inputs[:allowed_max_length]" if prop == "truncation" else ""))
+    for r, item in enumerate(batch):
+        x, n = inputs[r].tolist(), len(item)
+        for p in range(length):
+            want = item[p] if p < n else pad_token_id
+            if x[p] != want:
+                prop, said = ("example", f"the example's own token {want}") if p < n else \
+                    ("pad_id", f"the padding token {pad_token_id} (<|endoftext|>)")
+                return Broken(prop, "inputs", f"row {r}, position {p}", f"input row {r} holds {x[p]} at position "
+                              f"{p} where it should hold {said}: padded = item + [pad_token_id] * "
+                              f"(longest - len(item)), inputs = padded[:-1]")
+    for r, item in enumerate(batch):
+        y, n = targets[r].tolist(), len(item)
+        for p in range(length):
+            if p < n - 1 and y[p] != item[p + 1]:
+                k = next((j for j in range(-1, 3) if p + j < n and y[p] == item[p + j]), None)
+                shown = "the input at the same position" if k == 0 else (
+                    f"the example's token {p + k}" if k is not None else "no token of the example near it")
+                return Broken("targets_shift", "targets", f"row {r}, position {p}", f"target row {r} holds {y[p]} "
+                              f"at position {p}, {shown}; the targets are the inputs shifted by one, so it should "
+                              f"be the next token {item[p + 1]}: targets = padded[1:]")
+            if p == n - 1 and y[p] != pad_token_id:
+                said = "it is masked with ignore_index" if y[p] == ignore_index else f"it holds {y[p]}"
+                return Broken("first_pad_kept", "targets", f"row {r}, position {p}", f"target row {r} should keep "
+                              f"the first padding token {pad_token_id} at position {p}, the end of its answer, but "
+                              f"{said}: the model must learn to stop, so mask only the padding after it")
+            if p >= n and y[p] != ignore_index:
+                return Broken("ignore_index", "targets", f"row {r}, position {p}", f"target row {r} holds {y[p]} "
+                              f"at position {p}, padding after the first {pad_token_id}, where it should hold "
+                              f"ignore_index ({ignore_index}) so that the loss leaves it out: "
+                              f"targets[indices[1:]] = ignore_index")
+    return None
 
 
 def _first_cell(g: torch.Tensor, w: torch.Tensor) -> tuple[int, int]:

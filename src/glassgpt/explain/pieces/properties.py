@@ -326,6 +326,23 @@ def window_starts(ids: list[int], inputs: list[list[int]], max_length: int, stri
     return None
 
 
+def window_targets(ids: list[int], inputs: list[list[int]], targets: list[list[int]], max_length: int,
+                   stride: int) -> Broken | None:
+    """Window k's targets are the max_length tokens that follow token k * stride by one: their length, and
+    each token (the last one too, which the shift of the inputs alone cannot see)."""
+    for k, y in enumerate(targets[:len(inputs)]):
+        if len(y) != max_length:
+            return Broken("target_length", "windows", f"window {k}", f"window {k}'s targets hold {len(y)} tokens, "
+                          f"not max_length {max_length}: target_chunk = token_ids[i + 1:i + max_length + 1]")
+        want = list(ids[k * stride + 1:k * stride + 1 + max_length])
+        if list(y) != want:
+            j = next(i for i, (a, b) in enumerate(zip(y, want)) if a != b)
+            return Broken("target_tokens", "windows", f"window {k}", f"window {k}'s target {j} is {y[j]}, not the "
+                          f"text's token {k * stride + 1 + j}, {want[j]}: target_chunk = token_ids[i + 1:i + "
+                          f"max_length + 1]")
+    return None
+
+
 # --- RoPE --------------------------------------------------------------------------------------------
 
 def rope_pairs(turned: torch.Tensor) -> list[int]:
