@@ -50,13 +50,13 @@ from ..config import known_fields
 from ..errors import ConfigError, PromptError
 from .gemma3 import hidden_positions
 from .layers import RopeTables, apply_rope
-from .sliding import WindowKVCache, check_layer_types
+from .sliding import LayerTypesConfig, WindowKVCache, check_layer_types
 
 ROPE_GLOBAL_TYPES = ("default", "proportional")
 
 
 @dataclass(frozen=True)
-class Gemma4Config:
+class Gemma4Config(LayerTypesConfig):
     """The notebook's get_gemma4_dense_config keys (its `dtype` is not a field: the weights carry theirs)."""
 
     vocab_size: int                   # V: 262,144
@@ -160,11 +160,6 @@ class Gemma4Config:
                 for t, src in zip(self.layer_types, self.kv_shared_from)]
 
     @property
-    def windows(self) -> list[int | None]:
-        """Each layer's window (None: a full layer)."""
-        return [self.sliding_window if t == "sliding_attention" else None for t in self.layer_types]
-
-    @property
     def tie_embeddings(self) -> bool:
         return self.tie_word_embeddings
 
@@ -172,17 +167,6 @@ class Gemma4Config:
     def rope_base(self) -> float:
         """The full layers' base (what `info` names; the sliding layers' is rope_local_base)."""
         return self.rope_global_base
-
-    @property
-    def num_classes(self) -> None:
-        return None
-
-    @property
-    def out_dim(self) -> int:
-        return self.vocab_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"layer_types": list(self.layer_types)}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "Gemma4Config":

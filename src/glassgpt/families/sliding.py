@@ -16,6 +16,7 @@ is what makes a 64k context affordable when three layers in four slide over 4,09
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
@@ -23,6 +24,28 @@ import torch
 from ..errors import ConfigError, PromptError
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+class LayerTypesConfig:
+    """What the bonus notebooks' configs (OLMo 3, Tiny Aya, Gemma 4) share beyond their own fields: each layer's
+    window from `layer_types` and `sliding_window`, a language model's head (no classes), and the dict they are
+    saved as (`layer_types` a list, as the notebook writes it)."""
+
+    @property
+    def windows(self) -> list[int | None]:
+        """Each layer's window (None: a full layer)."""
+        return [self.sliding_window if t == "sliding_attention" else None for t in self.layer_types]
+
+    @property
+    def num_classes(self) -> None:
+        return None
+
+    @property
+    def out_dim(self) -> int:
+        return self.vocab_size
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"layer_types": list(self.layer_types)}
 
 
 def check_layer_types(layer_types: object, n_layers: int, sliding_window: object) -> tuple[str, ...]:

@@ -33,11 +33,11 @@ from .. import anatomy as an
 from ..config import known_fields
 from ..errors import ConfigError, PromptError
 from .layers import FeedForward, RopeTables, describe_swiglu
-from .sliding import WindowKVCache, attention_weights, check_layer_types
+from .sliding import LayerTypesConfig, WindowKVCache, attention_weights, check_layer_types
 
 
 @dataclass(frozen=True)
-class TinyAyaConfig:
+class TinyAyaConfig(LayerTypesConfig):
     """The notebook's TINY_AYA_CONFIG keys (its `dtype` is not a field: the weights carry theirs)."""
 
     vocab_size: int
@@ -88,21 +88,6 @@ class TinyAyaConfig:
     def tie_embeddings(self) -> bool:
         """tie_word_embeddings, under the name the Qwen3/Llama readers ask for."""
         return self.tie_word_embeddings
-
-    @property
-    def windows(self) -> list[int | None]:
-        return [self.sliding_window if t == "sliding_attention" else None for t in self.layer_types]
-
-    @property
-    def num_classes(self) -> None:
-        return None
-
-    @property
-    def out_dim(self) -> int:
-        return self.vocab_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"layer_types": list(self.layer_types)}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TinyAyaConfig":
