@@ -425,16 +425,7 @@ def _build(module: nn.Module, layout: Layout) -> GPTModel:
     for name, tensor in layout.tensors.items():
         if name == "out_head.weight" and cfg.tie_embeddings:
             continue
-        owner, _, leaf = name.rpartition(".")
-        target = glass.get_submodule(owner) if _has_submodule(glass, owner) else None
-        expected = getattr(target, leaf, None)
-        if expected is None:
-            raise GlassError(f"{type(module).__name__} has a tensor glassgpt's GPT-2 does not: {name} "
-                             f"{list(tensor.shape)}")
-        if expected.shape != tensor.shape:
-            raise GlassError(f"{type(module).__name__}: {name} is {list(tensor.shape)} but its config "
-                             f"({_config_line(cfg)}) wants {list(expected.shape)}")
-        setattr(target, leaf, nn.Parameter(tensor.detach(), requires_grad=False))  # a view: nothing copied
+        _assign_view(glass, module, name, tensor, "GPT-2", f" ({_config_line(cfg)})")
         assigned.add(name)
     glass.tie_weights()
     for blk in glass.trf_blocks:
@@ -457,7 +448,23 @@ def _build_family(module: nn.Module, layout: Layout) -> nn.Module:
     return glass
 
 
-def _has_submodule(glass: GPTModel, path: str) -> bool:
+def _assign_view(glass: nn.Module, module: nn.Module, name: str, tensor: torch.Tensor, model: str,
+                 config: str = "") -> None:
+    """glass's parameter `name` made a view of the module's `tensor` (nothing copied), or one line: a tensor the
+    glass `model` has no place for, or one of another shape than its config (`config`: that config, said)."""
+    owner, _, leaf = name.rpartition(".")
+    target = glass.get_submodule(owner) if _has_submodule(glass, owner) else None
+    expected = getattr(target, leaf, None)
+    if not isinstance(expected, torch.Tensor):
+        raise GlassError(f"{type(module).__name__} has a tensor glassgpt's {model} does not: {name} "
+                         f"{list(tensor.shape)}")
+    if expected.shape != tensor.shape:
+        raise GlassError(f"{type(module).__name__}: {name} is {list(tensor.shape)} but its config{config} wants "
+                         f"{list(expected.shape)}")
+    setattr(target, leaf, nn.Parameter(tensor.detach(), requires_grad=False))  # a view: nothing copied
+
+
+def _has_submodule(glass: nn.Module, path: str) -> bool:
     try:
         glass.get_submodule(path)
         return True
@@ -726,19 +733,7 @@ def build_family_glass(module: nn.Module, cfg: FamilyConfig, tensors: dict[str, 
     for name, tensor in tensors.items():
         if name == "out_head.weight" and cfg.tie_embeddings:
             continue
-        owner, _, leaf = name.rpartition(".")
-        try:
-            target = glass.get_submodule(owner)
-        except AttributeError:
-            target = None
-        expected = getattr(target, leaf, None)
-        if not isinstance(expected, torch.Tensor):
-            raise GlassError(f"{type(module).__name__} has a tensor glassgpt's {cfg.family} does not: {name} "
-                             f"{list(tensor.shape)}")
-        if expected.shape != tensor.shape:
-            raise GlassError(f"{type(module).__name__}: {name} is {list(tensor.shape)} but its config wants "
-                             f"{list(expected.shape)}")
-        setattr(target, leaf, nn.Parameter(tensor.detach(), requires_grad=False))  # a view: nothing copied
+        _assign_view(glass, module, name, tensor, cfg.family)
     glass.tie_weights()
     missing = [n for n, p in glass.named_parameters() if p.is_meta]
     if missing:
