@@ -147,6 +147,19 @@ def test_a_checkpoint_replaced_while_it_is_read_keeps_its_own_files(saver):
     assert saved_step(read_checkpoint(saver.run, read)) == 1
 
 
+def test_a_file_seen_missing_while_a_save_moved_the_checkpoint_is_looked_for_again(saver, monkeypatch):
+    """The race CI met at stop 53: `run` resolved to latest/ (best/ and .best.old/ were between a save's
+    renames when looked at), then to best/ (so latest/'s missing tokenizer.model was "replaced"), then
+    to latest/ again. Deciding twice made that a false "tokenizer.model went away while it was read";
+    decided once, the read is made again and finds no tokenizer.model (GPT-2's is meant)."""
+    real = glassgpt_format.resolve_checkpoint_dir
+    seen = [saver.run / "latest", saver.run / "best", saver.run / "latest"]
+    monkeypatch.setattr(glassgpt_format, "resolve_checkpoint_dir",
+                        lambda spec: seen.pop(0) if seen else real(spec))
+    assert glassgpt_format.read_checkpoint_file(saver.run, "tokenizer.model", lambda f: f) is None
+    assert not seen
+
+
 def test_the_first_save_under_way_is_waited_for(tmp_path, monkeypatch):
     saver = Saver(tmp_path / "run")
     (saver.run / ".latest.tmp-abc").mkdir()  # the first save, started

@@ -156,8 +156,8 @@ def read_checkpoint_file(spec: str | os.PathLike, name: str, read: Callable[[Dir
             if (ckpt / "train_state.json").is_file():
                 verify_checkpoint(ckpt, (name,))
             return read(ckpt / name)
-        if _replaced(spec, ckpt):
-            raise CheckpointError(f"{ckpt}/{name} went away while it was read")
+        if _replaced(spec, ckpt):  # decided here, once: a second look may see another moment of the save
+            raise _SaveUnderWay(CheckpointError(f"{ckpt}/{name} went away while it was read"))
         return None
     return read_checkpoint(spec, read_file)
 
