@@ -157,3 +157,27 @@ def test_attention_weights_of_a_model_with_linear_attention_layers_are_refused_i
     from glassgpt.errors import GlassError
     with pytest.raises(GlassError, match="layers 0, 2, 3 are linear attention .*: trace it without --attention"):
         trace(model_of(ROTARY["qwen3_5"]), TOK, TEXT, options=TraceOptions(attention=True))
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "olmo3", "tiny_aya"])
+def test_every_rotary_models_attention_weights_come_from_its_description_and_match_its_own_attention(kind):
+    """Each layer's weights by its description (its QK-norm module, RoPE or none, window, scale): the rows sum to 1,
+    a sliding layer's last row sees its window, and (checked inside the trace) times the values they give the
+    context the layer's own attention handed its out projection."""
+    model = model_of(ROTARY[kind])
+    tr = trace(model, TOK, TEXT, options=TraceOptions(attention=True))
+    weights = torch.tensor(tr.attention_weights["layers"])  # [n_layers, h, t, t]
+    t, windows = weights.shape[-1], [block.attention.window for block in describe(model).blocks]
+    assert t > 4 and None in windows and 4 in windows
+    torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5, rtol=0)
+    assert [int((weights[i, 0, -1] > 0).sum()) for i in range(len(windows))] == [w or t for w in windows]
+
+
+def test_attention_weights_that_do_not_give_the_layers_own_context_are_refused_in_one_line():
+    """A module whose attention scales its scores otherwise than its description says is named, not drawn."""
+    from glassgpt.errors import GlassError
+    model = model_of(ROTARY["gemma3"])
+    model.blocks[1].att.scaling = 1.0  # its description says query_pre_attn_scalar ** -0.5
+    with pytest.raises(GlassError, match="layer 1: the attention weights its description gives do not reproduce its "
+                                         "own attention .*: trace it without --attention"):
+        trace(model, TOK, TEXT, options=TraceOptions(attention=True))
