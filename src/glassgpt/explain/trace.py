@@ -62,7 +62,7 @@ class Stage:
     name: str                       # stable: tokens, tok_emb, pos_emb, embeddings, trf_blocks.N, ...
     module: str                     # what computes it, e.g. "nn.Embedding(50257, 768)"
     shape: list[int]                # the real output tensor's shape
-    dtype: str
+    dtype: str = ""                 # (the rotary flow's stages say none)
     weight_shape: list[int] | None = None
     params: int = 0                 # parameters of the module that computes this stage
     transition: str | None = None   # vocab->hidden, hidden->vocab, hidden->classes, or None
@@ -71,9 +71,24 @@ class Stage:
     input_shape: list[int] | None = None
     shared_with: str | None = None  # "tok_emb.weight" when out_head's weight is the same tensor
 
+    def __getitem__(self, key: str) -> Any:
+        """stage["name"], as a rotary trace's stages were read when they were dicts."""
+        return getattr(self, key)
+
+
+ROTARY_ONLY = ("positions", "weights", "answers", "block", "temperature")  # not in a learned-positions trace's JSON
+
 
 @dataclass
 class Trace(Result):
+    """One prompt's way through any model glassgpt.describe reads, the result of both paths.
+
+    `positions` (the description's: "learned", "rope" or "none") says which flow `stages` holds: with learned
+    positions, tok_emb + pos_emb and every module of the opened block; with positions inside the attention, the
+    rotary flow (ids, tok_emb, queries, keys and values, the groups, ff, final_norm, out_head), its heads and
+    where positions enter in `attention`, its four answers in `answers`. The rest reads alike for both: the
+    model's facts, the tokens, the next token and its top_k, the head's dot products, the logit lens, the notes."""
+
     model: dict[str, Any]
     prompt: str
     tokens: list[dict[str, Any]]
@@ -83,17 +98,58 @@ class Trace(Result):
     head: dict[str, Any] | None = None           # the logits as dot products (head.py)
     embedding_check: dict[str, Any] | None = None
     logit_lens: dict[str, Any] | None = None
-    attention: dict[str, Any] | None = None
+    attention: dict[str, Any] | None = None      # learned: the weights, when asked; rotary: the heads and RoPE
     modules: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. what was kept of a prompt over the context
+    positions: str = "learned"
+    weights: dict[str, Any] | None = None        # rotary: the attention weights, when asked (learned: `attention`)
+    answers: dict[str, Any] | None = None        # rotary: the four questions, as facts
+    block: int = 0                               # the block opened up (rotary: whose shapes the stages show)
+    temperature: float = 1.0                     # what the last logits were divided by before the softmax
+
+    @property
+    def rotary(self) -> bool:
+        """Positions enter inside the attention (RoPE: Qwen3, Llama 3.2, ...), not as a learned pos_emb."""
+        return self.positions != "learned"
+
+    @property
+    def attention_weights(self) -> dict[str, Any] | None:
+        """Every layer's attention weights, when asked: shape [n_layers, h, t, t], tokens, layers (and groups)."""
+        return self.weights if self.rotary else self.attention
+
+    @property
+    def next_tokens(self) -> list[dict[str, Any]]:
+        """The top_k next tokens, most probable first: id, text, prob."""
+        return self.next_token["top"]
+
+    @property
+    def family(self) -> str | None:
+        return self.model.get("family")
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.model["config"]
+
+    @property
+    def about(self) -> dict[str, Any]:
+        """What the weights cannot tell: name, random_weights, notes."""
+        return {k: self.model.get(k) for k in ("name", "random_weights", "notes")}
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON: each kind with the keys its page and the CLI read (a rotary trace's as its own part, named)."""
         out = asdict(self)
+        if self.rotary:
+            return {"family": self.family, "config": out["model"]["config"], "tokens": [t["text"] for t in self.tokens],
+                    "stages": [{k: s[k] for k in ("name", "module", "shape", "note")} for s in out["stages"]],
+                    "attention": out["attention"], "answers": out["answers"], "params": out["params"],
+                    "next_tokens": out["next_token"]["top"], "head": out["head"], "logit_lens": out["logit_lens"],
+                    "attention_weights": out["weights"], "about": self.about, "block": self.block,
+                    "temperature": self.temperature, "notes": out["notes"]}
         out["stages"] = [{k: v for k, v in asdict(s).items() if v is not None} for s in self.stages]
-        return {k: v for k, v in out.items() if v is not None}
+        return {k: v for k, v in out.items() if v is not None and k not in ROTARY_ONLY}
 
     def to_text(self, color: bool = False, attention_layer: int | None = None, heatmap: str | None = None) -> str:
         """The terminal view (views/text.py)."""
@@ -104,14 +160,14 @@ class Trace(Result):
 
 def trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
           options: TraceOptions | None = None, about: About | Source | None = None,
-          cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace | FamilyTrace:
+          cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace:
     """Run `text` (or token `ids`) through `model` once and record every stage from the real tensors.
     (trace_with_logits: the same, and the last position's logits from the same forward pass.)
 
     model: any model object glassgpt.describe reads (glassgpt's, the book's, nanoGPT's, transformers'),
     read in place. Where its description puts the positions inside the attention (RoPE: Qwen3, Llama 3.2, ...)
-    the result is the rotary trace (a FamilyTrace, below: its stages, heads and groups, under the same
-    options, `about`, `cancel` and `progress`); with learned positions, a Trace.
+    the Trace holds the rotary flow (below: its stages, heads and groups, under the same options, `about`,
+    `cancel` and `progress`); with learned positions, GPT-2's.
 
     ids: token ids instead of text, e.g. a prompt extended one generated token at a time
     (re-encoding the decoded text could merge pieces differently).
@@ -130,7 +186,7 @@ def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None =
                       ids: list[int] | None = None, options: TraceOptions | None = None,
                       about: About | Source | None = None,
                       cancel: threading.Event | None = None, progress: Progress | None = None
-                      ) -> tuple[Trace | FamilyTrace, torch.Tensor]:
+                      ) -> tuple[Trace, torch.Tensor]:
     """trace(...), and the last position's logits `[V]` (or `[classes]`) of its one forward pass."""
     opt, named = options or TraceOptions(), about
     about = about.about() if isinstance(about, Source) else about or About()  # a Source says its About
@@ -170,7 +226,8 @@ def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None =
         head=head_products(model, rec.seen["final_norm"][0, -1], logits[0, -1], [t["id"] for t in top_list],
                            prompt.ids, label),
         notes=[n for n in (adopted_from(model), prompt.note, reading_line(cfg.num_classes, about.reading, prompt)) if n]
-        + ([f"the description's changes from GPT-2: {'; '.join(changed)}", kv_line(cfg, logits.dtype)] if changed else []))
+        + ([f"the description's changes from GPT-2: {'; '.join(changed)}", kv_line(cfg, logits.dtype)] if changed else []),
+        block=opt.block, temperature=opt.temperature)
     if opt.attention:
         result.attention = {"shape": [cfg.n_layers, cfg.n_heads, len(prompt.ids), len(prompt.ids)],  # the data's own
                             "tokens": [tk["text"] for tk in result.tokens],
@@ -529,31 +586,7 @@ FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "qwe
                 "tiny_aya": "Tiny Aya", "gemma4": "Gemma 4"}
 
 
-@dataclass
-class FamilyTrace(Result):
-    family: str
-    config: dict[str, Any]
-    tokens: list[str]
-    stages: list[dict[str, Any]]          # name, module, shape, note: in the order the forward pass ran them
-    attention: dict[str, Any]             # the heads: q and k/v shapes, the group sharing, RoPE
-    answers: dict[str, Any]               # the four questions, as facts
-    params: dict[str, Any]
-    next_tokens: list[dict[str, Any]] = field(default_factory=list)
-    head: dict[str, Any] | None = None               # the logits as dot products h . W[id] (head.py)
-    logit_lens: dict[str, Any] | None = None         # the top token at every position after every block
-    attention_weights: dict[str, Any] | None = None  # shape [n_layers, h, t, t], tokens, groups, layers
-    about: dict[str, Any] = field(default_factory=dict)  # name, random_weights, notes: what the weights cannot tell
-    block: int = 0                                   # the block whose modules the stages' shapes were read from
-    temperature: float = 1.0                         # what the last logits were divided by before the softmax
-    notes: list[str] = field(default_factory=list)   # as Trace.notes: e.g. what was kept of a prompt over the context
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @property
-    def next_token(self) -> dict[str, Any]:
-        """The most probable next token (as Trace.next_token names it): id, text, prob."""
-        return self.next_tokens[0]
+FamilyTrace = Trace  # the rotary trace's result, by its earlier name: one type for every model
 
 
 class RecordingCache:
@@ -585,7 +618,7 @@ class RecordingCache:
 
 
 def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, top_k: int = 5, *,
-                 ids: list[int] | None = None, attention: bool = False, logit_lens: bool = False) -> FamilyTrace:
+                 ids: list[int] | None = None, attention: bool = False, logit_lens: bool = False) -> Trace:
     """Run `text` (or its token `ids`, as the web page sends them) through a Qwen3Model or Llama3Model once
     and keep what each stage looked like; with `attention`, every query head's weights, with `logit_lens`, the
     top token after every block (as GPT-2's trace takes them: TraceOptions' attention and logit_lens)."""
@@ -597,7 +630,7 @@ def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
 def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
                  options: TraceOptions | None = None, about: About | None = None,
                  cancel: threading.Event | None = None, progress: Progress | None = None
-                 ) -> tuple[FamilyTrace, torch.Tensor]:
+                 ) -> tuple[Trace, torch.Tensor]:
     """family_trace(...) under every TraceOptions (top_k, temperature, block, logit_lens, attention,
     embedding_check), `about`, `cancel` and `progress` as trace() reads them; and the last position's logits
     `[V]` of its one forward pass. The modules and sizes are found through the model's description, not by its
@@ -605,7 +638,7 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     opt, about = options or TraceOptions(), about or About()
     cfg, anatomy = model.cfg, describe(model)
     if opt.attention:
-        _check_weights_traceable(model, anatomy)
+        _check_weights_traceable(anatomy)
     device = model.get_submodule(anatomy.embedding.path).weight.device
     ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=device)  # [1, t]
     opened = anatomy.blocks[opt.block]
@@ -634,31 +667,36 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     probs = _probs(logits[:, -1, :], opt.temperature)[0]  # [V]
     top = probs.topk(min(opt.top_k, V))
     next_tokens = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
-    tokens = [tokenizer.decode([int(i)]) for i in ids[0]]
+    tokens = [{"id": int(i), "text": tokenizer.decode([int(i)])} for i in ids[0]]
     groups = [j // (h // g) for j in range(h)]
-    tr = FamilyTrace(
-        family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
-        stages=_rotary_stages(anatomy, att, opened.ff, seen, q_shape, list(k.shape), linear_stages(anatomy, b)),
-        attention=_heads_and_positions(anatomy, att, q_shape, list(k.shape)),
-        answers=four_answers(model, ids, one_hot=False), params=parameter_table(cfg), next_tokens=next_tokens,
+    text = tokenizer.decode(ids[0].tolist())
+    tr = Trace(
+        model={"name": about.name, "random_weights": about.random_weights, "notes": list(about.notes),
+               "family": cfg.family, "config": cfg.to_dict()},
+        prompt=text, tokens=tokens,
+        stages=[Stage(**stage) for stage in _rotary_stages(anatomy, att, opened.ff, seen, q_shape, list(k.shape),
+                                                           linear_stages(anatomy, b))],
+        params=parameter_table(cfg),
+        next_token={"top": next_tokens, **next_tokens[0], "kind": "token", "temperature": opt.temperature,
+                    "text_after": text + next_tokens[0]["text"]},
         head=head_products(model, seen[anatomy.final_norm.path][0, -1], logits[0, -1],
                            [n["id"] for n in next_tokens], ids[0].tolist(), label),
-        about={"name": about.name, "random_weights": about.random_weights, "notes": list(about.notes)},
-        block=opt.block, temperature=opt.temperature)
+        attention=_heads_and_positions(anatomy, att, q_shape, list(k.shape)), positions=anatomy.positions.kind,
+        answers=four_answers(model, ids, one_hot=False), block=opt.block, temperature=opt.temperature)
     if opt.logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
         tr.logit_lens = logit_lens_of(model, [seen[block.path][1] for block in anatomy.blocks], logits, label,
                                       rec.step)
     if opt.attention:
-        tr.attention_weights = {"shape": [n_layers, h, t, t], "tokens": tokens, "groups": groups,
-                                "layers": _attention_layers(model, anatomy, seen, cache.seen)}
+        tr.weights = {"shape": [n_layers, h, t, t], "tokens": [tk["text"] for tk in tokens], "groups": groups,
+                      "layers": _attention_layers(model, anatomy, seen, cache.seen)}
     if opt.embedding_check:
         rec.check()
-        tr.answers["one_hot"] = check_embedding_is_linear(model, ids, timing=False)
+        tr.answers["one_hot"] = tr.embedding_check = check_embedding_is_linear(model, ids, timing=False)
         rec.step("embedding_check")
     return tr, logits[0, -1]
 
 
-def _check_weights_traceable(model: nn.Module, anatomy: an.Anatomy) -> None:
+def _check_weights_traceable(anatomy: an.Anatomy) -> None:
     """Refuse, in one line, the attention weights attention_of cannot compute for this model."""
     linear = [block.index for block in anatomy.blocks if block.attention.kind == "linear"]
     if linear:  # Qwen3.5's Gated DeltaNet layers: a state, no weights over the positions
