@@ -11,8 +11,9 @@ changes are marked `vocab->hidden` (tok_emb) and `hidden->vocab` (out_head; `hid
 for a classifier), with the weight matrix behind each.
 
 A model whose positions enter inside the attention (RoPE: Qwen3, Llama 3.2, Gemma 3, Qwen3.5, OLMo 3, Tiny
-Aya) gets the rotary trace at the end of this file, a FamilyTrace: its stages, the four answers, the key/value
-groups and RoPE, under the same options. A Trace is data (`to_dict` for JSON); text.py and diagram.py describe it. What to trace is a
+Aya, Gemma 4) gets the rotary trace at the end of this file, the same Trace type holding its stages, the four
+answers, the key/value groups and RoPE, under the same options. The modules, sizes and formulas come from the
+model's description (anatomy.py) and formulas.py, never from a model file. A Trace is data (`to_dict` for JSON); text.py and diagram.py describe it. What to trace is a
 `TraceOptions`; what the weights cannot say about the model (its name, random or trained, its
 labels) is an `About`. Same shape letters as model.py: b, t, d, h, hd, V.
 """
@@ -669,20 +670,12 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     next_tokens = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
     tokens = [{"id": int(i), "text": tokenizer.decode([int(i)])} for i in ids[0]]
     groups = [j // (h // g) for j in range(h)]
-    text = tokenizer.decode(ids[0].tolist())
-    tr = Trace(
-        model={"name": about.name, "random_weights": about.random_weights, "notes": list(about.notes),
-               "family": cfg.family, "config": cfg.to_dict()},
-        prompt=text, tokens=tokens,
-        stages=[Stage(**stage) for stage in _rotary_stages(anatomy, att, opened.ff, seen, q_shape, list(k.shape),
-                                                           linear_stages(anatomy, b))],
-        params=parameter_table(cfg),
-        next_token={"top": next_tokens, **next_tokens[0], "kind": "token", "temperature": opt.temperature,
-                    "text_after": text + next_tokens[0]["text"]},
-        head=head_products(model, seen[anatomy.final_norm.path][0, -1], logits[0, -1],
-                           [n["id"] for n in next_tokens], ids[0].tolist(), label),
-        attention=_heads_and_positions(anatomy, att, q_shape, list(k.shape)), positions=anatomy.positions.kind,
-        answers=four_answers(model, ids, one_hot=False), block=opt.block, temperature=opt.temperature)
+    tr = _rotary_result(model, tokenizer, about, opt, ids, tokens, next_tokens)
+    tr.stages = [Stage(**stage) for stage in _rotary_stages(anatomy, att, opened.ff, seen, q_shape, list(k.shape),
+                                                            linear_stages(anatomy, b))]
+    tr.attention = _heads_and_positions(anatomy, att, q_shape, list(k.shape))
+    tr.head = head_products(model, seen[anatomy.final_norm.path][0, -1], logits[0, -1],
+                            [n["id"] for n in next_tokens], ids[0].tolist(), label)
     if opt.logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
         tr.logit_lens = logit_lens_of(model, [seen[block.path][1] for block in anatomy.blocks], logits, label,
                                       rec.step)
@@ -694,6 +687,21 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
         tr.answers["one_hot"] = tr.embedding_check = check_embedding_is_linear(model, ids, timing=False)
         rec.step("embedding_check")
     return tr, logits[0, -1]
+
+
+def _rotary_result(model: nn.Module, tokenizer: Tokenizer, about: About, opt: TraceOptions, ids: torch.Tensor,
+                   tokens: list[dict[str, Any]], next_tokens: list[dict[str, Any]]) -> Trace:
+    """The rotary trace's Trace before its stages, heads and panels: the model's facts, the tokens, the next token
+    and its top_k, the parameters, the four answers (the one-hot proof added where asked)."""
+    cfg, text = model.cfg, tokenizer.decode(ids[0].tolist())
+    return Trace(
+        model={"name": about.name, "random_weights": about.random_weights, "notes": list(about.notes),
+               "family": cfg.family, "config": cfg.to_dict()},
+        prompt=text, tokens=tokens, stages=[], params=parameter_table(cfg),
+        next_token={"top": next_tokens, **next_tokens[0], "kind": "token", "temperature": opt.temperature,
+                    "text_after": text + next_tokens[0]["text"]},
+        positions=describe(model).positions.kind, answers=four_answers(model, ids, one_hot=False), block=opt.block,
+        temperature=opt.temperature)
 
 
 def _check_weights_traceable(anatomy: an.Anatomy) -> None:
