@@ -150,3 +150,26 @@ def test_export_of_a_variant_is_one_line(tmp_path, capsys):
         "error: glassgpt does not export a GPT-2 with grouped-query attention yet: --format pth writes the book's "
         "class's state dict, and that layout has no place for what it changes"]
     assert not (tmp_path / "out.pth").exists()
+
+
+def test_check_builds_a_readers_port_from_the_same_config_json(tmp_path, capsys):
+    # the repository's GPTModel(cfg) takes the config dict: `check --config` hands it the file --model opens
+    port = tmp_path / "my_gqa.py"
+    port.write_text("from glassgpt.variants import config_from_dict, gqa\n\n\n"
+                    "class GPTModel(gqa.GPTModel):\n"
+                    "    def __init__(self, cfg: dict):\n"
+                    "        super().__init__(config_from_dict(cfg))\n", encoding="utf-8")
+    spec = config_file(tmp_path, REPOSITORY_CONFIGS["gqa"])
+    code, out, err = run(["check", f"{port}:GPTModel", "--config", spec], capsys)
+    assert code == 0, out + err
+    assert out.startswith("glassgpt check: KV cache") and "your cache changes nothing" in out
+
+
+def test_eval_of_a_variant_is_one_line_naming_what_reads_it(tmp_path, capsys):
+    spec = config_file(tmp_path, REPOSITORY_CONFIGS["mla"])
+    text = tmp_path / "text.txt"
+    text.write_text("Every effort moves you toward the end of the day. " * 20, encoding="utf-8")
+    code, out, err = run(["eval", "--model", spec, "--data", str(text), "--context-length", "16"], capsys)
+    lines = [line for line in err.strip().splitlines() if not line.startswith(("note:", "threads:"))]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "one of chapter 4's variants" in lines[0] and "trace, why, check and generate do" in lines[0]
