@@ -291,6 +291,12 @@ def test_the_description_agrees_with_the_module_and_names_what_gemma4_adds(tmp_p
     assert anatomy.blocks[0].attention.scale == 1.0 and anatomy.head.softcap == 30.0 and anatomy.head.tied
     assert anatomy.embedding.scale == pytest.approx(32 ** 0.5)
     assert anatomy.embedding.per_layer == "embed_tokens_per_layer"
+    # the weightless value norm, a shared layer's its source's; layer_scalar, one stored number per block
+    assert [b.attention.v_norm.path for b in anatomy.blocks[2:4]] == ["blocks.2.att.v_norm", "blocks.1.att.v_norm"]
+    assert anatomy.blocks[0].attention.v_norm.weight is None and anatomy.blocks[0].attention.v_norm.kind == "rmsnorm"
+    assert {b.output_scale for b in anatomy.blocks} == {"layer_scalar"}
+    own = anatomy.blocks[0].per_layer_input
+    assert (own.gate.out_features, own.projection.in_features, anatomy.embedding.per_layer_inputs.n_layers) == (8, 8, 6)
 
 
 def test_a_description_of_a_wrong_norm_or_head_size_is_found():
@@ -299,6 +305,17 @@ def test_a_description_of_a_wrong_norm_or_head_size_is_found():
     from dataclasses import replace
     wrong_norm = replace(anatomy, final_norm=replace(anatomy.final_norm, kind="rmsnorm_plus_one"))
     assert description_mismatches(model, wrong_norm) != []
+    att = anatomy.blocks[0].attention  # a value norm described with a weight, or a block scale that is not there
+    with_weight = replace(anatomy, blocks=(replace(anatomy.blocks[0], attention=replace(
+        att, v_norm=replace(att.v_norm, weight="weight"))),) + anatomy.blocks[1:])
+    assert description_mismatches(model, with_weight) == ["norm blocks.0.att.v_norm: its 'weight' is None, described [8]"]
+    no_scalar = replace(anatomy, blocks=(replace(anatomy.blocks[0], output_scale="scalar"),) + anatomy.blocks[1:])
+    assert description_mismatches(model, no_scalar) == [
+        "block blocks.0: no one-number tensor 'scalar', described as the scale of its output"]
+    from glassgpt.families.gemma4 import Gemma4RMSNorm
+    model.blocks[0].att.v_norm = Gemma4RMSNorm(8, with_scale=True)  # a module with a scale, described without
+    assert description_mismatches(model, anatomy) == [
+        "norm blocks.0.att.v_norm: holds 'weight', described without a weight"]
     block = anatomy.blocks[1]
     wrong_head = replace(anatomy, blocks=(anatomy.blocks[0], replace(block, attention=replace(
         block.attention, head_dim=8, n_heads=4))) + anatomy.blocks[2:])
