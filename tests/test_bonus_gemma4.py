@@ -379,16 +379,33 @@ def test_glassgpt_info_counts_the_parameters_and_the_cache_of_the_layers_that_ke
 
 
 
-def test_why_refuses_gemma4_in_one_line_naming_its_per_layer_inputs(tokenizer_json):
-    """why splits a logit over the writes of the blocks' parts; Gemma 4's blocks also add per-layer inputs and
-    scale their output, which why has no parts for: refused, never a split that does not sum."""
+def test_why_splits_the_logit_of_glassgpts_and_transformers_gemma4_exactly(tokenizer_json):
+    """why's parts (each block's per-layer input one of them, every write of block i times layer_scalar i ... L-1)
+    sum to the model's own logit within 1e-4 of it (tests/test_why_models.py's bound), on transformers' module read
+    in place and on the glass class, with each head's shares of the prompt summing to its term (kv-shared layers:
+    the shares of their source layer's values)."""
     tok = TokenizerJson(tokenizer_json, "gemma4")
     glass = Gemma4DenseModel(tiny_config(vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB))
-    for model in (randomised(hf_gemma4()), glass):
-        with pytest.raises(GlassError, match=r"why does not split Gemma 4's logit yet: its blocks add per-layer "
-                                             r"inputs .* trace and explain read it") as err:
-            glassgpt.why(model, tok, "The quick brown fox")
-        assert "\n" not in str(err.value)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in glass.parameters():
+            p.copy_(torch.rand(p.shape) + 0.5 if p.dim() == 1 else torch.randn(p.shape) * 0.3)
+        for b in glass.blocks:
+            b.layer_scalar.uniform_(0.5, 1.5)
+    ids = tok.encode("The quick brown fox")
+    for model in (randomised(hf_gemma4()), glass.eval()):
+        with torch.no_grad():
+            out = model(torch.tensor([ids]))
+        logits = (out.logits if hasattr(out, "logits") else out)[0, -1].double()
+        w = glassgpt.why(model, tok, "The quick brown fox")
+        a = int(logits.argmax())
+        assert w.target["id"] == a
+        assert abs(sum(p["value"] for p in w.parts) - float(logits[a])) <= 1e-4 * max(1.0, abs(float(logits[a])))
+        assert sum(p["name"].endswith(".per_layer") for p in w.parts) == 6
+        for layer, terms in zip(w.by_source, w.heads):
+            for shares, term in zip(layer, terms):
+                assert abs(sum(shares) - term) <= 1e-5 * max(1.0, abs(term))
+
 
 # --- bad input: one line each ---------------------------------------------------------------------
 
