@@ -9,12 +9,17 @@ property named, with no "no known mistake" in the finding.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader
 
 import glassgpt
+from glassgpt.explain.pieces.data import BOOK_TEXT, SPLIT
+from glassgpt.tokenizer import get_tokenizer
 from llms_from_scratch import ch02, ch04, ch05, ch06, ch07
 
 
@@ -105,6 +110,70 @@ for fn in (collate_float_ids, collate_pad_written_in):
     rename(fn, "custom_collate_fn")
 
 
+# --- chapter 2: the tokenizer and the windows ----------------------------------------------------------------
+
+class SimpleTokenizerV2:  # the book's chapter 2 listing (it is not in llms_from_scratch)
+    def __init__(self, vocab):
+        self.str_to_int = vocab
+        self.int_to_str = {i: s for s, i in vocab.items()}
+
+    def encode(self, text):
+        preprocessed = [item.strip() for item in re.split(SPLIT, text) if item.strip()]
+        return [self.str_to_int.get(s, self.str_to_int["<|unk|>"]) for s in preprocessed]
+
+    def decode(self, ids):
+        return re.sub(r'\s+([,.:;?!"()\'])', r'\1', " ".join(self.int_to_str[i] for i in ids))
+
+
+class TokenizerLowercases(SimpleTokenizerV2):
+    def encode(self, text):
+        return super().encode(text.lower())  # planted: the text lowercased first
+
+
+class TokenizerEndsEveryText(SimpleTokenizerV2):
+    def encode(self, text):
+        return super().encode(text) + [self.str_to_int["<|endoftext|>"]]  # planted: an <|endoftext|> added
+
+
+def simple_vocab():
+    words = sorted(set(w.strip() for w in re.split(SPLIT, BOOK_TEXT + " do you like tea? In the sunlit terraces of")
+                       if w.strip()))
+    return {w: i for i, w in enumerate(words + ["<|endoftext|>", "<|unk|>"])}
+
+
+class DatasetLowercases(ch02.GPTDatasetV1):
+    def __init__(self, txt, tokenizer, max_length, stride):
+        super().__init__(txt.lower(), tokenizer, max_length, stride)  # planted: the text lowercased
+
+
+def loader_always_shuffles(txt, batch_size=4, max_length=256, stride=128, shuffle=True, drop_last=True,
+                           num_workers=0):
+    torch.manual_seed(0)
+    dataset = ch02.GPTDatasetV1(txt, get_tokenizer("gpt2"), max_length, stride)  # tests never download tiktoken's
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=drop_last)  # planted: shuffle=True
+
+
+rename(loader_always_shuffles, "create_dataloader_v1")
+
+
+# --- chapter 4: the parts ------------------------------------------------------------------------------------
+
+class FeedForwardWithShortcut(ch04.FeedForward):
+    def forward(self, x):
+        return x + self.layers(x)  # planted: the block's shortcut inside the feed forward
+
+
+class NormScaleShiftSwapped(ch04.LayerNorm):
+    def forward(self, x):
+        mean = x.mean(dim=-1, keepdim=True)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)
+        return self.shift * (x - mean) / torch.sqrt(var + self.eps) + self.scale  # planted: the two swapped
+
+
+SMALL_CFG = {"vocab_size": 50257, "context_length": 32, "emb_dim": 64, "n_heads": 4, "n_layers": 1,
+             "drop_rate": 0.0, "qkv_bias": False}
+
+
 CASES = {  # id: (a call giving the result, stage, where, property)
     "ch5_generate_one_turn_more": (lambda: glassgpt.check(rename(generate_one_too_many, "generate_text_simple")),
                                    "tokens", "new token 12", "new_tokens"),
@@ -125,6 +194,17 @@ CASES = {  # id: (a call giving the result, stage, where, property)
     "ch7_collate_float_ids": (lambda: glassgpt.check(collate_float_ids), "inputs", "the batch", "integer_ids"),
     "ch7_collate_pad_written_in": (lambda: glassgpt.check(collate_pad_written_in), "inputs", "row 1, position 2",
                                    "pad_id"),
+    "ch2_tokenizer_lowercases": (lambda: glassgpt.check(TokenizerLowercases(simple_vocab())), "tokens", "token 8",
+                                 "lookup"),
+    "ch2_tokenizer_ends_every_text": (lambda: glassgpt.check(TokenizerEndsEveryText(simple_vocab())), "tokens",
+                                      "token 16", "token_count"),
+    "ch2_dataset_lowercases": (lambda: glassgpt.check(named(DatasetLowercases, "GPTDatasetV1")), "windows",
+                               "window 0", "window_tokens"),
+    "ch2_loader_always_shuffles": (lambda: glassgpt.check(loader_always_shuffles), "windows", "window 0", "order"),
+    "ch4_ff_shortcut_inside": (lambda: glassgpt.check(named(FeedForwardWithShortcut, "FeedForward"), args=SMALL_CFG),
+                               "output", "position 0", "ff_output"),
+    "ch4_norm_scale_shift_swapped": (lambda: glassgpt.check(named(NormScaleShiftSwapped, "LayerNorm")), "output",
+                                     "row 0", "scale_shift"),
 }
 OUTSIDE_CATALOGUE = set(CASES)  # every case here: no MISTAKES key of explain/ reproduces it
 
