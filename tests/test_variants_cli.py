@@ -147,8 +147,8 @@ def test_export_of_a_variant_is_one_line(tmp_path, capsys):
     code, out, err = run(["export", spec, "--format", "pth", "--out", str(tmp_path / "out.pth")], capsys)
     lines = [line for line in err.strip().splitlines() if not line.startswith("note:")]
     assert code == 2 and lines == [
-        "error: glassgpt does not export a GPT-2 with grouped-query attention yet: --format pth writes the book's "
-        "class's state dict, and that layout has no place for what it changes"]
+        "error: glassgpt does not export this model (GPT-2 with grouped-query attention) yet: --format pth writes "
+        "the book's class's state dict, and that layout has no place for what it changes"]
     assert not (tmp_path / "out.pth").exists()
 
 

@@ -115,7 +115,7 @@ LAYOUTS = {"pth": "the book's class's state dict", "hf": "transformers' folder",
 def _not_written(anatomy, name: str, fmt: str) -> str:
     """One line: the layout asked for is not one the model's description says glassgpt writes it in."""
     if not anatomy.exports:
-        return (f"glassgpt does not export a {anatomy.name} yet: --format {fmt} writes {LAYOUTS[fmt]}, "
+        return (f"glassgpt does not export this model ({anatomy.name}) yet: --format {fmt} writes {LAYOUTS[fmt]}, "
                 "and that layout has no place for what it changes")
     return f"--format {fmt} writes {LAYOUTS[fmt]}; export a {name} as {' or '.join(anatomy.exports)}"
 
