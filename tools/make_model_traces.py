@@ -1,6 +1,6 @@
 """Write docs/models.md's traces of the book's models at their real widths, with random weights.
 
-    PYTHONPATH=src python tools/make_model_traces.py              every model, one at a time (about ten minutes)
+    PYTHONPATH=src python tools/make_model_traces.py              every model, one at a time (about twenty minutes)
     PYTHONPATH=src python tools/make_model_traces.py gemma3 olmo3 two of them
     PYTHONPATH=src python tools/make_model_traces.py --print gemma3   print the block, leave the page alone
 
