@@ -518,3 +518,18 @@ def test_trace_attention_weights_read_the_shared_layers_source_and_the_proportio
     assert list(weights.shape) == [6, 2, 11, 11]
     assert [int((weights[i, 0, -1] > 0).sum()) for i in range(6)] == [4, 11] * 3
     torch.testing.assert_close(weights.sum(-1), torch.ones(6, 2, 11), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("block", [3, 4, 5])
+def test_trace_opens_a_kv_shared_block_with_its_source_layers_keys(block):
+    """A kv-shared layer computes no keys and keeps no cache: its opened block shows its source layer's (a
+    KeyError before)."""
+    from glassgpt.explain.options import TraceOptions
+    from glassgpt.tokenizer import CharTokenizer
+    tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ")
+    torch.manual_seed(0)
+    model = Gemma4DenseModel(tiny_config(vocab_size=tok.n_vocab, vocab_size_per_layer_input=tok.n_vocab)).eval()
+    tr = glassgpt.trace(model, tok, "hello world", options=TraceOptions(block=block))
+    source = SHARED_FROM[block]
+    assert tr.block == block and tr.attention["kv_shape"] == [1, 1, 11, [8, 16][source % 2]]
+    assert tr.stage("keys, values").shape == tr.attention["kv_shape"]

@@ -658,7 +658,8 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     with evaluating(model):
         logits = record(model, ids, rec, cache=cache)  # [1, t, V]
     seen = rec.seen
-    k, v = cache.seen[keyed]  # [1, g, t, hd], after RoPE (and QK-norm)
+    k, v = cache.seen[keyed if att.kv_shared_from is None else att.kv_shared_from]  # [1, g, t, hd], rotated (a kv-shared
+    # layer keeps none: it reads its source layer's)
     b, t = ids.shape
     # the sizes as the description gives them, from a block with keys and values (every such block has the same;
     # Qwen3.5's linear-attention blocks have sizes of their own)
