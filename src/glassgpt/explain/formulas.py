@@ -90,12 +90,12 @@ def hidden(t: int, s: int, window: int | None, device: torch.device | str) -> to
 
 
 def attention_weights(att: an.Attention, q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None,
-                      window: int | None = -1, masked: bool = True) -> torch.Tensor:
+                      windowed: bool = True, masked: bool = True) -> torch.Tensor:
     """softmax(q @ k.T * scale), softcapped as described, over the positions each query may see: `[b, h, t, hd]`
     (after QK-norm and RoPE) and `[b, h, s, hd]` (each query head's own keys, its group's repeated) ->
     `[b, h, t, s]`; the queries are the last t of the s positions. The scale, softcap and window are the
-    description's (`att.scale`, else 1 / sqrt(hd)); `scale`, `window` (None: no window) and `masked` put
-    something else in their place (verify.py's known mistakes)."""
+    description's (`att.scale`, else 1 / sqrt(hd)); `scale`, `windowed` and `masked` (False: no window, no mask at
+    all) put something else in their place (verify.py's known mistakes)."""
     t, s, hd = q.shape[-2], k.shape[-2], q.shape[-1]
     scores = q @ k.transpose(-2, -1)  # [b, h, t, hd] @ [b, h, hd, s] -> [b, h, t, s]
     scale = scale if scale is not None else att.scale
@@ -103,5 +103,5 @@ def attention_weights(att: an.Attention, q: torch.Tensor, k: torch.Tensor, *, sc
     if att.softcap is not None:
         scores = torch.tanh(scores / att.softcap) * att.softcap
     if masked:
-        scores = scores.masked_fill(hidden(t, s, att.window if window == -1 else window, q.device), -torch.inf)
+        scores = scores.masked_fill(hidden(t, s, att.window if windowed else None, q.device), -torch.inf)
     return scores.softmax(dim=-1)

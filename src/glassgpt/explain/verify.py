@@ -897,7 +897,7 @@ def _causal_attention(model: nn.Module, att: an.Attention, x: torch.Tensor, kv_x
             lambda y: y.repeat_interleave(h // g, dim=1))
         k, v = expand(k), expand(v)
         attn = attention_weights(att, q, k, scale=1.0 if name == "no_scale" else (att.scale or hd ** -0.5),
-                                 window=None if name == "no_window" else -1, masked=name != "no_mask")  # [b, h, t, t]
+                                 windowed=name != "no_window", masked=name != "no_mask")  # [b, h, t, t]
         context = (attn @ v).transpose(1, 2).reshape(b, t, h * hd)  # [b, t, h*hd]
         if att.output_gate is not None:
             context = context * torch.sigmoid(_linear(model, att.output_gate, x))
