@@ -2,7 +2,7 @@
 MoE, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5) and chapter 4's variants (GQA, MLA, SWA, MoE), each stage against the
 formulas its description gives. A correct model passes every stage; one planted mistake per model is found at
 its stage, with the mistake named, and only because the planted cause reproduces the numbers (a test also
-plants a mistake the catalogue does not hold and sees no cause named).
+plants a mistake the catalogue does not hold and sees no cause named, only the property it breaks).
 
 Tiny random configs, float32: a stage matches within 1e-5 of its largest value (verify.TOLERANCE)."""
 
@@ -196,14 +196,18 @@ def test_glassgpt_check_of_a_variant_checks_its_stages_then_its_cache(name):
     assert result.lines[-1].startswith("stage by stage against its description: matches GPT-2 with ")
 
 
-def test_a_mistake_the_catalogue_does_not_hold_is_located_but_not_named():
+def test_a_mistake_the_catalogue_does_not_hold_is_named_by_its_property_not_a_cause():
     """A finding names a cause only where that cause reproduces the numbers: Gemma 3's embedding scaled by
-    emb_dim (not its root) is found at the embeddings, and no known mistake is claimed."""
+    emb_dim (not its root) is found at the embeddings, no known mistake is claimed, and the property it breaks
+    (the token rows' factor, fitted) is named."""
     model = gemma3_unscaled(tiny("gemma3"))
-    model.blocks[0].register_forward_pre_hook(lambda mod, args: (args[0] * CONFIGS["gemma3"].emb_dim, *args[1:]))
+    d = CONFIGS["gemma3"].emb_dim
+    model.blocks[0].register_forward_pre_hook(lambda mod, args: (args[0] * d, *args[1:]))
     result = glassgpt.check(model, "Every effort moves you")
-    assert result.first.name == "embeddings" and result.mistake is None
-    assert "no known mistake reproduces it" in result.finding
+    assert result.first.name == "embeddings" and result.mistake is None and result.prop == "embeddings_sum"
+    assert f"the blocks read emb_dim = {d} x tok_emb" in result.finding, result.finding
+    assert f"where the formula gives sqrt(emb_dim) = {d ** 0.5:.4g} x tok_emb" in result.finding
+    assert "no known mistake" not in result.finding
 
 
 def test_each_finding_names_its_cause_only_where_that_cause_reproduces_the_numbers():
