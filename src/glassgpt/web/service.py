@@ -39,8 +39,8 @@ from ..explain.pieces import sliding_windows
 from ..explain.options import MAX_TOP_K, TRACE_OPTIONS, WHY_OPTIONS, api_fields, controls
 from ..explain.why import why
 from ..explain.trace import model_facts, trace_options
-from ..families import is_family_model
 from ..formats import CHECKPOINT_SUBDIRS
+from ..kinds import describe
 from ..model import GPTModel
 from ..prompt import check_ids, encode, fit_for
 from ..tokenizer import Tokenizer
@@ -123,7 +123,8 @@ class ExplainService:
         self.about = dataclasses.replace(about, name=public_name(about.name))
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.is_classifier = cfg.num_classes is not None
-        self.family = cfg.family if is_family_model(model) else None
+        # a model whose positions enter inside its attention (RoPE) has the rotary trace, and its options alone
+        self.family = cfg.family if describe(model).positions.kind != "learned" else None
         self.max_body_bytes = max_body_bytes
 
     def info(self) -> dict[str, Any]:
