@@ -113,7 +113,7 @@ class ExplainService:
                  max_prompt_tokens: int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
                  run_dir: str | Path | None = None) -> None:
         check_computable(model, tokenizer)  # before the first request: weights that cannot compute are named now
-        model = adopt(model)  # a reader's module, read in place
+        model = adopt(model, described=True)  # a reader's module read in place; chapter 4's variants as they are
         cfg = model.cfg
         limit = cfg.context_length if max_prompt_tokens is None else max_prompt_tokens
         if not 1 <= limit <= cfg.context_length:
@@ -288,8 +288,10 @@ def _params(model) -> dict[str, Any]:
     """The parameter counts, each tensor once (a tied head is tok_emb's), and with the head counted twice."""
     unique = {id(p): p.numel() for p in model.parameters()}
     total = sum(unique.values())
-    return {"total": total, "total_untied": total + (model.tok_emb.weight.numel() if model.tied else 0),
-            "tied": model.tied}
+    anatomy = describe(model)  # the tie as the description tells it: by storage
+    tied = anatomy.head.tied
+    embedding = model.get_submodule(anatomy.embedding.path).weight
+    return {"total": total, "total_untied": total + (embedding.numel() if tied else 0), "tied": tied}
 
 
 def _rounded(layers: list) -> list:
