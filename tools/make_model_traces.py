@@ -12,7 +12,7 @@ seeded with SEED), then `glassgpt explain` is run on that `.pth` in a fresh proc
 ```text block that follows it. Llama 3.2 1B is glassgpt's own preset, whose random weights are drawn the same way.
 
 A model too big for a 24 GB machine in float32 keeps its real widths (emb_dim, heads, head sizes, vocabulary,
-feed-forward and expert widths) and fewer layers: one period of its layer pattern (KEPT says which), so that every
+feed-forward and expert widths) and fewer layers: one period of its layer pattern (Model.kept says which), so that every
 kind of block is still there. The page says so beside each trace; tests/test_model_traces.py holds the page to
 this file's configs and to what the trace prints today.
 """
@@ -47,7 +47,7 @@ class Model:
 
     key: str                     # the page's marker; the gallery's key, where it has one
     name: str
-    file: str                    # the .pth the command reads (None: a preset)
+    file: str                    # the .pth the command reads ("" for a preset)
     kept: dict[str, Any] = field(default_factory=dict)  # what differs from the released config (fewer layers)
     blocks: tuple[tuple[int, str], ...] = ((0, ""),)    # (--block N, what kind it is) to open, one of each kind
     preset: str | None = None
