@@ -334,10 +334,14 @@ def test_no_analysis_imports_a_model_file_by_name():
 
 
 
-# The commands and the engine read a model's description (kinds.describe: where its positions enter, which layouts
-# export writes it in), never its class: a branch on the class is the per-model switch that issue 47 removes.
+# The commands, the engine, generate, adopt and the page read a model's description (kinds.describe: where its
+# positions enter, which layouts export writes it in, how generate decodes it; anatomy.own_description: whether it
+# is one of glassgpt's glass modules), never its class: a branch on the class is the per-model switch that issue 47
+# removes.
 MODEL_CLASS_BRANCH = re.compile(r"is_family_model|is_bonus_model|"
-                                r"isinstance\([^)]*(Qwen3Model|Llama3Model|Gemma3Model|Olmo3Model)")
+                                r"isinstance\([^)]*(Qwen3Model|Qwen3_5Model|Llama3Model|Gemma3Model|"
+                                r"Gemma4DenseModel|Olmo3Model|TinyAyaModel)")
+DESCRIBED_READERS = ["cli/*.py", "engine/*.py", "generate.py", "adopt.py", "web/*.py"]
 
 
 def model_class_branches(text: str, name: str) -> list[str]:
@@ -345,17 +349,25 @@ def model_class_branches(text: str, name: str) -> list[str]:
             if MODEL_CLASS_BRANCH.search(line)]
 
 
-def test_no_command_or_engine_module_branches_on_a_model_class():
-    found = [line for folder in ("cli", "engine") for path in sorted((PACKAGE / folder).glob("*.py"))
-             for line in model_class_branches(path.read_text(encoding="utf-8"), f"{folder}/{path.name}")]
+def test_no_command_engine_generate_adopt_or_web_module_branches_on_a_model_class():
+    found = [line for pattern in DESCRIBED_READERS for path in sorted(PACKAGE.glob(pattern))
+             for line in model_class_branches(path.read_text(encoding="utf-8"), str(path.relative_to(PACKAGE)))]
     assert found == [], "\n".join(found)
+
+
+def test_the_branch_scan_reads_generate_adopt_and_the_web_folder():
+    scanned = {str(path.relative_to(PACKAGE)) for pattern in DESCRIBED_READERS for path in PACKAGE.glob(pattern)}
+    assert {"generate.py", "adopt.py", "web/service.py", "cli/explain.py", "engine/decode.py"} <= scanned
 
 
 def test_the_branch_check_sees_a_family_test_and_an_isinstance_on_a_model_class():
     text = ("if is_family_model(model) or is_bonus_model(model):\n"
             "if describe(model).positions.kind != 'learned':\n"
             "if isinstance(model, (Qwen3Model, Llama3Model)):\n"
-            "if isinstance(model, GPTModel):\n")
-    assert model_class_branches(text, "cli/x.py") == [
-        "cli/x.py:1: if is_family_model(model) or is_bonus_model(model):",
-        "cli/x.py:3: if isinstance(model, (Qwen3Model, Llama3Model)):"]
+            "if isinstance(model, GPTModel):\n"
+            "if own_description(model) is not None:\n"
+            "if isinstance(glass, TinyAyaModel) or isinstance(ids, torch.Tensor):\n")
+    assert model_class_branches(text, "generate.py") == [
+        "generate.py:1: if is_family_model(model) or is_bonus_model(model):",
+        "generate.py:3: if isinstance(model, (Qwen3Model, Llama3Model)):",
+        "generate.py:6: if isinstance(glass, TinyAyaModel) or isinstance(ids, torch.Tensor):"]

@@ -165,6 +165,49 @@ def test_check_builds_a_readers_port_from_the_same_config_json(tmp_path, capsys)
     assert out.startswith("glassgpt check: KV cache") and "your cache changes nothing" in out
 
 
+def own_next_token(model) -> int:
+    with torch.no_grad():
+        return int(model(torch.tensor([IDS]))[0, -1].argmax())
+
+
+@pytest.mark.parametrize("key", list(REPOSITORY_CONFIGS))
+def test_explain_compare_sets_a_variants_next_tokens_beside_gpt2s(tmp_path, capsys, key):
+    # compare reads each model through its description: the variant's own forward, GPT-2's beside it
+    spec, gpt2 = config_file(tmp_path, REPOSITORY_CONFIGS[key]), config_file(tmp_path, SHAPE, "gpt2.json")
+    code, out, err = run(["explain", PROMPT, "--model", spec, "--compare", gpt2, "--format", "json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["a"]["next_token"]["id"] == own_next_token(drawn(formats.open(spec).config))
+    assert result["b"]["next_token"]["id"] == own_next_token(formats.open(gpt2).load("cpu", "float32", seed=0))
+    assert len(result["a"]["lens_last"]) == SHAPE["n_layers"] and result["kl_ab"] > 0.0
+
+
+@pytest.mark.parametrize("key", ["swa", "moe"])
+def test_diff_of_a_variant_with_itself_moves_nothing_and_gives_its_own_next_token(tmp_path, capsys, key):
+    spec = config_file(tmp_path, REPOSITORY_CONFIGS[key])
+    code, out, err = run(["diff", spec, spec, "--prompt", PROMPT, "--format", "json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)["next_token"]
+    expected = own_next_token(drawn(formats.open(spec).config))
+    assert result["a"]["next_token"]["id"] == result["b"]["next_token"]["id"] == expected
+    assert result["kl_ab"] == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("key", ["mla", "swa"])
+def test_a_passage_under_a_variant_scores_each_token_by_the_variants_own_probabilities(tmp_path, capsys, key):
+    spec, text = config_file(tmp_path, REPOSITORY_CONFIGS[key]), tmp_path / "passage.txt"
+    text.write_text(PROMPT, encoding="utf-8")
+    code, out, err = run(["explain", "--passage", str(text), "--model", spec, "--format", "json"], capsys)
+    assert code == 0, err
+    tokens = json.loads(out)["tokens"]
+    with torch.no_grad():
+        probs = drawn(formats.open(spec).config)(torch.tensor([IDS]))[0].softmax(-1)
+    assert [t["id"] for t in tokens] == IDS
+    for i in range(1, len(IDS)):  # token i scored on those before it: the logits at position i - 1
+        assert tokens[i]["prob"] == pytest.approx(float(probs[i - 1, IDS[i]]), rel=1e-4)
+        assert tokens[i]["expected"]["id"] == int(probs[i - 1].argmax())
+
+
 def test_eval_of_a_variant_is_one_line_naming_what_reads_it(tmp_path, capsys):
     spec = config_file(tmp_path, REPOSITORY_CONFIGS["mla"])
     text = tmp_path / "text.txt"
@@ -172,4 +215,4 @@ def test_eval_of_a_variant_is_one_line_naming_what_reads_it(tmp_path, capsys):
     code, out, err = run(["eval", "--model", spec, "--data", str(text), "--context-length", "16"], capsys)
     lines = [line for line in err.strip().splitlines() if not line.startswith(("note:", "threads:"))]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert "one of chapter 4's variants" in lines[0] and "trace, why, check and generate do" in lines[0]
+    assert "one of chapter 4's variants" in lines[0] and "trace, why, check, generate, compare, diff, a passage and the page do" in lines[0]

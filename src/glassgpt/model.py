@@ -285,4 +285,4 @@ def describe(cfg: GPTConfig) -> an.Anatomy:
         head=an.Head("out_head", cfg.out_dim, cfg.tie_embeddings, bias=classes),
         config_fields=("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias",
                        "tie_embeddings", "num_classes"),
-        exports=("pth", "hf", "gguf"))
+        exports=("pth", "hf", "gguf"), decoding="engine")
