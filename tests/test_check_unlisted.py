@@ -352,3 +352,15 @@ def test_where_no_property_breaks_the_finding_says_what_was_checked():
     result = glassgpt.check(gpt, ids=[1, 2, 3, 4, 5])
     assert "checked alone on the book's inputs, trf_blocks.0.att: the scores are divided by the head size 8 itself" \
         in result.finding and "no known mistake" not in result.finding, result.finding
+
+
+def test_the_packages_gpt2_kv_cache_is_named_by_its_mask_shape():
+    """A mistake nobody planted: llms_from_scratch's kv_cache/gpt2.py (the installed package) slices its causal
+    mask by columns, causal_mask[:, -num_tokens:], so a step of one new token with use_cache=True cannot mask its
+    [1, keys] scores (it raises); check names the mask's shape at the first cached step. (The chapter's own
+    gpt_with_kv_cache.py slices rows, mask[ptr:ptr + num_tokens, :num_keys]: CachedGPT in test_check_findings.)"""
+    import llms_from_scratch.kv_cache.gpt2 as pkg_kv_gpt2
+    result = glassgpt.check(model(pkg_kv_gpt2.GPTModel, TINY_GPT))
+    assert (result.kind, result.stage, result.where, result.prop) == ("KV cache", "cache", "step 1 of run 1",
+                                                                      "mask_shape"), result.to_text()
+    assert "the mask must be [num_tokens, num_keys]" in result.finding
