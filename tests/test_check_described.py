@@ -348,6 +348,23 @@ def test_a_planted_gemma4_mistake_is_found_at_its_stage_and_named(plant, stage, 
     assert all(s.ok for s in result.stages[:result.stages.index(result.first)])
 
 
+def gemma4_per_layer_unscaled(model: nn.Module) -> nn.Module:
+    """Gemma 4's per-layer embeddings read as a plain nn.Embedding reads them, without * sqrt(p)."""
+    def per_layer_inputs(self, in_idx, x):
+        shape = (*in_idx.shape, self.cfg.n_layers, self.hidden_size_per_layer_input)
+        own = self.embed_tokens_per_layer(in_idx).reshape(shape)  # the mistake: no * p ** 0.5
+        projected = (self.per_layer_model_projection(x) * self.cfg.emb_dim ** -0.5).reshape(shape)
+        return (self.per_layer_projection_norm(projected) + own) * 2.0 ** -0.5
+    model.per_layer_inputs = MethodType(per_layer_inputs, model)
+    return model
+
+
+def test_gemma4s_per_layer_embeddings_unscaled_are_found_before_the_first_block():
+    result = glassgpt.check(gemma4_per_layer_unscaled(tiny_gemma4()), "Every effort moves you")
+    assert result.first.name == "per-layer inputs" and result.mistake == "per_layer_emb_not_scaled", result.to_text()
+    assert "not multiplied by sqrt(4)" in result.finding
+
+
 def test_a_gemma4_value_norm_left_out_is_named():
     model = tiny_gemma4()
     for block in model.blocks:

@@ -459,6 +459,10 @@ DESCRIBED_MISTAKES = {
                          "before the attention reads them: values = v_norm(values)"),
     "v_norm_scaled": ("att", "the value norm multiplies by a weight: this model's v_norm has none (Gemma4RMSNorm(..., "
                              "with_scale=False)), values / rms(values) alone"),
+    "per_layer_emb_not_scaled": ("per_layer_inputs", "the per-layer embeddings are not multiplied by sqrt({p}): "
+                                                     "embed_tokens_per_layer(ids) * hidden_size_per_layer_input ** 0.5"),
+    "per_layer_not_halved": ("per_layer_inputs", "the per-layer embeddings and the projection of the embedding are "
+                                                 "summed without the factor 2 ** -0.5: (projected + own) * 2 ** -0.5"),
     "layer_scalar_missing": ("shortcut", "the block's output is not multiplied by {scalar} ({scalar_value:.4g}): the "
                                          "block's last step is x * self.layer_scalar, one stored number per block"),
     "norm_eps": ("norm", "RMSNorm's eps is {eps:g}, not {want:g}: Qwen3 uses 1e-6, Llama 3 1e-5"),
@@ -645,8 +649,13 @@ def _per_layer_inputs_stage(model: nn.Module, anatomy: an.Anatomy, seen: dict, b
     own = _param(model, emb.per_layer, "weight").double()[batch].reshape(b, t, pl.n_layers, pl.dim) * pl.dim ** 0.5
     x = seen[anatomy.blocks[0].path][0]
     projected = (_linear(model, pl.projection, x) * emb.emb_dim ** -0.5).reshape(b, t, pl.n_layers, pl.dim)
-    formula = lambda m: ((_norm_formula(model, pl.norm, projected)(None) + own) * 2 ** -0.5).reshape(b, t, -1)  # noqa: E731
-    return _Stage("per-layer inputs", got.reshape(b, t, -1), formula, "per_layer_inputs")
+    normed = _norm_formula(model, pl.norm, projected)(None)
+
+    def formula(mistake):
+        name = (mistake or (None,))[0]
+        mixed = normed + (own / pl.dim ** 0.5 if name == "per_layer_emb_not_scaled" else own)
+        return (mixed if name == "per_layer_not_halved" else mixed * 2 ** -0.5).reshape(b, t, -1)
+    return _Stage("per-layer inputs", got.reshape(b, t, -1), formula, "per_layer_inputs", {"p": pl.dim})
 
 
 def _block_stages(model: nn.Module, block: an.Block, seen: dict, kv_in: torch.Tensor | None = None):
@@ -1025,6 +1034,8 @@ def _candidates(stage: _Stage):
         if norm.kind == "rmsnorm" and norm.weight and facts["dtype"] not in (torch.float32, torch.float64):
             yield from (("norm_low_precision", (str(facts["dtype"]).removeprefix("torch."), w))
                         for w in (torch.float32, facts["dtype"]))
+    elif kind == "per_layer_inputs":
+        yield from (("per_layer_emb_not_scaled", None), ("per_layer_not_halved", None))
     elif kind == "shortcut" and facts.get("scalar_value", 1.0) != 1.0:
         yield "layer_scalar_missing", None
     elif kind == "ff":
