@@ -161,20 +161,20 @@ def check_gpt2(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None
     ref = copy.deepcopy(glass).double()
     for blk in ref.trf_blocks:  # the book's tanh GELU, where adopt keeps a module's exact one
         blk.ff.layers[1] = TanhGELU()
-    stages, first, mistake, broken = [], None, None, None
+    stages, first, mistake, broken, first_kind = [], None, None, None, ""
     for name, (key, io), book_fn, kind in _stages(ref, runs[0], batch):
         got = runs[0][key][io]
         stage = _compare(name, got, book_fn(None), got.dtype)
         stages.append(stage)
         if first is None and not stage.ok:
-            first = stage
+            first, first_kind = stage, kind
             if not same_numbers(got, runs[1][key][io]):  # eval mode must give the same numbers twice
                 mistake = "dropout"
             else:
                 mistake = _likely_mistake(kind, got, book_fn, stage.tolerance)
                 if mistake is None and not stage.non_finite:
                     broken = _gpt2_property(kind, name, got, book_fn, runs[0], key, ref, model, layout, batch)
-    return CheckResult(layout.kind, shown, stages, first, mistake, _finding(stages, first, mistake, broken, kind),
+    return CheckResult(layout.kind, shown, stages, first, mistake, _finding(stages, first, mistake, broken, first_kind),
                        _tie_note(glass), prop=broken.prop if broken else None)
 
 
