@@ -33,9 +33,11 @@ from torch import nn
 
 from ..config import GPTConfig
 from ..errors import KernelWarning
+from ..kinds import describe
 from ..model import GPTModel
 from . import autotune, compiling, native
 from .cache import KVCache
+from .experts import one_token_experts
 from .fused import fused
 from .graphs import GraphStep
 from .graphs import why_not as why_no_graph
@@ -251,6 +253,7 @@ def gemv_twin(model: nn.Module) -> tuple[nn.Module, autotune.Choices | None]:
     each nn.Linear a GemvLinear (nothing is copied or made again), each given the kernel where autotune
     measured it faster for its shape; and those choices (None off the CPU or in float16)."""
     twin = _shallow_copy(model)
+    one_token_experts(twin, describe(model))  # a MoE's decoding step runs only the routed experts, without bookkeeping
     choices = autotune.twin_choices(model)
     ops = native.load() if choices is not None else None
     if ops is not None:
