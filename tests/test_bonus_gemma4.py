@@ -291,6 +291,12 @@ def test_the_description_agrees_with_the_module_and_names_what_gemma4_adds(tmp_p
     assert anatomy.blocks[0].attention.scale == 1.0 and anatomy.head.softcap == 30.0 and anatomy.head.tied
     assert anatomy.embedding.scale == pytest.approx(32 ** 0.5)
     assert anatomy.embedding.per_layer == "embed_tokens_per_layer"
+    # the weightless value norm, a shared layer's its source's; layer_scalar, one stored number per block
+    assert [b.attention.v_norm.path for b in anatomy.blocks[2:4]] == ["blocks.2.att.v_norm", "blocks.1.att.v_norm"]
+    assert anatomy.blocks[0].attention.v_norm.weight is None and anatomy.blocks[0].attention.v_norm.kind == "rmsnorm"
+    assert {b.output_scale for b in anatomy.blocks} == {"layer_scalar"}
+    own = anatomy.blocks[0].per_layer_input
+    assert (own.gate.out_features, own.projection.in_features, anatomy.embedding.per_layer_inputs.n_layers) == (8, 8, 6)
 
 
 def test_a_description_of_a_wrong_norm_or_head_size_is_found():
@@ -299,6 +305,17 @@ def test_a_description_of_a_wrong_norm_or_head_size_is_found():
     from dataclasses import replace
     wrong_norm = replace(anatomy, final_norm=replace(anatomy.final_norm, kind="rmsnorm_plus_one"))
     assert description_mismatches(model, wrong_norm) != []
+    att = anatomy.blocks[0].attention  # a value norm described with a weight, or a block scale that is not there
+    with_weight = replace(anatomy, blocks=(replace(anatomy.blocks[0], attention=replace(
+        att, v_norm=replace(att.v_norm, weight="weight"))),) + anatomy.blocks[1:])
+    assert description_mismatches(model, with_weight) == ["norm blocks.0.att.v_norm: its 'weight' is None, described [8]"]
+    no_scalar = replace(anatomy, blocks=(replace(anatomy.blocks[0], output_scale="scalar"),) + anatomy.blocks[1:])
+    assert description_mismatches(model, no_scalar) == [
+        "block blocks.0: no one-number tensor 'scalar', described as the scale of its output"]
+    from glassgpt.families.gemma4 import Gemma4RMSNorm
+    model.blocks[0].att.v_norm = Gemma4RMSNorm(8, with_scale=True)  # a module with a scale, described without
+    assert description_mismatches(model, anatomy) == [
+        "norm blocks.0.att.v_norm: holds 'weight', described without a weight"]
     block = anatomy.blocks[1]
     wrong_head = replace(anatomy, blocks=(anatomy.blocks[0], replace(block, attention=replace(
         block.attention, head_dim=8, n_heads=4))) + anatomy.blocks[2:])
@@ -362,16 +379,33 @@ def test_glassgpt_info_counts_the_parameters_and_the_cache_of_the_layers_that_ke
 
 
 
-def test_why_refuses_gemma4_in_one_line_naming_its_per_layer_inputs(tokenizer_json):
-    """why splits a logit over the writes of the blocks' parts; Gemma 4's blocks also add per-layer inputs and
-    scale their output, which why has no parts for: refused, never a split that does not sum."""
+def test_why_splits_the_logit_of_glassgpts_and_transformers_gemma4_exactly(tokenizer_json):
+    """why's parts (each block's per-layer input one of them, every write of block i times layer_scalar i ... L-1)
+    sum to the model's own logit within 1e-4 of it (tests/test_why_models.py's bound), on transformers' module read
+    in place and on the glass class, with each head's shares of the prompt summing to its term (kv-shared layers:
+    the shares of their source layer's values)."""
     tok = TokenizerJson(tokenizer_json, "gemma4")
     glass = Gemma4DenseModel(tiny_config(vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB))
-    for model in (randomised(hf_gemma4()), glass):
-        with pytest.raises(GlassError, match=r"why does not split Gemma 4's logit yet: its blocks add per-layer "
-                                             r"inputs .* trace and explain read it") as err:
-            glassgpt.why(model, tok, "The quick brown fox")
-        assert "\n" not in str(err.value)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in glass.parameters():
+            p.copy_(torch.rand(p.shape) + 0.5 if p.dim() == 1 else torch.randn(p.shape) * 0.3)
+        for b in glass.blocks:
+            b.layer_scalar.uniform_(0.5, 1.5)
+    ids = tok.encode("The quick brown fox")
+    for model in (randomised(hf_gemma4()), glass.eval()):
+        with torch.no_grad():
+            out = model(torch.tensor([ids]))
+        logits = (out.logits if hasattr(out, "logits") else out)[0, -1].double()
+        w = glassgpt.why(model, tok, "The quick brown fox")
+        a = int(logits.argmax())
+        assert w.target["id"] == a
+        assert abs(sum(p["value"] for p in w.parts) - float(logits[a])) <= 1e-4 * max(1.0, abs(float(logits[a])))
+        assert sum(p["name"].endswith(".per_layer") for p in w.parts) == 6
+        for layer, terms in zip(w.by_source, w.heads):
+            for shares, term in zip(layer, terms):
+                assert abs(sum(shares) - term) <= 1e-5 * max(1.0, abs(term))
+
 
 # --- bad input: one line each ---------------------------------------------------------------------
 

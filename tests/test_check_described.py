@@ -254,30 +254,109 @@ def test_the_cli_passes_a_correct_variant(tmp_path, capsys):
                                                      "grouped-query attention's formulas")
 
 
-def test_gemma4_is_refused_in_one_line_naming_what_check_cannot_compute(tmp_path, capsys):
-    # its description holds no v_norm and no layer_scalar: a correct Gemma 4 would be reported wrong at its first
-    # attention (measured: max |diff| 0.8 on a correct tiny model before this refusal), so check refuses instead
-    from glassgpt.cli import main
-    from glassgpt.errors import GlassError
+# --- Gemma 4: the value norm, layer_scalar, the per-layer inputs and the kv-shared layers ------------------
+
+GEMMA4 = dict(vocab_size=300, emb_dim=16, hidden_dim=32, n_layers=4, n_heads=2, head_dim=8, n_kv_heads=1,
+              global_head_dim=16, context_length=64, sliding_window=4, layer_types=(SLIDING, FULL) * 2,
+              vocab_size_per_layer_input=300, hidden_size_per_layer_input=4, num_kv_shared_layers=2,
+              use_double_wide_mlp=True, final_logit_softcap=30.0)
+
+
+def tiny_gemma4(**changes) -> nn.Module:
+    """E2B's kind, small: per-layer inputs, the last 2 layers kv-shared, proportional RoPE on the full layers; every
+    weight random and each layer_scalar away from 1, so that a part left out or added changes the numbers."""
     from glassgpt.families.gemma4 import Gemma4Config, Gemma4DenseModel
-    values = dict(vocab_size=300, emb_dim=16, hidden_dim=32, n_layers=4, n_heads=2, head_dim=8, n_kv_heads=1,
-                  global_head_dim=16, context_length=64, sliding_window=4, layer_types=(SLIDING, FULL) * 2)
+    model = Gemma4DenseModel(Gemma4Config(**{**GEMMA4, **changes}))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for path, p in model.named_parameters():
+            p.copy_((1.0 if "norm" in path else 0.0) + 0.3 * torch.randn(p.shape, generator=gen))
+        for path, b in model.named_buffers():
+            if path.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=gen))
+    return model.eval()
+
+
+def gemma4_no_layer_scalar(model: nn.Module) -> nn.Module:
+    """Gemma 4's block returning its sum without the last step, x * layer_scalar."""
+    def forward(self, x, per_layer_input, cos, sin, cache=None, shared_kv=None):
+        x = x + self.post_attention_layernorm(self.att(self.input_layernorm(x), cos, sin, cache, shared_kv))
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        gate = nn.functional.gelu(self.per_layer_input_gate(x), approximate="tanh")
+        return x + self.post_per_layer_input_norm(self.per_layer_projection(gate * per_layer_input))  # the mistake
+    for block in model.blocks:
+        block.forward = MethodType(forward, block)
+    return model
+
+
+def gemma4_scaled_v_norm(model: nn.Module) -> nn.Module:
+    """Gemma 4's value norm built as the other norms are, with a weight (with_scale=True)."""
+    from glassgpt.families.gemma4 import Gemma4RMSNorm
+    gen = torch.Generator().manual_seed(1)
+    for block in model.blocks:
+        norm = Gemma4RMSNorm(block.att.head_dim, with_scale=True)
+        with torch.no_grad():
+            norm.weight.copy_(1.0 + 0.3 * torch.randn(norm.weight.shape, generator=gen))
+        block.att.v_norm = norm
+    return model
+
+
+def test_a_correct_gemma4_matches_its_description_at_every_stage():
+    """Its per-layer inputs, the value norm, the kv-shared layers (keys and values from their source layer's input),
+    the proportional RoPE and layer_scalar each computed from the description, within 1e-5 of each stage's largest."""
+    result = glassgpt.check(tiny_gemma4(), "Every effort moves you")
+    assert result.ok, result.to_text()
+    names = [s.name for s in result.stages]
+    assert names[:3] == ["tok_emb", "embeddings", "per-layer inputs"]
+    assert names[names.index("blocks.3.shortcut2"):names.index("blocks.3.shortcut2") + 4] == [
+        "blocks.3.shortcut2", "blocks.3.per_layer_input", "blocks.3.post_per_layer_input_norm", "blocks.3.shortcut3"]
+    plain = glassgpt.check(tiny_gemma4(hidden_size_per_layer_input=0, num_kv_shared_layers=0), "Every effort")
+    assert plain.ok and "per-layer inputs" not in [s.name for s in plain.stages], plain.to_text()
+
+
+def test_transformers_gemma4_matches_its_description_at_every_stage():
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
     torch.manual_seed(0)
-    e2b_like = Gemma4DenseModel(Gemma4Config(**values, vocab_size_per_layer_input=300, hidden_size_per_layer_input=4,
-                                             num_kv_shared_layers=2)).eval()
-    with pytest.raises(GlassError) as err:
-        glassgpt.check(e2b_like)
-    assert str(err.value) == ("check does not read Gemma 4 stage by stage yet: its description has no place for the "
-                              "value norm (v_norm, in every attention) nor layer_scalar (times each block's output), "
-                              "and check has no stage for its per-layer inputs and kv-shared layers; compare it with "
-                              "transformers layer by layer: glassgpt check PORT --against transformers")
-    plain = Gemma4DenseModel(Gemma4Config(**values)).eval()
-    with pytest.raises(GlassError, match=r"nor layer_scalar \(times each block's output\); compare it with "):
-        glassgpt.check(plain)
+    hf = Gemma4ForCausalLM(Gemma4TextConfig(
+        vocab_size=97, vocab_size_per_layer_input=97, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16, max_position_embeddings=64,
+        sliding_window=4, layer_types=[SLIDING, FULL] * 2, hidden_size_per_layer_input=8, num_kv_shared_layers=2,
+        use_double_wide_mlp=True, final_logit_softcapping=30.0, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        attn_implementation="eager"))
+    with torch.no_grad():
+        for path, b in hf.named_buffers():
+            if path.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
+    result = glassgpt.check(hf.eval(), "Every effort moves you")
+    assert result.ok, result.to_text()
+    assert result.stages[0].name == "model.embed_tokens" and "model.layers.3.shortcut3" in [s.name for s in result.stages]
+
+
+@pytest.mark.parametrize("plant, stage, mistake, words", [
+    (gemma4_no_layer_scalar, "blocks.0.shortcut3", "layer_scalar_missing",
+     "the block's output is not multiplied by blocks.0.layer_scalar"),
+    (gemma4_scaled_v_norm, "blocks.0.att", "v_norm_scaled", "the value norm multiplies by a weight"),
+])
+def test_a_planted_gemma4_mistake_is_found_at_its_stage_and_named(plant, stage, mistake, words):
+    result = glassgpt.check(plant(tiny_gemma4()), "Every effort moves you")
+    assert result.first.name == stage, result.to_text()
+    assert result.mistake == mistake and words in result.finding, result.finding
+    assert all(s.ok for s in result.stages[:result.stages.index(result.first)])
+
+
+def test_a_gemma4_value_norm_left_out_is_named():
+    model = tiny_gemma4()
+    for block in model.blocks:
+        block.att.v_norm = nn.Identity()  # the mistake: values = v_proj(x), not normed
+    result = glassgpt.check(model, "Every effort moves you")
+    assert result.first.name == "blocks.0.att" and result.mistake == "no_v_norm", result.to_text()
+
+
+def test_the_cli_checks_a_gemma4_file_and_passes_it(tmp_path, capsys):
+    from glassgpt.cli import main
     (tmp_path / "my_gemma4.py").write_text(
         "import torch\nfrom glassgpt.families.gemma4 import Gemma4Config, Gemma4DenseModel\n\n"
-        f"model = Gemma4DenseModel(Gemma4Config(**{values!r})).eval()\n", encoding="utf-8")
-    assert main(["check", f"{tmp_path / 'my_gemma4.py'}:model"]) != 0
-    out, err_text = capsys.readouterr()
-    lines = [line for line in (out + err_text).splitlines() if line.strip()]
-    assert len(lines) == 1 and "check does not read Gemma 4 stage by stage yet" in lines[0], lines
+        f"model = Gemma4DenseModel(Gemma4Config(**{GEMMA4!r})).eval()\n", encoding="utf-8")
+    assert main(["check", f"{tmp_path / 'my_gemma4.py'}:model"]) == 0
+    out = capsys.readouterr().out
+    assert "Gemma4DenseModel (Gemma 4)" in out and "matches Gemma 4's formulas" in out

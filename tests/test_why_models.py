@@ -1,6 +1,7 @@
 """why on every described model (explain/why.py): GPT-2, Qwen3, Llama 3.2, chapter 4's four variants and the
 bonus models (Qwen3 MoE, Gemma 3's sandwich norms, OLMo 3's post-norms, Tiny Aya's parallel block and logit
-scale, Qwen3.5's linear and full layers), each a tiny random model; nothing is downloaded.
+scale, Qwen3.5's linear and full layers, Gemma 4's per-layer inputs, kv-shared layers and layer_scalar), each a
+tiny random model; nothing is downloaded.
 
 Tolerances: the model runs in float32 and the attribution sums in float64, so a sum of parts differs from the
 model's own number by float32 rounding of the model's adds: 1e-5 of the largest magnitude involved (at least 1)
@@ -16,7 +17,8 @@ import torch
 import glassgpt
 from glassgpt.config import GPTConfig
 from glassgpt.explain.why import attribute_parts, record_parts, split_over_sources, stream_writes
-from glassgpt.families import FamilyConfig, Gemma3Config, Olmo3Config, Qwen3_5Config, TinyAyaConfig, build_model
+from glassgpt.families import (FamilyConfig, Gemma3Config, Gemma4Config, Olmo3Config, Qwen3_5Config, TinyAyaConfig,
+                               build_model)
 from glassgpt.prompt import encode
 from glassgpt.variants import GQAConfig, MLAConfig, MoEConfig, SWAConfig
 from glassgpt.variants import build_model as build_variant
@@ -50,6 +52,10 @@ CONFIGS = {
                              hidden_dim=48, head_dim=8, n_kv_groups=2, rope_base=10_000.0, qk_norm=True,
                              linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
                              linear_num_value_heads=4, layer_types=(LINEAR, FULL, LINEAR)),
+    "gemma4": Gemma4Config(vocab_size=V, emb_dim=32, hidden_dim=48, n_layers=4, n_heads=4, head_dim=8, n_kv_heads=2,
+                           global_head_dim=16, context_length=32, sliding_window=4, layer_types=(SLIDING, FULL) * 2,
+                           vocab_size_per_layer_input=V, hidden_size_per_layer_input=8, num_kv_shared_layers=2,
+                           use_double_wide_mlp=True, final_logit_softcap=30.0),
 }
 MOE = ["moe", "qwen3_moe"]
 
@@ -72,6 +78,9 @@ def model_of(name: str, seed: int = 0) -> torch.nn.Module:
                 p.copy_(torch.rand(p.shape, generator=gen) + 0.5)  # in [0.5, 1.5)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        for path, b in model.named_buffers():
+            if path.endswith("layer_scalar"):  # Gemma 4's stored number per block: a buffer, not a parameter
+                b.copy_(torch.rand(b.shape, generator=gen) + 0.5)
     return model.eval()
 
 
@@ -91,8 +100,32 @@ def test_the_parts_writes_and_the_embedding_sum_to_the_final_residual(name):
         total = sum(v for _, v in writes)
         x = seen["final_norm"][0, position].double()  # final_norm's input: the residual at the end
         assert float((total - x).abs().max()) <= STREAM * max(1.0, float(x.abs().max()))
-    anatomy = glassgpt.describe(model)  # tok_emb (and pos_emb), then each block's attention and feed-forward
-    assert len(writes) == (2 if anatomy.positions.kind == "learned" else 1) + 2 * anatomy.n_layers
+    anatomy = glassgpt.describe(model)  # tok_emb (and pos_emb), then each block's attention, feed-forward (and
+    per_layer = sum(b.per_layer_input is not None for b in anatomy.blocks)  # Gemma 4's per-layer input)
+    assert len(writes) == (2 if anatomy.positions.kind == "learned" else 1) + 2 * anatomy.n_layers + per_layer
+
+
+def test_gemma4s_layer_scalars_multiply_every_write_before_them():
+    """Gemma 4's blocks return (x + att + ff + per-layer input) * layer_scalar: the stream at the end is each write
+    times the scalars of its block and every block after it. Without those factors the writes do not sum to the
+    residual (the scalars here are in [0.5, 1.5)), so the test tells the two apart."""
+    from glassgpt.explain.why import gains
+    model = model_of("gemma4")
+    with torch.inference_mode():
+        seen, _ = record_parts(model, encode(CHAR_TOK, CHAR_TEXT), None)
+    scalars = [float(b.layer_scalar) for b in model.blocks]
+    assert gains(model, glassgpt.describe(model)) == pytest.approx(
+        [scalars[0] * scalars[1] * scalars[2] * scalars[3], scalars[1] * scalars[2] * scalars[3],
+         scalars[2] * scalars[3], scalars[3]], rel=1e-12)
+    x = seen["final_norm"][0, -1].double()
+    scaled = sum(v for _, v in stream_writes(model, seen))
+    unscaled = seen["trf_blocks.0"][0, -1].double() + sum(
+        seen[f"trf_blocks.{i}.{n}.write"][0, -1].double() for i in range(4) for n in ("att", "ff", "per_layer"))
+    assert float((scaled - x).abs().max()) <= STREAM * max(1.0, float(x.abs().max()))
+    assert float((unscaled - x).abs().max()) > 0.1
+    w = glassgpt.why(model, CHAR_TOK, CHAR_TEXT)
+    assert [p["name"] for p in w.parts if p["name"].endswith("per_layer")] == [f"trf_blocks.{i}.per_layer"
+                                                                              for i in range(4)]
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -191,7 +224,7 @@ def test_a_logit_scale_multiplies_every_part():
     assert [p["value"] for p in a.parts] == pytest.approx([0.0625 * p["value"] for p in b.parts], rel=1e-6, abs=1e-9)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3_moe", "qwen3_5"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3_moe", "qwen3_5", "gemma4"])
 def test_the_text_and_the_json_show_every_models_why(name):
     w = glassgpt.why(model_of(name), CHAR_TOK, CHAR_TEXT, versus="e", patch="every effort moves yoa")
     text = w.to_text()
@@ -203,7 +236,7 @@ def test_the_text_and_the_json_show_every_models_why(name):
         assert "experts (per block" in text and len(data["experts"]) == 2
 
 
-@pytest.mark.parametrize("name", ["olmo3", "tiny_aya", "gemma3", "qwen3_5"])
+@pytest.mark.parametrize("name", ["olmo3", "tiny_aya", "gemma3", "qwen3_5", "gemma4"])
 def test_patching_gives_the_logits_of_a_rerun_with_a_block_input_replaced(name):
     model = model_of(name)
     clean, bad = encode(CHAR_TOK, CHAR_TEXT), encode(CHAR_TOK, "every effort moves yoa")

@@ -15,7 +15,8 @@ described without changing an analysis: an embedding scaled by sqrt(d) (Gemma 3)
 embeddings (Gemma 4); norms after the sublayer (OLMo 3), on both sides (Gemma's sandwich) or one norm
 for a parallel attention and feed-forward (Tiny Aya); (1 + weight) RMSNorm (Gemma); per-layer
 attention kinds (sliding and full, each with its own RoPE base; a cached latent, MLA; linear attention with a recurrent
-state, Qwen3.5), layers without positions, kv-shared layers and softcaps; GeGLU and mixtures of experts.
+state, Qwen3.5), layers without positions, kv-shared layers and softcaps; a weightless value norm and a stored
+number times each block's output (Gemma 4); GeGLU and mixtures of experts.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ class Norm:
     kind: str
     dim: int
     eps: float
-    weight: str = "weight"       # the parameter's leaf name: the book's "scale", torch's "weight"
+    weight: str | None = "weight"  # the parameter's leaf name: the book's "scale", torch's "weight"; None: no weight,
+                                   # x / rms(x) alone (Gemma 4's value norm)
     bias: str | None = None      # the book's "shift", torch's "bias"; None: no shift (RMSNorm)
-    role: str = ""               # in a block: attn_in, attn_out, ff_in, ff_out; q_norm, k_norm; final
+    role: str = ""               # in a block: attn_in, attn_out, ff_in, ff_out; q_norm, k_norm, v_norm; final
 
     def __post_init__(self) -> None:
         _one_of(self.kind, NORM_KINDS, "norm kind")
@@ -126,6 +128,7 @@ class Attention:
     window: int | None = None    # sliding-window attention: each query sees the last `window` positions
     q_norm: Norm | None = None   # QK-norm (Qwen3): each query and key head normed before the rotation
     k_norm: Norm | None = None
+    v_norm: Norm | None = None   # each value head normed too (Gemma 4's, without a weight), after the projection
     scale: float | None = None   # the scores' factor; None: 1 / sqrt(hd)
     softcap: float | None = None
     kv_shared_from: int | None = None  # a layer that reuses another layer's keys and values (Gemma 4)
@@ -207,6 +210,8 @@ class Block:
     ff: FeedForward
     layer_type: str = "full_attention"  # "sliding_attention", "linear_attention", ... as configs name them
     per_layer_input: PerLayerInput | None = None  # Gemma 4
+    output_scale: str | None = None  # the block's whole output times one stored number, this leaf of the block
+                                     # (Gemma 4's layer_scalar): x_out = (x + ... + per-layer input) * scale
 
     def __post_init__(self) -> None:
         _one_of(self.placement, PLACEMENTS, "norm placement")
@@ -277,7 +282,8 @@ class Anatomy:
         per_layer = self.embedding.per_layer_inputs
         found = [per_layer.norm] if per_layer else []
         for block in self.blocks:
-            found += list(block.norms) + [n for n in (block.attention.q_norm, block.attention.k_norm) if n]
+            att = block.attention
+            found += list(block.norms) + [n for n in (att.q_norm, att.k_norm, att.v_norm) if n]
             found += [block.per_layer_input.norm] if block.per_layer_input else []
         return found + [self.final_norm]
 
@@ -318,14 +324,15 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
     def norm(n: Norm | None) -> Norm | None:
         if n is None:
             return None
-        leaves = {} if norm_leaves is None else {"weight": norm_leaves[0],
+        leaves = {} if norm_leaves is None else {"weight": norm_leaves[0] if n.weight is not None else None,
                                                  "bias": norm_leaves[1] if n.bias is not None else None}
         return replace(n, path=path(n.path), **leaves)
 
     def block(b: Block) -> Block:
         att, ff = b.attention, b.ff
         att = replace(att, path=path(att.path), query=linear(att.query), key=linear(att.key), value=linear(att.value),
-                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm), latent=linear(att.latent),
+                      out=linear(att.out), q_norm=norm(att.q_norm), k_norm=norm(att.k_norm), v_norm=norm(att.v_norm),
+                      latent=linear(att.latent),
                       output_gate=linear(att.output_gate))
         experts = ff.experts and replace(ff.experts, router=linear(ff.experts.router), path=path(ff.experts.path))
         ff = replace(ff, path=path(ff.path), up=linear(ff.up), down=linear(ff.down), gate=linear(ff.gate),

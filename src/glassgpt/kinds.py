@@ -34,7 +34,7 @@ from .config import FamilyConfig, GPTConfig
 from .errors import GlassError, UnreadableModelError
 from .families import BONUS_MODELS, FAMILIES, gemma3, gemma4, llama3, olmo3, qwen3, qwen3_5, tiny_aya
 from .families import build_model as build_family
-from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, bonus_config_from_hf
+from .families.bonus_hf import BLOCKS, HF_LAYER_NAMES, HF_MODEL_TYPES, HF_TOP, HF_WEIGHTLESS, bonus_config_from_hf
 from .variants import VARIANTS, variant_of
 from .variants import build_model as build_variant
 
@@ -128,7 +128,7 @@ def _bonus_hf(model: nn.Module) -> an.Anatomy | None:
     if family is None or "lm_head" not in dict(model.named_children()):
         return None
     cfg = bonus_config_from_hf(config.to_dict() | {"architectures": [type(model).__name__]}, type(model).__name__)
-    inside = {ours: hf for hf, ours in HF_LAYER_NAMES[family].items()}
+    inside = {ours: hf for hf, ours in (HF_LAYER_NAMES[family] | HF_WEIGHTLESS.get(family, {})).items()}
     top = {ours: hf for hf, ours in HF_TOP.items()} | {BLOCKS[family]: "model.layers", "trf_blocks": "model.layers"}
     return an.renamed(GLASS[family](cfg), _mapper(top, inside), norm_leaves=("weight", None),
                       source=f"transformers' {type(model).__name__}")
@@ -256,6 +256,11 @@ def description_mismatches(model: nn.Module, anatomy: an.Anatomy) -> list[str]:
         wrong += _linear_mismatches(module(lin.path, "matrix"), lin)
     for block in anatomy.blocks:
         att = block.attention
+        if block.output_scale is not None:  # one stored number (Gemma 4's layer_scalar)
+            scale = getattr(module(block.path, "block"), block.output_scale, None)
+            if not isinstance(scale, torch.Tensor) or scale.numel() != 1:
+                wrong.append(f"block {block.path}: no one-number tensor {block.output_scale!r}, described as the "
+                             "scale of its output")
         if att.query.out_features != att.n_heads * att.head_dim or att.key.out_features != att.n_kv_groups * att.head_dim:
             wrong.append(f"attention {att.path}: {att.n_heads} heads and {att.n_kv_groups} groups of {att.head_dim} "
                          f"do not fill W_query's {att.query.out_features} and W_key's {att.key.out_features} rows")
@@ -298,6 +303,13 @@ def _linear_mismatches(mod: nn.Module | None, lin: an.Linear) -> list[str]:
 def _norm_mismatches(mod: nn.Module | None, norm: an.Norm) -> list[str]:
     if mod is None:
         return []
+    if norm.weight is None:  # x / rms(x) alone: the module holds no weight, and computes that on a probe
+        held = [name for name, _ in mod.named_parameters()]
+        if held:
+            return [f"norm {norm.path}: holds {held[0]!r}, described without a weight"]
+        kind = norm_kind_by_behaviour(mod, torch.ones(norm.dim), None, norm.eps)
+        return [] if kind == norm.kind else [f"norm {norm.path}: computes {kind or 'none of ' + ', '.join(an.NORM_KINDS)}"
+                                             f" on a probe, described a weightless {norm.kind}"]
     weight = getattr(mod, norm.weight, None)
     if not isinstance(weight, torch.Tensor) or list(weight.shape) != [norm.dim]:
         shape = list(weight.shape) if isinstance(weight, torch.Tensor) else None

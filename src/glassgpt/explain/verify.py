@@ -389,7 +389,9 @@ def _tie_note(glass: GPTModel) -> list[str]:
 # own weights (float64; a norm in the model's dtype through float32, as the models compute it, so that its
 # float32 tolerance holds in bfloat16 too), from the module's own input to it. Between the stages, what each
 # sublayer reads is checked against the placement (pre, post, sandwich, parallel): a "(input)" stage, shown
-# only where it differs. No model file is imported: the description is the reference.
+# only where it differs. Gemma 4's per-layer inputs are a stage before the blocks (from the module's own
+# embeddings), each block's gated add of its slice and the norm on it two more, and its layer_scalar is part of
+# the block's last shortcut. No model file is imported: the description is the reference.
 
 DESCRIBED_MISTAKES = {
     "rope_interleaved": ("att", "RoPE rotates neighbouring pairs (x[0], x[1]), ... (interleaved); the book and "
@@ -410,6 +412,12 @@ DESCRIBED_MISTAKES = {
                         "or the model's own query_pre_attn_scalar^-0.5) before the softmax"),
     "no_window": ("att", "this {layer_type} layer lets each query see every earlier position: hide the keys {window} "
                          "or more positions back (query - key >= {window}) as well as the future"),
+    "no_v_norm": ("att", "the values are not normed: this model RMS-normalises each value head, without a weight, "
+                         "before the attention reads them: values = v_norm(values)"),
+    "v_norm_scaled": ("att", "the value norm multiplies by a weight: this model's v_norm has none (Gemma4RMSNorm(..., "
+                             "with_scale=False)), values / rms(values) alone"),
+    "layer_scalar_missing": ("shortcut", "the block's output is not multiplied by {scalar} ({scalar_value:.4g}): the "
+                                         "block's last step is x * self.layer_scalar, one stored number per block"),
     "norm_eps": ("norm", "RMSNorm's eps is {eps:g}, not {want:g}: Qwen3 uses 1e-6, Llama 3 1e-5"),
     "norm_low_precision": ("norm", "RMSNorm is computed in {dtype}: square and average in float32 "
                                    "(x = x.to(torch.float32)), then cast back, as the book's qwen3_compatible does"),
@@ -453,7 +461,6 @@ def check_described(model: nn.Module, anatomy: an.Anatomy, ids: list[int] | None
                     text: str | None = None) -> CheckResult:
     """Check a described model on `ids`, else on `text` read as its UTF-8 bytes (its own tokenizer is not loaded;
     ids modulo a toy vocabulary), else on 12 ids spread over the vocabulary."""
-    refuse_unchecked(anatomy)
     check_computable(model)
     vocab, context = anatomy.embedding.vocab_size, anatomy.positions.context_length
     if ids is None and text:
@@ -480,23 +487,6 @@ def check_described(model: nn.Module, anatomy: an.Anatomy, ids: list[int] | None
                        against=f"{anatomy.name}'s description in float64 (norms in the model's dtype)")
 
 
-def refuse_unchecked(anatomy: an.Anatomy) -> None:
-    """One line for a model whose stages check has no formulas for: Gemma 4's attention normalises its values
-    with a weightless norm and each block's output is multiplied by layer_scalar, neither of which its
-    description holds (gemma4.describe), so a correct model would be reported wrong; its per-layer inputs and
-    kv-shared layers have no stage here either. The layer debugger compares it with transformers instead."""
-    if anatomy.name != "Gemma 4":
-        return
-    more = [what for what, present in (
-        ("per-layer inputs", anatomy.embedding.per_layer_inputs is not None
-         or any(b.per_layer_input for b in anatomy.blocks)),
-        ("kv-shared layers", any(b.attention.kv_shared_from is not None for b in anatomy.blocks))) if present]
-    raise GlassError("check does not read Gemma 4 stage by stage yet: its description has no place for the value "
-                     "norm (v_norm, in every attention) nor layer_scalar (times each block's output)"
-                     + (f", and check has no stage for its {' and '.join(more)}" if more else "")
-                     + "; compare it with transformers layer by layer: glassgpt check PORT --against transformers")
-
-
 def _record_described(model: nn.Module, anatomy: an.Anatomy, batch: torch.Tensor) -> dict[str, tuple]:
     """{path: (input, output)} of each described part's first call in one forward pass (a module called twice,
     one norm read by two sublayers, keeps its first)."""
@@ -504,7 +494,11 @@ def _record_described(model: nn.Module, anatomy: an.Anatomy, batch: torch.Tensor
     paths += [anatomy.positions.path] if anatomy.positions.kind == "learned" else []
     for block in anatomy.blocks:
         paths += [block.path, block.attention.path, block.ff.path] + [n.path for n in block.norms]
+        own = block.per_layer_input
+        paths += [own.gate.path, own.norm.path] if own is not None else []
     seen: dict[str, tuple] = {}
+
+    reads_own = {b.path for b in anatomy.blocks if b.per_layer_input is not None}
 
     def tap(name: str):
         def hook(_mod, args, kwargs, out):
@@ -512,6 +506,9 @@ def _record_described(model: nn.Module, anatomy: an.Anatomy, batch: torch.Tensor
             y = out[0] if isinstance(out, (tuple, list)) else out
             if name not in seen:
                 seen[name] = (None if x is None else x.detach().clone(), y.detach().clone())
+            if name in reads_own and f"{name}<per_layer" not in seen:  # Gemma 4's block(x, per_layer_input, ...)
+                own = args[1] if len(args) > 1 else kwargs.get("per_layer_input")
+                seen[f"{name}<per_layer"] = own.detach().clone()
         return hook
 
     handles = [model.get_submodule(p).register_forward_hook(tap(p), with_kwargs=True) for p in dict.fromkeys(paths)]
@@ -551,9 +548,12 @@ def _described_stages(model: nn.Module, anatomy: an.Anatomy, seen: dict, batch: 
     yield _Stage("embeddings", seen[anatomy.blocks[0].path][0],
                  lambda m: (tok if m else tok * after) + pos, "embeddings", {"scale": after})
     previous = seen[anatomy.blocks[0].path][0]
+    if emb.per_layer_inputs is not None:
+        yield _per_layer_inputs_stage(model, anatomy, seen, batch)
     for block in anatomy.blocks:
         yield _reads(f"{block.path} (input)", seen[block.path][0], previous, {})
-        yield from _block_stages(model, block, seen)
+        src = block.attention.kv_shared_from  # a kv-shared layer's keys and values: from its source layer's input
+        yield from _block_stages(model, block, seen, None if src is None else seen[anatomy.blocks[src].attention.path][0])
         previous = seen[block.path][1]
     final = anatomy.final_norm
     yield _reads(f"{final.path} (input)", seen[final.path][0], previous, {})
@@ -566,9 +566,24 @@ def _described_stages(model: nn.Module, anatomy: an.Anatomy, seen: dict, batch: 
                  "head", {"scale": head.logit_scale or 1.0})
 
 
-def _block_stages(model: nn.Module, block: an.Block, seen: dict):
+def _per_layer_inputs_stage(model: nn.Module, anatomy: an.Anatomy, seen: dict, batch: torch.Tensor) -> _Stage:
+    """Gemma 4's per-layer inputs `[b, t, L, p]`, as the blocks read them (each its slice): the token's row of the
+    second table times sqrt(p), plus norm(projection(the embeddings) / sqrt(d)) per layer, times 2^-0.5."""
+    pl, emb = anatomy.embedding.per_layer_inputs, anatomy.embedding
+    b, t = batch.shape
+    got = torch.stack([seen[f"{blk.path}<per_layer"] for blk in anatomy.blocks], dim=2)  # L x [b, t, p] -> [b, t, L, p]
+    own = _param(model, emb.per_layer, "weight").double()[batch].reshape(b, t, pl.n_layers, pl.dim) * pl.dim ** 0.5
+    x = seen[anatomy.blocks[0].path][0]
+    projected = (_linear(model, pl.projection, x) * emb.emb_dim ** -0.5).reshape(b, t, pl.n_layers, pl.dim)
+    formula = lambda m: ((_norm_formula(model, pl.norm, projected)(None) + own) * 2 ** -0.5).reshape(b, t, -1)  # noqa: E731
+    return _Stage("per-layer inputs", got.reshape(b, t, -1), formula, "per_layer_inputs")
+
+
+def _block_stages(model: nn.Module, block: an.Block, seen: dict, kv_in: torch.Tensor | None = None):
     """One block's stages by its placement: pre x + sub(norm(x)); post x + norm(sub(x)); sandwich
-    x + norm(sub(norm(x))); parallel x + att(norm(x)) + ff(norm(x))."""
+    x + norm(sub(norm(x))); parallel x + att(norm(x)) + ff(norm(x)); then Gemma 4's per-layer input,
+    x + norm(projection(gelu_tanh(gate(x)) * its input)), and the output times the block's stored scale.
+    kv_in: a kv-shared layer's keys and values are made from its source layer's attention input."""
     att, ff, place = block.attention, block.ff, block.placement
     x, out = seen[block.path]
     (a_in, a_out), (f_in, f_out) = seen[att.path], seen[ff.path]
@@ -586,7 +601,7 @@ def _block_stages(model: nn.Module, block: an.Block, seen: dict):
         norm = n_out[0]
         yield _reads(f"{att.path} (input)", a_in, x, {"norm": norm.path.rpartition(".")[2], "placement": place},
                      {"norm_before": _norm_formula(model, norm, x)(None)})
-    yield _attention_stage(model, att, a_in, a_out, block.layer_type)
+    yield _attention_stage(model, att, a_in, a_out, block.layer_type, kv_in)
     added = a_out
     if n_out[0] is not None:
         yield _reads(f"{n_out[0].path} (input)", seen[n_out[0].path][0], a_out, {})
@@ -597,7 +612,7 @@ def _block_stages(model: nn.Module, block: an.Block, seen: dict):
         yield _reads(f"{ff.path} (input)", f_in, seen[n_in[0].path][1], {"norm": n_in[0].path.rpartition(".")[2]},
                      {"sequential": normed})
         yield _Stage(ff.path, f_out, _ff_formula(model, ff, f_in), "ff", _ff_facts(ff))
-        yield _Stage(f"{block.path}.shortcut", out, lambda m: x.double() + a_out.double() + f_out.double(), "shortcut")
+        yield _scaled(model, block, f"{block.path}.shortcut", out, lambda: x.double() + a_out.double() + f_out.double())
         return
     # the stream after the first shortcut, as the next part reads it
     h = seen[n_in[1].path][0] if n_in[1] is not None else f_in
@@ -616,7 +631,33 @@ def _block_stages(model: nn.Module, block: an.Block, seen: dict):
         yield _reads(f"{n_out[1].path} (input)", seen[n_out[1].path][0], f_out, {})
         yield _norm_stage(model, n_out[1], seen)
         added = seen[n_out[1].path][1]
-    yield _Stage(f"{block.path}.shortcut2", out, lambda m: h.double() + added.double(), "shortcut")
+    own = block.per_layer_input
+    if own is None:
+        yield _scaled(model, block, f"{block.path}.shortcut2", out, lambda: h.double() + added.double())
+        return
+    h2 = seen[own.gate.path][0]  # the stream after the second shortcut, as the per-layer gate reads it
+    yield _Stage(f"{block.path}.shortcut2", h2, lambda m: h.double() + added.double(), "shortcut")
+    yield _Stage(f"{block.path}.per_layer_input", seen[own.norm.path][0],
+                 _per_layer_formula(model, own, h2, seen[f"{block.path}<per_layer"]), "per_layer")
+    yield _norm_stage(model, own.norm, seen)
+    normed = seen[own.norm.path][1]
+    yield _scaled(model, block, f"{block.path}.shortcut3", out, lambda: h2.double() + normed.double())
+
+
+def _per_layer_formula(model: nn.Module, own: an.PerLayerInput, x: torch.Tensor, per_layer: torch.Tensor) -> Callable:
+    """projection(gelu_tanh(gate(x)) * the block's per-layer input), before its norm."""
+    return lambda m: _linear(model, own.projection, F.gelu(_linear(model, own.gate, x), approximate="tanh")
+                             * per_layer.double())
+
+
+def _scaled(model: nn.Module, block: an.Block, name: str, out: torch.Tensor, summed: Callable) -> _Stage:
+    """The block's last shortcut, times its stored output scale where it has one (Gemma 4's layer_scalar)."""
+    if block.output_scale is None:
+        return _Stage(name, out, lambda m: summed(), "shortcut")
+    scale = getattr(model.get_submodule(block.path), block.output_scale)
+    value = scale.double().reshape(())
+    return _Stage(name, out, lambda m: summed() if m else summed() * value, "shortcut",
+                  {"scalar": f"{block.path}.{block.output_scale}", "scalar_value": float(value)})
 
 
 def _reads(name: str, got: torch.Tensor, want: torch.Tensor, facts: dict, wrong: dict | None = None) -> _Stage:
@@ -667,7 +708,7 @@ def _norm_formula(model: nn.Module, norm: an.Norm, x: torch.Tensor) -> Callable:
     """The norm over the last dimension, computed through float32 and returned in x's dtype as the models do
     (float64 stays float64), or with a mistake (name, value)."""
     mod = model.get_submodule(norm.path)
-    weight = getattr(mod, norm.weight)
+    weight = getattr(mod, norm.weight) if norm.weight else None  # None: x / rms(x) alone (Gemma 4's value norm)
     bias = getattr(mod, norm.bias) if norm.bias else None
 
     def run(mistake):
@@ -680,7 +721,8 @@ def _norm_formula(model: nn.Module, norm: an.Norm, x: torch.Tensor) -> Callable:
             h = h - h.mean(dim=-1, keepdim=True)
         h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + (value if name == "norm_eps" else norm.eps))
         plus_one = norm.kind == "rmsnorm_plus_one" and name != "norm_plus_one_missing"
-        h = h * ((1.0 + weight.to(h.dtype)) if plus_one else weight.to(h.dtype))
+        if weight is not None:
+            h = h * ((1.0 + weight.to(h.dtype)) if plus_one else weight.to(h.dtype))
         return (h if bias is None else h + bias.to(h.dtype)).to(x.dtype).double()
     return run
 
@@ -735,11 +777,16 @@ def _head_formula(model: nn.Module, head: an.Head, x: torch.Tensor) -> Callable:
 def _rope_tables(rope: an.Rope, t: int, base: float | None = None, scaled: bool = True,
                  pairs: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin `[t, rotary_dim]` in float64: pair i turns at base^(-2i/rotary_dim), Llama 3's or YaRN's
-    scaling as described; each angle written for both dimensions of its pair (halves, or neighbours)."""
+    scaling as described (Gemma 4's proportional: `[t, head_dim]`, its pairs spread over the whole head); each
+    angle written for both dimensions of its pair (halves, or neighbours)."""
     rd = rope.rotary_dim or rope.head_dim
     inv_freq = 1.0 / ((base or rope.base) ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))  # [rd/2]
     values, factor = dict(rope.scaling_values), 1.0
-    if scaled and rope.scaling == "llama3":
+    if rope.scaling == "proportional":  # Gemma 4's: pairs (i, i + hd/2) of the whole head, the first rd/2 turning
+        hd = rope.head_dim               # at base^(-2i/hd), the others not at all
+        turned = 1.0 / ((base or rope.base) ** (torch.arange(0, rd, 2, dtype=torch.float64) / hd))
+        inv_freq = torch.cat([turned, torch.zeros(hd // 2 - rd // 2, dtype=torch.float64)])  # [hd/2]
+    elif scaled and rope.scaling == "llama3":
         inv_freq = _llama3_frequencies(inv_freq, values)
     elif scaled and rope.scaling == "yarn":
         inv_freq, factor = _yarn_frequencies(inv_freq, values, rd, base or rope.base), values["rope_attention_factor"]
@@ -790,16 +837,20 @@ def _rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     return _rotate(x, c, s, "neighbours")
 
 
-def _attention_stage(model: nn.Module, att: an.Attention, x: torch.Tensor, out: torch.Tensor, layer_type: str):
+def _attention_stage(model: nn.Module, att: an.Attention, x: torch.Tensor, out: torch.Tensor, layer_type: str,
+                     kv_in: torch.Tensor | None = None):
     facts = {"att": att, "layer_type": layer_type.removesuffix("_attention"), "window": att.window,
-             "scale": att.scale or att.head_dim ** -0.5}
-    formula = _linear_attention(model, att, x) if att.kind == "linear" else _causal_attention(model, att, x)
+             "scale": att.scale or att.head_dim ** -0.5,
+             "v_norm_weight": att.v_norm is not None and isinstance(
+                 getattr(model.get_submodule(att.v_norm.path), "weight", None), torch.Tensor)}
+    formula = _linear_attention(model, att, x) if att.kind == "linear" else _causal_attention(model, att, x, kv_in)
     return _Stage(att.path, out, formula, "att", facts)
 
 
-def _causal_attention(model: nn.Module, att: an.Attention, x: torch.Tensor) -> Callable:
-    """softmax(q k^T * scale, causal, windowed) v, per head, with the described QK-norm, RoPE, groups, latent
-    and output gate; or with a mistake (name, value)."""
+def _causal_attention(model: nn.Module, att: an.Attention, x: torch.Tensor, kv_x: torch.Tensor | None = None) -> Callable:
+    """softmax(q k^T * scale, causal, windowed) v, per head, with the described QK-norm, value norm, RoPE, groups,
+    latent and output gate; or with a mistake (name, value). kv_x: what the keys and values are made from, where
+    not x (a kv-shared layer: its source layer's input)."""
     b, t, _ = x.shape
     h, g, hd = att.n_heads, att.n_kv_groups, att.head_dim
 
@@ -813,7 +864,8 @@ def _causal_attention(model: nn.Module, att: an.Attention, x: torch.Tensor) -> C
 
     def run(mistake):
         name, value = mistake or (None, None)
-        kv_in = _linear(model, att.latent, x) if att.latent is not None else x
+        kv_in = kv_x if kv_x is not None else x
+        kv_in = _linear(model, att.latent, kv_in) if att.latent is not None else kv_in
         q, k, v = _linear(model, att.query, x), _linear(model, att.key, kv_in), _linear(model, att.value, kv_in)
         normed = name not in ("no_qk_norm", "qk_norm_after_rope")
         if normed:
@@ -821,6 +873,9 @@ def _causal_attention(model: nn.Module, att: an.Attention, x: torch.Tensor) -> C
         q, k, v = heads(q, h), heads(k, g), heads(v, g)
         if normed:
             q, k = qk_norm(att.q_norm, q, False), qk_norm(att.k_norm, k, False)
+        if att.v_norm is not None and name != "no_v_norm":
+            v_norm = att.v_norm if name != "v_norm_scaled" else replace(att.v_norm, weight="weight")
+            v = _norm_formula(model, v_norm, v)(None)
         if att.rope is not None:
             cos, sin = _rope_tables(att.rope, t, value if name == "rope_base" else None, name != "no_freq_scaling",
                                     "neighbours" if name == "rope_interleaved" else None)
@@ -897,9 +952,11 @@ def _candidates(stage: _Stage):
         yield from (("norm_eps", eps) for eps in EPSILONS if eps != norm.eps)
         if norm.kind == "rmsnorm_plus_one":
             yield "norm_plus_one_missing", None
-        if norm.kind == "rmsnorm" and facts["dtype"] not in (torch.float32, torch.float64):
+        if norm.kind == "rmsnorm" and norm.weight and facts["dtype"] not in (torch.float32, torch.float64):
             yield from (("norm_low_precision", (str(facts["dtype"]).removeprefix("torch."), w))
                         for w in (torch.float32, facts["dtype"]))
+    elif kind == "shortcut" and facts.get("scalar_value", 1.0) != 1.0:
+        yield "layer_scalar_missing", None
     elif kind == "ff":
         ff = facts["ff"]
         yield from ([("gate_up_swapped", None)] if ff.gate is not None else [])
@@ -910,6 +967,9 @@ def _candidates(stage: _Stage):
         yield from ([("no_window", None)] if att.window else [])
         yield from ([("repeat", None)] if att.n_kv_groups < att.n_heads else [])
         yield from ([("no_qk_norm", None), ("qk_norm_after_rope", None)] if att.q_norm else [])
+        if att.v_norm is not None:  # left out, or given a weight of its own (a module that holds one)
+            yield "no_v_norm", None
+            yield from ([("v_norm_scaled", None)] if facts["v_norm_weight"] else [])
         if att.rope is not None:
             yield from ([("rope_interleaved", None)] if att.rope.pairs == "halves" else [])
             yield "rope_on_values", None
@@ -955,7 +1015,7 @@ def _described_finding(anatomy: an.Anatomy, stages: list[StageCheck], first: Sta
         base=value if name == "rope_base" else 0, eps=value if name == "norm_eps" else 0,
         want=facts["att"].rope.base if name == "rope_base" else getattr(norm, "eps", 0),
         dtype=value[0] if name == "norm_low_precision" else None, **{k: v for k, v in facts.items() if k not in (
-            "norm", "att", "ff", "wrong", "dtype")}, **({"norm": norm} if isinstance(norm, str) else {}))
+            "norm", "att", "ff", "wrong", "dtype", "v_norm_weight")}, **({"norm": norm} if isinstance(norm, str) else {}))
     return f"{at}: {words}."
 
 

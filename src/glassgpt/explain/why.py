@@ -3,7 +3,7 @@
     why(model, tokenizer, "Every effort moves you") -> Why
 
 One analysis for every described model (glassgpt.describe: GPT-2, Qwen3, Llama 3.2, chapter 4's variants,
-Qwen3 MoE, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5), reading only the description, never a model's family.
+Qwen3 MoE, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5, Gemma 4), reading only the description, never a model's family.
 
 The parts. The last position's residual x (final_norm's input) is the sum of what every part wrote into
 the stream: the embedding (tok_emb, times its scale where it has one; pos_emb where positions are
@@ -18,6 +18,11 @@ as TransformerLens's `apply_ln_to_stack` freezes it), each logit is an exact sum
 final_norm's shift and out_head's bias where they exist; the head's logit scale multiplies every term, and
 a softcap (cap * tanh(z / cap)) scales each by its logit's capped / uncapped ratio, so the sum stays exact.
 A part behind a post-norm is split the same way, that norm's denominator frozen at its own input.
+Gemma 4's blocks write a third part, their per-layer input (x + norm(projection(gelu_tanh(gate(x)) * its
+slice))), and multiply their whole output by a stored number s_i (layer_scalar): the stream at the end is
+(s_0 ... s_{L-1}) emb + sum_i (s_i ... s_{L-1}) (att_i + ff_i + per_layer_i), so every write of block i (and
+the embedding, with block 0's) is read along c times the product of the scales from its block on, and the parts
+still sum to the logit exactly.
 
 Inside a part: an attention's write splits over its query heads (head j's context, its slice of out_proj's
 input, times its slice of out_proj; out_proj's bias is a part of its own); a mixture of experts' write
@@ -84,7 +89,7 @@ def why(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, versus:
     GPT-2's shape gives a Why; every other described model a DescribedWhy, the same fields plus its key/value
     groups, its frozen final denominator and, for a mixture of experts, each token's routed experts.
     """
-    refuse_undecomposed(describe(model))  # what it is made of; one line for an object of no kind glassgpt reads
+    describe(model)  # what it is made of; one line for an object of no kind glassgpt reads
     check_computable(model, tokenizer if ids is None else None)  # ids given are checked as they are
     cfg = adopt(model, described=True).cfg
     num_classes = getattr(cfg, "num_classes", None)
@@ -122,15 +127,6 @@ def why(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, versus:
         candidates=[{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)],
         contrast=contrast, patch=patched,
         notes=[n for n in (prompt.note, reading_line(cfg.num_classes, reading, prompt)) if n] + [ATTENTION_IS_NOT])
-
-
-def refuse_undecomposed(anatomy: an.Anatomy) -> None:
-    """One line for a model whose residual stream takes writes why does not split yet: Gemma 4's per-layer inputs
-    (gated into every block) and its layer scalars; the parts would not sum to the logit."""
-    if anatomy.embedding.per_layer_inputs is not None or any(b.per_layer_input for b in anatomy.blocks):
-        raise GlassError(f"why does not split {anatomy.name}'s logit yet: its blocks add per-layer inputs (a second "
-                         "embedding gated into every block) and scale each layer's output, which why has no parts "
-                         "for; trace and explain read it")
 
 
 def runs_on_the_fused_twin(anatomy: an.Anatomy) -> bool:
@@ -447,8 +443,9 @@ def record_parts(model: nn.Module, ids: list[int], cancel: threading.Event | Non
     block's input (`trf_blocks.i`) and final_norm's input, the embedding's output (and the learned positions'),
     each attention's output and its write into the stream (`.att`, `.att.write`: after its post-norm, where it
     has one), out_proj's input (the heads' contexts, `.att.out_proj`), the feed-forward's input, output and
-    write (`.ff.in`, `.ff`, `.ff.write`), and a mixture's routes (`routes`: each token's chosen experts and
-    their renormalised weights). Returns (seen, the last position's logits [V] in float32)."""
+    write (`.ff.in`, `.ff`, `.ff.write`), a per-layer input's write (`.per_layer.write`, Gemma 4), and a
+    mixture's routes (`routes`: each token's chosen experts and their renormalised weights). Returns (seen, the
+    last position's logits [V] in float32)."""
     if cancel is not None and cancel.is_set():
         raise TraceCancelled("the trace was cancelled")
     anatomy, seen = describe(model), {}
@@ -474,6 +471,9 @@ def record_parts(model: nn.Module, ids: list[int], cancel: threading.Event | Non
         for role, name in (("attn_out", "att"), ("ff_out", "ff")):
             if block.norm(role) is not None:
                 handles.append(part(block.norm(role).path).register_forward_hook(keep_output(f"{p}.{name}.write")))
+        if block.per_layer_input is not None:  # Gemma 4: its write is the norm on the gated per-layer input
+            handles.append(part(block.per_layer_input.norm.path).register_forward_hook(
+                keep_output(f"{p}.per_layer.write")))
         if ff.experts is not None:
             handles.append(part(ff.experts.router.path).register_forward_hook(keep_output(f"{p}.ff.router")))
     try:
@@ -502,21 +502,36 @@ def _routes(scores: torch.Tensor, k: int) -> list[list[dict[str, Any]]]:
 
 
 def stream_writes(model: nn.Module, seen: dict, position: int = -1) -> list[tuple[str, torch.Tensor]]:
-    """What each part wrote into the residual stream at `position`, `[d]` each, in float64: the embedding
-    (tok_emb, and pos_emb where positions are learned) and every block's attention and feed-forward. Their sum
-    is final_norm's input there (tests/test_why_models.py holds it so for every described model)."""
+    """What each part wrote into the residual stream at `position`, `[d]` each, in float64, as it reaches the end:
+    the embedding (tok_emb, and pos_emb where positions are learned) and every block's attention, feed-forward
+    and per-layer input, each times the blocks' output scales from its block on (gains). Their sum is
+    final_norm's input there (tests/test_why_models.py holds it so for every described model)."""
     anatomy = describe(model)
+    gain = gains(model, anatomy)
     start = seen["trf_blocks.0"][0, position].double()  # the first block's input: the embedding, scaled, plus positions
     writes = []
     if "pos_emb" in seen:
         pos = seen["pos_emb"].reshape(-1, start.shape[-1])[position].double()  # [t, d] (or [1, t, d])
-        writes += [("tok_emb", start - pos), ("pos_emb", pos)]
+        writes += [("tok_emb", (start - pos) * gain[0]), ("pos_emb", pos * gain[0])]
     else:
-        writes.append(("tok_emb", start))
-    for i in range(anatomy.n_layers):
-        writes += [(f"trf_blocks.{i}.{name}", seen[f"trf_blocks.{i}.{name}.write"][0, position].double())
-                   for name in ("att", "ff")]
+        writes.append(("tok_emb", start * gain[0]))
+    for i, block in enumerate(anatomy.blocks):
+        names = ("att", "ff") + (("per_layer",) if block.per_layer_input is not None else ())
+        writes += [(f"trf_blocks.{i}.{name}", seen[f"trf_blocks.{i}.{name}.write"][0, position].double() * gain[i])
+                   for name in names]
     return writes
+
+
+def gains(model: nn.Module, anatomy: an.Anatomy) -> list[float]:
+    """Per block, what multiplies its writes on their way to the end: the product of the output scales of it and
+    of every block after it (Gemma 4's layer_scalar; 1.0 where a block has none)."""
+    scales = [1.0 if b.output_scale is None else float(getattr(_module(model, b.path), b.output_scale).double())
+              for b in anatomy.blocks]
+    out, running = [], 1.0
+    for scale in reversed(scales):
+        running *= scale
+        out.append(running)
+    return out[::-1]
 
 
 def frozen_norm(norm: an.Norm, module: nn.Module, x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, float, float]:
@@ -579,16 +594,18 @@ def head_layout(att: an.Attention) -> tuple[int, int]:
 
 def attribute_parts(model: nn.Module, seen: dict, a: int, b: int | None, shares: dict) -> dict[str, Any]:
     """The parts of logit[a] (- logit[b]) at the last position: the embedding, each query head, out_proj's bias,
-    each feed-forward (or each routed expert), the constants; each head split over the sources (`shares`:
-    split_over_sources's contexts)."""
+    each feed-forward (or each routed expert), each per-layer input, the constants; each head split over the
+    sources (`shares`: split_over_sources's contexts)."""
     anatomy = describe(model)
     c, constants, denominator = readout(model, seen["final_norm"][0, -1], a, b)
     parts = [{"name": name, "value": float(v @ c)} for name, v in stream_writes(model, seen)
              if name in ("tok_emb", "pos_emb")]
     heads, ff, by_source = [], [], []
     t = seen["trf_blocks.0"].shape[1]
+    c_end, gain = c, gains(model, anatomy)
     for i, block in enumerate(anatomy.blocks):
         p, att = f"trf_blocks.{i}", block.attention
+        c = c_end * gain[i]  # block i's writes reach the end times the output scales from it on
         n, width = head_layout(att)
         size = max(1, att.n_heads // att.n_kv_groups)
         c_att, shift = _behind(model, block.norm("attn_out"), seen[f"{p}.att"][0, -1], c)
@@ -613,6 +630,8 @@ def attribute_parts(model: nn.Module, seen: dict, a: int, b: int | None, shares:
             parts += expert_parts(model, block.ff, seen[f"{p}.ff.in"][0, -1], seen["routes"][i][-1], c_ff, p)
             if ff_shift:
                 parts.append({"name": f"{p}.ff.norm.shift", "value": ff_shift})
+        if block.per_layer_input is not None:  # Gemma 4: the block's per-layer input, gated, projected and normed
+            parts.append({"name": f"{p}.per_layer", "value": float(seen[f"{p}.per_layer.write"][0, -1].double() @ c)})
     return {"parts": parts + constants, "heads": heads, "ff": ff, "by_source": by_source, "rms": denominator}
 
 

@@ -45,6 +45,8 @@ HF_LAYER_NAMES = {
                                 "post_feedforward_layernorm", "per_layer_input_gate", "per_layer_projection",
                                 "post_per_layer_input_norm")} | {"self_attn": "att", "mlp": "mlp"},
 }
+# modules with no weight of their own (so not in the tables of stored tensors above): the description's paths only
+HF_WEIGHTLESS = {"gemma4": {"self_attn.v_norm": "att.v_norm"}}
 HF_TOP = {"model.embed_tokens": "tok_emb", "model.norm": "final_norm", "lm_head": "out_head",
           "model.embed_tokens_per_layer": "embed_tokens_per_layer",
           "model.per_layer_model_projection": "per_layer_model_projection",

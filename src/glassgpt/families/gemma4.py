@@ -424,8 +424,8 @@ CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Gemma4Config))
 def describe(cfg: Gemma4Config) -> an.Anatomy:
     """This file's model as data: a scaled embedding with per-layer embeddings, sandwich blocks of RMSNorms,
     sliding and full attention (their own head sizes and RoPE, proportional and partial in the full layers),
-    kv-shared layers, GeGLU, the per-layer inputs, a softcapped tied head. (The weightless v_norm and layer_scalar
-    have no place in the description's vocabulary: the docstring above says them.)"""
+    kv-shared layers (their keys, values and the norms on them their source's), the weightless value norm, GeGLU,
+    the per-layer inputs, layer_scalar times each block's output, a softcapped tied head."""
     d, h, g, eps = cfg.emb_dim, cfg.n_heads, cfg.n_kv_heads, cfg.layer_norm_eps
     pl, L = cfg.hidden_size_per_layer_input, cfg.n_layers
 
@@ -452,6 +452,7 @@ def describe(cfg: Gemma4Config) -> an.Anatomy:
                            out=an.Linear(f"{p}.att.o_proj", h * hd, d, False), rope=rope(layer_type),
                            window=cfg.sliding_window if layer_type == "sliding_attention" else None,
                            q_norm=norm(f"{p}.att.q_norm", "q_norm", hd), k_norm=norm(f"{kv}.k_norm", "k_norm", hd),
+                           v_norm=an.Norm(f"{kv}.v_norm", "rmsnorm", hd, eps, weight=None, role="v_norm"),
                            scale=1.0, kv_shared_from=src)
         ff = an.FeedForward(f"{p}.mlp", "geglu", f, "gelu_tanh", up=an.Linear(f"{p}.mlp.up_proj", d, f, False),
                             down=an.Linear(f"{p}.mlp.down_proj", f, d, False),
@@ -461,7 +462,8 @@ def describe(cfg: Gemma4Config) -> an.Anatomy:
         own = an.PerLayerInput(an.Linear(f"{p}.per_layer_input_gate", d, pl, False),
                                an.Linear(f"{p}.per_layer_projection", pl, d, False),
                                norm(f"{p}.post_per_layer_input_norm", "per_layer")) if pl else None
-        return an.Block(i, p, "sandwich", norms, att, ff, layer_type=layer_type, per_layer_input=own)
+        return an.Block(i, p, "sandwich", norms, att, ff, layer_type=layer_type, per_layer_input=own,
+                        output_scale="layer_scalar")
 
     return an.Anatomy(name="Gemma 4", source="glassgpt's Gemma4DenseModel",
                       embedding=an.Embedding("tok_emb", cfg.vocab_size, d, scale=math.sqrt(d),

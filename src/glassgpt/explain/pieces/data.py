@@ -106,7 +106,9 @@ def words_broken(got: list[int], want: list[int], text: str, vocab: dict[str, in
                       f"vocabulary (str_to_int's values): encode gives self.str_to_int[s] for each word")
     k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
     if k >= len(want):
-        return None
+        return Broken("token_count", "tokens", f"token {k}", f"your encode gives {len(got)} ids for the text's "
+                      f"{len(want)} words and punctuation marks, the extra from token {k} on ({got[k]} "
+                      f"{words[got[k]]!r}): one id per word of the split, [self.str_to_int[s] for s in preprocessed]")
     book, yours = words[want[k]], (repr(words[got[k]]) if k < len(got) else "nothing")
     if book == "<|endoftext|>":
         return Broken("special_token", "tokens", f"token {k}", f"token {k} should be <|endoftext|>, kept as one "
@@ -119,7 +121,10 @@ def words_broken(got: list[int], want: list[int], text: str, vocab: dict[str, in
         return Broken("split", "tokens", f"token {k}", f"token {k} should be {book!r}, a punctuation mark split off "
                       f"the word before it, yours is {yours}: split on punctuation, double dashes and spaces, "
                       f"re.split(r'{SPLIT}', text)")
-    return None
+    case = k < len(got) and words[got[k]].lower() == book.lower()
+    return Broken("lookup", "tokens", f"token {k}", f"word {k} of the text, {book!r}, is in your vocabulary as "
+                  f"{want[k]}, yours gives {yours}" + (" (the same word in another case)" if case else "") +
+                  ": each word is looked up as the text writes it, self.str_to_int[s]")
 
 
 def _check_tiktoken_style(tok: Any, kind: str) -> PieceResult:
@@ -205,7 +210,9 @@ def _ids_differ(result: PieceResult, got: list[int], want: list[int], variants: 
     result.mistake = next((m for m, fn in variants.items() if fn() == got), None)
     what = f"token {k} first differs: yours is {yours}, the book's {book}"
     result.finding = f"{what}: {MISTAKES[result.mistake]}" if result.mistake else \
-        f"{what}; no known mistake reproduces it: compare your encode with the book's"
+        f"{what}; it keeps what was checked (ids of the vocabulary, one per word, punctuation split off, " \
+        f"<|endoftext|> kept, unknown words as <|unk|>), and no known mistake reproduces it: compare your encode " \
+        f"with the book's"
     return result
 
 
@@ -342,7 +349,9 @@ def _windows_differ(result, ids, got: Windows, want: Windows, max_length: int, s
     if broken is not None:
         return found(result, broken, mistake, MISTAKES)
     result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
-        f"{what}; no known mistake reproduces it: compare your __init__'s loop with the book's GPTDatasetV1"
+        f"{what}; it keeps what was checked (targets shifted by one, max_length tokens a window, each window a run " \
+        f"of the text's ids at k * stride, the number of windows, each target), and no known mistake reproduces " \
+        f"it: compare your __init__'s loop with the book's GPTDatasetV1"
     return result
 
 

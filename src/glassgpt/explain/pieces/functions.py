@@ -9,6 +9,7 @@ class), calc_accuracy_loader, custom_collate_fn (the book's three examples) and 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -49,9 +50,9 @@ MISTAKES = {
 }
 
 
-def book_model(num_classes: int | None = None, seed: int = 123) -> GPTModel:
+def book_model(num_classes: int | None = None, seed: int = 123, drop_rate: float = 0.0) -> GPTModel:
     """A small model.py GPT whose logits are spread (a random head gives near-uniform ones)."""
-    cfg = GPTConfig(vocab_size=50257, context_length=8, emb_dim=32, n_heads=2, n_layers=1, drop_rate=0.0,
+    cfg = GPTConfig(vocab_size=50257, context_length=8, emb_dim=32, n_heads=2, n_layers=1, drop_rate=drop_rate,
                     num_classes=num_classes, tie_embeddings=False)
     torch.manual_seed(seed)
     model = GPTModel(cfg).eval()
@@ -107,13 +108,18 @@ def check_generate(fn: Callable, kind: str) -> PieceResult:
             result.stage, result.where, result.mistake = "tokens", f"new token {k - idx.shape[1]}", mistake
             what = (f"with {_args(s, simple)}, new token {k - idx.shape[1]} first differs: yours "
                     f"{_at(got, k)}, glassgpt's {_at(want, k)}")
-            broken = prompt_kept(got, idx) or (
+            broken = prompt_kept(got, idx) or too_many(got, idx, n) or (
                 greedy_pick(model, got, k, ctx, k - idx.shape[1]) if s["temperature"] == 0 else
-                sampled_pick(model, got, k, ctx, k - idx.shape[1], s["top_k"]))
+                sampled_pick(model, got, k, ctx, k - idx.shape[1], s["top_k"]) or
+                sampled_temperature(model, idx, got, n, ctx, s, k - idx.shape[1]))
             if broken is not None:
                 return found(result, broken, mistake, MISTAKES)
+            checked = ("the prompt kept, one token a turn, the argmax of the last position's logits" if
+                       s["temperature"] == 0 else "the prompt kept, one token a turn, top-k, the temperature "
+                       "fitted (0, 1, its inverse, its square)")
             result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
-                f"{what}; no known mistake reproduces it: compare your loop with the book's generate"
+                f"{what}; it keeps what was checked ({checked}), and no known mistake reproduces it: compare " \
+                f"your loop with the book's generate"
             return result
     result.finding = f"{kind} picks the same tokens as glassgpt's formula" + \
         ("." if simple else ", greedy and sampled with the same seed.")
@@ -160,6 +166,39 @@ def prompt_kept(got: torch.Tensor, idx: torch.Tensor) -> Broken | None:
     return Broken("prompt_kept", "tokens", f"token {j} of the prompt", f"the output's token {j} is {yours} where the "
                   f"prompt's is {int(idx[0, j])}: generate returns the prompt followed by the new tokens, each "
                   f"appended to the context, idx = torch.cat((idx, idx_next), dim=1)")
+
+
+def too_many(got: torch.Tensor, idx: torch.Tensor, n: int) -> Broken | None:
+    """The loop adds max_new_tokens tokens, not more (fewer: greedy_pick's stops_early)."""
+    extra = got.shape[1] - idx.shape[1] - n
+    if extra <= 0:
+        return None
+    return Broken("new_tokens", "tokens", f"new token {n}", f"the output holds {n + extra} new tokens where "
+                  f"max_new_tokens = {n}, the extra from new token {n} on: for _ in range(max_new_tokens) adds one "
+                  f"token each turn")
+
+
+def sampled_temperature(model, idx: torch.Tensor, got: torch.Tensor, n: int, ctx: int, s: dict,
+                        new: int) -> Broken | None:
+    """Sampling's temperature, fitted: the reader's tokens replayed with the same seed at the temperatures a
+    slip gives (none, greedy, the inverse, the square); the one that gives them all is named."""
+    temperature = s["temperature"]
+    tries = [(1.0, "1: the temperature changes nothing"), (0.0, "0: greedy, the argmax, with no sampling"),
+             (1 / temperature, f"{1 / temperature:g} = 1/{temperature:g}: the logits are multiplied by the "
+                                f"temperature"),
+             (temperature ** 2, f"{temperature ** 2:g} = {temperature:g}**2: the logits are divided by it twice")]
+    for t, said in tries:
+        if t == temperature:
+            continue
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(123)
+            ids = generate_formula(model, idx.clone(), n, ctx, t, s["top_k"])
+        if _same_ids(ids, got):
+            return Broken("temperature", "tokens", f"new token {new}", f"with temperature={temperature:g}, your "
+                          f"tokens are those the same seed samples at temperature {said}; the formula divides the "
+                          f"last position's logits by the temperature once, before the softmax: logits / "
+                          f"temperature, then torch.multinomial(probs, num_samples=1)")
+    return None
 
 
 def sampled_pick(model, got: torch.Tensor, k: int, ctx: int, new: int, top_k: int | None) -> Broken | None:
@@ -257,10 +296,15 @@ def check_loss(fn: Callable, kind: str) -> PieceResult:
                 else float(loss_formula(model, *batches[0], chapter)))
         tries.append((chapter, model, batches, got, want))
         if isinstance(got, float) and abs(got - want) <= 1e-5 * abs(want):
-            return PieceResult(f"{kind} (chapter {chapter})", _fed(chapter, loader, batches),
-                               lines=[f"loss {got:.6f}, glassgpt's {want:.6f}"],
-                               finding=f"{kind} gives glassgpt's {'mean ' if loader else ''}cross-entropy "
-                                       f"({'every position' if chapter == 5 else 'the last token'}).")
+            result = PieceResult(f"{kind} (chapter {chapter})", _fed(chapter, loader, batches),
+                                 lines=[f"loss {got:.6f}, glassgpt's {want:.6f}"],
+                                 finding=f"{kind} gives glassgpt's {'mean ' if loader else ''}cross-entropy "
+                                         f"({'every position' if chapter == 5 else 'the last token'}).")
+            broken = ignored_targets(fn, kind, model, batches, loader) if chapter == 5 else None
+            if broken is not None:
+                result.lines.append("the same batches with padding targets set to -100: another loss")
+                return found(result, broken, None, MISTAKES)
+            return result
     chapter, model, batches, got, want = next((t for t in tries if isinstance(t[3], float)), tries[0])
     result = PieceResult(f"{kind} (chapter {chapter})", _fed(chapter, loader, batches))
     result.stage = "loss"
@@ -272,19 +316,105 @@ def check_loss(fn: Callable, kind: str) -> PieceResult:
             mistake = "not_flattened" if type(err) is type(got) and str(err) == str(got) else None
         result.where = "the call"
         what = f"{kind} raised {type(got).__name__}: {str(got).splitlines()[0]}"
+        if mistake is None:
+            return found(result, Broken("runs", "loss", "the call", f"{what}, on chapter 5's batches ([b, t] "
+                                        f"inputs and targets) and on chapter 6's ([b, t] inputs, [b] labels): it takes "
+                                        f"(input_batch, target_batch, model, device) and returns the loss"), None,
+                         MISTAKES)
     else:
         variants = {"first_token": lambda: loss_formula(model, *batches[0], chapter, "first_token")} \
             if chapter == 6 and not loader else {}
         mistake = next((m for m, fn_ in variants.items() if abs(float(fn_()) - got) <= 1e-5 * abs(got)), None)
         result.where = "the loss"
         what = f"the loss is {got:.6f}, glassgpt's {want:.6f}"
-        broken = loss_positions(model, batches if loader else batches[:1], got, chapter)
+        used = batches if loader else batches[:1]
+        broken = loss_positions(model, used, got, chapter) or loss_count(model, used, got, chapter, loader) or \
+            (loss_pairing(model, used, got) if chapter == 5 else None)
         if broken is not None:
             return found(result, broken, mistake, MISTAKES)
     result.mistake = mistake
     result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
-        f"{what}; no known mistake reproduces it: compare with the book's {kind}"
+        f"{what}; it is no mean or sum of the cross-entropy over the positions checked (every position, the last, " \
+        f"the first, all but the last or the first), over no other count, nor of targets paired in another order, " \
+        f"and no known mistake reproduces it: compare with the book's {kind}"
     return result
+
+
+def _cross_entropies(model, batches, chapter: int) -> list[torch.Tensor]:
+    """Per batch, the cross-entropy at each position the formula averages over ([b, t], chapter 6 [b])."""
+    per = []
+    for x, y in batches:
+        with torch.no_grad():
+            logits = model(x).double()
+        per.append(F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+                   if chapter == 5 else F.cross_entropy(logits[:, -1], y, reduction="none"))
+    return per
+
+
+def loss_count(model, batches, got: float, chapter: int, loader: bool) -> Broken | None:
+    """The mean's count: the summed cross-entropy divided by the number of positions it sums (the loader: the
+    batch losses by the number of batches); the reader's divisor is fitted, and named when it is a whole number."""
+    per = _cross_entropies(model, batches, chapter)
+    n = per[0].numel()
+    divisors = [("loader", sum(float(p.mean()) for p in per) / got, len(per))] if loader else []
+    divisors.append(("batch", float(sum(float(p.sum()) for p in per) / len(per)) / got, n))
+    for which, c, want in divisors:
+        if abs(c - round(c)) > 1e-4 * max(c, 1) or round(c) == want or round(c) < 1:
+            continue
+        b, t = batches[0][0].shape
+        if which == "loader":
+            return Broken("loss_count", "loss", "the number of batches", f"the loss divides the sum of the "
+                          f"{len(per)} batch losses by {round(c)}, not by the number of batches {len(per)}: "
+                          f"total_loss / num_batches")
+        what = f"the {b} x {t} positions" if chapter == 5 else f"the {b} examples' last positions"
+        return Broken("loss_count", "loss", "the count", f"the loss divides the cross-entropy summed over {what} "
+                      f"by {round(c)}, not by their count {want} (batch size {b}, {t} tokens a window): "
+                      f"cross_entropy's mean, reduction='mean'")
+    return None
+
+
+def loss_pairing(model, batches, got: float) -> Broken | None:
+    """Chapter 5's logits and targets flattened in the same order: position j of window i pairs with
+    target [i, j]; the reader's loss matched against the targets read position by position instead."""
+    value = 0.0
+    for x, y in batches:
+        with torch.no_grad():
+            logits = model(x).double()
+        if y.shape[0] == y.shape[1]:
+            return None  # a square batch: its transpose is no other order to tell
+        value += float(F.cross_entropy(logits.flatten(0, 1), y.transpose(0, 1).flatten()))
+    if abs(value / len(batches) - got) > 1e-5 * abs(got):
+        return None
+    return Broken("loss_pairing", "loss", "window 0, position 1", f"the loss pairs the logits of window 0, "
+                  f"position 1 with another window's target: the logits are flattened window by window, the "
+                  f"targets position by position (target_batch.T); flatten both the same way, "
+                  f"cross_entropy(logits.flatten(0, 1), target_batch.flatten())")
+
+
+def ignored_targets(fn: Callable, kind: str, model, batches, loader: bool) -> Broken | None:
+    """ignore_index: chapter 7 sets the padding targets to -100, which cross_entropy leaves out of the mean;
+    the reader's loss on the same batches with the last two targets of window 1 set to -100."""
+    masked = []
+    for x, y in batches:
+        y = y.clone()
+        y[1, -2:] = -100
+        masked.append((x, y))
+    want = sum(float(loss_formula(model, x, y, 5)) for x, y in masked) / len(masked) if loader else \
+        float(loss_formula(model, *masked[0], 5))
+    try:
+        got = fn(masked, model, "cpu") if loader else fn(*masked[0], model, "cpu")
+        got = float(got.detach() if torch.is_tensor(got) else got)
+    except Exception as err:  # the reader's function on targets holding -100
+        got = err
+    t = masked[0][1].shape[1]
+    where = f"window 1, position {t - 2}"
+    if isinstance(got, float) and abs(got - want) <= 1e-5 * abs(want):
+        return None
+    said = (f"it raises {type(got).__name__}: {str(got).splitlines()[0] if str(got) else ''}"
+            if isinstance(got, Exception) else f"the loss is {got:.6f}, glassgpt's {want:.6f}")
+    return Broken("ignore_index", "loss", where, f"with the targets of {where} and after set to -100 (chapter 7's "
+                  f"padding), {said}: cross_entropy leaves the targets -100 out, its default ignore_index, and "
+                  f"averages over the others; keep F.cross_entropy(logits.flatten(0, 1), target_batch.flatten())")
 
 
 def loss_positions(model, batches, got: float, chapter: int) -> Broken | None:
@@ -319,10 +449,17 @@ def _fed(chapter: int, loader: bool, batches) -> str:
 
 
 def check_accuracy(fn: Callable, kind: str) -> PieceResult:
-    model = book_model(num_classes=2)
+    model = book_model(num_classes=2, drop_rate=0.5)  # dropout: a forward in training mode gives other numbers
     batches = class_batches(model)
-    result = PieceResult(kind, "2 batches of 8 random texts with labels 0/1, a small model.py classifier")
-    got = float(run_reader(f"{kind}(loader, model, 'cpu')", lambda: fn(batches, model, "cpu")))
+    result = PieceResult(kind, "2 batches of 8 random texts with labels 0/1, a small model.py classifier "
+                               "(drop_rate 0.5), given in eval mode")
+    modes: list[bool] = []
+    hook = model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    try:
+        got = float(run_reader(f"{kind}(loader, model, 'cpu')", lambda: fn(batches, model, "cpu")))
+    finally:
+        hook.remove()
+        model.eval()
     want = accuracy_formula(model, batches)
     result.lines.append(f"accuracy {got:.4f}, glassgpt's {want:.4f}")
     if abs(got - want) <= 1e-9:
@@ -331,14 +468,43 @@ def check_accuracy(fn: Callable, kind: str) -> PieceResult:
     mistake = "first_token" if abs(got - accuracy_formula(model, batches, "first_token")) <= 1e-9 else None
     result.stage, result.where, result.mistake = "accuracy", "the accuracy", mistake
     what = f"the accuracy is {got:.4f}, glassgpt's {want:.4f}"
+    if any(modes):
+        k = modes.index(True)
+        return found(result, Broken("eval_mode", "accuracy", f"batch {k}", f"{what}: the model runs in training mode "
+                                    f"from batch {k} on (its forward sees model.training True), so dropout changes "
+                                    f"the logits; the accuracy is measured in eval mode: model.eval() before the "
+                                    f"loop"), mistake, MISTAKES)
     position = _accuracy_position(model, batches, got)
     if position is not None:
         return found(result, Broken("accuracy_position", "accuracy", f"position {position}", f"{what}: it is the "
                                     f"argmax accuracy of position {position}'s logits; the classifier reads the last "
                                     f"token's, model(input_batch)[:, -1, :]"), mistake, MISTAKES)
+    broken = _accuracy_count(model, batches, got)
+    if broken is not None:
+        broken.words = f"{what}: {broken.words}"
+        return found(result, broken, mistake, MISTAKES)
     result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
-        f"{what}; no known mistake reproduces it: compare with the book's calc_accuracy_loader"
+        f"{what}; it keeps what was checked (eval mode, the argmax of one position's logits, the count of " \
+        f"examples), and no known mistake reproduces it: compare with the book's calc_accuracy_loader"
     return result
+
+
+def _accuracy_count(model, batches, got: float) -> Broken | None:
+    """The accuracy's count: the right predictions (the last token's argmax) over the number of examples; the
+    reader's divisor is fitted, and named when it is a whole number."""
+    right = seen = 0
+    for x, y in batches:
+        with torch.no_grad():
+            right += int((model(x)[:, -1, :].argmax(-1) == y).sum())
+        seen += len(y)
+    if got <= 0 or right == 0:
+        return None
+    c = right / got
+    if abs(c - round(c)) > 1e-6 * c or round(c) == seen:
+        return None
+    return Broken("example_count", "accuracy", "the count", f"it is the {right} right predictions divided by "
+                  f"{round(c)}, not by the number of examples {seen} ({len(batches)} batches of {len(batches[0][1])}): "
+                  f"num_examples += predicted_labels.shape[0]")
 
 
 def _accuracy_position(model, batches, got: float) -> int | None:
@@ -373,19 +539,24 @@ def collate_formula(batch, pad_token_id=50256, ignore_index=-100, allowed_max_le
 
 
 def check_collate(fn: Callable, kind: str) -> PieceResult:
-    result = PieceResult(kind, f"the book's batch {COLLATE_BATCH}, then again with allowed_max_length=4")
-    for kwargs in ({}, {"allowed_max_length": 4}):
-        got = run_reader(f"{kind}(batch{', allowed_max_length=4' if kwargs else ''})",
-                         lambda: fn([list(b) for b in COLLATE_BATCH], **kwargs))
+    runs: list[dict] = [{}, {"allowed_max_length": 4}]
+    if "pad_token_id" in inspect.signature(fn).parameters:
+        runs.append({"pad_token_id": 999})  # the padding token it is given, not 50256 written in
+    result = PieceResult(kind, f"the book's batch {COLLATE_BATCH}, then again with " +
+                         ", then ".join(f"{k}={v}" for r in runs[1:] for k, v in r.items()))
+    for kwargs in runs:
+        said = "".join(f", {k}={v}" for k, v in kwargs.items())
+        got = run_reader(f"{kind}(batch{said})", lambda: fn([list(b) for b in COLLATE_BATCH], **kwargs))
         want = collate_formula(COLLATE_BATCH, **kwargs)
         result.views.setdefault("batches", []).append({"reader": [t.tolist() for t in got],
                                                        "book": [t.tolist() for t in want]})
         for part, g, w in (("inputs", got[0], want[0]), ("targets", got[1], want[1])):
-            if g.shape != w.shape or not torch.equal(g.cpu(), w):
+            if g.shape != w.shape or not torch.equal(g.cpu(), w) or g.is_floating_point():
                 mistake = next((m for m in ("no_ignore_index", "first_eot_masked", "not_shifted")
                                 if all(torch.equal(a.cpu(), b) for a, b in
                                        zip(got, collate_formula(COLLATE_BATCH, mistake=m, **kwargs)))), None)
-                broken = collate_broken(COLLATE_BATCH, got[0].cpu(), got[1].cpu(), kwargs.get("allowed_max_length"))
+                broken = collate_broken(COLLATE_BATCH, got[0].cpu(), got[1].cpu(), kwargs.get("allowed_max_length"),
+                                        kwargs.get("pad_token_id", 50256))
                 if broken is not None:
                     return found(result, broken, mistake, MISTAKES)
                 row, col = _first_cell(g, w)
@@ -393,7 +564,9 @@ def check_collate(fn: Callable, kind: str) -> PieceResult:
                 what = (f"the {part} first differ at row {row}, position {col}: yours {g.tolist()[row]}, "
                         f"the book's {w.tolist()[row]}")
                 result.finding = f"{what}: {MISTAKES[mistake]}" if mistake else \
-                    f"{what}; no known mistake reproduces it: compare with the book's custom_collate_fn"
+                    f"{what}; it keeps what was checked (integer ids, one row per example, the length, the " \
+                    f"padding token, the shift by one, the first padding kept, -100 after it), and no known " \
+                    f"mistake reproduces it: compare with the book's custom_collate_fn"
                 return result
         result.lines.append(f"{kwargs or 'defaults'}: the book's inputs and targets")
     result.finding = f"{kind} pads with 50256, shifts the targets by one and masks the padding after the first " \
@@ -410,6 +583,10 @@ def collate_broken(batch, inputs: torch.Tensor, targets: torch.Tensor, allowed_m
     longest = max(len(item) for item in batch)
     length = longest if allowed_max_length is None else min(longest, allowed_max_length)
     for part, t in (("inputs", inputs), ("targets", targets)):
+        if t.is_floating_point() or t.is_complex():
+            return Broken("integer_ids", part, "the batch", f"the {part} are {str(t.dtype).removeprefix('torch.')}: "
+                          f"token ids are whole numbers, torch.long (the embedding looks them up, cross_entropy "
+                          f"reads the targets as class indices): torch.tensor(padded[:-1]) keeps them integers")
         if t.dim() != 2 or t.shape[0] != len(batch):
             return Broken("batch_shape", part, "the batch", f"the {part} are {list(t.shape)}: one row per "
                           f"example, [{len(batch)}, {length}], torch.stack(inputs_lst)")

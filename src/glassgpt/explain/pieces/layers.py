@@ -87,9 +87,22 @@ def check_layer_norm(norm: nn.Module, x: torch.Tensor | None = None, kind: str =
 
     def normalized():  # the reader's output with its own scale and shift taken off: what the formula fixes
         scale, shift = _scale_shift(norm, d)
-        return properties.norm_rows(x, (as_double(got) - shift) / scale, False, float(getattr(norm, "eps", 1e-5)))
+        return _scale_shift_swapped(x, got, scale, shift, float(getattr(norm, "eps", 1e-5))) or \
+            properties.norm_rows(x, (as_double(got) - shift) / scale, False, float(getattr(norm, "eps", 1e-5)))
     return _compare(result, got, want, {m: (lambda m=m: norm_formula(norm, x, m)) for m in ("no_eps", "unbiased_var")},
                     "row", normalized)
+
+
+def _scale_shift_swapped(x: torch.Tensor, got: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+                         eps: float):
+    """The affine step: scale times the normalized rows, plus shift; named when the two trade places."""
+    h = as_double(x)
+    z = (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, keepdim=True, unbiased=False) + eps)
+    if torch.equal(scale, shift) or not same(got, shift * z + scale):
+        return None
+    return properties.Broken("scale_shift", "output", "row 0", "the normalized rows are multiplied by shift and "
+                             "then scale is added (scale starts at ones and shift at zeros, so a fresh LayerNorm "
+                             "gives all ones): self.scale * norm_x + self.shift")
 
 
 def gelu_formula(x: torch.Tensor, mistake: str | None = None) -> torch.Tensor:
@@ -137,6 +150,8 @@ def check_feed_forward(ff: nn.Module, x: torch.Tensor | None = None) -> PieceRes
         return result
     seen: dict[str, torch.Tensor] = {}
     def keep(_module, args, out):  # returns None: the reader's numbers flow on unchanged
+        if _module is linears[0]:
+            seen.setdefault("x", args[0].detach().clone())
         seen.setdefault("h" if _module is linears[0] else "a", (out if _module is linears[0] else args[0]).detach().clone())
     handles = [linears[0].register_forward_hook(keep), linears[-1].register_forward_hook(keep)]
     try:
@@ -146,8 +161,28 @@ def check_feed_forward(ff: nn.Module, x: torch.Tensor | None = None) -> PieceRes
             handle.remove()
     variants = {m: (lambda m=m: ff_formula(ff, x, m)) for m in ("exact_gelu", "relu")}
     return _compare(result, got, ff_formula(ff, x), variants, "position",
-                    lambda: properties.activation(seen["h"], seen["a"], "GELU (the tanh form)") if len(seen) == 2
-                    else None)
+                    lambda: properties.activation(seen["h"], seen["a"], "GELU (the tanh form)") or
+                    _ff_flow(linears, x, seen, got) if len(seen) == 3 else None)
+
+
+def _ff_flow(linears: list[nn.Linear], x: torch.Tensor, seen: dict, got: torch.Tensor):
+    """The feed forward's two ends: the first layer reads the module's input, and the module returns the last
+    layer's output, nothing added after it."""
+    if not same(seen["x"], x):
+        pos = first_row_that_differs(seen["x"], x)[-1] if seen["x"].shape == x.shape else 0
+        return properties.Broken("ff_input", "output", f"position {pos}",
+                                 "the first layer does not read the feed forward's input: "
+                                 "self.layers(x), Linear, GELU, Linear")
+    last = linears[-1]
+    out = as_double(seen["a"]) @ as_double(last.weight).T + (as_double(last.bias) if last.bias is not None else 0)
+    if same(got, out):
+        return None
+    added = same(got, out + as_double(x))
+    pos = first_row_that_differs(got, out)[-1] if got.shape == out.shape else 0
+    return properties.Broken("ff_output", "output", f"position {pos}", (
+        "the feed forward adds its input back, a shortcut inside it (first at position " if added else
+        "the output is not the last layer's output (first at position ") + f"{pos}): FeedForward returns "
+        "self.layers(x), and the block adds the shortcut, x = x + shortcut")
 
 
 def block_formula(block: nn.Module, x: torch.Tensor, mistake: str | None = None) -> torch.Tensor:
@@ -240,8 +275,15 @@ def _compare(result: PieceResult, got: torch.Tensor, want: torch.Tensor, variant
         return found(result, broken, result.mistake, MISTAKES)
     what = f"the output first differs from glassgpt's at {result.where}"
     result.finding = f"{what}: {MISTAKES[result.mistake]}" if result.mistake else \
-        f"{what}; no known mistake reproduces it: compare your forward line by line with the book's"
+        f"{what}; it keeps what was checked ({CHECKED.get(result.kind, 'its properties')}), and no known mistake " \
+        f"reproduces it: compare your forward line by line with the book's"
     return result
+
+
+CHECKED = {"LayerNorm": "scale and shift in their places, mean 0, unit biased variance, eps inside the root",
+           "GELU": "the activation, fitted", "FeedForward": "4 * emb_dim wide, the activation, the first layer "
+           "reading the input, the output the last layer's", "TransformerBlock": "each part alone, each norm before "
+           "its part, both shortcuts"}
 
 
 def _no_grad(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

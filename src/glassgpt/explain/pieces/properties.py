@@ -308,11 +308,29 @@ def shift_broken(inputs: list[list[int]], targets: list[list[int]]) -> Broken | 
 def window_starts(ids: list[int], inputs: list[list[int]], max_length: int, stride: int) -> Broken | None:
     """Window k holds max_length tokens starting at token k * stride, and the windows run while a target
     remains (the last starts before len(ids) - max_length)."""
+    starts = list(range(0, len(ids) - max_length, stride))
+    book = [list(ids[i:i + max_length]) for i in starts]
+    for k, window in enumerate(inputs):
+        if k < len(book) and list(window) != book[k]:
+            places = [book.index(list(w)) for w in inputs if list(w) in book]
+            if len(places) == len(inputs) <= len(book) and places != sorted(places):  # the book's, reordered
+                j = places[k]
+                return Broken("order", "windows", f"window {k}", f"window {k} is the book's window {j} (from token "
+                              f"{starts[j]}): every window is one of the book's, in another order; window k starts "
+                              f"k * stride tokens in, and a loader asked for shuffle=False keeps that order, "
+                              f"DataLoader(dataset, shuffle=shuffle)")
+            break
     for k, window in enumerate(inputs):
         if len(window) != max_length:
             return Broken("window_length", "windows", f"window {k}", f"window {k} holds {len(window)} tokens, not "
                           f"max_length {max_length}: input_chunk = token_ids[i:i + max_length]")
         start = next((i for i in range(len(ids) - len(window) + 1) if ids[i:i + len(window)] == window), None)
+        if start is None and k * stride < len(ids):
+            j = next((j for j, (a, b) in enumerate(zip(window, ids[k * stride:])) if a != b), 0)
+            return Broken("window_tokens", "windows", f"window {k}", f"window {k}'s token {j} is {window[j]}, not the "
+                          f"text's token {k * stride + j}, {ids[k * stride + j]}: the window is no run of the ids "
+                          f"GPT-2's tokenizer gives the text as it stands, token_ids = tokenizer.encode(txt), "
+                          f"input_chunk = token_ids[i:i + max_length]")
         if start != k * stride:
             said = f"starts at token {start}" if start is not None else "is no run of the text's tokens"
             return Broken("stride", "windows", f"window {k}", f"window {k} {said}, not {k} x stride = {k * stride}: "
