@@ -276,6 +276,20 @@ def test_glassgpt_explain_prints_the_trace_of_the_folder(tmp_path, tokenizer_jso
     assert out["family"] == kind and out["next_tokens"][0]["id"] == glassgpt.trace(model, tok, "The quick brown fox").next_token["id"]
 
 
+@pytest.mark.parametrize("fmt", ["pth", "hf", "gguf"])
+def test_glassgpt_export_of_a_folder_it_writes_no_layout_for_is_one_line(tmp_path, tokenizer_json, fmt, capsys):
+    # the description names no export layout (Anatomy.exports): GPT-2's writers never meet OLMo 3's parts
+    from glassgpt.cli import main
+    folder = saved(FOLDERS["olmo3"](), tmp_path / "olmo3", tokenizer_json["olmo3"])
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert main(["export", str(folder), "--format", fmt, "--out", str(tmp_path / f"out.{fmt}")]) == 2
+    lines = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("note:")]
+    assert lines == [f"error: glassgpt does not export this model (OLMo 3) yet: --format {fmt} writes " + {
+        "pth": "the book's class's state dict", "hf": "transformers' folder", "gguf": "GPT-2's llama.cpp layout"}[fmt]
+                     + ", and that layout has no place for what it changes"]
+    assert not (tmp_path / f"out.{fmt}").exists()
+
+
 @pytest.mark.parametrize("kind", ["olmo3-yarn", "tiny_aya"])
 def test_glassgpt_info_counts_the_folders_parameters_as_the_model_holds_them(tmp_path, tokenizer_json, kind, capsys):
     from glassgpt.cli import main

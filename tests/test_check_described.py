@@ -2,7 +2,7 @@
 MoE, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5) and chapter 4's variants (GQA, MLA, SWA, MoE), each stage against the
 formulas its description gives. A correct model passes every stage; one planted mistake per model is found at
 its stage, with the mistake named, and only because the planted cause reproduces the numbers (a test also
-plants a mistake the catalogue does not hold and sees no cause named).
+plants a mistake the catalogue does not hold and sees no cause named, only the property it breaks).
 
 Tiny random configs, float32: a stage matches within 1e-5 of its largest value (verify.TOLERANCE)."""
 
@@ -196,14 +196,18 @@ def test_glassgpt_check_of_a_variant_checks_its_stages_then_its_cache(name):
     assert result.lines[-1].startswith("stage by stage against its description: matches GPT-2 with ")
 
 
-def test_a_mistake_the_catalogue_does_not_hold_is_located_but_not_named():
+def test_a_mistake_the_catalogue_does_not_hold_is_named_by_its_property_not_a_cause():
     """A finding names a cause only where that cause reproduces the numbers: Gemma 3's embedding scaled by
-    emb_dim (not its root) is found at the embeddings, and no known mistake is claimed."""
+    emb_dim (not its root) is found at the embeddings, no known mistake is claimed, and the property it breaks
+    (the token rows' factor, fitted) is named."""
     model = gemma3_unscaled(tiny("gemma3"))
-    model.blocks[0].register_forward_pre_hook(lambda mod, args: (args[0] * CONFIGS["gemma3"].emb_dim, *args[1:]))
+    d = CONFIGS["gemma3"].emb_dim
+    model.blocks[0].register_forward_pre_hook(lambda mod, args: (args[0] * d, *args[1:]))
     result = glassgpt.check(model, "Every effort moves you")
-    assert result.first.name == "embeddings" and result.mistake is None
-    assert "no known mistake reproduces it" in result.finding
+    assert result.first.name == "embeddings" and result.mistake is None and result.prop == "embeddings_sum"
+    assert f"the blocks read emb_dim = {d} x tok_emb" in result.finding, result.finding
+    assert f"where the formula gives sqrt(emb_dim) = {d ** 0.5:.4g} x tok_emb" in result.finding
+    assert "no known mistake" not in result.finding
 
 
 def test_each_finding_names_its_cause_only_where_that_cause_reproduces_the_numbers():
@@ -342,6 +346,23 @@ def test_a_planted_gemma4_mistake_is_found_at_its_stage_and_named(plant, stage, 
     assert result.first.name == stage, result.to_text()
     assert result.mistake == mistake and words in result.finding, result.finding
     assert all(s.ok for s in result.stages[:result.stages.index(result.first)])
+
+
+def gemma4_per_layer_unscaled(model: nn.Module) -> nn.Module:
+    """Gemma 4's per-layer embeddings read as a plain nn.Embedding reads them, without * sqrt(p)."""
+    def per_layer_inputs(self, in_idx, x):
+        shape = (*in_idx.shape, self.cfg.n_layers, self.hidden_size_per_layer_input)
+        own = self.embed_tokens_per_layer(in_idx).reshape(shape)  # the mistake: no * p ** 0.5
+        projected = (self.per_layer_model_projection(x) * self.cfg.emb_dim ** -0.5).reshape(shape)
+        return (self.per_layer_projection_norm(projected) + own) * 2.0 ** -0.5
+    model.per_layer_inputs = MethodType(per_layer_inputs, model)
+    return model
+
+
+def test_gemma4s_per_layer_embeddings_unscaled_are_found_before_the_first_block():
+    result = glassgpt.check(gemma4_per_layer_unscaled(tiny_gemma4()), "Every effort moves you")
+    assert result.first.name == "per-layer inputs" and result.mistake == "per_layer_emb_not_scaled", result.to_text()
+    assert "not multiplied by sqrt(4)" in result.finding
 
 
 def test_a_gemma4_value_norm_left_out_is_named():

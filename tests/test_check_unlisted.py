@@ -18,6 +18,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import glassgpt
+import llms_from_scratch.llama3 as book_llama
+import llms_from_scratch.qwen3 as book_qwen
+from glassgpt.explain.pieces import LLAMA3_TINY, QWEN3_TINY
 from glassgpt.explain.pieces.data import BOOK_TEXT, SPLIT
 from glassgpt.tokenizer import get_tokenizer
 from llms_from_scratch import ch02, ch04, ch05, ch06, ch07
@@ -170,6 +173,70 @@ class NormScaleShiftSwapped(ch04.LayerNorm):
         return self.shift * (x - mean) / torch.sqrt(var + self.eps) + self.scale  # planted: the two swapped
 
 
+# --- a whole model: GPT-2's stages and a described model's ----------------------------------------------------
+
+TINY_GPT = {"vocab_size": 97, "context_length": 16, "emb_dim": 32, "n_heads": 4, "n_layers": 2, "drop_rate": 0.0,
+            "qkv_bias": False}
+
+
+def model(cls, cfg):
+    torch.manual_seed(123)
+    return cls(cfg).eval()
+
+
+class GPTPositionsReversed(ch04.GPTModel):
+    def forward(self, in_idx):
+        seq_len = in_idx.shape[1]
+        pos = self.pos_emb(torch.arange(seq_len, device=in_idx.device).flip(0))  # planted: the last position first
+        x = self.drop_emb(self.tok_emb(in_idx) + pos)
+        return self.out_head(self.final_norm(self.trf_blocks(x)))
+
+
+class GPTEmbeddingsScaled(ch04.GPTModel):
+    def forward(self, in_idx):
+        seq_len = in_idx.shape[1]
+        tok = self.tok_emb(in_idx) * self.tok_emb.weight.shape[1] ** 0.5  # planted: Gemma's scale in GPT-2
+        x = self.drop_emb(tok + self.pos_emb(torch.arange(seq_len, device=in_idx.device)))
+        return self.out_head(self.final_norm(self.trf_blocks(x)))
+
+
+class MaskOneLate(ch04.MultiHeadAttention):
+    def forward(self, x):
+        b, t, _ = x.shape
+        keys = self.W_key(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        queries = self.W_query(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        values = self.W_value(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        scores = queries @ keys.transpose(2, 3)
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(2), -torch.inf)  # planted: diagonal=2
+        weights = torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1)
+        return self.out_proj((weights @ values).transpose(1, 2).reshape(b, t, self.d_out))
+
+
+class GPTMaskOneLate(ch04.GPTModel):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        for blk in self.trf_blocks:
+            blk.att.__class__ = MaskOneLate
+
+
+class RMSNormCentred(book_qwen.RMSNorm):
+    def forward(self, x):
+        x = x - x.mean(-1, keepdim=True)  # planted: a LayerNorm's centring
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale
+
+
+class QwenFinalNormCentred(book_qwen.Qwen3Model):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.final_norm.__class__ = RMSNormCentred
+
+
+class LlamaEmbeddingsDoubled(book_llama.Llama3Model):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.tok_emb.register_forward_hook(lambda mod, args, out: out * 2)  # planted: the rows twice over
+
+
 SMALL_CFG = {"vocab_size": 50257, "context_length": 32, "emb_dim": 64, "n_heads": 4, "n_layers": 1,
              "drop_rate": 0.0, "qkv_bias": False}
 
@@ -206,7 +273,19 @@ CASES = {  # id: (a call giving the result, stage, where, property)
     "ch4_norm_scale_shift_swapped": (lambda: glassgpt.check(named(NormScaleShiftSwapped, "LayerNorm")), "output",
                                      "row 0", "scale_shift"),
 }
-OUTSIDE_CATALOGUE = set(CASES)  # every case here: no MISTAKES key of explain/ reproduces it
+WHOLE = {  # id: (the model, the first stage, its property, words of the finding)
+    "ch4_gpt_positions_reversed": (lambda: model(GPTPositionsReversed, TINY_GPT), "pos_emb", "positions",
+                                   "position 0 holds row 4 of pos_emb.weight"),
+    "ch4_gpt_embeddings_scaled": (lambda: model(GPTEmbeddingsScaled, TINY_GPT), "embeddings", "embeddings_sum",
+                                  "the blocks read sqrt(emb_dim) = 5.657 x tok_emb + 1 x pos_emb"),
+    "ch4_gpt_mask_one_late": (lambda: model(GPTMaskOneLate, TINY_GPT), "trf_blocks.0.att", "no_future",
+                              "position 0's output changes when the tokens after it are cut off"),
+    "qwen3_final_norm_centred": (lambda: model(QwenFinalNormCentred, QWEN3_TINY), "final_norm", "norm_mean",
+                                 "position 0 of the normalized output has mean 0: RMSNorm subtracts no mean"),
+    "llama3_embeddings_doubled": (lambda: model(LlamaEmbeddingsDoubled, LLAMA3_TINY), "tok_emb", "factor",
+                                  "tok_emb's output is 2 times the formula's at every position"),
+}
+OUTSIDE_CATALOGUE = set(CASES) | set(WHOLE)  # every case here: no MISTAKES key of explain/ reproduces it
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -217,3 +296,18 @@ def test_each_unlisted_mistake_is_named_by_the_property_it_breaks_at_its_first_p
     assert (result.stage, result.where, result.prop) == (stage, where, prop), result.to_text()
     assert "no known mistake" not in result.finding and "\n" not in result.finding
     assert case in OUTSIDE_CATALOGUE and result.mistake is None, result.to_text()
+
+
+@pytest.mark.parametrize("case", sorted(WHOLE))
+def test_a_whole_models_unlisted_mistake_is_named_by_its_stages_property(case):
+    build, stage, prop, words = WHOLE[case]
+    result = glassgpt.check(build(), ids=[1, 2, 3, 4, 5])
+    assert result.first.name == stage and result.prop == prop, result.to_text()
+    assert words in result.finding and "no known mistake" not in result.finding, result.to_text()
+    assert case in OUTSIDE_CATALOGUE and result.mistake is None, result.to_text()
+
+
+def test_the_issues_count_holds_with_these_cases():
+    """Issue 49: at least ten planted mistakes outside the catalogue (these, besides test_check_findings'),
+    one at least for each of check's last resorts."""
+    assert len(OUTSIDE_CATALOGUE) >= 10

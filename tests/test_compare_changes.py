@@ -34,6 +34,10 @@ CHANGES = [  # (what, a model that has it, words its row holds, a model that has
     ("swiglu", "llama3", "silu", "gemma3"),
     ("experts", "qwen3-moe", "8 of 128 experts", "qwen3"),
     ("tie", "olmo3", "own weights", "qwen3"),
+    ("value_norm", "gemma4", "x / rms(x) per head (no weight)", "gemma3"),
+    ("kv_shared", "gemma4", "the last 20 of 35 layers compute no keys or values", "gemma3"),
+    ("per_layer_inputs", "gemma4", "a second table [262,144, 35 x 256]", "gemma3"),
+    ("output_scale", "gemma4", "(x + att + ff + per-layer input) * layer_scalar", "gemma3"),
 ]
 
 

@@ -43,6 +43,9 @@ SMALL = {  # each real shape's keys, made small; the structure kept
                        "layer_types": ["linear_attention"] * 3 + ["full_attention"]},
     "qwen3-moe": TINY | {"n_layers": 2, "head_dim": 8, "n_kv_groups": 2, "num_experts": 4, "num_experts_per_tok": 2,
                          "moe_hidden_dim": 16},
+    "gemma4": TINY | {"n_layers": 4, "hidden_dim": 48, "head_dim": 8, "n_kv_heads": 2, "global_head_dim": 16,
+                      "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"] * 2,
+                      "vocab_size_per_layer_input": 64, "hidden_size_per_layer_input": 4, "num_kv_shared_layers": 2},
 }
 
 
@@ -51,6 +54,17 @@ def small(key: str, dtype: torch.dtype = torch.float32):
     torch.manual_seed(0)
     model = GPTModel(cfg) if key == "gpt2" else build_model(cfg)
     return cfg, model.to(dtype).eval()
+
+
+def test_gemma4s_card_counts_the_per_layer_embeddings_and_no_cache_in_its_shared_layers():
+    """Its per-layer table stored whole and read a row a token; its kv-shared layers keep no cache; a sliding one
+    keeps its window, a full one every position."""
+    cfg = real_config("gemma4", **SMALL["gemma4"])
+    c = card(cfg, "gemma4", dtype=torch.float32)
+    assert [layer["per_token"] for layer in c.cache] == [2 * 2 * 8 * 4, 2 * 2 * 16 * 4, 0, 0]
+    assert [layer["window"] for layer in c.cache[:2]] == [4, None]
+    assert "per-layer embeddings [64, 4 x 4], a row read per token" in c.embedding
+    assert "1 of them reuse an earlier layer's keys and values, keeping no cache" in c.attention
 
 
 def test_every_model_of_the_gallery_has_a_small_shape_here():
@@ -67,8 +81,29 @@ def test_the_parameter_count_is_the_sum_of_the_modules_numel(key):
         unread = sum(p.numel() for block in model.trf_blocks for fc in (block.ff.fc1, block.ff.fc2, block.ff.fc3)
                      for e in range(ff.num_experts_per_tok, ff.num_experts) for p in fc[e].parameters())
         assert unread > 0 and c.active_params == c.params - unread
+    elif key == "gemma4":  # what one token reads, told by the module: the numbers its logits have a gradient for
+        assert c.active_params == read_by_one_token(model) < c.params
     else:
         assert c.active_params == c.params
+
+
+def read_by_one_token(model: torch.nn.Module) -> int:
+    """The parameters a token's forward reads: those the last token's logits have a non-zero gradient for (random
+    weights: no read number's gradient is zero by chance), on a prompt of two tokens (one alone attends with weight
+    1, which gives q and k no gradient). Of the per-layer table, the last token's own row (the first token's row
+    reaches it only through later layers' keys and values, so in part). None of the kv-shared layers' own k_proj,
+    v_proj and k_norm is read: they have no gradient at all."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # small weights: no gelu gate saturates to an exact 0 (as it can at the default init)
+        for p in model.parameters():
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.dim() == 1 else
+                    0.1 * torch.randn(p.shape, generator=gen))
+    model.zero_grad()
+    model(torch.tensor([[5, 7]]))[0, -1].sum().backward()  # ids 5 and 7: not the padding row 0
+    table = model.embed_tokens_per_layer.weight
+    own_row = int((table.grad[7] != 0).sum())
+    assert own_row == table.shape[1]  # every layer's slice of it
+    return sum(int((p.grad != 0).sum()) for p in model.parameters() if p.grad is not None and p is not table) + own_row
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -109,6 +144,14 @@ def test_the_real_figures_are_the_published_sizes():
     assert cards["gemma3"].fixed_bytes == 15 * 512 * 2 * 256 * 2         # 15 sliding layers keep 512 positions
     assert cards["qwen3.5"].kv_bytes_per_token == 6 * 2 * 2 * 256 * 2    # its 6 full layers only
     assert cards["qwen3.5"].pattern == "LLLF x6" and cards["gemma3"].pattern == "SSSSSF x3"
+    # Gemma 4 E2B: the notebook's module (its kv-shared layers' unread k_proj, v_proj, k_norm among them, as the
+    # released checkpoints store them); a token reads one row of the [262,144, 35 x 256] per-layer table
+    e2b = cards["gemma4"]
+    table, unread = 262_144 * 35 * 256, 16 * (2 * 1536 * 256 + 256) + 4 * (2 * 1536 * 512 + 512)
+    assert e2b.params == 4_647_449_856 and e2b.active_params == e2b.params - table + 35 * 256 - unread
+    assert e2b.kv_bytes_per_token == 3 * 2 * 1 * 512 * 2   # the 3 full layers before the shared ones, bfloat16
+    assert e2b.fixed_bytes == 12 * 512 * 2 * 256 * 2       # 12 sliding ones keep 512 positions; 20 keep nothing
+    assert e2b.pattern == "SSSSF x7"
 
 
 def test_the_gallery_reads_no_model_file():

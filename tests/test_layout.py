@@ -337,3 +337,31 @@ def test_families_holds_no_copy_of_a_top_level_module():
 @pytest.mark.parametrize("analysis", _not_merged(ANALYSES_NAMING_A_MODEL))
 def test_no_analysis_imports_a_model_file_by_name(analysis):
     assert not import_graph().get(analysis, set()) & MODEL_FILES
+
+
+
+# The commands and the engine read a model's description (kinds.describe: where its positions enter, which layouts
+# export writes it in), never its class: a branch on the class is the per-model switch that issue 47 removes.
+MODEL_CLASS_BRANCH = re.compile(r"is_family_model|is_bonus_model|"
+                                r"isinstance\([^)]*(Qwen3Model|Llama3Model|Gemma3Model|Olmo3Model)")
+
+
+def model_class_branches(text: str, name: str) -> list[str]:
+    return [f"{name}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+            if MODEL_CLASS_BRANCH.search(line)]
+
+
+def test_no_command_or_engine_module_branches_on_a_model_class():
+    found = [line for folder in ("cli", "engine") for path in sorted((PACKAGE / folder).glob("*.py"))
+             for line in model_class_branches(path.read_text(encoding="utf-8"), f"{folder}/{path.name}")]
+    assert found == [], "\n".join(found)
+
+
+def test_the_branch_check_sees_a_family_test_and_an_isinstance_on_a_model_class():
+    text = ("if is_family_model(model) or is_bonus_model(model):\n"
+            "if describe(model).positions.kind != 'learned':\n"
+            "if isinstance(model, (Qwen3Model, Llama3Model)):\n"
+            "if isinstance(model, GPTModel):\n")
+    assert model_class_branches(text, "cli/x.py") == [
+        "cli/x.py:1: if is_family_model(model) or is_bonus_model(model):",
+        "cli/x.py:3: if isinstance(model, (Qwen3Model, Llama3Model)):"]

@@ -244,9 +244,9 @@ def layout_of(module: nn.Module) -> Layout:
     """The kind of `module` and its tensors in glassgpt's names; a one-line UnreadableModelError naming
     what was looked for and every kind read if none fits."""
     if variant_of(module):  # GPT-2's names, another computation: never read as GPT-2 (docs/variants.md)
-        raise GlassError(f"{type(module).__module__}.GPTModel is one of chapter 4's variants, which glassgpt's "
-                         "compare does not read yet (trace, why, check and generate do): see it with "
-                         "glassgpt.trace(model, tokenizer, text)")
+        raise GlassError(f"{type(module).__module__}.GPTModel is one of chapter 4's variants: GPT-2's tensor names, "
+                         "another computation, so what reads GPT-2 alone (compare, diff's next tokens, eval, a passage) does not "
+                         "read it yet; trace, why, check and generate do (glassgpt explain, generate and info)")
     family = family_layout(module)
     if family is not None:
         kind, cfg, tensors, stages = family

@@ -30,6 +30,9 @@ PLACEMENTS = ("pre", "post", "sandwich", "parallel")       # norm before, after,
 POSITION_KINDS = ("learned", "rope", "none")
 ATTENTION_KINDS = ("causal", "linear")                     # linear: a recurrent state instead of a KV cache
 FF_KINDS = ("gelu_mlp", "swiglu", "geglu", "moe")
+# The layouts glassgpt writes a model in: the book's class's state dict (+ its config .json), transformers'
+# folder (config.json + model.safetensors), llama.cpp's GPT-2 GGUF file.
+EXPORTS = ("pth", "hf", "gguf")
 
 
 def _one_of(value: str, allowed: tuple[str, ...], what: str) -> None:
@@ -272,6 +275,11 @@ class Anatomy:
     head: Head
     config_fields: tuple[str, ...]  # the config fields the model reads
     blocks_path: str = "trf_blocks"  # the ModuleList holding the blocks
+    exports: tuple[str, ...] = ()    # the layouts `glassgpt export` writes it in (EXPORTS); (): none yet
+
+    def __post_init__(self) -> None:
+        for layout in self.exports:
+            _one_of(layout, EXPORTS, "export layout")
 
     @property
     def n_layers(self) -> int:

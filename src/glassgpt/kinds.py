@@ -62,8 +62,9 @@ GEMMA3_TOP = ROPE_TOP | {"blocks": "model.layers"}
 
 def describe_config(cfg) -> an.Anatomy:
     """What a model of `cfg` is made of, as its glass file declares it (a GPTConfig: model.py; a family's
-    config: its family's file), before any weights exist: what memory.py counts bytes from."""
-    return GLASS[cfg.family](cfg) if hasattr(cfg, "family") else gpt2.describe(cfg)
+    config: its family's file; a variant's: its file in variants/), before any weights exist: what memory.py
+    counts bytes from."""
+    return glass_description(cfg)
 
 
 def describe(model: nn.Module) -> an.Anatomy:

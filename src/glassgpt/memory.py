@@ -65,8 +65,25 @@ def described(cfg) -> tuple[an.Anatomy, int]:
 
 def engine_runs(anatomy: an.Anatomy) -> bool:
     """Whether the engine's kernels (fused attention, int8 and int4 Linear layers) run this model: the
-    learned-position block they were written for; a rotary model runs its glass code."""
-    return anatomy.positions.kind == "learned"
+    learned-position block they were written for, GPT-2's own (every head its own keys and values, no window
+    or latent, the GELU MLP); a rotary model, or one of chapter 4's variants of that block, runs its glass code."""
+    return anatomy.positions.kind == "learned" and all(
+        b.attention.n_kv_groups == b.attention.n_heads and b.attention.window is None and b.attention.latent is None
+        and b.ff.kind == "gelu_mlp" for b in anatomy.blocks)
+
+
+def kv_beside_gpt2(cfg, dtype: torch.dtype | str) -> str | None:
+    """One line for a model on GPT-2's config whose attention or feed-forward differs (chapter 4's variants): its
+    KV cache per token at a full context beside GPT-2's of the same shape. None for GPT-2 itself and for a model
+    on a config of its own (Qwen3, Llama, ...: `architecture_notes` says their heads and groups)."""
+    if not isinstance(cfg, GPTConfig) or engine_runs(described(cfg)[0]):
+        return None
+    gpt2 = GPTConfig(**{f: getattr(cfg, f) for f in GPTConfig.__dataclass_fields__})  # the same shape, GPT-2's parts
+    t = cfg.context_length
+    ours, theirs = (memory_needs(c, dtype, 1, t)["kv_cache"] / t for c in (cfg, gpt2))
+    name, _ = _dtype_size(dtype)
+    return (f"KV cache: {ours:,.0f} bytes per token ({name}, over a full context of {t:,} tokens) where "
+            f"GPT-2 of this shape keeps {theirs:,.0f} ({ours / theirs:.0%})")
 
 
 @dataclass(frozen=True)
@@ -383,7 +400,8 @@ def memory_needs(cfg, dtype: torch.dtype | str = torch.float32, batch_size: int 
         elif att.kv_shared_from is None:  # (a kv-shared layer reads another layer's keys and values, keeps none)
             kept = t if att.window is None else min(t, att.window)  # a sliding layer keeps its window
             kv_kept += repeat * kept
-            kv_cache += repeat * 2 * b * kept * g * hd * act
+            # latent attention (MLA) keeps one c-wide latent a position, from which keys and values are made
+            kv_cache += repeat * b * kept * (att.latent.out_features if att.latent else 2 * g * hd) * act
         # A forward's transient peak: in the feed-forward, the residual stream, the norm's output, the hidden
         # tensors (before and after the activation; a gated one's gate, up, activation and product; for
         # experts, those of the k a token runs) and the block's output; or a glass attention's [b, h, t, t]
@@ -427,7 +445,9 @@ def memory_needs(cfg, dtype: torch.dtype | str = torch.float32, batch_size: int 
                                                   else f" x {size} bytes ({name})"),
         "kv_cache": (f"{states // b:,} bytes of linear-attention state per sequence, whatever its length, + "
                      if states else "")
-                    + ((f"keys and values: 2 x {n - len(linear)} layers x {b} x {t} tokens x {g * hd} x {act} bytes"
+                    + ((f"latents: {n} layers x {b} x {t} tokens x {att.latent.out_features} x {act} bytes (keys and "
+                        f"values of {g * hd} each are made from them at every step)") if att.latent else
+                       (f"keys and values: 2 x {n - len(linear)} layers x {b} x {t} tokens x {g * hd} x {act} bytes"
                         + (f" ({g} groups of {hd}: {h // g}x smaller than {h} heads would need)" if g < h else ""))
                        if kv_kept == (n - len(linear)) * t else
                        f"keys and values: 2 x {kv_kept:,} positions over {n} layers (a sliding layer keeps its "

@@ -298,4 +298,5 @@ def describe(cfg: GPTConfig) -> an.Anatomy:
         final_norm=layer_norm("final_norm", "final"),
         head=an.Head("out_head", cfg.out_dim, cfg.tie_embeddings, bias=classes),
         config_fields=("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias",
-                       "tie_embeddings", "num_classes"))
+                       "tie_embeddings", "num_classes"),
+        exports=("pth", "hf", "gguf"))

@@ -15,12 +15,12 @@ from ..engine import KVCache, as_engine, autotune, compile_for_generation, compi
 from ..engine.advice import advise
 from ..errors import ConfigError, GlassError
 from ..recall import MIN_TOKENS, copied_spans
-from ..generate import Timing, decode_stream, glass_model, sampling_probs, stream
+from ..generate import Timing, decode_stream, glass_model, keeps_own_cache, sampling_probs, stream
 from ..prompt import fit_prompt
 from .. import memory
-from ..memory import architecture_notes, memory_needs, parameter_table
-from ..families import BONUS_CONFIGS, FAMILY_CONFIGS
+from ..memory import architecture_notes, described, engine_runs, kv_beside_gpt2, memory_needs, parameter_table
 from ..formats import download
+from ..kinds import describe
 from ..formats.gguf import gguf_dtype_note
 from ..formats.source import QUANTIZED
 from ..model import INIT_SCHEMES
@@ -29,8 +29,12 @@ from .common import (add_model_args, add_special_arg, check_prompt, encode_promp
 from .limits import MAX_TEMPERATURE, MIN_TEMPERATURE
 from .progress import Heartbeat, duration
 
-# The configs whose models run their glass code only (Qwen3, Llama 3.2, Gemma 3; OLMo 3, Tiny Aya): no kernels to choose.
-GLASS_ONLY = FAMILY_CONFIGS + BONUS_CONFIGS
+
+def runs_kernels(cfg) -> bool:
+    """Whether the engine's kernels run a model of `cfg` (memory.engine_runs, from its description): GPT-2's
+    block; a rotary model (Qwen3, Llama 3.2, Gemma 3, OLMo 3, Tiny Aya, ...) or a chapter-4 variant runs its
+    glass code only, with no kernels to choose."""
+    return engine_runs(described(cfg)[0])
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -98,7 +102,7 @@ def run_generate(args: argparse.Namespace) -> int:
     timing.load_s = timing.clock() - start
     require_language_model(model, args.model)
     start = timing.clock()
-    if not isinstance(model.cfg, GLASS_ONLY):  # Qwen3, Llama, Gemma, OLMo and Aya run their glass code: no kernels
+    if runs_kernels(model.cfg):  # Qwen3, Llama, Gemma, OLMo, Aya and the variants run their glass code: no kernels
         report_kernels(model.cfg, autotune.precision_of(model), model.tok_emb.weight.device)
     measure = None  # where a compile runs: what it costs and saves is measured, for the next command
     if args.compile:
@@ -174,7 +178,11 @@ def compile_if_it_pays(model, new_tokens: int):
     that ran, or None): `model` compiled where compiling pays for `new_tokens` new
     tokens (engine/compiling.py decides, from what it measured here), with a note on stderr saying why or
     why not. Off the CPU, and for Qwen3 and Llama, it compiles as asked."""
-    if isinstance(model.cfg, GLASS_ONLY) or model.tok_emb.weight.device.type != "cpu":
+    if keeps_own_cache(model):  # chapter 4's variants: the repository's forward(ids, use_cache) decodes
+        print(f"note: --compile skipped: {describe(model).name} keeps its own KV cache and decodes through its own "
+              "forward (the repository's use_cache API), which the engine does not compile", file=sys.stderr)
+        return model, None
+    if not runs_kernels(model.cfg) or model.tok_emb.weight.device.type != "cpu":
         return compile_for_generation(model), None
     engine = as_engine(model)
     choices = engine.choices
@@ -299,16 +307,16 @@ def run_info(args: argparse.Namespace) -> int:
     precision = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     if precision == "int4":
         check_group_size(cfg)
-    family = isinstance(cfg, GLASS_ONLY)  # Qwen3, Llama 3.2, Gemma 3 and those: glass code only, no kernels to choose
+    glass_only = not runs_kernels(cfg)  # Qwen3, Llama 3.2, Gemma 3, the variants, ...: no kernels to choose
     here = fit_here(cfg, dtype, args.batch_size, args.seq_len or cfg.context_length, memory.available_memory(device))
     # (the kernels are timed on one layer of the model's shapes: not for a model that this machine cannot run)
     choices = autotune.choose(cfg, precision) if device.type == "cpu" and precision in autotune.PRECISIONS \
-        and not family and here["inference"]["fits"] else None
+        and not glass_only and here["inference"]["fits"] else None
     rows = parameter_table(cfg)
     mem = memory_needs(cfg, dtype, args.batch_size, args.seq_len,
                        prompt_attention=choices.winners.get("attention prompt", "sdpa") if choices else "sdpa")
-    notes = architecture_notes(cfg) if family else [str(note) for note in source.notes()] + [
-        n for n in (layout_note(cfg),) if n]
+    notes = architecture_notes(cfg) or [str(note) for note in source.notes()] + [  # (rotary models: theirs)
+        n for n in (layout_note(cfg), kv_beside_gpt2(cfg, dtype)) if n]
     if source.random_weights:
         notes.insert(0, f"random weights drawn by {INIT_SCHEMES[source.init]}" if source.init else
                      "random weights: N(0, 0.02) matrices, norms at 1 (glassgpt.families.random_family_model)")

@@ -17,7 +17,6 @@ from ..explain.compare import changes_of, compare, same_tokenizer
 from ..explain.views.compare import comparison_layout, comparison_text
 from ..explain.views.diagram import layout, save_attention_png
 from ..explain.trace import changes_from_gpt2
-from ..families import is_bonus_model, is_family_model
 from ..explain.options import TRACE_OPTIONS, WHY_OPTIONS, add_flags
 from ..explain.pieces import sliding_windows
 from ..explain.passage import passage
@@ -28,6 +27,7 @@ from ..explain.views.text import embedding_section
 from ..explain.trace import trace_options
 from .. import formats
 from ..formats import Source
+from ..kinds import describe
 from ..model import GPTModel
 from ..prompt import BOOK_FILE_HINT
 from ..tokenizer import Tokenizer
@@ -107,7 +107,7 @@ def run_explain(args: argparse.Namespace) -> int:
         _check_layers(args, cfg.n_layers)
     model, tok = load(args, source, tokens=len(args.prompt.encode("utf-8")))  # (its bytes bound its tokens)
     _check_layers(args, model.cfg.n_layers)
-    if is_family_model(model) or is_bonus_model(model):  # Qwen3, Llama 3.2, OLMo 3, ...: the rotary trace's text view
+    if rotary(model):  # Qwen3, Llama 3.2, OLMo 3, ...: the rotary trace's text view
         return _run_family(args, model, tok, source)
     about = read_as(args, source, model)
     allowed, special_note = special_reading(tok, args.prompt, args.allow_special)
@@ -138,6 +138,13 @@ def run_explain(args: argparse.Namespace) -> int:
                                           heatmap=heat))
 
 
+def rotary(model) -> bool:
+    """Whether the model's description puts its positions inside the attention (RoPE), as the trace reads it:
+    then its trace is the rotary one, with its own text view and picture; learned positions (GPT-2 and chapter
+    4's variants on its base) take GPT-2's."""
+    return describe(model).positions.kind != "learned"
+
+
 def _run_family(args: argparse.Namespace, model, tok: Tokenizer, source: Source) -> int:
     if args.embedding_vs_linear:
         raise GlassError(f"for a {model.cfg.family} model the one-hot proof is the third of the four answers that "
@@ -149,7 +156,7 @@ def _run_family(args: argparse.Namespace, model, tok: Tokenizer, source: Source)
         return _show(args, {"why": result.to_dict()}, lambda: why_layout(result), lambda color: result.to_text())
     if args.compare:
         gpt2, second = load_second(args, args.compare, None, dtype=model.tok_emb.weight.dtype)
-        if is_family_model(gpt2) or is_bonus_model(gpt2):  # two Qwen3/Llama models: their next tokens side by side
+        if rotary(gpt2):  # two Qwen3/Llama models: their next tokens side by side
             if {model.cfg.family, gpt2.cfg.family} - {"qwen3", "llama3"}:
                 raise GlassError(f"--compare sets two Qwen3 or Llama models' next tokens side by side, not a "
                                  f"{model.cfg.family} and a {gpt2.cfg.family}: --compare gpt2 gives what changed "

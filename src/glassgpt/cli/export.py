@@ -14,8 +14,8 @@ from ..formats import export_hf
 from ..formats.book import book_cfg, book_state_dict
 from ..formats.files import atomic_write, clean_leftovers
 from ..formats.gguf import write_gguf
-from ..families import is_family_model
 from ..formats.families import export_family_book, export_family_hf
+from ..kinds import describe
 from .common import add_source_args, open_model
 
 
@@ -79,7 +79,10 @@ def run_export(args: argparse.Namespace) -> int:
         raise GlassError(f"--out {out} exists: pass --force to write over it, or choose another name")
     source = open_model(args, dropout_matters=True)  # the cfg it writes holds drop_rate
     model = source.load("cpu", "float32")
-    if is_family_model(model):
+    anatomy = describe(model)
+    if args.format not in anatomy.exports:
+        raise GlassError(_not_written(anatomy, type(model).__name__, args.format))
+    if anatomy.positions.kind != "learned":  # RoPE: the families' layouts (the book's Qwen3Model, Llama3Model, ...)
         return _export_family(args, model, out)
     if args.format == "gguf":
         write_gguf(model, out, source.tokenizer(), args.dtype, name=Path(str(args.model)).name or "glassgpt")
@@ -106,11 +109,20 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+LAYOUTS = {"pth": "the book's class's state dict", "hf": "transformers' folder", "gguf": "GPT-2's llama.cpp layout"}
+
+
+def _not_written(anatomy, name: str, fmt: str) -> str:
+    """One line: the layout asked for is not one the model's description says glassgpt writes it in."""
+    if not anatomy.exports:
+        return (f"glassgpt does not export this model ({anatomy.name}) yet: --format {fmt} writes {LAYOUTS[fmt]}, "
+                "and that layout has no place for what it changes")
+    return f"--format {fmt} writes {LAYOUTS[fmt]}; export a {name} as {' or '.join(anatomy.exports)}"
+
+
 def _export_family(args: argparse.Namespace, model, out: Path) -> int:
     """A Qwen3 or Llama 3.2 model: the book's Qwen3Model/Llama3Model .pth (+ its config .json), or an HF folder."""
     name = type(model).__name__
-    if args.format == "gguf":
-        raise GlassError(f"--format gguf writes GPT-2's llama.cpp layout; export a {name} as pth or hf")
     if args.format == "hf":
         export_family_hf(model, out)
         print(f"wrote {out}/config.json and model.safetensors: transformers.AutoModelForCausalLM.from_pretrained("

@@ -137,7 +137,7 @@ def broken_property(w: Where, part: str) -> str | None:
         if added is not None and x is not None and torch.allclose(w.got(part), added, rtol=RTOL, atol=ATOL):
             return ("the block's " + ("first" if part == "shortcut1" else "second") + " sum is the sub-layer's "
                     "output alone, without the block's input: the shortcut (x = x + shortcut) is missing")
-        return _layer_scalar_property(w) if part == "output" else None
+        return _output_scale_property(w, block) if part == "output" else None
     sub = att if part.startswith(w.rel(att.path)) else ff if part.startswith(w.rel(ff.path)) else None
     if sub is not None:
         placed = placement_property(w, sub)
@@ -155,18 +155,20 @@ def broken_property(w: Where, part: str) -> str | None:
     return None
 
 
-def _layer_scalar_property(w: Where) -> str | None:
-    """Gemma 4's layer_scalar (a stored number per block, not in the description): named only where the port's
-    output times it is the reference's, every part before matching."""
-    block = w.module(w.layer)
-    scalar = getattr(block, "layer_scalar", None)
+def _output_scale_property(w: Where, described: an.Block) -> str | None:
+    """The stored number a block's output is multiplied by (Block.output_scale: Gemma 4's layer_scalar): named only
+    where the port's output times it is the reference's, every part before matching."""
+    if described.output_scale is None:
+        return None
+    scalar = getattr(w.module(w.layer), described.output_scale, None)
     ours, theirs = w.got("output"), w.theirs.get(f"{w.layer}.output")
     if not torch.is_tensor(scalar) or ours is None or theirs is None or scalar.numel() != 1:
         return None
     s = float(scalar)
     if s != 1.0 and torch.allclose(ours.cpu() * s, theirs.cpu(), rtol=RTOL, atol=ATOL):
-        return (f"its output times {w.layer}.layer_scalar ({s:.4g}) is {w.reference}': the block's last step, "
-                "x * layer_scalar (one stored number per block), is left out")
+        name = described.output_scale
+        return (f"its output times {w.layer}.{name} ({s:.4g}) is {w.reference}': the block's last step, "
+                f"x * {name} (one stored number per block), is left out")
     return None
 
 

@@ -199,7 +199,9 @@ def what_changed(model: an.Anatomy, gpt2: an.Anatomy) -> list[dict[str, str]]:
     """What `model` does otherwise than GPT-2, one row per change (what, change, gpt2, model), each read from the
     two descriptions: the embedding's scale, the position signal (and layers with none), the norm and where it
     sits, the attention's heads, sliding against full layers and their RoPE bases, linear attention and its state,
-    QK-norm, the feed-forward (GeGLU, SwiGLU, experts), the head's tie, its logit scale and its softcap."""
+    QK-norm, a value norm, layers reusing earlier layers' keys and values, the feed-forward (GeGLU, SwiGLU,
+    experts), per-layer inputs, a stored scale on each block's output, the head's tie, its logit scale and its
+    softcap."""
     rows: list[dict[str, str]] = []
 
     def row(what: str, change: str, before: str, after: str) -> None:
@@ -219,12 +221,30 @@ def what_changed(model: an.Anatomy, gpt2: an.Anatomy) -> list[dict[str, str]]:
         row("placement", f"norm placement: {g0.placement} -> {blocks[0].placement}", PLACEMENT_WORDS[g0.placement],
             PLACEMENT_WORDS[blocks[0].placement])
     _attention_rows(model, gpt2, row)
+    if blocks[0].attention.v_norm is not None:
+        v = blocks[0].attention.v_norm
+        row("value_norm", "the values are normed", "v = x @ W_value",
+            "v = x @ W_value, then x / rms(x) per head" + (" (no weight)" if v.weight is None else " times a weight"))
+    shared = [b for b in blocks if b.attention.kv_shared_from is not None]
+    if shared:
+        row("kv_shared", "layers reuse earlier layers' keys and values", "every layer computes and caches its own",
+            f"the last {len(shared)} of {model.n_layers} layers compute no keys or values: each attends over the "
+            "last earlier layer's of its type, and keeps no cache")
     ff = blocks[0].ff
     if ff.kind != g0.ff.kind:
         experts = ff.experts
         row("experts" if experts else ff.kind, f"feed-forward: {g0.ff.kind} -> {ff.kind}", FF_WORDS[g0.ff.kind],
             FF_WORDS[ff.kind] + (f": {experts.per_token} of {experts.n_experts} experts of width {ff.hidden_dim:,} "
                                  "run for each token, weighted by the router's softmax" if experts else ""))
+    pl = e.per_layer_inputs
+    if pl is not None:
+        row("per_layer_inputs", "per-layer inputs", "one embedding, added once",
+            f"a second table [{pl.vocab_size:,}, {pl.n_layers} x {pl.dim}] gives each token a vector of {pl.dim} per "
+            "layer, gated, projected and normed into that block's stream")
+    if any(b.output_scale is not None for b in blocks):
+        row("output_scale", "each block's output is scaled", "x_out = x + att + ff",
+            f"x_out = (x + att + ff{' + per-layer input' if pl is not None else ''}) * {blocks[0].output_scale}, "
+            "one stored number per block")
     h = model.head
     if h.tied != gpt2.head.tied:
         row("tie", "the head's tie", "out_head is tok_emb (tied)" if gpt2.head.tied else "out_head has its own weights",

@@ -14,7 +14,7 @@ small config (the parameters to the sum of its tensors' numel, the cache to the 
 allocates) and to memory.py's estimate of the KV cache.
 
 The real shapes are the book's: GPT-2 124M (chapter 4), the presets of Qwen3 0.6B and Llama 3.2 1B, and the
-config dicts of the bonus notebooks (ch05/11 to 16), read as glassgpt reads a notebook's config JSON.
+config dicts of the bonus notebooks (ch05/11 to 17), read as glassgpt reads a notebook's config JSON.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ _LAYERS_GEMMA3 = (["sliding_attention"] * 5 + ["full_attention"]) * 3
 _LAYERS_OLMO3 = (["sliding_attention"] * 3 + ["full_attention"]) * 8
 _LAYERS_AYA = (["sliding_attention"] * 3 + ["full_attention"]) * 9
 _LAYERS_QWEN35 = (["linear_attention"] * 3 + ["full_attention"]) * 6
+_LAYERS_GEMMA4_E2B = (["sliding_attention"] * 4 + ["full_attention"]) * 7
 SHAPES: dict[str, dict[str, Any]] = {
     "gpt2": {"name": "GPT-2 124M", "from": "chapter 4's GPT-2 (glassgpt's preset gpt2: OpenAI's, tied)",
              "preset": "gpt2"},
@@ -70,6 +71,14 @@ SHAPES: dict[str, dict[str, Any]] = {
         "vocab_size": 151_936, "context_length": 262_144, "emb_dim": 2048, "n_heads": 32, "n_layers": 48,
         "head_dim": 128, "qk_norm": True, "n_kv_groups": 4, "rope_base": 10_000_000.0, "num_experts": 128,
         "num_experts_per_tok": 8, "moe_hidden_dim": 768, "tie_embeddings": False}},
+    "gemma4": {"name": "Gemma 4 E2B", "from": "ch05/17_gemma4 get_gemma4_dense_config(\"E2B\")", "book": {
+        "vocab_size": 262_144, "vocab_size_per_layer_input": 262_144, "emb_dim": 1536, "hidden_dim": 4 * 1536,
+        "n_layers": 35, "n_heads": 8, "head_dim": 256, "n_kv_heads": 1, "num_global_kv_heads": None,
+        "global_head_dim": 512, "context_length": 131_072, "sliding_window": 512, "layer_types": _LAYERS_GEMMA4_E2B,
+        "hidden_size_per_layer_input": 256, "num_kv_shared_layers": 20, "use_double_wide_mlp": True,
+        "attention_k_eq_v": False, "rope_local_base": 10_000.0, "rope_local_type": "default",
+        "rope_global_base": 1_000_000.0, "rope_global_type": "proportional", "rope_global_partial_rotary_factor": 0.25,
+        "layer_norm_eps": 1e-6, "final_logit_softcap": 30.0, "tie_word_embeddings": True, "pad_token_id": 0}},
 }
 LETTERS = {"full_attention": "F", "sliding_attention": "S", "linear_attention": "L"}  # a layer's letter on a card
 
@@ -169,7 +178,8 @@ def card(cfg, name: str, key: str = "", source: str = "", dtype: torch.dtype | s
                 {"vocab_size": a.embedding.vocab_size, "emb_dim": a.embedding.emb_dim, "n_layers": a.n_layers,
                  "context_length": a.positions.context_length},
                 embedding_words(a.embedding), positions_words(a), norm_words(a), first.placement,
-                "; ".join(g["attention"] for g in groups), feed_forward_words(first.ff), head_words(a.head), groups,
+                "; ".join(g["attention"] for g in groups), feed_forward_words(first.ff) + _wider(a), head_words(a.head),
+                groups,
                 layer_pattern([b.layer_type for b in a.blocks]), total, active, _dtype_name(dtype),
                 [layer_cache(b.attention, size) for b in a.blocks],
                 what_changed(a, gpt2 or describe_config(get_config("gpt2"))))
@@ -187,11 +197,19 @@ def _norm(n: an.Norm | None) -> int:
 
 def parameter_count(a: an.Anatomy) -> tuple[int, int]:
     """(stored, read per token): every matrix, norm, table and state parameter the description names, a tied
-    head once; a mixture's experts all stored, `per_token` of them read."""
+    head once; a mixture's experts all stored, `per_token` of them read. Gemma 4's per-layer embeddings are all
+    stored, and a token reads its one row of them (n_layers * p numbers); a kv-shared layer reads its source
+    layer's keys and values, and its own k_proj, v_proj and k_norm (the notebook builds them, the released
+    checkpoints store them, no forward reads them) are stored and never read."""
     emb = a.embedding.vocab_size * a.embedding.emb_dim
     pos = a.positions.context_length * a.embedding.emb_dim if a.positions.kind == "learned" else 0
     head = 0 if a.head.tied else a.head.out_features * a.embedding.emb_dim + (a.head.out_features if a.head.bias else 0)
     total = active = emb + pos + head + _norm(a.final_norm)
+    pl = a.embedding.per_layer_inputs
+    if pl is not None:  # the second table, and the projection of the embedding mixed into it
+        mixed = _linear(pl.projection) + _norm(pl.norm)
+        total += pl.vocab_size * pl.n_layers * pl.dim + mixed
+        active += pl.n_layers * pl.dim + mixed
     for block in a.blocks:
         att, ff = block.attention, block.ff
         st = att.state
@@ -201,13 +219,18 @@ def parameter_count(a: an.Anatomy) -> tuple[int, int]:
         own = sum(map(_linear, matrices.values())) + sum(map(_norm, (*block.norms, att.q_norm, att.k_norm)))
         if st is not None:  # the depthwise convolution's [c, 1, kernel], the decay's A_log and dt_bias, the norm
             own += st.conv_channels * st.conv_kernel + 2 * st.value_heads + _norm(st.norm)
+        if block.per_layer_input is not None:  # Gemma 4: its gate, projection and norm on the per-layer input
+            pli = block.per_layer_input
+            own += _linear(pli.gate) + _linear(pli.projection) + _norm(pli.norm)
+        # a kv-shared layer's keys and values are its source's (counted there): its own copies are stored, unread
+        unread = _linear(att.key) + _linear(att.value) + _norm(att.k_norm) if att.kv_shared_from is not None else 0
         expert = _linear(ff.up) + _linear(ff.down) + _linear(ff.gate)
         if ff.experts is None:
-            total, active = total + own + expert, active + own + expert
+            total, active = total + own + expert, active + own - unread + expert
         else:
             router = _linear(ff.experts.router)
             total += own + router + ff.experts.n_experts * expert
-            active += own + router + ff.experts.per_token * expert
+            active += own - unread + router + ff.experts.per_token * expert
     return total, active
 
 
@@ -230,7 +253,10 @@ def layer_cache(att: an.Attention, size: int) -> dict[str, int | None]:
 
 def embedding_words(e: an.Embedding) -> str:
     scale = f", times sqrt({e.emb_dim}) = {e.scale:.2f}" if e.scale else ""
-    return f"tok_emb [{e.vocab_size:,}, {e.emb_dim:,}]{scale}" + (" + per-layer embeddings" if e.per_layer else "")
+    pl = e.per_layer_inputs
+    per_layer = (f" + per-layer embeddings [{pl.vocab_size:,}, {pl.n_layers} x {pl.dim}], a row read per token"
+                 if pl is not None else " + per-layer embeddings" if e.per_layer else "")
+    return f"tok_emb [{e.vocab_size:,}, {e.emb_dim:,}]{scale}{per_layer}"
 
 
 def rope_words(r: an.Rope | None) -> str:
@@ -286,6 +312,12 @@ def feed_forward_words(ff: an.FeedForward) -> str:
     return f"{ff.experts.n_experts} {names[ff.kind]} experts ({width}), {ff.experts.per_token} routed a token"
 
 
+def _wider(a: an.Anatomy) -> str:
+    """Where some layers' feed-forward is another width (Gemma 4 E2B's double-wide kv-shared layers)."""
+    other = [b for b in a.blocks if b.ff.hidden_dim != a.blocks[0].ff.hidden_dim]
+    return f"; {other[0].ff.hidden_dim:,} wide in {len(other)} layers ({other[0].index} on)" if other else ""
+
+
 def head_words(h: an.Head) -> str:
     words = ["tied to tok_emb" if h.tied else "its own weights"]
     words += [f"logits times {h.logit_scale:g}"] if h.logit_scale else []
@@ -300,8 +332,10 @@ def layer_groups(a: an.Anatomy, size: int) -> list[dict[str, Any]]:
     groups = []
     for t in dict.fromkeys(b.layer_type for b in a.blocks):
         att = first[t].attention
+        shared = sum(b.layer_type == t and b.attention.kv_shared_from is not None for b in a.blocks)
+        reuse = f"; {shared} of them reuse an earlier layer's keys and values, keeping no cache" if shared else ""
         groups.append({"layer_type": t, "count": counts[t], "attention": f"{counts[t]} {_type_name(t)}: "
-                       + attention_words(att), "window": att.window,
+                       + attention_words(att) + reuse, "window": att.window,
                        "rope": rope_words(att.rope) if att.kind != "linear" else "none (a recurrent state)",
                        "cache": layer_cache(att, size)})
     return groups

@@ -106,6 +106,7 @@ class CheckResult(Result):
     finding: str
     notes: list[str] = field(default_factory=list)
     against: str = "model.py in float64"  # what each stage was computed again by
+    prop: str | None = None  # the property of the formula the first differing stage breaks (pieces/stages.py)
 
     @property
     def ok(self) -> bool:
@@ -113,7 +114,7 @@ class CheckResult(Result):
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "prompt": self.prompt, "ok": self.ok, "mistake": self.mistake,
-                "finding": self.finding, "notes": self.notes,
+                "property": self.prop, "finding": self.finding, "notes": self.notes,
                 "stages": [{"name": s.name, "max_diff": s.max_diff, "tolerance": s.tolerance, "ok": s.ok,
                             "where": s.where, "non_finite": s.non_finite} for s in self.stages]}
 
@@ -158,7 +159,7 @@ def check_gpt2(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None
     ref = copy.deepcopy(glass).double()
     for blk in ref.trf_blocks:  # the book's tanh GELU, where adopt keeps a module's exact one
         blk.ff.layers[1] = TanhGELU()
-    stages, first, mistake = [], None, None
+    stages, first, mistake, broken = [], None, None, None
     for name, (key, io), book_fn, kind in _stages(ref, runs[0], batch):
         got = runs[0][key][io]
         stage = _compare(name, got, book_fn(None), got.dtype)
@@ -169,8 +170,10 @@ def check_gpt2(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None
                 mistake = "dropout"
             else:
                 mistake = _likely_mistake(kind, got, book_fn, stage.tolerance)
-    return CheckResult(layout.kind, shown, stages, first, mistake, _finding(stages, first, mistake),
-                       _tie_note(glass))
+                if mistake is None and not stage.non_finite:
+                    broken = _gpt2_property(kind, name, got, book_fn, runs[0], key, ref, model, layout, batch)
+    return CheckResult(layout.kind, shown, stages, first, mistake, _finding(stages, first, mistake, broken, kind),
+                       _tie_note(glass), prop=broken.prop if broken else None)
 
 
 SQRT_2_OVER_PI = torch.sqrt(torch.tensor(2.0 / torch.pi, dtype=torch.float32))  # model.py's constant, as it rounds it
@@ -353,7 +356,38 @@ def _where_text(where: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in where.items())
 
 
-def _finding(stages: list[StageCheck], first: StageCheck | None, mistake: str | None) -> str:
+def _gpt2_property(kind: str, name: str, got: torch.Tensor, book_fn, seen: dict, key: str, ref: GPTModel,
+                   model: nn.Module, layout: Layout, batch: torch.Tensor):
+    """The property of GPT-2's formula that this stage breaks, on the reader's own tensors (pieces/stages.py),
+    where no known mistake reproduces it; None where none does."""
+    from .pieces.stages import (attention_module, embeddings_sum, factor, feed_forward_module, norm_stage,
+                                shortcut_sum, table_rows)  # here: pieces imports this module
+    d, x = ref.cfg.emb_dim, seen[key][0]
+    if kind == "tok_emb":
+        broken = table_rows(name, got, ref.tok_emb.weight, batch[0].tolist(), "token")
+    elif kind == "pos_emb":
+        broken = table_rows(name, got, ref.pos_emb.weight, list(range(batch.shape[1])), "position")
+    elif kind == "embeddings":
+        broken = embeddings_sum(got, seen["tok_emb"][1], seen["pos_emb"][1].reshape(-1, *got.shape[-2:])[:1],
+                                1.0, d)
+    elif kind == "norm":
+        norm = ref.get_submodule(name)
+        broken = norm_stage(name, x, got, norm.scale, norm.shift, False, norm.eps)
+    elif kind == "shortcut":
+        part = book_fn("no_shortcut")
+        broken = shortcut_sum(name, got, book_fn(None) - part, part, d)
+    elif kind in ("att", "ff") and name in layout.stages:
+        module = model.get_submodule(layout.stages[name])
+        own = not type(module).__module__.startswith("transformers")  # transformers' masks come from outside it
+        broken = attention_module(name, module, x, got, cut_off=own) if kind == "att" else \
+            feed_forward_module(name, module, x, "GELU (the tanh form)")
+    else:
+        broken = None
+    return broken or factor(name, got, book_fn(None), d)
+
+
+def _finding(stages: list[StageCheck], first: StageCheck | None, mistake: str | None, broken=None,
+             kind: str = "") -> str:
     if first is None:
         worst = max(stages, key=lambda s: s.max_diff / s.tolerance)
         return (f"matches the book's formulas at every stage (largest difference {worst.max_diff:.2g}, at "
@@ -370,7 +404,16 @@ def _finding(stages: list[StageCheck], first: StageCheck | None, mistake: str | 
         return f"{at}: {MISTAKES[mistake][1]}."
     if first.non_finite:
         return f"{at}: {NON_FINITE}."
-    return f"{at}; no known mistake reproduces it: compare your {first.name.split('.')[-1]} line by line with the book's."
+    return _property_or_checked(at, broken, kind, first.name)
+
+
+def _property_or_checked(at: str, broken, kind: str, name: str) -> str:
+    """The broken property's sentence after where the stage differs; else what was checked there."""
+    if broken is not None:
+        return f"{at}: {broken.words}."
+    from .pieces.stages import CHECKED
+    return (f"{at}; it keeps what was checked there ({CHECKED.get(kind, 'a factor on the formula')}), and no known "
+            f"mistake reproduces it: compare your {name.split('.')[-1]} line by line with the book's.")
 
 
 def _tie_note(glass: GPTModel) -> list[str]:
@@ -416,6 +459,10 @@ DESCRIBED_MISTAKES = {
                          "before the attention reads them: values = v_norm(values)"),
     "v_norm_scaled": ("att", "the value norm multiplies by a weight: this model's v_norm has none (Gemma4RMSNorm(..., "
                              "with_scale=False)), values / rms(values) alone"),
+    "per_layer_emb_not_scaled": ("per_layer_inputs", "the per-layer embeddings are not multiplied by sqrt({p}): "
+                                                     "embed_tokens_per_layer(ids) * hidden_size_per_layer_input ** 0.5"),
+    "per_layer_not_halved": ("per_layer_inputs", "the per-layer embeddings and the projection of the embedding are "
+                                                 "summed without the factor 2 ** -0.5: (projected + own) * 2 ** -0.5"),
     "layer_scalar_missing": ("shortcut", "the block's output is not multiplied by {scalar} ({scalar_value:.4g}): the "
                                          "block's last step is x * self.layer_scalar, one stored number per block"),
     "norm_eps": ("norm", "RMSNorm's eps is {eps:g}, not {want:g}: Qwen3 uses 1e-6, Llama 3 1e-5"),
@@ -470,7 +517,7 @@ def check_described(model: nn.Module, anatomy: an.Anatomy, ids: list[int] | None
     weight = _param(model, anatomy.embedding.path, "weight")
     batch = torch.tensor([ids], device=weight.device)
     seen = _record_described(model, anatomy, batch)
-    stages, first, mistake, facts = [], None, None, {}
+    stages, first, mistake, facts, broken = [], None, None, {}, None
     with torch.no_grad():
         for stage in _described_stages(model, anatomy, seen, batch):
             dtype = torch.float32 if stage.kind == "norm" else stage.got.dtype
@@ -481,10 +528,37 @@ def check_described(model: nn.Module, anatomy: an.Anatomy, ids: list[int] | None
             if first is None and not checked.ok:
                 first, facts = checked, stage.facts
                 mistake = _described_mistake(stage, checked.tolerance)
-    finding = _described_finding(anatomy, stages, first, mistake, facts)
+                if mistake is None and not checked.non_finite:
+                    broken = _described_property(stage, model, anatomy, seen)
+    finding = _described_finding(anatomy, stages, first, mistake, facts, broken)
     return CheckResult(f"{type(model).__name__} ({anatomy.name})", " ".join(map(str, ids)), stages, first,
                        mistake and mistake[0], finding, _copy_note(model, anatomy),
-                       against=f"{anatomy.name}'s description in float64 (norms in the model's dtype)")
+                       against=f"{anatomy.name}'s description in float64 (norms in the model's dtype)",
+                       prop=broken.prop if broken else None)
+
+
+def _described_property(stage: _Stage, model: nn.Module, anatomy: an.Anatomy, seen: dict):
+    """The property of the description's formula this stage breaks, on the model's own tensors
+    (pieces/stages.py), where no known mistake reproduces it; None where none does."""
+    from .pieces.stages import attention_module, embeddings_sum, factor, norm_stage  # here: pieces imports this
+    d, want = anatomy.embedding.emb_dim, stage.formula(None)
+    broken = None
+    if stage.kind == "embeddings":
+        pos = seen[anatomy.positions.path][1] if anatomy.positions.kind == "learned" else None
+        tok = seen[anatomy.embedding.path][1]
+        broken = embeddings_sum(stage.got, tok, None if pos is None else pos.reshape(-1, *tok.shape[-2:])[:1],
+                                stage.facts["scale"], d)
+    elif stage.kind == "norm":
+        norm, mod = stage.facts["norm"], model.get_submodule(stage.facts["norm"].path)
+        weight = getattr(mod, norm.weight).detach()
+        scale = 1.0 + weight.double() if norm.kind == "rmsnorm_plus_one" else weight
+        shift = getattr(mod, norm.bias).detach() if norm.bias else None
+        broken = norm_stage(stage.name, seen[norm.path][0], stage.got, scale, shift, norm.kind != "layernorm",
+                            norm.eps)
+    elif stage.kind == "att":
+        path = stage.name
+        broken = attention_module(stage.name, model.get_submodule(path), seen[path][0], stage.got, cut_off=False)
+    return broken or factor(stage.name, stage.got, want, d)
 
 
 def _record_described(model: nn.Module, anatomy: an.Anatomy, batch: torch.Tensor) -> dict[str, tuple]:
@@ -575,8 +649,13 @@ def _per_layer_inputs_stage(model: nn.Module, anatomy: an.Anatomy, seen: dict, b
     own = _param(model, emb.per_layer, "weight").double()[batch].reshape(b, t, pl.n_layers, pl.dim) * pl.dim ** 0.5
     x = seen[anatomy.blocks[0].path][0]
     projected = (_linear(model, pl.projection, x) * emb.emb_dim ** -0.5).reshape(b, t, pl.n_layers, pl.dim)
-    formula = lambda m: ((_norm_formula(model, pl.norm, projected)(None) + own) * 2 ** -0.5).reshape(b, t, -1)  # noqa: E731
-    return _Stage("per-layer inputs", got.reshape(b, t, -1), formula, "per_layer_inputs")
+    normed = _norm_formula(model, pl.norm, projected)(None)
+
+    def formula(mistake):
+        name = (mistake or (None,))[0]
+        mixed = normed + (own / pl.dim ** 0.5 if name == "per_layer_emb_not_scaled" else own)
+        return (mixed if name == "per_layer_not_halved" else mixed * 2 ** -0.5).reshape(b, t, -1)
+    return _Stage("per-layer inputs", got.reshape(b, t, -1), formula, "per_layer_inputs", {"p": pl.dim})
 
 
 def _block_stages(model: nn.Module, block: an.Block, seen: dict, kv_in: torch.Tensor | None = None):
@@ -955,6 +1034,8 @@ def _candidates(stage: _Stage):
         if norm.kind == "rmsnorm" and norm.weight and facts["dtype"] not in (torch.float32, torch.float64):
             yield from (("norm_low_precision", (str(facts["dtype"]).removeprefix("torch."), w))
                         for w in (torch.float32, facts["dtype"]))
+    elif kind == "per_layer_inputs":
+        yield from (("per_layer_emb_not_scaled", None), ("per_layer_not_halved", None))
     elif kind == "shortcut" and facts.get("scalar_value", 1.0) != 1.0:
         yield "layer_scalar_missing", None
     elif kind == "ff":
@@ -992,7 +1073,7 @@ def _described_mistake(stage: _Stage, tol: float):
 
 
 def _described_finding(anatomy: an.Anatomy, stages: list[StageCheck], first: StageCheck | None, mistake,
-                       facts: dict) -> str:
+                       facts: dict, broken=None) -> str:
     if first is None:
         worst = max(stages, key=lambda s: s.max_diff / s.tolerance)
         return (f"matches {anatomy.name}'s formulas, as its description gives them, at every stage (largest "
@@ -1008,7 +1089,10 @@ def _described_finding(anatomy: an.Anatomy, stages: list[StageCheck], first: Sta
         at = (f"{first.name} is the first stage that differs (largest difference {first.max_diff:.3g} at "
               f"{_where_text(first.where)})")
     if mistake is None:
-        return f"{at}; no known mistake reproduces it: compare your {first.name.split('.')[-1]} line by line with the book's."
+        kind = "reads" if first.name.endswith(" (input)") else next(
+            (k for k in ("norm", "att", "ff", "shortcut") if k in facts or first.name.split(".")[-1].startswith(k)),
+            "embeddings" if first.name == "embeddings" else "")
+        return _property_or_checked(at, broken, kind, first.name)
     name, value = mistake
     norm = facts.get("norm")
     words = DESCRIBED_MISTAKES[name][1].format(

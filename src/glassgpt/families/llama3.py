@@ -113,4 +113,5 @@ def describe(cfg: FamilyConfig) -> an.Anatomy:
                       embedding=an.Embedding("tok_emb", cfg.vocab_size, cfg.emb_dim),
                       positions=an.Positions("rope", cfg.context_length), blocks=blocks,
                       final_norm=norm("final_norm", "final"),
-                      head=an.Head("out_head", cfg.vocab_size, cfg.tie_embeddings), config_fields=CONFIG_FIELDS)
+                      head=an.Head("out_head", cfg.vocab_size, cfg.tie_embeddings), config_fields=CONFIG_FIELDS,
+                      exports=("pth", "hf"))

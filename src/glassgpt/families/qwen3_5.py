@@ -416,7 +416,8 @@ def describe(cfg: Qwen3_5Config) -> an.Anatomy:
                       embedding=an.Embedding("tok_emb", cfg.vocab_size, cfg.emb_dim),
                       positions=an.Positions("rope", cfg.context_length), blocks=tuple(blocks),
                       final_norm=norm("final_norm", "final"),
-                      head=an.Head("out_head", cfg.vocab_size, cfg.tie_embeddings), config_fields=CONFIG_FIELDS)
+                      head=an.Head("out_head", cfg.vocab_size, cfg.tie_embeddings), config_fields=CONFIG_FIELDS,
+                      exports=("pth", "hf"))
 
 
 def describe_gated(cfg: Qwen3_5Config, p: str, norm) -> an.Attention:

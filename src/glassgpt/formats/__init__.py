@@ -41,6 +41,7 @@ from ..errors import CheckpointError, ConfigError
 from ..families import FAMILY_CONFIGS, FAMILY_PRESETS, FamilyConfig, family_config, random_family_model
 from ..model import GPTModel, init_name
 from ..tokenizer import Tokenizer
+from ..variants import VARIANTS, random_model as random_variant_model
 from . import source as _source
 from .checks import check_buildable, meta_model
 from .glassgpt import (CHECKPOINT_SUBDIRS, assign_model, checkpoint_config, load_checkpoint, model_from_state,
@@ -193,7 +194,8 @@ def names_checkpoint(spec: str | os.PathLike | Source) -> bool:
 
 def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed: int = 0,
                  init: str = "gpt2", source: str | None = None) -> GPTModel:
-    """A GPTModel of `cfg` with random weights drawn by `init` (model.INIT_SCHEMES), in eval mode.
+    """A GPTModel of `cfg` with random weights drawn by `init` (model.INIT_SCHEMES), in eval mode (a family's
+    config: its glass model, N(0, 0.02); a chapter-4 variant's: its glass model, PyTorch's defaults whatever `init`).
 
     The same seed gives the same weights whatever the RNG's state; "pytorch-default" draws on the CPU
     (as the book's code does) and then moves the weights to `device`. A config too big for this
@@ -201,6 +203,8 @@ def random_model(cfg: GPTConfig, device: torch.device, dtype: torch.dtype, seed:
     check_buildable(cfg, dtype, device, source or "the config")
     if isinstance(cfg, FAMILY_CONFIGS):  # Qwen3, Llama 3, Gemma 3: N(0, 0.02) matrices, norms at 1
         return random_family_model(cfg, seed, dtype, device)
+    if isinstance(cfg, tuple(VARIANTS)):  # chapter 4's variants: PyTorch's defaults, as the repository's scripts
+        return random_variant_model(cfg, seed, dtype, device)
     model = meta_model(cfg)
     model.to_empty(device="cpu" if init_name(init) == "pytorch-default" else device)
     model.tie_weights()

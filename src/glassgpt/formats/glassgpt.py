@@ -38,6 +38,7 @@ from ..errors import CheckpointError, ConfigError, GlassError, TokenizerError
 from ..families import FamilyConfig, Qwen3_5Config
 from ..model import GPTModel
 from ..tokenizer import Tokenizer, tokenizer_from_dict
+from ..variants import config_from_dict as variant_config_from_dict
 from ..version import __version__
 from .checks import GLASSGPT, check_sizes, expected_shapes, meta_model
 from .files import (DirFile, OpenDir, atomic_write, checkpoint_tensors, leftover_of, read_json, refuse_leftover, read_safetensors,
@@ -187,7 +188,7 @@ def config_from_values(values: dict[str, Any], source: str, error: type[Exceptio
             if values["family"] in ("qwen3", "llama3"):  # (a hand-written one may leave norm_eps: the book's)
                 return FamilyConfig.from_book_dict(values["family"], values)
             return (Qwen3_5Config if values["family"] == "qwen3_5" else FamilyConfig).from_dict(values)
-        return GPTConfig.from_dict(values)
+        return variant_config_from_dict(values) or GPTConfig.from_dict(values)  # chapter 4's variants (variants/)
     except ConfigError as e:
         raise error(f"{source}: {e}") from None
 

@@ -34,6 +34,7 @@ from ..model import GPTModel
 from ..prompt import Reading, classifier_reading
 from ..tokenizer import Tokenizer, get_tokenizer
 from ..families import FAMILY_PRESETS, FamilyConfig
+from ..variants import VARIANTS
 from . import book, families, gguf, openai
 from .checks import check_buildable
 from .family_tokenizers import check_vocabulary, tokenizer_file
@@ -225,7 +226,9 @@ class Source:
     @property
     def init(self) -> str | None:
         """A random model's initialisation scheme (model.INIT_SCHEMES); None for trained weights."""
-        return init_scheme(self.name) if self.random_weights and self.name not in FAMILY_PRESETS else None
+        if not self.random_weights or self.name in FAMILY_PRESETS:
+            return None
+        return "pytorch-default" if isinstance(self.config, tuple(VARIANTS)) else init_scheme(self.name)
 
     @cached_property
     def _state(self) -> dict[str, torch.Tensor]:

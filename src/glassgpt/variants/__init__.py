@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..config import GPTConfig
+from ..errors import ConfigError
 from . import gqa, mla, moe, swa
 from .base import CachedGPTModel, generate_text_simple_cached, mha_kv_cache_bytes
 from .gqa import GQAConfig, GroupedQueryAttention
@@ -32,15 +33,55 @@ from .swa import MultiHeadAttentionWithSWA, SWAConfig
 
 # Each variant's config type, and its glass file.
 VARIANTS = {GQAConfig: gqa, MLAConfig: mla, SWAConfig: swa, MoEConfig: moe}
+CONFIGS = {cfg.variant: cfg for cfg in VARIANTS}  # "gqa" -> GQAConfig, ...: what a config JSON's "variant" names
 
 __all__ = ["CachedGPTModel", "GQAConfig", "GroupedQueryAttention", "MLAConfig", "MoEConfig", "MoEFeedForward",
-           "MultiHeadAttentionWithSWA", "MultiHeadLatentAttention", "SWAConfig", "VARIANTS", "build_model",
+           "MultiHeadAttentionWithSWA", "MultiHeadLatentAttention", "SWAConfig", "VARIANTS", "build_model", "config_from_dict", "random_model",
            "generate_text_simple_cached", "gpt2_config", "kv_bytes_per_token", "kv_cache_bytes", "variant_of"]
+
+
+def own_fields(cfg_type: type) -> set[str]:
+    """The fields a variant's config adds to GPT-2's (GQAConfig: n_kv_groups)."""
+    return {f.name for f in dataclasses.fields(cfg_type)} - {f.name for f in dataclasses.fields(GPTConfig)}
+
+
+def variant_named(values: dict) -> str | None:
+    """The variant a config dict is for: the one its "variant" names, else the one whose fields it holds (the
+    repository's GPT_CONFIG_124M, as its script builds it, names none); None for GPT-2's fields alone."""
+    if "variant" in values:
+        named = values["variant"]
+        if named not in CONFIGS:
+            raise ConfigError(f"variant {named!r} is not one of chapter 4's: {', '.join(CONFIGS)} (or leave variant out "
+                              "for GPT-2)")
+        return named
+    told = {name: sorted(own_fields(cfg) & set(values)) for name, cfg in CONFIGS.items()}
+    told = {name: fields for name, fields in told.items() if fields}
+    if len(told) > 1:
+        raise ConfigError("the config holds fields of " + " and ".join(f"{name} ({', '.join(fields)})"
+                                                                     for name, fields in told.items())
+                          + ": chapter 4's variants swap one part each; keep one variant's fields")
+    return next(iter(told), None)
+
+
+def config_from_dict(values: dict) -> GPTConfig | None:
+    """The variant's config of a config dict (variant_named), or None for a dict of GPT-2's fields."""
+    named = variant_named(values)
+    return None if named is None else CONFIGS[named].from_dict(values)
 
 
 def build_model(cfg: GPTConfig) -> CachedGPTModel:
     """The glass model of the variant `cfg` configures, with PyTorch's default initialisation (as the repository's)."""
     return VARIANTS[type(cfg)].GPTModel(cfg)
+
+
+def random_model(cfg: GPTConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> CachedGPTModel:
+    """The glass model of `cfg` in eval mode, drawn as the repository's scripts draw it (`torch.manual_seed(seed)`,
+    then `GPTModel(cfg)`: PyTorch's defaults), on the CPU and then moved; the caller's RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(cfg)
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def gpt2_config(cfg: GPTConfig) -> GPTConfig:

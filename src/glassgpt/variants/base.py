@@ -18,15 +18,16 @@ bytes beside GPT-2's (`mha_kv_cache_bytes`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
 
 from .. import anatomy as an
 from .. import model as gpt2
-from ..config import GPTConfig
+from ..config import GPTConfig, from_fields
 from ..errors import ConfigError, PromptError
 
 
@@ -37,6 +38,20 @@ class VariantConfig(GPTConfig):
 
     qkv_bias: bool = False
     tie_embeddings: bool = False
+    variant: ClassVar[str] = ""  # its glass file: "gqa", "mla", "swa" or "moe", as a config JSON names it
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, after the variant's name: a config JSON that `from_dict` (and `--model FILE.json`) reads back."""
+        return {"variant": self.variant} | dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "VariantConfig":
+        """This variant's config from a dict of its fields (the repository's GPT_CONFIG_124M), which may name it."""
+        values = dict(values)
+        named = values.pop("variant", cls.variant)
+        if named != cls.variant:
+            raise ConfigError(f"variant is {named!r}, and these are {cls.variant}'s fields: correct variant")
+        return from_fields(cls, values, ConfigError, "config field")
 
 
 def describe_gpt_base(cfg: GPTConfig, name: str, fields: tuple[str, ...],
@@ -52,7 +67,8 @@ def describe_gpt_base(cfg: GPTConfig, name: str, fields: tuple[str, ...],
 
     anatomy = gpt2.describe(cfg)
     return replace(anatomy, name=name, source=f"glassgpt's variants ({name})",
-                   blocks=tuple(block(b) for b in anatomy.blocks), config_fields=anatomy.config_fields + fields)
+                   blocks=tuple(block(b) for b in anatomy.blocks), config_fields=anatomy.config_fields + fields,
+                   exports=())  # GPT-2's writers know its parts only
 
 
 def check_language_model(cfg: GPTConfig) -> None:

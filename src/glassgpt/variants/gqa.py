@@ -30,6 +30,7 @@ from .base import CachedGPTModel, TransformerBlock, VariantConfig, append_to_cac
 
 @dataclass(frozen=True)
 class GQAConfig(VariantConfig):
+    variant = "gqa"
     n_kv_groups: int = 4  # g: key/value heads; n_heads must be a multiple of it
 
     def __post_init__(self) -> None:

@@ -32,6 +32,7 @@ from .base import CachedGPTModel, TransformerBlock, VariantConfig, describe_gpt_
 
 @dataclass(frozen=True)
 class MLAConfig(VariantConfig):
+    variant = "mla"
     latent_dim: int | None = None  # c; None: the repository's default, max(16, emb_dim // 8)
 
     def __post_init__(self) -> None:

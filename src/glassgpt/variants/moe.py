@@ -29,6 +29,7 @@ from .base import CachedGPTModel, MultiHeadAttention, TransformerBlock, VariantC
 
 @dataclass(frozen=True)
 class MoEConfig(VariantConfig):
+    variant = "moe"
     num_experts: int = 8          # E: feed-forwards per block
     num_experts_per_tok: int = 2  # k: of them, the ones each token runs through
     hidden_dim: int | None = None  # f: an expert's inner width; None: 4 * emb_dim, GPT-2's

@@ -33,6 +33,7 @@ from .base import (CachedGPTModel, MultiHeadAttention, TransformerBlock, Variant
 
 @dataclass(frozen=True)
 class SWAConfig(VariantConfig):
+    variant = "swa"
     sliding_window_size: int = 1024  # W: the positions a query sees, itself included
     sliding_window_stride: int = 2   # K: K window layers, then one full layer; 0 none, < 0 all
 

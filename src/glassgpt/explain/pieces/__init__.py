@@ -15,6 +15,7 @@ are views: views/pieces.py.
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import torch
@@ -135,8 +136,9 @@ def _with_part_property(model: nn.Module, result: Any) -> Any:
     except (AttributeError, GlassError):
         return result
     if isinstance(alone, PieceResult) and not alone.ok and alone.prop is not None:
-        if result.mistake is None:  # (a named line keeps its finding; the property is noted beside it)
-            head = result.finding.split("; no known mistake")[0]
+        if result.mistake is None and getattr(result, "prop", None) is None:  # (a named line, or a property found
+            # on the model's own tensors, keeps its finding; the part's property is noted beside it)
+            head = re.split(r"; (?:it keeps what was checked|no known mistake)", result.finding)[0]
             result.finding = f"{head}; checked alone on the book's inputs, {name}: {alone.finding}"
         result.notes = [*result.notes, f"property broken: {alone.prop} ({alone.stage}, {alone.where})"]
     return result
