@@ -201,3 +201,36 @@ def test_gpt2_and_a_rotary_model_give_one_trace_type_read_alike():
         assert tr.embedding_check["equal_one_hot_matmul"] is True
         assert tr.attention_weights["shape"] == [2, 4, len(TEXT), len(TEXT)]
     assert ours.attention_weights is ours.attention and theirs.attention["groups"] == [[0, 1], [2, 3]]
+
+
+# --- what the text view says of positions and QK-norm follows each model's description ------------------------
+
+def _text_of(kind, block=0):
+    from glassgpt.explain.views.text import render_family_text
+    return render_family_text(trace(model_of(ROTARY[kind]), TOK, TEXT, options=TraceOptions(block=block)))
+
+
+def test_tiny_ayas_positions_are_its_sliding_layers_rope_and_its_full_layers_have_none():
+    """Tiny Aya's sliding layers turn by RoPE and its full ones have no positions; it has no linear layers (the
+    trace said Qwen3.5's "full attentions ... the linear ones" before)."""
+    text = _text_of("tiny_aya")
+    assert ("Inside the sliding attentions (layers 0, 1, 3; the full ones, layer 2, have no position signal: no RoPE "
+            "turns their queries and keys, and only the causal mask orders what they see) the queries and keys") in text
+    assert "linear" not in text and "Inside the full attentions" not in text
+    full = _text_of("tiny_aya", block=2)  # the full layer's queries are not rotated
+    assert "[1, 22, 32] split into 4 heads, not rotated (this layer has no RoPE)" in full
+    assert "RoPE-rotated" not in full.split("the four questions")[0]
+    assert "split into 4 heads, RoPE-rotated" in _text_of("tiny_aya", block=1)
+
+
+def test_qwen3_5s_positions_still_name_its_full_and_linear_layers():
+    assert ("Inside the full attentions (layers 1; the linear ones have no position signal: their convolution and "
+            "state see the order itself)") in _text_of("qwen3_5", block=1)
+
+
+def test_olmo3s_qk_norm_spans_the_whole_projection_and_qwen3s_each_head():
+    olmo = _text_of("olmo3")
+    assert ("QK-norm: the whole query projection (32 wide) and the whole key projection (16 wide) are each RMS-normed "
+            "at once, across all heads, before the split into heads and the rotation.") in olmo
+    assert "each query and key head is RMS-normed" not in olmo
+    assert "QK-norm: each query and key head is RMS-normed before the rotation." in _text_of("qwen3_moe")

@@ -723,9 +723,18 @@ def _heads_and_positions(anatomy: an.Anatomy, att: an.Attention, q_shape: tuple,
     rope = (full or ropes or [None])[0]  # a full layer's (Gemma 3's sliding layers have a base of their own)
     return {"q_shape": list(q_shape), "kv_shape": kv_shape, "group_size": h // g,
             "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
-            "qk_norm": att.q_norm is not None, "rope_base": rope.base if rope else None,
+            "qk_norm": att.q_norm is not None, **_qk_norm_span(att), "rope_base": rope.base if rope else None,
             "rope_scaled": any(r.scaling is not None for r in ropes), **_sliding_layers(anatomy),
             **rope_reach(anatomy), **_kv_shared(anatomy)}
+
+
+def _qk_norm_span(att: an.Attention) -> dict[str, Any]:
+    """What the QK-norm spans, from the widths of its norms: each head (`head_dim` wide: Qwen3, Gemma) or the whole
+    projection at once (h*hd and g*hd wide: OLMo 3's, before the split into heads); {} without QK-norm."""
+    if att.q_norm is None:
+        return {}
+    per_head = att.q_norm.dim == att.head_dim
+    return {"qk_norm_per_head": per_head, "qk_norm_dims": [att.q_norm.dim, att.k_norm.dim if att.k_norm else None]}
 
 
 def _ff_in(ff: an.FeedForward) -> an.Linear:
@@ -786,10 +795,16 @@ def rope_reach(anatomy: an.Anatomy) -> dict[str, Any]:
     """Which layers RoPE turns, and how many of a head's dimensions (Qwen3.5: the full layers, 64 of 256; Tiny Aya:
     the sliding layers only, its full layers have no positions)."""
     turned = [block for block in anatomy.blocks if block.attention.rope is not None]
+    linear = [block.index for block in anatomy.blocks if block.attention.kind == "linear"]
+    unturned = [block.index for block in anatomy.blocks if block.attention.kind != "linear"
+                and block.attention.rope is None]  # Tiny Aya's full layers: no position signal at all
+    others = {"linear_layers": linear, "unrotated_layers": unturned}
     if not turned:
-        return {"rope_layers": []}
+        return {"rope_layers": [], **others}
     rope = turned[0].attention.rope
-    return {"rope_layers": [block.index for block in turned], "rope_dims": rope.rotary_dim or rope.head_dim}
+    windows = {block.attention.window is not None for block in turned}
+    return {"rope_layers": [block.index for block in turned], "rope_dims": rope.rotary_dim or rope.head_dim,
+            "rope_layer_kind": ("sliding" if windows == {True} else "full" if windows == {False} else None), **others}
 
 
 def linear_stages(anatomy: an.Anatomy, b: int) -> list[dict[str, Any]]:
@@ -826,7 +841,8 @@ def _rotary_stages(anatomy: an.Anatomy, att: an.Attention, ff: an.FeedForward, s
          "note": f"vocab -> hidden: row lookup in the {[V, d]} weight"
                  + (f", times sqrt({d}) = {scale:.2f}" if scale is not None else "") + "; no pos_emb is added"},
         {"name": "queries", "module": "trf_blocks.N.att.W_query", "shape": list(q_shape),
-         "note": f"{list(seen[att.query.path].shape)} split into {h} heads, RoPE-rotated"},
+         "note": f"{list(seen[att.query.path].shape)} split into {h} heads, "
+                 + ("RoPE-rotated" if att.rope is not None else "not rotated (this layer has no RoPE)")},
         {"name": "keys, values", "module": "trf_blocks.N.att.W_key, W_value", "shape": kv_shape,
          "note": f"{list(seen[att.key.path].shape)} split into {g} heads; the cache keeps these"},
         {"name": "repeat_interleave", "module": "", "shape": list(q_shape),

@@ -367,9 +367,7 @@ def position_lines(tr: Trace, lines: list[str]) -> None:
     lines += ["", "where positions enter"]
     scaled = _scaling_words(att)
     layers, dims, hd = att.get("rope_layers"), att.get("rope_dims"), att["q_shape"][-1]
-    inside = "every attention" if layers is None or len(layers) == tr.config["n_layers"] else (
-        f"the full attentions (layers {', '.join(map(str, layers))}; the linear ones have no position signal: their "
-        "convolution and state see the order itself)")
+    inside = "every attention" if layers is None or len(layers) == tr.config["n_layers"] else _rotated_layers(att)
     pairs = "each pair of dimensions (i, i + hd/2)" if not dims or dims == hd else (
         f"each pair (i, i + {dims // 2}) of the first {dims} of {hd} dimensions (the other {hd - dims} unturned)")
     lines.append(f"  No pos_emb: tok_emb's output is the same for a token wherever it stands. Inside {inside} "
@@ -379,11 +377,35 @@ def position_lines(tr: Trace, lines: list[str]) -> None:
         lines.append(f"  Sliding layers {att['sliding_layers']}: each query sees only the last {att['window']:,} "
                      f"positions, and RoPE turns them with base {att['rope_local_base']:,.0f}; the other layers see "
                      "every earlier position.")
-    if att["qk_norm"]:
+    if att["qk_norm"] and att.get("qk_norm_per_head", True):
         lines.append("  QK-norm: each query and key head is RMS-normed before the rotation.")
+    elif att["qk_norm"]:  # OLMo 3: one norm over all heads of a token
+        q_dim, k_dim = att["qk_norm_dims"]
+        lines.append(f"  QK-norm: the whole query projection ({q_dim:,} wide) and the whole key projection "
+                     f"({k_dim:,} wide) are each RMS-normed at once, across all heads, before the split into heads "
+                     "and the rotation.")
     if att.get("kv_shared_from"):  # Gemma 4's last layers
         lines.append("  KV-shared layers: " + ", ".join(f"{i} reads {j}'s" for i, j in att["kv_shared_from"].items())
                      + " keys and values (they compute none and keep no cache of their own).")
+
+
+def _rotated_layers(att: dict) -> str:
+    """The layers RoPE turns and what the others see, from the description: Qwen3.5's full attentions (its linear
+    ones see the order through their state), Tiny Aya's sliding ones (its full ones have no position signal)."""
+    listed = lambda layers: ", ".join(map(str, layers))  # noqa: E731
+    kind = {"sliding": "the sliding attentions", "full": "the full attentions"}.get(att.get("rope_layer_kind"),
+                                                                                     "the attentions")
+    others = []
+    if att.get("linear_layers"):
+        others.append("the linear ones have no position signal: their convolution and state see the order itself")
+    if att.get("unrotated_layers"):
+        bare = att["unrotated_layers"]
+        named = f"layer{'s' if len(bare) > 1 else ''} {listed(bare)}"
+        which = f"the full ones, {named}," if att.get("rope_layer_kind") == "sliding" else named
+        verb = "have" if len(bare) > 1 or which.startswith("the") else "has"
+        others.append(f"{which} {verb} no position signal: no RoPE turns their queries and keys, and only the "
+                      "causal mask orders what they see")
+    return f"{kind} (layers {listed(att['rope_layers'])}" + ("; " + "; ".join(others) if others else "") + ")"
 
 
 def _scaling_words(att: dict) -> str:
