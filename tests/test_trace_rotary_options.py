@@ -234,3 +234,18 @@ def test_olmo3s_qk_norm_spans_the_whole_projection_and_qwen3s_each_head():
             "at once, across all heads, before the split into heads and the rotation.") in olmo
     assert "each query and key head is RMS-normed" not in olmo
     assert "QK-norm: each query and key head is RMS-normed before the rotation." in _text_of("qwen3_moe")
+
+
+def test_the_opened_block_is_said_as_its_own_description_gives_it():
+    """--block N said "every block's are the same" even where the blocks differ (Qwen3.5's linear and full layers,
+    Tiny Aya's sliding and full)."""
+    assert ("the shapes below are read in trf_blocks.2 (--block 2), a full attention, without RoPE; the blocks are "
+            "not all alike") in _text_of("tiny_aya", block=2)
+    assert ("the shapes below are read in trf_blocks.1 (--block 1), a sliding-window attention (4 positions), with "
+            "RoPE; the blocks are not all alike") in _text_of("tiny_aya", block=1)
+    linear = _text_of("qwen3_5", block=2)
+    assert ("the shapes below are read in trf_blocks.2 (--block 2), a linear-attention block (no keys or values: the "
+            "rows of keys and values are trf_blocks.1's); the blocks are not all alike") in linear
+    assert "every block's are the same" not in linear
+    assert ("the shapes below are read in trf_blocks.1 (--block 1); every block's are the same"
+            in _text_of("qwen3_moe", block=1))

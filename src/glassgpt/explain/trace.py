@@ -674,7 +674,7 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     tr = _rotary_result(model, tokenizer, about, opt, ids, tokens, next_tokens)
     tr.stages = [Stage(**stage) for stage in _rotary_stages(anatomy, att, opened.ff, seen, q_shape, list(k.shape),
                                                             linear_stages(anatomy, b))]
-    tr.attention = _heads_and_positions(anatomy, att, q_shape, list(k.shape))
+    tr.attention = _heads_and_positions(anatomy, att, q_shape, list(k.shape)) | _opened_kind(anatomy, opened, keyed)
     tr.head = head_products(model, seen[anatomy.final_norm.path][0, -1], logits[0, -1],
                             [n["id"] for n in next_tokens], ids[0].tolist(), label)
     if opt.logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
@@ -726,6 +726,17 @@ def _heads_and_positions(anatomy: an.Anatomy, att: an.Attention, q_shape: tuple,
             "qk_norm": att.q_norm is not None, **_qk_norm_span(att), "rope_base": rope.base if rope else None,
             "rope_scaled": any(r.scaling is not None for r in ropes), **_sliding_layers(anatomy),
             **rope_reach(anatomy), **_kv_shared(anatomy)}
+
+
+def _opened_kind(anatomy: an.Anatomy, opened: an.Block, keyed: int) -> dict[str, Any]:
+    """Whether every block's attention is alike (kind, window, RoPE and its base), and what the opened one is:
+    "linear", "sliding" or "full", with or without RoPE, and the block whose keys and values the table shows."""
+    def kind(att: an.Attention) -> tuple:
+        return att.kind, att.window, None if att.rope is None else (att.rope.base, att.rope.rotary_dim, att.rope.scaling)
+    att = opened.attention
+    return {"blocks_alike": len({kind(block.attention) for block in anatomy.blocks}) == 1,
+            "opened": {"kind": "linear" if att.kind == "linear" else "sliding" if att.window is not None else "full",
+                       "window": att.window, "rope": att.rope is not None, "keyed_block": keyed}}
 
 
 def _qk_norm_span(att: an.Attention) -> dict[str, Any]:

@@ -316,7 +316,7 @@ def render_family_text(tr: Trace, attention_layer: int | None = None, heatmap: s
         lines.append("RANDOM WEIGHTS: the shapes below are real; the probabilities and tokens are not.")
     lines += [f"  {note}" for note in about.get("notes", [])]
     if tr.block:
-        lines.append(f"the shapes below are read in trf_blocks.{tr.block} (--block {tr.block}); every block's are the same")
+        lines.append(_opened_line(tr.block, att))
     lines += ["tokens: " + " ".join(repr(t["text"]) for t in tr.tokens), ""]
     for s in tr.stages:
         lines.append(f"  {s.name:<18} {sizes(s.shape):<24} {s.module:<34} {s.note}")
@@ -359,6 +359,21 @@ def render_family_text(tr: Trace, attention_layer: int | None = None, heatmap: s
     if tr.logit_lens:
         lens_lines(tr.logit_lens, [t["text"] for t in tr.tokens], lines, c)
     return "\n".join(lines)
+
+
+def _opened_line(block: int, att: dict) -> str:
+    """The block `--block` opened: every block alike, or this one's own kind (sliding or full, with or without RoPE;
+    a linear block's table shows the first block with keys and values)."""
+    said = f"the shapes below are read in trf_blocks.{block} (--block {block})"
+    if att.get("blocks_alike", True):
+        return said + "; every block's are the same"
+    opened = att["opened"]
+    if opened["kind"] == "linear":
+        return (said + f", a linear-attention block (no keys or values: the rows of keys and values are "
+                f"trf_blocks.{opened['keyed_block']}'s); the blocks are not all alike")
+    kind = (f"a sliding-window attention ({opened['window']:,} positions)" if opened["kind"] == "sliding"
+            else "a full attention") + (", with RoPE" if opened["rope"] else ", without RoPE")
+    return said + f", {kind}; the blocks are not all alike"
 
 
 def position_lines(tr: Trace, lines: list[str]) -> None:
