@@ -249,3 +249,24 @@ def test_the_opened_block_is_said_as_its_own_description_gives_it():
     assert "every block's are the same" not in linear
     assert ("the shapes below are read in trf_blocks.1 (--block 1); every block's are the same"
             in _text_of("qwen3_moe", block=1))
+
+
+def test_a_mixtures_trace_names_each_tokens_experts_and_weights_as_its_router_chose_them():
+    """The mixture's table named no experts: now each token's top k, with the weights its own route() gives."""
+    model = model_of(ROTARY["qwen3_moe"])
+    tr = trace(model, TOK, TEXT)
+    ff = model.trf_blocks[0].ff
+    captured = {}
+    ff.register_forward_hook(lambda mod, args, out: captured.setdefault("x", args[0]))
+    with torch.no_grad():
+        model(torch.tensor([TOK.encode(TEXT)]))
+        ids, weights = ff.route(captured["x"])  # [1, t, k]
+    assert [t["experts"] for t in tr.experts["tokens"]] == ids[0].tolist()
+    got = torch.tensor([t["weights"] for t in tr.experts["tokens"]])
+    assert torch.allclose(got, weights[0], atol=1e-6)  # float32 softmax of the same scores
+    text = tr.to_text()
+    assert "the experts (trf_blocks.0.ff: each token's top 2 of 4, weighted by the softmax of their router scores)" in text
+    first = tr.experts["tokens"][0]
+    assert (f"  'e'              {first['weights'][0]:.3f} * expert {first['experts'][0]} + "
+            f"{first['weights'][1]:.3f} * expert {first['experts'][1]}") in text
+    assert trace(model_of(ROTARY["olmo3"]), TOK, TEXT).experts is None

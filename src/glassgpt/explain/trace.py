@@ -107,6 +107,7 @@ class Trace(Result):
     answers: dict[str, Any] | None = None        # rotary: the four questions, as facts
     block: int = 0                               # the block opened up (rotary: whose shapes the stages show)
     temperature: float = 1.0                     # what the last logits were divided by before the softmax
+    experts: dict[str, Any] | None = None        # rotary, a mixture: the opened block's routing, token by token
 
     @property
     def rotary(self) -> bool:
@@ -675,6 +676,8 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     tr.stages = [Stage(**stage) for stage in _rotary_stages(anatomy, att, opened.ff, seen, q_shape, list(k.shape),
                                                             linear_stages(anatomy, b))]
     tr.attention = _heads_and_positions(anatomy, att, q_shape, list(k.shape)) | _opened_kind(anatomy, opened, keyed)
+    if opened.ff.experts:
+        tr.experts = routed_experts(opened.ff, seen[opened.ff.experts.router.path][0], tokens)
     tr.head = head_products(model, seen[anatomy.final_norm.path][0, -1], logits[0, -1],
                             [n["id"] for n in next_tokens], ids[0].tolist(), label)
     if opt.logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
@@ -866,6 +869,17 @@ def _rotary_stages(anatomy: an.Anatomy, att: an.Attention, ff: an.FeedForward, s
         {"name": "out_head", "module": "out_head", "shape": list(seen[anatomy.head.path].shape),
          "note": f"hidden -> vocab: x @ W.T with W {[V, d]}"},
     ]
+
+
+def routed_experts(ff: an.FeedForward, scores: torch.Tensor, tokens: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which experts each token ran in a mixture, from its router's scores `[t, n_experts]`: the top `per_token`
+    (largest first), each weighted by the softmax over the chosen scores alone (they sum to 1, as the glass
+    mixture weighs them)."""
+    top = scores.float().topk(ff.experts.per_token, dim=-1)  # [t, k]
+    weights = torch.softmax(top.values, dim=-1)  # [t, k]
+    return {"module": ff.path, "n_experts": ff.experts.n_experts, "per_token": ff.experts.per_token,
+            "tokens": [{"text": tk["text"], "experts": ids, "weights": w}
+                       for tk, ids, w in zip(tokens, top.indices.tolist(), weights.tolist())]}
 
 
 def _ff_note(ff: an.FeedForward, d: int) -> str:

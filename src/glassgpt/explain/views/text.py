@@ -346,6 +346,8 @@ def render_family_text(tr: Trace, attention_layer: int | None = None, heatmap: s
     lines.append(f"  queries {sizes(att['q_shape'])}, keys and values {sizes(att['kv_shape'])}: {h} query heads "
                  f"share {g} key/value heads, {att['group_size']} each (repeat_interleave):")
     lines.append("  " + "  ".join(f"kv{j}: q{grp[0]}..q{grp[-1]}" for j, grp in enumerate(att["groups"])))
+    if tr.experts:
+        experts_lines(tr.experts, lines)
     if tr.next_tokens:
         lines += ["", "next token" + (f" (softmax(last_logits / {tr.temperature:g}))" if tr.temperature != 1 else "")]
         lines += [f"  {t['text']!r:<16} {t['prob']:.4f}" for t in tr.next_tokens]
@@ -374,6 +376,14 @@ def _opened_line(block: int, att: dict) -> str:
     kind = (f"a sliding-window attention ({opened['window']:,} positions)" if opened["kind"] == "sliding"
             else "a full attention") + (", with RoPE" if opened["rope"] else ", without RoPE")
     return said + f", {kind}; the blocks are not all alike"
+
+
+def experts_lines(ex: dict, lines: list[str]) -> None:
+    """A mixture's routing in the opened block: each token's top-k experts and their weights."""
+    lines += ["", f"the experts ({ex['module']}: each token's top {ex['per_token']} of {ex['n_experts']}, "
+                  "weighted by the softmax of their router scores)"]
+    lines += [f"  {t['text']!r:<16} " + " + ".join(f"{w:.3f} * expert {e}" for e, w in zip(t["experts"], t["weights"]))
+              for t in ex["tokens"]]
 
 
 def position_lines(tr: Trace, lines: list[str]) -> None:
