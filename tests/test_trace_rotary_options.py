@@ -270,3 +270,16 @@ def test_a_mixtures_trace_names_each_tokens_experts_and_weights_as_its_router_ch
     assert (f"  'e'              {first['weights'][0]:.3f} * expert {first['experts'][0]} + "
             f"{first['weights'][1]:.3f} * expert {first['experts'][1]}") in text
     assert trace(model_of(ROTARY["olmo3"]), TOK, TEXT).experts is None
+
+
+def test_the_attention_tables_note_says_which_layers_rope_turned():
+    """It said "RoPE-rotated (and QK-normed in Qwen3)" for every model, Tiny Aya's unrotated full layer too."""
+    from glassgpt.explain.views.text import render_family_text
+    tr = trace(model_of(ROTARY["tiny_aya"]), TOK, TEXT, options=TraceOptions(attention=True))
+    text = render_family_text(tr, attention_layer=2)
+    assert ("its queries and keys were RoPE-rotated before the softmax (not in layer 2, which RoPE does not turn)"
+            in text)
+    assert "QK-normed in Qwen3" not in text
+    olmo = render_family_text(trace(model_of(ROTARY["olmo3"]), TOK, TEXT, options=TraceOptions(attention=True)),
+                              attention_layer=0)
+    assert "its queries and keys were QK-normed, then RoPE-rotated before the softmax" in olmo

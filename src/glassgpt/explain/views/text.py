@@ -356,8 +356,7 @@ def render_family_text(tr: Trace, attention_layer: int | None = None, heatmap: s
         head_lines(tr.head, a["hidden_to_vocab"]["weight_shape"], V, lines, c)
     if attention_layer is not None and tr.attention_weights:
         attention_lines(tr.attention_weights, attention_layer, heatmap, lines, c,
-                        "kvN: the key/value group the query head reads (repeat_interleave); its queries and keys "
-                        "were RoPE-rotated (and QK-normed in Qwen3) before the softmax")
+                        "kvN: the key/value group the query head reads (repeat_interleave); " + _rotated_note(att))
     if tr.logit_lens:
         lens_lines(tr.logit_lens, [t["text"] for t in tr.tokens], lines, c)
     return "\n".join(lines)
@@ -376,6 +375,16 @@ def _opened_line(block: int, att: dict) -> str:
     kind = (f"a sliding-window attention ({opened['window']:,} positions)" if opened["kind"] == "sliding"
             else "a full attention") + (", with RoPE" if opened["rope"] else ", without RoPE")
     return said + f", {kind}; the blocks are not all alike"
+
+
+def _rotated_note(att: dict) -> str:
+    """What was done to the queries and keys before the softmax, from the description: QK-norm where the model has
+    it, RoPE in the layers it turns (Tiny Aya's full layers: none)."""
+    normed = "QK-normed, then " if att["qk_norm"] else ""
+    bare = att.get("unrotated_layers")
+    return (f"its queries and keys were {normed}RoPE-rotated before the softmax"
+            + (f" (not in layer{'s' if len(bare) > 1 else ''} {', '.join(map(str, bare))}, which RoPE does not turn)"
+               if bare else ""))
 
 
 def experts_lines(ex: dict, lines: list[str]) -> None:
