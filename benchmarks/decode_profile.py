@@ -6,11 +6,18 @@ per phase of the step, on the first thread (its share of each phase, and its wai
 thread); the products' phases are the matrix-vector kernels. gpt2 shapes, random weights, 2 threads:
 the measured profile behind RESULTS.md's "where the time goes".
 
+`--bonus` profiles the bonus models' decoding step instead (bench_book_models.py's real shapes: Gemma 3 270M,
+Qwen3.5 0.8B, the small Qwen3 MoE with 16 of its 128 experts built, since a token reads only its 8 routed ones):
+generate's own step (TwinSteps.decode_one) at batch 1, in float32 and bfloat16, its operators' self time, and
+the rate it reads its weights at against the copy rate measured beside it.
+
     flock /tmp/glassgpt-bench.lock python benchmarks/decode_profile.py
+    python benchmarks/decode_profile.py --bonus gemma3-270m qwen3.5-0.8b qwen3-moe-small
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from pathlib import Path
@@ -63,8 +70,58 @@ def native_table(model, cfg, ids, name: str, steps: int = 40) -> None:
 
 
 @torch.inference_mode()
+def bonus_table(name: str, dtype: torch.dtype, steps: int = 8) -> None:
+    """The bonus model `name`'s decoding step through generate's TwinSteps: wall time, weights' rate, operators."""
+    import dataclasses
+    from bench_book_models import bonus_config, read_bytes_per_token
+    from harness import CopyMeter
+    from glassgpt.engine.decode import twin_steps
+    from glassgpt.engine.hybrid_cache import cache_for
+    from glassgpt.families import random_family_model
+    cfg = bonus_config(name, small=False)
+    if getattr(cfg, "num_experts", 0):
+        cfg = dataclasses.replace(cfg, num_experts=16)
+    model = random_family_model(cfg, dtype=dtype)
+    twin = twin_steps(model)
+    ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    cache = cache_for(cfg, 1, 64, dtype=dtype)
+    twin.prefill(ids, cache)
+    for _ in range(3):
+        twin.decode_one(ids[:, -1], cache)
+    copy = CopyMeter(torch.device("cpu"), mb=128)
+    before = copy.rate()
+    start = time.perf_counter()
+    for _ in range(steps):
+        twin.decode_one(ids[:, -1], cache)
+    wall = (time.perf_counter() - start) / steps
+    rate = (before + copy.rate()) / 2
+    moved = read_bytes_per_token(model) / wall
+    with torch.profiler.profile() as prof:
+        for _ in range(steps):
+            twin.decode_one(ids[:, -1], cache)
+    print(f"\n{name}, {str(dtype).removeprefix('torch.')}: {wall * 1e3:.1f} ms per token; weights "
+          f"{read_bytes_per_token(model) / 1e6:,.0f} MB a token read at {moved / 1e9:.1f} GB/s = {moved / rate:.0%} of "
+          f"the copy rate beside it ({rate / 1e9:.1f} GB/s)")
+    table(prof, "  operators", steps)
+    head = model.out_head.weight
+    x = torch.randn(1, 1, head.shape[1], dtype=dtype)
+    start = time.perf_counter()
+    for _ in range(steps):
+        model.out_head(x)
+    alone = (time.perf_counter() - start) / steps
+    print(f"  the head alone ({head.shape[0]:,} x {head.shape[1]:,}): {alone * 1e3:.1f} ms, "
+          f"{head.nbytes / alone / 1e9:.1f} GB/s; {alone / wall:.0%} of the step")
+
+
+@torch.inference_mode()
 def main() -> None:
     torch.set_num_threads(2)
+    if "--bonus" in sys.argv:
+        for name in sys.argv[sys.argv.index("--bonus") + 1:]:
+            for dtype in (torch.float32, torch.bfloat16):
+                bonus_table(name, dtype)
+                gc.collect()
+        return
     cfg = PRESETS["gpt2"]
     ids = torch.randint(0, cfg.vocab_size, (1, 512), generator=torch.Generator().manual_seed(0))
     if "--decode-only" not in sys.argv:

@@ -179,6 +179,51 @@ def test_decoding_a_token_reads_only_the_experts_its_router_chose():
     assert ran == chosen and all(len(e) == MOE.num_experts_per_tok for e in ran.values())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_twins_one_token_experts_decode_the_glass_models_logits_bit_for_bit(dtype):
+    from glassgpt.engine.decode import twin_steps
+    from glassgpt.engine.experts import OneTokenExperts
+    model = randomize_(build_model(MOE)).to(dtype)
+    steps = twin_steps(model)
+    assert all(isinstance(block.ff, OneTokenExperts) for block in steps.twin.trf_blocks)
+    assert not any(isinstance(block.ff, OneTokenExperts) for block in model.trf_blocks)  # the glass model keeps its own
+    batch = ids(14)[:1]
+    glass_cache, twin_cache = KVCache(MOE, 1, 14, dtype=dtype), KVCache(MOE, 1, 14, dtype=dtype)
+    with torch.no_grad():
+        glass = [model(batch[:, :8], glass_cache, last_only=True)[:, -1]] + [
+            model(batch[:, i:i + 1], glass_cache)[:, -1] for i in range(8, 14)]
+        twin = [steps.prefill(batch[:, :8], twin_cache)] + [steps.decode_one(batch[:, i], twin_cache)
+                                                             for i in range(8, 14)]
+    for ours, theirs in zip(twin, glass):
+        assert torch.equal(ours, theirs)  # the same experts, the same order of sums: no tolerance
+
+
+def test_decoding_through_generate_reads_only_the_routed_experts():
+    from glassgpt.engine.decode import twin_steps
+    model = randomize_(build_model(MOE))
+    steps = twin_steps(model)
+    batch = ids(9)[:1]
+    cache = KVCache(MOE, 1, 10)
+    ran: dict[int, list[int]] = {}
+    chosen: dict[int, list[int]] = {}
+    with torch.no_grad():
+        steps.prefill(batch[:, :8], cache)
+        # on the twin's modules, which generate decodes through (they share the glass model's Parameters)
+        hooks = [expert.register_forward_hook(lambda m, i, o, layer=n, e=e: ran.setdefault(layer, []).append(e))
+                 for n, block in enumerate(steps.twin.trf_blocks) for lst in (block.ff.fc1, block.ff.fc2, block.ff.fc3)
+                 for e, expert in enumerate(lst)]
+        routes = [block.ff.register_forward_pre_hook(
+            lambda m, args, layer=n: chosen.__setitem__(layer, m.route(args[0])[0].flatten().tolist()))
+            for n, block in enumerate(steps.twin.trf_blocks)]
+        steps.decode_one(batch[:, 8], cache)
+    for h in hooks + routes:
+        h.remove()
+    assert set(ran) == set(chosen) == {0, 1}
+    for layer, experts in ran.items():  # each chosen expert's three matrices once, no other expert's
+        assert sorted(experts) == sorted(chosen[layer] * 3)
+        assert len(set(experts)) == MOE.num_experts_per_tok
+
+
 def test_routing_weights_are_the_softmax_of_the_top_k_scores_and_sum_to_one():
     ff = randomize_(build_model(MOE)).trf_blocks[0].ff
     x = torch.randn(1, 5, MOE.emb_dim, generator=torch.Generator().manual_seed(3))

@@ -14,7 +14,7 @@ Inside two folders the parts are layered too (`FOLDERS`), lowest first; a packag
 __init__.py is its public API and may gather every part:
 
     explain/    record (record, options, result, notation)  <  analyses (trace, head, check, passage,
-                compare, diff, why, verify, pieces/, debugger, causes, loading, gallery)  <  views/ (text, pictures, notebook HTML; where
+                compare, diff, why, verify, formulas, pieces/, debugger, causes, loading, gallery)  <  views/ (text, pictures, notebook HTML; where
                 each result type's views are registered)
     training/   loop/ (the loop and its machinery)  <  tasks/ (what glassgpt trains on)
                 <  book/ (the book's chapters, as its code runs them)  <  recipes, finetuning, evaluation
@@ -37,7 +37,7 @@ LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 FOLDERS = {
     "glassgpt.explain": [("record", "options", "result", "notation"),
                          ("trace", "head", "check", "passage", "compare", "diff", "why", "why_result",
-                          "verify", "family", "pieces", "debugger", "causes", "loading", "gallery"),
+                          "verify", "formulas", "family", "pieces", "debugger", "causes", "loading", "gallery"),
                          ("views",)],
     "glassgpt.training": [("loop",), ("tasks",), ("book",), ("recipes", "finetuning", "evaluation")],
 }
@@ -282,14 +282,12 @@ def test_an_import_of_another_test_module_is_found(tmp_path):
 
 
 # --- one house for every model (issue 47): the count of what is still written once per model ---------
-# Each entry is a pair not merged yet; its test is marked xfail(strict=True), so the merge that removes the
-# twin (or the import) makes the test pass, and strict xfail then fails until the entry is struck off here.
+# All merged: the lists stay, empty, so that a new twin or import shows as a list to strike, not a surprise.
 
 MODEL_FILES = {"glassgpt.model", "glassgpt.families", "glassgpt.families.qwen3", "glassgpt.families.llama3",
                "glassgpt.families.gemma3", "glassgpt.families.gemma4", "glassgpt.families.layers"}
 FAMILY_TWINS: dict[str, str] = {}  # a module for the other models beside the one for GPT-2 (all merged now)
-ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
-    "glassgpt.explain.trace"]
+ANALYSES_NAMING_A_MODEL: list[str] = []  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
 
 
 def family_twins(names) -> set[str]:
@@ -320,10 +318,6 @@ def test_the_counts_see_a_twin_a_copy_and_an_analysis_that_imports_a_model_file(
     assert analyses_naming_a_model(graph) == {"glassgpt.explain.trace"}
 
 
-def _not_merged(items) -> list:
-    return [pytest.param(i, marks=pytest.mark.xfail(strict=True, reason="issue 47: not merged yet")) for i in items]
-
-
 def test_no_module_is_written_twice_once_for_gpt2_and_once_for_the_families():
     # trace, why, verify, the step and the views: one module each, for every model (FAMILY_TWINS is empty)
     assert FAMILY_TWINS == {} and family_twins(set(modules())) == set()
@@ -334,9 +328,9 @@ def test_families_holds_no_copy_of_a_top_level_module():
     assert families_copies(set(modules())) == set()
 
 
-@pytest.mark.parametrize("analysis", _not_merged(ANALYSES_NAMING_A_MODEL))
-def test_no_analysis_imports_a_model_file_by_name(analysis):
-    assert not import_graph().get(analysis, set()) & MODEL_FILES
+def test_no_analysis_imports_a_model_file_by_name():
+    # trace, why, check, compare, diff: each reads the model's description (anatomy.py), never a glass file
+    assert ANALYSES_NAMING_A_MODEL == [] and analyses_naming_a_model(import_graph()) == set()
 
 
 

@@ -157,3 +157,47 @@ def test_attention_weights_of_a_model_with_linear_attention_layers_are_refused_i
     from glassgpt.errors import GlassError
     with pytest.raises(GlassError, match="layers 0, 2, 3 are linear attention .*: trace it without --attention"):
         trace(model_of(ROTARY["qwen3_5"]), TOK, TEXT, options=TraceOptions(attention=True))
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "olmo3", "tiny_aya"])
+def test_every_rotary_models_attention_weights_come_from_its_description_and_match_its_own_attention(kind):
+    """Each layer's weights by its description (its QK-norm module, RoPE or none, window, scale): the rows sum to 1,
+    a sliding layer's last row sees its window, and (checked inside the trace) times the values they give the
+    context the layer's own attention handed its out projection."""
+    model = model_of(ROTARY[kind])
+    tr = trace(model, TOK, TEXT, options=TraceOptions(attention=True))
+    weights = torch.tensor(tr.attention_weights["layers"])  # [n_layers, h, t, t]
+    t, windows = weights.shape[-1], [block.attention.window for block in describe(model).blocks]
+    assert t > 4 and None in windows and 4 in windows
+    torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5, rtol=0)
+    assert [int((weights[i, 0, -1] > 0).sum()) for i in range(len(windows))] == [w or t for w in windows]
+
+
+def test_attention_weights_that_do_not_give_the_layers_own_context_are_refused_in_one_line():
+    """A module whose attention scales its scores otherwise than its description says is named, not drawn."""
+    from glassgpt.errors import GlassError
+    model = model_of(ROTARY["gemma3"])
+    model.blocks[1].att.scaling = 1.0  # its description says query_pre_attn_scalar ** -0.5
+    with pytest.raises(GlassError, match="layer 1: the attention weights its description gives do not reproduce its "
+                                         "own attention .*: trace it without --attention"):
+        trace(model, TOK, TEXT, options=TraceOptions(attention=True))
+
+
+def test_gpt2_and_a_rotary_model_give_one_trace_type_read_alike():
+    """One result type for both paths: the same fields hold the same things (the tokens with their ids, Stage
+    objects, the next token and its top_k, the one-hot proof), and `rotary` says which flow the stages are."""
+    from glassgpt import GPTConfig, GPTModel
+    from glassgpt.explain.trace import FamilyTrace, Stage, Trace
+    torch.manual_seed(0)
+    gpt2 = GPTModel(GPTConfig(vocab_size=TOK.n_vocab, context_length=32, emb_dim=32, n_heads=4, n_layers=2)).eval()
+    opt = TraceOptions(top_k=3, attention=True)
+    ours, theirs = trace(gpt2, TOK, TEXT, options=opt), trace(model_of(QWEN), TOK, TEXT, options=opt)
+    assert FamilyTrace is Trace and type(ours) is type(theirs) is Trace
+    assert (ours.rotary, ours.positions, theirs.rotary, theirs.positions) == (False, "learned", True, "rope")
+    for tr in (ours, theirs):
+        assert [t["id"] for t in tr.tokens] == TOK.encode(TEXT) and "".join(t["text"] for t in tr.tokens) == TEXT
+        assert all(isinstance(s, Stage) for s in tr.stages) and tr.stage("tok_emb")["name"] == "tok_emb"
+        assert len(tr.next_token["top"]) == 3 and tr.next_token["id"] == tr.next_tokens[0]["id"]
+        assert tr.embedding_check["equal_one_hot_matmul"] is True
+        assert tr.attention_weights["shape"] == [2, 4, len(TEXT), len(TEXT)]
+    assert ours.attention_weights is ours.attention and theirs.attention["groups"] == [[0, 1], [2, 3]]

@@ -33,9 +33,11 @@ from torch import nn
 
 from ..config import GPTConfig
 from ..errors import KernelWarning
+from ..kinds import describe
 from ..model import GPTModel
 from . import autotune, compiling, native
 from .cache import KVCache
+from .experts import one_token_experts
 from .fused import fused
 from .graphs import GraphStep
 from .graphs import why_not as why_no_graph
@@ -167,7 +169,8 @@ class TwinSteps:
     """generate's seams (`prefill`, `prepare`, `decode_one`, `greedy`) for a model the Engine does not fuse (Qwen3,
     Llama 3): the glass model again, module by module, whose nn.Linears are GemvLinear over the very same
     Parameters (`gemv_twin`: nothing copied; RoPE's tables, the config and the hooks shared), each given
-    glassgpt's matrix-vector kernel where autotune found it faster here for that shape; and the native step
+    glassgpt's matrix-vector kernel where autotune found it faster here for that shape, and each MoE feed-forward
+    running one token through its routed experts alone (experts.py); and the native step
     (step.py) where its description has a plan and autotune measured it faster than the twin.
 
     At batch 1 each new token multiplies one row by every weight, so a step's time is the time to read the
@@ -251,6 +254,7 @@ def gemv_twin(model: nn.Module) -> tuple[nn.Module, autotune.Choices | None]:
     each nn.Linear a GemvLinear (nothing is copied or made again), each given the kernel where autotune
     measured it faster for its shape; and those choices (None off the CPU or in float16)."""
     twin = _shallow_copy(model)
+    one_token_experts(twin, describe(model))  # a MoE's decoding step runs only the routed experts, without bookkeeping
     choices = autotune.twin_choices(model)
     ops = native.load() if choices is not None else None
     if ops is not None:

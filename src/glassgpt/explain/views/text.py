@@ -6,8 +6,8 @@ are (head.py); the section at the end answers the four questions a reader of the
 with the numbers of the live model. With an attention layer chosen, a table shows, per head,
 where each token looks most.
 
-A model whose positions are rotated inside the attention (RoPE: Qwen3, Llama 3.2) gets the rotary trace
-(trace.py's FamilyTrace), written at the end: its stages, the four answers, RoPE and the key/value groups,
+A Trace of a model whose positions are rotated inside the attention (RoPE: Qwen3, Llama 3.2) holds the
+rotary flow, written at the end: its stages, the four answers, RoPE and the key/value groups,
 then the same panels (the head's dot products, the attention table, the logit lens); and what changed from
 GPT-2 (`explain --compare gpt2`).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ...formats.book import layout_note
 from ...config import GPTConfig
-from ..trace import FAMILY_NAMES, FamilyTrace, GPT2Changes, Stage, Trace
+from ..trace import FAMILY_NAMES, GPT2Changes, Stage, Trace
 from ..notation import clip, numel, rank, shape as _shape, sizes, token
 
 RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
@@ -30,6 +30,8 @@ def painter(color: bool):
 
 def render_text(tr: Trace, color: bool = False, attention_layer: int | None = None,
                 heatmap: str | None = None) -> str:
+    if tr.rotary:  # positions inside the attention: the rotary flow, its four answers, RoPE and the groups
+        return render_family_text(tr, attention_layer=attention_layer, heatmap=heatmap)
     c = painter(color)
     lines: list[str] = []
     _header(tr, lines, c)
@@ -299,7 +301,7 @@ def _answers(tr: Trace, lines: list[str], c) -> None:
 
 # --- a model whose positions are rotated inside the attention (RoPE: Qwen3, Llama 3.2) ---------------
 
-def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heatmap: str | None = None,
+def render_family_text(tr: Trace, attention_layer: int | None = None, heatmap: str | None = None,
                        **_options) -> str:
     """The flow, the four answers, RoPE and the groups, the next tokens; then, as GPT-2's text view has them,
     the head's dot products, `attention_layer`'s heads (if the trace has the weights) and the logit lens."""
@@ -315,13 +317,13 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
     lines += [f"  {note}" for note in about.get("notes", [])]
     if tr.block:
         lines.append(f"the shapes below are read in trf_blocks.{tr.block} (--block {tr.block}); every block's are the same")
-    lines += ["tokens: " + " ".join(repr(t) for t in tr.tokens), ""]
+    lines += ["tokens: " + " ".join(repr(t["text"]) for t in tr.tokens), ""]
     for s in tr.stages:
-        lines.append(f"  {s['name']:<18} {sizes(s['shape']):<24} {s['module']:<34} {s['note']}")
+        lines.append(f"  {s.name:<18} {sizes(s.shape):<24} {s.module:<34} {s.note}")
     lines += ["", "the four questions"]
-    lines.append(f"  1. Where does {V:,} become {d:,}?  At tok_emb: ids -> {sizes(tr.stages[1]['shape'])}, a lookup "
+    lines.append(f"  1. Where does {V:,} become {d:,}?  At tok_emb: ids -> {sizes(tr.stages[1].shape)}, a lookup "
                  f"in the {sizes(a['vocab_to_hidden']['weight_shape'])} weight. Every block then stays {d:,} wide.")
-    lines.append(f"  2. Where does {d:,} become {V:,}?  At out_head: -> logits {sizes(tr.stages[-1]['shape'])}, "
+    lines.append(f"  2. Where does {d:,} become {V:,}?  At out_head: -> logits {sizes(tr.stages[-1].shape)}, "
                  f"x @ W.T with W {sizes(a['hidden_to_vocab']['weight_shape'])}.")
     e = a["one_hot"]
     if e is None:
@@ -355,11 +357,11 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
                         "kvN: the key/value group the query head reads (repeat_interleave); its queries and keys "
                         "were RoPE-rotated (and QK-normed in Qwen3) before the softmax")
     if tr.logit_lens:
-        lens_lines(tr.logit_lens, tr.tokens, lines, c)
+        lens_lines(tr.logit_lens, [t["text"] for t in tr.tokens], lines, c)
     return "\n".join(lines)
 
 
-def position_lines(tr: FamilyTrace, lines: list[str]) -> None:
+def position_lines(tr: Trace, lines: list[str]) -> None:
     """Where positions enter a rotary model: no pos_emb, RoPE's base and reach, the sliding layers, QK-norm."""
     att = tr.attention
     lines += ["", "where positions enter"]
