@@ -243,8 +243,9 @@ def layout_of(module: nn.Module) -> Layout:
     what was looked for and every kind read if none fits."""
     if variant_of(module):  # GPT-2's names, another computation: never read as GPT-2 (docs/variants.md)
         raise GlassError(f"{type(module).__module__}.GPTModel is one of chapter 4's variants: GPT-2's tensor names, "
-                         "another computation, so what reads GPT-2 alone (eval) does not read it yet; trace, why, check, "
-                         "generate, compare, diff, a passage and the page do (glassgpt explain, generate, diff and serve)")
+                         "another computation, so only what reads a model through its description reads it: trace, why, "
+                         "check, generate, compare, diff, a passage, eval and the page (glassgpt explain, generate, diff, "
+                         "eval and serve)")
     family = family_layout(module)
     if family is not None:
         kind, cfg, tensors, stages = family
