@@ -109,7 +109,7 @@ def test_glassgpt_explain_why_prints_the_attribution_of_a_family_folder(tmp_path
     export_family_hf(model_of("llama3"), tmp_path)
     assert main(["explain", "--why", "--model", str(tmp_path), TEXT]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    assert "Llama 3: why" in out and "= sum of 11 parts" in out and "h3 g1" in out
+    assert "Llama 3.2: why" in out and "= sum of 11 parts" in out and "h3 g1" in out
     assert main(["explain", "--why", "--model", str(tmp_path), TEXT, "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)["why"]
     assert abs(sum(p["value"] for p in data["parts"]) - data["target"]["logit"]) < 1e-5

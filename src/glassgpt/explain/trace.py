@@ -129,6 +129,11 @@ class Trace(Result):
         return self.model.get("family")
 
     @property
+    def architecture(self) -> str:
+        """What the model is for a reader ("Qwen3", "Llama 3.2", "Gemma 4"): its description's name."""
+        return self.model.get("architecture") or self.family or "GPT-2"
+
+    @property
     def config(self) -> dict[str, Any]:
         return self.model["config"]
 
@@ -144,7 +149,7 @@ class Trace(Result):
         """The JSON: each kind with the keys its page and the CLI read (a rotary trace's as its own part, named)."""
         out = asdict(self)
         if self.rotary:
-            return {"family": self.family, "config": out["model"]["config"], "tokens": [t["text"] for t in self.tokens],
+            return {"family": self.family, "architecture": self.architecture, "config": out["model"]["config"], "tokens": [t["text"] for t in self.tokens],
                     "stages": [{k: s[k] for k in ("name", "module", "shape", "note")} for s in out["stages"]],
                     "attention": out["attention"], "answers": out["answers"], "params": out["params"],
                     "next_tokens": out["next_token"]["top"], "head": out["head"], "logit_lens": out["logit_lens"],
@@ -584,8 +589,6 @@ def _probs(last: torch.Tensor, temperature: float) -> torch.Tensor:
 # queries through QK-norm and RoPE against the rotated keys of the group it reads (`attention_of`), checked
 # against what each layer's own attention gave its out projection.
 
-FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "qwen3_5": "Qwen3.5", "olmo3": "OLMo 3",
-                "tiny_aya": "Tiny Aya", "gemma4": "Gemma 4"}
 
 
 FamilyTrace = Trace  # the rotary trace's result, by its earlier name: one type for every model
@@ -697,14 +700,14 @@ def _rotary_result(model: nn.Module, tokenizer: Tokenizer, about: About, opt: Tr
                    tokens: list[dict[str, Any]], next_tokens: list[dict[str, Any]]) -> Trace:
     """The rotary trace's Trace before its stages, heads and panels: the model's facts, the tokens, the next token
     and its top_k, the parameters, the four answers (the one-hot proof added where asked)."""
-    cfg, text = model.cfg, tokenizer.decode(ids[0].tolist())
+    cfg, text, anatomy = model.cfg, tokenizer.decode(ids[0].tolist()), describe(model)
     return Trace(
         model={"name": about.name, "random_weights": about.random_weights, "notes": list(about.notes),
-               "family": cfg.family, "config": cfg.to_dict()},
+               "family": cfg.family, "architecture": anatomy.name, "config": cfg.to_dict()},
         prompt=text, tokens=tokens, stages=[], params=parameter_table(cfg),
         next_token={"top": next_tokens, **next_tokens[0], "kind": "token", "temperature": opt.temperature,
                     "text_after": text + next_tokens[0]["text"]},
-        positions=describe(model).positions.kind, answers=four_answers(model, ids, one_hot=False), block=opt.block,
+        positions=anatomy.positions.kind, answers=four_answers(model, ids, one_hot=False), block=opt.block,
         temperature=opt.temperature)
 
 
@@ -951,6 +954,7 @@ class GPT2Changes(Result):
 
     family: str
     rows: list[dict[str, Any]]
+    architecture: str = ""  # the model's description's name ("Llama 3.2")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -997,7 +1001,7 @@ def changes_from_gpt2(model: nn.Module, gpt2: nn.Module) -> GPT2Changes:
     rows.append({"change": "total", "gpt2": f"{n_g} blocks, d {gpt2.tok_emb.weight.shape[1]}",
                  "family": f"{n_f} blocks, d {cfg.emb_dim}", "gpt2_params": _count(gpt2),
                  "family_params": _count(model)})
-    return GPT2Changes(cfg.family, rows)
+    return GPT2Changes(cfg.family, rows, describe(model).name)
 
 
 def _tied(model: nn.Module) -> bool:

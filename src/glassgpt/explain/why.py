@@ -372,9 +372,10 @@ class DescribedWhy(Why):
     rms: float                             # final_norm's denominator at the last position, frozen (rms, or sigma)
     total: float                           # the sum of the parts (the model's own number is `metric`)
     experts: list[Any] | None = None       # [n_layers]: None, or each token's routed experts [{"expert", "weight"}]
+    architecture: str = ""                 # what it is for a reader: the description's name ("Llama 3.2")
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"family": self.family, **super().to_dict(), "groups": self.groups, "rms": self.rms, "total": self.total}
+        out = {"family": self.family, "architecture": self.architecture, **super().to_dict(), "groups": self.groups, "rms": self.rms, "total": self.total}
         if self.experts is not None:
             out["experts"] = self.experts
         return out
@@ -417,7 +418,7 @@ def why_described(model: nn.Module, anatomy: an.Anatomy, tokenizer: Tokenizer, p
         candidates=[{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)],
         contrast=contrast, patch=patched,
         notes=([prompt.note] if prompt.note else []) + ([LINEAR_NOT_SPLIT] if linear else []) + [ATTENTION_IS_NOT],
-        family=getattr(model.cfg, "family", anatomy.name), groups=[j // size for j in range(first.n_heads)],
+        family=getattr(model.cfg, "family", anatomy.name), architecture=anatomy.name, groups=[j // size for j in range(first.n_heads)],
         rms=result["rms"], total=sum(p["value"] for p in result["parts"]), experts=seen.get("routes"))
 
 

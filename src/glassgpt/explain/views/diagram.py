@@ -20,7 +20,7 @@ from ...errors import GlassError
 from . import draw
 from .draw import (BLUE, BLUE_BG, GRAY, GRAY_BG, GREEN, INK, MUTED, ORANGE, ORANGE_BG, PURPLE, RED, Drawing, Line, Rect,
                    Text, drawable, fit, wrap)
-from ..trace import FAMILY_NAMES, Stage, Trace
+from ..trace import Stage, Trace
 from ..notation import TRAINED_STATES, clip, shape as _shape, sizes, token, trained_line
 
 # The geometry, named once: every part places itself relative to these.
@@ -470,7 +470,7 @@ def family_layout(tr: Trace, width: float = 980, **_options) -> Drawing:
     """The flow top to bottom, one box per stage with its shape, and the key/value groups beside the attention."""
     cfg, att = tr.config, tr.attention
     d = Drawing()
-    d.add(Text(20, 30, f"{FAMILY_NAMES[tr.family]}: {cfg['n_layers']} blocks, d {cfg['emb_dim']:,}, "
+    d.add(Text(20, 30, f"{tr.architecture}: {cfg['n_layers']} blocks, d {cfg['emb_dim']:,}, "
                        f"V {cfg['vocab_size']:,}", size=16, bold=True, color=INK))
     x, y, w, h = 20.0, 50.0, 560.0, 40.0
     for i, s in enumerate(tr.stages):

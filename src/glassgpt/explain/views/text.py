@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ...formats.book import layout_note
 from ...config import GPTConfig
-from ..trace import FAMILY_NAMES, GPT2Changes, Stage, Trace
+from ..trace import GPT2Changes, Stage, Trace
 from ..notation import clip, numel, rank, shape as _shape, sizes, token
 
 RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
@@ -307,7 +307,7 @@ def render_family_text(tr: Trace, attention_layer: int | None = None, heatmap: s
     the head's dot products, `attention_layer`'s heads (if the trace has the weights) and the logit lens."""
     cfg, a, att = tr.config, tr.answers, tr.attention
     V, d, h, g = cfg["vocab_size"], cfg["emb_dim"], cfg["n_heads"], len(att["groups"])
-    name = FAMILY_NAMES[tr.family]
+    name = tr.architecture
     lines = [f"{name}: {cfg['n_layers']} blocks, d {d:,}, V {V:,}, {h} query heads, {g} key/value groups"]
     about = tr.about
     if about.get("name", "custom") != "custom":
@@ -455,10 +455,10 @@ def _scaling_words(att: dict) -> str:
 
 
 def render_changes_text(changes: GPT2Changes, **_options) -> str:
-    rows, family = changes.rows, changes.family
-    lines = [f"what changed from GPT-2 to {FAMILY_NAMES[family]} (the book's ch05/07_gpt_to_llama order)", ""]
+    rows, name = changes.rows, changes.architecture or changes.family
+    lines = [f"what changed from GPT-2 to {name} (the book's ch05/07_gpt_to_llama order)", ""]
     for r in rows:
         lines.append(f"{r['change']}")
-        lines.append(f"  GPT-2   {r['gpt2_params']:>13,}  {r['gpt2']}")
-        lines.append(f"  {FAMILY_NAMES[family]:<7} {r['family_params']:>13,}  {r['family']}")
+        lines.append(f"  {'GPT-2':<9} {r['gpt2_params']:>13,}  {r['gpt2']}")
+        lines.append(f"  {name:<9} {r['family_params']:>13,}  {r['family']}")
     return "\n".join(lines)

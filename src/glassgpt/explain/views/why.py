@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from html import escape
 
-from ..trace import FAMILY_NAMES
 from ..why import Why
 from ..why import FamilyWhy
 from .draw import BLUE, GRAY, INK, MUTED, RED, Drawing, Rect, Text, fit, header, text_width, to_svg
@@ -220,7 +219,7 @@ def render_family_why_text(w: FamilyWhy, top: int = 12, **_options) -> str:
     """The attribution in the terminal: the exact sum, the top parts, the heads grid with the key/value groups,
     the prompt tokens' shares (each with the query head it went through most) and the patching grids."""
     t = w.target
-    lines = [f"{FAMILY_NAMES.get(w.family, w.family)}: why {t['text']!r} (id {t['id']}) after "
+    lines = [f"{w.architecture or w.family}: why {t['text']!r} (id {t['id']}) after "
              + " ".join(repr(s["text"]) for s in w.tokens[-8:]),
              f"{metric_name(w)} {w.metric:+.4f} = sum of {len(w.parts)} parts {w.total:+.4f} "
              f"(final_norm's 1/rms frozen at the last position: rms {w.rms:.4g}; its weight folded into out_head)",

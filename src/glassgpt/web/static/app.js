@@ -834,7 +834,6 @@ function renderWhyPatch(patch) {
 
 // --- a rotary model (Qwen3, Llama 3.2, ...): explain/trace.py's FamilyTrace (the answer's `family`) ----
 
-const FAMILY_NAMES = { qwen3: "Qwen3", llama3: "Llama 3" };
 
 function renderFamily(tr) {
   const f = tr.family, a = f.answers, att = f.attention, c = f.config;
@@ -862,7 +861,7 @@ function renderFamily(tr) {
   const groups = att.groups.map((g, j) => el("span", { class: "chip kv-group", "data-group": j },
     el("strong", { text: `kv${j}` }), ` q${g[0]}…q${g[g.length - 1]}`));
   $("family").replaceChildren(
-    el("h3", { text: `${FAMILY_NAMES[f.family]}: the four questions` }),
+    el("h3", { text: `${f.architecture || f.family}: the four questions` }),
     el("ol", { class: "answers" },
       el("li", { "data-answer": "1", text: `Where does ${fmt(V)} become ${fmt(d)}? At tok_emb: a lookup in the ${shapeText(a.vocab_to_hidden.weight_shape)} weight.` }),
       el("li", { "data-answer": "2", text: `Where does ${fmt(d)} become ${fmt(V)}? At out_head: x @ W.T with W ${shapeText(a.hidden_to_vocab.weight_shape)}.` }),
