@@ -244,3 +244,21 @@ def test_a_transformers_architecture_not_described_is_one_line_naming_it_and_the
     with pytest.raises(UnreadableModelError) as err:
         glassgpt.describe(transformers.MistralForCausalLM(cfg))
     assert "\n" not in str(err.value) and "mistral" in str(err.value) and "LlamaForCausalLM" in str(err.value)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_only_glassgpts_own_glass_modules_are_described_by_their_own_file(kind):
+    model = KINDS[kind][0]()
+    own = an.own_description(model)
+    if kind.startswith("glass "):
+        assert own is not None and own.source == glassgpt.describe(model).source
+        assert own.decoding in ("engine", "twin")  # how generate runs it over a cache
+    else:  # a reader's module: read through a name map (kinds.describe), never taken as glassgpt's own
+        assert own is None
+
+
+def test_a_block_that_holds_a_config_is_not_taken_for_its_model():
+    model = build_model(TINY["qwen3"])
+    model.trf_blocks[0].cfg = model.cfg  # a config beside a block's children: no tok_emb among them
+    assert an.own_description(model.trf_blocks[0]) is None
+    assert an.own_description(model).name == "Qwen3"

@@ -502,3 +502,34 @@ def test_the_real_e2b_shape_with_random_weights_equals_transformers(layers):
     ids = torch.randint(0, 1000, (1, 40))
     with torch.no_grad():
         assert relative_error(model.eval()(ids), hf(ids).logits) < 1e-5
+
+
+def test_trace_attention_weights_read_the_shared_layers_source_and_the_proportional_rope():
+    """Each layer's weights from its description: a kv-shared layer's against its source layer's keys, a full
+    layer's queries turned by proportional partial RoPE, a sliding layer's last row over its window of 4; the
+    trace checks each against the context the layer's own attention gave o_proj (and refuses where it differs)."""
+    from glassgpt.explain.options import TraceOptions
+    from glassgpt.tokenizer import CharTokenizer
+    tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ")
+    torch.manual_seed(0)
+    model = Gemma4DenseModel(tiny_config(vocab_size=tok.n_vocab, vocab_size_per_layer_input=tok.n_vocab)).eval()
+    tr = glassgpt.trace(model, tok, "hello world", options=TraceOptions(attention=True))
+    weights = torch.tensor(tr.attention_weights["layers"])  # [n_layers, h, t, t]
+    assert list(weights.shape) == [6, 2, 11, 11]
+    assert [int((weights[i, 0, -1] > 0).sum()) for i in range(6)] == [4, 11] * 3
+    torch.testing.assert_close(weights.sum(-1), torch.ones(6, 2, 11), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("block", [3, 4, 5])
+def test_trace_opens_a_kv_shared_block_with_its_source_layers_keys(block):
+    """A kv-shared layer computes no keys and keeps no cache: its opened block shows its source layer's (a
+    KeyError before)."""
+    from glassgpt.explain.options import TraceOptions
+    from glassgpt.tokenizer import CharTokenizer
+    tok = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz ")
+    torch.manual_seed(0)
+    model = Gemma4DenseModel(tiny_config(vocab_size=tok.n_vocab, vocab_size_per_layer_input=tok.n_vocab)).eval()
+    tr = glassgpt.trace(model, tok, "hello world", options=TraceOptions(block=block))
+    source = SHARED_FROM[block]
+    assert tr.block == block and tr.attention["kv_shape"] == [1, 1, 11, [8, 16][source % 2]]
+    assert tr.stage("keys, values").shape == tr.attention["kv_shape"]

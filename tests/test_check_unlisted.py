@@ -212,6 +212,24 @@ class MaskOneLate(ch04.MultiHeadAttention):
         return self.out_proj((weights @ values).transpose(1, 2).reshape(b, t, self.d_out))
 
 
+class ScaleByHeadSize(ch04.MultiHeadAttention):
+    def forward(self, x):
+        b, t, _ = x.shape
+        keys = self.W_key(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        queries = self.W_query(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        values = self.W_value(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        scores = (queries @ keys.transpose(2, 3)).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -torch.inf)
+        weights = torch.softmax(scores / keys.shape[-1], dim=-1)  # planted: the head size, not its root
+        return self.out_proj((weights @ values).transpose(1, 2).reshape(b, t, self.d_out))
+
+
+class GPTScaleByHeadSize(ch04.GPTModel):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        for blk in self.trf_blocks:
+            blk.att.__class__ = ScaleByHeadSize
+
+
 class GPTMaskOneLate(ch04.GPTModel):
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -311,3 +329,38 @@ def test_the_issues_count_holds_with_these_cases():
     """Issue 49: at least ten planted mistakes outside the catalogue (these, besides test_check_findings'),
     one at least for each of check's last resorts."""
     assert len(OUTSIDE_CATALOGUE) >= 10
+
+
+def test_the_docs_unlisted_loss_finding_is_what_check_prints():
+    from pathlib import Path
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "check.md").read_text()
+    blocks = [b.split("\n```")[0] for b in docs.split("```\n")[1:]]
+    printed = {b.splitlines()[0]: b.rstrip("\n") for b in blocks if b.startswith("glassgpt check: calc_loss_batch")}
+    assert printed["glassgpt check: calc_loss_batch (chapter 5)"] == glassgpt.check(loss_over_batch_size).to_text()
+
+
+def test_where_no_property_breaks_the_finding_says_what_was_checked():
+    """A GPT-2 whose attention divides the scores by the head size (not its root): its weights still sum to 1 and
+    read nothing later, so the stage's finding says so before "no known mistake"; checked alone, the part's
+    fitted scale then names it (glassgpt.check)."""
+    from glassgpt.explain.verify import check as check_stages
+    gpt = model(GPTScaleByHeadSize, TINY_GPT)
+    staged = check_stages(gpt, ids=[1, 2, 3, 4, 5])
+    assert staged.first.name == "trf_blocks.0.att" and staged.prop is None and staged.mistake is None
+    assert "it keeps what was checked there (its weights summing to 1, nothing read after a position), and no " \
+           "known mistake reproduces it" in staged.finding, staged.finding
+    result = glassgpt.check(gpt, ids=[1, 2, 3, 4, 5])
+    assert "checked alone on the book's inputs, trf_blocks.0.att: the scores are divided by the head size 8 itself" \
+        in result.finding and "no known mistake" not in result.finding, result.finding
+
+
+def test_the_packages_gpt2_kv_cache_is_named_by_its_mask_shape():
+    """A mistake nobody planted: llms_from_scratch's kv_cache/gpt2.py (the installed package) slices its causal
+    mask by columns, causal_mask[:, -num_tokens:], so a step of one new token with use_cache=True cannot mask its
+    [1, keys] scores (it raises); check names the mask's shape at the first cached step. (The chapter's own
+    gpt_with_kv_cache.py slices rows, mask[ptr:ptr + num_tokens, :num_keys]: CachedGPT in test_check_findings.)"""
+    import llms_from_scratch.kv_cache.gpt2 as pkg_kv_gpt2
+    result = glassgpt.check(model(pkg_kv_gpt2.GPTModel, TINY_GPT))
+    assert (result.kind, result.stage, result.where, result.prop) == ("KV cache", "cache", "step 1 of run 1",
+                                                                      "mask_shape"), result.to_text()
+    assert "the mask must be [num_tokens, num_keys]" in result.finding

@@ -14,7 +14,7 @@ Inside two folders the parts are layered too (`FOLDERS`), lowest first; a packag
 __init__.py is its public API and may gather every part:
 
     explain/    record (record, options, result, notation)  <  analyses (trace, head, check, passage,
-                compare, diff, why, verify, pieces/, debugger, causes, loading, gallery)  <  views/ (text, pictures, notebook HTML; where
+                compare, diff, why, verify, formulas, pieces/, debugger, causes, loading, gallery)  <  views/ (text, pictures, notebook HTML; where
                 each result type's views are registered)
     training/   loop/ (the loop and its machinery)  <  tasks/ (what glassgpt trains on)
                 <  book/ (the book's chapters, as its code runs them)  <  recipes, finetuning, evaluation
@@ -37,7 +37,7 @@ LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 FOLDERS = {
     "glassgpt.explain": [("record", "options", "result", "notation"),
                          ("trace", "head", "check", "passage", "compare", "diff", "why", "why_result",
-                          "verify", "family", "pieces", "debugger", "causes", "loading", "gallery"),
+                          "verify", "formulas", "family", "pieces", "debugger", "causes", "loading", "gallery"),
                          ("views",)],
     "glassgpt.training": [("loop",), ("tasks",), ("book",), ("recipes", "finetuning", "evaluation")],
 }
@@ -282,14 +282,12 @@ def test_an_import_of_another_test_module_is_found(tmp_path):
 
 
 # --- one house for every model (issue 47): the count of what is still written once per model ---------
-# Each entry is a pair not merged yet; its test is marked xfail(strict=True), so the merge that removes the
-# twin (or the import) makes the test pass, and strict xfail then fails until the entry is struck off here.
+# All merged: the lists stay, empty, so that a new twin or import shows as a list to strike, not a surprise.
 
 MODEL_FILES = {"glassgpt.model", "glassgpt.families", "glassgpt.families.qwen3", "glassgpt.families.llama3",
                "glassgpt.families.gemma3", "glassgpt.families.gemma4", "glassgpt.families.layers"}
 FAMILY_TWINS: dict[str, str] = {}  # a module for the other models beside the one for GPT-2 (all merged now)
-ANALYSES_NAMING_A_MODEL = [  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
-    "glassgpt.explain.trace"]
+ANALYSES_NAMING_A_MODEL: list[str] = []  # analyses (explain/, its pieces/ apart: they hold a piece against its glass piece)
 
 
 def family_twins(names) -> set[str]:
@@ -320,10 +318,6 @@ def test_the_counts_see_a_twin_a_copy_and_an_analysis_that_imports_a_model_file(
     assert analyses_naming_a_model(graph) == {"glassgpt.explain.trace"}
 
 
-def _not_merged(items) -> list:
-    return [pytest.param(i, marks=pytest.mark.xfail(strict=True, reason="issue 47: not merged yet")) for i in items]
-
-
 def test_no_module_is_written_twice_once_for_gpt2_and_once_for_the_families():
     # trace, why, verify, the step and the views: one module each, for every model (FAMILY_TWINS is empty)
     assert FAMILY_TWINS == {} and family_twins(set(modules())) == set()
@@ -334,16 +328,20 @@ def test_families_holds_no_copy_of_a_top_level_module():
     assert families_copies(set(modules())) == set()
 
 
-@pytest.mark.parametrize("analysis", _not_merged(ANALYSES_NAMING_A_MODEL))
-def test_no_analysis_imports_a_model_file_by_name(analysis):
-    assert not import_graph().get(analysis, set()) & MODEL_FILES
+def test_no_analysis_imports_a_model_file_by_name():
+    # trace, why, check, compare, diff: each reads the model's description (anatomy.py), never a glass file
+    assert ANALYSES_NAMING_A_MODEL == [] and analyses_naming_a_model(import_graph()) == set()
 
 
 
-# The commands and the engine read a model's description (kinds.describe: where its positions enter, which layouts
-# export writes it in), never its class: a branch on the class is the per-model switch that issue 47 removes.
+# The commands, the engine, generate, adopt and the page read a model's description (kinds.describe: where its
+# positions enter, which layouts export writes it in, how generate decodes it; anatomy.own_description: whether it
+# is one of glassgpt's glass modules), never its class: a branch on the class is the per-model switch that issue 47
+# removes.
 MODEL_CLASS_BRANCH = re.compile(r"is_family_model|is_bonus_model|"
-                                r"isinstance\([^)]*(Qwen3Model|Llama3Model|Gemma3Model|Olmo3Model)")
+                                r"isinstance\([^)]*(Qwen3Model|Qwen3_5Model|Llama3Model|Gemma3Model|"
+                                r"Gemma4DenseModel|Olmo3Model|TinyAyaModel)")
+DESCRIBED_READERS = ["cli/*.py", "engine/*.py", "generate.py", "adopt.py", "web/*.py"]
 
 
 def model_class_branches(text: str, name: str) -> list[str]:
@@ -351,17 +349,25 @@ def model_class_branches(text: str, name: str) -> list[str]:
             if MODEL_CLASS_BRANCH.search(line)]
 
 
-def test_no_command_or_engine_module_branches_on_a_model_class():
-    found = [line for folder in ("cli", "engine") for path in sorted((PACKAGE / folder).glob("*.py"))
-             for line in model_class_branches(path.read_text(encoding="utf-8"), f"{folder}/{path.name}")]
+def test_no_command_engine_generate_adopt_or_web_module_branches_on_a_model_class():
+    found = [line for pattern in DESCRIBED_READERS for path in sorted(PACKAGE.glob(pattern))
+             for line in model_class_branches(path.read_text(encoding="utf-8"), str(path.relative_to(PACKAGE)))]
     assert found == [], "\n".join(found)
+
+
+def test_the_branch_scan_reads_generate_adopt_and_the_web_folder():
+    scanned = {str(path.relative_to(PACKAGE)) for pattern in DESCRIBED_READERS for path in PACKAGE.glob(pattern)}
+    assert {"generate.py", "adopt.py", "web/service.py", "cli/explain.py", "engine/decode.py"} <= scanned
 
 
 def test_the_branch_check_sees_a_family_test_and_an_isinstance_on_a_model_class():
     text = ("if is_family_model(model) or is_bonus_model(model):\n"
             "if describe(model).positions.kind != 'learned':\n"
             "if isinstance(model, (Qwen3Model, Llama3Model)):\n"
-            "if isinstance(model, GPTModel):\n")
-    assert model_class_branches(text, "cli/x.py") == [
-        "cli/x.py:1: if is_family_model(model) or is_bonus_model(model):",
-        "cli/x.py:3: if isinstance(model, (Qwen3Model, Llama3Model)):"]
+            "if isinstance(model, GPTModel):\n"
+            "if own_description(model) is not None:\n"
+            "if isinstance(glass, TinyAyaModel) or isinstance(ids, torch.Tensor):\n")
+    assert model_class_branches(text, "generate.py") == [
+        "generate.py:1: if is_family_model(model) or is_bonus_model(model):",
+        "generate.py:3: if isinstance(model, (Qwen3Model, Llama3Model)):",
+        "generate.py:6: if isinstance(glass, TinyAyaModel) or isinstance(ids, torch.Tensor):"]

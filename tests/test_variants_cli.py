@@ -5,6 +5,7 @@ that reads --model, as a GPT-2 config JSON does; a bad variant field is one line
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from glassgpt import formats
 from glassgpt.config import GPTConfig
 from glassgpt.memory import memory_needs
+from glassgpt.training.tasks.data import evaluate_text
 from glassgpt.variants import (GQAConfig, MLAConfig, MoEConfig, SWAConfig, config_from_dict, generate_text_simple_cached,
                                kv_bytes_per_token, kv_cache_bytes)
 from glassgpt.variants import gqa, mla, moe, swa
@@ -165,11 +167,68 @@ def test_check_builds_a_readers_port_from_the_same_config_json(tmp_path, capsys)
     assert out.startswith("glassgpt check: KV cache") and "your cache changes nothing" in out
 
 
-def test_eval_of_a_variant_is_one_line_naming_what_reads_it(tmp_path, capsys):
-    spec = config_file(tmp_path, REPOSITORY_CONFIGS["mla"])
+def own_next_token(model) -> int:
+    with torch.no_grad():
+        return int(model(torch.tensor([IDS]))[0, -1].argmax())
+
+
+@pytest.mark.parametrize("key", list(REPOSITORY_CONFIGS))
+def test_explain_compare_sets_a_variants_next_tokens_beside_gpt2s(tmp_path, capsys, key):
+    # compare reads each model through its description: the variant's own forward, GPT-2's beside it
+    spec, gpt2 = config_file(tmp_path, REPOSITORY_CONFIGS[key]), config_file(tmp_path, SHAPE, "gpt2.json")
+    code, out, err = run(["explain", PROMPT, "--model", spec, "--compare", gpt2, "--format", "json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["a"]["next_token"]["id"] == own_next_token(drawn(formats.open(spec).config))
+    assert result["b"]["next_token"]["id"] == own_next_token(formats.open(gpt2).load("cpu", "float32", seed=0))
+    assert len(result["a"]["lens_last"]) == SHAPE["n_layers"] and result["kl_ab"] > 0.0
+
+
+@pytest.mark.parametrize("key", ["swa", "moe"])
+def test_diff_of_a_variant_with_itself_moves_nothing_and_gives_its_own_next_token(tmp_path, capsys, key):
+    spec = config_file(tmp_path, REPOSITORY_CONFIGS[key])
+    code, out, err = run(["diff", spec, spec, "--prompt", PROMPT, "--format", "json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)["next_token"]
+    expected = own_next_token(drawn(formats.open(spec).config))
+    assert result["a"]["next_token"]["id"] == result["b"]["next_token"]["id"] == expected
+    assert result["kl_ab"] == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("key", ["mla", "swa"])
+def test_a_passage_under_a_variant_scores_each_token_by_the_variants_own_probabilities(tmp_path, capsys, key):
+    spec, text = config_file(tmp_path, REPOSITORY_CONFIGS[key]), tmp_path / "passage.txt"
+    text.write_text(PROMPT, encoding="utf-8")
+    code, out, err = run(["explain", "--passage", str(text), "--model", spec, "--format", "json"], capsys)
+    assert code == 0, err
+    tokens = json.loads(out)["tokens"]
+    with torch.no_grad():
+        probs = drawn(formats.open(spec).config)(torch.tensor([IDS]))[0].softmax(-1)
+    assert [t["id"] for t in tokens] == IDS
+    for i in range(1, len(IDS)):  # token i scored on those before it: the logits at position i - 1
+        assert tokens[i]["prob"] == pytest.approx(float(probs[i - 1, IDS[i]]), rel=1e-4)
+        assert tokens[i]["expected"]["id"] == int(probs[i - 1].argmax())
+
+
+def test_eval_of_a_variant_is_its_own_next_token_cross_entropy():
+    # evaluate_text is what `glassgpt eval` runs: one window of 16 tokens scored by the variant's own forward
+    cfg = config_from_dict(REPOSITORY_CONFIGS["mla"])
+    model = drawn(cfg)
+    ids = torch.arange(100, 117)
+    loss, windows = evaluate_text(model, ids.numpy(), 16)
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model(ids[None, :-1])[0], ids[1:]).item()
+    assert windows == 1 and loss == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("recipe", ["glassgpt", "book"])
+def test_eval_of_a_variant_config_gives_its_loss(tmp_path, capsys, recipe):
+    spec = config_file(tmp_path, REPOSITORY_CONFIGS["swa"])
     text = tmp_path / "text.txt"
     text.write_text("Every effort moves you toward the end of the day. " * 20, encoding="utf-8")
-    code, out, err = run(["eval", "--model", spec, "--data", str(text), "--context-length", "16"], capsys)
-    lines = [line for line in err.strip().splitlines() if not line.startswith(("note:", "threads:"))]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert "one of chapter 4's variants" in lines[0] and "trace, why, check and generate do" in lines[0]
+    code, out, err = run(["eval", "--model", spec, "--data", str(text), "--context-length", "16", "--recipe", recipe,
+                          "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["context_length"] == 16 and result["windows"] >= 1
+    assert 0.0 < result["loss"] < 2 * math.log(SHAPE["vocab_size"])  # random weights: near ln V, never nan

@@ -115,6 +115,29 @@ def test_model_endpoint_describes_the_loaded_model(client, model):
     assert info["limits"]["max_prompt_tokens"] == CFG.context_length
 
 
+@pytest.mark.parametrize("variant", ["gqa", "mla", "swa", "moe"])
+def test_a_chapter_4_variant_is_served_through_its_description(tok, variant):
+    # the page reads what the model's description says: the variant's own forward gives the next token and why's target
+    from glassgpt.variants import CONFIGS, build_model
+    fields = {"gqa": {"n_kv_groups": 1}, "mla": {"latent_dim": 8}, "swa": {"sliding_window_size": 3},
+              "moe": {"hidden_dim": 24, "num_experts": 4, "num_experts_per_tok": 2}}[variant]
+    cfg = CONFIGS[variant](vocab_size=50257, context_length=16, emb_dim=16, n_heads=2, n_layers=2, drop_rate=0.0,
+                           qkv_bias=False, **fields)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        own = int(model(torch.tensor([tok.encode(PROMPT)]))[0, -1].argmax())
+    with local_client(create_app(model, tok, About(variant, random_weights=True))) as c:
+        info = c.get("/api/model").json()
+        assert info["family"] is None and info["params"] == {"total": sum(p.numel() for p in model.parameters()),
+                                                             "total_untied": sum(p.numel() for p in model.parameters()),
+                                                             "tied": False}
+        traced = explain(c, prompt=PROMPT, why=True).json()
+        assert traced["next_token"]["id"] == own and traced["why"]["target"]["id"] == own
+        assert c.post("/api/append", json={"prompt": PROMPT, "token": own}).status_code == 200
+        assert c.post("/api/diagram.svg", json={"prompt": PROMPT}).text.startswith("<svg")
+
+
 # --- /api/explain, /api/append, /api/diagram.svg ---------------------------------------
 
 def test_explain_returns_the_trace_json(client, model, tok):

@@ -34,7 +34,8 @@ from torch import nn
 
 from .config import FamilyConfig, GPTConfig, RopeFreq, moe_from_hf
 from .errors import ConfigError, GlassError, NonFiniteError, PromptError, UnreadableModelError
-from .families import build_model, is_bonus_model, is_family_model
+from .anatomy import own_description
+from .families import build_model
 from .families.bonus_hf import bonus_glass
 from .families.gemma3 import Gemma3Config
 from .model import GPTModel
@@ -89,21 +90,18 @@ def adopt(module: nn.Module, ids: torch.Tensor | Sequence[int] | None = None, *,
     glassgpt's forward. Raises a one-line GlassError for a module of no known kind, on mixed
     devices or dtypes, or whose logits glassgpt's forward does not reproduce; with `ids` (it is
     about to compute), also for weights that cannot compute (check_computable) and ids past its rows.
-    A Qwen3 or Llama 3 glass model (families/), or OLMo 3 or Tiny Aya (BONUS_MODELS), is returned as it is,
-    checked the same way.
+    One of glassgpt's glass modules (one its own glass file describes: anatomy.own_description), or an engine
+    over one, is returned as it is, checked the same way.
     described: the caller reads the model through its description only (the trace), so chapter 4's
     variants (variants/), which every other caller refuses in one line, are returned as they are too."""
-    if described and variant_of(module):
-        if ids is not None:
-            check_computable(module)
-            check_prompt_ids(ids, module.cfg.vocab_size)
-        return module
-    glass = isinstance(module, GPTModel) or is_family_model(module) or is_bonus_model(module)
-    if glass or isinstance(getattr(module, "model", None), GPTModel):
+    # one of glassgpt's glass modules (its own file describes it), or an engine over one: taken as it is; chapter 4's
+    # variants only by a caller that reads the description (layout_of's line refuses them to the others)
+    glass = module if own_description(module) is not None else getattr(module, "model", None)
+    if (glass is module or own_description(glass) is not None) and (described or not variant_of(glass)):
         if ids is not None:  # about to compute on it
-            check_computable(module)
-            check_prompt_ids(ids, module.cfg.vocab_size)
-        return module if glass else module.model  # an engine runs a GPTModel
+            check_computable(glass)
+            check_prompt_ids(ids, glass.cfg.vocab_size)
+        return glass
     if not isinstance(module, nn.Module):
         raise GlassError(f"a model must be an nn.Module, got {type(module).__name__}")
     if ids is not None:
@@ -245,8 +243,9 @@ def layout_of(module: nn.Module) -> Layout:
     what was looked for and every kind read if none fits."""
     if variant_of(module):  # GPT-2's names, another computation: never read as GPT-2 (docs/variants.md)
         raise GlassError(f"{type(module).__module__}.GPTModel is one of chapter 4's variants: GPT-2's tensor names, "
-                         "another computation, so what reads GPT-2 alone (compare, diff's next tokens, eval, a passage) does not "
-                         "read it yet; trace, why, check and generate do (glassgpt explain, generate and info)")
+                         "another computation, so only what reads a model through its description reads it: trace, why, "
+                         "check, generate, compare, diff, a passage, eval and the page (glassgpt explain, generate, diff, "
+                         "eval and serve)")
     family = family_layout(module)
     if family is not None:
         kind, cfg, tensors, stages = family

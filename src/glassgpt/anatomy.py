@@ -21,6 +21,7 @@ number times each block's output (Gemma 4); GeGLU and mixtures of experts.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -33,6 +34,10 @@ FF_KINDS = ("gelu_mlp", "swiglu", "geglu", "moe")
 # The layouts glassgpt writes a model in: the book's class's state dict (+ its config .json), transformers'
 # folder (config.json + model.safetensors), llama.cpp's GPT-2 GGUF file.
 EXPORTS = ("pth", "hf", "gguf")
+# How generate runs it over a KV cache: glassgpt's Engine and its native step (engine/), the engine's TwinSteps over
+# cache_for's KVCache or HybridCache, the glass model's own kv_cache(), or the model's own forward(ids,
+# use_cache=True) and reset_kv_cache() (the book repository's cache API, kept in its modules).
+DECODINGS = ("engine", "twin", "kv_cache", "own_cache")
 
 
 def _one_of(value: str, allowed: tuple[str, ...], what: str) -> None:
@@ -276,10 +281,13 @@ class Anatomy:
     config_fields: tuple[str, ...]  # the config fields the model reads
     blocks_path: str = "trf_blocks"  # the ModuleList holding the blocks
     exports: tuple[str, ...] = ()    # the layouts `glassgpt export` writes it in (EXPORTS); (): none yet
+    decoding: str | None = None      # how generate runs it over a KV cache (DECODINGS); None: only without one
 
     def __post_init__(self) -> None:
         for layout in self.exports:
             _one_of(layout, EXPORTS, "export layout")
+        if self.decoding is not None:
+            _one_of(self.decoding, DECODINGS, "decoding")
 
     @property
     def n_layers(self) -> int:
@@ -360,3 +368,25 @@ def renamed(anatomy: Anatomy, path_of: Callable[[str], str | tuple[str, tuple[in
                    positions=replace(anatomy.positions, path=path(anatomy.positions.path)),
                    blocks=tuple(block(b) for b in anatomy.blocks), final_norm=norm(anatomy.final_norm),
                    head=replace(anatomy.head, path=path(anatomy.head.path)), blocks_path=path(anatomy.blocks_path))
+
+
+def own_description(module: object) -> Anatomy | None:
+    """The description of one of glassgpt's glass modules, as the glass file that defines its class gives it
+    (that file's describe(cfg) over the module's cfg, its embedding one of the module's children); None for any
+    other object (a reader's module, which kinds.describe reads through a name map). A subclass made around a
+    glass class (FSDP's) is still the glass module."""
+    cfg = getattr(module, "cfg", None)
+    children = getattr(module, "_modules", None)
+    if cfg is None or not children:
+        return None
+    package = __name__.partition(".")[0]
+    for cls in type(module).__mro__:
+        file = sys.modules.get(cls.__module__)
+        describe = getattr(file, "describe", None)
+        if cls.__module__.startswith(package + ".") and callable(describe):
+            try:
+                anatomy = describe(cfg)
+            except (AttributeError, TypeError, ValueError):  # a cfg of another kind: not this file's model
+                return None
+            return anatomy if isinstance(anatomy, Anatomy) and anatomy.embedding.path in children else None
+    return None

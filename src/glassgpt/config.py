@@ -138,8 +138,22 @@ BOOK_PRESETS = {f"{name}-book": dataclasses.replace(cfg, drop_rate=0.1, qkv_bias
 PRESETS.update(BOOK_PRESETS)
 
 
+INIT_SCHEMES = {
+    "gpt2": "GPT-2's initialisation: N(0, 0.02) weights, zero biases, residual projections scaled by "
+            "1/sqrt(2 * n_layers)",
+    "pytorch-default": "PyTorch's defaults, the book's initialisation, torch.manual_seed(seed); GPTModel(cfg): "
+                       "N(0, 1) embeddings and Kaiming-uniform linear layers",
+}
+INIT_ALIASES = {"book": "pytorch-default"}  # another name a web client or a reader may say (CHANGELOG.md)
+
+
+def init_name(scheme: str) -> str:
+    """The INIT_SCHEMES key `scheme` names (an alias, or itself)."""
+    return INIT_ALIASES.get(scheme, scheme)
+
+
 def init_scheme(spec: str) -> str:
-    """How a preset's random weights are drawn (model.INIT_SCHEMES): "pytorch-default" for the book's
+    """How a preset's random weights are drawn (INIT_SCHEMES): "pytorch-default" for the book's
     presets, as `torch.manual_seed(seed); GPTModel(cfg)` draws them in its code, so that the
     untrained model prints the book's text; "gpt2" (GPT-2's) for every other preset or config."""
     return "pytorch-default" if str(spec) in BOOK_PRESETS else "gpt2"

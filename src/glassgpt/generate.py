@@ -32,10 +32,10 @@ import torch
 from torch import nn
 
 from .adopt import adopt, adopted_from
+from .anatomy import Anatomy
 from .engine import as_engine, pages
 from .engine.decode import twin_steps
 from .engine.hybrid_cache import cache_for
-from .families import is_bonus_model, is_family_model
 from .model import GPTModel
 from .errors import GlassError, NonFiniteError, PromptError
 from .kinds import describe
@@ -168,12 +168,10 @@ def keeps_own_cache(model: nn.Module) -> bool:
     return callable(getattr(model, "reset_kv_cache", None))
 
 
-def reach(glass: nn.Module) -> tuple[torch.device, int]:
-    """The device `glass` computes on and the tokens it sees at once: its embedding's and its context_length, found
-    through its description for a model glassgpt reads as it is (not one of its glass models)."""
-    if isinstance(glass, GPTModel) or is_family_model(glass) or is_bonus_model(glass):
-        return glass.tok_emb.weight.device, glass.cfg.context_length
-    anatomy = describe(glass)
+def reach(glass: nn.Module, anatomy: Anatomy | None = None) -> tuple[torch.device, int]:
+    """The device `glass` computes on and the tokens it sees at once: its embedding's and its context_length, as its
+    description (`anatomy`, else describe(glass)) names them."""
+    anatomy = anatomy or describe(glass)
     return glass.get_submodule(anatomy.embedding.path).weight.device, anatomy.positions.context_length
 
 
@@ -261,18 +259,17 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     # a reader's module is read in place, checked once; a model read through its description as it is (chapter 4's
     # variants) comes back itself
     glass = adopt(model, ids, described=True)
-    family = is_family_model(glass)
     if hasattr(glass, "unshard"):  # sharded by FSDP: only its own forward gathers the weights
         use_cache = False
-    bonus = is_bonus_model(glass)
-    own = not (isinstance(glass, GPTModel) or family or bonus)  # described, and run by its own forward
-    if own and use_cache and not keeps_own_cache(glass):
-        raise GlassError(f"{type(glass).__name__} has no reset_kv_cache(), so glassgpt cannot use its cache: "
-                         "generate with use_cache=False")
+    anatomy = describe(glass)
+    decoding = anatomy.decoding  # how its description says it runs over a cache (anatomy.DECODINGS)
+    if use_cache and (decoding is None or decoding == "own_cache" and not keeps_own_cache(glass)):
+        raise GlassError(f"{type(glass).__name__} names no cache glassgpt can run it over (no decoding in its "
+                         "description, or no reset_kv_cache()): generate with use_cache=False")
     if use_cache:
-        engine = OwnCacheSteps(glass) if own else GlassSteps(glass) if bonus else twin_steps(glass) if family else \
-            as_engine(glass if adopted_from(glass) else model)
-    device, ctx = reach(glass)
+        engine = (OwnCacheSteps(glass) if decoding == "own_cache" else GlassSteps(glass) if decoding == "kv_cache"
+                  else twin_steps(glass) if decoding == "twin" else as_engine(glass if adopted_from(glass) else model))
+    device, ctx = reach(glass, anatomy)
     prompt = as_batch(ids, device)
     if max_new_tokens == 0:
         return  # nothing to generate: no forward pass at all
@@ -290,8 +287,8 @@ def stream(model: nn.Module, ids: torch.Tensor | Sequence[int], max_new_tokens: 
     # The cache holds what this call can use, not a whole context: short replies stay cheap.
     # OLMo 3's and Tiny Aya's own kv_cache (a sliding layer keeps its window only); else a KVCache, or Qwen3.5's
     # HybridCache with its linear layers' states (cache_for)
-    make_cache = (lambda b, max_len, **_: OwnCache(glass, max_len)) if own else glass.kv_cache if bonus else \
-        partial(cache_for, glass.cfg)
+    make_cache = (lambda b, max_len, **_: OwnCache(glass, max_len)) if decoding == "own_cache" else \
+        glass.kv_cache if decoding == "kv_cache" else partial(cache_for, glass.cfg)
     cache = make_cache(b, max_len=min(ctx, t + max_new_tokens), device=device,
                        dtype=glass.tok_emb.weight.dtype) if use_cache else None
     finished = torch.zeros(b, dtype=torch.bool, device=device)

@@ -37,26 +37,12 @@ import torch
 from torch import nn
 
 from . import anatomy as an
-from .config import GPTConfig
+from .config import INIT_ALIASES, INIT_SCHEMES, GPTConfig, init_name  # noqa: F401 (the schemes init_weights draws)
 from .errors import PromptError
 
 # The book's constant, computed as the book computes it: float32's sqrt of float32(2 / pi),
 # one unit in the last place away from float32(math.sqrt(2 / pi)).
 SQRT_2_OVER_PI = torch.sqrt(torch.tensor(2.0 / torch.pi, dtype=torch.float32))
-
-INIT_SCHEMES = {
-    "gpt2": "GPT-2's initialisation: N(0, 0.02) weights, zero biases, residual projections scaled by "
-            "1/sqrt(2 * n_layers)",
-    "pytorch-default": "PyTorch's defaults, the book's initialisation, torch.manual_seed(seed); GPTModel(cfg): "
-                       "N(0, 1) embeddings and Kaiming-uniform linear layers",
-}
-INIT_ALIASES = {"book": "pytorch-default"}  # another name a web client or a reader may say (CHANGELOG.md)
-
-
-def init_name(scheme: str) -> str:
-    """The INIT_SCHEMES key `scheme` names (an alias, or itself)."""
-    return INIT_ALIASES.get(scheme, scheme)
-
 
 class LayerNorm(nn.Module):
     """scale * (x - mean) / sqrt(var + eps) + shift over the last dimension (the book's LayerNorm)."""
@@ -299,4 +285,4 @@ def describe(cfg: GPTConfig) -> an.Anatomy:
         head=an.Head("out_head", cfg.out_dim, cfg.tie_embeddings, bias=classes),
         config_fields=("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias",
                        "tie_embeddings", "num_classes"),
-        exports=("pth", "hf", "gguf"))
+        exports=("pth", "hf", "gguf"), decoding="engine")

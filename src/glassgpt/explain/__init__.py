@@ -16,6 +16,8 @@ analyses, each a function over the model that returns a result:
     why.py       why this token: the parts' exact sum, the prompt tokens' shares, activation patching
     verify.py    check(model): a reader's own module against the book's formulas, stage by stage (GPT-2 against
                  model.py; every other described model against its description), and the known mistakes
+    formulas.py  what a description states, computed: RoPE's tables and turn, the attention weights (verify and
+                 trace read them)
     debugger.py  check(port, against="transformers"): the layer debugger's [OK]/[DIFF] table against
                  transformers; causes.py the first cause inside the layer that differs (property, catalogue)
     loading.py   check_state_dict: what goes wrong loading a state dict into a port, named

@@ -66,11 +66,12 @@ def compare(model_a: nn.Module, model_b: nn.Module, tokenizer: Tokenizer, text: 
     tokenizers = (tokenizer, tokenizer_b if own else tokenizer)
     check_computable(model_a, tokenizers[0])
     check_computable(model_b, tokenizers[1])
-    cfgs = adopt(model_a).cfg, adopt(model_b).cfg
+    cfgs = adopt(model_a, described=True).cfg, adopt(model_b, described=True).cfg
     limits = [c.context_length for c in cfgs] if own else [min(c.context_length for c in cfgs)] * 2
     keeps = [keep_for(c.num_classes) for c in cfgs] if own else [keep_for(cfgs[0].num_classes)] * 2  # one prompt
     prompts = [fit_prompt(encode(tok, text), limit, keep) for tok, limit, keep in zip(tokenizers, limits, keeps)]
-    models = [adopt(m, p.ids) for m, p in zip((model_a, model_b), prompts)]  # a reader's modules, read in place
+    models = [adopt(m, p.ids, described=True)  # a reader's modules read in place; chapter 4's variants as they are
+              for m, p in zip((model_a, model_b), prompts)]
     runs = [_run(m, tok, p.ids, top_k, ab)  # one forward pass each
             for m, tok, p, ab in zip(models, tokenizers, prompts, (about_a, about_b))]
     logps = [last.double().log_softmax(-1).cpu() for _, last in runs]

@@ -58,7 +58,7 @@ def passage(model: nn.Module, tokenizer: Tokenizer, text: str, about: About | No
 
     progress(step, done, total) is called after each block of each window; `cancel`, once set, stops it."""
     check_computable(model, tokenizer)
-    model = adopt(model, encode(tokenizer, text)[:adopt(model).cfg.context_length])
+    model = adopt(model, encode(tokenizer, text)[:adopt(model, described=True).cfg.context_length], described=True)
     if model.cfg.num_classes is not None:
         raise PromptError("a classifier predicts no next tokens: give --passage a language model")
     ids = encode(tokenizer, text)

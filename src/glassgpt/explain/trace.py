@@ -11,8 +11,9 @@ changes are marked `vocab->hidden` (tok_emb) and `hidden->vocab` (out_head; `hid
 for a classifier), with the weight matrix behind each.
 
 A model whose positions enter inside the attention (RoPE: Qwen3, Llama 3.2, Gemma 3, Qwen3.5, OLMo 3, Tiny
-Aya) gets the rotary trace at the end of this file, a FamilyTrace: its stages, the four answers, the key/value
-groups and RoPE, under the same options. A Trace is data (`to_dict` for JSON); text.py and diagram.py describe it. What to trace is a
+Aya, Gemma 4) gets the rotary trace at the end of this file, the same Trace type holding its stages, the four
+answers, the key/value groups and RoPE, under the same options. The modules, sizes and formulas come from the
+model's description (anatomy.py) and formulas.py, never from a model file. A Trace is data (`to_dict` for JSON); text.py and diagram.py describe it. What to trace is a
 `TraceOptions`; what the weights cannot say about the model (its name, random or trained, its
 labels) is an `About`. Same shape letters as model.py: b, t, d, h, hd, V.
 """
@@ -29,19 +30,17 @@ from torch import nn
 
 from .. import anatomy as an
 from ..adopt import adopt, adopted_from, adopted_kind, check_computable, family_line, is_added, own_parameters
-from ..config import GPTConfig
+from ..config import INIT_SCHEMES, FamilyConfig, GPTConfig, init_name
 from ..device import evaluating
 from ..errors import GlassError, PromptError
-from ..families import FAMILY_CONFIGS, FamilyConfig, is_family_model
-from ..families.layers import apply_rope
 from ..formats.source import About, Source  # what the weights cannot tell: a Source's about()
 from ..kinds import describe
 from ..memory import parameter_table
-from ..model import INIT_SCHEMES, GPTModel, LayerNorm, attention_weights, init_name
 from ..prompt import Reading, check_ids, encode, fit_for, reading_line
 from ..tokenizer import Tokenizer
 from ..variants import gpt2_config, kv_bytes_per_token
 from .check import check_embedding_is_linear
+from .formulas import attention_weights, rope_tables, rotate
 from .head import head_products, logit_lens_of  # noqa: F401 (logit_lens_of: read here by earlier callers)
 from .notation import trained_line
 from .options import TRACE_OPTIONS, TraceOptions, check
@@ -64,7 +63,7 @@ class Stage:
     name: str                       # stable: tokens, tok_emb, pos_emb, embeddings, trf_blocks.N, ...
     module: str                     # what computes it, e.g. "nn.Embedding(50257, 768)"
     shape: list[int]                # the real output tensor's shape
-    dtype: str
+    dtype: str = ""                 # (the rotary flow's stages say none)
     weight_shape: list[int] | None = None
     params: int = 0                 # parameters of the module that computes this stage
     transition: str | None = None   # vocab->hidden, hidden->vocab, hidden->classes, or None
@@ -73,9 +72,24 @@ class Stage:
     input_shape: list[int] | None = None
     shared_with: str | None = None  # "tok_emb.weight" when out_head's weight is the same tensor
 
+    def __getitem__(self, key: str) -> Any:
+        """stage["name"], as a rotary trace's stages were read when they were dicts."""
+        return getattr(self, key)
+
+
+ROTARY_ONLY = ("positions", "weights", "answers", "block", "temperature")  # not in a learned-positions trace's JSON
+
 
 @dataclass
 class Trace(Result):
+    """One prompt's way through any model glassgpt.describe reads, the result of both paths.
+
+    `positions` (the description's: "learned", "rope" or "none") says which flow `stages` holds: with learned
+    positions, tok_emb + pos_emb and every module of the opened block; with positions inside the attention, the
+    rotary flow (ids, tok_emb, queries, keys and values, the groups, ff, final_norm, out_head), its heads and
+    where positions enter in `attention`, its four answers in `answers`. The rest reads alike for both: the
+    model's facts, the tokens, the next token and its top_k, the head's dot products, the logit lens, the notes."""
+
     model: dict[str, Any]
     prompt: str
     tokens: list[dict[str, Any]]
@@ -85,17 +99,59 @@ class Trace(Result):
     head: dict[str, Any] | None = None           # the logits as dot products (head.py)
     embedding_check: dict[str, Any] | None = None
     logit_lens: dict[str, Any] | None = None
-    attention: dict[str, Any] | None = None
+    attention: dict[str, Any] | None = None      # learned: the weights, when asked; rotary: the heads and RoPE
     modules: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. what was kept of a prompt over the context
+    positions: str = "learned"
+    weights: dict[str, Any] | None = None        # rotary: the attention weights, when asked (learned: `attention`)
+    answers: dict[str, Any] | None = None        # rotary: the four questions, as facts
+    block: int = 0                               # the block opened up (rotary: whose shapes the stages show)
+    temperature: float = 1.0                     # what the last logits were divided by before the softmax
+    experts: dict[str, Any] | None = None        # rotary, a mixture: the opened block's routing, token by token
+
+    @property
+    def rotary(self) -> bool:
+        """Positions enter inside the attention (RoPE: Qwen3, Llama 3.2, ...), not as a learned pos_emb."""
+        return self.positions != "learned"
+
+    @property
+    def attention_weights(self) -> dict[str, Any] | None:
+        """Every layer's attention weights, when asked: shape [n_layers, h, t, t], tokens, layers (and groups)."""
+        return self.weights if self.rotary else self.attention
+
+    @property
+    def next_tokens(self) -> list[dict[str, Any]]:
+        """The top_k next tokens, most probable first: id, text, prob."""
+        return self.next_token["top"]
+
+    @property
+    def family(self) -> str | None:
+        return self.model.get("family")
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.model["config"]
+
+    @property
+    def about(self) -> dict[str, Any]:
+        """What the weights cannot tell: name, random_weights, notes."""
+        return {k: self.model.get(k) for k in ("name", "random_weights", "notes")}
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON: each kind with the keys its page and the CLI read (a rotary trace's as its own part, named)."""
         out = asdict(self)
+        if self.rotary:
+            return {"family": self.family, "config": out["model"]["config"], "tokens": [t["text"] for t in self.tokens],
+                    "stages": [{k: s[k] for k in ("name", "module", "shape", "note")} for s in out["stages"]],
+                    "attention": out["attention"], "answers": out["answers"], "params": out["params"],
+                    "next_tokens": out["next_token"]["top"], "head": out["head"], "logit_lens": out["logit_lens"],
+                    "attention_weights": out["weights"], "about": self.about, "block": self.block,
+                    "temperature": self.temperature, "notes": out["notes"]}
         out["stages"] = [{k: v for k, v in asdict(s).items() if v is not None} for s in self.stages]
-        return {k: v for k, v in out.items() if v is not None}
+        return {k: v for k, v in out.items() if v is not None and k not in ROTARY_ONLY}
 
     def to_text(self, color: bool = False, attention_layer: int | None = None, heatmap: str | None = None) -> str:
         """The terminal view (views/text.py)."""
@@ -106,14 +162,14 @@ class Trace(Result):
 
 def trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
           options: TraceOptions | None = None, about: About | Source | None = None,
-          cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace | FamilyTrace:
+          cancel: threading.Event | None = None, progress: Progress | None = None) -> Trace:
     """Run `text` (or token `ids`) through `model` once and record every stage from the real tensors.
     (trace_with_logits: the same, and the last position's logits from the same forward pass.)
 
     model: any model object glassgpt.describe reads (glassgpt's, the book's, nanoGPT's, transformers'),
     read in place. Where its description puts the positions inside the attention (RoPE: Qwen3, Llama 3.2, ...)
-    the result is the rotary trace (a FamilyTrace, below: its stages, heads and groups, under the same
-    options, `about`, `cancel` and `progress`); with learned positions, a Trace.
+    the Trace holds the rotary flow (below: its stages, heads and groups, under the same options, `about`,
+    `cancel` and `progress`); with learned positions, GPT-2's.
 
     ids: token ids instead of text, e.g. a prompt extended one generated token at a time
     (re-encoding the decoded text could merge pieces differently).
@@ -132,7 +188,7 @@ def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None =
                       ids: list[int] | None = None, options: TraceOptions | None = None,
                       about: About | Source | None = None,
                       cancel: threading.Event | None = None, progress: Progress | None = None
-                      ) -> tuple[Trace | FamilyTrace, torch.Tensor]:
+                      ) -> tuple[Trace, torch.Tensor]:
     """trace(...), and the last position's logits `[V]` (or `[classes]`) of its one forward pass."""
     opt, named = options or TraceOptions(), about
     about = about.about() if isinstance(about, Source) else about or About()  # a Source says its About
@@ -172,7 +228,8 @@ def trace_with_logits(model: nn.Module, tokenizer: Tokenizer, text: str | None =
         head=head_products(model, rec.seen["final_norm"][0, -1], logits[0, -1], [t["id"] for t in top_list],
                            prompt.ids, label),
         notes=[n for n in (adopted_from(model), prompt.note, reading_line(cfg.num_classes, about.reading, prompt)) if n]
-        + ([f"the description's changes from GPT-2: {'; '.join(changed)}", kv_line(cfg, logits.dtype)] if changed else []))
+        + ([f"the description's changes from GPT-2: {'; '.join(changed)}", kv_line(cfg, logits.dtype)] if changed else []),
+        block=opt.block, temperature=opt.temperature)
     if opt.attention:
         result.attention = {"shape": [cfg.n_layers, cfg.n_heads, len(prompt.ids), len(prompt.ids)],  # the data's own
                             "tokens": [tk["text"] for tk in result.tokens],
@@ -261,7 +318,7 @@ def _live_modules(model: nn.Module, anatomy: an.Anatomy) -> list[dict[str, Any]]
     return rows
 
 
-def _params(model: GPTModel) -> dict[str, Any]:
+def _params(model: nn.Module) -> dict[str, Any]:
     """The totals with and without tying; for a reader's module built without some biases, its own
     tensors only (the zeros glassgpt added are not its parameters), and a note that says so."""
     table = parameter_table(model.cfg)
@@ -279,7 +336,7 @@ def _labeller(cfg: GPTConfig, tokenizer: Tokenizer, labels: list[str] | None):
     return lambda i: labels[i] if labels and i < len(labels) else f"class {i}"
 
 
-def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str, Any]:
+def model_facts(model: nn.Module, tokenizer: Tokenizer, about: About) -> dict[str, Any]:
     """What a trace says of its model: its name, config, dtype, layout, a random model's initialisation,
     and which parts its training run trained and left frozen."""
     cfg = model.cfg
@@ -298,7 +355,7 @@ def model_facts(model: GPTModel, tokenizer: Tokenizer, about: About) -> dict[str
 def layout_line(cfg: GPTConfig | FamilyConfig) -> str:
     """Which layout the parameters follow, in one short line: OpenAI's GPT-2, the book's, or between (or a
     Qwen3/Llama model's shapes)."""
-    if isinstance(cfg, FAMILY_CONFIGS):
+    if not isinstance(cfg, GPTConfig):  # a rotary model's config (Qwen3's, Llama's, Gemma 3's)
         return f"{cfg.family}: {family_line(cfg)}"
     bias = "qkv biases" if cfg.qkv_bias else "no qkv biases"
     if cfg.num_classes is not None:
@@ -312,14 +369,15 @@ def layout_line(cfg: GPTConfig | FamilyConfig) -> str:
 
 # --- stages -------------------------------------------------------------------------
 
-def _module_name(module: nn.Module) -> str:
+def _module_name(module: nn.Module, norm: an.Norm | None = None) -> str:
+    """How the module is built, in one call: torch's own modules by their arguments, a norm by its description."""
+    if norm is not None and norm.kind == "layernorm":
+        return f"LayerNorm({norm.dim})"
     if isinstance(module, nn.Embedding):
         return f"nn.Embedding({module.num_embeddings}, {module.embedding_dim})"
     if isinstance(module, nn.Linear):
         bias = "" if module.bias is not None and not is_added(module.bias) else ", bias=False"
         return f"nn.Linear({module.in_features}, {module.out_features}{bias})"
-    if isinstance(module, LayerNorm):
-        return f"LayerNorm({module.scale.shape[0]})"
     if isinstance(module, nn.GELU):
         return f"nn.GELU(approximate={module.approximate!r})"
     return type(module).__name__
@@ -333,9 +391,9 @@ def _tensor_stage(name: str, module: str, t: torch.Tensor, **kw: Any) -> Stage:
     return Stage(name=name, module=module, shape=list(t.shape), dtype=_dtype(t), **kw)
 
 
-def _weight_stage(name: str, module: nn.Module, out: torch.Tensor, **kw: Any) -> Stage:
+def _weight_stage(name: str, module: nn.Module, out: torch.Tensor, norm: an.Norm | None = None, **kw: Any) -> Stage:
     weight = getattr(module, "weight", None)
-    return _tensor_stage(name, _module_name(module), out, weight_shape=list(weight.shape) if weight is not None else None,
+    return _tensor_stage(name, _module_name(module, norm), out, weight_shape=list(weight.shape) if weight is not None else None,
                          params=own_parameters(module), **kw)
 
 
@@ -371,18 +429,14 @@ def _block_stages(model: nn.Module, anatomy: an.Anatomy, seen: dict, opt: TraceO
 
 
 def _attention_of(seen: dict, block: an.Block) -> torch.Tensor:
-    """A block's attention weights from its tapped projections, by the model's own formula: [b, h, t, t]."""
+    """A block's attention weights from its tapped projections, by the formula its description states (the
+    scale, the causal edge, a window): [b, h, t, t]."""
     att = block.attention
     q, k = seen[att.query.path].float(), seen[att.key.path].float()
     b, t, _ = q.shape
     q = q.view(b, t, att.n_heads, att.head_dim).transpose(1, 2)  # [b, t, d] -> [b, h, t, hd]
     k = _heads(k, att.n_kv_groups, att.head_dim).repeat_interleave(att.n_heads // att.n_kv_groups, dim=1)
-    attn = attention_weights(q, k)
-    if att.window is not None:  # the causal softmax kept to the last `window` positions, renormalised:
-        pos = torch.arange(t, device=attn.device)  # the same as a softmax over the window alone
-        attn = attn * ((pos[:, None] - pos[None, :]) < att.window)
-        attn = attn / attn.sum(dim=-1, keepdim=True)
-    return attn
+    return attention_weights(att, q, k)
 
 
 def _heads(x: torch.Tensor, n: int, hd: int) -> torch.Tensor:
@@ -393,7 +447,8 @@ def _heads(x: torch.Tensor, n: int, hd: int) -> torch.Tensor:
 def _opened_block(model: nn.Module, block: an.Block, seen: dict) -> list[Stage]:
     """The inside of one block, each stage from its tapped tensor, each module found through the description."""
     p, att, ff, part = block.path, block.attention, block.ff, model.get_submodule
-    norm1, norm2 = block.norm("attn_in").path, block.norm("ff_in").path
+    n1, n2 = block.norm("attn_in"), block.norm("ff_in")
+    norm1, norm2 = n1.path, n2.path
     q = seen[att.query.path]
     b, t, d = q.shape
     h, hd = att.n_heads, att.head_dim
@@ -402,7 +457,7 @@ def _opened_block(model: nn.Module, block: an.Block, seen: dict) -> list[Stage]:
     v = _heads(seen[att.value.path].float(), att.n_kv_groups, hd).repeat_interleave(h // att.n_kv_groups, dim=1)
     # The recomputed weights must reproduce what the model gave out_proj: a check, not a decoration.
     attn_error = float(((attn @ v).transpose(1, 2).reshape(b, t, d) - context_in.float()).abs().max())
-    inside = [_weight_stage(norm1, part(norm1), seen[norm1][1], parent=p)]
+    inside = [_weight_stage(norm1, part(norm1), seen[norm1][1], n1, parent=p)]
     if att.latent is not None:  # latent attention: what the cache keeps, and what keys and values are made from
         inside.append(_weight_stage(att.latent.path, part(att.latent.path), seen[att.latent.path], parent=p,
                                     note=f"the latent [b, t, {att.latent.out_features}]: all the KV cache keeps of "
@@ -430,7 +485,7 @@ def _opened_block(model: nn.Module, block: an.Block, seen: dict) -> list[Stage]:
         _weight_stage(att.out.path, part(att.out.path), out_proj_out, parent=p),
         _tensor_stage(f"{p}.shortcut1", "x + att(norm1(x))", seen[norm2][0], parent=p,
                       note="residual connection (what norm2 reads)"),
-        _weight_stage(norm2, part(norm2), seen[norm2][1], parent=p),
+        _weight_stage(norm2, part(norm2), seen[norm2][1], n2, parent=p),
     ]
     if ff.experts is not None:
         inside += _expert_stages(part, ff, seen, p)
@@ -476,7 +531,7 @@ def _output_stages(model: nn.Module, anatomy: an.Anatomy, seen: dict, logits: to
     per = "class" if is_classifier else "vocabulary entry"
     tied = f"; W is the same tensor as {emb}.weight (weight tying)" if anatomy.head.tied else ""
     return [
-        _weight_stage(norm, model.get_submodule(norm), final),
+        _weight_stage(norm, model.get_submodule(norm), final, anatomy.final_norm),
         _weight_stage(head, model.get_submodule(head), logits,
                       transition=HIDDEN_TO_CLASSES if is_classifier else HIDDEN_TO_VOCAB, input_shape=list(final.shape),
                       shared_with=f"{emb}.weight" if anatomy.head.tied else None,
@@ -526,37 +581,14 @@ def _probs(last: torch.Tensor, temperature: float) -> torch.Tensor:
 # head is tied, told by storage (`data_ptr`), never by equal values: the book's loader copies the embedding
 # into the head, which gives equal values in two tensors. Beside the flow, as for GPT-2: the head's logits as
 # dot products (head.py), the logit lens, and with `attention` every query head's causal weights, from its
-# queries through QK-norm and RoPE against the rotated keys of the group it reads (`attention_of`).
+# queries through QK-norm and RoPE against the rotated keys of the group it reads (`attention_of`), checked
+# against what each layer's own attention gave its out projection.
 
 FAMILY_NAMES = {"qwen3": "Qwen3", "llama3": "Llama 3", "gemma3": "Gemma 3", "qwen3_5": "Qwen3.5", "olmo3": "OLMo 3",
                 "tiny_aya": "Tiny Aya", "gemma4": "Gemma 4"}
 
 
-@dataclass
-class FamilyTrace(Result):
-    family: str
-    config: dict[str, Any]
-    tokens: list[str]
-    stages: list[dict[str, Any]]          # name, module, shape, note: in the order the forward pass ran them
-    attention: dict[str, Any]             # the heads: q and k/v shapes, the group sharing, RoPE
-    answers: dict[str, Any]               # the four questions, as facts
-    params: dict[str, Any]
-    next_tokens: list[dict[str, Any]] = field(default_factory=list)
-    head: dict[str, Any] | None = None               # the logits as dot products h . W[id] (head.py)
-    logit_lens: dict[str, Any] | None = None         # the top token at every position after every block
-    attention_weights: dict[str, Any] | None = None  # shape [n_layers, h, t, t], tokens, groups, layers
-    about: dict[str, Any] = field(default_factory=dict)  # name, random_weights, notes: what the weights cannot tell
-    block: int = 0                                   # the block whose modules the stages' shapes were read from
-    temperature: float = 1.0                         # what the last logits were divided by before the softmax
-    notes: list[str] = field(default_factory=list)   # as Trace.notes: e.g. what was kept of a prompt over the context
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @property
-    def next_token(self) -> dict[str, Any]:
-        """The most probable next token (as Trace.next_token names it): id, text, prob."""
-        return self.next_tokens[0]
+FamilyTrace = Trace  # the rotary trace's result, by its earlier name: one type for every model
 
 
 class RecordingCache:
@@ -588,7 +620,7 @@ class RecordingCache:
 
 
 def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, top_k: int = 5, *,
-                 ids: list[int] | None = None, attention: bool = False, logit_lens: bool = False) -> FamilyTrace:
+                 ids: list[int] | None = None, attention: bool = False, logit_lens: bool = False) -> Trace:
     """Run `text` (or its token `ids`, as the web page sends them) through a Qwen3Model or Llama3Model once
     and keep what each stage looked like; with `attention`, every query head's weights, with `logit_lens`, the
     top token after every block (as GPT-2's trace takes them: TraceOptions' attention and logit_lens)."""
@@ -600,7 +632,7 @@ def family_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
 def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None, *, ids: list[int] | None = None,
                  options: TraceOptions | None = None, about: About | None = None,
                  cancel: threading.Event | None = None, progress: Progress | None = None
-                 ) -> tuple[FamilyTrace, torch.Tensor]:
+                 ) -> tuple[Trace, torch.Tensor]:
     """family_trace(...) under every TraceOptions (top_k, temperature, block, logit_lens, attention,
     embedding_check), `about`, `cancel` and `progress` as trace() reads them; and the last position's logits
     `[V]` of its one forward pass. The modules and sizes are found through the model's description, not by its
@@ -608,7 +640,7 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     opt, about = options or TraceOptions(), about or About()
     cfg, anatomy = model.cfg, describe(model)
     if opt.attention:
-        _check_weights_traceable(model, anatomy)
+        _check_weights_traceable(anatomy)
     device = model.get_submodule(anatomy.embedding.path).weight.device
     ids = torch.tensor([encode(tokenizer, text) if ids is None else ids], device=device)  # [1, t]
     opened = anatomy.blocks[opt.block]
@@ -619,14 +651,16 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     keep = {anatomy.embedding.path, anatomy.final_norm.path, anatomy.head.path, att.query.path, att.key.path,
             _ff_in(opened.ff).path}
     keep |= {block.path for block in anatomy.blocks} if opt.logit_lens else set()
-    keep |= {block.attention.query.path for block in anatomy.blocks} if opt.attention else set()
+    keep |= {p for block in anatomy.blocks for p in (block.attention.query.path, block.attention.out.path)
+             } if opt.attention else set()
     rec = Recorder(frozenset(keep), anatomy.n_layers * (2 if opt.logit_lens else 1) + opt.embedding_check, cancel,
                    progress)
     cache = RecordingCache()
     with evaluating(model):
         logits = record(model, ids, rec, cache=cache)  # [1, t, V]
     seen = rec.seen
-    k, v = cache.seen[keyed]  # [1, g, t, hd], after RoPE (and QK-norm)
+    k, v = cache.seen[keyed if att.kv_shared_from is None else att.kv_shared_from]  # [1, g, t, hd], rotated (a kv-shared
+    # layer keeps none: it reads its source layer's)
     b, t = ids.shape
     # the sizes as the description gives them, from a block with keys and values (every such block has the same;
     # Qwen3.5's linear-attention blocks have sizes of their own)
@@ -636,34 +670,46 @@ def rotary_trace(model: nn.Module, tokenizer: Tokenizer, text: str | None = None
     probs = _probs(logits[:, -1, :], opt.temperature)[0]  # [V]
     top = probs.topk(min(opt.top_k, V))
     next_tokens = [{"id": int(i), "text": label(int(i)), "prob": float(p)} for p, i in zip(top.values, top.indices)]
-    tokens = [tokenizer.decode([int(i)]) for i in ids[0]]
+    tokens = [{"id": int(i), "text": tokenizer.decode([int(i)])} for i in ids[0]]
     groups = [j // (h // g) for j in range(h)]
-    tr = FamilyTrace(
-        family=cfg.family, config={k_: v_ for k_, v_ in cfg.to_dict().items()}, tokens=tokens,
-        stages=_rotary_stages(anatomy, att, opened.ff, seen, q_shape, list(k.shape), linear_stages(anatomy, b)),
-        attention=_heads_and_positions(anatomy, att, q_shape, list(k.shape)),
-        answers=four_answers(model, ids, one_hot=False), params=parameter_table(cfg), next_tokens=next_tokens,
-        head=head_products(model, seen[anatomy.final_norm.path][0, -1], logits[0, -1],
-                           [n["id"] for n in next_tokens], ids[0].tolist(), label),
-        about={"name": about.name, "random_weights": about.random_weights, "notes": list(about.notes)},
-        block=opt.block, temperature=opt.temperature)
+    tr = _rotary_result(model, tokenizer, about, opt, ids, tokens, next_tokens)
+    tr.stages = [Stage(**stage) for stage in _rotary_stages(anatomy, att, opened.ff, seen, q_shape, list(k.shape),
+                                                            linear_stages(anatomy, b))]
+    tr.attention = _heads_and_positions(anatomy, att, q_shape, list(k.shape)) | _opened_kind(anatomy, opened, keyed)
+    if opened.ff.experts:
+        tr.experts = routed_experts(opened.ff, seen[opened.ff.experts.router.path][0], tokens)
+    tr.head = head_products(model, seen[anatomy.final_norm.path][0, -1], logits[0, -1],
+                            [n["id"] for n in next_tokens], ids[0].tolist(), label)
     if opt.logit_lens:  # each block's output through this model's final_norm (RMSNorm) and out_head
         tr.logit_lens = logit_lens_of(model, [seen[block.path][1] for block in anatomy.blocks], logits, label,
                                       rec.step)
     if opt.attention:
-        tr.attention_weights = {"shape": [n_layers, h, t, t], "tokens": tokens, "groups": groups,
-                                "layers": _attention_layers(model, anatomy, seen, cache.seen, t)}
+        tr.weights = {"shape": [n_layers, h, t, t], "tokens": [tk["text"] for tk in tokens], "groups": groups,
+                      "layers": _attention_layers(model, anatomy, seen, cache.seen)}
     if opt.embedding_check:
         rec.check()
-        tr.answers["one_hot"] = check_embedding_is_linear(model, ids, timing=False)
+        tr.answers["one_hot"] = tr.embedding_check = check_embedding_is_linear(model, ids, timing=False)
         rec.step("embedding_check")
     return tr, logits[0, -1]
 
 
-def _check_weights_traceable(model: nn.Module, anatomy: an.Anatomy) -> None:
+def _rotary_result(model: nn.Module, tokenizer: Tokenizer, about: About, opt: TraceOptions, ids: torch.Tensor,
+                   tokens: list[dict[str, Any]], next_tokens: list[dict[str, Any]]) -> Trace:
+    """The rotary trace's Trace before its stages, heads and panels: the model's facts, the tokens, the next token
+    and its top_k, the parameters, the four answers (the one-hot proof added where asked)."""
+    cfg, text = model.cfg, tokenizer.decode(ids[0].tolist())
+    return Trace(
+        model={"name": about.name, "random_weights": about.random_weights, "notes": list(about.notes),
+               "family": cfg.family, "config": cfg.to_dict()},
+        prompt=text, tokens=tokens, stages=[], params=parameter_table(cfg),
+        next_token={"top": next_tokens, **next_tokens[0], "kind": "token", "temperature": opt.temperature,
+                    "text_after": text + next_tokens[0]["text"]},
+        positions=describe(model).positions.kind, answers=four_answers(model, ids, one_hot=False), block=opt.block,
+        temperature=opt.temperature)
+
+
+def _check_weights_traceable(anatomy: an.Anatomy) -> None:
     """Refuse, in one line, the attention weights attention_of cannot compute for this model."""
-    if not is_family_model(model):  # attention_of follows Qwen3's and Llama's QK-norm and RoPE
-        raise GlassError(f"{anatomy.name}'s attention weights are not traced yet: trace it without --attention")
     linear = [block.index for block in anatomy.blocks if block.attention.kind == "linear"]
     if linear:  # Qwen3.5's Gated DeltaNet layers: a state, no weights over the positions
         raise GlassError(f"{anatomy.name}'s layers {', '.join(map(str, linear))} are linear attention (a state, no "
@@ -680,9 +726,29 @@ def _heads_and_positions(anatomy: an.Anatomy, att: an.Attention, q_shape: tuple,
     rope = (full or ropes or [None])[0]  # a full layer's (Gemma 3's sliding layers have a base of their own)
     return {"q_shape": list(q_shape), "kv_shape": kv_shape, "group_size": h // g,
             "groups": [list(range(j * (h // g), (j + 1) * (h // g))) for j in range(g)],
-            "qk_norm": att.q_norm is not None, "rope_base": rope.base if rope else None,
+            "qk_norm": att.q_norm is not None, **_qk_norm_span(att), "rope_base": rope.base if rope else None,
             "rope_scaled": any(r.scaling is not None for r in ropes), **_sliding_layers(anatomy),
             **rope_reach(anatomy), **_kv_shared(anatomy)}
+
+
+def _opened_kind(anatomy: an.Anatomy, opened: an.Block, keyed: int) -> dict[str, Any]:
+    """Whether every block's attention is alike (kind, window, RoPE and its base), and what the opened one is:
+    "linear", "sliding" or "full", with or without RoPE, and the block whose keys and values the table shows."""
+    def kind(att: an.Attention) -> tuple:
+        return att.kind, att.window, None if att.rope is None else (att.rope.base, att.rope.rotary_dim, att.rope.scaling)
+    att = opened.attention
+    return {"blocks_alike": len({kind(block.attention) for block in anatomy.blocks}) == 1,
+            "opened": {"kind": "linear" if att.kind == "linear" else "sliding" if att.window is not None else "full",
+                       "window": att.window, "rope": att.rope is not None, "keyed_block": keyed}}
+
+
+def _qk_norm_span(att: an.Attention) -> dict[str, Any]:
+    """What the QK-norm spans, from the widths of its norms: each head (`head_dim` wide: Qwen3, Gemma) or the whole
+    projection at once (h*hd and g*hd wide: OLMo 3's, before the split into heads); {} without QK-norm."""
+    if att.q_norm is None:
+        return {}
+    per_head = att.q_norm.dim == att.head_dim
+    return {"qk_norm_per_head": per_head, "qk_norm_dims": [att.q_norm.dim, att.k_norm.dim if att.k_norm else None]}
 
 
 def _ff_in(ff: an.FeedForward) -> an.Linear:
@@ -713,23 +779,46 @@ def _sliding_layers(anatomy: an.Anatomy) -> dict[str, Any]:
             "rope_local_base": rope.base if rope is not None else None}
 
 
-def _attention_layers(model: nn.Module, anatomy: an.Anatomy, seen: dict, seen_kv: dict, t: int) -> list:
-    """Every layer's `[h, t, t]` weights (as lists), from its recorded W_query output and rotated keys, by its own
-    RoPE tables (Gemma 3's sliding and full layers have their own: `rope_of`)."""
-    rope_of = getattr(model, "rope_of", lambda i: model.rope)
-    return [attention_of(model.get_submodule(block.attention.path), seen[block.attention.query.path],
-                         seen_kv[i][0], *rope_of(i).at(0, t, seen_kv[i][0].device))[0].float().tolist()
-            for i, block in enumerate(anatomy.blocks)]
+def _attention_layers(model: nn.Module, anatomy: an.Anatomy, seen: dict, seen_kv: dict) -> list:
+    """Every layer's `[h, t, t]` weights (as lists), from its recorded W_query output and the rotated keys its cache
+    was handed (a kv-shared layer's: its source layer's), each by its own description (RoPE base, window, scale);
+    each checked against the context its own attention gave the out projection."""
+    layers = []
+    for block in anatomy.blocks:
+        att = block.attention
+        k, v = seen_kv[att.kv_shared_from if att.kv_shared_from is not None else block.index]  # [b, g, s, hd]
+        attn = attention_of(model, att, seen[att.query.path], k)  # [b, h, t, s]
+        if att.output_gate is None:  # (a gated context is not the weights' alone)
+            _check_context(anatomy, block.index, attn, v, seen[att.out.path][0])
+        layers.append(attn[0].tolist())
+    return layers
+
+
+def _check_context(anatomy: an.Anatomy, i: int, attn: torch.Tensor, v: torch.Tensor, context: torch.Tensor) -> None:
+    """Refuse weights that do not give the context the layer's own attention handed its out projection `[b, t, h*hd]`:
+    the description does not say how this attention weighs its positions."""
+    b, h, t, _ = attn.shape
+    mine = (attn @ v.float().repeat_interleave(h // v.shape[1], dim=1)).transpose(1, 2).reshape(b, t, -1)  # [b, t, h*hd]
+    error, size = float((mine - context.float()).abs().max()), max(1.0, float(context.float().abs().max()))
+    if not error <= (1e-4 if context.dtype in (torch.float32, torch.float64) else 3e-2) * size:
+        raise GlassError(f"{anatomy.name}'s layer {i}: the attention weights its description gives do not reproduce "
+                         f"its own attention (max difference {error:.3g}): trace it without --attention")
 
 
 def rope_reach(anatomy: an.Anatomy) -> dict[str, Any]:
     """Which layers RoPE turns, and how many of a head's dimensions (Qwen3.5: the full layers, 64 of 256; Tiny Aya:
     the sliding layers only, its full layers have no positions)."""
     turned = [block for block in anatomy.blocks if block.attention.rope is not None]
+    linear = [block.index for block in anatomy.blocks if block.attention.kind == "linear"]
+    unturned = [block.index for block in anatomy.blocks if block.attention.kind != "linear"
+                and block.attention.rope is None]  # Tiny Aya's full layers: no position signal at all
+    others = {"linear_layers": linear, "unrotated_layers": unturned}
     if not turned:
-        return {"rope_layers": []}
+        return {"rope_layers": [], **others}
     rope = turned[0].attention.rope
-    return {"rope_layers": [block.index for block in turned], "rope_dims": rope.rotary_dim or rope.head_dim}
+    windows = {block.attention.window is not None for block in turned}
+    return {"rope_layers": [block.index for block in turned], "rope_dims": rope.rotary_dim or rope.head_dim,
+            "rope_layer_kind": ("sliding" if windows == {True} else "full" if windows == {False} else None), **others}
 
 
 def linear_stages(anatomy: an.Anatomy, b: int) -> list[dict[str, Any]]:
@@ -766,7 +855,8 @@ def _rotary_stages(anatomy: an.Anatomy, att: an.Attention, ff: an.FeedForward, s
          "note": f"vocab -> hidden: row lookup in the {[V, d]} weight"
                  + (f", times sqrt({d}) = {scale:.2f}" if scale is not None else "") + "; no pos_emb is added"},
         {"name": "queries", "module": "trf_blocks.N.att.W_query", "shape": list(q_shape),
-         "note": f"{list(seen[att.query.path].shape)} split into {h} heads, RoPE-rotated"},
+         "note": f"{list(seen[att.query.path].shape)} split into {h} heads, "
+                 + ("RoPE-rotated" if att.rope is not None else "not rotated (this layer has no RoPE)")},
         {"name": "keys, values", "module": "trf_blocks.N.att.W_key, W_value", "shape": kv_shape,
          "note": f"{list(seen[att.key.path].shape)} split into {g} heads; the cache keeps these"},
         {"name": "repeat_interleave", "module": "", "shape": list(q_shape),
@@ -781,6 +871,17 @@ def _rotary_stages(anatomy: an.Anatomy, att: an.Attention, ff: an.FeedForward, s
     ]
 
 
+def routed_experts(ff: an.FeedForward, scores: torch.Tensor, tokens: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which experts each token ran in a mixture, from its router's scores `[t, n_experts]`: the top `per_token`
+    (largest first), each weighted by the softmax over the chosen scores alone (they sum to 1, as the glass
+    mixture weighs them)."""
+    top = scores.float().topk(ff.experts.per_token, dim=-1)  # [t, k]
+    weights = torch.softmax(top.values, dim=-1)  # [t, k]
+    return {"module": ff.path, "n_experts": ff.experts.n_experts, "per_token": ff.experts.per_token,
+            "tokens": [{"text": tk["text"], "experts": ids, "weights": w}
+                       for tk, ids, w in zip(tokens, top.indices.tolist(), weights.tolist())]}
+
+
 def _ff_note(ff: an.FeedForward, d: int) -> str:
     """The feed-forward in one line, from its description: a mixture's routing, GeGLU's or SwiGLU's formula."""
     if ff.experts:
@@ -790,20 +891,25 @@ def _ff_note(ff: an.FeedForward, d: int) -> str:
     return f"{name}: fc3({ff.activation}(fc1(x)) * fc2(x)), {d} -> {ff.hidden_dim} -> {d}"
 
 
-def attention_of(att: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor) -> torch.Tensor:
-    """Attention weights `[b, h, tq, s]` by the model's own modules and formula: the queries `q` (W_query's output
-    `[b, tq, h*hd]`, at the positions of the `[tq, hd]` rows cos and sin) through QK-norm (Qwen3) and RoPE, against
-    the rotated keys `k` a cache is handed (`[b, g, s, hd]`), each query head reading its group's
-    (repeat_interleave). Query j sits at position s - tq + j and sees the positions up to it."""
+def attention_of(model: nn.Module, att: an.Attention, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Attention weights `[b, h, tq, s]` in float32, by the layer's description: the queries `q` (W_query's output
+    `[b, tq, h*hd]`, the last tq of the s positions) through the layer's own QK-norm module (over each head, or
+    over the whole projection as OLMo 3's) and the described RoPE, against the rotated keys a cache is handed
+    (`[b, g, s, hd]`), each query head reading its group's (repeat_interleave)."""
     b, tq, _ = q.shape
-    q = q.view(b, tq, att.num_heads, att.head_dim).transpose(1, 2)  # [b, tq, h*hd] -> [b, h, tq, hd]
-    if att.q_norm is not None:
-        q = att.q_norm(q)
-    q = apply_rope(q, cos, sin)
-    k = k.repeat_interleave(att.group_size, dim=1)  # [b, g, s, hd] -> [b, h, s, hd]
-    own = getattr(att, "attention_weights", None)  # Gemma 3's: its own scale, and a sliding layer's window
-    return own(q, k) if own is not None else attention_weights(q, k)
+    h, hd, s = att.n_heads, att.head_dim, k.shape[-2]
+    q_norm = model.get_submodule(att.q_norm.path) if att.q_norm is not None else None
+    if q_norm is not None and att.q_norm.dim != hd:  # the whole projection, before it is split into heads
+        q = q_norm(q)
+    q = q.view(b, tq, h, hd).transpose(1, 2)  # [b, tq, h*hd] -> [b, h, tq, hd]
+    if q_norm is not None and att.q_norm.dim == hd:
+        q = q_norm(q)
+    q = q.float()
+    if att.rope is not None:
+        cos, sin = (table[s - tq:].float().to(q.device) for table in rope_tables(att.rope, s))  # [tq, rotary_dim]
+        q = rotate(q, cos, sin, att.rope.pairs)
+    k = k.float().repeat_interleave(h // k.shape[1], dim=1)  # [b, g, s, hd] -> [b, h, s, hd]
+    return attention_weights(att, q, k)
 
 
 def _text(tokenizer: Tokenizer, token_id: int) -> str:

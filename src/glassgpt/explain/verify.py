@@ -32,6 +32,8 @@ from ..adopt import Layout, check_computable, evaluating_all, module_logits, rea
 from ..errors import GlassError
 from ..kinds import describe
 from ..tokenizer import get_tokenizer
+from .formulas import attention_weights, rope_interleaved as _rope_interleaved, rope_tables as _rope_tables, \
+    rotate as _rotate  # (causes.py reads them here)
 from .result import Result
 
 if TYPE_CHECKING:
@@ -159,20 +161,20 @@ def check_gpt2(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None
     ref = copy.deepcopy(glass).double()
     for blk in ref.trf_blocks:  # the book's tanh GELU, where adopt keeps a module's exact one
         blk.ff.layers[1] = TanhGELU()
-    stages, first, mistake, broken = [], None, None, None
+    stages, first, mistake, broken, first_kind = [], None, None, None, ""
     for name, (key, io), book_fn, kind in _stages(ref, runs[0], batch):
         got = runs[0][key][io]
         stage = _compare(name, got, book_fn(None), got.dtype)
         stages.append(stage)
         if first is None and not stage.ok:
-            first = stage
+            first, first_kind = stage, kind
             if not same_numbers(got, runs[1][key][io]):  # eval mode must give the same numbers twice
                 mistake = "dropout"
             else:
                 mistake = _likely_mistake(kind, got, book_fn, stage.tolerance)
                 if mistake is None and not stage.non_finite:
                     broken = _gpt2_property(kind, name, got, book_fn, runs[0], key, ref, model, layout, batch)
-    return CheckResult(layout.kind, shown, stages, first, mistake, _finding(stages, first, mistake, broken, kind),
+    return CheckResult(layout.kind, shown, stages, first, mistake, _finding(stages, first, mistake, broken, first_kind),
                        _tie_note(glass), prop=broken.prop if broken else None)
 
 
@@ -853,69 +855,6 @@ def _head_formula(model: nn.Module, head: an.Head, x: torch.Tensor) -> Callable:
     return run
 
 
-def _rope_tables(rope: an.Rope, t: int, base: float | None = None, scaled: bool = True,
-                 pairs: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin `[t, rotary_dim]` in float64: pair i turns at base^(-2i/rotary_dim), Llama 3's or YaRN's
-    scaling as described (Gemma 4's proportional: `[t, head_dim]`, its pairs spread over the whole head); each
-    angle written for both dimensions of its pair (halves, or neighbours)."""
-    rd = rope.rotary_dim or rope.head_dim
-    inv_freq = 1.0 / ((base or rope.base) ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))  # [rd/2]
-    values, factor = dict(rope.scaling_values), 1.0
-    if rope.scaling == "proportional":  # Gemma 4's: pairs (i, i + hd/2) of the whole head, the first rd/2 turning
-        hd = rope.head_dim               # at base^(-2i/hd), the others not at all
-        turned = 1.0 / ((base or rope.base) ** (torch.arange(0, rd, 2, dtype=torch.float64) / hd))
-        inv_freq = torch.cat([turned, torch.zeros(hd // 2 - rd // 2, dtype=torch.float64)])  # [hd/2]
-    elif scaled and rope.scaling == "llama3":
-        inv_freq = _llama3_frequencies(inv_freq, values)
-    elif scaled and rope.scaling == "yarn":
-        inv_freq, factor = _yarn_frequencies(inv_freq, values, rd, base or rope.base), values["rope_attention_factor"]
-    angles = torch.arange(t, dtype=torch.float64)[:, None] * inv_freq[None, :]  # [t, rd/2]
-    halves = (pairs or rope.pairs) == "halves"
-    angles = torch.cat([angles, angles], dim=1) if halves else angles.repeat_interleave(2, dim=1)
-    return torch.cos(angles) * factor, torch.sin(angles) * factor
-
-
-def _llama3_frequencies(inv_freq: torch.Tensor, v: dict) -> torch.Tensor:
-    """Llama 3's: the slow pairs / factor, the fast kept, a blend between."""
-    low_wavelen = v["original_context_length"] / v["low_freq_factor"]
-    high_wavelen = v["original_context_length"] / v["high_freq_factor"]
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / v["factor"], inv_freq)
-    smooth = (v["original_context_length"] / wavelen - v["low_freq_factor"]) / (v["high_freq_factor"] - v["low_freq_factor"])
-    blended = (1 - smooth) * inv_freq / v["factor"] + smooth * inv_freq
-    return torch.where((wavelen <= low_wavelen) & (wavelen >= high_wavelen), blended, scaled)
-
-
-def _yarn_frequencies(inv_freq: torch.Tensor, v: dict, rd: int, base: float) -> torch.Tensor:
-    """YaRN's: pairs turning more than beta_fast times in rope_orig_max positions kept, fewer than beta_slow
-    divided by rope_factor, a linear ramp between."""
-    def pair_turning(turns: float) -> float:
-        return rd * math.log(v["rope_orig_max"] / (turns * 2 * math.pi)) / (2 * math.log(base))
-
-    low = max(math.floor(pair_turning(v["beta_fast"])), 0)
-    high = min(math.ceil(pair_turning(v["beta_slow"])), rd - 1)
-    keep = 1 - ((torch.arange(rd // 2, dtype=torch.float64) - low) / ((high - low) or 0.001)).clamp(0, 1)
-    return inv_freq / v["rope_factor"] * (1 - keep) + inv_freq * keep
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: str) -> torch.Tensor:
-    """RoPE on the first cos.shape[-1] dimensions of each head `[b, h, t, hd]`; the rest pass as they are."""
-    rd = cos.shape[-1]
-    turned, rest = x[..., :rd], x[..., rd:]
-    if pairs == "halves":
-        rotated = torch.cat((-turned[..., rd // 2:], turned[..., : rd // 2]), dim=-1)
-    else:
-        rotated = torch.stack((-turned[..., 1::2], turned[..., ::2]), dim=-1).flatten(-2)
-    return torch.cat([turned * cos + rotated * sin, rest], dim=-1)
-
-
-def _rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Meta's original pairing, (x[0], x[1]), (x[2], x[3]), ..., with a halves table's angles per pair."""
-    hd = x.shape[-1]
-    c, s = cos[..., : hd // 2].repeat_interleave(2, dim=-1), sin[..., : hd // 2].repeat_interleave(2, dim=-1)
-    return _rotate(x, c, s, "neighbours")
-
-
 def _attention_stage(model: nn.Module, att: an.Attention, x: torch.Tensor, out: torch.Tensor, layer_type: str,
                      kv_in: torch.Tensor | None = None):
     facts = {"att": att, "layer_type": layer_type.removesuffix("_attention"), "window": att.window,
@@ -966,16 +905,9 @@ def _causal_attention(model: nn.Module, att: an.Attention, x: torch.Tensor, kv_x
         expand = (lambda y: y.repeat(1, h // g, 1, 1)) if name == "repeat" else (
             lambda y: y.repeat_interleave(h // g, dim=1))
         k, v = expand(k), expand(v)
-        scores = q @ k.transpose(-2, -1) * (1.0 if name == "no_scale" else (att.scale or hd ** -0.5))  # [b, h, t, t]
-        if att.softcap is not None:
-            scores = torch.tanh(scores / att.softcap) * att.softcap
-        pos = torch.arange(t, device=x.device)
-        hidden = pos[None, :] > pos[:, None]  # the future
-        if att.window is not None and name != "no_window":
-            hidden |= pos[:, None] - pos[None, :] >= att.window
-        if name != "no_mask":
-            scores = scores.masked_fill(hidden, -torch.inf)
-        context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h * hd)  # [b, t, h*hd]
+        attn = attention_weights(att, q, k, scale=1.0 if name == "no_scale" else (att.scale or hd ** -0.5),
+                                 windowed=name != "no_window", masked=name != "no_mask")  # [b, h, t, t]
+        context = (attn @ v).transpose(1, 2).reshape(b, t, h * hd)  # [b, t, h*hd]
         if att.output_gate is not None:
             context = context * torch.sigmoid(_linear(model, att.output_gate, x))
         return _linear(model, att.out, context)

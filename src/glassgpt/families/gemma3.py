@@ -340,4 +340,5 @@ def describe(cfg: Gemma3Config) -> an.Anatomy:
                       positions=an.Positions("rope", cfg.context_length),
                       blocks=tuple(block(i, t) for i, t in enumerate(cfg.layer_types)),
                       final_norm=norm("final_norm", "final"), head=an.Head("out_head", cfg.vocab_size, cfg.tie_embeddings),
-                      config_fields=CONFIG_FIELDS, blocks_path="blocks", exports=("pth", "hf"))
+                      config_fields=CONFIG_FIELDS, blocks_path="blocks", exports=("pth", "hf"),
+                      decoding="twin")

@@ -477,4 +477,4 @@ def describe(cfg: Gemma4Config) -> an.Anatomy:
                       final_norm=norm("final_norm", "final"),
                       head=an.Head("out_head", cfg.vocab_size, cfg.tie_word_embeddings,
                                    softcap=cfg.final_logit_softcap),
-                      config_fields=CONFIG_FIELDS, blocks_path="blocks")
+                      config_fields=CONFIG_FIELDS, blocks_path="blocks", decoding="kv_cache")

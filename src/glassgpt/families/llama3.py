@@ -114,4 +114,4 @@ def describe(cfg: FamilyConfig) -> an.Anatomy:
                       positions=an.Positions("rope", cfg.context_length), blocks=blocks,
                       final_norm=norm("final_norm", "final"),
                       head=an.Head("out_head", cfg.vocab_size, cfg.tie_embeddings), config_fields=CONFIG_FIELDS,
-                      exports=("pth", "hf"))
+                      exports=("pth", "hf"), decoding="twin")

@@ -145,7 +145,8 @@ def describe(cfg: FamilyConfig) -> an.Anatomy:
                       positions=an.Positions("rope", cfg.context_length), blocks=blocks,
                       final_norm=norm("final_norm", "final"),
                       head=an.Head("out_head", cfg.vocab_size, cfg.tie_embeddings),
-                      config_fields=CONFIG_FIELDS + (MOE_FIELDS if cfg.moe else ()), exports=("pth", "hf"))
+                      config_fields=CONFIG_FIELDS + (MOE_FIELDS if cfg.moe else ()), exports=("pth", "hf"),
+                      decoding="twin")
 
 
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_hidden_dim")

@@ -417,7 +417,7 @@ def describe(cfg: Qwen3_5Config) -> an.Anatomy:
                       positions=an.Positions("rope", cfg.context_length), blocks=tuple(blocks),
                       final_norm=norm("final_norm", "final"),
                       head=an.Head("out_head", cfg.vocab_size, cfg.tie_embeddings), config_fields=CONFIG_FIELDS,
-                      exports=("pth", "hf"))
+                      exports=("pth", "hf"), decoding="twin")
 
 
 def describe_gated(cfg: Qwen3_5Config, p: str, norm) -> an.Attention:

@@ -68,7 +68,7 @@ def describe_gpt_base(cfg: GPTConfig, name: str, fields: tuple[str, ...],
     anatomy = gpt2.describe(cfg)
     return replace(anatomy, name=name, source=f"glassgpt's variants ({name})",
                    blocks=tuple(block(b) for b in anatomy.blocks), config_fields=anatomy.config_fields + fields,
-                   exports=())  # GPT-2's writers know its parts only
+                   exports=(), decoding="own_cache")  # GPT-2's writers know its parts only
 
 
 def check_language_model(cfg: GPTConfig) -> None:

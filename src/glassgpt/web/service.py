@@ -39,8 +39,8 @@ from ..explain.pieces import sliding_windows
 from ..explain.options import MAX_TOP_K, TRACE_OPTIONS, WHY_OPTIONS, api_fields, controls
 from ..explain.why import why
 from ..explain.trace import model_facts, trace_options
-from ..families import is_family_model
 from ..formats import CHECKPOINT_SUBDIRS
+from ..kinds import describe
 from ..model import GPTModel
 from ..prompt import check_ids, encode, fit_for
 from ..tokenizer import Tokenizer
@@ -113,7 +113,7 @@ class ExplainService:
                  max_prompt_tokens: int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
                  run_dir: str | Path | None = None) -> None:
         check_computable(model, tokenizer)  # before the first request: weights that cannot compute are named now
-        model = adopt(model)  # a reader's module, read in place
+        model = adopt(model, described=True)  # a reader's module read in place; chapter 4's variants as they are
         cfg = model.cfg
         limit = cfg.context_length if max_prompt_tokens is None else max_prompt_tokens
         if not 1 <= limit <= cfg.context_length:
@@ -123,7 +123,8 @@ class ExplainService:
         self.about = dataclasses.replace(about, name=public_name(about.name))
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.is_classifier = cfg.num_classes is not None
-        self.family = cfg.family if is_family_model(model) else None
+        # a model whose positions enter inside its attention (RoPE) has the rotary trace, and its options alone
+        self.family = cfg.family if describe(model).positions.kind != "learned" else None
         self.max_body_bytes = max_body_bytes
 
     def info(self) -> dict[str, Any]:
@@ -287,8 +288,10 @@ def _params(model) -> dict[str, Any]:
     """The parameter counts, each tensor once (a tied head is tok_emb's), and with the head counted twice."""
     unique = {id(p): p.numel() for p in model.parameters()}
     total = sum(unique.values())
-    return {"total": total, "total_untied": total + (model.tok_emb.weight.numel() if model.tied else 0),
-            "tied": model.tied}
+    anatomy = describe(model)  # the tie as the description tells it: by storage
+    tied = anatomy.head.tied
+    embedding = model.get_submodule(anatomy.embedding.path).weight
+    return {"total": total, "total_untied": total + (embedding.numel() if tied else 0), "tied": tied}
 
 
 def _rounded(layers: list) -> list:

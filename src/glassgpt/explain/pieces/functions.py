@@ -327,6 +327,7 @@ def check_loss(fn: Callable, kind: str) -> PieceResult:
         mistake = next((m for m, fn_ in variants.items() if abs(float(fn_()) - got) <= 1e-5 * abs(got)), None)
         result.where = "the loss"
         what = f"the loss is {got:.6f}, glassgpt's {want:.6f}"
+        result.lines.append(f"loss {got:.6f}, glassgpt's {want:.6f}")
         used = batches if loader else batches[:1]
         broken = loss_positions(model, used, got, chapter) or loss_count(model, used, got, chapter, loader) or \
             (loss_pairing(model, used, got) if chapter == 5 else None)

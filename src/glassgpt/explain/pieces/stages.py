@@ -49,8 +49,10 @@ def _first_position(got: torch.Tensor, want: torch.Tensor, rel: float = 1e-5) ->
 
 
 def _named(c: float, d: int) -> str:
-    for value, words in ((1.0, "1"), (math.sqrt(d), f"sqrt(emb_dim) = {math.sqrt(d):.4g}"), (float(d), f"emb_dim = {d}"),
-                         (1 / math.sqrt(d), f"1/sqrt(emb_dim) = {1 / math.sqrt(d):.4g}"), (0.0, "0")):
+    """A fitted factor in the model's terms where it is one of them (sqrt(emb_dim), emb_dim, ...)."""
+    names = ((1.0, "1"), (math.sqrt(d), f"sqrt(emb_dim) = {math.sqrt(d):.4g}"), (float(d), f"emb_dim = {d}"),
+             (1 / math.sqrt(d), f"1/sqrt(emb_dim) = {1 / math.sqrt(d):.4g}"), (0.0, "0"))
+    for value, words in names:
         if abs(c - value) <= 1e-4 * max(abs(value), 1e-3):
             return words
     return f"{c:.4g}"

@@ -1,7 +1,7 @@
 """The views of explain's results, and the one place each result type gets them: its text, picture and HTML.
 
-    text.py       a Trace in the terminal; a rotary FamilyTrace and what changed from GPT-2 too
-    diagram.py    a Trace's picture, and a FamilyTrace's; attention heatmaps
+    text.py       a Trace in the terminal (GPT-2's flow, or the rotary one); what changed from GPT-2 too
+    diagram.py    a Trace's picture (GPT-2's, or the rotary flow's); attention heatmaps
     why.py        a Why and a FamilyWhy: text, picture, HTML  passage.py  a Passage: text and picture
     compare.py    a Comparison: text and picture         diff.py     a WeightDiff: text and picture
     gallery.py    a Gallery of architecture cards: text, picture, HTML; what changed from GPT-2 (text, HTML)
@@ -20,26 +20,25 @@ from ..gallery import Gallery
 from ..passage import Passage
 from ..pieces import PieceResult, SlidingWindows
 from ..result import register
-from ..trace import FamilyTrace, GPT2Changes, Trace
+from ..trace import GPT2Changes, Trace
 from ..verify import CheckResult
 from ..why import Why
 from ..why import FamilyWhy
 from .compare import comparison_layout, comparison_text
-from .diagram import family_layout, layout as trace_layout
+from .diagram import trace_picture
 from .diff import diff_layout, diff_text
 from .gallery import changes_html, changes_text, gallery_html, gallery_layout, gallery_text
 from .notebook import family_html, check_html, check_layout, layers_html, layers_layout, comparison_html, diff_html, passage_html, trace_html
 from .passage import passage_layout, passage_text
 from .pieces import piece_html, piece_layout, windows_html, windows_layout, windows_text
-from .text import render_changes_text, render_family_text, render_text
+from .text import render_changes_text, render_text
 from .why import family_why_html, render_family_why_text, why_html, why_layout, why_text
 
-register(Trace, text=render_text, picture=trace_layout, html=trace_html)
+register(Trace, text=render_text, picture=trace_picture, html=trace_html)
 register(Why, text=why_text, picture=why_layout, html=why_html)
 register(Passage, text=passage_text, picture=passage_layout, html=passage_html)
 register(Comparison, text=comparison_text, picture=comparison_layout, html=comparison_html)
 register(WeightDiff, text=diff_text, picture=diff_layout, html=diff_html)
-register(FamilyTrace, text=render_family_text, picture=family_layout, html=family_html)
 register(GPT2Changes, text=render_changes_text, html=family_html)
 register(FamilyWhy, text=render_family_why_text, picture=why_layout, html=family_why_html)
 register(CheckResult, picture=check_layout, html=check_html)  # its text is CheckResult.to_text, in verify.py

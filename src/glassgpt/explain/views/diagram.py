@@ -20,7 +20,7 @@ from ...errors import GlassError
 from . import draw
 from .draw import (BLUE, BLUE_BG, GRAY, GRAY_BG, GREEN, INK, MUTED, ORANGE, ORANGE_BG, PURPLE, RED, Drawing, Line, Rect,
                    Text, drawable, fit, wrap)
-from ..trace import FAMILY_NAMES, FamilyTrace, Stage, Trace
+from ..trace import FAMILY_NAMES, Stage, Trace
 from ..notation import TRAINED_STATES, clip, shape as _shape, sizes, token, trained_line
 
 # The geometry, named once: every part places itself relative to these.
@@ -66,6 +66,11 @@ class Pen:
         centre = self.y + h / 2
         self.y += h
         return centre
+
+
+def trace_picture(tr: Trace, **options) -> Drawing:
+    """A Trace's picture: GPT-2's figure (`layout`), or for positions inside the attention the rotary flow's."""
+    return family_layout(tr, **options) if tr.rotary else layout(tr)
 
 
 def layout(tr: Trace) -> Drawing:
@@ -409,7 +414,7 @@ def _tie(d: Drawing, tr: Trace, emb_y: float, head_y: float) -> None:
 
 # --- attention heatmaps ------------------------------------------------------------------------
 
-def save_attention_png(tr: Trace | FamilyTrace, layer: int, path: str) -> tuple[int, int]:
+def save_attention_png(tr: Trace, layer: int, path: str) -> tuple[int, int]:
     """A grid of heatmaps, one per head, of layer `layer`'s attention weights, saved as PNG: (width, height)."""
     fig = attention_figure(tr, layer)
     fig.savefig(path)
@@ -417,11 +422,10 @@ def save_attention_png(tr: Trace | FamilyTrace, layer: int, path: str) -> tuple[
     return width, height
 
 
-def attention_figure(tr: Trace | FamilyTrace, layer: int):
+def attention_figure(tr: Trace, layer: int):
     """The matplotlib Figure of `save_attention_png`: one heatmap per head, one colour bar for all (a Qwen3/Llama
     model's query heads each titled with the key/value group it reads)."""
-    family = isinstance(tr, FamilyTrace)
-    att = tr.attention_weights if family else tr.attention
+    att = tr.attention_weights
     if att is None:
         raise GlassError("this trace has no attention weights: trace it with attention=True (--attention)")
     n_layers = len(att["layers"])
@@ -436,7 +440,7 @@ def attention_figure(tr: Trace | FamilyTrace, layer: int):
     labels = [clip(repr(drawable(t))[1:-1], 10) for t in att["tokens"]]
     cols = min(4, len(heads))
     rows = -(-len(heads) // cols)
-    random_note = tr.about.get("random_weights", False) if family else tr.model["random_weights"]
+    random_note = tr.model["random_weights"]
     fig = Figure(figsize=(3.2 * cols + 1.0, 3.0 * rows + (0.9 if random_note else 0.6)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     title = f"trf_blocks.{layer} attention weights [heads, t, t]: row = query token, column = key token"
@@ -462,7 +466,7 @@ def attention_figure(tr: Trace | FamilyTrace, layer: int):
 TRANSITION = "#b45309"  # the two stages where the width changes (V -> d, d -> V), as the GPT-2 picture marks them
 
 
-def family_layout(tr: FamilyTrace, width: float = 980, **_options) -> Drawing:
+def family_layout(tr: Trace, width: float = 980, **_options) -> Drawing:
     """The flow top to bottom, one box per stage with its shape, and the key/value groups beside the attention."""
     cfg, att = tr.config, tr.attention
     d = Drawing()
@@ -470,10 +474,10 @@ def family_layout(tr: FamilyTrace, width: float = 980, **_options) -> Drawing:
                        f"V {cfg['vocab_size']:,}", size=16, bold=True, color=INK))
     x, y, w, h = 20.0, 50.0, 560.0, 40.0
     for i, s in enumerate(tr.stages):
-        changes_width = s["name"] in ("tok_emb", "out_head")
-        d.add(Rect(x, y, w, h, fill="white", stroke=TRANSITION if changes_width else GRAY, key=f"stage:{s['name']}"))
-        d.add(Text(x + 10, y + 17, f"{s['name']}  {sizes(s['shape'])}", size=13, bold=True, mono=True))
-        d.add(Text(x + 10, y + 33, draw.fit(s["note"], w - 20, 11), size=11, color=MUTED))
+        changes_width = s.name in ("tok_emb", "out_head")
+        d.add(Rect(x, y, w, h, fill="white", stroke=TRANSITION if changes_width else GRAY, key=f"stage:{s.name}"))
+        d.add(Text(x + 10, y + 17, f"{s.name}  {sizes(s.shape)}", size=13, bold=True, mono=True))
+        d.add(Text(x + 10, y + 33, draw.fit(s.note, w - 20, 11), size=11, color=MUTED))
         if i:
             d.add(Line([(x + w / 2, y - 14), (x + w / 2, y)]))
         y += h + 14

@@ -20,7 +20,7 @@ from ..compare import Comparison
 from ..diff import WeightDiff
 from .draw import GRAY, GREEN, INK, MUTED, RED, Drawing, Rect, Text
 from ..passage import Passage
-from ..trace import FamilyTrace, GPT2Changes, Trace, trace
+from ..trace import GPT2Changes, Trace, trace
 from ..debugger import LayerReport
 from ..verify import CheckResult
 from .compare import comparison_layout, comparison_text
@@ -45,6 +45,8 @@ def figure_html(picture: Drawing | str, lines: list[str]) -> str:
 
 
 def trace_html(tr: Trace) -> str:
+    if tr.rotary:
+        return family_html(tr)
     nt = tr.next_token
     top = " · ".join(f"{t['text']!r} {t['prob']:.3f}" for t in nt.get("top", [])[:5])
     lines = list(tr.notes) + [
@@ -109,7 +111,7 @@ def layers_html(report: LayerReport) -> str:
     return figure_html(layers_layout(report), report.to_text().splitlines())
 
 
-def family_html(result: FamilyTrace | GPT2Changes) -> str:
-    """A notebook cell: the picture (a FamilyTrace's), then the text view as it reads in the terminal."""
-    svg = draw.to_svg(result.picture()) if isinstance(result, FamilyTrace) else ""
+def family_html(result: Trace | GPT2Changes) -> str:
+    """A notebook cell: the picture (a rotary Trace's), then the text view as it reads in the terminal."""
+    svg = draw.to_svg(result.picture()) if isinstance(result, Trace) else ""
     return f"{svg}<pre>{escape(result.to_text())}</pre>"

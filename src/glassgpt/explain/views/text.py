@@ -6,8 +6,8 @@ are (head.py); the section at the end answers the four questions a reader of the
 with the numbers of the live model. With an attention layer chosen, a table shows, per head,
 where each token looks most.
 
-A model whose positions are rotated inside the attention (RoPE: Qwen3, Llama 3.2) gets the rotary trace
-(trace.py's FamilyTrace), written at the end: its stages, the four answers, RoPE and the key/value groups,
+A Trace of a model whose positions are rotated inside the attention (RoPE: Qwen3, Llama 3.2) holds the
+rotary flow, written at the end: its stages, the four answers, RoPE and the key/value groups,
 then the same panels (the head's dot products, the attention table, the logit lens); and what changed from
 GPT-2 (`explain --compare gpt2`).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ...formats.book import layout_note
 from ...config import GPTConfig
-from ..trace import FAMILY_NAMES, FamilyTrace, GPT2Changes, Stage, Trace
+from ..trace import FAMILY_NAMES, GPT2Changes, Stage, Trace
 from ..notation import clip, numel, rank, shape as _shape, sizes, token
 
 RESET, BOLD, DIM = "\033[0m", "\033[1m", "\033[2m"
@@ -30,6 +30,8 @@ def painter(color: bool):
 
 def render_text(tr: Trace, color: bool = False, attention_layer: int | None = None,
                 heatmap: str | None = None) -> str:
+    if tr.rotary:  # positions inside the attention: the rotary flow, its four answers, RoPE and the groups
+        return render_family_text(tr, attention_layer=attention_layer, heatmap=heatmap)
     c = painter(color)
     lines: list[str] = []
     _header(tr, lines, c)
@@ -299,7 +301,7 @@ def _answers(tr: Trace, lines: list[str], c) -> None:
 
 # --- a model whose positions are rotated inside the attention (RoPE: Qwen3, Llama 3.2) ---------------
 
-def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heatmap: str | None = None,
+def render_family_text(tr: Trace, attention_layer: int | None = None, heatmap: str | None = None,
                        **_options) -> str:
     """The flow, the four answers, RoPE and the groups, the next tokens; then, as GPT-2's text view has them,
     the head's dot products, `attention_layer`'s heads (if the trace has the weights) and the logit lens."""
@@ -314,14 +316,14 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
         lines.append("RANDOM WEIGHTS: the shapes below are real; the probabilities and tokens are not.")
     lines += [f"  {note}" for note in about.get("notes", [])]
     if tr.block:
-        lines.append(f"the shapes below are read in trf_blocks.{tr.block} (--block {tr.block}); every block's are the same")
-    lines += ["tokens: " + " ".join(repr(t) for t in tr.tokens), ""]
+        lines.append(_opened_line(tr.block, att))
+    lines += ["tokens: " + " ".join(repr(t["text"]) for t in tr.tokens), ""]
     for s in tr.stages:
-        lines.append(f"  {s['name']:<18} {sizes(s['shape']):<24} {s['module']:<34} {s['note']}")
+        lines.append(f"  {s.name:<18} {sizes(s.shape):<24} {s.module:<34} {s.note}")
     lines += ["", "the four questions"]
-    lines.append(f"  1. Where does {V:,} become {d:,}?  At tok_emb: ids -> {sizes(tr.stages[1]['shape'])}, a lookup "
+    lines.append(f"  1. Where does {V:,} become {d:,}?  At tok_emb: ids -> {sizes(tr.stages[1].shape)}, a lookup "
                  f"in the {sizes(a['vocab_to_hidden']['weight_shape'])} weight. Every block then stays {d:,} wide.")
-    lines.append(f"  2. Where does {d:,} become {V:,}?  At out_head: -> logits {sizes(tr.stages[-1]['shape'])}, "
+    lines.append(f"  2. Where does {d:,} become {V:,}?  At out_head: -> logits {sizes(tr.stages[-1].shape)}, "
                  f"x @ W.T with W {sizes(a['hidden_to_vocab']['weight_shape'])}.")
     e = a["one_hot"]
     if e is None:
@@ -344,6 +346,8 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
     lines.append(f"  queries {sizes(att['q_shape'])}, keys and values {sizes(att['kv_shape'])}: {h} query heads "
                  f"share {g} key/value heads, {att['group_size']} each (repeat_interleave):")
     lines.append("  " + "  ".join(f"kv{j}: q{grp[0]}..q{grp[-1]}" for j, grp in enumerate(att["groups"])))
+    if tr.experts:
+        experts_lines(tr.experts, lines)
     if tr.next_tokens:
         lines += ["", "next token" + (f" (softmax(last_logits / {tr.temperature:g}))" if tr.temperature != 1 else "")]
         lines += [f"  {t['text']!r:<16} {t['prob']:.4f}" for t in tr.next_tokens]
@@ -352,22 +356,52 @@ def render_family_text(tr: FamilyTrace, attention_layer: int | None = None, heat
         head_lines(tr.head, a["hidden_to_vocab"]["weight_shape"], V, lines, c)
     if attention_layer is not None and tr.attention_weights:
         attention_lines(tr.attention_weights, attention_layer, heatmap, lines, c,
-                        "kvN: the key/value group the query head reads (repeat_interleave); its queries and keys "
-                        "were RoPE-rotated (and QK-normed in Qwen3) before the softmax")
+                        "kvN: the key/value group the query head reads (repeat_interleave); " + _rotated_note(att))
     if tr.logit_lens:
-        lens_lines(tr.logit_lens, tr.tokens, lines, c)
+        lens_lines(tr.logit_lens, [t["text"] for t in tr.tokens], lines, c)
     return "\n".join(lines)
 
 
-def position_lines(tr: FamilyTrace, lines: list[str]) -> None:
+def _opened_line(block: int, att: dict) -> str:
+    """The block `--block` opened: every block alike, or this one's own kind (sliding or full, with or without RoPE;
+    a linear block's table shows the first block with keys and values)."""
+    said = f"the shapes below are read in trf_blocks.{block} (--block {block})"
+    if att.get("blocks_alike", True):
+        return said + "; every block's are the same"
+    opened = att["opened"]
+    if opened["kind"] == "linear":
+        return (said + f", a linear-attention block (no keys or values: the rows of keys and values are "
+                f"trf_blocks.{opened['keyed_block']}'s); the blocks are not all alike")
+    kind = (f"a sliding-window attention ({opened['window']:,} positions)" if opened["kind"] == "sliding"
+            else "a full attention") + (", with RoPE" if opened["rope"] else ", without RoPE")
+    return said + f", {kind}; the blocks are not all alike"
+
+
+def _rotated_note(att: dict) -> str:
+    """What was done to the queries and keys before the softmax, from the description: QK-norm where the model has
+    it, RoPE in the layers it turns (Tiny Aya's full layers: none)."""
+    normed = "QK-normed, then " if att["qk_norm"] else ""
+    bare = att.get("unrotated_layers")
+    return (f"its queries and keys were {normed}RoPE-rotated before the softmax"
+            + (f" (not in layer{'s' if len(bare) > 1 else ''} {', '.join(map(str, bare))}, which RoPE does not turn)"
+               if bare else ""))
+
+
+def experts_lines(ex: dict, lines: list[str]) -> None:
+    """A mixture's routing in the opened block: each token's top-k experts and their weights."""
+    lines += ["", f"the experts ({ex['module']}: each token's top {ex['per_token']} of {ex['n_experts']}, "
+                  "weighted by the softmax of their router scores)"]
+    lines += [f"  {t['text']!r:<16} " + " + ".join(f"{w:.3f} * expert {e}" for e, w in zip(t["experts"], t["weights"]))
+              for t in ex["tokens"]]
+
+
+def position_lines(tr: Trace, lines: list[str]) -> None:
     """Where positions enter a rotary model: no pos_emb, RoPE's base and reach, the sliding layers, QK-norm."""
     att = tr.attention
     lines += ["", "where positions enter"]
     scaled = _scaling_words(att)
     layers, dims, hd = att.get("rope_layers"), att.get("rope_dims"), att["q_shape"][-1]
-    inside = "every attention" if layers is None or len(layers) == tr.config["n_layers"] else (
-        f"the full attentions (layers {', '.join(map(str, layers))}; the linear ones have no position signal: their "
-        "convolution and state see the order itself)")
+    inside = "every attention" if layers is None or len(layers) == tr.config["n_layers"] else _rotated_layers(att)
     pairs = "each pair of dimensions (i, i + hd/2)" if not dims or dims == hd else (
         f"each pair (i, i + {dims // 2}) of the first {dims} of {hd} dimensions (the other {hd - dims} unturned)")
     lines.append(f"  No pos_emb: tok_emb's output is the same for a token wherever it stands. Inside {inside} "
@@ -377,11 +411,35 @@ def position_lines(tr: FamilyTrace, lines: list[str]) -> None:
         lines.append(f"  Sliding layers {att['sliding_layers']}: each query sees only the last {att['window']:,} "
                      f"positions, and RoPE turns them with base {att['rope_local_base']:,.0f}; the other layers see "
                      "every earlier position.")
-    if att["qk_norm"]:
+    if att["qk_norm"] and att.get("qk_norm_per_head", True):
         lines.append("  QK-norm: each query and key head is RMS-normed before the rotation.")
+    elif att["qk_norm"]:  # OLMo 3: one norm over all heads of a token
+        q_dim, k_dim = att["qk_norm_dims"]
+        lines.append(f"  QK-norm: the whole query projection ({q_dim:,} wide) and the whole key projection "
+                     f"({k_dim:,} wide) are each RMS-normed at once, across all heads, before the split into heads "
+                     "and the rotation.")
     if att.get("kv_shared_from"):  # Gemma 4's last layers
         lines.append("  KV-shared layers: " + ", ".join(f"{i} reads {j}'s" for i, j in att["kv_shared_from"].items())
                      + " keys and values (they compute none and keep no cache of their own).")
+
+
+def _rotated_layers(att: dict) -> str:
+    """The layers RoPE turns and what the others see, from the description: Qwen3.5's full attentions (its linear
+    ones see the order through their state), Tiny Aya's sliding ones (its full ones have no position signal)."""
+    listed = lambda layers: ", ".join(map(str, layers))  # noqa: E731
+    kind = {"sliding": "the sliding attentions", "full": "the full attentions"}.get(att.get("rope_layer_kind"),
+                                                                                     "the attentions")
+    others = []
+    if att.get("linear_layers"):
+        others.append("the linear ones have no position signal: their convolution and state see the order itself")
+    if att.get("unrotated_layers"):
+        bare = att["unrotated_layers"]
+        named = f"layer{'s' if len(bare) > 1 else ''} {listed(bare)}"
+        which = f"the full ones, {named}," if att.get("rope_layer_kind") == "sliding" else named
+        verb = "have" if len(bare) > 1 or which.startswith("the") else "has"
+        others.append(f"{which} {verb} no position signal: no RoPE turns their queries and keys, and only the "
+                      "causal mask orders what they see")
+    return f"{kind} (layers {listed(att['rope_layers'])}" + ("; " + "; ".join(others) if others else "") + ")"
 
 
 def _scaling_words(att: dict) -> str:

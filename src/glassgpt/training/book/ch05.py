@@ -221,7 +221,7 @@ def loader_losses(model: nn.Module, task: BookTask, seed: int, dtype: str = "flo
     """calc_loss_loader over every batch of the training and of the validation loader, after
     `torch.manual_seed(seed)` as the notebook seeds them: {"train": ..., "val": ...}. `model`: any
     model adopt.py reads, checked once on the first training window."""
-    model = adopt(model, task.train[:1, :-1])
+    model = adopt(model, task.train[:1, :-1], described=True)  # its own forward gives the logits
     torch.manual_seed(seed)
     train = task._loader(task.train, shuffle=True, limit=None)
     val = task._loader(task.val, shuffle=False, limit=None)

@@ -418,5 +418,5 @@ def evaluate_text(model: nn.Module, ids, context_length: int, batch_size: int = 
     `model` is any model adopt.py reads (glassgpt's, the book's GPTModel, nanoGPT's, transformers'),
     checked once on the first window."""
     task = TextTask(ids, ids, context_length, batch_size, seed=0, eval_batches=eval_batches)
-    model = adopt(model, [int(i) for i in ids[:context_length]])
+    model = adopt(model, [int(i) for i in ids[:context_length]], described=True)  # its own forward gives the logits
     return evaluate_loss(model, task, dtype), len(task.eval_offsets())
