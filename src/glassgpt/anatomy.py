@@ -383,7 +383,8 @@ def own_description(module: object) -> Anatomy | None:
     for cls in type(module).__mro__:
         file = sys.modules.get(cls.__module__)
         describe = getattr(file, "describe", None)
-        if cls.__module__.startswith(package + ".") and callable(describe):
+        if (cls.__module__.startswith(package + ".") and callable(describe)
+                and getattr(describe, "__module__", None) == cls.__module__):  # the file's own, not one it imports
             try:
                 anatomy = describe(cfg)
             except (AttributeError, TypeError, ValueError):  # a cfg of another kind: not this file's model
