@@ -14,7 +14,11 @@ logits the properties a cache keeps are read off the reader's own tensors:
                not offset by the cache's length);
   the counter  a position counter (current_pos, ptr_current_pos) reads j + 1 after step j, 0 after
                reset_kv_cache();
+  the state    in a model with linear attentions (Qwen3.5's Gated DeltaNet, as its description says), keys,
+               mask and counter right: their state and the convolution's last inputs not carried from step to step;
   positions    otherwise the new token is embedded or turned at another position than its own.
+
+A model's blocks are trf_blocks or blocks (the Gemma and OLMo notebooks' name); its cfg a dict or a dataclass.
 
 The book's two cache APIs are known: chapter 4's gpt_with_kv_cache (forward(idx, use_cache=True),
 reset_kv_cache()) and llms_from_scratch.kv_cache's (forward(idx, cache=KVCache(n_layers)), with
@@ -172,7 +176,15 @@ def _n_layers(model: nn.Module) -> int:
     cfg = getattr(model, "cfg", None)
     if isinstance(cfg, dict) and "n_layers" in cfg:
         return int(cfg["n_layers"])
-    return len(model.trf_blocks)
+    if isinstance(getattr(cfg, "n_layers", None), int):  # a config dataclass (a port over a glass model)
+        return cfg.n_layers
+    return len(blocks_of(model))
+
+
+def blocks_of(model: nn.Module) -> nn.ModuleList | None:
+    """The model's blocks: trf_blocks (GPT-2, Qwen3, Llama, Tiny Aya, Qwen3.5) or blocks (the Gemma and OLMo
+    notebooks' name); None for neither."""
+    return getattr(model, "trf_blocks", None) if hasattr(model, "trf_blocks") else getattr(model, "blocks", None)
 
 
 def _call(model: nn.Module, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
@@ -211,11 +223,20 @@ def _first_window(model: nn.Module) -> int | None:
         return None
 
 
+def _linear_layers(model: nn.Module) -> list[str]:
+    """The paths of the model's linear attentions (Qwen3.5's Gated DeltaNet), which keep a recurrent state and
+    the convolution's last inputs in place of keys and values, as its description says; [] for none."""
+    try:
+        return [b.attention.path for b in describe(model).blocks if getattr(b.attention, "state", None) is not None]
+    except GlassError:
+        return []
+
+
 def _cached_run(model: nn.Module, ids: torch.Tensor) -> list[dict[str, Any]]:
     """Each step: the logits of the one token fed, the first attention's weights, the counters after it."""
     _reset(model)
     cache = KVCache(_n_layers(model)) if "cache" in _forward_params(model) else None
-    window, steps = _first_window(model), []
+    window, linear, steps = _first_window(model), _linear_layers(model), []
     for j in range(ids.shape[1]):
         mode = _Softmaxes()
         try:
@@ -228,7 +249,7 @@ def _cached_run(model: nn.Module, ids: torch.Tensor) -> list[dict[str, Any]]:
             return steps
         weights = mode.used[0] if mode.used else (mode.seen[0][1] if mode.seen else None)
         steps.append({"logits": logits[0, -1].double(), "weights": weights, "counters": _counters(model),
-                      "window": window})
+                      "window": window, "linear": linear})
     return steps
 
 
@@ -352,6 +373,13 @@ def _why(run: list[dict], j: int, r: int) -> Broken:
         return Broken("position_counter", "cache", where, f"after {where} the position counter {k} is {v}, not "
                       f"{j + 1} (the tokens fed so far): advance it by the tokens of each call, "
                       f"current_pos += num_tokens, and start the next call's positions there")
+    if step.get("linear"):  # keys, mask and counter right: what a linear layer carries, or the position
+        layers = ", ".join(step["linear"])
+        return Broken("linear_state", "cache", where, f"at {where} the full layers' cache holds the right {j + 1} "
+                      f"keys, the mask hides none of them and the counter is right, yet the logits differ: the "
+                      f"linear attentions ({layers}) must carry their state and the convolution's last inputs from "
+                      f"step to step (each step reads what the one before wrote, none after reset_kv_cache()); "
+                      f"else the new token is turned at another position than {j} (apply_rope's offset)")
     return Broken("position", "cache", where, f"at {where} the cache holds the right {j + 1} keys and the mask "
                   f"hides none of them, yet the logits differ: the new token is embedded or turned at another "
                   f"position than {j} (pass start_pos to the position embedding or to apply_rope's offset)")

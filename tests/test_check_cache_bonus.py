@@ -1,0 +1,130 @@
+"""The bonus models' KV caches, written as the notebooks' '-plus-kvcache' twins write them, checked against no
+cache (issue 49 point 3).
+
+The notebooks (ch05/11_qwen3 MoE, 12_gemma3, 13_olmo3, 15_tiny-aya, 16_qwen3.5, 17_gemma4) give each model
+forward(input_ids, cache=None) over a KVCache of one slot a layer (get / update), a position counter
+current_pos, and reset_kv_cache(). A reader's port here is glassgpt's glass model (families/) driven through
+that API: `Port` hands the glass forward a view of the book's cache (BookCache, below), so each slot holds a
+tuple the way the notebook's does: (keys, values) of an attention layer, the last `window` of them in a
+sliding one; (convolution inputs, state) of Qwen3.5's linear layer. glassgpt.check must find the port's cache
+changes nothing, and name one planted mistake per model at its step with the property it breaks.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import glassgpt
+from glassgpt import kinds
+from glassgpt.explain.debugger import tiny_config
+
+
+class Slot:
+    """Layer i's slot of the notebook's KVCache, as the glass layer calls its cache."""
+
+    def __init__(self, book, cache, i: int, window: int | None):
+        self.book, self.cache, self.i, self.window = book, cache, i, window
+
+    def update(self, keys, values):  # an attention layer: the cached keys and values, then the new ones
+        before = self.cache.get(self.i)
+        if before is not None:
+            keys, values = torch.cat([before[0], keys], dim=2), torch.cat([before[1], values], dim=2)
+        kept = keys.shape[2] if self.window is None else self.book.keep(self.window)
+        self.cache.update(self.i, (keys[:, :, -kept:], values[:, :, -kept:]))  # a sliding layer: its window
+        return keys, values
+
+    def read(self):  # a linear layer (Qwen3.5): the convolution's last inputs and the state
+        return self.cache.get(self.i) or (None, None)
+
+    def write(self, conv, state):
+        self.cache.update(self.i, self.book.carry(conv, state))
+
+
+class BookCache:
+    """The notebook's KVCache and its model's current_pos, read the way the glass forward reads a cache."""
+
+    def __init__(self, model, cache):
+        self.model, self.cache = model, cache
+        self.windows = getattr(model.cfg, "windows", None) or (None,) * model.cfg.n_layers
+
+    @property
+    def pos(self):
+        return self.model.current_pos
+
+    def layer(self, i):
+        return Slot(self.model, self.cache, i, self.windows[i])
+
+    def advance(self, t):
+        self.model.advance(t)
+
+
+def port_of(key: str, **mistakes):
+    """A reader's cached port of glass model `key` (a tiny random one), with `mistakes` as methods."""
+    base = kinds.glass_class(tiny_config(key))
+
+    def forward(self, in_idx, cache=None):
+        return base.forward(self, in_idx, None if cache is None else BookCache(self, cache))
+
+    def reset_kv_cache(self):
+        self.current_pos = 0
+
+    def advance(self, t):  # after every layer has run: the notebook's self.current_pos = pos_end
+        self.current_pos += t
+
+    methods = {"forward": forward, "reset_kv_cache": reset_kv_cache, "advance": advance,
+               "keep": lambda self, window: window, "carry": lambda self, conv, state: (conv, state)}
+    cls = type(f"My{base.__name__}", (base,), methods | mistakes)
+    torch.manual_seed(0)
+    model = cls(tiny_config(key)).eval()
+    model.current_pos = 0
+    return model
+
+
+MODELS = ["gemma3", "qwen3_moe", "qwen3_5", "olmo3", "tiny_aya", "gemma4"]
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_each_bonus_models_cached_port_equals_no_cache(key):
+    result = glassgpt.check(port_of(key))
+    assert result.kind == "KV cache" and result.ok, result.to_text()
+    assert result.finding.startswith("your cache changes nothing: each of the 8 steps fed alone")
+
+
+@pytest.mark.parametrize("key", ["gemma3", "olmo3", "tiny_aya", "gemma4"])
+def test_a_sliding_cache_trimmed_one_too_far_is_named_by_the_keys_its_window_holds(key):
+    # planted: the slot keeps window - 2 positions, so the new token reads window - 1 keys, not window (4)
+    result = glassgpt.check(port_of(key, keep=lambda self, window: window - 2))
+    assert not result.ok and result.prop == "window_trimming", result.to_text()
+    assert result.where == "step 3 of run 1"
+    assert ("the new token (position 3) of the first layer, whose window is 4, reads 3 keys where it should read 4, "
+            "fewer than its window holds: the cache is trimmed too far") in result.finding
+
+
+def test_gemma3_whose_counter_never_advances_is_named_at_step_1():
+    result = glassgpt.check(port_of("gemma3", advance=lambda self, t: None))
+    assert not result.ok and result.prop == "position_counter", result.to_text()
+    assert result.where == "step 1 of run 1"
+    assert "the position counter current_pos is 0, not 2 (the tokens fed so far)" in result.finding
+
+
+@pytest.mark.parametrize("carry, step", [
+    (lambda self, conv, state: (conv, None), r"step \d of run 1"),  # the state dropped: each step starts from zeros
+    (lambda self, conv, state: (None, state), "step 1 of run 1"),   # the convolution's last inputs dropped
+], ids=["state", "conv"])
+def test_qwen3_5_whose_linear_layer_does_not_carry_its_state_is_named_by_it(carry, step):
+    result = glassgpt.check(port_of("qwen3_5", carry=carry))
+    assert not result.ok and result.prop == "linear_state", result.to_text()
+    assert re.fullmatch(step, result.where), result.where  # the state fades fast in a tiny random model: a later step
+    assert ("yet the logits differ: the linear attentions (trf_blocks.0.token_mixer) must carry their state and the "
+            "convolution's last inputs from step to step") in result.finding
+
+
+def test_qwen3_moe_whose_reset_leaves_the_counter_is_named_at_the_second_run():
+    result = glassgpt.check(port_of("qwen3_moe", reset_kv_cache=lambda self: None))
+    assert not result.ok and result.prop == "cache_reset", result.to_text()
+    assert result.where == "step 0 of run 2 (after reset_kv_cache())"
+    assert ("after reset_kv_cache() the position counter current_pos is 8, not 0: reset_kv_cache() must set it back "
+            "to 0") in result.finding
