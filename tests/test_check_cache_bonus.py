@@ -103,8 +103,9 @@ def test_a_sliding_cache_trimmed_one_too_far_is_named_by_the_keys_its_window_hol
             "fewer than its window holds: the cache is trimmed too far") in result.finding
 
 
-def test_gemma3_whose_counter_never_advances_is_named_at_step_1():
-    result = glassgpt.check(port_of("gemma3", advance=lambda self, t: None))
+@pytest.mark.parametrize("key", MODELS)
+def test_a_counter_that_never_advances_is_named_at_step_1(key):
+    result = glassgpt.check(port_of(key, advance=lambda self, t: None))
     assert not result.ok and result.prop == "position_counter", result.to_text()
     assert result.where == "step 1 of run 1"
     assert "the position counter current_pos is 0, not 2 (the tokens fed so far)" in result.finding
