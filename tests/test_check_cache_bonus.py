@@ -129,3 +129,22 @@ def test_qwen3_moe_whose_reset_leaves_the_counter_is_named_at_the_second_run():
     assert result.where == "step 0 of run 2 (after reset_kv_cache())"
     assert ("after reset_kv_cache() the position counter current_pos is 8, not 0: reset_kv_cache() must set it back "
             "to 0") in result.finding
+
+
+class FullTrimmedSlot(Slot):
+    """planted: a full layer's slot trimmed to the sliding layers' window (4), as if every layer were sliding."""
+
+    def __init__(self, book, cache, i, window):
+        super().__init__(book, cache, i, window or book.cfg.sliding_window)
+
+
+@pytest.mark.parametrize("key, blocks", [("gemma3", "blocks"), ("olmo3", "blocks"), ("tiny_aya", "trf_blocks"),
+                                         ("gemma4", "blocks")])
+def test_a_full_layer_trimmed_to_the_window_is_named_by_its_path_not_the_right_first_layer(key, blocks, monkeypatch):
+    monkeypatch.setattr(BookCache, "layer", lambda self, i: FullTrimmedSlot(self.model, self.cache, i,
+                                                                            self.windows[i]))
+    result = glassgpt.check(port_of(key))
+    assert not result.ok and result.prop == "window_trimming", result.to_text()
+    assert result.where == "step 5 of run 1"  # positions 0..4 fit in 4 kept + the new one; at 5, position 0 is gone
+    assert (f"the new token (position 5) reads 5 keys in {blocks}.1.att, a full layer, where it should read 6: its "
+            f"cache is trimmed: a full layer keeps every key (the first layer's cache is right)") in result.finding

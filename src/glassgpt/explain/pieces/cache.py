@@ -223,6 +223,20 @@ def _first_window(model: nn.Module) -> int | None:
         return None
 
 
+def _keys_read(w: torch.Tensor) -> int:
+    """The keys the last query puts weight on in any head: a key the mask hides (weight 0) is not read."""
+    return int((w[..., -1, :] > 0).reshape(-1, w.shape[-1]).any(0).sum())
+
+
+def _attention_layers(model: nn.Module) -> list[tuple[str, int | None]]:
+    """(path, window) of each softmax attention, in order, as the model's description says; [] for none known."""
+    try:
+        return [(b.attention.path, b.attention.window) for b in describe(model).blocks
+                if getattr(b.attention, "state", None) is None]
+    except GlassError:
+        return []
+
+
 def _linear_layers(model: nn.Module) -> list[str]:
     """The paths of the model's linear attentions (Qwen3.5's Gated DeltaNet), which keep a recurrent state and
     the convolution's last inputs in place of keys and values, as its description says; [] for none."""
@@ -236,7 +250,7 @@ def _cached_run(model: nn.Module, ids: torch.Tensor) -> list[dict[str, Any]]:
     """Each step: the logits of the one token fed, the first attention's weights, the counters after it."""
     _reset(model)
     cache = KVCache(_n_layers(model)) if "cache" in _forward_params(model) else None
-    window, linear, steps = _first_window(model), _linear_layers(model), []
+    window, linear, layers, steps = _first_window(model), _linear_layers(model), _attention_layers(model), []
     for j in range(ids.shape[1]):
         mode = _Softmaxes()
         try:
@@ -248,8 +262,11 @@ def _cached_run(model: nn.Module, ids: torch.Tensor) -> list[dict[str, Any]]:
             steps.append({"error": err})
             return steps
         weights = mode.used[0] if mode.used else (mode.seen[0][1] if mode.seen else None)
+        attentions = [out for _, out in mode.seen if out.dim() == 4]  # a router's softmax is [b, t, experts]
+        read = [(path, w, _keys_read(a)) for (path, w), a in zip(layers, attentions)] \
+            if len(attentions) == len(layers) else []  # each attention layer's keys, where they pair one to one
         steps.append({"logits": logits[0, -1].double(), "weights": weights, "counters": _counters(model),
-                      "window": window, "linear": linear})
+                      "window": window, "linear": linear, "layers": read})
     return steps
 
 
@@ -341,8 +358,8 @@ def _why(run: list[dict], j: int, r: int) -> Broken:
                       f"({w.shape[-1] - 1} keys): reset_kv_cache() must empty the cached keys and values and set "
                       f"the position counter back to 0")
     window = step.get("window")
-    if w is not None and window is not None and w.shape[-1] != min(j + 1, window):
-        s, want = w.shape[-1], min(j + 1, window)
+    if w is not None and window is not None and _keys_read(w) != min(j + 1, window):
+        s, want = _keys_read(w), min(j + 1, window)
         words = ("more than its window holds: the cache is not trimmed to the window; keep only the last "
                  f"{window} keys and values after each step" if s > want else
                  f"fewer than its window holds: the cache is trimmed too far; keep the last {window} keys and values "
@@ -367,6 +384,16 @@ def _why(run: list[dict], j: int, r: int) -> Broken:
                               f"cache's length; take rows start_pos .. start_pos + num_tokens of it, "
                               f"mask[start_pos:start_pos + num_tokens, :start_pos + num_tokens]")
             return Broken(broken.prop, "cache", where, f"at {where}: {broken.words}")
+    for path, layer_window, read in step.get("layers", [])[1:]:  # the first layer's keys are judged above
+        want = j + 1 if layer_window is None else min(j + 1, layer_window)
+        if read != want:
+            kind = "full" if layer_window is None else f"sliding (window {layer_window})"
+            words = ("its cache is trimmed: a full layer keeps every key" if layer_window is None and read < want else
+                     "its cache is trimmed too far" if read < want else
+                     "keys are added to its cache twice, or it is not trimmed to its window")
+            return Broken("cache_length" if read > want else "window_trimming", "cache", where,
+                          f"at {where} the new token (position {j}) reads {read} keys in {path}, a {kind} layer, "
+                          f"where it should read {want}: {words} (the first layer's cache is right)")
     wrong = {k: v for k, v in step["counters"].items() if v != j + 1}
     if wrong:
         k, v = next(iter(wrong.items()))
