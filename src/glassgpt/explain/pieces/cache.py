@@ -9,7 +9,9 @@ logits the properties a cache keeps are read off the reader's own tensors:
                twice; fewer: it was trimmed); min(j + 1, W) where the model's description (glassgpt.describe)
                gives its first layer a window of W (sliding-window attention), or a single attention keeps
                one (sliding_window_size, chapter 4's SWA): more, the cache is not trimmed to the window;
-               fewer, it is trimmed too far;
+               fewer, it is trimmed too far; a key counts where the new token puts weight on it (a sliding
+               cache may keep one more, masked); past the first layer, each softmax attention the description
+               names is counted the same way, the first wrong one named by its path;
   the mask     it puts weight on every one of them (a zero on an earlier position: the causal mask is
                not offset by the cache's length);
   the counter  a position counter (current_pos, ptr_current_pos) reads j + 1 after step j, 0 after
