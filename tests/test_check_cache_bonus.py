@@ -33,8 +33,8 @@ class Slot:
         before = self.cache.get(self.i)
         if before is not None:
             keys, values = torch.cat([before[0], keys], dim=2), torch.cat([before[1], values], dim=2)
-        kept = keys.shape[2] if self.window is None else self.book.keep(self.window)
-        self.cache.update(self.i, (keys[:, :, -kept:], values[:, :, -kept:]))  # a sliding layer: its window
+        kept = None if self.window is None else self.book.keep(self.window)  # a sliding layer: its window
+        self.cache.update(self.i, (keys, values) if kept is None else (keys[:, :, -kept:], values[:, :, -kept:]))
         return keys, values
 
     def read(self):  # a linear layer (Qwen3.5): the convolution's last inputs and the state
@@ -152,3 +152,23 @@ def test_a_full_layer_trimmed_to_the_window_is_named_by_its_path_not_the_right_f
     assert result.where == "step 5 of run 1"  # positions 0..4 fit in 4 kept + the new one; at 5, position 0 is gone
     assert (f"the new token (position 5) reads 5 keys in {blocks}.1.att, a full layer, where it should read 6: its "
             f"cache is trimmed: a full layer keeps every key (the first layer's cache is right)") in result.finding
+
+
+def test_a_sliding_cache_never_trimmed_under_a_mask_that_trusts_it_is_named_not_trimmed(monkeypatch):
+    # planted, as a reader might write the notebook: the slot keeps every key, and one new token's mask hides
+    # nothing (it trusts the cache to hold only the window), so past the window the new token reads too far back
+    from glassgpt.families import gemma3
+    whole = gemma3.hidden_positions
+    monkeypatch.setattr(gemma3, "hidden_positions",
+                        lambda t, s, window, device: whole(t, s, None if t == 1 else window, device))
+    result = glassgpt.check(port_of("gemma3", keep=lambda self, window: None))
+    assert not result.ok and result.prop == "window_trimming", result.to_text()
+    assert result.where == "step 4 of run 1"
+    assert ("the new token (position 4) of the first layer, whose window is 4, reads 5 keys where it should read 4, "
+            "more than its window holds: the cache is not trimmed to the window") in result.finding
+
+
+def test_a_sliding_cache_never_trimmed_under_the_windowed_mask_changes_nothing():
+    # the same slot, but the glass mask hides what lies past the window: more memory, the same logits
+    result = glassgpt.check(port_of("gemma3", keep=lambda self, window: None))
+    assert result.ok, result.to_text()
