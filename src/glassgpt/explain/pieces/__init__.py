@@ -30,7 +30,7 @@ from .attention import check_attention
 from .data import check_dataset, check_dataset_class, check_loader_function, check_tokenizer
 from .functions import CHECKS as FUNCTION_CHECKS, check_function
 from .layers import check_block, check_feed_forward, check_gelu, check_layer_norm
-from .cache import check_attention_cache, check_cache, has_attention_cache, has_cache_api
+from .cache import blocks_of, check_attention_cache, check_cache, has_attention_cache, has_cache_api
 from .report import PieceError, PieceResult
 from .data import SlidingWindows, sliding_windows
 from .next_models import FAMILY_KINDS, check_apply_rope, check_gqa, check_moe, check_rms_norm, check_rope_params, check_swiglu
@@ -99,7 +99,7 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
         return _check_callable(piece)
     if isinstance(piece, nn.Module):
         check_computable(piece)  # a NaN, inf or meta tensor is named before anything runs
-    if isinstance(piece, nn.Module) and hasattr(piece, "tok_emb") and hasattr(piece, "trf_blocks") and \
+    if isinstance(piece, nn.Module) and hasattr(piece, "tok_emb") and blocks_of(piece) is not None and \
             has_cache_api(piece):
         return _staged_then_cached(piece, text, ids)  # a model with the book's KV cache: cached against uncached
     if has_attention_cache(piece):

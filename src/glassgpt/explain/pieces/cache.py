@@ -9,12 +9,18 @@ logits the properties a cache keeps are read off the reader's own tensors:
                twice; fewer: it was trimmed); min(j + 1, W) where the model's description (glassgpt.describe)
                gives its first layer a window of W (sliding-window attention), or a single attention keeps
                one (sliding_window_size, chapter 4's SWA): more, the cache is not trimmed to the window;
-               fewer, it is trimmed too far;
+               fewer, it is trimmed too far; a key counts where the new token puts weight on it (a sliding
+               cache may keep one more, masked); past the first layer, each softmax attention the description
+               names is counted the same way, the first wrong one named by its path;
   the mask     it puts weight on every one of them (a zero on an earlier position: the causal mask is
                not offset by the cache's length);
   the counter  a position counter (current_pos, ptr_current_pos) reads j + 1 after step j, 0 after
                reset_kv_cache();
+  the state    in a model with linear attentions (Qwen3.5's Gated DeltaNet, as its description says), keys,
+               mask and counter right: their state and the convolution's last inputs not carried from step to step;
   positions    otherwise the new token is embedded or turned at another position than its own.
+
+A model's blocks are trf_blocks or blocks (the Gemma and OLMo notebooks' name); its cfg a dict or a dataclass.
 
 The book's two cache APIs are known: chapter 4's gpt_with_kv_cache (forward(idx, use_cache=True),
 reset_kv_cache()) and llms_from_scratch.kv_cache's (forward(idx, cache=KVCache(n_layers)), with
@@ -172,7 +178,15 @@ def _n_layers(model: nn.Module) -> int:
     cfg = getattr(model, "cfg", None)
     if isinstance(cfg, dict) and "n_layers" in cfg:
         return int(cfg["n_layers"])
-    return len(model.trf_blocks)
+    if isinstance(getattr(cfg, "n_layers", None), int):  # a config dataclass (a port over a glass model)
+        return cfg.n_layers
+    return len(blocks_of(model))
+
+
+def blocks_of(model: nn.Module) -> nn.ModuleList | None:
+    """The model's blocks: trf_blocks (GPT-2, Qwen3, Llama, Tiny Aya, Qwen3.5) or blocks (the Gemma and OLMo
+    notebooks' name); None for neither."""
+    return getattr(model, "trf_blocks", None) if hasattr(model, "trf_blocks") else getattr(model, "blocks", None)
 
 
 def _call(model: nn.Module, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
@@ -211,11 +225,34 @@ def _first_window(model: nn.Module) -> int | None:
         return None
 
 
+def _keys_read(w: torch.Tensor) -> int:
+    """The keys the last query puts weight on in any head: a key the mask hides (weight 0) is not read."""
+    return int((w[..., -1, :] > 0).reshape(-1, w.shape[-1]).any(0).sum())
+
+
+def _attention_layers(model: nn.Module) -> list[tuple[str, int | None]]:
+    """(path, window) of each softmax attention, in order, as the model's description says; [] for none known."""
+    try:
+        return [(b.attention.path, b.attention.window) for b in describe(model).blocks
+                if getattr(b.attention, "state", None) is None]
+    except GlassError:
+        return []
+
+
+def _linear_layers(model: nn.Module) -> list[str]:
+    """The paths of the model's linear attentions (Qwen3.5's Gated DeltaNet), which keep a recurrent state and
+    the convolution's last inputs in place of keys and values, as its description says; [] for none."""
+    try:
+        return [b.attention.path for b in describe(model).blocks if getattr(b.attention, "state", None) is not None]
+    except GlassError:
+        return []
+
+
 def _cached_run(model: nn.Module, ids: torch.Tensor) -> list[dict[str, Any]]:
     """Each step: the logits of the one token fed, the first attention's weights, the counters after it."""
     _reset(model)
     cache = KVCache(_n_layers(model)) if "cache" in _forward_params(model) else None
-    window, steps = _first_window(model), []
+    window, linear, layers, steps = _first_window(model), _linear_layers(model), _attention_layers(model), []
     for j in range(ids.shape[1]):
         mode = _Softmaxes()
         try:
@@ -227,8 +264,11 @@ def _cached_run(model: nn.Module, ids: torch.Tensor) -> list[dict[str, Any]]:
             steps.append({"error": err})
             return steps
         weights = mode.used[0] if mode.used else (mode.seen[0][1] if mode.seen else None)
+        attentions = [out for _, out in mode.seen if out.dim() == 4]  # a router's softmax is [b, t, experts]
+        read = [(path, w, _keys_read(a)) for (path, w), a in zip(layers, attentions)] \
+            if len(attentions) == len(layers) else []  # each attention layer's keys, where they pair one to one
         steps.append({"logits": logits[0, -1].double(), "weights": weights, "counters": _counters(model),
-                      "window": window})
+                      "window": window, "linear": linear, "layers": read})
     return steps
 
 
@@ -320,8 +360,8 @@ def _why(run: list[dict], j: int, r: int) -> Broken:
                       f"({w.shape[-1] - 1} keys): reset_kv_cache() must empty the cached keys and values and set "
                       f"the position counter back to 0")
     window = step.get("window")
-    if w is not None and window is not None and w.shape[-1] != min(j + 1, window):
-        s, want = w.shape[-1], min(j + 1, window)
+    if w is not None and window is not None and _keys_read(w) != min(j + 1, window):
+        s, want = _keys_read(w), min(j + 1, window)
         words = ("more than its window holds: the cache is not trimmed to the window; keep only the last "
                  f"{window} keys and values after each step" if s > want else
                  f"fewer than its window holds: the cache is trimmed too far; keep the last {window} keys and values "
@@ -346,12 +386,29 @@ def _why(run: list[dict], j: int, r: int) -> Broken:
                               f"cache's length; take rows start_pos .. start_pos + num_tokens of it, "
                               f"mask[start_pos:start_pos + num_tokens, :start_pos + num_tokens]")
             return Broken(broken.prop, "cache", where, f"at {where}: {broken.words}")
+    for path, layer_window, read in step.get("layers", [])[1:]:  # the first layer's keys are judged above
+        want = j + 1 if layer_window is None else min(j + 1, layer_window)
+        if read != want:
+            kind = "full" if layer_window is None else f"sliding (window {layer_window})"
+            words = ("its cache is trimmed: a full layer keeps every key" if layer_window is None and read < want else
+                     "its cache is trimmed too far" if read < want else
+                     "keys are added to its cache twice, or it is not trimmed to its window")
+            return Broken("cache_length" if read > want else "window_trimming", "cache", where,
+                          f"at {where} the new token (position {j}) reads {read} keys in {path}, a {kind} layer, "
+                          f"where it should read {want}: {words} (the first layer's cache is right)")
     wrong = {k: v for k, v in step["counters"].items() if v != j + 1}
     if wrong:
         k, v = next(iter(wrong.items()))
         return Broken("position_counter", "cache", where, f"after {where} the position counter {k} is {v}, not "
                       f"{j + 1} (the tokens fed so far): advance it by the tokens of each call, "
                       f"current_pos += num_tokens, and start the next call's positions there")
+    if step.get("linear"):  # keys, mask and counter right: what a linear layer carries, or the position
+        layers = ", ".join(step["linear"])
+        return Broken("linear_state", "cache", where, f"at {where} the full layers' cache holds the right {j + 1} "
+                      f"keys, the mask hides none of them and the counter is right, yet the logits differ: the "
+                      f"linear attentions ({layers}) must carry their state and the convolution's last inputs from "
+                      f"step to step (each step reads what the one before wrote, none after reset_kv_cache()); "
+                      f"else the new token is turned at another position than {j} (apply_rope's offset)")
     return Broken("position", "cache", where, f"at {where} the cache holds the right {j + 1} keys and the mask "
                   f"hides none of them, yet the logits differ: the new token is embedded or turned at another "
                   f"position than {j} (pass start_pos to the position embedding or to apply_rope's offset)")
