@@ -30,6 +30,7 @@ from glassgpt.formats import random_model
 
 import llms_from_scratch.ch02 as _book_ch02
 import llms_from_scratch.ch03 as _book_ch03
+import llms_from_scratch.qwen3 as _book_qwen
 from glassgpt.families import FamilyConfig, RopeFreq
 from glassgpt.formats.families import config_to_hf
 from glassgpt.tokenizer import CharTokenizer
@@ -348,3 +349,12 @@ def tiny_described(name: str, seed: int = 0) -> torch.nn.Module:
             else:
                 p.copy_(noise * 0.3)
     return model.eval()
+
+
+class RMSNormCentred(_book_qwen.RMSNorm):
+    """The book's Qwen3 RMSNorm with a LayerNorm's centring planted: checked alone (test_check_findings) and as a
+    whole model's final_norm (test_check_unlisted)."""
+
+    def forward(self, x):
+        x = x - x.mean(-1, keepdim=True)  # planted: a LayerNorm's centring
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale

@@ -24,6 +24,7 @@ import llms_from_scratch.qwen3 as book_qwen
 from glassgpt.explain.pieces import LLAMA3_TINY, QWEN3_MOE_TINY, QWEN3_TINY, PieceError
 from glassgpt.explain.pieces.data import BOOK_TEXT
 from glassgpt.tokenizer import get_tokenizer
+from helpers import RMSNormCentred
 from llms_from_scratch import ch02, ch03, ch04, ch05, ch07
 
 CH03 = {"d_in": 3, "d_out": 2, "context_length": 6, "dropout": 0.0, "num_heads": 2}
@@ -372,12 +373,6 @@ class GQAScaleDOut(book_llama.GroupedQueryAttention):
 class RMSNormEpsOutside(book_qwen.RMSNorm):
     def forward(self, x):
         return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.scale  # planted
-
-
-class RMSNormCentred(book_qwen.RMSNorm):
-    def forward(self, x):
-        x = x - x.mean(-1, keepdim=True)  # planted: a LayerNorm's centring
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale
 
 
 class SwiGLUSwapped(book_qwen.FeedForward):

@@ -24,6 +24,7 @@ from glassgpt.explain.pieces import LLAMA3_TINY, QWEN3_TINY
 from glassgpt.explain.pieces.data import BOOK_TEXT, SPLIT
 from glassgpt.tokenizer import get_tokenizer
 from llms_from_scratch import ch02, ch04, ch05, ch06, ch07
+from helpers import RMSNormCentred
 
 
 def rename(fn, name):
@@ -235,12 +236,6 @@ class GPTMaskOneLate(ch04.GPTModel):
         super().__init__(cfg)
         for blk in self.trf_blocks:
             blk.att.__class__ = MaskOneLate
-
-
-class RMSNormCentred(book_qwen.RMSNorm):
-    def forward(self, x):
-        x = x - x.mean(-1, keepdim=True)  # planted: a LayerNorm's centring
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale
 
 
 class QwenFinalNormCentred(book_qwen.Qwen3Model):
