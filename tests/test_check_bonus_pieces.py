@@ -238,6 +238,11 @@ class RMSNormEpsOutside(RMSNorm):
         return (x_f / (x_f.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * (1 + self.scale)).to(x.dtype)  # planted
 
 
+class RMSNormNoEps(RMSNorm):
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * (1 + self.scale)  # planted: no eps
+
+
 class GeGLUExactGELU(FeedForward):
     def forward(self, x):
         return self.fc3(F.gelu(self.fc1(x)) * self.fc2(x))  # planted: the erf GELU
@@ -326,6 +331,7 @@ PLANTED = {
                                     "scale_plus_one", None),
     "gemma3_rmsnorm_eps_outside": (lambda: glassgpt.check(named(RMSNormEpsOutside, "RMSNorm")), "output", "row 2",
                                    "eps", None),
+    "gemma3_rmsnorm_no_eps": (lambda: glassgpt.check(named(RMSNormNoEps, "RMSNorm")), "output", "row 2", "eps", None),
     "gemma3_geglu_exact_gelu": (lambda: glassgpt.check(named(GeGLUExactGELU, "FeedForward"), args="gemma3"),
                                 "output", "position 0", "activation", None),
     "gemma3_geglu_silu": (lambda: glassgpt.check(named(GeGLUWithSiLU, "FeedForward"), args="gemma3"), "output",
@@ -347,7 +353,8 @@ PLANTED = {
                                 "norm_mean", None),
 }
 # The plants no catalogue entry reproduces: their property alone names them.
-PLANTED_OUTSIDE_CATALOGUE = {"gemma3_rmsnorm_plain_weight", "gemma3_rmsnorm_eps_outside", "gemma3_geglu_exact_gelu",
+PLANTED_OUTSIDE_CATALOGUE = {"gemma3_rmsnorm_plain_weight", "gemma3_rmsnorm_eps_outside", "gemma3_rmsnorm_no_eps",
+                             "gemma3_geglu_exact_gelu",
                              "gemma3_geglu_silu", "gemma3_geglu_width", "gemma3_attention_window_ignored",
                              "olmo3_attention_norm_per_head", "tiny_aya_cohere_no_mean"}
 
@@ -376,6 +383,11 @@ def test_each_planted_mistake_is_named_by_its_property_at_its_first_position(cas
 def test_a_plain_weight_is_told_to_scale_by_one_plus_weight():
     finding = PLANTED["gemma3_rmsnorm_plain_weight"][0]().finding
     assert "by the weight alone, not by (1 + weight)" in finding and "1.0 + self.scale" in finding
+
+
+def test_eps_outside_the_root_and_no_eps_are_told_apart():
+    assert "eps = 1e-06 is added outside the root" in PLANTED["gemma3_rmsnorm_eps_outside"][0]().finding
+    assert "there is no eps" in PLANTED["gemma3_rmsnorm_no_eps"][0]().finding
 
 
 def test_the_geglu_activation_is_named():
@@ -463,3 +475,16 @@ def test_the_cli_checks_a_gemma_rmsnorm_file(tmp_path, capsys):
     assert "RMSNorm (1 + weight) matches glassgpt's formula" in capsys.readouterr().out
     assert main(["check", f"{tmp_path / 'bad.py'}:RMSNorm"]) == 1
     assert "each column is scaled by the weight alone, not by (1 + weight)" in capsys.readouterr().out
+
+
+def test_a_geglu_checked_as_swiglu_is_told_to_say_gemma3():
+    result = glassgpt.check(FeedForward, args="qwen3")  # no family: Qwen3's SwiGLU is what it is held against
+    assert result.kind == "SwiGLU FeedForward" and "say so: --args gemma3" in result.finding, result.to_text()
+
+
+def test_the_docs_bonus_piece_example_is_what_check_prints():
+    from pathlib import Path
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "check.md").read_text()
+    printed = docs.split("## The bonus models' own pieces")[1].split("```\n$ glassgpt check my_olmo3.py:"
+                                                                    "GroupedQueryAttention\n")[1].split("\n```")[0]
+    assert printed == PLANTED["olmo3_attention_norm_per_head"][0]().to_text()

@@ -544,6 +544,6 @@ def _causal(net: nn.Module, x: torch.Tensor, got: torch.Tensor, tol: float) -> B
             return Broken("causal", "output", f"position {first}", f"position {first}'s output changes when only "
                           f"the inputs after position {p} change (by {float(moved[first]):.3g}): an output must read "
                           f"its own token and earlier ones only; tokens meet in the short convolution and in the "
-                          f"state, and the convolution must pad kernel - 1 on the left only, "
-                          f"self.conv1d(x)[..., :seq_len]")
+                          f"state, and the convolution must read a token and the kernel - 1 before it: keep the "
+                          f"first seq_len outputs, self.conv1d(x)[..., :seq_len]")
     return None

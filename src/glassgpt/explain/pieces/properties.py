@@ -196,13 +196,13 @@ def _norm_spread(r: int, got: float, spread: float, eps: float, n: int, what: st
     inside = [float(_spread(x2[k], rms) / _zspread(z2[k], rms) - _spread(x2[k], rms)) for k in small]
     outside = [float((_spread(x2[k], rms) / _zspread(z2[k], rms)) ** 0.5 - _spread(x2[k], rms) ** 0.5)
                for k in small]
+    if _consistent(outside) and not _consistent(inside):  # (before "no eps": outside, eps barely shows inside)
+        return Broken("eps", "output", where, f"row {r}: eps = {outside[0]:.3g} is added outside the root "
+                      f"(sqrt({what}) + eps); the formula adds it inside, torch.sqrt(var + eps)")
     if max(abs(e) for e in inside) <= 1e-2 * eps:
         return Broken("eps", "output", where, f"row {r} of the normalized output has {what} {got:.6g} where eps = "
                       f"{eps:g} gives {spread / (spread + eps):.6g}: there is no eps, so a row of (nearly) equal "
                       f"numbers is blown up to unit {what}: torch.sqrt(var + eps)")
-    if _consistent(outside) and not _consistent(inside):
-        return Broken("eps", "output", where, f"row {r}: eps = {outside[0]:.3g} is added outside the root "
-                      f"(sqrt({what}) + eps); the formula adds it inside, torch.sqrt(var + eps)")
     if _consistent(inside):
         return Broken("eps", "output", where, f"row {r}: eps is {inside[0]:.3g}, not {eps:g}: "
                       f"torch.sqrt(var + {eps:g})")
