@@ -8,7 +8,6 @@ output; the gated delta rule against glassgpt's float32 one within bonus_models.
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from torch import nn
 
 import glassgpt
 from glassgpt.explain.pieces import PieceError, build
-from glassgpt.explain.pieces.bonus_models import GEMMA3_TINY, OLMO3_TINY, QWEN3_5_TINY
+from glassgpt.explain.pieces.bonus_models import GEMMA3_TINY
 
 
 # --- the notebooks' pieces, as they write them ------------------------------------------------------------
@@ -300,7 +299,8 @@ GEMMA_ATT = "Gemma 3 GroupedQueryAttention"
 OLMO_ATT = "OLMo 3 GroupedQueryAttention"
 CORRECT = {
     "gemma3_rmsnorm": (lambda: glassgpt.check(RMSNorm), "RMSNorm (1 + weight)"),
-    "gemma3_rmsnorm_trained_weight": (lambda: glassgpt.check(_with_weight(build(RMSNorm, "gemma3"))), "RMSNorm (1 + weight)"),
+    "gemma3_rmsnorm_trained_weight": (lambda: glassgpt.check(_with_weight(build(RMSNorm, "gemma3"))),
+                                      "RMSNorm (1 + weight)"),
     "gemma3_geglu": (lambda: glassgpt.check(FeedForward, args="gemma3"), "GeGLU FeedForward"),
     "gemma3_geglu_by_config": (lambda: glassgpt.check(FeedForward, args=GEMMA3_TINY), "GeGLU FeedForward"),
     "gemma3_attention": (lambda: glassgpt.check(GroupedQueryAttention), GEMMA_ATT),
@@ -488,3 +488,16 @@ def test_the_docs_bonus_piece_example_is_what_check_prints():
     printed = docs.split("## The bonus models' own pieces")[1].split("```\n$ glassgpt check my_olmo3.py:"
                                                                     "GroupedQueryAttention\n")[1].split("\n```")[0]
     assert printed == PLANTED["olmo3_attention_norm_per_head"][0]().to_text()
+
+
+def test_transformers_chunked_gated_delta_net_equals_glassgpts_token_by_token_rule():
+    """The class the notebook imports (qwen3_5_transformers.py is transformers' own), its chunked delta rule."""
+    modeling = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    cfg = Qwen3_5TextConfig(hidden_size=32, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                            linear_value_head_dim=8, linear_conv_kernel_dim=4, num_hidden_layers=2,
+                            layer_types=["linear_attention", "full_attention"], num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, intermediate_size=48, vocab_size=97)
+    torch.manual_seed(0)
+    result = glassgpt.check(modeling.Qwen3_5GatedDeltaNet(cfg, 0))
+    assert result.ok and result.kind == "GatedDeltaNet", result.to_text()

@@ -34,7 +34,7 @@ from .cache import blocks_of, check_attention_cache, check_cache, has_attention_
 from .report import PieceError, PieceResult
 from .data import SlidingWindows, sliding_windows
 from .next_models import FAMILY_KINDS, check_apply_rope, check_gqa, check_moe, check_rms_norm, check_rope_params, check_swiglu
-from .bonus_models import (BONUS_KINDS, FAMILIES, PRESETS as BONUS_PRESETS, bonus_kind, check_cohere_layer_norm,
+from .bonus_models import (BONUS_KINDS, PRESETS as BONUS_PRESETS, bonus_kind, check_cohere_layer_norm,
                            check_gated_delta_net, check_gemma_attention, check_geglu, check_olmo_attention,
                            check_rms_norm_plus_one, delta_adapter, family_of_class)
 

@@ -20,7 +20,7 @@ import copy
 import inspect
 import math
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
