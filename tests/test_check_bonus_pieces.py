@@ -257,6 +257,12 @@ class GemmaScaleHeadDim(GroupedQueryAttention):
         return (queries * self.head_dim ** -0.5) @ keys.transpose(2, 3)  # planted: query_pre_attn_scalar ignored
 
 
+class GemmaPlainQKNorm(GroupedQueryAttention):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.q_norm, self.k_norm = OlmoRMSNorm(self.head_dim), OlmoRMSNorm(self.head_dim)  # planted: Qwen3's norm
+
+
 class GemmaMaskIgnored(GroupedQueryAttention):
     def forward(self, x, mask, cos, sin):
         return super().forward(x, torch.triu(torch.ones_like(mask), diagonal=1), cos, sin)  # planted: no window
@@ -340,6 +346,8 @@ PLANTED = {
                            "its width", "width", None),
     "gemma3_attention_scale_head_dim": (lambda: glassgpt.check(named(GemmaScaleHeadDim, "GroupedQueryAttention")),
                                         "attention weights", "every row", "scale", "scale_head_dim"),
+    "gemma3_attention_plain_qk_norm": (lambda: glassgpt.check(named(GemmaPlainQKNorm, "GroupedQueryAttention")),
+                                       "q_norm", "row 0", "scale_plus_one", None),
     "gemma3_attention_window_ignored": (lambda: glassgpt.check(named(GemmaMaskIgnored, "GroupedQueryAttention")),
                                         "attention weights", "row 3 of head 0", "window", None),
     "olmo3_attention_norm_per_head": (lambda: glassgpt.check(named(OlmoNormPerHead, "GroupedQueryAttention")),
@@ -355,7 +363,8 @@ PLANTED = {
 # The plants no catalogue entry reproduces: their property alone names them.
 PLANTED_OUTSIDE_CATALOGUE = {"gemma3_rmsnorm_plain_weight", "gemma3_rmsnorm_eps_outside", "gemma3_rmsnorm_no_eps",
                              "gemma3_geglu_exact_gelu",
-                             "gemma3_geglu_silu", "gemma3_geglu_width", "gemma3_attention_window_ignored",
+                             "gemma3_geglu_silu", "gemma3_geglu_width", "gemma3_attention_plain_qk_norm",
+                             "gemma3_attention_window_ignored",
                              "olmo3_attention_norm_per_head", "tiny_aya_cohere_no_mean"}
 
 

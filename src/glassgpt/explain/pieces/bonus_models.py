@@ -29,6 +29,7 @@ from torch import nn
 from ...families.layers import apply_rope, compute_rope_params
 from . import properties
 from .attention import _Softmaxes
+from .next_models import check_rms_norm
 from .properties import Broken
 from .report import PieceResult, as_double, first_row_that_differs, found, largest_diff, run_reader, same
 
@@ -375,6 +376,15 @@ def _check_gqa(att: nn.Module, x: torch.Tensor | None, kind: str, *, whole_norm:
     result = PieceResult(kind, f"torch.rand(2, {t}, {d}) (seed 123), {edge}, glassgpt's RoPE tables (theta_base "
                                f"10,000), the scores' factor from {said}")
     q_norm = getattr(att, "q_norm", None)
+    for which in ("q_norm", "k_norm"):  # each norm alone first: a wrong norm would show as a wrong scale
+        norm = getattr(att, which, None)
+        alone = (check_rms_norm_plus_one if plus_one else check_rms_norm)(norm) if isinstance(norm, nn.Module) \
+            else None
+        if alone is not None and not alone.ok:
+            result.stage, result.where, result.prop, result.mistake = which, alone.where, alone.prop, alone.mistake
+            result.finding = f"{which}, checked alone as {alone.kind}: {alone.finding}"
+            result.lines.append(f"{which} alone: {alone.lines[-1] if alone.lines else alone.fed}")
+            return result
     taps, handles = _taps({"q_norm": q_norm} if isinstance(q_norm, nn.Module) else {})
     mode = _Softmaxes()
     try:
