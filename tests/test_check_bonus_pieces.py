@@ -237,6 +237,12 @@ class RMSNormEpsOutside(RMSNorm):
         return (x_f / (x_f.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * (1 + self.scale)).to(x.dtype)  # planted
 
 
+class RMSNormInInputDtype(RMSNorm):
+    def forward(self, x):
+        x_norm = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # planted: no x.float()
+        return (x_norm * (1.0 + self.scale)).to(x.dtype)
+
+
 class RMSNormNoEps(RMSNorm):
     def forward(self, x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * (1 + self.scale)  # planted: no eps
@@ -337,6 +343,8 @@ PLANTED = {
                                     "scale_plus_one", None),
     "gemma3_rmsnorm_eps_outside": (lambda: glassgpt.check(named(RMSNormEpsOutside, "RMSNorm")), "output", "row 2",
                                    "eps", None),
+    "gemma3_rmsnorm_in_bfloat16": (lambda: glassgpt.check(named(RMSNormInInputDtype, "RMSNorm")), "output", "row 0",
+                                   "precision", None),
     "gemma3_rmsnorm_no_eps": (lambda: glassgpt.check(named(RMSNormNoEps, "RMSNorm")), "output", "row 2", "eps", None),
     "gemma3_geglu_exact_gelu": (lambda: glassgpt.check(named(GeGLUExactGELU, "FeedForward"), args="gemma3"),
                                 "output", "position 0", "activation", None),
@@ -362,6 +370,7 @@ PLANTED = {
 }
 # The plants no catalogue entry reproduces: their property alone names them.
 PLANTED_OUTSIDE_CATALOGUE = {"gemma3_rmsnorm_plain_weight", "gemma3_rmsnorm_eps_outside", "gemma3_rmsnorm_no_eps",
+                             "gemma3_rmsnorm_in_bfloat16",
                              "gemma3_geglu_exact_gelu",
                              "gemma3_geglu_silu", "gemma3_geglu_width", "gemma3_attention_plain_qk_norm",
                              "gemma3_attention_window_ignored",
@@ -476,8 +485,9 @@ def test_the_cli_checks_a_gemma_rmsnorm_file(tmp_path, capsys):
             "        super().__init__()\n        self.eps = eps\n"
             "        self.scale = nn.Parameter(torch.zeros(emb_dim))\n\n"
             "    def forward(self, x):\n"
-            "        x_norm = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)\n"
-            "        return x_norm * {}\n")
+            "        x_f = x.float()\n"
+            "        x_norm = x_f * torch.rsqrt(x_f.pow(2).mean(dim=-1, keepdim=True) + self.eps)\n"
+            "        return (x_norm * {}).to(x.dtype)\n")
     (tmp_path / "good.py").write_text(body.format("(1.0 + self.scale)"))
     (tmp_path / "bad.py").write_text(body.format("self.scale"))
     assert main(["check", f"{tmp_path / 'good.py'}:RMSNorm"]) == 0
@@ -510,3 +520,9 @@ def test_transformers_chunked_gated_delta_net_equals_glassgpts_token_by_token_ru
     torch.manual_seed(0)
     result = glassgpt.check(modeling.Qwen3_5GatedDeltaNet(cfg, 0))
     assert result.ok and result.kind == "GatedDeltaNet", result.to_text()
+
+
+def test_a_norm_computed_in_bfloat16_is_told_to_compute_in_float32():
+    finding = PLANTED["gemma3_rmsnorm_in_bfloat16"][0]().finding
+    assert "fed bfloat16, 59 of 128 outputs differ" in finding and "x_f = x.float()" in finding
+    assert "in bfloat16: as computed in float32, then rounded" in CORRECT["gemma3_rmsnorm"][0]().lines
