@@ -154,6 +154,43 @@ class CohereLayerNorm(nn.Module):
         return (self.weight * (x32 - mean) * torch.rsqrt(variance + self.eps)).to(x.dtype)
 
 
+class AyaAttention(nn.Module):
+    """Tiny Aya's: QK-norm a CohereLayerNorm per head (optional), RoPE in sliding_attention layers only."""
+
+    def __init__(self, d_in, num_heads, num_kv_groups, head_dim=None, qk_norm=False, attention_bias=False,
+                 dtype=None, attn_type="full_attention"):
+        super().__init__()
+        self.num_heads, self.num_kv_groups = num_heads, num_kv_groups
+        self.group_size = num_heads // num_kv_groups
+        self.head_dim = head_dim or d_in // num_heads
+        self.d_out = num_heads * self.head_dim
+        self.attn_type = attn_type
+        self.W_query = nn.Linear(d_in, self.d_out, bias=attention_bias, dtype=dtype)
+        self.W_key = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=attention_bias, dtype=dtype)
+        self.W_value = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=attention_bias, dtype=dtype)
+        self.out_proj = nn.Linear(self.d_out, d_in, bias=attention_bias, dtype=dtype)
+        self.q_norm = CohereLayerNorm(self.head_dim, eps=1e-6) if qk_norm else None
+        self.k_norm = CohereLayerNorm(self.head_dim, eps=1e-6) if qk_norm else None
+
+    def turns(self):
+        return self.attn_type == "sliding_attention"
+
+    def forward(self, x, mask, cos, sin):
+        b, t, _ = x.shape
+        queries = self.W_query(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        keys = self.W_key(x).view(b, t, self.num_kv_groups, self.head_dim).transpose(1, 2)
+        values = self.W_value(x).view(b, t, self.num_kv_groups, self.head_dim).transpose(1, 2)
+        if self.q_norm:
+            queries, keys = self.q_norm(queries), self.k_norm(keys)
+        if self.turns():
+            queries, keys = rope(queries, cos, sin), rope(keys, cos, sin)
+        keys = keys.repeat_interleave(self.group_size, dim=1)
+        values = values.repeat_interleave(self.group_size, dim=1)
+        attn_scores = (queries @ keys.transpose(2, 3)).masked_fill(mask, -torch.inf)
+        attn_weights = torch.softmax(attn_scores / self.head_dim ** 0.5, dim=-1)
+        return self.out_proj((attn_weights @ values).transpose(1, 2).reshape(b, t, self.d_out))
+
+
 class GatedRMSNorm(nn.Module):
     def __init__(self, hidden_size, eps=1e-6):
         super().__init__()
@@ -297,6 +334,11 @@ class DeltaDecaySign(Qwen3_5GatedDeltaNet):
         return self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # planted: the sign
 
 
+class AyaRopeEverywhere(AyaAttention):
+    def turns(self):
+        return True  # planted: RoPE in the full_attention layers too
+
+
 class CohereNoMean(CohereLayerNorm):
     def forward(self, x):
         x32 = x.float()
@@ -319,6 +361,11 @@ CORRECT = {
     "olmo3_attention": (lambda: glassgpt.check(named(OlmoAttention, "GroupedQueryAttention")), OLMO_ATT),
     "olmo3_sliding_attention": (lambda: glassgpt.check(OlmoAttention(32, 4, 2, 16, sliding_window=3,
                                                                      attn_type="sliding_attention")), OLMO_ATT),
+    "tiny_aya_attention": (lambda: glassgpt.check(named(AyaAttention, "GroupedQueryAttention")),
+                           "Tiny Aya GroupedQueryAttention"),
+    "tiny_aya_sliding_attention": (lambda: glassgpt.check(AyaAttention(32, 4, 2, 8, qk_norm=True,
+                                                                       attn_type="sliding_attention")),
+                                   "Tiny Aya GroupedQueryAttention"),
     "qwen3_5_gated_delta_net": (lambda: glassgpt.check(Qwen3_5GatedDeltaNet, args="qwen3_5"), "GatedDeltaNet"),
     "tiny_aya_cohere_layer_norm": (lambda: glassgpt.check(CohereLayerNorm), "CohereLayerNorm"),
 }
@@ -365,6 +412,9 @@ PLANTED = {
                                 "conv_not_causal"),
     "qwen3_5_decay_sign": (lambda: glassgpt.check(named(DeltaDecaySign, "Qwen3_5GatedDeltaNet"), args="qwen3_5"),
                            "output", "position 1", "decay", "decay_sign"),  # position 0 decays a zero state
+    "tiny_aya_attention_rope_everywhere": (lambda: glassgpt.check(named(AyaRopeEverywhere, "GroupedQueryAttention")),
+                                           "attention weights", "row 1 of head 0", "position_free",
+                                           "rope_in_full_layer"),
     "tiny_aya_cohere_no_mean": (lambda: glassgpt.check(named(CohereNoMean, "CohereLayerNorm")), "output", "row 0",
                                 "norm_mean", None),
 }
@@ -472,7 +522,8 @@ def test_an_unknown_piece_lists_the_bonus_kinds_and_how_to_say_which():
         glassgpt.check(Mystery())
     message = str(err.value)
     assert "\n" not in message
-    for words in ("RMSNorm (1 + weight)", "GeGLU FeedForward", GEMMA_ATT, OLMO_ATT, "GatedDeltaNet",
+    for words in ("RMSNorm (1 + weight)", "GeGLU FeedForward", GEMMA_ATT, OLMO_ATT, "Tiny Aya GroupedQueryAttention",
+                  "GatedDeltaNet",
                   "CohereLayerNorm", "gemma3, olmo3, qwen3_5 or tiny_aya"):
         assert words in message
 

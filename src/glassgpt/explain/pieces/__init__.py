@@ -37,7 +37,7 @@ from .data import SlidingWindows, sliding_windows
 from .next_models import FAMILY_KINDS, check_apply_rope, check_gqa, check_moe, check_rms_norm, check_rope_params, check_swiglu
 from .bonus_models import (BONUS_KINDS, PRESETS as BONUS_PRESETS, bonus_kind, check_cohere_layer_norm,
                            check_gated_delta_net, check_gemma_attention, check_geglu, check_olmo_attention,
-                           check_rms_norm_plus_one, delta_adapter, family_of_class)
+                           check_rms_norm_plus_one, check_tiny_aya_attention, delta_adapter, family_of_class)
 
 GPT_CONFIG_124M = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12,
                    "drop_rate": 0.1, "qkv_bias": False}
@@ -80,7 +80,8 @@ HOW_TO_SAY = ("; say which by the book's class name (e.g. class GroupedQueryAtte
               "olmo3, qwen3_5 or tiny_aya (in Python, args=...)")
 BONUS_CHECKS = {"RMSNorm (1 + weight)": check_rms_norm_plus_one, "GeGLU FeedForward": check_geglu,
                 "Gemma 3 GroupedQueryAttention": check_gemma_attention,
-                "OLMo 3 GroupedQueryAttention": check_olmo_attention, "GatedDeltaNet": check_gated_delta_net,
+                "OLMo 3 GroupedQueryAttention": check_olmo_attention,
+                "Tiny Aya GroupedQueryAttention": check_tiny_aya_attention, "GatedDeltaNet": check_gated_delta_net,
                 "CohereLayerNorm": check_cohere_layer_norm}
 CFG_CLASSES = ("FeedForward", "TransformerBlock", "GPTModel")  # the classes built from one config dict
 

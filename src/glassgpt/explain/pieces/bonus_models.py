@@ -5,6 +5,7 @@
     GeGLU FeedForward             Gemma 3's: fc3(gelu_tanh(fc1(x)) * fc2(x))
     Gemma 3 GroupedQueryAttention QK-norm per head, scores times query_pre_attn_scalar^-0.5, a sliding window
     OLMo 3 GroupedQueryAttention  QK-norm over the whole projection (h * hd values) before the split into heads
+    Tiny Aya GroupedQueryAttention QK-norm a CohereLayerNorm per head, RoPE in its sliding layers only
     GatedDeltaNet                 Qwen3.5's linear attention: a short causal convolution, the gated delta rule
     CohereLayerNorm               Tiny Aya's: LayerNorm without a bias, weight * (x - mean) / sqrt(var + eps)
 
@@ -34,7 +35,7 @@ from .properties import Broken
 from .report import PieceResult, as_double, first_row_that_differs, found, largest_diff, run_reader, same
 
 BONUS_KINDS = ("RMSNorm (1 + weight)", "GeGLU FeedForward", "Gemma 3 GroupedQueryAttention",
-               "OLMo 3 GroupedQueryAttention", "GatedDeltaNet", "CohereLayerNorm")
+               "OLMo 3 GroupedQueryAttention", "Tiny Aya GroupedQueryAttention", "GatedDeltaNet", "CohereLayerNorm")
 FAMILIES = ("gemma3", "olmo3", "tiny_aya", "qwen3_5")
 SEED = 123
 DELTA_RTOL = 1e-4  # the reader's float32 delta rule (chunked or token by token) against glassgpt's float32 one
@@ -48,7 +49,7 @@ GEMMA3_TINY = {"vocab_size": 97, "context_length": 24, "emb_dim": 32, "n_heads":
 OLMO3_TINY = {"vocab_size": 97, "context_length": 24, "emb_dim": 32, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2,
               "hidden_dim": 48, "head_dim": 16, "attention_bias": False, "sliding_window": 3,
               "layer_types": ["sliding_attention", "full_attention"], "rms_norm_eps": 1e-6, "rope_base": 500_000.0,
-              "dtype": torch.float32}
+              "rope_attention_factor": 1.0, "rope_orig_max": 8, "dtype": torch.float32}
 QWEN3_5_TINY = {"vocab_size": 97, "context_length": 24, "emb_dim": 32, "n_heads": 4, "n_layers": 2,
                 "hidden_dim": 48, "head_dim": 16, "qk_norm": True, "n_kv_groups": 2, "rope_base": 10_000_000.0,
                 "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6, "linear_conv_kernel_dim": 4,
@@ -56,7 +57,8 @@ QWEN3_5_TINY = {"vocab_size": 97, "context_length": 24, "emb_dim": 32, "n_heads"
                 "linear_num_value_heads": 4, "layer_types": ["linear_attention", "full_attention"],
                 "dtype": torch.float32}
 TINY_AYA_TINY = {"vocab_size": 97, "context_length": 24, "emb_dim": 32, "n_heads": 4, "n_layers": 2,
-                 "hidden_dim": 48, "head_dim": 8, "n_kv_groups": 2, "dtype": torch.float32}
+                 "hidden_dim": 48, "head_dim": 8, "n_kv_heads": 2, "layer_norm_eps": 1e-5, "logit_scale": 1.0,
+                 "dtype": torch.float32}
 PRESETS = {
     "gemma3": {"RMSNorm": {"emb_dim": 32}, "FeedForward": GEMMA3_TINY,
                "GroupedQueryAttention": {"d_in": 32, "num_heads": 4, "num_kv_groups": 2, "head_dim": 16,
@@ -64,11 +66,16 @@ PRESETS = {
     "olmo3": {"RMSNorm": {"emb_dim": 32}, "FeedForward": OLMO3_TINY,
               "GroupedQueryAttention": {"d_in": 32, "num_heads": 4, "num_kv_groups": 2, "head_dim": 16}},
     "qwen3_5": {"RMSNorm": {"emb_dim": 32}, "FeedForward": QWEN3_5_TINY, "GatedDeltaNet": QWEN3_5_TINY},
-    "tiny_aya": {"CohereLayerNorm": {"emb_dim": 32}, "FeedForward": TINY_AYA_TINY},
+    "tiny_aya": {"CohereLayerNorm": {"emb_dim": 32}, "FeedForward": TINY_AYA_TINY,
+                 "GroupedQueryAttention": {"d_in": 32, "num_heads": 4, "num_kv_groups": 2, "head_dim": 8,
+                                           "qk_norm": True}},
 }
-# What marks a family: a key of its config dict or a constructor parameter, and its model class's name.
-MARKS = {"query_pre_attn_scalar": "gemma3", "rope_local_base": "gemma3", "attention_bias": "olmo3",
-         "attn_type": "olmo3", "n_kv_heads": "olmo3", "linear_conv_kernel_dim": "qwen3_5"}
+# What marks a family: a key of its config dict or a constructor parameter (alone, or two together: OLMo 3's
+# and Tiny Aya's attention both take attn_type), and its model class's name.
+MARKS = {"query_pre_attn_scalar": "gemma3", "rope_local_base": "gemma3", "rope_attention_factor": "olmo3",
+         "rope_orig_max": "olmo3", "logit_scale": "tiny_aya", "layer_norm_eps": "tiny_aya",
+         "linear_conv_kernel_dim": "qwen3_5"}
+PAIRED_MARKS = {("attn_type", "sliding_window"): "olmo3", ("attn_type", "qk_norm"): "tiny_aya"}
 MODELS = {"Gemma3Model": "gemma3", "Olmo3Model": "olmo3", "TinyAyaModel": "tiny_aya", "Qwen3_5Model": "qwen3_5"}
 PLUS_ONE = ("gemma3", "qwen3_5")  # the families whose RMSNorm scales by (1 + weight)
 
@@ -119,7 +126,8 @@ def family_of_class(cls: type, args: Any = None) -> str | None:
         keys += list(inspect.signature(cls.__init__).parameters)
     except (TypeError, ValueError):
         pass
-    marked = {MARKS[k] for k in keys if k in MARKS}
+    marked = {MARKS[k] for k in keys if k in MARKS} | {family for pair, family in PAIRED_MARKS.items()
+                                                       if set(pair) <= set(keys)}
     if len(marked) == 1:
         return marked.pop()
     module = sys.modules.get(getattr(cls, "__module__", ""), None)
@@ -149,8 +157,10 @@ def bonus_kind(piece: nn.Module) -> str | None:
         q_norm = getattr(piece, "q_norm", None)
         weight = _norm_weight(q_norm) if q_norm is not None else None
         whole = weight is not None and int(piece.num_heads) > 1 and weight.numel() == piece.W_query.out_features
-        if family == "olmo3" or hasattr(piece, "attn_type") or whole:
+        if family == "olmo3" or whole or (hasattr(piece, "attn_type") and hasattr(piece, "sliding_window")):
             return "OLMo 3 GroupedQueryAttention"
+        if family == "tiny_aya" or hasattr(piece, "attn_type"):
+            return "Tiny Aya GroupedQueryAttention"
         if family == "gemma3" or hasattr(piece, "scaling"):
             return "Gemma 3 GroupedQueryAttention"
         return None
@@ -230,10 +240,10 @@ def _float32_inside(norm: nn.Module, x: torch.Tensor, eps: float) -> Broken | No
     if float(differ.float().mean()) <= LOW_PRECISION_SHARE:
         return None
     row = int(torch.nonzero(differ.any(-1))[0])
-    return Broken("precision", "output", f"row {row}", f"fed bfloat16, {int(differ.sum())} of {differ.numel()} outputs "
-                  f"differ from the float32 computation rounded to bfloat16 (first in row {row}): the norm is not computed "
-                  f"in float32 throughout; compute it in float32, x_f = x.float(), and cast back at the end, "
-                  f"out.to(input_dtype)")
+    return Broken("precision", "output", f"row {row}", f"fed bfloat16, {int(differ.sum())} of {differ.numel()} "
+                  f"outputs differ from the float32 computation rounded to bfloat16 (first in row {row}): the norm is "
+                  f"not computed in float32 throughout; compute it in float32, x_f = x.float(), and cast back at the "
+                  f"end, out.to(input_dtype)")
 
 
 # --- CohereLayerNorm ----------------------------------------------------------------------------------
@@ -322,12 +332,22 @@ def geglu_inner(gate: torch.Tensor, up: torch.Tensor, inner: torch.Tensor) -> Br
                   f"glassgpt knows (first at position {pos}): {line}")
 
 
-# --- grouped-query attention of Gemma 3 and OLMo 3 ----------------------------------------------------------
+# --- grouped-query attention of Gemma 3, OLMo 3 and Tiny Aya ------------------------------------------------
+
+def _qk_norm64(kind: str, n: nn.Module, v: torch.Tensor) -> torch.Tensor:
+    w, eps = as_double(_norm_weight(n)), float(getattr(n, "eps", 1e-6) or 1e-6)
+    if kind == "layer":
+        v = v - v.mean(-1, keepdim=True)
+        return _rms64(v, w, eps)  # the centred rows' mean square is their variance
+    return _rms64(v, 1 + w if kind == "rms_plus_one" else w, eps)
+
 
 def gqa64(att: nn.Module, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-          whole_norm: bool, plus_one: bool, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+          whole_norm: bool, qk: str, scaling: float, rope: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [b, t, d], q k^T unscaled with the hidden positions at -inf) in float64, with the reader's
-    weights: QK-norm per head (Gemma 3) or over the whole projection before the split (OLMo 3)."""
+    weights: QK-norm (`qk`: "rms", "rms_plus_one" or "layer", CohereLayerNorm's) per head (Gemma 3, Tiny Aya) or
+    over the whole projection before the split (OLMo 3); RoPE where `rope` (Tiny Aya turns q and k in its sliding
+    layers only)."""
     b, t, _ = x.shape
     h, g, hd = int(att.num_heads), int(att.num_kv_groups), int(att.head_dim)
     h64 = as_double(x)
@@ -336,8 +356,7 @@ def gqa64(att: nn.Module, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor
         return F.linear(v, as_double(m.weight), None if m.bias is None else as_double(m.bias))
 
     def norm(n: nn.Module, v: torch.Tensor) -> torch.Tensor:
-        w = as_double(_norm_weight(n))
-        return _rms64(v, 1 + w if plus_one else w, float(getattr(n, "eps", 1e-6) or 1e-6))
+        return _qk_norm64(qk, n, v)
 
     q, k, v = lin(att.W_query, h64), lin(att.W_key, h64), lin(att.W_value, h64)
     normed = getattr(att, "q_norm", None) is not None
@@ -348,7 +367,8 @@ def gqa64(att: nn.Module, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor
     v = v.view(b, t, g, hd).transpose(1, 2)
     if normed and not whole_norm:
         q, k = norm(att.q_norm, q), norm(att.k_norm, k)
-    q, k = apply_rope(q, cos.double(), sin.double()), apply_rope(k, cos.double(), sin.double())
+    if rope:
+        q, k = apply_rope(q, cos.double(), sin.double()), apply_rope(k, cos.double(), sin.double())
     k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
     raw = (q @ k.transpose(-2, -1)).masked_fill(mask, -math.inf)  # [b, h, t, t]
     context = (torch.softmax(raw * scaling, dim=-1) @ v).transpose(1, 2).reshape(b, t, h * hd)
@@ -362,9 +382,12 @@ def window_mask(t: int, window: int | None) -> torch.Tensor:
     return hidden | (i - j >= window) if window is not None else hidden
 
 
-SCALE_LINES = {
+GQA_LINES = {
     "scale_head_dim": "the scores are scaled by head_dim**-0.5 where Gemma 3 scales by query_pre_attn_scalar**-0.5: "
                       "self.scaling = query_pre_attn_scalar ** -0.5 when it is given",
+    "rope_in_full_layer": "q and k are turned by RoPE in a full_attention layer, where Tiny Aya (Cohere) turns them "
+                          "in its sliding_attention layers only: if self.attn_type == \"sliding_attention\": "
+                          "queries = apply_rope(queries, cos, sin), and the same for keys",
 }
 
 
@@ -378,20 +401,29 @@ def check_gemma_attention(att: nn.Module, x: torch.Tensor | None = None) -> Piec
         scaling, said = hd ** -0.5, f"none given, so head_dim {hd}"
     else:  # an instance alone: its own scaling is all there is to go on
         scaling, said = float(att.scaling), f"your scaling {float(att.scaling):.4g} (its arguments unknown)"
-    return _check_gqa(att, x, "Gemma 3 GroupedQueryAttention", whole_norm=False, plus_one=True, scaling=scaling,
-                      window=3, scale_words=(f"query_pre_attn_scalar**-0.5 = 1/sqrt({float(qpas):g})" if qpas else
-                                             f"1/sqrt(head_dim) = 1/sqrt({hd})"), said=said)
+    return _check_gqa(att, x, "Gemma 3 GroupedQueryAttention", whole_norm=False, qk="rms_plus_one",
+                      scaling=scaling, window=3, said=said,
+                      scale_words=(f"query_pre_attn_scalar**-0.5 = 1/sqrt({float(qpas):g})" if qpas else
+                                   f"1/sqrt(head_dim) = 1/sqrt({hd})"))
 
 
 def check_olmo_attention(att: nn.Module, x: torch.Tensor | None = None) -> PieceResult:
     hd = int(att.head_dim)
     window = getattr(att, "sliding_window", None)
-    return _check_gqa(att, x, "OLMo 3 GroupedQueryAttention", whole_norm=True, plus_one=False, scaling=hd ** -0.5,
+    return _check_gqa(att, x, "OLMo 3 GroupedQueryAttention", whole_norm=True, qk="rms", scaling=hd ** -0.5,
                       window=window, scale_words=f"1/sqrt(head_dim) = 1/sqrt({hd})", said=f"head_dim {hd}")
 
 
-def _check_gqa(att: nn.Module, x: torch.Tensor | None, kind: str, *, whole_norm: bool, plus_one: bool,
-               scaling: float, window: int | None, scale_words: str, said: str) -> PieceResult:
+def check_tiny_aya_attention(att: nn.Module, x: torch.Tensor | None = None) -> PieceResult:
+    hd = int(att.head_dim)
+    sliding = getattr(att, "attn_type", "full_attention") == "sliding_attention"
+    return _check_gqa(att, x, "Tiny Aya GroupedQueryAttention", whole_norm=False, qk="layer", scaling=hd ** -0.5,
+                      window=3 if sliding else None, scale_words=f"1/sqrt(head_dim) = 1/sqrt({hd})",
+                      said=f"head_dim {hd}", rope=sliding)
+
+
+def _check_gqa(att: nn.Module, x: torch.Tensor | None, kind: str, *, whole_norm: bool, qk: str, scaling: float,
+               window: int | None, scale_words: str, said: str, rope: bool = True) -> PieceResult:
     d, t = att.W_query.in_features, 6
     x = _rand(2, t, d) if x is None else x
     t = x.shape[1]
@@ -399,13 +431,16 @@ def _check_gqa(att: nn.Module, x: torch.Tensor | None, kind: str, *, whole_norm:
     cos, sin = compute_rope_params(hd, 10_000.0, t)
     mask = window_mask(t, window)
     edge = f"the sliding window's mask (window {window})" if window else "the causal mask"
-    result = PieceResult(kind, f"torch.rand(2, {t}, {d}) (seed 123), {edge}, glassgpt's RoPE tables (theta_base "
-                               f"10,000), the scores' factor from {said}")
+    turned = "glassgpt's RoPE tables (theta_base 10,000)" if rope else \
+        "glassgpt's RoPE tables (theta_base 10,000), which a full_attention layer leaves unused"
+    result = PieceResult(kind, f"torch.rand(2, {t}, {d}) (seed 123), {edge}, {turned}, the scores' factor from "
+                               f"{said}")
     q_norm = getattr(att, "q_norm", None)
     for which in ("q_norm", "k_norm"):  # each norm alone first: a wrong norm would show as a wrong scale
         norm = getattr(att, which, None)
-        alone = (check_rms_norm_plus_one if plus_one else check_rms_norm)(norm) if isinstance(norm, nn.Module) \
-            else None
+        alone_check = {"rms": check_rms_norm, "rms_plus_one": check_rms_norm_plus_one,
+                       "layer": check_cohere_layer_norm}[qk]
+        alone = alone_check(norm) if isinstance(norm, nn.Module) else None
         if alone is not None and not alone.ok:
             result.stage, result.where, result.prop, result.mistake = which, alone.where, alone.prop, alone.mistake
             result.finding = f"{which}, checked alone as {alone.kind}: {alone.finding}"
@@ -425,7 +460,7 @@ def _check_gqa(att: nn.Module, x: torch.Tensor | None, kind: str, *, whole_norm:
         if broken is not None:
             result.stage = "q_norm"
             return found(result, broken, None, {})
-    want, raw = gqa64(att, x, mask, cos, sin, whole_norm=whole_norm, plus_one=plus_one, scaling=scaling)
+    want, raw = gqa64(att, x, mask, cos, sin, whole_norm=whole_norm, qk=qk, scaling=scaling, rope=rope)
     if _compare(result, got, want):
         return result
     if mode.seen:
@@ -439,12 +474,40 @@ def _check_gqa(att: nn.Module, x: torch.Tensor | None, kind: str, *, whole_norm:
                                         f"1/sqrt({hd})", scaling ** 2: "scaled twice (the queries and the scores)"})
         if broken is not None:
             mistake = "scale_head_dim" if kind.startswith("Gemma") and \
-                same(got, gqa64(att, x, mask, cos, sin, whole_norm=whole_norm, plus_one=plus_one,
-                                scaling=hd ** -0.5)[0]) and abs(scaling - hd ** -0.5) > 1e-9 else None
-            return found(result, broken, mistake, SCALE_LINES)
+                same(got, gqa64(att, x, mask, cos, sin, whole_norm=whole_norm, qk=qk, scaling=hd ** -0.5)[0]) and \
+                abs(scaling - hd ** -0.5) > 1e-9 else None
+            return found(result, broken, mistake, GQA_LINES)
+    if not rope:
+        broken = _position_free(att, x, mask, cos, sin)
+        if broken is not None:
+            turned = same(got, gqa64(att, x, mask, cos, sin, whole_norm=whole_norm, qk=qk, scaling=scaling)[0])
+            return found(result, broken, "rope_in_full_layer" if turned else None, GQA_LINES)
     return _unexplained(result, "the attention weights keep softmax's properties (rows sum to 1, nothing after the "
                                 "diagonal or outside the window, the scale): the difference lies in the norms, RoPE, "
                                 "the values, the merge of the heads or out_proj")
+
+
+def _position_free(att: nn.Module, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                   ) -> Broken | None:
+    """Without RoPE a score reads no position: fed one token at every position, each row's weights are equal."""
+    same_token = x[:, :1].expand_as(x).contiguous()
+    mode = _Softmaxes()
+    with torch.no_grad(), mode:
+        run_reader(f"{type(att).__name__}.forward(x, mask, cos, sin)", lambda: _eval(att, same_token, mask, cos, sin))
+    if not mode.seen:
+        return None
+    w = as_double(mode.seen[0][1])  # [b, h, t, t]
+    allowed = (~mask).double()
+    even = allowed / allowed.sum(-1, keepdim=True)
+    bad = ((w - even).abs() > 1e-4).any(-1)[0]  # [h, t]
+    if not bool(bad.any()):
+        return None
+    head, row = (int(i) for i in torch.nonzero(bad.T)[0].flip(0))
+    weights = w[0, head, row][allowed[row] > 0]
+    return Broken("position_free", "attention weights", f"row {row} of head {head}", f"fed the same token at every "
+                  f"position, row {row} of head {head} weighs its positions unequally ({float(weights.max()):.3g} "
+                  f"to {float(weights.min()):.3g}): the scores depend on the positions, where "
+                  f"Tiny Aya's full_attention layers give q and k no position at all (no RoPE)")
 
 
 def _norm_span(normed_input: torch.Tensor, att: nn.Module) -> Broken | None:
