@@ -38,6 +38,9 @@ from .next_models import FAMILY_KINDS, check_apply_rope, check_gqa, check_moe, c
 from .bonus_models import (BONUS_KINDS, PRESETS as BONUS_PRESETS, bonus_kind, check_cohere_layer_norm,
                            check_gated_delta_net, check_gemma_attention, check_geglu, check_olmo_attention,
                            check_rms_norm_plus_one, check_tiny_aya_attention, delta_adapter, family_of_class)
+from .qwen3_5_gemma4 import (KINDS as GATED_KINDS, PRESETS as GATED_PRESETS, check_gemma4_attention,
+                             check_partial_rope_params, check_qwen3_5_attention, is_layered_attention,
+                             kind_of as gated_kind, layer_to_build)
 
 GPT_CONFIG_124M = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12,
                    "drop_rate": 0.1, "qkv_bias": False}
@@ -65,6 +68,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama3": {"GroupedQueryAttention": LLAMA3_TINY, "RMSNorm": {"emb_dim": 32}, "FeedForward": LLAMA3_TINY,
                "Llama3Model": LLAMA3_TINY},
     **BONUS_PRESETS,  # the bonus notebooks' pieces: gemma3, olmo3, qwen3_5, tiny_aya
+    "qwen3_5": {**BONUS_PRESETS["qwen3_5"], **GATED_PRESETS["qwen3_5"]},  # and its gated full attention
+    "gemma4": GATED_PRESETS["gemma4"],
 }
 # A model's config names, as a piece's constructor names them (a piece built "with a config").
 CONFIG_NAMES = {"d_in": "emb_dim", "d_out": "emb_dim", "num_heads": "n_heads", "num_kv_groups": "n_kv_groups",
@@ -74,15 +79,17 @@ ATTENTION = ("SelfAttention_v1", "SelfAttention_v2", "CausalAttention", "MultiHe
 LAYERS = ("LayerNorm", "GELU", "FeedForward", "TransformerBlock", "GPTModel")
 DATA = ("SimpleTokenizerV1", "SimpleTokenizerV2", "a tiktoken-style tokenizer (encode/decode)", "GPTDatasetV1",
         "a dataset or DataLoader of windows", "create_dataloader_v1")
-KNOWN = (*DATA, *ATTENTION, *LAYERS, *FUNCTION_CHECKS, *FAMILY_KINDS, *BONUS_KINDS, "Qwen3Model", "Llama3Model")
+KNOWN = (*DATA, *ATTENTION, *LAYERS, *FUNCTION_CHECKS, *FAMILY_KINDS, *BONUS_KINDS, *GATED_KINDS, "Qwen3Model",
+         "Llama3Model")
 HOW_TO_SAY = ("; say which by the book's class name (e.g. class GroupedQueryAttention), or build it with the "
               "book's arguments, which also name a bonus model's family: --args ch03, ch04, qwen3, llama3, gemma3, "
-              "olmo3, qwen3_5 or tiny_aya (in Python, args=...)")
+              "olmo3, qwen3_5 or tiny_aya (in Python, args=...); Gemma 4's attention: --args gemma4")
 BONUS_CHECKS = {"RMSNorm (1 + weight)": check_rms_norm_plus_one, "GeGLU FeedForward": check_geglu,
                 "Gemma 3 GroupedQueryAttention": check_gemma_attention,
                 "OLMo 3 GroupedQueryAttention": check_olmo_attention,
                 "Tiny Aya GroupedQueryAttention": check_tiny_aya_attention, "GatedDeltaNet": check_gated_delta_net,
-                "CohereLayerNorm": check_cohere_layer_norm}
+                "CohereLayerNorm": check_cohere_layer_norm, "Qwen3.5 GroupedQueryAttention": check_qwen3_5_attention,
+                "Gemma 4 Attention": check_gemma4_attention}
 CFG_CLASSES = ("FeedForward", "TransformerBlock", "GPTModel")  # the classes built from one config dict
 
 
@@ -190,6 +197,9 @@ def identify(piece: Any) -> str:
     """The kind of `piece`, from its class name, then what it holds; a PieceError naming the known kinds."""
     name = type(piece).__name__
     if isinstance(piece, nn.Module):
+        gated = gated_kind(piece)  # Qwen3.5's gated full attention, Gemma 4's: told by what they hold
+        if gated is not None:
+            return gated
         bonus = bonus_kind(piece)
         if bonus is not None:
             return bonus
@@ -252,6 +262,9 @@ def _check_callable(fn) -> PieceResult:
     params = list(inspect.signature(fn).parameters)
     if name == "apply_rope" or params[:3] == ["x", "cos", "sin"]:
         return check_apply_rope(fn)
+    if (name == "compute_rope_params" or params[:2] == ["head_dim", "theta_base"]) and \
+            ("rope_type" in params or "partial_rotary_factor" in params):
+        return check_partial_rope_params(fn)  # Gemma 4's or Qwen3.5's
     if name == "compute_rope_params" or params[:2] == ["head_dim", "theta_base"]:
         return check_rope_params(fn)
     if name in FUNCTION_CHECKS:
@@ -308,14 +321,17 @@ def build(cls: type, args: Any = None, seed: int = 123) -> Any:
         args = preset_args(_kind_by_signature(cls) or name, args)
     params = [p for p in inspect.signature(cls.__init__).parameters.values()][1:]
     delta = _kind_by_signature(cls) == "GatedDeltaNet" and isinstance(args, dict)
+    layered = is_layered_attention(cls) and isinstance(args, dict)  # Gemma 4's attention: (cfg, layer_idx)
     one_config = len(params) == 1 and params[0].kind is params[0].POSITIONAL_OR_KEYWORD and (
         params[0].name in ("cfg", "config") or (isinstance(args, dict) and set(args) - {params[0].name}))
-    if isinstance(args, dict) and not one_config and not delta:
+    if isinstance(args, dict) and not one_config and not delta and not layered:
         args = from_config(args, [p.name for p in params])
     torch.manual_seed(seed)
     try:
         if delta:  # the notebook's Qwen3_5GatedDeltaNet(config, layer_idx) reads attributes, not a dict
             built = cls(delta_adapter(args), 0)
+        elif layered:  # its first full layer: the one with partial RoPE
+            built = cls(args, layer_to_build(args))
         else:
             built = cls(args) if one_config or not isinstance(args, dict) else cls(**args)
         if isinstance(built, nn.Module):  # what it was built with: the bonus checks read the family and arguments
