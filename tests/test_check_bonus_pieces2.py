@@ -266,6 +266,22 @@ class Gemma4EveryPairTurns(Gemma4Attention):
         return super().forward(x, mask, cos, sin)
 
 
+class Gemma4SlidingWithoutRope(Gemma4Attention):
+    def forward(self, x, mask, cos, sin, shared_kv=None, return_kv=False):  # planted: no RoPE in sliding layers
+        if self.is_sliding:
+            cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
+        return super().forward(x, mask, cos, sin)
+
+
+class Gemma4WithoutVNorm(Gemma4Attention):
+    def __init__(self, cfg, layer_idx):
+        super().__init__(cfg, layer_idx)
+        del self.v_norm  # planted: no value norm at all
+
+    def values(self, value):
+        return value
+
+
 def _with_weights(att: nn.Module) -> nn.Module:
     """Norm weights of their own (the notebooks build them at 0 or 1): a plain and a (1 + w) norm differ more."""
     for norm in (att.q_norm, att.k_norm):
@@ -328,6 +344,10 @@ PLANTED = {
                              "value_norm_weight", "v_norm_weight"),
     "gemma4_no_v_norm": (lambda: glassgpt.check(_gemma4(Gemma4NoVNorm)), "v_norm", "position 0", "values_normed",
                          "v_norm_missing"),
+    "gemma4_without_v_norm": (lambda: glassgpt.check(named(Gemma4WithoutVNorm, "Gemma4Attention")), "v_norm",
+                              "position 0", "values_normed", "v_norm_missing"),
+    "gemma4_sliding_without_rope": (lambda: glassgpt.check(named(Gemma4SlidingWithoutRope, "Gemma4Attention")),
+                                    "attention weights", "every row", "rope_span", None),
     "gemma4_scaled_scores": (lambda: glassgpt.check(_gemma4(Gemma4ScaledScores)), "attention weights", "every row",
                              "scale", "scale_head_dim"),
     "gemma4_every_pair_turns": (lambda: glassgpt.check(_gemma4(Gemma4EveryPairTurns)), "attention weights",
@@ -338,7 +358,7 @@ PLANTED = {
                                         "dimension 2", "rope_span", None),
 }
 # The plants no catalogue entry reproduces: their property alone names them.
-PLANTED_OUTSIDE_CATALOGUE = {"qwen3_5_rope_last_dims", "qwen3_5_no_rope", "qwen3_5_plain_qk_norm", "gemma4_every_pair_turns",
+PLANTED_OUTSIDE_CATALOGUE = {"qwen3_5_rope_last_dims", "qwen3_5_no_rope", "gemma4_sliding_without_rope", "qwen3_5_plain_qk_norm", "gemma4_every_pair_turns",
                              "gemma4_rope_params_turned_width"}
 
 
@@ -373,6 +393,14 @@ def test_gemma4s_value_norm_with_a_weight_and_without_are_told_apart():
     finding = PLANTED["gemma4_no_v_norm"][0]().finding
     assert "with v_proj's weight 4 times larger the output changes" in finding and "not RMS-normed" in finding
 
+
+
+def test_a_gemma4_class_is_checked_at_a_full_and_a_sliding_layer():
+    result = glassgpt.check(Gemma4Attention)
+    assert result.ok and "layer 0 (sliding_attention, window 3, RoPE over the whole head): matches too" in \
+        result.lines, result.to_text()
+    finding = PLANTED["gemma4_sliding_without_rope"][0]().finding
+    assert finding.startswith("layer 0 (sliding_attention): ") and "nothing is turned there" in finding
 
 
 def test_the_cli_checks_a_gemma4_attention_file(tmp_path, capsys):

@@ -81,7 +81,8 @@ def kind_of(piece: nn.Module) -> str | None:
             isinstance(piece.W_query, nn.Linear) and \
             piece.W_query.out_features == 2 * int(piece.num_heads) * int(piece.head_dim):
         return QWEN3_5_ATTENTION
-    if all(hasattr(piece, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "v_norm", "head_dim")):
+    if all(hasattr(piece, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "head_dim")) and \
+            (hasattr(piece, "v_norm") or hasattr(piece, "num_kv_heads")):  # (a v_norm left out is a finding)
         return GEMMA4_ATTENTION
     return None
 
@@ -135,8 +136,6 @@ def _rope_span(att: nn.Module, x, tables, window, q: str, k: str, q_stride: int,
     h = int(att.num_heads)
     kept = [j for j in range(hd) if j not in turned]
     for zero, want_even in ((turned, True), (kept, False)):
-        if not zero and not want_even:
-            continue
         if not [j for j in range(hd) if j not in zero]:
             continue
         probe = _zeroed(att, lambda i: [i * q_stride + j for j in zero], lambda i: [i * hd + j for j in zero],
@@ -321,14 +320,16 @@ def gemma4_attention64(att: nn.Module, x: torch.Tensor, mask: torch.Tensor, cos:
         eps = float(getattr(norm, "eps", 1e-6) or 1e-6)
         out = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
         w = getattr(norm, "weight", None)
-        return out * as_double(w) if isinstance(w, torch.Tensor) and norm is not att.v_norm else out
+        return out * as_double(w) if isinstance(w, torch.Tensor) and norm is not v_norm else out
+
+    v_norm = getattr(att, "v_norm", None)
 
     q = F.linear(h64, as_double(att.q_proj.weight)).view(b, t, h, hd).transpose(1, 2)  # [b, h, t, hd]
     k = F.linear(h64, as_double(att.k_proj.weight)).view(b, t, g, hd).transpose(1, 2)
     v = F.linear(h64, as_double(att.v_proj.weight)).view(b, t, g, hd).transpose(1, 2)
     q = apply_rope(rms(q, att.q_norm), cos.double(), sin.double())
     k = apply_rope(rms(k, att.k_norm), cos.double(), sin.double())
-    v = rms(v, att.v_norm) if v_normed else v
+    v = rms(v, v_norm) if v_normed else v
     k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
     raw = (q @ k.transpose(-2, -1)).masked_fill(mask, -math.inf)  # [b, h, t, t]
     context = (torch.softmax(raw * scaling, dim=-1) @ v).transpose(1, 2).reshape(b, t, h * hd)
@@ -336,7 +337,7 @@ def gemma4_attention64(att: nn.Module, x: torch.Tensor, mask: torch.Tensor, cos:
 
 
 def check_gemma4_attention(att: nn.Module, x: torch.Tensor | None = None) -> PieceResult:
-    missing = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "v_norm", "num_heads",
+    missing = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "num_heads",
                            "num_kv_heads", "head_dim") if not hasattr(att, n)]
     if missing:
         raise AttributeError(f"no {', '.join(missing)}: glassgpt reads the notebook's names")
@@ -364,7 +365,7 @@ def check_gemma4_attention(att: nn.Module, x: torch.Tensor | None = None) -> Pie
         return found(result, broken, "v_norm_weight", LINES)
     want, raw = gemma4_attention64(att, x, mask, cos, sin)
     if _compare(result, got, want):
-        return result
+        return _and_sliding_layer(att, result, x)
     if mode.seen:
         for w in (mode.used[0] if mode.used else None, mode.seen[0][1]):
             if w is not None and w.shape[-1] == w.shape[-2] == t:
@@ -379,7 +380,10 @@ def check_gemma4_attention(att: nn.Module, x: torch.Tensor | None = None) -> Pie
                         "Gemma 4 leaves alone (a full layer's proportional RoPE turns the first "
                         f"{len(turned) // 2} pairs of {hd // 2})", f"on a full layer only dimensions "
                         f"{_spans(turned)} turn: the proportional tables give the other pairs frequency 0") \
-        if not _sliding(att) else None
+        if not _sliding(att) else _rope_span(att, x, lambda n: _gemma4_tables(att, args, n)[:2], window, "q_proj",
+                                             "k_proj", hd, int(att.num_kv_heads), hd, turned, "Gemma 4 turns",
+                                             "a sliding layer turns every pair of each head (apply_rope(query, cos, "
+                                             "sin) and the same for key, after q_norm and k_norm)")
     if broken is not None:
         return found(result, broken, None, LINES)
     if mode.seen:
@@ -397,6 +401,25 @@ def check_gemma4_attention(att: nn.Module, x: torch.Tensor | None = None) -> Pie
 def _spans(dims: list[int]) -> str:
     half = len(dims) // 2
     return f"{dims[0]}-{dims[half - 1]} and {dims[half]}-{dims[-1]}" if half else "none"
+
+
+def _and_sliding_layer(att: nn.Module, result: PieceResult, x: torch.Tensor) -> PieceResult:
+    """A class glassgpt built at its first full layer: its first sliding layer built (seed 123) and checked too."""
+    args = getattr(att, "_glassgpt_args", None) or {}
+    types = list(args.get("layer_types") or [])
+    if _sliding(att) or "sliding_attention" not in types:
+        return result
+    torch.manual_seed(123)
+    layer = types.index("sliding_attention")
+    sliding = run_reader(f"{type(att).__name__}(cfg, {layer})", lambda: type(att)(args, layer))
+    sliding._glassgpt_args = args
+    other = check_gemma4_attention(sliding, x)
+    if not other.ok:
+        other.finding = f"layer {layer} (sliding_attention): {other.finding}"
+        other.fed = f"{type(att).__name__}(cfg, {layer}), {other.fed}"
+        return other
+    result.lines.append(f"layer {layer} (sliding_attention, window 3, RoPE over the whole head): matches too")
+    return result
 
 
 def _scaled_copy(att: nn.Module, name: str) -> nn.Module:
@@ -422,8 +445,9 @@ def _values_normed(att, x, mask, cos, sin, got) -> Broken | None:
 def _v_norm_weight(att, x, mask, cos, sin, got) -> Broken | None:
     """Gemma 4's v_norm has no weight: where the reader's has one, set it to other numbers on a copy; if the output
     moves, the values are scaled by a weight a checkpoint does not hold."""
-    w = next((getattr(att.v_norm, n) for n in ("weight", "scale") if isinstance(getattr(att.v_norm, n, None),
-                                                                                torch.Tensor)), None)
+    norm = getattr(att, "v_norm", None)
+    w = next((getattr(norm, n) for n in ("weight", "scale") if isinstance(getattr(norm, n, None), torch.Tensor)),
+             None)
     if w is None:
         return None
     probe = copy.deepcopy(att)
