@@ -151,7 +151,8 @@ def _rope_span(att: nn.Module, x, tables, window, q: str, k: str, q_stride: int,
         if not want_even and bool((uneven <= EVEN).all()):
             return Broken("rope_span", "attention weights", "every row", f"with q and k kept to the {len(turned)} "
                           f"dimensions of each head RoPE must turn and one token at every position, every row scores "
-                          f"its positions equally: nothing is turned there; {fix}")
+                          f"its positions equally: the scores read no position from them, where RoPE turns q and k "
+                          f"there, each by its own position, so that a score reads how far apart the two are")
     return None
 
 
@@ -224,30 +225,44 @@ def check_qwen3_5_attention(att: nn.Module, x: torch.Tensor | None = None) -> Pi
     want, parts = qwen3_5_attention64(att, x, mask, cos, sin)
     if _compare(result, got, want):
         return result
+    held = []  # the properties checked and kept: what the closing sentence may say
     if mode.seen:
         broken = properties.attention_rows(mode.used[0] if mode.used else mode.seen[0][1], True)
         if broken is not None:
             return found(result, broken, None, LINES)
-    broken = _rope_span(att, x, lambda n: compute_rope_params(rot, base, n), None, "W_query", "W_key", 2 * hd, int(att.num_kv_groups), hd,
-                        list(range(rot)), f"Qwen3.5 passes through (it turns the first {rot}, partial_rotary_factor "
-                        f"{factor:g} of {hd})", "Qwen3.5's apply_rope turns x[..., :rot_dim] (rot_dim = cos.shape[-1]) "
-                        "and passes x[..., rot_dim:] through")
-    if broken is not None:
-        return found(result, broken, None, LINES)
+        held.append("the attention weights keep softmax's properties")
+    if _rope_free_equal(att, x, mask, (torch.ones(t, rot), torch.zeros(t, rot)), qwen3_5_attention64):
+        broken = _rope_span(att, x, lambda n: compute_rope_params(rot, base, n), None, "W_query", "W_key", 2 * hd,
+                            int(att.num_kv_groups), hd, list(range(rot)), f"Qwen3.5 passes through (it turns the "
+                            f"first {rot}, partial_rotary_factor {factor:g} of {hd})", "Qwen3.5's apply_rope turns "
+                            "x[..., :rot_dim] (rot_dim = cos.shape[-1]) and passes x[..., rot_dim:] through")
+        if broken is not None:
+            return found(result, broken, None, LINES)
+        held.append(f"RoPE turns the first {rot} dimensions only")
     if mode.seen:
         broken = properties.named_scale(mode.seen[0][0], parts["raw"], hd ** -0.5, f"1/sqrt(head_dim) = "
                                         f"1/sqrt({hd})", {})
         if broken is not None:
             return found(result, broken, None, LINES)
-    if gated_in and same(as_double(mode.seen[0][1]) if mode.seen else parts["weights"], parts["weights"]):
+        if properties.fitted_scale(mode.seen[0][0], parts["raw"]) is not None:
+            held.append(f"the scores are scaled by 1/sqrt({hd})")
+    if gated_in and mode.seen and same(as_double(mode.seen[0][1]), parts["weights"]):
         broken = _gate(gated_in[0], parts["context"])
         if broken is not None:
             mistake = next((m for m, fn in (("gate_missing", None), ("gate_no_sigmoid", lambda g: g))
                             if same(got, qwen3_5_attention64(att, x, mask, cos, sin, fn)[0])), None)
             return found(result, broken, mistake, LINES)
-    return _unexplained(result, "the attention weights keep softmax's properties, RoPE turns the first "
-                                f"{rot} dimensions only, the gate's factors lie in (0, 1): the difference lies in "
-                                "the values, the merge of the heads or out_proj")
+        held.append("the gate's factors lie in (0, 1)")
+    return _unexplained(result, ", ".join(held or ["no property glassgpt tests here breaks"]) +
+                        ": the difference lies elsewhere (the projections' layout, the values, the gate, the merge of "
+                        "the heads or out_proj)")
+
+
+def _rope_free_equal(att: nn.Module, x: torch.Tensor, mask: torch.Tensor, still: tuple, formula: Callable) -> bool:
+    """Fed tables that turn nothing (cos 1, sin 0), the piece equals the formula: all but RoPE is right, so its q
+    and k dimensions are where the formula has them, and zeroing rows of W_query and W_key zeroes those."""
+    got = run_reader(f"{type(att).__name__}.forward(x, mask, cos, sin)", lambda: _eval(att, x, mask, *still))
+    return same(got, formula(att, x, mask, *still)[0])
 
 
 def _whole_head(att, x, mask, result, err, hd, rot, factor, base) -> PieceResult:
@@ -366,26 +381,29 @@ def check_gemma4_attention(att: nn.Module, x: torch.Tensor | None = None) -> Pie
     want, raw = gemma4_attention64(att, x, mask, cos, sin)
     if _compare(result, got, want):
         return _and_sliding_layer(att, result, x)
+    held = []  # the properties checked and kept: what the closing sentence may say
     if mode.seen:
         for w in (mode.used[0] if mode.used else None, mode.seen[0][1]):
             if w is not None and w.shape[-1] == w.shape[-2] == t:
                 broken = properties.attention_rows(w, True, window=window)
                 if broken is not None:
                     return found(result, broken, None, LINES)
+        held.append("the attention weights keep softmax's properties")
     broken = _values_normed(att, x, mask, cos, sin, got)
     if broken is not None:
         missing = same(got, gemma4_attention64(att, x, mask, cos, sin, v_normed=False)[0])
         return found(result, broken, "v_norm_missing" if missing else None, LINES)
-    broken = _rope_span(att, x, lambda n: _gemma4_tables(att, args, n)[:2], window, "q_proj", "k_proj", hd, int(att.num_kv_heads), hd, turned,
-                        "Gemma 4 leaves alone (a full layer's proportional RoPE turns the first "
-                        f"{len(turned) // 2} pairs of {hd // 2})", f"on a full layer only dimensions "
-                        f"{_spans(turned)} turn: the proportional tables give the other pairs frequency 0") \
-        if not _sliding(att) else _rope_span(att, x, lambda n: _gemma4_tables(att, args, n)[:2], window, "q_proj",
-                                             "k_proj", hd, int(att.num_kv_heads), hd, turned, "Gemma 4 turns",
-                                             "a sliding layer turns every pair of each head (apply_rope(query, cos, "
-                                             "sin) and the same for key, after q_norm and k_norm)")
-    if broken is not None:
-        return found(result, broken, None, LINES)
+    held.append("the values are normed (a larger v_proj changes nothing)")
+    if _rope_free_equal(att, x, mask, (torch.ones(t, hd), torch.zeros(t, hd)), gemma4_attention64):
+        words = (f"Gemma 4 leaves alone (a full layer's proportional RoPE turns the first {len(turned) // 2} "
+                 f"pairs of {hd // 2})")
+        fix = (f"on a full layer only dimensions {_spans(turned)} turn: the proportional tables give the other "
+               f"pairs frequency 0")  # (a sliding layer turns them all: only the other half of the test applies)
+        broken = _rope_span(att, x, lambda n: _gemma4_tables(att, args, n)[:2], window, "q_proj", "k_proj", hd,
+                            int(att.num_kv_heads), hd, turned, words, fix)
+        if broken is not None:
+            return found(result, broken, None, LINES)
+        held.append("RoPE turns the dimensions it must, and no others")
     if mode.seen:
         broken = properties.named_scale(mode.seen[0][0], raw, 1.0, "1 (no scaling: QK-norm sets the scores' size)",
                                         {hd ** -0.5: f"1/sqrt(head_dim) = 1/sqrt({hd})"})
@@ -393,9 +411,10 @@ def check_gemma4_attention(att: nn.Module, x: torch.Tensor | None = None) -> Pie
             mistake = "scale_head_dim" if same(got, gemma4_attention64(att, x, mask, cos, sin, hd ** -0.5)[0]) \
                 else None
             return found(result, broken, mistake, LINES)
-    return _unexplained(result, "the attention weights keep softmax's properties, the values are normed (a larger "
-                                "v_proj changes nothing), the scores unscaled: the difference lies in RoPE, the merge "
-                                "of the heads or o_proj")
+        if properties.fitted_scale(mode.seen[0][0], raw) is not None:
+            held.append("the scores are unscaled")
+    return _unexplained(result, ", ".join(held) + ": the difference lies elsewhere (the projections' layout, the "
+                                                  "QK-norm's place, RoPE's pairs, the merge of the heads or o_proj)")
 
 
 def _spans(dims: list[int]) -> str:
