@@ -396,7 +396,7 @@ def test_a_missing_gate_and_a_gate_without_sigmoid_are_told_apart():
 def test_rope_over_the_whole_head_names_the_partial_width():
     finding = PLANTED["qwen3_5_rope_whole_head"][0]().finding
     assert "fed Qwen3.5's RoPE tables, 4 wide (partial_rotary_factor 0.25 of head_dim 16)" in finding
-    assert "fed tables 16 wide it runs" in finding
+    assert "fed tables 16 wide it runs and equals the formula with RoPE over all 16 dimensions" in finding
     assert "the scores read no position from them" in PLANTED["qwen3_5_no_rope"][0]().finding
 
 

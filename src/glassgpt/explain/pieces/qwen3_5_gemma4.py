@@ -266,20 +266,23 @@ def _rope_free_equal(att: nn.Module, x: torch.Tensor, mask: torch.Tensor, still:
 
 
 def _whole_head(att, x, mask, result, err, hd, rot, factor, base) -> PieceResult:
-    """The forward fails fed tables rot wide: where it runs fed tables as wide as the head, its RoPE turns all."""
+    """The forward fails fed tables rot wide: where, fed tables as wide as the head, it runs and equals the formula
+    with RoPE over the whole head, its RoPE turns all hd dimensions."""
     first = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     cos, sin = compute_rope_params(hd, base, x.shape[1])
     try:
         with torch.no_grad():
-            _eval(att, x, mask, cos, sin)
+            got = _eval(att, x, mask, cos, sin)
     except Exception:  # noqa: BLE001 - it fails either way: its own failure is the finding
         raise PieceError(f"{type(att).__name__}.forward(x, mask, cos, sin) failed: {first}") from None
+    whole = same(got, qwen3_5_attention64(att, x, mask, cos, sin)[0])  # the formula's RoPE over cos.shape[-1] = hd
+    said = f"fed tables {hd} wide it runs and equals the formula with RoPE over all {hd} dimensions of each head" \
+        if whole else f"fed tables {hd} wide it runs: its RoPE expects tables as wide as the head"
     result.stage, result.where = "RoPE", "every head"
     return found(result, Broken("rope_span", "RoPE", "every head", f"fed Qwen3.5's RoPE tables, {rot} wide "
                                 f"(partial_rotary_factor {factor:g} of head_dim {hd}), the forward fails ({first}); "
-                                f"fed tables {hd} wide it runs: its RoPE turns all {hd} dimensions of each head, "
-                                f"where Qwen3.5 turns the first {rot} and passes the rest through"),
-                 "rope_whole_head", LINES)
+                                f"{said}, where Qwen3.5 turns the first {rot} and passes the rest through"),
+                 "rope_whole_head" if whole else None, LINES)
 
 
 def _gate(gated: torch.Tensor, context: torch.Tensor) -> Broken | None:
