@@ -293,6 +293,20 @@ class Gemma4WithoutVNorm(Gemma4Attention):
         return value
 
 
+class Gemma4NormPlusOne(Gemma4RMSNorm):
+    def forward(self, x):  # planted: Gemma 3's (1 + weight)
+        x_float = x.float()
+        x_norm = x_float * torch.pow(x_float.pow(2).mean(dim=-1, keepdim=True) + self.eps, -0.5)
+        return (x_norm * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class Gemma4NormEpsOutside(Gemma4RMSNorm):
+    def forward(self, x):  # planted: eps outside the root
+        x_float = x.float()
+        x_norm = x_float / (x_float.pow(2).mean(dim=-1, keepdim=True).sqrt() + self.eps)
+        return (x_norm * self.weight.float() if self.with_scale else x_norm).to(x.dtype)
+
+
 def _with_weights(att: nn.Module) -> nn.Module:
     """Norm weights of their own (the notebooks build them at 0 or 1): a plain and a (1 + w) norm differ more."""
     for norm in (att.q_norm, att.k_norm):
@@ -310,6 +324,8 @@ CORRECT = {
     "qwen3_5_attention_no_args": (lambda: glassgpt.check(GroupedQueryAttention), "Qwen3.5 GroupedQueryAttention"),
     "gemma4_attention_full_layer": (lambda: glassgpt.check(Gemma4Attention), "Gemma 4 Attention"),
     "gemma4_attention_sliding_layer": (lambda: glassgpt.check(Gemma4Attention(GEMMA4_TINY, 0)), "Gemma 4 Attention"),
+    "gemma4_rms_norm": (lambda: glassgpt.check(Gemma4RMSNorm), "Gemma4RMSNorm"),
+    "gemma4_value_norm": (lambda: glassgpt.check(Gemma4RMSNorm(16, with_scale=False)), "Gemma4RMSNorm"),
     "qwen3_5_compute_rope_params": (lambda: glassgpt.check(compute_rope_params), "compute_rope_params (partial)"),
     "gemma4_compute_rope_params": (lambda: glassgpt.check(named_fn(gemma4_compute_rope_params)),
                                    "compute_rope_params (proportional)"),
@@ -363,6 +379,10 @@ PLANTED = {
                              "scale", "scale_head_dim"),
     "gemma4_keys_unturned": (lambda: glassgpt.check(_gemma4(Gemma4KeysUnturned)), "attention weights",
                              "every row", "rope_span", None),
+    "gemma4_norm_plus_one": (lambda: glassgpt.check(named(Gemma4NormPlusOne, "Gemma4RMSNorm")), "output", "row 0",
+                             "scale_plus_one", None),
+    "gemma4_value_norm_eps_outside": (lambda: glassgpt.check(named(Gemma4NormEpsOutside, "Gemma4RMSNorm")(
+        16, with_scale=False)), "output", "row 2", "eps", None),
     "gemma4_rope_params_default_only": (lambda: glassgpt.check(named_fn(gemma4_rope_params_default_only)), "output",
                                         "dimension 2", "rope_span", "proportional_ignored"),
     "gemma4_rope_params_turned_width": (lambda: glassgpt.check(named_fn(gemma4_rope_params_turned_width)), "output",
@@ -370,7 +390,8 @@ PLANTED = {
 }
 # The plants no catalogue entry reproduces: their property alone names them.
 PLANTED_OUTSIDE_CATALOGUE = {"qwen3_5_rope_last_dims", "qwen3_5_no_rope", "qwen3_5_plain_qk_norm",
-                             "gemma4_sliding_without_rope", "gemma4_keys_unturned",
+                             "gemma4_sliding_without_rope", "gemma4_keys_unturned", "gemma4_norm_plus_one",
+                             "gemma4_value_norm_eps_outside",
                              "gemma4_rope_params_turned_width"}
 
 

@@ -29,14 +29,15 @@ from ...families import gemma4
 from ...families.layers import apply_rope, compute_rope_params
 from . import properties
 from .attention import _Softmaxes
-from .bonus_models import _compare, _eval, _rand, _unexplained, check_rms_norm_plus_one, window_mask
+from .bonus_models import SEED, _compare, _eval, _rand, _unexplained, check_rms_norm_plus_one, window_mask
 from .next_models import _rope_table_property, check_rms_norm
 from .properties import Broken
 from .report import PieceError, PieceResult, as_double, first_row_that_differs, found, run_reader, same
 
 QWEN3_5_ATTENTION = "Qwen3.5 GroupedQueryAttention"
 GEMMA4_ATTENTION = "Gemma 4 Attention"
-KINDS = (QWEN3_5_ATTENTION, GEMMA4_ATTENTION)
+GEMMA4_NORM = "Gemma4RMSNorm"
+KINDS = (QWEN3_5_ATTENTION, GEMMA4_ATTENTION, GEMMA4_NORM)
 QWEN3_5_ROPE = {"theta_base": 10_000_000.0, "partial_rotary_factor": 0.25}  # the notebook's QWEN3_5_CONFIG
 # A tiny get_gemma4_dense_config: layer 1 is a full layer, heads of global_head_dim 16, of which
 # int(0.25 * 16 // 2) = 2 pairs turn.
@@ -50,7 +51,7 @@ GEMMA4_TINY = {"vocab_size": 97, "vocab_size_per_layer_input": 97, "emb_dim": 32
                "tie_word_embeddings": True, "pad_token_id": 0, "dtype": torch.float32}
 PRESETS = {"qwen3_5": {"GroupedQueryAttention": {"d_in": 32, "num_heads": 4, "num_kv_groups": 2, "head_dim": 16,
                                                  "qk_norm": True}},
-           "gemma4": {"Gemma4Attention": GEMMA4_TINY}}
+           "gemma4": {"Gemma4Attention": GEMMA4_TINY, "Gemma4RMSNorm": {"dim": 32}}}
 EVEN = 1e-5     # fed one token at every position, a row's scores are equal within this share of their largest
                 # (float32 rounding some 1e-7; the same token gives bitwise equal scores where nothing turns)
 SPAN_TOKENS = 16  # one token at 16 positions: a slow pair (base 1e6) turns far enough to show
@@ -81,6 +82,8 @@ def kind_of(piece: nn.Module) -> str | None:
             isinstance(piece.W_query, nn.Linear) and \
             piece.W_query.out_features == 2 * int(piece.num_heads) * int(piece.head_dim):
         return QWEN3_5_ATTENTION
+    if type(piece).__name__ == "Gemma4RMSNorm":
+        return GEMMA4_NORM
     if all(hasattr(piece, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "head_dim")) and \
             (hasattr(piece, "v_norm") or hasattr(piece, "num_kv_heads")):  # (a v_norm left out is a finding)
         return GEMMA4_ATTENTION
@@ -418,6 +421,57 @@ def check_gemma4_attention(att: nn.Module, x: torch.Tensor | None = None) -> Pie
             held.append("the scores are unscaled")
     return _unexplained(result, ", ".join(held) + ": the difference lies elsewhere (the projections' layout, the "
                                                   "QK-norm's place, RoPE's pairs, the merge of the heads or o_proj)")
+
+
+def check_gemma4_rms_norm(norm: nn.Module, x: torch.Tensor | None = None) -> PieceResult:
+    """Gemma 4's RMSNorm: x / rms(x) times a plain weight (it starts at 1), or nothing (with_scale=False, the value
+    norm); a (1 + weight) scale, Gemma 3's, named before the general RMSNorm check."""
+    w = getattr(norm, "weight", None)
+    if isinstance(w, torch.Tensor):
+        result = check_rms_norm(norm, x)
+        if result.ok:
+            result.kind = GEMMA4_NORM
+            return result
+        probe = _plus_one_probe(norm)
+        if probe is not None:
+            return probe
+        result.kind = GEMMA4_NORM
+        return result
+    if x is None:  # no weight: any width will do; rows 1e-3 smaller show where eps sits
+        x = torch.randn(2, 32, generator=torch.Generator().manual_seed(SEED)) + 0.5
+        x = torch.cat([x, x * 1e-3])
+    eps = float(getattr(norm, "eps", None) or 1e-6)
+    result = PieceResult(GEMMA4_NORM, f"[{', '.join(map(str, x.shape))}] inputs (torch.randn + 0.5, seed 123, and "
+                                      f"the same 1e-3 smaller), no weight (with_scale=False), eps {eps:g} (yours)")
+    got = run_reader(f"{type(norm).__name__}.forward", lambda: _eval(norm, x))
+    h = as_double(x)
+    if _compare(result, got, h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps), "row"):
+        return result
+    broken = properties.norm_rows(x, as_double(got), True, eps)
+    return found(result, broken, None, LINES) if broken is not None else \
+        _unexplained(result, "its rows keep unit mean square with eps inside the root")
+
+
+def _plus_one_probe(norm: nn.Module) -> PieceResult | None:
+    """A weight set to 0.2 ... 0.6 on a copy: an output of x / rms(x) * (1 + weight) is Gemma 3's scale."""
+    probe = copy.deepcopy(norm)
+    d = probe.weight.numel()
+    with torch.no_grad():
+        probe.weight.copy_(torch.linspace(0.2, 0.6, d))
+    x = _rand(4, d) + 0.5
+    eps = float(getattr(norm, "eps", None) or 1e-6)
+    got = run_reader(f"{type(norm).__name__}.forward", lambda: _eval(probe, x))
+    h = as_double(x)
+    unit = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if not same(got, unit * (1 + as_double(probe.weight))):
+        return None
+    result = PieceResult(GEMMA4_NORM, f"torch.rand(4, {d}) + 0.5 (seed 123), a weight 0.2 ... 0.6 in place of "
+                                      f"yours, eps {eps:g} (yours)")
+    result.lines.append("output against x / rms(x) * (1 + weight): equal")
+    result.views = {"reader_out": got, "book_out": unit * as_double(probe.weight)}
+    return found(result, Broken("scale_plus_one", "output", "row 0", "each column is scaled by (1 + weight), "
+                                "Gemma 3's zero-centred scale, where Gemma 4's weight is the scale itself (it starts "
+                                "at 1): x_norm * self.weight.float()"), None, LINES)
 
 
 def _spans(dims: list[int]) -> str:
