@@ -67,6 +67,16 @@ def needs_kernels():
     return ops
 
 
+def needs_gemv():
+    """`torch.ops.glassgpt` with at least the float `gemv`: the whole kernels, or the AVX2 build (native.gemv_ops);
+    where neither can be built here, the test skips, or fails under GLASSGPT_REQUIRE_GEMV=1."""
+    from glassgpt.engine import native
+    ops = native.gemv_ops()
+    if ops is None:
+        skip_unless_required(f"glassgpt's gemv is not available here: {native.gemv_status()}", "GLASSGPT_REQUIRE_GEMV")
+    return ops
+
+
 def stored_bytes(model: torch.nn.Module) -> int:
     """Bytes of a model's parameters and buffers, each tensor once (a tied one is one tensor)."""
     tensors = {t.data_ptr(): t for t in list(model.parameters()) + list(model.buffers())}

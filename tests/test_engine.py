@@ -49,7 +49,7 @@ from glassgpt.errors import PromptError
 from glassgpt.generate import generate, stream
 from glassgpt.formats import random_model
 
-from conftest import layer_norm_and_input, make_hf_model, needs_kernels, save_hf_model
+from conftest import needs_gemv, layer_norm_and_input, make_hf_model, needs_kernels, save_hf_model
 from helpers import copy_of, decode_with, prompts, trained_model
 
 @pytest.fixture(scope="module", autouse=True)
@@ -619,7 +619,7 @@ def choose_all(engine: Engine, linear: str, attention: str) -> None:
                                                ("torch", "blocks")])
 def test_greedy_tokens_on_each_kernel_and_attention_path_equal_the_glass_models(trained, linear, attention):
     if linear == "glassgpt":
-        needs_kernels()
+        needs_gemv()  # the whole kernels, or their AVX2 build of the float products
     model, ids = trained
     prompt = prompts(ids)
     engine = Engine(model)

@@ -174,7 +174,7 @@ def test_the_decoding_twin_shares_the_weights_and_gives_the_glass_models_logits(
     glass = adopt(book_module(family, tie=True))
     twin, _ = gemv_twin(glass)
     assert pointers(twin) == pointers(glass) and twin.tied  # nothing copied
-    ops = native.load()
+    ops = native.gemv_ops()  # the whole kernels, or their AVX2 build of the float products
     for m in twin.modules():  # glassgpt's kernel on every layer, whichever won here
         if isinstance(m, GemvLinear) and ops is not None:
             m.gemv = ops.gemv

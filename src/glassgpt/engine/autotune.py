@@ -128,6 +128,19 @@ def precision_of(model: nn.Module) -> str:
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
+def kernels_for(precision: str):
+    """The operators that can multiply at `precision` here (None: PyTorch's alone): the whole kernels, or, for
+    float32 and bfloat16 on a CPU without AVX-512, the AVX2 build of `gemv` (native.gemv_ops)."""
+    return native.gemv_ops() if precision in ("float32", "bfloat16") else native.load()
+
+
+def _kernel_words(precision: str) -> str:
+    """How a cache key names the kernels `kernels_for(precision)` offers, so that another build measures again."""
+    if native.load() is not None:
+        return "with glassgpt's kernels"
+    return "with glassgpt's AVX2 gemv" if kernels_for(precision) is not None else "without glassgpt's kernels"
+
+
 def machine_key() -> str:
     flags = cpu_flags()
     return f"{native.cpu_name()} [{' '.join(f for f in ISA if f in flags)}], torch {torch.__version__}, " \
@@ -140,7 +153,7 @@ def tune(twin: nn.Module) -> Choices | None:
     if params is None or params.device.type != "cpu" or twin.training or precision_of(twin) not in PRECISIONS:
         return None  # (float16 on a CPU: PyTorch's operators)
     choices = choose(twin.cfg, precision_of(twin))
-    rows, ops = PROMPT_ROWS.get(choices.precision), native.load()
+    rows, ops = PROMPT_ROWS.get(choices.precision), kernels_for(choices.precision)
     # (measured apart from choose, so that a machine's earlier choices gain them without measuring the rest again)
     later = {}
     if choices.due(PROMPT) and rows and ops is not None \
@@ -172,7 +185,7 @@ def choose(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choices
     fresh = choices is None
     if fresh:
         choices = Choices(machine_key(), precision, key=key, path=cache)
-    ops, attention = native.load(), None
+    ops, attention = kernels_for(precision), None
     again = [d for d in choices.unsettled if d.startswith(("linear ", "attention ")) and choices.due(d)]
     with torch.random.fork_rng(devices=[]):  # the inputs are random: a seeded run draws the same with or without a measurement
         for shape in linear_shapes(cfg):
@@ -204,7 +217,7 @@ def recorded(cfg: GPTConfig, precision: str, cache: Path | None = None) -> Choic
 
 def _key(cfg: GPTConfig, precision: str) -> str:
     return (f"{machine_key()} | {precision} | d {cfg.emb_dim}, h {cfg.n_heads}, out {cfg.out_dim}, "
-            f"ctx {cfg.context_length} | {'with' if native.load() is not None else 'without'} glassgpt's kernels")
+            f"ctx {cfg.context_length} | {_kernel_words(precision)}")
 
 
 def tune_training(twin: nn.Module) -> str | None:
@@ -248,7 +261,7 @@ def training_attention_candidates(cfg: GPTConfig, precision: str, t: int) -> dic
 
 def apply(twin: nn.Module, choices: Choices) -> None:
     """Give each layer of `twin` the winner for its shape (layers of other shapes keep PyTorch's path)."""
-    ops = native.load() if "glassgpt" in choices.winners.values() else None
+    ops = kernels_for(choices.precision) if "glassgpt" in choices.winners.values() else None
     kernel = {GemvLinear: "gemv", Int8Linear: "gemv_q8", Int4Linear: "gemv_q4"}
     for module in twin.modules():
         if type(module) in kernel:
@@ -281,12 +294,12 @@ def twin_choices(model: nn.Module) -> Choices | None:
     anatomy = describe_model(model)
     shapes = sorted({(m.out_features, m.in_features) for m in model.modules() if type(m) is nn.Linear})
     first = anatomy.blocks[0]
-    ops = native.load()
+    ops = kernels_for(precision)
     key = (f"{machine_key()} | {precision} | {anatomy.name}: d {anatomy.embedding.emb_dim}, layers {anatomy.n_layers}, "
            f"h {first.attention.n_heads}, g {first.attention.n_kv_groups}, hd {first.attention.head_dim}, "
            f"ff {first.ff.hidden_dim}, V {anatomy.head.out_features}, ctx {anatomy.positions.context_length}, "
            f"linears {' '.join(f'{o}x{i}' for o, i in shapes)} | "
-           f"{'with' if ops is not None else 'without'} glassgpt's kernels")
+           f"{_kernel_words(precision)}")
     if key in _memo:
         return _memo[key]
     cache = native.cache_dir() / "autotune.json"
@@ -351,8 +364,8 @@ def describe(choices: Choices, cfg: GPTConfig) -> str:
     if won:
         linear = (f"glassgpt's for {won} of {len(shapes)} weight shapes "
                   f"({torch_ms / chosen:.2f}x PyTorch's per token)" if chosen else f"glassgpt's for {won} shapes")
-    elif native.load() is None:
-        linear = f"PyTorch's ({native.status()})"
+    elif kernels_for(choices.precision) is None:
+        linear = f"PyTorch's ({native.gemv_status() if choices.precision in ('float32', 'bfloat16') else native.status()})"
     else:
         linear = "PyTorch's (measured faster than glassgpt's)"
     paths = {"blocks": "written out", "sdpa": "SDPA"}

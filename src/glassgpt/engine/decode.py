@@ -256,7 +256,7 @@ def gemv_twin(model: nn.Module) -> tuple[nn.Module, autotune.Choices | None]:
     twin = _shallow_copy(model)
     one_token_experts(twin, describe(model))  # a MoE's decoding step runs only the routed experts, without bookkeeping
     choices = autotune.twin_choices(model)
-    ops = native.load() if choices is not None else None
+    ops = autotune.kernels_for(choices.precision) if choices is not None else None
     if ops is not None:
         for m in twin.modules():
             if isinstance(m, GemvLinear) and choices.winners.get(f"linear {m.out_features}x{m.in_features}") == "glassgpt":

@@ -1,6 +1,7 @@
 """glassgpt's own CPU kernels (kernels/*.cpp): built once per machine, then loaded.
 
     ops = native.load()        # torch.ops.glassgpt, or None where they cannot be had
+    ops = native.gemv_ops()    # the same; without AVX-512, on AVX2 and FMA, the float32/bfloat16 `gemv` alone
     lib = native.library()     # the same build as a ctypes library (gg_step: kernels/step.cpp; gg_family_step: family_step.cpp), or None
     native.status()            # one line: what was built and where, or why there is none
 
@@ -13,6 +14,12 @@ the torch version; later processes load that file in milliseconds. A CPU without
 machine without a compiler or torch headers, or a build that fails: `load()` returns None,
 `status()` says why in one line, a `KernelWarning` says it once per process, and every
 caller runs PyTorch's own operators instead (the pure-PyTorch path, which the tests cover).
+
+On a CPU with AVX2 and FMA but no AVX-512, `gemv_ops()` builds the float products alone
+(kernels/gemv_avx2.cpp, 8 lanes wide, with ops.cpp's `gemv` operator), the one kernel decoding
+there is made of: PyTorch's one-row float32 product streams a weight on one core at about half
+the memory's rate on such a CPU (benchmarks/RESULTS.md). int8, 4-bit and the native step need
+the AVX-512 build.
 
 A library in the cache is executed only once it is known whole. A build runs under a lock
 (`kernels/build.lock`: a second process waits, then finds the library built), in a temporary
@@ -40,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -50,12 +58,26 @@ from ..errors import CacheWarning, KernelWarning
 SOURCES = Path(__file__).parent / "kernels"
 REQUIRED = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma")  # the ISA every kernel is written for
 OPTIONAL = {"avx512_vnni": "-mavx512vnni", "avx512_bf16": "-mavx512bf16"}  # used where present
+AVX2 = ("avx2", "fma")  # the ISA of the AVX2 build (gemv_avx2.cpp): the float products alone
 BUILD_SECONDS = 300
 RECORD = ".sha256"  # beside each library: {"bytes": its size, "sha256": its digest}, written by its build
 MISSING = "is not built yet"
 
 _status = "not loaded yet"
+_gemv_status = "not loaded yet"
 _library: list[ctypes.CDLL] = []  # the library this process loaded (one per process)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One library of kernels: the sources compiled with the CPU's ISA flags, and ops.cpp's defines."""
+    name: str  # its file name's start in the cache
+    kernels: tuple[str, ...]
+    defines: tuple[str, ...] = ()
+
+
+WHOLE = Build("glassgpt_kernels", ("gemv.cpp", "step.cpp", "family_step.cpp"))
+GEMV_AVX2 = Build("glassgpt_gemv_avx2", ("gemv_avx2.cpp",), ("-DGG_GEMV_ONLY",))
 
 
 def cache_dir() -> Path:
@@ -95,6 +117,11 @@ def isa_flags(flags: frozenset[str]) -> list[str] | None:
         flag for name, flag in OPTIONAL.items() if name in flags]
 
 
+def avx2_flags(flags: frozenset[str]) -> list[str] | None:
+    """The compiler flags for the AVX2 build, or None where the CPU lacks AVX2 or FMA."""
+    return ["-mavx2", "-mfma"] if set(AVX2) <= flags else None
+
+
 def status() -> str:
     """What `load()` found: the library it loaded, or why glassgpt runs PyTorch's operators instead."""
     return _status
@@ -112,6 +139,50 @@ def load(flags: frozenset[str] | None = None, directory: Path | None = None):
     return _load(cpu_flags() if flags is None else flags, directory)
 
 
+def gemv_ops(flags: frozenset[str] | None = None, directory: Path | None = None):
+    """`torch.ops.glassgpt` with at least its float32/bfloat16 `gemv`: the whole kernels where `load()` has them,
+    else, on a CPU with AVX2 and FMA, the AVX2 build of the float products alone; None where neither can be had
+    (`gemv_status()` says why). `flags` and `directory` as for `load` (tests)."""
+    if flags is None and directory is None:
+        return _load_once() or _gemv_once()
+    flags = cpu_flags() if flags is None else flags
+    return _load(flags, directory) or _load_gemv(flags, directory)
+
+
+def gemv_status() -> str:
+    """What `gemv_ops()` found, in one line: the library it loaded, or why PyTorch's products run."""
+    return _status if _status.startswith("built") else _gemv_status
+
+
+@functools.lru_cache(maxsize=1)
+def _gemv_once():
+    ops = _load_gemv(cpu_flags(), None)
+    if ops is None and _gemv_status != _status:  # (the same cause, no compiler say, is said once)
+        warnings.warn(f"glassgpt's AVX2 matrix-vector kernel is not used: {_gemv_status}", KernelWarning, stacklevel=3)
+    return ops
+
+
+def _load_gemv(flags: frozenset[str], directory: Path | None):
+    global _gemv_status
+    isa = avx2_flags(flags)
+    if isa is None:
+        _gemv_status = "this CPU lacks " + ", ".join(f for f in AVX2 if f not in flags) + \
+            "; PyTorch's own operators run instead"
+        return None
+    try:
+        path = build(isa, directory or cache_dir() / "kernels", GEMV_AVX2)
+        if not hasattr(torch.ops.glassgpt, "gemv"):  # else registered already: one library per process
+            _library.append(ctypes.CDLL(str(path)))
+            torch.ops.load_library(str(path))
+        _register_fakes()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        _gemv_status = f"{reason}; PyTorch's own operators run instead"
+        return None
+    _gemv_status = f"the AVX2 build of the float products (this CPU has no AVX-512), in {path}"
+    return torch.ops.glassgpt
+
+
 @functools.lru_cache(maxsize=1)
 def _load_once():
     ops = _load(cpu_flags(), None)
@@ -125,7 +196,9 @@ def _load(flags: frozenset[str], directory: Path | None):
     isa = isa_flags(flags)
     if isa is None:
         missing = ", ".join(f for f in REQUIRED if f not in flags)
-        _status = f"this CPU lacks {missing}; PyTorch's own operators run instead"
+        _status = f"this CPU lacks {missing}; PyTorch's own operators run instead" + (
+            " (for float32 and bfloat16 products, glassgpt's AVX2 gemv where it measured faster)"
+            if avx2_flags(flags) else "")
         return None
     try:
         path = build(isa, directory or cache_dir() / "kernels")
@@ -143,7 +216,7 @@ def _load(flags: frozenset[str], directory: Path | None):
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernels as a ctypes library, for the calls that pass raw addresses (engine/step.py); None without them."""
-    if _load_once() is None or not _library:
+    if _load_once() is None or not _library:  # (the AVX2 build has no step: load() is None there)
         return None
     lib = _library[0]
     if not hasattr(lib, "_glassgpt_typed"):
@@ -159,14 +232,14 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def library_path(isa: list[str], directory: Path) -> Path:
+def library_path(isa: list[str], directory: Path, what: Build = WHOLE) -> Path:
     """Where the kernels for `isa` are kept in `directory`: a name holding the hash of the sources, the flags,
     torch's version and Python's."""
     key = hashlib.sha256()
     for part in sorted(SOURCES.iterdir()):
         key.update(part.name.encode() + part.read_bytes())
-    key.update(" ".join([*_kernel_flags(isa), _abi(), torch.__version__, sys.version]).encode())
-    return directory / f"glassgpt_kernels-{key.hexdigest()[:16]}.so"
+    key.update(" ".join([*_kernel_flags(isa), *what.defines, _abi(), torch.__version__, sys.version]).encode())
+    return directory / f"{what.name}-{key.hexdigest()[:16]}.so"
 
 
 def _kernel_flags(isa: list[str]) -> list[str]:
@@ -177,10 +250,10 @@ def _abi() -> str:
     return f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
 
 
-def build(isa: list[str], directory: Path) -> Path:
+def build(isa: list[str], directory: Path, what: Build = WHOLE) -> Path:
     """The kernels for `isa` in `directory`, whole (check_built): compiled and linked there first where they are
     not, or where the file there cannot be trusted (then with a CacheWarning naming it)."""
-    path = library_path(isa, directory)
+    path = library_path(isa, directory, what)
     problem = check_built(path)
     if problem is None:
         return path
@@ -199,7 +272,7 @@ def build(isa: list[str], directory: Path) -> Path:
         if check_built(path) is not None:  # else the other process built it while this one waited
             for stale in directory.glob("build-*"):  # no build runs here now: these were stopped part way
                 shutil.rmtree(stale, ignore_errors=True)
-            _compile_into(path, compiler, isa)
+            _compile_into(path, compiler, isa, what)
     if problem != MISSING:
         warnings.warn(f"{path} {problem}: built it again", CacheWarning, stacklevel=2)
     return path
@@ -209,18 +282,17 @@ def _untrusted(path: Path, problem: str) -> str:
     return "" if problem == MISSING else f"{path} {problem}, and "
 
 
-def _compile_into(path: Path, compiler: str, isa: list[str]) -> None:
+def _compile_into(path: Path, compiler: str, isa: list[str], what: Build = WHOLE) -> None:
     """Compile, link and load once in a child process; record its size and sha256; then rename it to `path`."""
     from torch.utils import cpp_extension  # (setuptools: only a build needs it)
     torch_lib = str(Path(torch.__file__).parent / "lib")
     kernel_cmd = _kernel_flags(isa)
-    ops_cmd = ["-O2", "-std=c++20", "-fPIC", _abi(), *[f"-I{p}" for p in cpp_extension.include_paths()]]
+    ops_cmd = ["-O2", "-std=c++20", "-fPIC", _abi(), *what.defines, *[f"-I{p}" for p in cpp_extension.include_paths()]]
     with tempfile.TemporaryDirectory(prefix="build-", dir=path.parent) as tmp:
-        objects = [[compiler, *kernel_cmd, "-c", str(SOURCES / "gemv.cpp"), "-o", f"{tmp}/gemv.o"],
-                   [compiler, *kernel_cmd, "-c", str(SOURCES / "step.cpp"), "-o", f"{tmp}/step.o"],
-                   [compiler, *kernel_cmd, "-c", str(SOURCES / "family_step.cpp"), "-o", f"{tmp}/family_step.o"],
-                   [compiler, *ops_cmd, "-c", str(SOURCES / "ops.cpp"), "-o", f"{tmp}/ops.o"]]
-        link = [compiler, "-shared", f"{tmp}/gemv.o", f"{tmp}/step.o", f"{tmp}/family_step.o", f"{tmp}/ops.o",
+        objects = [[compiler, *kernel_cmd, "-c", str(SOURCES / source), "-o", f"{tmp}/{Path(source).stem}.o"]
+                   for source in what.kernels]
+        objects.append([compiler, *ops_cmd, "-c", str(SOURCES / "ops.cpp"), "-o", f"{tmp}/ops.o"])
+        link = [compiler, "-shared", *[cmd[-1] for cmd in objects],
                 "-o", f"{tmp}/lib.so", "-fopenmp", f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
         # The objects compile side by side, one a core (on 2 cores: 28 s one after the other, 15 s so).
         for cmd, result in zip(objects, _compile_all(objects)):
@@ -333,19 +405,23 @@ def _raise_if_failed(cmd: list[str], result: subprocess.CompletedProcess) -> Non
 
 @functools.lru_cache(maxsize=1)
 def _register_fakes() -> None:
-    """The output shapes of the operators, for torch.compile, which traces them without running them."""
-    @torch.library.register_fake("glassgpt::gemv")
+    """The output shapes of the operators, for torch.compile, which traces them without running them (those the
+    loaded build has: the AVX2 build registers `gemv` alone)."""
+    def fake(name: str):
+        return torch.library.register_fake(f"glassgpt::{name}") if hasattr(torch.ops.glassgpt, name) else (lambda f: f)
+
+    @fake("gemv")
     def _(x, weight, bias):
         return x.new_empty(x.shape[0], weight.shape[0])
 
-    @torch.library.register_fake("glassgpt::gemv_q8")
+    @fake("gemv_q8")
     def _(x, weight, scales, bias):
         return x.new_empty(x.shape[0], weight.shape[0])
 
-    @torch.library.register_fake("glassgpt::gemv_q4")
+    @fake("gemv_q4")
     def _(x, packed, scales_mins, bias, out_features, group_size):
         return x.new_empty(x.shape[0], out_features)
 
-    @torch.library.register_fake("glassgpt::gelu_tanh")
+    @fake("gelu_tanh")
     def _(x):
         return torch.empty_like(x)

@@ -25,33 +25,13 @@
 // Each kernel takes `nt`, the number of OpenMP threads (torch's own pool: the process has one
 // libgomp), and splits W's rows evenly between them.
 #include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
 #include <math.h>
-#include <omp.h>
 
-#include <type_traits>
+#include "rows.h"
 
 // native.py compiles this file for AVX-512F/BW/VL/DQ, and for AVX512-VNNI and AVX512-BF16 where the
 // CPU has them (-mavx512vnni, -mavx512bf16): one build per instruction set, nothing chosen at run
 // time in here. gg_features() says what a build holds.
-
-typedef uint16_t bf16;
-
-static inline float bf16_to_f32(bf16 v) {
-    uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline bf16 f32_to_bf16(float f) {  // round to nearest even, as torch does
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16)(u >> 16);
-}
 
 // exp on 16 lanes: 2^n * p(f), x = n ln2 + f, |f| <= ln2 / 2, p of degree 7 (relative error ~1e-7).
 static inline __m512 exp16(__m512 x) {
@@ -89,20 +69,7 @@ static inline __m256i round16_bf16(__m512 v) {
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
-template <typename T> static inline float load1(const T* p, int64_t i);
-template <> inline float load1<float>(const float* p, int64_t i) { return p[i]; }
-template <> inline float load1<bf16>(const bf16* p, int64_t i) { return bf16_to_f32(p[i]); }
-template <typename T> static inline void store1(T* p, int64_t i, float v);
-template <> inline void store1<float>(float* p, int64_t i, float v) { p[i] = v; }
-template <> inline void store1<bf16>(bf16* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
 
-// This thread's share [lo, hi) of `n` units.
-static inline void share(int64_t n, int64_t* lo, int64_t* hi) {
-    int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    int64_t per = n / nt, extra = n % nt;
-    *lo = t * per + (t < extra ? t : extra);
-    *hi = *lo + per + (t < extra ? 1 : 0);
-}
 
 static inline __mmask16 tail16(int64_t left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
 static inline __mmask32 tail32(int64_t left) { return left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1); }
@@ -259,47 +226,6 @@ static void quantize_rows(const T* x, int64_t M, int64_t K, int16_t* xq, float* 
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The loop over rows, shared by the row-major kernels. `rows(R, MB, n, m0, out)` computes rows
-// n..n+R-1 of W against rows m0..m0+MB-1 of x into out[m][r]; `finish(m, n, v)` stores one result.
-
-#define MAXM 4
-template <int V> using I = std::integral_constant<int, V>;
-
-template <class Rows, class Finish>
-static inline void row_range(int64_t lo, int64_t hi, int64_t M, Rows rows, Finish finish) {
-    float out[MAXM][4];
-    for (int64_t n = lo; n < hi;) {
-        if (hi - n >= 4) {
-            for (int64_t m0 = 0; m0 < M; m0 += MAXM) {
-                int64_t mb = M - m0 < MAXM ? M - m0 : MAXM;
-                switch (mb) {
-                    case 1: rows(I<4>{}, I<1>{}, n, m0, out); break;
-                    case 2: rows(I<4>{}, I<2>{}, n, m0, out); break;
-                    case 3: rows(I<4>{}, I<3>{}, n, m0, out); break;
-                    default: rows(I<4>{}, I<4>{}, n, m0, out); break;
-                }
-                for (int64_t m = 0; m < mb; m++)
-                    for (int64_t i = 0; i < 4; i++) finish(m0 + m, n + i, out[m][i]);
-            }
-            n += 4;
-        } else {
-            for (int64_t m = 0; m < M; m++) {
-                rows(I<1>{}, I<1>{}, n, m, out);
-                finish(m, n, out[0][0]);
-            }
-            n += 1;
-        }
-    }
-}
-
-// This thread's share of N rows.
-template <class Rows, class Finish>
-static inline void row_loop(int64_t N, int64_t M, Rows rows, Finish finish) {
-    int64_t lo, hi;
-    share(N, &lo, &hi);
-    row_range(lo, hi, M, rows, finish);
-}
 
 // ---------------------------------------------------------------------------------------------
 // 4-bit weights, blocks of 16 rows. Block `nb` holds K/8 units of 64 bytes; unit u, byte 4j + i

@@ -8,7 +8,8 @@
 //
 // x is [M, K] (a few rows); the result is [M, N] in x's dtype. Shapes for torch.compile (the
 // "fake" implementations) are registered in engine/native.py. Compiled without AVX-512 flags:
-// only gemv.cpp's functions use those instructions.
+// only gemv.cpp's functions use those instructions. With GG_GEMV_ONLY (the AVX2 build, gemv_avx2.cpp)
+// only `gemv` and `features` are registered.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -23,11 +24,13 @@ void gg_gemv_f32(const float*, const float*, const float*, float*, int64_t, int6
 void gg_gemv_bf16(const uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t, int);
 void gg_gemv_bf16_widen(const uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t,
                         float*, int);
+#ifndef GG_GEMV_ONLY
 void gg_gemv_q8(const int8_t*, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t, int,
                 int16_t*, float*, int);
 void gg_gemv_q4(const uint8_t*, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t, int64_t,
                 int, int8_t*, float*, float*, int);
 void gg_gelu_tanh(const void*, void*, int64_t, int, int);
+#endif
 }
 
 namespace {
@@ -75,6 +78,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
     return y;
 }
 
+#ifndef GG_GEMV_ONLY
 at::Tensor gemv_q8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
                    const std::optional<at::Tensor>& bias) {
     const auto dtype = x.scalar_type();
@@ -127,21 +131,27 @@ at::Tensor gelu_tanh(const at::Tensor& x) {
     return y;
 }
 
+#endif
+
 int64_t features() { return gg_features(); }
 
 }  // namespace
 
 TORCH_LIBRARY(glassgpt, m) {
     m.def("gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+    m.def("features() -> int", &features);
+#ifndef GG_GEMV_ONLY
     m.def("gemv_q8(Tensor x, Tensor weight, Tensor scales, Tensor? bias) -> Tensor");
     m.def("gemv_q4(Tensor x, Tensor packed, Tensor scales_mins, Tensor? bias, int out_features, int group_size) -> Tensor");
     m.def("gelu_tanh(Tensor x) -> Tensor");
-    m.def("features() -> int", &features);
+#endif
 }
 
 TORCH_LIBRARY_IMPL(glassgpt, CPU, m) {
     m.impl("gemv", &gemv);
+#ifndef GG_GEMV_ONLY
     m.impl("gemv_q8", &gemv_q8);
     m.impl("gemv_q4", &gemv_q4);
     m.impl("gelu_tanh", &gelu_tanh);
+#endif
 }
