@@ -158,6 +158,27 @@ def tiny_aya_rope_everywhere(model):
     return model
 
 
+def llama_tables_reversed(model):
+    """Llama3Model.forward handing every block the RoPE tables' rows in reverse: the last position's angles first."""
+    def forward(self, in_idx):
+        x = self.tok_emb(in_idx)
+        t = x.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+        for block in self.trf_blocks:
+            x = block(x, mask, self.cos.flip(0), self.sin.flip(0))  # planted: .flip(0)
+        return self.out_head(self.final_norm(x))
+    model.forward = MethodType(forward, model)
+    return model
+
+
+def tiny_aya_no_shortcut(model):
+    def forward(self, x, cos, sin, cache=None):
+        normed = self.input_layernorm(x)
+        return self.att(normed, cos, sin, cache) + self.ff(normed)  # planted: x + left out
+    each(model.trf_blocks, forward)
+    return model
+
+
 QWEN3, LLAMA = (book_qwen.Qwen3Model, QWEN3_TINY), (book_llama.Llama3Model, LLAMA3_TINY)
 
 PLANTED = {  # id: (the model, the first stage, where, the property, words the finding holds)
@@ -167,10 +188,17 @@ PLANTED = {  # id: (the model, the first stage, where, the property, words the f
     "qwen3_keys_not_turned": (lambda: book_attention(book(*QWEN3), rope_keys=False), "trf_blocks.0.att",
                               "position 1", "rope_positions", "with RoPE a score depends only on how far apart"),
     "qwen3_rows_do_not_sum_to_1": (lambda: book_attention(book(*QWEN3), plus_one=True), "trf_blocks.0.att",
-                                   "position 1", "rows_sum_to_1", "its attention weights do not sum to 1"),
+                                   "row 0 of head 0", "rows_sum_to_1", "row 0 of head 0's attention weights sum to "
+                                   "0.7669, not 1"),
     "llama_scaled_by_emb_dim": (lambda: book_attention(book(*LLAMA), scale=lambda att: att.d_out ** 0.5),
                                 "trf_blocks.0.att", "position 0", "scale",
                                 "times 1/sqrt(emb_dim) = 1/sqrt(32) (q k^T from the description"),
+    "llama_rope_tables_reversed": (lambda: llama_tables_reversed(book(*LLAMA)), "trf_blocks.0.att", "position 1",
+                                   "rope_positions", "the queries and keys are turned by other positions than their "
+                                   "own; the tables handed to it from outside (its arguments `cos` and `sin`"),
+    "tiny_aya_parallel_shortcut_missing": (lambda: tiny_aya_no_shortcut(tiny("tiny-aya")), "trf_blocks.0.shortcut",
+                                           "position 0", "shortcut", "the shortcut around the attention and the "
+                                           "feed-forward is missing"),
     "llama_no_ff_shortcut": (lambda: llama_no_ff_shortcut(book(*LLAMA)), "trf_blocks.0.shortcut2", "position 0",
                              "shortcut", "the shortcut around the feed-forward is missing"),
     "llama_gelu_for_silu": (lambda: llama_gelu(book(*LLAMA)), "trf_blocks.0.ff", "position 0", "activation",

@@ -563,11 +563,10 @@ def _described_property(stage: _Stage, model: nn.Module, anatomy: an.Anatomy, se
     elif stage.kind in ("att", "ff") and f"{stage.name}<call" in seen:
         call = Call(model.get_submodule(stage.name), *seen[f"{stage.name}<call"])
         x = seen[stage.name][0]
-        broken = attention_call(stage.name, call, x, facts["att"], facts["layer_type"], facts["raw"], d) \
+        broken = attention_call(stage.name, call, x, facts["att"], facts["layer_type"], facts.get("again"), model, d) \
             if stage.kind == "att" else feed_forward_call(stage.name, call, x, facts["ff"], model, d)
     elif stage.kind == "shortcut" and "around" in facts:
-        broken = described_shortcut(stage.name, stage.got, facts["x"], facts["added"], facts["around"],
-                                    facts["formula"], d)
+        broken = described_shortcut(stage.name, stage.got, facts["terms"], facts["around"], facts["formula"], d)
     elif stage.kind == "reads" and facts.get("options"):
         broken = placement(stage.name, stage.got, want, facts["options"])
     return broken or factor(stage.name, stage.got, want, d)
@@ -717,7 +716,11 @@ def _block_stages(model: nn.Module, block: an.Block, seen: dict, kv_in: torch.Te
         yield _reads(f"{ff.path} (input)", f_in, seen[n_in[0].path][1], {"norm": n_in[0].path.rpartition(".")[2]},
                      {"sequential": normed})
         yield _Stage(ff.path, f_out, _ff_formula(model, ff, f_in), "ff", _ff_facts(ff))
-        yield _scaled(model, block, f"{block.path}.shortcut", out, lambda: x.double() + a_out.double() + f_out.double())
+        leaf = lambda p: p.rpartition(".")[2]  # noqa: E731
+        yield _scaled(model, block, f"{block.path}.shortcut", out, lambda: x.double() + a_out.double() + f_out.double(),
+                      {"around": "the attention and the feed-forward", "terms": (("its input", x), (
+                          "the attention's output", a_out), ("the feed-forward's output", f_out)), "formula":
+                       f"x + {leaf(att.path)}({leaf(n_in[0].path)}(x)) + {leaf(ff.path)}({leaf(n_in[0].path)}(x))"})
         return
     # the stream after the first shortcut, as the next part reads it
     h = seen[n_in[1].path][0] if n_in[1] is not None else f_in
@@ -770,7 +773,7 @@ def _around(part: str, path: str, before: an.Norm | None, after: an.Norm | None,
     placement's line, x + post(part(pre(x)))."""
     leaf = lambda p: p.rpartition(".")[2]  # noqa: E731
     inner = f"{leaf(path)}({leaf(before.path)}(x))" if before is not None else f"{leaf(path)}(x)"
-    return {"around": part, "x": x, "added": added,
+    return {"around": part, "terms": (("its input", x), (f"{part}'s output", added)),
             "formula": f"x + {leaf(after.path)}({inner})" if after is not None else f"x + {inner}"}
 
 
@@ -914,7 +917,8 @@ def _attention_stage(model: nn.Module, att: an.Attention, x: torch.Tensor, out: 
              "v_norm_weight": att.v_norm is not None and isinstance(
                  getattr(model.get_submodule(att.v_norm.path), "weight", None), torch.Tensor)}
     formula = _linear_attention(model, att, x) if att.kind == "linear" else _causal_attention(model, att, x, kv_in)
-    facts["raw"] = lambda: formula(("raw_scores", None))
+    if att.kind == "causal":  # the formula again on another input (pieces/stages.py's properties)
+        facts["again"] = lambda x_, mistake: _causal_attention(model, att, x_, kv_in)(mistake)
     return _Stage(att.path, out, formula, "att", facts)
 
 
@@ -965,6 +969,8 @@ def _causal_attention(model: nn.Module, att: an.Attention, x: torch.Tensor, kv_x
         context = (attn @ v).transpose(1, 2).reshape(b, t, h * hd)  # [b, t, h*hd]
         if att.output_gate is not None:
             context = context * torch.sigmoid(_linear(model, att.output_gate, x))
+        if name == "context":  # what `out` reads (pieces/stages.py reads each head's row sums off it)
+            return context
         return _linear(model, att.out, context)
     return run
 

@@ -308,17 +308,19 @@ def _moved(x: torch.Tensor, j: int) -> torch.Tensor:
 
 
 def attention_call(name: str, call: Call, x: torch.Tensor, att: an.Attention, layer_type: str,
-                   raw_scores: Callable[[], torch.Tensor], d: int) -> Broken | None:
-    """The properties of a described attention (the section's list), in the order a reader would fix them."""
+                   again: Callable | None, model: nn.Module, d: int) -> Broken | None:
+    """The properties of a described attention (the section's list), in the order a reader would fix them.
+    again(x, mistake): the description's formula on another input (("raw_scores", None): q k^T; ("context",
+    None): what `out` reads)."""
     if att.kv_shared_from is not None:  # its keys and values come from another layer: its input alone moves q
         return None
     try:
         base = call(x)
         broken = _edges(name, call, x, base, att, layer_type)
-        if broken is not None or att.kind != "causal":
+        if broken is not None or att.kind != "causal" or again is None:
             return broken
-        return _rows_sum(name, call, x) or _scale(name, call, x, att, raw_scores, d) or _rope(name, call, x, att,
-                                                                                              layer_type)
+        return (_rows_sum(name, call, x, att, again, model) or _scale(name, call, x, att, again, d)
+                or _rope(name, call, x, att, layer_type, again))
     except Exception:  # noqa: BLE001 - a call that cannot run again: its properties go unchecked
         return None
 
@@ -382,16 +384,38 @@ def _mask_cause(call: Call, x: torch.Tensor, att: an.Attention, p: int, j: int, 
     return f": {fix}"
 
 
-def _rows_sum(name: str, call: Call, x: torch.Tensor) -> Broken | None:
-    """With every token the same vector, a softmax over the keys gives every position one token's output."""
+def _rows_sum(name: str, call: Call, x: torch.Tensor, att: an.Attention, again: Callable, model: nn.Module
+             ) -> Broken | None:
+    """With every token the same vector every value is the same, so each head's context at position p (what `out`
+    reads, hooked) is its row's sum times the description's: the sum read off where it is one factor, per head."""
+    if att.out.rows is not None or att.out.transposed:
+        return None
     same = x[..., :1, :].expand_as(x).contiguous()
-    out = call(same)
-    first = out[..., :1, :].expand_as(out)
-    if not _close(out, first, 1e-4):
-        p = _first_position(out, first, 1e-4)
-        return Broken("rows_sum_to_1", name, f"position {p}", f"with every token the same, position {p}'s output "
-                      f"differs from position 0's: its attention weights do not sum to 1 (a softmax over the keys, "
-                      f"dim=-1, is the last step before attn_weights @ values)")
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(_m, args, _out) -> None:
+        seen.setdefault("context", args[0].detach().double().clone())
+    handle = model.get_submodule(att.out.path).register_forward_hook(hook)
+    try:
+        call(same)
+    finally:
+        handle.remove()
+    got, want = seen.get("context"), again(same, ("context", None))
+    if got is None or got.shape != want.shape or _close(got, want, 1e-4):
+        return None
+    b, t = got.shape[0], got.shape[1]
+    got, want = got.reshape(b, t, att.n_heads, -1), want.reshape(b, t, att.n_heads, -1)
+    for p in range(t):
+        for h in range(att.n_heads):
+            g, w = got[:, p, h].reshape(-1), want[:, p, h].reshape(-1)
+            total = float((g * w).sum() / (w * w).sum())
+            if not _close(g, total * w, 1e-4):
+                return None  # not one factor: something other than the weights' sum (the values) differs
+            if abs(total - 1) > 1e-4:
+                return Broken("rows_sum_to_1", name, f"row {p} of head {h}", f"with every token the same, row {p} of "
+                              f"head {h}'s attention weights sum to {total:.4g}, not 1 (its context is {total:.4g} "
+                              f"times the one value it reads): a softmax over the keys, dim=-1, is the last step "
+                              f"before attn_weights @ values")
     return None
 
 
@@ -399,13 +423,12 @@ def _allowed(att: an.Attention, t: int, like: torch.Tensor) -> torch.Tensor:
     return (~formulas.hidden(t, t, att.window, like.device)).expand(like.shape)
 
 
-def _scale(name: str, call: Call, x: torch.Tensor, att: an.Attention, raw_scores: Callable[[], torch.Tensor],
-           d: int) -> Broken | None:
+def _scale(name: str, call: Call, x: torch.Tensor, att: an.Attention, again: Callable, d: int) -> Broken | None:
     """The reader's scores against the description's q k^T: the factor fitted on what each query may read."""
     scores = _scores_of(call, x)
     if scores is None or att.softcap is not None:
         return None
-    raw = raw_scores().to(scores.device)
+    raw = again(x, ("raw_scores", None)).to(scores.device)
     if raw.shape != scores.shape:
         return None
     use = _allowed(att, x.shape[-2], scores)
@@ -432,42 +455,80 @@ def _scale_words(c: float, att: an.Attention, d: int, meant: bool = False) -> st
                 f"{c:.4g} = 1/sqrt({c ** -2:.4g})")
 
 
-def _rope(name: str, call: Call, x: torch.Tensor, att: an.Attention, layer_type: str) -> Broken | None:
-    """With every token the same, the scores of position i for key j: a function of i - j alone, and not a
-    constant (RoPE turns q and k by their positions); a constant where the layer has no positions."""
+def _rope(name: str, call: Call, x: torch.Tensor, att: an.Attention, layer_type: str, again: Callable
+          ) -> Broken | None:
+    """With every token the same, the score of position i for key j: a function of i - j alone and not a constant
+    (RoPE turns q and k by their positions), the description's up to one factor; a constant where the layer has
+    no positions."""
     t = x.shape[-2]
-    scores = _scores_of(call, x[..., :1, :].expand_as(x).contiguous())
-    if scores is None:
+    same = x[..., :1, :].expand_as(x).contiguous()
+    scores = _scores_of(call, same)
+    if scores is None or att.softcap is not None:
         return None
-    use = _allowed(att, t, scores)
-    tol = SAME_SCORE * float(scores[use].abs().max())
+    ok = _allowed(att, t, scores).reshape(-1, t, t)[0]
+    tol = SAME_SCORE * float(scores[_allowed(att, t, scores)].abs().max())
     rows = scores.reshape(-1, t, t)  # [b*h, t, t]
+    differ = lambda i, j, k, m: float((rows[:, i, j] - rows[:, k, m]).abs().max()) > tol  # noqa: E731
     if att.rope is None:
-        for i in range(t):
-            for j in range(i + 1):
-                if bool(use.reshape(-1, t, t)[0, i, j]) and float((rows[:, i, j] - rows[:, i, i]).abs().max()) > tol:
-                    return Broken("position_signal", name, f"position {i}", f"with every token the same, position {i} "
-                                  f"scores key {j} and key {i} differently (first at position {i}): this "
-                                  f"{layer_type} layer turns its queries or keys by position, where the description "
-                                  f"gives it no positions (no RoPE here: leave cos and sin out of this layer)")
-        return None
-    for i in range(1, t):
-        for j in range(1, i + 1):
-            ok = use.reshape(-1, t, t)[0]
-            if bool(ok[i, j]) and bool(ok[i - 1, j - 1]) and float((rows[:, i, j] - rows[:, i - 1, j - 1]).abs().max()) > tol:
-                return Broken("rope_positions", name, f"position {i}", f"with every token the same, position {i}'s "
-                              f"score for key {j} is {float(rows[0, i, j]):.4g} but position {i - 1}'s for key "
-                              f"{j - 1} is {float(rows[0, i - 1, j - 1]):.4g} (head 0): with RoPE a score depends only "
-                              f"on how far apart the two positions are; rotate the queries and the keys alike, each by "
-                              f"its own position, apply_rope(queries, cos, sin) and apply_rope(keys, cos, sin)")
-    diag = [float((rows[:, i, j] - rows[:, i, i]).abs().max()) for i in range(t) for j in range(i + 1)
-            if bool(use.reshape(-1, t, t)[0, i, j])]
-    if t > 1 and max(diag) <= tol:
+        hit = next(((i, j) for i in range(t) for j in range(i) if ok[i, j] and differ(i, j, i, i)), None)
+        return hit and Broken("position_signal", name, f"position {hit[0]}", f"with every token the same, position "
+                              f"{hit[0]} scores key {hit[1]} and key {hit[0]} differently: this {layer_type} layer "
+                              f"turns its queries or keys by position, where the description gives it no positions "
+                              f"(no RoPE here: leave cos and sin out of this layer)")
+    hit = next(((i, j) for i in range(1, t) for j in range(1, i + 1) if ok[i, j] and ok[i - 1, j - 1]
+                and differ(i, j, i - 1, j - 1)), None)
+    if hit is not None:
+        i, j = hit
+        return Broken("rope_positions", name, f"position {i}", f"with every token the same, position {i}'s score for "
+                      f"key {j} is {float(rows[0, i, j]):.4g} but position {i - 1}'s for key {j - 1} is "
+                      f"{float(rows[0, i - 1, j - 1]):.4g} (head 0): with RoPE a score depends only on how far apart "
+                      f"the two positions are; rotate the queries and the keys alike, each by its own position, "
+                      f"apply_rope(queries, cos, sin) and apply_rope(keys, cos, sin)")
+    if t > 1 and not any(differ(i, j, i, i) for i in range(t) for j in range(i) if ok[i, j]):
         return Broken("no_rope", name, "position 1", "with every token the same, every position scores every key it "
                       "reads alike (first at position 1): nothing turns the queries and keys by their positions, "
                       "where the description rotates them with RoPE in this layer: apply_rope(queries, cos, sin) and "
                       "apply_rope(keys, cos, sin)" + (", after the QK-norm" if att.q_norm is not None else ""))
-    return None
+    raw = again(same, ("raw_scores", None)).to(scores.device)
+    use = _allowed(att, t, scores)
+    if raw.shape != scores.shape or fitted_scale(scores[use], raw[use]) is not None:
+        return None
+    diagonal = torch.eye(t, dtype=torch.bool, device=scores.device).expand(scores.shape)  # key = query: no turn
+    c = fitted_scale(scores[diagonal], raw[diagonal])
+    if c is None:
+        return None
+    off = ((scores - c * raw).abs() > tol) & use
+    i = int(torch.nonzero(off.reshape(-1, t, t).any(0).any(-1))[0])
+    return Broken("rope_positions", name, f"position {i}", f"with every token the same, the scores depend on i - j "
+                  f"alone but not as RoPE at positions 0 to {t - 1} makes them (first at position {i}): the queries and "
+                  f"keys are turned by other positions than their own" + _tables_cause(call, same, att, raw))
+
+
+def _tables_cause(call: Call, same: torch.Tensor, att: an.Attention, raw: torch.Tensor) -> str:
+    """Where cos and sin are handed in from outside and the description's tables in their place give RoPE's
+    scores, those arguments named as the cause; else the fix."""
+    t, rd = same.shape[-2], att.rope.rotary_dim or att.rope.head_dim
+    try:
+        names = list(inspect.signature(call.module.forward).parameters)
+    except (TypeError, ValueError):
+        names = []
+    tables = [(i, names[i] if i < len(names) else f"argument {i}", a) for i, a in enumerate(call.args)
+              if i != call.key and torch.is_tensor(a) and a.dim() == 2 and a.shape[0] >= t and a.shape[-1] in (rd, att.head_dim)]
+    if len(tables) == 2 and tables[0][2].shape == tables[1][2].shape:
+        n, width = tables[0][2].shape
+        cos, sin = formulas.rope_tables(att.rope, n)
+        if cos.shape[-1] == width:
+            like = tables[0][2]
+            changed = {str(tables[0][0]): cos.to(like), str(tables[1][0]): sin.to(like)}
+            capture = _Scores(t)
+            with capture:
+                call(same, **changed)
+            got, use = capture.scores, _allowed(att, t, raw)
+            if got is not None and fitted_scale(got[use], raw[use]) is not None:
+                return (f"; the tables handed to it from outside (its arguments `{tables[0][1]}` and `{tables[1][1]}`, "
+                        f"made by the model's forward) are not those of positions 0, 1, 2, ...: with the description's "
+                        f"in their place the scores are RoPE's (cos and sin of position p in row p)")
+    return ": turn the query and the key at position p by p's angles (cos and sin of row p)"
 
 
 ACTIVATION_NAMES = {"silu": "SiLU", "gelu_tanh": "GELU (the tanh form)", "gelu": "the exact GELU (erf, nn.GELU())"}
@@ -529,23 +590,27 @@ def feed_forward_call(name: str, call: Call, x: torch.Tensor, ff: an.FeedForward
     return broken
 
 
-def described_shortcut(name: str, got: torch.Tensor, x: torch.Tensor, added: torch.Tensor, around: str,
+def described_shortcut(name: str, got: torch.Tensor, terms: tuple[tuple[str, torch.Tensor], ...], around: str,
                        formula: str, d: int) -> Broken | None:
-    """A described block's shortcut: its output is its input plus `around`'s (normed, where the placement norms
-    it) output, each once; the two factors fitted, a shortcut missing or a part never added named."""
-    fit = fit_two(got, x, added)
-    if fit is None:
+    """A described block's shortcut: its output is its input plus each part's output (normed, where the placement
+    norms it), each once (terms: ("its input", x), then (the part's words, its output) for each part, a parallel
+    block's two); the factors fitted, a shortcut missing or a part never added named."""
+    y = got.double().reshape(-1)
+    A = torch.stack([t.double().reshape(-1) for _, t in terms], 1)
+    if A.shape[0] != y.numel():
         return None
-    alpha, beta = fit
-    if abs(alpha - 1) <= 1e-4 and abs(beta - 1) <= 1e-4:
+    coef = torch.linalg.lstsq(A, y[:, None]).solution[:, 0]
+    if not _close(y, A @ coef, 1e-4) or bool(((coef - 1).abs() <= 1e-4).all()):
         return None
-    p = _first_position(got, x.double() + added.double())
-    if abs(alpha) <= 1e-4 and abs(beta - 1) <= 1e-4:
+    p = _first_position(got, sum(t.double() for _, t in terms))
+    zero, one = (coef.abs() <= 1e-4).tolist(), ((coef - 1).abs() <= 1e-4).tolist()
+    if zero[0] and all(one[1:]):
         said = f"the shortcut around {around} is missing: the stream after it is {around}'s output alone"
-    elif abs(beta) <= 1e-4 and abs(alpha - 1) <= 1e-4:
-        said = f"{around}'s output is never added: the stream after it is the block's input alone"
+    elif one[0] and all(z or o for z, o in zip(zero[1:], one[1:])):
+        said = " and ".join(words for (words, _), z in zip(terms[1:], zero[1:]) if z) + " is never added"
     else:
-        said = f"it gives {_named(alpha, d)} x its input + {_named(beta, d)} x {around}'s output (fitted)"
+        said = "it gives " + " + ".join(f"{_named(float(c), d)} x {words}" for (words, _), c in zip(terms, coef)) + \
+            " (fitted)"
     return Broken("shortcut", name, f"position {p}", f"{said} (first at position {p}); the block adds each once: "
                   f"x = {formula}")
 
