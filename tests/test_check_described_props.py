@@ -31,7 +31,7 @@ import glassgpt
 import llms_from_scratch.llama3 as book_llama
 import llms_from_scratch.qwen3 as book_qwen
 from glassgpt.explain.pieces import LLAMA3_TINY, QWEN3_TINY
-from helpers import DESCRIBED, tiny_described as tiny
+from helpers import DESCRIBED, tiny_described as tiny, tiny_gemma4, tiny_transformers
 
 TEXT = "Every effort moves you"  # 22 ids (its bytes): past every window of 4
 
@@ -219,6 +219,20 @@ PLANTED = {  # id: (the model, the first stage, where, the property, words the f
     "tiny_aya_rope_on_a_full_layer": (lambda: tiny_aya_rope_everywhere(tiny("tiny-aya")), "trf_blocks.2.att",
                                       "position 1", "position_signal", "where the description gives it no positions"),
 }
+
+
+def transformers_scaled_by_emb_dim(name: str, attn: str):
+    model = tiny_transformers(name, attn)
+    for layer in model.model.layers:
+        layer.self_attn.scaling = model.config.hidden_size ** -0.5  # planted: the whole width's root
+    return model
+
+
+PLANTED |= {  # transformers' own modules: the scores captured from its softmax (eager) or its sdpa call's q, k, scale
+    f"transformers_{name}_{attn}_scaled_by_emb_dim": (
+        lambda name=name, attn=attn: transformers_scaled_by_emb_dim(name, attn), "model.layers.0.self_attn",
+        "position 0", "scale", "times 1/sqrt(emb_dim) = 1/sqrt(32) (q k^T from the description")
+    for name, attn in (("qwen3", "sdpa"), ("olmo3", "eager"))}
 OUTSIDE_CATALOGUE = set(PLANTED)  # every case here: no DESCRIBED_MISTAKES entry reproduces it
 
 
@@ -255,7 +269,9 @@ def test_the_cases_cover_each_new_property_and_four_described_kinds():
 # --- no false findings: a correct model keeps every property ------------------------------------------------
 
 CLEAN = {"qwen3": lambda: book(*QWEN3), "llama3.2": lambda: book(*LLAMA)} | {
-    name: (lambda name=name: tiny(name)) for name in DESCRIBED}
+    name: (lambda name=name: tiny(name)) for name in DESCRIBED} | {"gemma4": tiny_gemma4} | {
+    f"transformers {name} {attn}": (lambda name=name, attn=attn: tiny_transformers(name, attn))
+    for name in ("qwen3", "llama", "gemma3", "olmo3", "cohere2") for attn in ("sdpa", "eager")}
 
 
 @pytest.mark.parametrize("name", sorted(CLEAN))

@@ -238,7 +238,10 @@ class Call:
     """A part's own call as the model made it (its mask, cos, sin, ...), to run again on another input."""
 
     def __init__(self, module: nn.Module, args: tuple, kwargs: dict):
-        self.module, self.args, self.kwargs = module, tuple(args), dict(kwargs)
+        # a cache the model handed in (transformers' past_key_values) would grow with every call: none again
+        fresh = lambda v: None if callable(getattr(v, "update", None)) and not isinstance(v, dict) else v  # noqa: E731
+        self.module, self.args = module, tuple(fresh(a) for a in args)
+        self.kwargs = {k: fresh(v) for k, v in kwargs.items()}
         # the input the hooks record: the first positional argument, else the first tensor keyword
         self.key = 0 if self.args else next((k for k, v in self.kwargs.items() if torch.is_tensor(v)), None)
 
