@@ -259,6 +259,19 @@ def test_the_mask_is_named_only_where_the_right_mask_in_its_place_fixes_the_posi
     assert "handed to it from outside" not in result.finding and "torch.triu(..., diagonal=1)" in result.finding
 
 
+def test_the_docs_described_property_example_is_what_check_finds():
+    """docs/check.md's example (the book's Qwen3, its mask made with diagonal=2): its code run, its finding printed."""
+    from pathlib import Path
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "check.md").read_text(encoding="utf-8")
+    code = next(b.split("\n```")[0] for b in docs.split("```python\n")[1:] if "class MyQwen3" in b)
+    space: dict = {}
+    exec(compile(code, "check.md", "exec"), space)  # noqa: S102 - our own docs' example
+    result = glassgpt.check(space["model"], TEXT)
+    assert (result.prop, result.prop_where) == ("no_future", "position 0")
+    assert f"\n{result.finding}\n```" in docs, result.finding
+    assert result.kind == "MyQwen3 (Qwen3)" and "glassgpt check: MyQwen3 (Qwen3)" in docs
+
+
 def test_the_cases_cover_each_new_property_and_four_described_kinds():
     props = {case[3] for case in PLANTED.values()}
     assert {"no_future", "window", "reads_its_past", "rows_sum_to_1", "scale", "rope_positions", "position_signal",

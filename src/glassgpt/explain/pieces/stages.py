@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 from ... import anatomy as an
 from ...adopt import evaluating_all
 from .. import formulas
-from .properties import ACTIVATIONS, Broken, activation, fitted_scale, norm_rows, width
+from .properties import ACTIVATIONS, Broken, activation, fitted_scale, norm_rows
 
 CHECKED = {
     "tok_emb": "each position holds its token's row", "pos_emb": "position p holds row p",
@@ -223,8 +223,8 @@ def feed_forward_module(name: str, ff: nn.Module, x: torch.Tensor, act: str) -> 
 #                fitted on the positions each query may read, within 1e-4); with every token the same, the
 #                score of position i for key j depends on i - j alone and not on nothing (RoPE), or on
 #                nothing (a layer the description gives no positions)
-#   feed-forward its hidden width and the activation between its layers, on its own hidden numbers (its
-#                described up, gate and down matrices hooked): within 1e-5 of the largest hidden number
+#   feed-forward the activation between its layers, on its own hidden numbers (its described up, gate and down
+#                matrices hooked): within 1e-5 of the largest hidden number
 #   a shortcut   the input plus the part's output, each once (fitted): missing, or the part never added
 #   what a norm  after the sublayer reads the sublayer's output, not the stream after the add (post-LN)
 #   reads
@@ -382,7 +382,7 @@ def _mask_cause(call: Call, x: torch.Tensor, att: an.Attention, p: int, j: int, 
         if not bool(flat[0, p, j] == visible):
             continue  # this mask does hide the pair: not the cause
         if not bool(_changed(call(_moved(x, j), **{slot: right}), call(x, **{slot: right}), CHANGES)[p]):
-            return (f"; the mask handed to it from outside (its argument `{param}`, made by the model's forward) "
+            return (f"; the mask handed to it from outside (its argument `{param}`, made by its caller) "
                     f"lets position {p} see position {j}, and the right mask in its place stops it: {fix}")
     return f": {fix}"
 
@@ -529,7 +529,7 @@ def _tables_cause(call: Call, same: torch.Tensor, att: an.Attention, raw: torch.
             got, use = capture.scores, _allowed(att, t, raw)
             if got is not None and fitted_scale(got[use], raw[use]) is not None:
                 return (f"; the tables handed to it from outside (its arguments `{tables[0][1]}` and `{tables[1][1]}`, "
-                        f"made by the model's forward) are not those of positions 0, 1, 2, ...: with the description's "
+                        f"made by its caller) are not those of positions 0, 1, 2, ...: with the description's "
                         f"in their place the scores are RoPE's (cos and sin of position p in row p)")
     return ": turn the query and the key at position p by p's angles (cos and sin of row p)"
 
@@ -539,7 +539,7 @@ ACTIVATION_NAMES = {"silu": "SiLU", "gelu_tanh": "GELU (the tanh form)", "gelu":
 
 def feed_forward_call(name: str, call: Call, x: torch.Tensor, ff: an.FeedForward, model: nn.Module, d: int
                       ) -> Broken | None:
-    """A described feed-forward's width and activation, on its own hidden numbers: its up, gate and down matrices
+    """A described feed-forward's activation, on its own hidden numbers: its up, gate and down matrices
     hooked (each a module of its own; fused matrices and experts go unchecked)."""
     lins = [ff.up, ff.down] + ([ff.gate] if ff.gate is not None else [])
     if ff.experts is not None or any(lin.rows or lin.head_rows or lin.transposed for lin in lins):
@@ -563,11 +563,7 @@ def feed_forward_call(name: str, call: Call, x: torch.Tensor, ff: an.FeedForward
             h.remove()
     if len(seen) != len(hooks):
         return None
-    a = seen["down"]
-    if a.shape[-1] != ff.hidden_dim:
-        broken = width(a.shape[-1], d, ff.hidden_dim, "the description's hidden_dim")
-        broken.stage = name
-        return broken
+    a = seen["down"]  # (its width is the description's: kinds.describe reads hidden_dim off these matrices)
     want = ACTIVATION_NAMES.get(ff.activation)
     if want is None:
         return None
