@@ -10,8 +10,8 @@ reader's own module run again through its own call (the mask, cos and sin its mo
   input
   feed-forward  the activation between its layers, on its own hidden numbers
 
-Each case plants one line into the book's Qwen3 or Llama 3.2 (llms_from_scratch) or glassgpt's Gemma 3, OLMo 3 and
-Tiny Aya, and asserts the stage, the position and the property; OUTSIDE_CATALOGUE marks the ones no catalogue entry
+Each case plants one line into the book's Qwen3 or Llama 3.2 (llms_from_scratch), glassgpt's Gemma 3, OLMo 3, Tiny
+Aya and Gemma 4, or transformers' Qwen3 and OLMo 3, and asserts the stage, the position and the property; OUTSIDE_CATALOGUE marks the ones no catalogue entry
 of verify.py reproduces (result.mistake is None). A clean model of every described kind keeps every property.
 
 Tolerances: a position "changes" beyond 1e-5 of the output's largest value (pieces/stages.py CHANGES); two scores
@@ -171,11 +171,23 @@ def llama_tables_reversed(model):
     return model
 
 
+def qwen3_tables_base(model, base):
+    """Qwen3Model's RoPE tables computed with another theta_base than the config's rope_base."""
+    model.cos, model.sin = book_qwen.compute_rope_params(16, base, 24)  # planted: theta_base=cfg["rope_base"]
+    return model
+
+
 def tiny_aya_no_shortcut(model):
     def forward(self, x, cos, sin, cache=None):
         normed = self.input_layernorm(x)
         return self.att(normed, cos, sin, cache) + self.ff(normed)  # planted: x + left out
     each(model.trf_blocks, forward)
+    return model
+
+
+def gemma4_window_one_wider(model):
+    for blk in model.blocks:
+        blk.att.window = blk.att.window and blk.att.window + 1  # planted: sliding_window + 1 in the sliding layers
     return model
 
 
@@ -194,8 +206,13 @@ PLANTED = {  # id: (the model, the first stage, where, the property, words the f
                                 "trf_blocks.0.att", "position 0", "scale",
                                 "times 1/sqrt(emb_dim) = 1/sqrt(32) (q k^T from the description"),
     "llama_rope_tables_reversed": (lambda: llama_tables_reversed(book(*LLAMA)), "trf_blocks.0.att", "position 1",
-                                   "rope_positions", "the queries and keys are turned by other positions than their "
-                                   "own; the tables handed to it from outside (its arguments `cos` and `sin`"),
+                                   "rope_positions", "the queries and keys are turned by their positions in reverse "
+                                   "order (the last position's angles first); the tables handed to it from outside (its "
+                                   "arguments `cos` and `sin`"),
+    "qwen3_tables_of_another_base": (lambda: qwen3_tables_base(book(*QWEN3), 12_345.0), "trf_blocks.0.att",
+                                     "position 1", "rope_positions", "the angles they are turned by are not the "
+                                     "description's (position p turns pair k by p * 1e+06^(-2k/16)); the tables "
+                                     "handed to it"),
     "tiny_aya_parallel_shortcut_missing": (lambda: tiny_aya_no_shortcut(tiny("tiny-aya")), "trf_blocks.0.shortcut",
                                            "position 0", "shortcut", "the shortcut around the attention and the "
                                            "feed-forward is missing"),
@@ -209,6 +226,9 @@ PLANTED = {  # id: (the model, the first stage, where, the property, words the f
     "gemma3_window_one_wider": (lambda: gemma3_attention(tiny("gemma3"), window_edge=True), "blocks.0.att",
                                 "position 4", "window", "the input at position 0, 4 back, changes: this sliding layer "
                                 "reads outside its window of 4"),
+    "gemma4_window_one_wider": (lambda: gemma4_window_one_wider(tiny_gemma4()), "blocks.0.att", "position 4",
+                                "window", "the input at position 0, 4 back, changes: this sliding layer reads outside "
+                                "its window of 4"),
     "gemma3_exact_gelu": (lambda: gemma3_exact_gelu(tiny("gemma3")), "blocks.0.ff", "position 0", "activation",
                           "the description's feed-forward is fc3(act(fc1(x)) * fc2(x)) with act = GELU (the tanh form)"),
     "olmo3_norm_after_the_add": (lambda: olmo3_norm_after_add(tiny("olmo3")), "blocks.0.post_attention_layernorm "

@@ -1085,7 +1085,8 @@ def _described_finding(anatomy: an.Anatomy, stages: list[StageCheck], first: Sta
         kind = "reads" if first.name.endswith(" (input)") else next(
             (k for k in ("norm", "att", "ff", "shortcut") if k in facts or first.name.split(".")[-1].startswith(k)),
             "embeddings" if first.name == "embeddings" else "")
-        return _property_or_checked(at, broken, kind, first.name)
+        return _property_or_checked(at, broken, f"described {kind}" if kind in ("att", "ff", "shortcut") else kind,
+                                    first.name)
     name, value = mistake
     norm = facts.get("norm")
     words = DESCRIBED_MISTAKES[name][1].format(

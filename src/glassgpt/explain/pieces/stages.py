@@ -39,6 +39,12 @@ CHECKED = {
     "att": "its weights summing to 1, nothing read after a position", "ff": "the activation between its layers",
     "shortcut": "the input plus the part's output, each once", "out_head": "a factor on the formula's logits",
     "head": "a factor on the formula's logits", "reads": "what its placement gives it",
+    # a described model's, measured through the part's own call (the section at the end of this file)
+    "described att": "nothing read after a position or outside its window, every earlier position read in a full "
+                     "layer, each row summing to 1, and where its scores could be captured the scale "
+                     "and RoPE's scores by i - j",
+    "described ff": "the activation between its layers", "described shortcut": "the input plus each part's output, "
+                                                                                "each once",
 }
 
 
@@ -502,9 +508,14 @@ def _rope(name: str, call: Call, x: torch.Tensor, att: an.Attention, layer_type:
         return None
     off = ((scores - c * raw).abs() > tol) & use
     i = int(torch.nonzero(off.reshape(-1, t, t).any(0).any(-1))[0])
+    mirrored = not bool((((scores - c * raw.transpose(-2, -1)).abs() > tol) & use).any())  # key j - i where i - j
+    said = ("the queries and keys are turned by their positions in reverse order (the last position's angles "
+            "first)" if mirrored else f"the angles they are turned by are not the description's (position p turns "
+            f"pair k by p * {att.rope.base:g}^(-2k/{att.rope.rotary_dim or att.rope.head_dim})"
+            + (f", {att.rope.scaling}'s scaling" if att.rope.scaling else "") + ")")
     return Broken("rope_positions", name, f"position {i}", f"with every token the same, the scores depend on i - j "
-                  f"alone but not as RoPE at positions 0 to {t - 1} makes them (first at position {i}): the queries and "
-                  f"keys are turned by other positions than their own" + _tables_cause(call, same, att, raw))
+                  f"alone but not as the description's RoPE makes them (first at position {i}): {said}"
+                  + _tables_cause(call, same, att, raw))
 
 
 def _tables_cause(call: Call, same: torch.Tensor, att: an.Attention, raw: torch.Tensor) -> str:
@@ -529,8 +540,8 @@ def _tables_cause(call: Call, same: torch.Tensor, att: an.Attention, raw: torch.
             got, use = capture.scores, _allowed(att, t, raw)
             if got is not None and fitted_scale(got[use], raw[use]) is not None:
                 return (f"; the tables handed to it from outside (its arguments `{tables[0][1]}` and `{tables[1][1]}`, "
-                        f"made by its caller) are not those of positions 0, 1, 2, ...: with the description's "
-                        f"in their place the scores are RoPE's (cos and sin of position p in row p)")
+                        f"made by its caller) are not the description's: with its tables in their place the scores "
+                        f"are RoPE's (row p holds cos and sin of position p's angles)")
     return ": turn the query and the key at position p by p's angles (cos and sin of row p)"
 
 
