@@ -292,6 +292,17 @@ def test_the_docs_described_property_example_is_what_check_finds():
     assert result.kind == "MyQwen3 (Qwen3)" and "glassgpt check: MyQwen3 (Qwen3)" in docs
 
 
+def test_values_scaled_alike_everywhere_are_a_factor_not_a_row_sum():
+    """Every row's context twice the formula's (W_value's output doubled): one factor everywhere, so no row's sum is
+    claimed; the stage's factor is named instead."""
+    model = book(*QWEN3)
+    for blk in model.trf_blocks:
+        blk.att.W_value.register_forward_hook(lambda mod, args, out: out * 2)  # planted: the values doubled
+    result = glassgpt.check(model, TEXT)
+    assert (result.first.name, result.prop, result.mistake) == ("trf_blocks.0.att", "factor", None), result.to_text()
+    assert "trf_blocks.0.att's output is 2 times the formula's at every position" in result.finding
+
+
 def test_the_cases_cover_each_new_property_and_four_described_kinds():
     props = {case[3] for case in PLANTED.values()}
     assert {"no_future", "window", "reads_its_past", "rows_sum_to_1", "scale", "rope_positions", "position_signal",
