@@ -206,6 +206,14 @@ def test_info_without_the_kernels_names_float32_and_why():
     assert line.startswith("dtype: float32: glassgpt's kernels do not run here (this CPU lacks avx512f)")
 
 
+def test_info_with_only_the_avx2_gemv_names_float32_and_bfloat16_and_what_has_no_kernel():
+    line = dtype_line(GPT2, frozenset({"avx2", "fma"}), {}, missing="this CPU lacks avx512f; PyTorch's own operators run",
+                      gemv=True)
+    assert line.startswith("dtype: float32 or --dtype bfloat16: glassgpt's AVX-512 kernels do not run here "
+                           "(this CPU lacks avx512f); its AVX2 matrix-vector kernel multiplies both"), line
+    assert "int8 and int4 have no kernel here" in line and "--dtype auto measures" in line
+
+
 def test_info_names_the_fastest_precision_measured_here_with_the_figures():
     measured = {"float32": choices("float32", 8.0, 12.0), "bfloat16": choices("bfloat16", 4.0, 6.5),
                 "int4": choices("int4", 1.5, 2.25), "int8": None}

@@ -29,7 +29,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "(with --config, as the book builds GPTModel(GPT_CONFIG_124M)), or one piece of "
                                    "chapters 2 to 7: an attention class, LayerNorm, GELU, FeedForward, "
                                    "TransformerBlock, GPTDatasetV1, create_dataloader_v1, generate, calc_loss_batch, "
-                                   "custom_collate_fn, ... (NAME may be a function). Says the first thing that "
+                                   "custom_collate_fn, ..., the pieces of Qwen3, Llama 3.2 and the bonus models (Gemma 3, "
+                                   "OLMo 3, Qwen3.5, Tiny Aya; --args names the model) (NAME may be a function). Says the first thing that "
                                    "differs and the known mistake that reproduces it. Exit code 1 when it differs.")
     p.add_argument("target", metavar="FILE:NAME",
                    help="the Python file and the class or function in it, e.g. my_attention.py:MultiHeadAttention")

@@ -325,7 +325,8 @@ def run_info(args: argparse.Namespace) -> int:
     advice = None
     if choices:  # the dtype and flags to use here, from what each precision measured on this machine
         measured = {p: choices if p == precision else autotune.recorded(cfg, p) for p in autotune.PRECISIONS}
-        advice = advise(cfg, precision, cpu_flags(), measured, None if native.load() is not None else native.status())
+        advice = advise(cfg, precision, cpu_flags(), measured, None if native.load() is not None else native.status(),
+                        gemv=native.gemv_ops() is not None)
     if args.json:
         kernels = {"machine": choices.machine, "chosen": choices.winners, "ms": choices.ms} if choices else None
         print(json.dumps({"config": cfg.to_dict(), "notes": notes, "parameters": rows, "memory": mem, "here": here,

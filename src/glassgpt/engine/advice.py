@@ -39,10 +39,12 @@ def token_ms(choices: Choices, cfg: GPTConfig) -> dict[str, float]:
 
 
 def advise(cfg: GPTConfig, precision: str, flags: frozenset[str], measured: dict[str, Choices | None],
-           missing: str | None = None) -> list[str]:
+           missing: str | None = None, gemv: bool = False) -> list[str]:
     """Lines naming the dtype to use here and why, then whether --compile pays for `precision`'s generation.
-    `missing`: why glassgpt's kernels do not run here (native.status()), None where they do."""
-    return [dtype_line(cfg, flags, measured, missing), compile_line(measured.get(precision)), pages_line(pages.mode())]
+    `missing`: why glassgpt's kernels do not run here (native.status()), None where they do; `gemv`: whether
+    their AVX2 build of the float products does (native.gemv_ops)."""
+    return [dtype_line(cfg, flags, measured, missing, gemv), compile_line(measured.get(precision)),
+            pages_line(pages.mode())]
 
 
 def pages_line(mode: str | None) -> str:
@@ -58,7 +60,7 @@ def pages_line(mode: str | None) -> str:
 
 
 def dtype_line(cfg: GPTConfig, flags: frozenset[str], measured: dict[str, Choices | None],
-               missing: str | None = None) -> str:
+               missing: str | None = None, gemv: bool = False) -> str:
     timed = {p: token_ms(c, cfg) for p, c in measured.items() if c is not None}
     # The same kind of figure for every precision compared: whole steps where each has one, else products.
     for kind, what in (("step", "its decoding step"), ("products", "its matrix-vector products")):
@@ -72,6 +74,11 @@ def dtype_line(cfg: GPTConfig, flags: frozenset[str], measured: dict[str, Choice
                     f"{what.removeprefix('its ')} a token, measured on this machine: {figures}{rest}")
     assumed = ("assumed from the CPU's flags: no two precisions measured here yet for this model; each "
                "`generate --dtype X` measures its own")
+    if missing is not None and gemv:
+        return (f"dtype: float32 or --dtype bfloat16: glassgpt's AVX-512 kernels do not run here "
+                f"({missing.split(';')[0]}); its AVX2 matrix-vector kernel multiplies both, bfloat16 reading half "
+                f"float32's bytes but widening each weight to float32 first, and int8 and int4 have no kernel here "
+                f"({assumed}; --dtype auto measures bfloat16 against float32)")
     if missing is not None:
         return (f"dtype: float32: glassgpt's kernels do not run here ({missing.split(';')[0]}), and PyTorch's "
                 f"bfloat16 and int8 products are often no faster than float32's ({assumed}; --dtype auto measures "

@@ -8,7 +8,8 @@
 What a piece is comes from its class or function name (the book's), then its constructor's
 arguments, then what it holds (W_query and heads, scale and shift, encode and decode, windows).
 Each kind's check lives beside its chapter: data.py (chapter 2), attention.py (3), layers.py
-(4), functions.py (4 to 7); report.py holds what they share. Their pictures, and show(piece, input),
+(4), functions.py (4 to 7), next_models.py (Qwen3, Llama 3.2), bonus_models.py (the bonus notebooks'
+own pieces: Gemma 3, OLMo 3, Qwen3.5, Tiny Aya); report.py holds what they share. Their pictures, and show(piece, input),
 are views: views/pieces.py.
 """
 
@@ -34,6 +35,9 @@ from .cache import blocks_of, check_attention_cache, check_cache, has_attention_
 from .report import PieceError, PieceResult
 from .data import SlidingWindows, sliding_windows
 from .next_models import FAMILY_KINDS, check_apply_rope, check_gqa, check_moe, check_rms_norm, check_rope_params, check_swiglu
+from .bonus_models import (BONUS_KINDS, PRESETS as BONUS_PRESETS, bonus_kind, check_cohere_layer_norm,
+                           check_gated_delta_net, check_gemma_attention, check_geglu, check_olmo_attention,
+                           check_rms_norm_plus_one, check_tiny_aya_attention, delta_adapter, family_of_class)
 
 GPT_CONFIG_124M = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12,
                    "drop_rate": 0.1, "qkv_bias": False}
@@ -60,6 +64,7 @@ PRESETS: dict[str, dict[str, Any]] = {
               "MoEFeedForward": QWEN3_MOE_TINY, "Qwen3Model": QWEN3_TINY},
     "llama3": {"GroupedQueryAttention": LLAMA3_TINY, "RMSNorm": {"emb_dim": 32}, "FeedForward": LLAMA3_TINY,
                "Llama3Model": LLAMA3_TINY},
+    **BONUS_PRESETS,  # the bonus notebooks' pieces: gemma3, olmo3, qwen3_5, tiny_aya
 }
 # A model's config names, as a piece's constructor names them (a piece built "with a config").
 CONFIG_NAMES = {"d_in": "emb_dim", "d_out": "emb_dim", "num_heads": "n_heads", "num_kv_groups": "n_kv_groups",
@@ -69,9 +74,15 @@ ATTENTION = ("SelfAttention_v1", "SelfAttention_v2", "CausalAttention", "MultiHe
 LAYERS = ("LayerNorm", "GELU", "FeedForward", "TransformerBlock", "GPTModel")
 DATA = ("SimpleTokenizerV1", "SimpleTokenizerV2", "a tiktoken-style tokenizer (encode/decode)", "GPTDatasetV1",
         "a dataset or DataLoader of windows", "create_dataloader_v1")
-KNOWN = (*DATA, *ATTENTION, *LAYERS, *FUNCTION_CHECKS, *FAMILY_KINDS, "Qwen3Model", "Llama3Model")
+KNOWN = (*DATA, *ATTENTION, *LAYERS, *FUNCTION_CHECKS, *FAMILY_KINDS, *BONUS_KINDS, "Qwen3Model", "Llama3Model")
 HOW_TO_SAY = ("; say which by the book's class name (e.g. class GroupedQueryAttention), or build it with the "
-              "book's arguments: --args ch03, ch04, qwen3 or llama3 (in Python, args=...)")
+              "book's arguments, which also name a bonus model's family: --args ch03, ch04, qwen3, llama3, gemma3, "
+              "olmo3, qwen3_5 or tiny_aya (in Python, args=...)")
+BONUS_CHECKS = {"RMSNorm (1 + weight)": check_rms_norm_plus_one, "GeGLU FeedForward": check_geglu,
+                "Gemma 3 GroupedQueryAttention": check_gemma_attention,
+                "OLMo 3 GroupedQueryAttention": check_olmo_attention,
+                "Tiny Aya GroupedQueryAttention": check_tiny_aya_attention, "GatedDeltaNet": check_gated_delta_net,
+                "CohereLayerNorm": check_cohere_layer_norm}
 CFG_CLASSES = ("FeedForward", "TransformerBlock", "GPTModel")  # the classes built from one config dict
 
 
@@ -108,6 +119,8 @@ def check(piece: Any, text: str | None = None, ids: list[int] | None = None, *, 
     if kind in ("GPTModel", "a GPT model"):
         return _with_part_property(piece, check_model(piece, text or DEFAULT_TEXT, ids))
     try:
+        if kind in BONUS_CHECKS:
+            return BONUS_CHECKS[kind](piece, inputs)
         if kind in FAMILY_KINDS:
             return {"GroupedQueryAttention": check_gqa, "RMSNorm": check_rms_norm, "SwiGLU FeedForward": check_swiglu,
                     "MoEFeedForward": check_moe}[kind](piece, inputs)
@@ -177,6 +190,9 @@ def identify(piece: Any) -> str:
     """The kind of `piece`, from its class name, then what it holds; a PieceError naming the known kinds."""
     name = type(piece).__name__
     if isinstance(piece, nn.Module):
+        bonus = bonus_kind(piece)
+        if bonus is not None:
+            return bonus
         if all(hasattr(piece, n) for n in ("fc1", "fc2", "fc3")):
             return "MoEFeedForward" if hasattr(piece, "gate") else "SwiGLU FeedForward"
         if name in ATTENTION or name in LAYERS:
@@ -279,6 +295,7 @@ def build(cls: type, args: Any = None, seed: int = 123) -> Any:
                              f"arguments): it knows {known_kinds()}")
         params = set(inspect.signature(cls.__init__).parameters)
         presets.sort(key=lambda p: p != "llama3" if "d_out" in params and "num_kv_groups" in params else 0)
+        presets.sort(key=lambda p: p != family_of_class(cls))  # a bonus model's piece: its family's first
         errors = []
         for preset in presets:
             try:
@@ -286,16 +303,24 @@ def build(cls: type, args: Any = None, seed: int = 123) -> Any:
             except PieceError as err:
                 errors.append(err)
         raise errors[0]
+    family = family_of_class(cls, args)
     if isinstance(args, str):
         args = preset_args(_kind_by_signature(cls) or name, args)
     params = [p for p in inspect.signature(cls.__init__).parameters.values()][1:]
+    delta = _kind_by_signature(cls) == "GatedDeltaNet" and isinstance(args, dict)
     one_config = len(params) == 1 and params[0].kind is params[0].POSITIONAL_OR_KEYWORD and (
         params[0].name in ("cfg", "config") or (isinstance(args, dict) and set(args) - {params[0].name}))
-    if isinstance(args, dict) and not one_config:
+    if isinstance(args, dict) and not one_config and not delta:
         args = from_config(args, [p.name for p in params])
     torch.manual_seed(seed)
     try:
-        built = cls(args) if one_config or not isinstance(args, dict) else cls(**args)
+        if delta:  # the notebook's Qwen3_5GatedDeltaNet(config, layer_idx) reads attributes, not a dict
+            built = cls(delta_adapter(args), 0)
+        else:
+            built = cls(args) if one_config or not isinstance(args, dict) else cls(**args)
+        if isinstance(built, nn.Module):  # what it was built with: the bonus checks read the family and arguments
+            built._glassgpt_family = family or family_of_class(cls, args)
+            built._glassgpt_args = args if isinstance(args, dict) else None
         return _materialized(built, seed) if isinstance(built, nn.Module) else built
     except Exception as err:
         raise PieceError(f"{name}{inspect.signature(cls.__init__)} could not be built with {args}: "
@@ -326,6 +351,10 @@ def from_config(args: dict[str, Any], params: list[str]) -> dict[str, Any]:
 
 def _kind_by_signature(cls: type) -> str | None:
     params = tuple(list(inspect.signature(cls.__init__).parameters)[1:])
+    if "GatedDeltaNet" in cls.__name__ or params[:2] == ("config", "layer_idx"):
+        return "GatedDeltaNet"
+    if cls.__name__ == "CohereLayerNorm":
+        return "CohereLayerNorm"
     if "num_kv_groups" in params:
         return "GroupedQueryAttention"
     if params[:5] == ("d_in", "d_out", "context_length", "dropout", "num_heads"):

@@ -95,7 +95,8 @@ SWIGLU_FORMS: dict[str, tuple[Callable, str]] = {
     "gate_up_swapped": (lambda g, u: F.silu(u) * g, "SiLU is applied to fc2's output (the up) instead of fc1's "
                                                    "(the gate): silu(fc1(x)) * fc2(x)"),
     "gelu": (lambda g, u: F.gelu(g, approximate="tanh") * u, "the gate goes through GELU where SwiGLU uses SiLU: "
-                                                              "nn.functional.silu(fc1(x)) * fc2(x)"),
+                                                              "nn.functional.silu(fc1(x)) * fc2(x) (if it is Gemma "
+                                                              "3's GeGLU, say so: --args gemma3)"),
     "gelu_exact": (lambda g, u: F.gelu(g) * u, "the gate goes through GELU where SwiGLU uses SiLU"),
     "no_activation": (lambda g, u: g * u, "there is no activation on the gate: silu(fc1(x)) * fc2(x)"),
     "no_up": (lambda g, u: F.silu(g), "fc2 (the up projection) is not multiplied in: silu(fc1(x)) * fc2(x)"),

@@ -143,6 +143,21 @@ def score_scale(scores: torch.Tensor, raw: torch.Tensor, head_dim: int, d_out: i
                   f"attn_scores / keys.shape[-1]**0.5, the head size after the split into heads")
 
 
+
+def named_scale(scores: torch.Tensor, raw: torch.Tensor, want: float, want_words: str,
+                known: dict[float, str]) -> Broken | None:
+    """score_scale for a formula whose factor is not 1/sqrt(head size) (Gemma 3's query_pre_attn_scalar**-0.5):
+    the reader's factor fitted, and named where it is one of `known` ({factor: words})."""
+    c = fitted_scale(scores, raw)
+    if c is None or abs(c - want) <= 1e-4 * want:
+        return None
+    named = {1.0: "not scaled at all (a factor of 1)", **known}
+    said = next((words for value, words in named.items() if abs(c - value) <= 1e-4 * value), None)
+    said = f"scaled by {said}" if said and not said.startswith(("not", "scaled")) else said
+    said = said or f"scaled by {c:.4g} (1/sqrt({1 / c ** 2:.4g}))"
+    return Broken("scale", "attention weights", "every row",
+                  f"the scores are {said}; the formula scales them by {want_words} = {want:.4g}")
+
 # --- norms -------------------------------------------------------------------------------------------
 
 def norm_rows(x: torch.Tensor, z: torch.Tensor, rms: bool, eps: float) -> Broken | None:
@@ -181,13 +196,13 @@ def _norm_spread(r: int, got: float, spread: float, eps: float, n: int, what: st
     inside = [float(_spread(x2[k], rms) / _zspread(z2[k], rms) - _spread(x2[k], rms)) for k in small]
     outside = [float((_spread(x2[k], rms) / _zspread(z2[k], rms)) ** 0.5 - _spread(x2[k], rms) ** 0.5)
                for k in small]
+    if _consistent(outside) and not _consistent(inside):  # (before "no eps": outside, eps barely shows inside)
+        return Broken("eps", "output", where, f"row {r}: eps = {outside[0]:.3g} is added outside the root "
+                      f"(sqrt({what}) + eps); the formula adds it inside, torch.sqrt(var + eps)")
     if max(abs(e) for e in inside) <= 1e-2 * eps:
         return Broken("eps", "output", where, f"row {r} of the normalized output has {what} {got:.6g} where eps = "
                       f"{eps:g} gives {spread / (spread + eps):.6g}: there is no eps, so a row of (nearly) equal "
                       f"numbers is blown up to unit {what}: torch.sqrt(var + eps)")
-    if _consistent(outside) and not _consistent(inside):
-        return Broken("eps", "output", where, f"row {r}: eps = {outside[0]:.3g} is added outside the root "
-                      f"(sqrt({what}) + eps); the formula adds it inside, torch.sqrt(var + eps)")
     if _consistent(inside):
         return Broken("eps", "output", where, f"row {r}: eps is {inside[0]:.3g}, not {eps:g}: "
                       f"torch.sqrt(var + {eps:g})")
