@@ -6,12 +6,11 @@ reader's own module run again through its own call (the mask, cos and sin its mo
                 position read in a full layer; weights summing to 1; the scale (fitted); RoPE (a score depends on
                 i - j alone), or no position signal where the description gives none (Tiny Aya's full layers)
   shortcut      present around the attention and the feed-forward (the two factors fitted)
-  a norm's      a post-norm block's norm reads the sublayer's output, not the stream after the add
-  input
+  a post-norm   (post and sandwich blocks) reads the sublayer's output, not the stream after the add
   feed-forward  the activation between its layers, on its own hidden numbers
 
 Each case plants one line into the book's Qwen3 or Llama 3.2 (llms_from_scratch), glassgpt's Gemma 3, OLMo 3, Tiny
-Aya and Gemma 4, or transformers' Qwen3 and OLMo 3, and asserts the stage, the position and the property; OUTSIDE_CATALOGUE marks the ones no catalogue entry
+Aya, Gemma 4 and Qwen3.5 (its linear attention: nothing read later), or transformers' Qwen3 and OLMo 3, and asserts the stage, the position and the property; OUTSIDE_CATALOGUE marks the ones no catalogue entry
 of verify.py reproduces (result.mistake is None). A clean model of every described kind keeps every property.
 
 Tolerances: a position "changes" beyond 1e-5 of the output's largest value (pieces/stages.py CHANGES); two scores
@@ -135,6 +134,28 @@ def olmo3_norm_after_add(model):
     return model
 
 
+def gemma3_post_norm_after_add(model):
+    """Gemma 3's sandwich block with its attention's post-norm taken after the add: post(x + att(pre(x)))."""
+    def forward(self, x, cos, sin, cache=None):
+        x = self.post_attention_layernorm(x + self.att(self.input_layernorm(x), cos, sin, cache))  # planted
+        return x + self.post_feedforward_layernorm(self.ff(self.pre_feedforward_layernorm(x)))
+    each(model.blocks, forward)
+    return model
+
+
+def qwen35_conv_centred(model):
+    """Qwen3.5's short convolution centred on its token (padded on both sides), so it taps two later tokens."""
+    def causal_conv(self, x, before):
+        width = self.conv_kernel_size - 1
+        padded = nn.functional.pad(x, (1, width - 1))  # planted: (width, 0), every tap on this or earlier tokens
+        out = nn.functional.conv1d(padded, self.conv1d.weight, groups=self.conv_dim)
+        return nn.functional.silu(out), padded[:, :, -width:]
+    for blk in model.trf_blocks:
+        if hasattr(blk.token_mixer, "causal_conv"):
+            blk.token_mixer.causal_conv = MethodType(causal_conv, blk.token_mixer)
+    return model
+
+
 def olmo3_full_layers_windowed(model):
     for blk in model.blocks:
         blk.att.sliding_window = 4  # planted: the window on every layer, the full ones too
@@ -234,6 +255,13 @@ PLANTED = {  # id: (the model, the first stage, where, the property, words the f
     "olmo3_norm_after_the_add": (lambda: olmo3_norm_after_add(tiny("olmo3")), "blocks.0.post_attention_layernorm "
                                  "(input)", "position 0", "placement", "post_attention_layernorm reads x + att(x), "
                                  "the stream after the shortcut"),
+    "gemma3_post_norm_after_the_add": (lambda: gemma3_post_norm_after_add(tiny("gemma3")),
+                                       "blocks.0.post_attention_layernorm (input)", "position 0", "placement",
+                                       "this sandwich-norm block norms att's output before adding it"),
+    "qwen35_linear_attention_conv_centred": (lambda: qwen35_conv_centred(tiny("qwen3.5")), "trf_blocks.0.token_mixer",
+                                             "position 0", "no_future", "position 0's output changes when the input "
+                                             "at position 1, a later one, changes: it reads a later position: a "
+                                             "linear attention reads each token's own and earlier inputs only"),
     "olmo3_full_layer_windowed": (lambda: olmo3_full_layers_windowed(tiny("olmo3")), "blocks.2.att", "position 4",
                                   "reads_its_past", "this full layer hides an earlier position"),
     "tiny_aya_rope_on_a_full_layer": (lambda: tiny_aya_rope_everywhere(tiny("tiny-aya")), "trf_blocks.2.att",
@@ -308,6 +336,8 @@ def test_the_cases_cover_each_new_property_and_four_described_kinds():
     assert {"no_future", "window", "reads_its_past", "rows_sum_to_1", "scale", "rope_positions", "position_signal",
             "shortcut", "placement", "activation"} <= props
     assert len(PLANTED) >= 8
+    kinds = {case.split("_")[0] for case in PLANTED}
+    assert {"qwen3", "llama", "gemma3"} <= kinds and kinds & {"olmo3", "tiny"}
 
 
 # --- no false findings: a correct model keeps every property ------------------------------------------------

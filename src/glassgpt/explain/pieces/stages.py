@@ -13,6 +13,11 @@ reproduces the numbers, these properties say what the stage broke and where it f
   a shortcut   the input plus the part's output, each once (the two factors fitted)
   any stage    a factor: the output is c times the formula's
 
+A described model's attention, feed-forward, shortcuts and post-norms are held to more, each measured by running
+the reader's own part again through the call its model made (the last section): nothing read later or outside a
+window, every earlier position read in a full layer, each row's sum, the scale, RoPE by i - j (or no position
+signal), the activation, each shortcut, and where a post-norm's norm sits.
+
 Each returns a properties.Broken (the property, the stage, where, one sentence) or None; CHECKED says, for a
 stage none of them breaks, what was checked.
 """
@@ -223,17 +228,17 @@ def feed_forward_module(name: str, ff: nn.Module, x: torch.Tensor, act: str) -> 
 #
 #   attention    position p's output stays the same when a later position's input changes (causal); in a
 #                sliding layer, when a position `window` or more back changes; in a full layer it changes
-#                with every earlier one (nothing hidden); with every token the same, every position gives
-#                one token's output (its weights sum to 1); the scores are q k^T times the described scale (the
+#                with every earlier one (nothing hidden); with every token the same, each head's context at
+#                row p is its row's sum times the one value (read off what `out` reads, hooked); the scores are q k^T times the described scale (the
 #                softmax's input, or scaled_dot_product_attention's q, k and scale, captured; the factor
 #                fitted on the positions each query may read, within 1e-4); with every token the same, the
 #                score of position i for key j depends on i - j alone and not on nothing (RoPE), or on
 #                nothing (a layer the description gives no positions)
 #   feed-forward the activation between its layers, on its own hidden numbers (its described up, gate and down
 #                matrices hooked): within 1e-5 of the largest hidden number
-#   a shortcut   the input plus the part's output, each once (fitted): missing, or the part never added
-#   what a norm  after the sublayer reads the sublayer's output, not the stream after the add (post-LN)
-#   reads
+#   a shortcut   the input plus each part's output, each once (fitted; a parallel block's three terms): missing,
+#                or a part never added
+#   a post-norm  (post and sandwich blocks) reads the sublayer's output, not the stream after the add (post-LN)
 
 CHANGES = 1e-5      # an output "changes" beyond this fraction of its largest value (float32's rounding stays below)
 SAME_SCORE = 1e-4   # two scores are "the same" within this fraction of the largest score (RoPE's tables round)
@@ -353,7 +358,10 @@ def _edges(name: str, call: Call, x: torch.Tensor, base: torch.Tensor, att: an.A
         return Broken("no_future", name, f"position {p}", f"position {p}'s output changes when the input at "
                       f"position {j}, a later one, changes: it reads a later position" +
                       _mask_cause(call, x, att, p, j, "fill the scores of the positions after each query, "
-                                  "torch.triu(..., diagonal=1), with -inf before the softmax"))
+                                  "torch.triu(..., diagonal=1), with -inf before the softmax" if att.kind == "causal"
+                                  else "a linear attention reads each token's own and earlier inputs only: its short "
+                                  "convolution padded with kernel - 1 zeros before the tokens, none after, and the "
+                                  "state updated one token at a time"))
     if "window" in found:
         p, j = found["window"]
         return Broken("window", name, f"position {p}", f"position {p}'s output changes when the input at "
