@@ -7,7 +7,7 @@ never from each other (tests/test_layout.py checks it). Fixtures live in conftes
   and the native step's tests);
 - a gpt2/124M folder written by TensorFlow (the book's tests, the crafted files);
 - a pickled object that must never be unpickled;
-- every described model but GPT-2 at a tiny size, random (check's and diff's tests of them).
+- every described model but GPT-2 at a tiny size, random (check's and diff's tests of them), Gemma 4 and transformers' own.
 """
 
 from __future__ import annotations
@@ -348,6 +348,46 @@ def tiny_described(name: str, seed: int = 0) -> torch.nn.Module:
                 p.copy_(0.5 * noise)
             else:
                 p.copy_(noise * 0.3)
+    return model.eval()
+
+
+def tiny_transformers(name: str, attn: str = "sdpa") -> torch.nn.Module:
+    """A tiny random transformers model of each described architecture it has (seeded), with its attention
+    implementation `attn` ("sdpa", transformers' default, or "eager")."""
+    import transformers as tf
+    torch.manual_seed(0)
+    common = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, attn_implementation=attn)
+    windows = dict(sliding_window=4, layer_types=[SLIDING, FULL])
+    make = {"qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, head_dim=8)),
+            "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**common)),
+            "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**common, **windows, head_dim=8,
+                                                                       query_pre_attn_scalar=8)),
+            "olmo3": lambda: tf.Olmo3ForCausalLM(tf.Olmo3Config(**common, **windows, eos_token_id=None,
+                                                                pad_token_id=None)),
+            "cohere2": lambda: tf.Cohere2ForCausalLM(tf.Cohere2Config(**common, **windows, eos_token_id=None,
+                                                                      pad_token_id=None, bos_token_id=None))}
+    return make[name]().eval()
+
+
+GEMMA4 = dict(vocab_size=300, emb_dim=16, hidden_dim=32, n_layers=4, n_heads=2, head_dim=8, n_kv_heads=1,
+              global_head_dim=16, context_length=64, sliding_window=4, layer_types=(SLIDING, FULL) * 2,
+              vocab_size_per_layer_input=300, hidden_size_per_layer_input=4, num_kv_shared_layers=2,
+              use_double_wide_mlp=True, final_logit_softcap=30.0)
+
+
+def tiny_gemma4(**changes) -> torch.nn.Module:
+    """E2B's kind, small: per-layer inputs, the last 2 layers kv-shared, proportional RoPE on the full layers; every
+    weight random and each layer_scalar away from 1, so that a part left out or added changes the numbers."""
+    from glassgpt.families.gemma4 import Gemma4Config, Gemma4DenseModel
+    model = Gemma4DenseModel(Gemma4Config(**{**GEMMA4, **changes}))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for path, p in model.named_parameters():
+            p.copy_((1.0 if "norm" in path else 0.0) + 0.3 * torch.randn(p.shape, generator=gen))
+        for path, b in model.named_buffers():
+            if path.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=gen))
     return model.eval()
 
 

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 import glassgpt
-from helpers import DESCRIBED, FULL, SLIDING, TINY_GPT, tiny_described as tiny
+from helpers import DESCRIBED, FULL, GEMMA4, SLIDING, TINY_GPT, tiny_described as tiny, tiny_gemma4
+from helpers import tiny_transformers as transformers_model
 
 CONFIGS = DESCRIBED
 VARIANTS = ("gqa", "mla", "swa", "moe")
@@ -162,24 +163,6 @@ def test_a_planted_mistake_is_found_at_its_stage_and_named(name):
     assert all(s.ok for s in result.stages[:result.stages.index(result.first)])
 
 
-def transformers_model(name: str) -> nn.Module:
-    """A tiny random transformers model of each described architecture it has (seeded)."""
-    import transformers as tf
-    torch.manual_seed(0)
-    common = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64)
-    windows = dict(sliding_window=4, layer_types=[SLIDING, FULL])
-    make = {"qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, head_dim=8)),
-            "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**common)),
-            "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**common, **windows, head_dim=8,
-                                                                       query_pre_attn_scalar=8)),
-            "olmo3": lambda: tf.Olmo3ForCausalLM(tf.Olmo3Config(**common, **windows, eos_token_id=None,
-                                                                pad_token_id=None)),
-            "cohere2": lambda: tf.Cohere2ForCausalLM(tf.Cohere2Config(**common, **windows, eos_token_id=None,
-                                                                      pad_token_id=None, bos_token_id=None))}
-    return make[name]().eval()
-
-
 @pytest.mark.parametrize("name", ["qwen3", "llama", "gemma3", "olmo3", "cohere2"])
 def test_transformers_own_modules_match_the_description_at_every_stage(name):
     """Read in place under transformers' names (Gemma 3's embedding module scales its own rows: its stage holds the
@@ -259,27 +242,6 @@ def test_the_cli_passes_a_correct_variant(tmp_path, capsys):
 
 
 # --- Gemma 4: the value norm, layer_scalar, the per-layer inputs and the kv-shared layers ------------------
-
-GEMMA4 = dict(vocab_size=300, emb_dim=16, hidden_dim=32, n_layers=4, n_heads=2, head_dim=8, n_kv_heads=1,
-              global_head_dim=16, context_length=64, sliding_window=4, layer_types=(SLIDING, FULL) * 2,
-              vocab_size_per_layer_input=300, hidden_size_per_layer_input=4, num_kv_shared_layers=2,
-              use_double_wide_mlp=True, final_logit_softcap=30.0)
-
-
-def tiny_gemma4(**changes) -> nn.Module:
-    """E2B's kind, small: per-layer inputs, the last 2 layers kv-shared, proportional RoPE on the full layers; every
-    weight random and each layer_scalar away from 1, so that a part left out or added changes the numbers."""
-    from glassgpt.families.gemma4 import Gemma4Config, Gemma4DenseModel
-    model = Gemma4DenseModel(Gemma4Config(**{**GEMMA4, **changes}))
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for path, p in model.named_parameters():
-            p.copy_((1.0 if "norm" in path else 0.0) + 0.3 * torch.randn(p.shape, generator=gen))
-        for path, b in model.named_buffers():
-            if path.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand(b.shape, generator=gen))
-    return model.eval()
-
 
 def gemma4_no_layer_scalar(model: nn.Module) -> nn.Module:
     """Gemma 4's block returning its sum without the last step, x * layer_scalar."""

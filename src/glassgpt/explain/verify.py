@@ -109,6 +109,7 @@ class CheckResult(Result):
     notes: list[str] = field(default_factory=list)
     against: str = "model.py in float64"  # what each stage was computed again by
     prop: str | None = None  # the property of the formula the first differing stage breaks (pieces/stages.py)
+    prop_where: str | None = None  # where that property first breaks: "position 3", "row 2 of head 0"
 
     @property
     def ok(self) -> bool:
@@ -116,7 +117,7 @@ class CheckResult(Result):
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "prompt": self.prompt, "ok": self.ok, "mistake": self.mistake,
-                "property": self.prop, "finding": self.finding, "notes": self.notes,
+                "property": self.prop, "property_where": self.prop_where, "finding": self.finding, "notes": self.notes,
                 "stages": [{"name": s.name, "max_diff": s.max_diff, "tolerance": s.tolerance, "ok": s.ok,
                             "where": s.where, "non_finite": s.non_finite} for s in self.stages]}
 
@@ -175,7 +176,8 @@ def check_gpt2(model: nn.Module, text: str = DEFAULT_TEXT, ids: list[int] | None
                 if mistake is None and not stage.non_finite:
                     broken = _gpt2_property(kind, name, got, book_fn, runs[0], key, ref, model, layout, batch)
     return CheckResult(layout.kind, shown, stages, first, mistake, _finding(stages, first, mistake, broken, first_kind),
-                       _tie_note(glass), prop=broken.prop if broken else None)
+                       _tie_note(glass), prop=broken.prop if broken else None,
+                       prop_where=broken.where if broken else None)
 
 
 SQRT_2_OVER_PI = torch.sqrt(torch.tensor(2.0 / torch.pi, dtype=torch.float32))  # model.py's constant, as it rounds it
@@ -536,14 +538,15 @@ def check_described(model: nn.Module, anatomy: an.Anatomy, ids: list[int] | None
     return CheckResult(f"{type(model).__name__} ({anatomy.name})", " ".join(map(str, ids)), stages, first,
                        mistake and mistake[0], finding, _copy_note(model, anatomy),
                        against=f"{anatomy.name}'s description in float64 (norms in the model's dtype)",
-                       prop=broken.prop if broken else None)
+                       prop=broken.prop if broken else None, prop_where=broken.where if broken else None)
 
 
 def _described_property(stage: _Stage, model: nn.Module, anatomy: an.Anatomy, seen: dict):
     """The property of the description's formula this stage breaks, on the model's own tensors
     (pieces/stages.py), where no known mistake reproduces it; None where none does."""
-    from .pieces.stages import attention_module, embeddings_sum, factor, norm_stage  # here: pieces imports this
-    d, want = anatomy.embedding.emb_dim, stage.formula(None)
+    from .pieces.stages import (Call, attention_call, described_shortcut, embeddings_sum, factor,
+                                feed_forward_call, norm_stage, placement)  # here: pieces imports this module
+    d, want, facts = anatomy.embedding.emb_dim, stage.formula(None), stage.facts
     broken = None
     if stage.kind == "embeddings":
         pos = seen[anatomy.positions.path][1] if anatomy.positions.kind == "learned" else None
@@ -557,10 +560,31 @@ def _described_property(stage: _Stage, model: nn.Module, anatomy: an.Anatomy, se
         shift = getattr(mod, norm.bias).detach() if norm.bias else None
         broken = norm_stage(stage.name, seen[norm.path][0], stage.got, scale, shift, norm.kind != "layernorm",
                             norm.eps)
-    elif stage.kind == "att":
-        path = stage.name
-        broken = attention_module(stage.name, model.get_submodule(path), seen[path][0], stage.got, cut_off=False)
+    elif stage.kind in ("att", "ff") and f"{stage.name}<call" in seen:
+        call = Call(model.get_submodule(stage.name), *seen[f"{stage.name}<call"])
+        x = seen[stage.name][0]
+        broken = attention_call(stage.name, call, x, facts["att"], facts["layer_type"], facts.get("again"), model, d) \
+            if stage.kind == "att" else feed_forward_call(stage.name, call, x, facts["ff"], model, d)
+    elif stage.kind == "shortcut" and "around" in facts:
+        broken = described_shortcut(stage.name, stage.got, facts["terms"], facts["around"], facts["formula"], d)
+    elif stage.kind == "reads" and facts.get("options"):
+        broken = placement(stage.name, stage.got, want, facts["options"])
     return broken or factor(stage.name, stage.got, want, d)
+
+
+def stage_properties(model: nn.Module, text: str = DEFAULT_TEXT) -> dict[str, Any]:
+    """{stage: the property it breaks, or None} for every attention, feed-forward and shortcut stage of a described
+    model, measured as if that stage differed (what check does at the first stage that does): a correct model
+    breaks none (tests/test_check_described_props.py)."""
+    anatomy = describe(model)
+    vocab = anatomy.embedding.vocab_size
+    ids = [b % vocab for b in text.encode("utf-8")][-anatomy.positions.context_length:]
+    weight = _param(model, anatomy.embedding.path, "weight")
+    batch = torch.tensor([ids], device=weight.device)
+    seen = _record_described(model, anatomy, batch)
+    with torch.no_grad():
+        return {stage.name: _described_property(stage, model, anatomy, seen)
+                for stage in _described_stages(model, anatomy, seen, batch) if stage.kind in ("att", "ff", "shortcut")}
 
 
 def _record_described(model: nn.Module, anatomy: an.Anatomy, batch: torch.Tensor) -> dict[str, tuple]:
@@ -575,6 +599,7 @@ def _record_described(model: nn.Module, anatomy: an.Anatomy, batch: torch.Tensor
     seen: dict[str, tuple] = {}
 
     reads_own = {b.path for b in anatomy.blocks if b.per_layer_input is not None}
+    called = {p for b in anatomy.blocks for p in (b.attention.path, b.ff.path)}  # run again by the properties
 
     def tap(name: str):
         def hook(_mod, args, kwargs, out):
@@ -582,6 +607,8 @@ def _record_described(model: nn.Module, anatomy: an.Anatomy, batch: torch.Tensor
             y = out[0] if isinstance(out, (tuple, list)) else out
             if name not in seen:
                 seen[name] = (None if x is None else x.detach().clone(), y.detach().clone())
+                if name in called:
+                    seen[f"{name}<call"] = (args, kwargs)
             if name in reads_own and f"{name}<per_layer" not in seen:  # Gemma 4's block(x, per_layer_input, ...)
                 own = args[1] if len(args) > 1 else kwargs.get("per_layer_input")
                 seen[f"{name}<per_layer"] = own.detach().clone()
@@ -683,21 +710,22 @@ def _block_stages(model: nn.Module, block: an.Block, seen: dict, kv_in: torch.Te
         yield _reads(f"{att.path} (input)", a_in, x, {"norm": norm.path.rpartition(".")[2], "placement": place},
                      {"norm_before": _norm_formula(model, norm, x)(None)})
     yield _attention_stage(model, att, a_in, a_out, block.layer_type, kv_in)
-    added = a_out
-    if n_out[0] is not None:
-        yield _reads(f"{n_out[0].path} (input)", seen[n_out[0].path][0], a_out, {})
-        yield _norm_stage(model, n_out[0], seen)
-        added = seen[n_out[0].path][1]
+    added = yield from _norm_after(model, n_out[0], att.path, place, x, a_out, seen)
     if place == "parallel":
         normed = _norm_formula(model, n_in[0], x.double() + a_out.double())(None)
         yield _reads(f"{ff.path} (input)", f_in, seen[n_in[0].path][1], {"norm": n_in[0].path.rpartition(".")[2]},
                      {"sequential": normed})
         yield _Stage(ff.path, f_out, _ff_formula(model, ff, f_in), "ff", _ff_facts(ff))
-        yield _scaled(model, block, f"{block.path}.shortcut", out, lambda: x.double() + a_out.double() + f_out.double())
+        leaf = lambda p: p.rpartition(".")[2]  # noqa: E731
+        yield _scaled(model, block, f"{block.path}.shortcut", out, lambda: x.double() + a_out.double() + f_out.double(),
+                      {"around": "the attention and the feed-forward", "terms": (("its input", x), (
+                          "the attention's output", a_out), ("the feed-forward's output", f_out)), "formula":
+                       f"x + {leaf(att.path)}({leaf(n_in[0].path)}(x)) + {leaf(ff.path)}({leaf(n_in[0].path)}(x))"})
         return
     # the stream after the first shortcut, as the next part reads it
     h = seen[n_in[1].path][0] if n_in[1] is not None else f_in
-    yield _Stage(f"{block.path}.shortcut1", h, lambda m: x.double() + added.double(), "shortcut")
+    yield _Stage(f"{block.path}.shortcut1", h, lambda m: x.double() + added.double(), "shortcut",
+                 _around("the attention", att.path, n_in[0], n_out[0], x, added))
     if n_in[1] is not None:
         yield _norm_stage(model, n_in[1], seen)
         yield _reads(f"{ff.path} (input)", f_in, seen[n_in[1].path][1], {"norm": n_in[1].path.rpartition(".")[2]},
@@ -707,17 +735,14 @@ def _block_stages(model: nn.Module, block: an.Block, seen: dict, kv_in: torch.Te
         yield _reads(f"{ff.path} (input)", f_in, h, {"norm": norm.path.rpartition(".")[2], "placement": place},
                      {"norm_before": _norm_formula(model, norm, h)(None)})
     yield _Stage(ff.path, f_out, _ff_formula(model, ff, f_in), "ff", _ff_facts(ff))
-    added = f_out
-    if n_out[1] is not None:
-        yield _reads(f"{n_out[1].path} (input)", seen[n_out[1].path][0], f_out, {})
-        yield _norm_stage(model, n_out[1], seen)
-        added = seen[n_out[1].path][1]
+    added = yield from _norm_after(model, n_out[1], ff.path, place, h, f_out, seen)
     own = block.per_layer_input
+    around = _around("the feed-forward", ff.path, n_in[1], n_out[1], h, added)
     if own is None:
-        yield _scaled(model, block, f"{block.path}.shortcut2", out, lambda: h.double() + added.double())
+        yield _scaled(model, block, f"{block.path}.shortcut2", out, lambda: h.double() + added.double(), around)
         return
     h2 = seen[own.gate.path][0]  # the stream after the second shortcut, as the per-layer gate reads it
-    yield _Stage(f"{block.path}.shortcut2", h2, lambda m: h.double() + added.double(), "shortcut")
+    yield _Stage(f"{block.path}.shortcut2", h2, lambda m: h.double() + added.double(), "shortcut", around)
     yield _Stage(f"{block.path}.per_layer_input", seen[own.norm.path][0],
                  _per_layer_formula(model, own, h2, seen[f"{block.path}<per_layer"]), "per_layer")
     yield _norm_stage(model, own.norm, seen)
@@ -731,14 +756,44 @@ def _per_layer_formula(model: nn.Module, own: an.PerLayerInput, x: torch.Tensor,
                              * per_layer.double())
 
 
-def _scaled(model: nn.Module, block: an.Block, name: str, out: torch.Tensor, summed: Callable) -> _Stage:
+def _scaled(model: nn.Module, block: an.Block, name: str, out: torch.Tensor, summed: Callable,
+            around: dict | None = None) -> _Stage:
     """The block's last shortcut, times its stored output scale where it has one (Gemma 4's layer_scalar)."""
     if block.output_scale is None:
-        return _Stage(name, out, lambda m: summed(), "shortcut")
+        return _Stage(name, out, lambda m: summed(), "shortcut", around or {})
     scale = getattr(model.get_submodule(block.path), block.output_scale)
     value = scale.double().reshape(())
     return _Stage(name, out, lambda m: summed() if m else summed() * value, "shortcut",
                   {"scalar": f"{block.path}.{block.output_scale}", "scalar_value": float(value)})
+
+
+def _around(part: str, path: str, before: an.Norm | None, after: an.Norm | None, x: torch.Tensor,
+            added: torch.Tensor) -> dict:
+    """What a shortcut's property names: the part it goes around, the block's input to it, what is added, and the
+    placement's line, x + post(part(pre(x)))."""
+    leaf = lambda p: p.rpartition(".")[2]  # noqa: E731
+    inner = f"{leaf(path)}({leaf(before.path)}(x))" if before is not None else f"{leaf(path)}(x)"
+    return {"around": part, "terms": (("its input", x), (f"{part}'s output", added)),
+            "formula": f"x + {leaf(after.path)}({inner})" if after is not None else f"x + {inner}"}
+
+
+def _norm_after(model: nn.Module, norm: an.Norm | None, path: str, place: str, x: torch.Tensor, out: torch.Tensor,
+                seen: dict):
+    """A norm after the sublayer at `path` (post, sandwich): what it reads (the sublayer's output `out`), then the
+    norm itself; returns what the shortcut adds to the stream `x` (the sublayer's output where no norm follows)."""
+    if norm is None:
+        return out
+    yield _reads(f"{norm.path} (input)", seen[norm.path][0], out, {"options": _post_ln(norm, path, place, x, out)})
+    yield _norm_stage(model, norm, seen)
+    return seen[norm.path][1]
+
+
+def _post_ln(norm: an.Norm, path: str, place: str, x: torch.Tensor, out: torch.Tensor) -> tuple:
+    """A norm after a sublayer that reads the stream after the add instead (the original Transformer's post-LN)."""
+    n, p = norm.path.rpartition(".")[2], path.rpartition(".")[2]
+    return ((f"{n} reads x + {p}(x), the stream after the shortcut (first at position {{p}}): the norm comes after "
+             f"the add, as in the original Transformer's post-LN, where this {place}-norm block norms {p}'s output "
+             f"before adding it, x + {n}({p}(...))", x.double() + out.double()),)
 
 
 def _reads(name: str, got: torch.Tensor, want: torch.Tensor, facts: dict, wrong: dict | None = None) -> _Stage:
@@ -862,6 +917,8 @@ def _attention_stage(model: nn.Module, att: an.Attention, x: torch.Tensor, out: 
              "v_norm_weight": att.v_norm is not None and isinstance(
                  getattr(model.get_submodule(att.v_norm.path), "weight", None), torch.Tensor)}
     formula = _linear_attention(model, att, x) if att.kind == "linear" else _causal_attention(model, att, x, kv_in)
+    if att.kind == "causal":  # the formula again on another input (pieces/stages.py's properties)
+        facts["again"] = lambda x_, mistake: _causal_attention(model, att, x_, kv_in)(mistake)
     return _Stage(att.path, out, formula, "att", facts)
 
 
@@ -905,11 +962,15 @@ def _causal_attention(model: nn.Module, att: an.Attention, x: torch.Tensor, kv_x
         expand = (lambda y: y.repeat(1, h // g, 1, 1)) if name == "repeat" else (
             lambda y: y.repeat_interleave(h // g, dim=1))
         k, v = expand(k), expand(v)
+        if name == "raw_scores":  # q k^T as the description makes q and k (pieces/stages.py fits the scale on it)
+            return q @ k.transpose(-2, -1)  # [b, h, t, s]
         attn = attention_weights(att, q, k, scale=1.0 if name == "no_scale" else (att.scale or hd ** -0.5),
                                  windowed=name != "no_window", masked=name != "no_mask")  # [b, h, t, t]
         context = (attn @ v).transpose(1, 2).reshape(b, t, h * hd)  # [b, t, h*hd]
         if att.output_gate is not None:
             context = context * torch.sigmoid(_linear(model, att.output_gate, x))
+        if name == "context":  # what `out` reads (pieces/stages.py reads each head's row sums off it)
+            return context
         return _linear(model, att.out, context)
     return run
 
@@ -1024,7 +1085,8 @@ def _described_finding(anatomy: an.Anatomy, stages: list[StageCheck], first: Sta
         kind = "reads" if first.name.endswith(" (input)") else next(
             (k for k in ("norm", "att", "ff", "shortcut") if k in facts or first.name.split(".")[-1].startswith(k)),
             "embeddings" if first.name == "embeddings" else "")
-        return _property_or_checked(at, broken, kind, first.name)
+        return _property_or_checked(at, broken, f"described {kind}" if kind in ("att", "ff", "shortcut") else kind,
+                                    first.name)
     name, value = mistake
     norm = facts.get("norm")
     words = DESCRIBED_MISTAKES[name][1].format(
