@@ -307,6 +307,31 @@ class Gemma4NormEpsOutside(Gemma4RMSNorm):
         return (x_norm * self.weight.float() if self.with_scale else x_norm).to(x.dtype)
 
 
+class Gemma4FeedForward(nn.Module):
+    act = staticmethod(lambda h: nn.functional.gelu(h, approximate="tanh"))
+
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        first_kv_shared_layer_idx = cfg["n_layers"] - cfg["num_kv_shared_layers"]
+        is_kv_shared_layer = layer_idx >= first_kv_shared_layer_idx > 0
+        intermediate_size = cfg["hidden_dim"] * (2 if cfg["use_double_wide_mlp"] and is_kv_shared_layer else 1)
+        self.gate_proj = nn.Linear(cfg["emb_dim"], intermediate_size, bias=False, dtype=cfg["dtype"])
+        self.up_proj = nn.Linear(cfg["emb_dim"], intermediate_size, bias=False, dtype=cfg["dtype"])
+        self.down_proj = nn.Linear(intermediate_size, cfg["emb_dim"], bias=False, dtype=cfg["dtype"])
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Gemma4FeedForwardSiLU(Gemma4FeedForward):
+    act = staticmethod(nn.functional.silu)  # planted: SwiGLU's activation
+
+
+class Gemma4FeedForwardGeluOnUp(Gemma4FeedForward):
+    def forward(self, x):  # planted: GELU on the up projection
+        return self.down_proj(self.gate_proj(x) * self.act(self.up_proj(x)))
+
+
 def _with_weights(att: nn.Module) -> nn.Module:
     """Norm weights of their own (the notebooks build them at 0 or 1): a plain and a (1 + w) norm differ more."""
     for norm in (att.q_norm, att.k_norm):
@@ -326,6 +351,7 @@ CORRECT = {
     "gemma4_attention_sliding_layer": (lambda: glassgpt.check(Gemma4Attention(GEMMA4_TINY, 0)), "Gemma 4 Attention"),
     "gemma4_rms_norm": (lambda: glassgpt.check(Gemma4RMSNorm), "Gemma4RMSNorm"),
     "gemma4_value_norm": (lambda: glassgpt.check(Gemma4RMSNorm(16, with_scale=False)), "Gemma4RMSNorm"),
+    "gemma4_feed_forward": (lambda: glassgpt.check(Gemma4FeedForward), "Gemma4FeedForward (GeGLU)"),
     "qwen3_5_compute_rope_params": (lambda: glassgpt.check(compute_rope_params), "compute_rope_params (partial)"),
     "gemma4_compute_rope_params": (lambda: glassgpt.check(named_fn(gemma4_compute_rope_params)),
                                    "compute_rope_params (proportional)"),
@@ -383,6 +409,11 @@ PLANTED = {
                              "scale_plus_one", None),
     "gemma4_value_norm_eps_outside": (lambda: glassgpt.check(named(Gemma4NormEpsOutside, "Gemma4RMSNorm")(
         16, with_scale=False)), "output", "row 2", "eps", None),
+    "gemma4_feed_forward_silu": (lambda: glassgpt.check(named(Gemma4FeedForwardSiLU, "Gemma4FeedForward")),
+                                 "output", "position 0", "activation", None),
+    "gemma4_feed_forward_gelu_on_up": (lambda: glassgpt.check(named(Gemma4FeedForwardGeluOnUp,
+                                                                    "Gemma4FeedForward")),
+                                       "output", "position 0", "gate", None),
     "gemma4_rope_params_default_only": (lambda: glassgpt.check(named_fn(gemma4_rope_params_default_only)), "output",
                                         "dimension 2", "rope_span", "proportional_ignored"),
     "gemma4_rope_params_turned_width": (lambda: glassgpt.check(named_fn(gemma4_rope_params_turned_width)), "output",
@@ -391,7 +422,8 @@ PLANTED = {
 # The plants no catalogue entry reproduces: their property alone names them.
 PLANTED_OUTSIDE_CATALOGUE = {"qwen3_5_rope_last_dims", "qwen3_5_no_rope", "qwen3_5_plain_qk_norm",
                              "gemma4_sliding_without_rope", "gemma4_keys_unturned", "gemma4_norm_plus_one",
-                             "gemma4_value_norm_eps_outside",
+                             "gemma4_value_norm_eps_outside", "gemma4_feed_forward_silu",
+                             "gemma4_feed_forward_gelu_on_up",
                              "gemma4_rope_params_turned_width"}
 
 

@@ -39,7 +39,7 @@ from .bonus_models import (BONUS_KINDS, PRESETS as BONUS_PRESETS, bonus_kind, ch
                            check_gated_delta_net, check_gemma_attention, check_geglu, check_olmo_attention,
                            check_rms_norm_plus_one, check_tiny_aya_attention, delta_adapter, family_of_class)
 from .qwen3_5_gemma4 import (KINDS as GATED_KINDS, PRESETS as GATED_PRESETS, check_gemma4_attention,
-                             check_gemma4_rms_norm, check_partial_rope_params, check_qwen3_5_attention, is_layered_attention,
+                             check_gemma4_feed_forward, check_gemma4_rms_norm, check_partial_rope_params, check_qwen3_5_attention, is_layered_attention,
                              kind_of as gated_kind, layer_to_build)
 
 GPT_CONFIG_124M = {"vocab_size": 50257, "context_length": 1024, "emb_dim": 768, "n_heads": 12, "n_layers": 12,
@@ -89,7 +89,8 @@ BONUS_CHECKS = {"RMSNorm (1 + weight)": check_rms_norm_plus_one, "GeGLU FeedForw
                 "OLMo 3 GroupedQueryAttention": check_olmo_attention,
                 "Tiny Aya GroupedQueryAttention": check_tiny_aya_attention, "GatedDeltaNet": check_gated_delta_net,
                 "CohereLayerNorm": check_cohere_layer_norm, "Qwen3.5 GroupedQueryAttention": check_qwen3_5_attention,
-                "Gemma 4 Attention": check_gemma4_attention, "Gemma4RMSNorm": check_gemma4_rms_norm}
+                "Gemma 4 Attention": check_gemma4_attention, "Gemma4RMSNorm": check_gemma4_rms_norm,
+                "Gemma4FeedForward (GeGLU)": check_gemma4_feed_forward}
 CFG_CLASSES = ("FeedForward", "TransformerBlock", "GPTModel")  # the classes built from one config dict
 
 

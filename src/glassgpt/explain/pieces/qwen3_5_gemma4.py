@@ -37,7 +37,8 @@ from .report import PieceError, PieceResult, as_double, first_row_that_differs, 
 QWEN3_5_ATTENTION = "Qwen3.5 GroupedQueryAttention"
 GEMMA4_ATTENTION = "Gemma 4 Attention"
 GEMMA4_NORM = "Gemma4RMSNorm"
-KINDS = (QWEN3_5_ATTENTION, GEMMA4_ATTENTION, GEMMA4_NORM)
+GEMMA4_FF = "Gemma4FeedForward (GeGLU)"
+KINDS = (QWEN3_5_ATTENTION, GEMMA4_ATTENTION, GEMMA4_NORM, GEMMA4_FF)
 QWEN3_5_ROPE = {"theta_base": 10_000_000.0, "partial_rotary_factor": 0.25}  # the notebook's QWEN3_5_CONFIG
 # A tiny get_gemma4_dense_config: layer 1 is a full layer, heads of global_head_dim 16, of which
 # int(0.25 * 16 // 2) = 2 pairs turn.
@@ -51,7 +52,8 @@ GEMMA4_TINY = {"vocab_size": 97, "vocab_size_per_layer_input": 97, "emb_dim": 32
                "tie_word_embeddings": True, "pad_token_id": 0, "dtype": torch.float32}
 PRESETS = {"qwen3_5": {"GroupedQueryAttention": {"d_in": 32, "num_heads": 4, "num_kv_groups": 2, "head_dim": 16,
                                                  "qk_norm": True}},
-           "gemma4": {"Gemma4Attention": GEMMA4_TINY, "Gemma4RMSNorm": {"dim": 32}}}
+           "gemma4": {"Gemma4Attention": GEMMA4_TINY, "Gemma4RMSNorm": {"dim": 32},
+                      "Gemma4FeedForward": GEMMA4_TINY}}
 EVEN = 1e-5     # fed one token at every position, a row's scores are equal within this share of their largest
                 # (float32 rounding some 1e-7; the same token gives bitwise equal scores where nothing turns)
 SPAN_TOKENS = 16  # one token at 16 positions: a slow pair (base 1e6) turns far enough to show
@@ -84,6 +86,8 @@ def kind_of(piece: nn.Module) -> str | None:
         return QWEN3_5_ATTENTION
     if type(piece).__name__ == "Gemma4RMSNorm":
         return GEMMA4_NORM
+    if all(hasattr(piece, n) for n in ("gate_proj", "up_proj", "down_proj")) and "Gemma4" in type(piece).__name__:
+        return GEMMA4_FF  # (by its name too: Llama's and Qwen3's MLPs in transformers hold the same three layers)
     if all(hasattr(piece, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "head_dim")) and \
             (hasattr(piece, "v_norm") or hasattr(piece, "num_kv_heads")):  # (a v_norm left out is a finding)
         return GEMMA4_ATTENTION
@@ -91,9 +95,10 @@ def kind_of(piece: nn.Module) -> str | None:
 
 
 def is_layered_attention(cls: type) -> bool:
-    """Gemma 4's attention class, built from the model's config and its layer's index: (cfg, layer_idx)."""
+    """Gemma 4's attention and feed-forward classes, built from the model's config and a layer's index:
+    (cfg, layer_idx)."""
     params = tuple(list(inspect.signature(cls.__init__).parameters)[1:3])
-    return params == ("cfg", "layer_idx") and "Attention" in cls.__name__
+    return params == ("cfg", "layer_idx") and ("Attention" in cls.__name__ or "FeedForward" in cls.__name__)
 
 
 def layer_to_build(cfg: dict[str, Any]) -> int:
@@ -472,6 +477,32 @@ def _plus_one_probe(norm: nn.Module) -> PieceResult | None:
     return found(result, Broken("scale_plus_one", "output", "row 0", "each column is scaled by (1 + weight), "
                                 "Gemma 3's zero-centred scale, where Gemma 4's weight is the scale itself (it starts "
                                 "at 1): x_norm * self.weight.float()"), None, LINES)
+
+
+class _GeGLUNames(nn.Module):
+    """Gemma 4's feed-forward under Gemma 3's names (fc1 the gate, fc2 the up, fc3 the down), the same modules:
+    its own forward runs, and the GeGLU check's taps sit on its own layers."""
+
+    def __init__(self, ff: nn.Module):
+        super().__init__()
+        self.ff, self.fc1, self.fc2, self.fc3 = ff, ff.gate_proj, ff.up_proj, ff.down_proj
+        self._glassgpt_args = None  # its width depends on the layer (double-wide in kv-shared ones): not checked
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ff(x)
+
+
+def check_gemma4_feed_forward(ff: nn.Module, x: torch.Tensor | None = None) -> PieceResult:
+    """Gemma 4's GeGLU (gate_proj, up_proj, down_proj): Gemma 3's check, the layers named as the reader names them."""
+    from .bonus_models import check_geglu
+    result = check_geglu(_GeGLUNames(ff), x)
+    result.kind = GEMMA4_FF
+    for old, new in (("x_fc1", "x_gate"), ("x_fc2", "x_up"), ("fc1", "gate_proj"), ("fc2", "up_proj"),
+                     ("fc3", "down_proj")):
+        result.finding = result.finding.replace(old, new)
+        result.lines = [line.replace(old, new) for line in result.lines]
+    result.finding = result.finding.replace("GeGLU FeedForward matches", f"{GEMMA4_FF} matches")
+    return result
 
 
 def _spans(dims: list[int]) -> str:
