@@ -9,8 +9,9 @@ What a piece is comes from its class or function name (the book's), then its con
 arguments, then what it holds (W_query and heads, scale and shift, encode and decode, windows).
 Each kind's check lives beside its chapter: data.py (chapter 2), attention.py (3), layers.py
 (4), functions.py (4 to 7), next_models.py (Qwen3, Llama 3.2), bonus_models.py (the bonus notebooks'
-own pieces: Gemma 3, OLMo 3, Qwen3.5, Tiny Aya); report.py holds what they share. Their pictures, and show(piece, input),
-are views: views/pieces.py.
+own pieces: Gemma 3, OLMo 3, Qwen3.5, Tiny Aya), qwen3_5_gemma4.py (Qwen3.5's gated attention, Gemma 4's
+attention, norm and feed-forward, the partial RoPE tables); report.py holds what they share. Their pictures, and
+show(piece, input), are views: views/pieces.py.
 """
 
 from __future__ import annotations

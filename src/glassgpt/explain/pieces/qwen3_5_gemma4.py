@@ -7,6 +7,8 @@ write them, against glassgpt's formulas in float64; and the two notebooks' compu
     Gemma 4 Attention              QK-norm (a plain weight), a value norm without a weight, unscaled scores (the
                                    norms set their size), a sliding window, or on a full layer proportional RoPE:
                                    the first quarter of each head's pairs turn, the rest have frequency 0
+    Gemma4RMSNorm                  x / rms(x) times a plain weight (it starts at 1), or none (the value norm)
+    Gemma4FeedForward              GeGLU under other names: down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))
     compute_rope_params            Qwen3.5's (tables rotary_dim wide) and Gemma 4's (rope_type "proportional")
 
 The properties come first (properties.py's, and these: which dimensions RoPE turns, the gate's factors in (0, 1),
