@@ -487,3 +487,18 @@ def test_the_cli_checks_a_gemma4_attention_file(tmp_path, capsys):
     assert "Gemma 4 Attention matches glassgpt's formula" in capsys.readouterr().out
     assert main(["check", f"{tmp_path / 'bad.py'}:Gemma4Attention"]) == 1
     assert "the values are not RMS-normed" in capsys.readouterr().out
+
+
+def test_the_cli_checks_a_qwen3_5_attention_file_without_args(tmp_path, capsys):
+    """The model class beside it in its file (Qwen3_5Model) says whose; the doubled W_query says which kind."""
+    import inspect
+    from glassgpt.cli import main
+    body = "import torch\nfrom torch import nn\n\n\n" + "\n\n".join(
+        inspect.getsource(f) for f in (RMSNorm, apply_rope, GroupedQueryAttention)) + \
+        "\n\nclass Qwen3_5Model(nn.Module):\n    pass\n"
+    (tmp_path / "good.py").write_text(body)
+    (tmp_path / "bad.py").write_text(body.replace("return context * torch.sigmoid(gate)", "return context"))
+    assert main(["check", f"{tmp_path / 'good.py'}:GroupedQueryAttention"]) == 0
+    assert "Qwen3.5 GroupedQueryAttention matches glassgpt's formula" in capsys.readouterr().out
+    assert main(["check", f"{tmp_path / 'bad.py'}:GroupedQueryAttention"]) == 1
+    assert "no gate multiplies it" in capsys.readouterr().out
