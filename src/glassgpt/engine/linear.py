@@ -7,7 +7,8 @@ weight: the step's time is the time to read the weights. PyTorch's matmul for th
 (MKL or oneDNN) streamed float32 weights at a third of the memory's bandwidth on one
 benchmark CPU (an AMD EPYC) and bfloat16 ones at half of float32's speed on another (a Xeon
 without AMX): the gemv kernel (kernels/gemv.cpp) reads them at the bandwidth on both
-(benchmarks/RESULTS.md). Which one runs is measured once per machine (autotune.py), which
+(benchmarks/RESULTS.md). On a CPU without AVX-512 the kernel is its AVX2 build (kernels/gemv_avx2.cpp,
+native.gemv_ops), where MKL's float32 product used one of two cores. Which one runs is measured once per machine (autotune.py), which
 sets `gemv` on each layer to the kernel (`torch.ops.glassgpt.gemv`) where it won, else None.
 
 Only the product changes: the kernel runs for up to `GEMV_MAX_ROWS` rows of float32 or
