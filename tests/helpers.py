@@ -398,3 +398,17 @@ class RMSNormCentred(_book_qwen.RMSNorm):
     def forward(self, x):
         x = x - x.mean(-1, keepdim=True)  # planted: a LayerNorm's centring
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale
+
+
+def assert_planted_piece(planted: dict, outside: set, case: str) -> None:
+    """A planted mistake in a single piece (planted[case] = (run, stage, where, prop, mistake)) is found at its
+    stage and position, named by its property in one line, and by the catalogue's line unless it is `outside` it."""
+    run, stage, where, prop, mistake = planted[case]
+    result = run()
+    assert not result.ok, result.to_text()
+    assert (result.stage, result.where, result.prop, result.mistake) == (stage, where, prop, mistake), result.to_text()
+    assert "\n" not in result.finding and "no known mistake" not in result.finding
+    if case in outside:
+        assert mistake is None
+    else:
+        assert "The line: " in result.finding

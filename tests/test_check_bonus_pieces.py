@@ -18,6 +18,8 @@ import glassgpt
 from glassgpt.explain.pieces import PieceError, build
 from glassgpt.explain.pieces.bonus_models import GEMMA3_TINY
 
+from helpers import assert_planted_piece
+
 
 # --- the notebooks' pieces, as they write them ------------------------------------------------------------
 
@@ -437,15 +439,7 @@ def _narrow_geglu() -> nn.Module:
 
 @pytest.mark.parametrize("case", sorted(PLANTED))
 def test_each_planted_mistake_is_named_by_its_property_at_its_first_position(case):
-    run, stage, where, prop, mistake = PLANTED[case]
-    result = run()
-    assert not result.ok, result.to_text()
-    assert (result.stage, result.where, result.prop, result.mistake) == (stage, where, prop, mistake), result.to_text()
-    assert "\n" not in result.finding and "no known mistake" not in result.finding
-    if case in PLANTED_OUTSIDE_CATALOGUE:
-        assert mistake is None
-    else:
-        assert "The line: " in result.finding
+    assert_planted_piece(PLANTED, PLANTED_OUTSIDE_CATALOGUE, case)
 
 
 def test_a_plain_weight_is_told_to_scale_by_one_plus_weight():

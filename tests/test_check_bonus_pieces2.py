@@ -17,6 +17,8 @@ import glassgpt
 from glassgpt.explain.pieces import build
 from glassgpt.explain.pieces.qwen3_5_gemma4 import GEMMA4_TINY
 
+from helpers import assert_planted_piece
+
 
 def named(cls: type, name: str) -> type:
     return type(name, (cls,), {})
@@ -429,15 +431,7 @@ PLANTED_OUTSIDE_CATALOGUE = {"qwen3_5_rope_last_dims", "qwen3_5_no_rope", "qwen3
 
 @pytest.mark.parametrize("case", sorted(PLANTED))
 def test_each_planted_mistake_is_named_by_its_property_at_its_first_position(case):
-    run, stage, where, prop, mistake = PLANTED[case]
-    result = run()
-    assert not result.ok, result.to_text()
-    assert (result.stage, result.where, result.prop, result.mistake) == (stage, where, prop, mistake), result.to_text()
-    assert "\n" not in result.finding and "no known mistake" not in result.finding
-    if case in PLANTED_OUTSIDE_CATALOGUE:
-        assert mistake is None
-    else:
-        assert "The line: " in result.finding
+    assert_planted_piece(PLANTED, PLANTED_OUTSIDE_CATALOGUE, case)
 
 
 def test_a_missing_gate_and_a_gate_without_sigmoid_are_told_apart():

@@ -30,9 +30,9 @@ from torch import nn
 from ...families.layers import apply_rope, compute_rope_params
 from . import properties
 from .attention import _Softmaxes
-from .next_models import check_rms_norm
+from .next_models import _compare_out, _unexplained, check_rms_norm
 from .properties import Broken
-from .report import PieceResult, as_double, first_row_that_differs, found, largest_diff, run_reader, same
+from .report import PieceResult, as_double, first_row_that_differs, found, run_reader, same
 
 BONUS_KINDS = ("RMSNorm (1 + weight)", "GeGLU FeedForward", "Gemma 3 GroupedQueryAttention",
                "OLMo 3 GroupedQueryAttention", "Tiny Aya GroupedQueryAttention", "GatedDeltaNet", "CohereLayerNorm")
@@ -97,21 +97,7 @@ def _eval(module: nn.Module, *inputs: Any) -> torch.Tensor:
 
 def _compare(result: PieceResult, got: torch.Tensor, want: torch.Tensor, unit: str = "position",
              tol: float | None = None) -> bool:
-    shown = f"max |diff| {largest_diff(got, want):.3g}" if got.shape == want.shape else \
-        f"shape {list(got.shape)}, glassgpt's {list(want.shape)}"
-    result.lines.append(f"output against glassgpt's formula: {shown}")
-    result.views = {"reader_out": got, "book_out": want}
-    if same(got, want, tol):
-        result.finding = f"{result.kind} matches glassgpt's formula ({'float32' if tol else 'float64'}, your weights)."
-        return True
-    index = first_row_that_differs(got, want) if got.shape == want.shape else ()
-    result.stage, result.where = "output", f"{unit} {index[-1]}" if index else "its shape"
-    return False
-
-
-def _unexplained(result: PieceResult, what: str) -> PieceResult:
-    result.finding = f"the output first differs from glassgpt's at {result.where}; {what}"
-    return result
+    return _compare_out(result, got, want, unit, "glassgpt's formula", tol)
 
 
 # --- which family ---------------------------------------------------------------------------------------

@@ -42,14 +42,16 @@ def _rand(*shape: int) -> torch.Tensor:
     return torch.rand(*shape, generator=torch.Generator().manual_seed(SEED))
 
 
-def _compare_out(result: PieceResult, got: torch.Tensor, want: torch.Tensor, unit: str = "position") -> bool:
-    """True when they match; else the output's first differing `unit`, as a start for the finding."""
+def _compare_out(result: PieceResult, got: torch.Tensor, want: torch.Tensor, unit: str = "position",
+                 against: str = "families/layers.py's in float64", tol: float | None = None) -> bool:
+    """True when they match (within `tol`, a float32 comparison, where given); else the output's first differing
+    `unit`, as a start for the finding."""
     shown = f"max |diff| {largest_diff(got, want):.3g}" if got.shape == want.shape else \
         f"shape {list(got.shape)}, glassgpt's {list(want.shape)}"
-    result.lines.append(f"output against families/layers.py's in float64: {shown}")
+    result.lines.append(f"output against {against}: {shown}")
     result.views = {"reader_out": got, "book_out": want}
-    if same(got, want):
-        result.finding = f"{result.kind} matches glassgpt's formula (float64, your weights)."
+    if same(got, want, tol):
+        result.finding = f"{result.kind} matches glassgpt's formula ({'float32' if tol else 'float64'}, your weights)."
         return True
     index = first_row_that_differs(got, want) if got.shape == want.shape else ()
     result.stage, result.where = "output", f"{unit} {index[-1]}" if index else "its shape"
