@@ -170,14 +170,9 @@ def _load_gemv(flags: frozenset[str], directory: Path | None):
             "; PyTorch's own operators run instead"
         return None
     try:
-        path = build(isa, directory or cache_dir() / "kernels", GEMV_AVX2)
-        if not hasattr(torch.ops.glassgpt, "gemv"):  # else registered already: one library per process
-            _library.append(ctypes.CDLL(str(path)))
-            torch.ops.load_library(str(path))
-        _register_fakes()
+        path = _open(build(isa, directory or cache_dir() / "kernels", GEMV_AVX2))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        _gemv_status = f"{reason}; PyTorch's own operators run instead"
+        _gemv_status = f"{_one_line(e)}; PyTorch's own operators run instead"
         return None
     _gemv_status = f"the AVX2 build of the float products (this CPU has no AVX-512), in {path}"
     return torch.ops.glassgpt
@@ -201,17 +196,26 @@ def _load(flags: frozenset[str], directory: Path | None):
             if avx2_flags(flags) else "")
         return None
     try:
-        path = build(isa, directory or cache_dir() / "kernels")
-        if not hasattr(torch.ops.glassgpt, "gemv"):  # else registered already: one library per process
-            _library.append(ctypes.CDLL(str(path)))  # its error names what is wrong (torch's says only "could not load")
-            torch.ops.load_library(str(path))
-        _register_fakes()
+        path = _open(build(isa, directory or cache_dir() / "kernels"))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__  # one line
-        _status = f"{reason}; PyTorch's own operators run instead"
+        _status = f"{_one_line(e)}; PyTorch's own operators run instead"
         return None
     _status = f"built for {' '.join(f.removeprefix('-m') for f in isa)}, in {path}"
     return torch.ops.glassgpt
+
+
+def _open(path: Path) -> Path:
+    """Load the library at `path` and register its operators (and their shapes for torch.compile), unless a
+    library is registered already: one per process."""
+    if not hasattr(torch.ops.glassgpt, "gemv"):
+        _library.append(ctypes.CDLL(str(path)))  # its error names what is wrong (torch's says only "could not load")
+        torch.ops.load_library(str(path))
+    _register_fakes()
+    return path
+
+
+def _one_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
 
 
 def library() -> ctypes.CDLL | None:
