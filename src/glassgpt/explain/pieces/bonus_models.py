@@ -30,7 +30,7 @@ from torch import nn
 from ...families.layers import apply_rope, compute_rope_params
 from . import properties
 from .attention import _Softmaxes
-from .next_models import _compare_out, _unexplained, check_rms_norm
+from .next_models import _compare_out, _eval, _unexplained, check_rms_norm
 from .properties import Broken
 from .report import PieceResult, as_double, first_row_that_differs, found, run_reader, same
 
@@ -82,17 +82,6 @@ PLUS_ONE = ("gemma3", "qwen3_5")  # the families whose RMSNorm scales by (1 + we
 
 def _rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
     return torch.rand(*shape, generator=torch.Generator().manual_seed(SEED)) * scale
-
-
-def _eval(module: nn.Module, *inputs: Any) -> torch.Tensor:
-    was = module.training
-    module.eval()
-    try:
-        with torch.no_grad():
-            out = module(*inputs)
-        return (out[0] if isinstance(out, tuple) else out).detach()
-    finally:
-        module.train(was)
 
 
 def _compare(result: PieceResult, got: torch.Tensor, want: torch.Tensor, unit: str = "position",
