@@ -19,7 +19,8 @@ from glassgpt.families import FamilyConfig, Qwen3Model, build_model, random_fami
 from glassgpt.formats.glassgpt import save_model
 from glassgpt.tokenizer import get_tokenizer
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from conftest import shared_data
+
 TINY = dict(family="qwen3", emb_dim=32, n_heads=4, n_layers=2, hidden_dim=48, head_dim=16, n_kv_groups=2,
             rope_base=10_000.0, qk_norm=True, tie_embeddings=True)
 
@@ -46,7 +47,7 @@ def test_glassgpt_train_lowers_a_tiny_qwen3s_loss_and_its_checkpoint_reopens_wit
     config = tmp_path / "qwen3-tiny.json"
     config.write_text(json.dumps({**TINY, "vocab_size": 1, "context_length": 32}))  # vocab: the tokenizer's
     run = tmp_path / "run"
-    assert main(["train", "--data", str(DATA / "the-verdict.txt"), "--model", str(config), "--tokenizer", "char",
+    assert main(["train", "--data", str(shared_data("the-verdict.txt")), "--model", str(config), "--tokenizer", "char",
                  "--out", str(run), "--max-steps", "30", "--batch-size", "8", "--lr", "1e-2", "--warmup-steps", "0",
                  "--eval-every", "10", "--eval-batches", "4", "--no-plot", "--no-progress", "--threads", "1"]) == 0
     first = records(run)[0]
@@ -62,7 +63,7 @@ def test_glassgpt_train_lowers_a_tiny_qwen3s_loss_and_its_checkpoint_reopens_wit
 def test_drop_rate_for_a_qwen3_is_refused_in_one_line(tmp_path, capsys):
     config = tmp_path / "qwen3-tiny.json"
     config.write_text(json.dumps({**TINY, "vocab_size": 1, "context_length": 32}))
-    code = main(["train", "--data", str(DATA / "the-verdict.txt"), "--model", str(config), "--tokenizer", "char",
+    code = main(["train", "--data", str(shared_data("the-verdict.txt")), "--model", str(config), "--tokenizer", "char",
                  "--out", str(tmp_path / "run"), "--drop-rate", "0.1", "--max-steps", "1", "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.endswith("Qwen3 and Llama 3 have no dropout, so drop_rate 0.1 cannot apply: drop --drop-rate")
@@ -74,7 +75,9 @@ def base(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("qwen3") / "base"
     cfg = FamilyConfig(**TINY, vocab_size=50_257, context_length=256)
     save_model(random_family_model(cfg, seed=3), path, get_tokenizer("gpt2"))
-    records = json.loads((DATA / "book" / "instruction-data.json").read_text())[:40]
+    # Chapter 7's record layout, written here (../shared may be absent in a fresh clone).
+    records = [{"instruction": f"Rewrite sentence {i} in the passive voice.", "input": f"The cat saw bird {i}.",
+                "output": f"Bird {i} was seen by the cat."} for i in range(40)]
     (path.parent / "instructions.json").write_text(json.dumps(records))
     return path
 
