@@ -110,6 +110,12 @@ def _norm_weight(model: nn.Module, norm: an.Norm | None) -> torch.Tensor | None:
     return None if norm is None else getattr(_module(model, norm.path), norm.weight)
 
 
+def _eps(model: nn.Module, anatomy: an.Anatomy) -> set[float]:
+    """Every norm's eps as its module holds it (the description's is the config's)."""
+    held = [getattr(_module(model, n.path), "eps", None) for n in anatomy.norms()]
+    return {n.eps if eps is None else float(eps) for n, eps in zip(anatomy.norms(), held)}
+
+
 def _expert_linears(model: nn.Module, ff: an.FeedForward) -> list[list[nn.Module]]:
     """Each expert's (gate, up, down) modules: expert 0's paths with their last index 0 as j (anatomy.Experts)."""
     return [[_module(model, an.expert_path(lin.path, j)) for lin in (ff.gate, ff.up, ff.down)]
@@ -155,7 +161,7 @@ class DescribedStep(PlannedStep):
         norms = [_norm_weight(model, n) for n in anatomy.norms()]
         if any(w is None or w.dtype != weight.dtype for w in norms):
             return "its norms' weights are not of the embedding's dtype"
-        if len({n.eps for n in anatomy.norms()}) != 1:
+        if len(_eps(model, anatomy)) != 1:
             return "its RMSNorms have different eps"
         tables = [rope_tables(model, block) for block in anatomy.blocks]
         if any(not isinstance(getattr(t, "cos", None), torch.Tensor) for t in tables):
@@ -204,7 +210,7 @@ class DescribedStep(PlannedStep):
         header = dict(bf16=int(tok_emb.dtype == torch.bfloat16), layers=anatomy.n_layers, d=d, vocab=vocab,
                       tok_emb=self.addr(tok_emb), emb_scale=_double_bits(anatomy.embedding.scale or 0.0),
                       final_norm=self.addr(_norm_weight(model, final)), final_plus_one=int(final.kind == "rmsnorm_plus_one"),
-                      eps=_double_bits(final.eps), head=self.addr(head.weight))
+                      eps=_double_bits(_eps(model, anatomy).pop()), head=self.addr(head.weight))
         header.update({name: self.addr(t) for name, t in self.buffers.items()})
         plan = [header[name] for name in HEADER_FIELDS] + [0] * (HEADER - len(HEADER_FIELDS))
         for block in blocks:
