@@ -148,3 +148,25 @@ def test_what_the_described_step_cannot_read_is_said_in_one_line(case, words):
         model.blocks[1].input_layernorm.eps = 1e-5
     reason = plans.why_not(model, cache_for(cfg, batch, length, dtype=dtype))
     assert reason is not None and words in reason and "\n" not in reason
+
+
+def test_a_moe_step_reads_only_the_experts_its_router_chose():
+    """Every expert the router did not choose for this token is NaN: the step's logits are still the glass model's."""
+    model = model_of("qwen3-moe")
+    ids = ids_of(6, model.cfg.vocab_size)
+    ours, theirs = cache_for(model.cfg, 1, 8), cache_for(model.cfg, 1, 8)
+    chosen = {}
+    with torch.inference_mode():
+        model(ids[:, :5], ours), model(ids[:, :5], theirs)
+        for i, block in enumerate(model.trf_blocks):
+            route = block.ff.route
+            block.ff.route = lambda x, i=i, route=route: chosen.setdefault(i, route(x)) if x.shape[1] == 1 else route(x)
+        want = model(ids[:, 5:], theirs, last_only=True)[:, -1]
+        for i, block in enumerate(model.trf_blocks):
+            del block.ff.route
+            for e in set(range(model.cfg.num_experts)) - set(chosen[i][0].flatten().tolist()):
+                for lst in (block.ff.fc1, block.ff.fc2, block.ff.fc3):
+                    lst[e].weight.fill_(float("nan"))
+        got = plans.native_step(model, ours)(ids[:, 5])
+    assert len(chosen) == len(model.trf_blocks)
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
