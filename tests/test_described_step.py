@@ -170,3 +170,21 @@ def test_a_moe_step_reads_only_the_experts_its_router_chose():
         got = plans.native_step(model, ours)(ids[:, 5])
     assert len(chosen) == len(model.trf_blocks)
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+def test_attention_over_a_long_cache_runs_a_head_a_thread_and_equals_the_glass_model():
+    """Past 2^16 scores x head widths a position, the step splits attention's heads over the threads."""
+    from glassgpt.families import Gemma3Config
+    cfg = Gemma3Config(vocab_size=300, context_length=192, emb_dim=32, n_heads=8, n_layers=2, hidden_dim=48,
+                       head_dim=64, n_kv_groups=2, rope_local_base=10_000.0, rope_base=1_000_000.0, sliding_window=160,
+                       layer_types=("sliding_attention", "full_attention"), query_pre_attn_scalar=64)
+    model = randomize_(build_model(cfg)).eval()
+    ids = ids_of(180, cfg.vocab_size)
+    ours, theirs = cache_for(cfg, 1, 192), cache_for(cfg, 1, 192)
+    with torch.inference_mode():
+        model(ids[:, :170], ours), model(ids[:, :170], theirs)
+        step = plans.native_step(model, ours)
+        for i in range(170, 180):  # 171..180 positions seen: 171 x 64 x 8 > 2^16
+            got = step(ids[:, i])
+            want = model(ids[:, i:i + 1], theirs, last_only=True)[:, -1]
+            assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5, f"token {i}"

@@ -37,7 +37,7 @@ from .linear import is_plain
 HEADER = 32
 HEADER_FIELDS = ("bf16", "layers", "d", "vocab", "tok_emb", "emb_scale", "final_norm", "final_plus_one", "eps",
                  "head", "x", "h", "q", "k", "v", "att", "gate", "up", "out", "logits", "pairs", "scores", "router",
-                 "best", "best_value")
+                 "best", "best_value", "max_len")
 LAYER_FIELD_NAMES = ("heads", "groups", "head_dim", "hidden", "slots", "ring", "scale", "plus_one", "qk_whole",
                      "rope_cos", "rope_sin", "attn_in", "attn_out", "ff_in", "ff_out", "q_norm", "k_norm", "wq", "wk",
                      "wv", "wo", "fc1", "fc2", "fc3", "act", "router", "experts", "top_k", "expert_w", "kcache", "vcache")
@@ -202,7 +202,7 @@ class DescribedStep(PlannedStep):
                         "gate": torch.empty(widest_ff, **f32), "up": torch.empty(widest_ff, **f32),
                         "out": torch.empty(d, **f32), "logits": torch.empty(1, vocab, **f32),
                         "pairs": torch.empty(d + max(d, widest_q, widest_ff), **f32),
-                        "scores": torch.empty(max_len, **f32), "router": torch.empty(experts + d, **f32),
+                        "scores": torch.empty(self.threads * max_len, **f32), "router": torch.empty(experts + d, **f32),
                         "best": torch.empty(1, dtype=torch.int64), "best_value": torch.empty(1, **f32)}
         self.keep = list(self.buffers.values())  # every tensor whose address is in the plan stays alive
         self.watch(tok_emb)
@@ -210,7 +210,7 @@ class DescribedStep(PlannedStep):
         header = dict(bf16=int(tok_emb.dtype == torch.bfloat16), layers=anatomy.n_layers, d=d, vocab=vocab,
                       tok_emb=self.addr(tok_emb), emb_scale=_double_bits(anatomy.embedding.scale or 0.0),
                       final_norm=self.addr(_norm_weight(model, final)), final_plus_one=int(final.kind == "rmsnorm_plus_one"),
-                      eps=_double_bits(_eps(model, anatomy).pop()), head=self.addr(head.weight))
+                      eps=_double_bits(_eps(model, anatomy).pop()), head=self.addr(head.weight), max_len=max_len)
         header.update({name: self.addr(t) for name, t in self.buffers.items()})
         plan = [header[name] for name in HEADER_FIELDS] + [0] * (HEADER - len(HEADER_FIELDS))
         for block in blocks:

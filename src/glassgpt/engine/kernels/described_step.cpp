@@ -37,7 +37,7 @@ using namespace avx2;
 enum Header {
     H_BF16, H_LAYERS, H_D, H_VOCAB, H_TOK_EMB, H_EMB_SCALE, H_FINAL_NORM, H_FINAL_PLUS_ONE, H_EPS, H_HEAD,
     H_X, H_H, H_Q, H_K, H_V, H_ATT, H_GATE, H_UP, H_OUT, H_LOGITS, H_PAIRS, H_SCORES, H_ROUTER, H_BEST,
-    H_BEST_VALUE, HEADER = 32
+    H_BEST_VALUE, H_MAX_LEN, HEADER = 32
 };
 enum Layer {
     L_HEADS, L_GROUPS, L_HEAD_DIM, L_HIDDEN, L_SLOTS, L_RING, L_SCALE, L_PLUS_ONE, L_QK_WHOLE, L_ROPE_COS,
@@ -151,7 +151,7 @@ void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
     float *x = at<float>(plan, H_X), *h = at<float>(plan, H_H), *q = at<float>(plan, H_Q), *k = at<float>(plan, H_K),
           *v = at<float>(plan, H_V), *att = at<float>(plan, H_ATT), *gate = at<float>(plan, H_GATE),
           *up = at<float>(plan, H_UP), *out = at<float>(plan, H_OUT), *pairs = at<float>(plan, H_PAIRS),
-          *scores = at<float>(plan, H_SCORES), *logits = at<float>(plan, H_LOGITS);
+          *all_scores = at<float>(plan, H_SCORES), *logits = at<float>(plan, H_LOGITS);  // scores: max_len a thread
 
     const T* emb = at<const T>(plan, H_TOK_EMB) + id * d;
     const double emb_scale = number(plan, H_EMB_SCALE);  // 0: none
@@ -193,9 +193,12 @@ void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
                 store1(values, (g * slots + slot) * hd + i, v[g * hd + i]);
             }
         const float scale = (float)number(L, L_SCALE);
+        // Each head on a thread of its own once the window holds enough to pay for the threads' start.
+#pragma omp parallel for num_threads(nt) schedule(static) if (seen * hd * H >= (1 << 16))
         for (int64_t head = 0; head < H; head++) {
             const int64_t g = head / (H / G);
             const T *kg = keys + g * slots * hd, *vg = values + g * slots * hd;
+            float* scores = all_scores + omp_get_thread_num() * plan[H_MAX_LEN];
             float top = -INFINITY;
             for (int64_t j = 0; j < seen; j++) {
                 scores[j] = dot(q + head * hd, kg + j * hd, hd) * scale;
