@@ -88,7 +88,7 @@ def test_a_bfloat16_step_equals_the_float32_model_of_its_weights(name):
             assert ((got - want).abs().max() / want.abs().max()).item() < 2e-2, f"token {i}"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3-moe"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3-moe", "olmo3"])
 def test_greedy_generation_through_the_step_equals_the_glass_models_tokens(name, monkeypatch):
     model = model_of(name)
     prompt = ids_of(5, model.cfg.vocab_size)
