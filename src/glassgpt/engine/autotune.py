@@ -138,7 +138,8 @@ def _kernel_words(precision: str) -> str:
     """How a cache key names the kernels `kernels_for(precision)` offers, so that another build measures again."""
     if native.load() is not None:
         return "with glassgpt's kernels"
-    return "with glassgpt's AVX2 gemv" if kernels_for(precision) is not None else "without glassgpt's kernels"
+    return "with glassgpt's AVX2 gemv and described step" if kernels_for(precision) is not None else \
+        "without glassgpt's kernels"
 
 
 def machine_key() -> str:
