@@ -143,8 +143,7 @@ def _differs_from_rope(a: an.Anatomy) -> str | None:
                     "attention and one before the feed-forward")
         if att.kind != "causal" or att.rope is None or att.window is not None:
             return f"block {block.index}'s attention is not causal attention with RoPE over every earlier position"
-        rope = att.rope
-        if rope.pairs != "halves" or rope.rotary_dim not in (None, att.head_dim) or set(rope.rotates) != {"q", "k"}:
+        if not rope_turns_whole_heads(att):
             return f"block {block.index}'s RoPE turns part of a head, or pairs neighbours"
         if any(x is not None for x in (att.scale, att.softcap, att.kv_shared_from, att.latent, att.output_gate)):
             return f"block {block.index}'s attention has a scale, a cap, shared keys, a latent or an output gate"
@@ -153,12 +152,23 @@ def _differs_from_rope(a: an.Anatomy) -> str | None:
             return f"block {block.index}'s QK-norm is not an RMSNorm of both queries and keys"
         if ff.kind != "swiglu" or ff.activation != "silu":
             return f"block {block.index}'s feed-forward is {ff.kind}, not SwiGLU (a mixture of experts decodes in PyTorch)"
-        if any(lin.bias or lin.rows is not None or lin.transposed or lin.head_rows is not None
-               for lin in (att.query, att.key, att.value, att.out, ff.gate, ff.up, ff.down)):
+        if not whole_linears(att, ff):
             return f"block {block.index}'s Linear layers have biases or are read as slices of others"
     if a.final_norm.kind != "rmsnorm" or a.head.bias or a.head.logit_scale is not None or a.head.softcap is not None:
         return "its final norm is not an RMSNorm, or its head has a bias, a scale or a cap"
     return None
+
+
+def rope_turns_whole_heads(att: an.Attention) -> bool:
+    """Whether `att`'s RoPE turns each whole query and key head, pairing its halves (as the steps rotate)."""
+    rope = att.rope
+    return rope.pairs == "halves" and rope.rotary_dim in (None, att.head_dim) and set(rope.rotates) == {"q", "k"}
+
+
+def whole_linears(att: an.Attention, ff: an.FeedForward) -> bool:
+    """Whether a block's Linears are bias-free modules of their own (not slices of a fused one, not transposed)."""
+    return not any(lin.bias or lin.rows is not None or lin.transposed or lin.head_rows is not None
+                   for lin in (att.query, att.key, att.value, att.out, ff.gate, ff.up, ff.down))
 
 
 def _described(model: nn.Module) -> an.Anatomy | str:
@@ -190,7 +200,7 @@ def why_not(model: nn.Module, cache: KVCache) -> str | None:
     if not 1 <= cache.k[0].shape[0] <= MAX_BATCH:
         return f"it runs batches of 1 to {MAX_BATCH}, not {cache.k[0].shape[0]}"
     if plan.library() is None:
-        return plan.unavailable()
+        return f"glassgpt's kernels are not available: {plan.status()}"
     return None
 
 
@@ -240,12 +250,12 @@ class PlannedStep:
 
     @staticmethod
     def library():
-        """The built kernels holding `entry`, as a ctypes library; None where they cannot be had (`unavailable`)."""
+        """The built kernels holding `entry`, as a ctypes library; None where there are none (`status` says why)."""
         return native.library()
 
     @staticmethod
-    def unavailable() -> str:
-        return f"glassgpt's kernels are not available: {native.status()}"
+    def status() -> str:
+        return native.status()
 
     def addr(self, t: torch.Tensor | None) -> int:
         """The address of `t` for the plan (0 for None), keeping its memory alive as long as the step (an
