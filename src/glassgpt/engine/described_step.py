@@ -32,6 +32,7 @@ from torch import nn
 from .. import anatomy as an
 from . import native
 from .linear import is_plain
+from .plan import PlannedStep, rope_turns_whole_heads, stamp, whole_linears
 
 # kernels/described_step.cpp's plan: HEADER entries, then LAYER_FIELDS per block, in its enums' order.
 HEADER = 32
@@ -117,9 +118,6 @@ def _expert_linears(model: nn.Module, ff: an.FeedForward) -> list[list[nn.Module
     return [[_module(model, an.expert_path(lin.path, j)) for lin in (ff.gate, ff.up, ff.down)]
             for j in range(ff.experts.n_experts)]
 
-
-# step.py imports this module at its end: what it defines is there by then
-from .step import PlannedStep, rope_turns_whole_heads, stamp, whole_linears  # noqa: E402
 
 
 class DescribedStep(PlannedStep):
