@@ -44,7 +44,7 @@ def ids_of(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
-MODELS = ["gemma3", "olmo3", "qwen3-moe", "qwen3", "llama3"]
+MODELS = ["gemma3", "olmo3", "qwen3-moe", "tiny-aya", "qwen3", "llama3"]
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -66,7 +66,7 @@ def test_each_step_equals_the_glass_models_cached_forward_past_the_window(name):
     assert ours.pos == theirs.pos == 20
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3-moe"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3-moe", "tiny-aya"])
 def test_a_bfloat16_step_equals_the_float32_model_of_its_weights(name):
     model = model_of(name, torch.bfloat16)
     wide = model_of(name).float()
@@ -88,7 +88,7 @@ def test_a_bfloat16_step_equals_the_float32_model_of_its_weights(name):
             assert ((got - want).abs().max() / want.abs().max()).item() < 2e-2, f"token {i}"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3-moe", "olmo3"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3-moe", "olmo3", "tiny-aya"])
 def test_greedy_generation_through_the_step_equals_the_glass_models_tokens(name, monkeypatch):
     model = model_of(name)
     prompt = ids_of(5, model.cfg.vocab_size)
@@ -118,10 +118,25 @@ def test_the_plan_holds_each_part_where_the_description_finds_it():
         sliding = model.cfg.layer_types[i] == "sliding_attention"
         assert (fields["ring"], fields["slots"]) == ((1, 4) if sliding else (0, 16))
         assert fields["rope_cos"] == model.rope_of(i).cos.data_ptr()
-        assert fields["plus_one"] == 0b111111 and fields["act"] == 1  # every norm (1 + w); tanh GELU
+        assert fields["norm_kinds"] == 0b010101010101 and fields["act"] == 1  # every norm (1 + w); tanh GELU
+        assert (fields["neighbours"], fields["parallel"]) == (0, 0)
         assert fields["attn_out"] == block.post_attention_layernorm.scale.data_ptr()
         assert torch.tensor([fields["scale"]]).view(torch.float64).item() == model.cfg.scaling
         assert (fields["kcache"], fields["vcache"]) == (cache.k[i].data_ptr(), cache.v[i].data_ptr())
+
+
+def test_tiny_ayas_plan_holds_its_parallel_blocks_layernorms_neighbour_pairs_and_logit_scale():
+    model = model_of("tiny-aya")
+    step = plans.native_step(model, cache_for(model.cfg, 1, 16))
+    header = dict(zip(ds.HEADER_FIELDS, step.plan.tolist()))
+    assert header["final_kind"] == 2  # a LayerNorm without a shift
+    assert torch.tensor([header["logit_scale"]]).view(torch.float64).item() == model.cfg.logit_scale
+    for i, kind in enumerate(model.cfg.layer_types):
+        start = ds.HEADER + i * ds.LAYER_FIELDS
+        fields = dict(zip(ds.LAYER_FIELD_NAMES, step.plan[start:start + ds.LAYER_FIELDS].tolist()))
+        assert (fields["parallel"], fields["norm_kinds"] & 3, fields["ff_in"]) == (1, 2, 0)
+        sliding = kind == "sliding_attention"
+        assert (fields["rope_cos"] != 0, fields["neighbours"], fields["ring"]) == (sliding, int(sliding), int(sliding))
 
 
 @pytest.mark.parametrize("case, words", [

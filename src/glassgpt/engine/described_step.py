@@ -1,16 +1,18 @@
-"""The described step: one C++ call per new token for every model its description lays out as RoPE attention
-blocks, on any CPU with AVX2 and FMA (kernels/described_step.cpp).
+"""The described step: one C++ call per new token for every model its description lays out as attention blocks,
+on any CPU with AVX2 and FMA (kernels/described_step.cpp).
 
     differs(anatomy)                -> None where the plan computes every part of the description, else the first part
-    DescribedStep(model, cache)     a PlannedStep (step.py): step(ids [1]) -> logits [1, V] float32; cache.pos += 1
+    DescribedStep(model, cache)     a PlannedStep (plan.py): step(ids [1]) -> logits [1, V] float32; cache.pos += 1
 
-What it covers, read off the description alone (anatomy.py): RMSNorms (w or 1 + w) before and/or after each
-sublayer (pre, post, sandwich), grouped-query attention with RoPE over the whole head (the model's own tables,
-one pair a layer: Gemma 3's sliding and full bases), QK-norm per head or over the whole projection (OLMo 3), a
-sliding window kept in the KV cache's ring, a scale of the scores, an embedding scaled by a number, SwiGLU,
-GeGLU, or a mixture of SwiGLU experts (top k by the router's scores, a softmax over those k). So Qwen3, Llama
-3, Gemma 3, OLMo 3 and a Qwen3 MoE each decode with it; Tiny Aya's parallel block, Qwen3.5's linear layers,
-Gemma 4's per-layer inputs and a softcap are refused by `differs`, which names the part, and the twin runs them.
+What it covers, read off the description alone (anatomy.py): RMSNorms (w or 1 + w) or shift-free LayerNorms before
+and/or after each sublayer (pre, post, sandwich) or one before both (parallel: Tiny Aya); grouped-query attention
+with RoPE over the whole head, its dimensions paired as halves or neighbours (the model's own tables, one pair a
+layer: Gemma 3's sliding and full bases), or without positions (Tiny Aya's full layers); QK-norm per head or over
+the whole projection (OLMo 3); a sliding window kept in the KV cache's ring; a scale of the scores; an embedding
+scaled by a number; SwiGLU, GeGLU, or a mixture of SwiGLU experts (top k by the router's scores, a softmax over
+those k); a scale of the logits. So Qwen3, Llama 3, Gemma 3, OLMo 3, Tiny Aya and a Qwen3 MoE each decode with it;
+Qwen3.5's linear layers, Gemma 4's per-layer inputs and shared keys, and a softcap are refused by `differs`, which
+names the part, and the twin runs them.
 
 Why: at batch 1 a token's time is reading the weights, and the twin reads them at the memory's rate (the gemv
 kernel), but runs ~130 small PyTorch operators a block around them (norms, RoPE, the cache's writes, masks):
@@ -36,14 +38,16 @@ from .plan import PlannedStep, rope_turns_whole_heads, stamp, whole_linears
 
 # kernels/described_step.cpp's plan: HEADER entries, then LAYER_FIELDS per block, in its enums' order.
 HEADER = 32
-HEADER_FIELDS = ("bf16", "layers", "d", "vocab", "tok_emb", "emb_scale", "final_norm", "final_plus_one", "eps",
+HEADER_FIELDS = ("bf16", "layers", "d", "vocab", "tok_emb", "emb_scale", "final_norm", "final_kind", "eps",
                  "head", "x", "h", "q", "k", "v", "att", "gate", "up", "out", "logits", "pairs", "scores", "router",
-                 "best", "best_value", "max_len")
-LAYER_FIELD_NAMES = ("heads", "groups", "head_dim", "hidden", "slots", "ring", "scale", "plus_one", "qk_whole",
+                 "best", "best_value", "max_len", "logit_scale", "resid")
+LAYER_FIELD_NAMES = ("heads", "groups", "head_dim", "hidden", "slots", "ring", "scale", "norm_kinds", "qk_whole",
                      "rope_cos", "rope_sin", "attn_in", "attn_out", "ff_in", "ff_out", "q_norm", "k_norm", "wq", "wk",
-                     "wv", "wo", "fc1", "fc2", "fc3", "act", "router", "experts", "top_k", "expert_w", "kcache", "vcache")
+                     "wv", "wo", "fc1", "fc2", "fc3", "act", "router", "experts", "top_k", "expert_w", "neighbours",
+                     "parallel", "kcache", "vcache")
 LAYER_FIELDS = len(LAYER_FIELD_NAMES)
-NORM_BITS = ("attn_in", "attn_out", "ff_in", "ff_out", "q_norm", "k_norm")  # the plan's plus_one bits, in order
+NORM_ROLES = ("attn_in", "attn_out", "ff_in", "ff_out", "q_norm", "k_norm")  # the plan's norm_kinds, 2 bits each
+NORM_KINDS = {"rmsnorm": 0, "rmsnorm_plus_one": 1, "layernorm": 2}
 ACTS = {"silu": 0, "gelu_tanh": 1}
 MAX_TOP_K = 64
 
@@ -56,22 +60,21 @@ def differs(a: an.Anatomy) -> str | None:
         return "it has per-layer embeddings"
     for block in a.blocks:
         att, ff, i = block.attention, block.ff, block.index
-        if block.placement not in ("pre", "post", "sandwich"):
-            return f"block {i}'s norms are {block.placement}, not before and/or after each sublayer"
+        if block.placement == "parallel" and [n.role for n in block.norms] != ["attn_in"]:
+            return f"block {i} is parallel with norms other than one before both sublayers"
         if block.per_layer_input is not None or block.output_scale is not None:
             return f"block {i} has a per-layer input or a scale of its output"
-        if any(n.kind not in ("rmsnorm", "rmsnorm_plus_one") or n.weight is None for n in block.norms):
-            return f"block {i}'s norms are not RMSNorms with a weight"
-        if att.kind != "causal" or att.rope is None:
-            return f"block {i}'s attention is not causal attention with RoPE"
-        if not rope_turns_whole_heads(att):
-            return f"block {i}'s RoPE turns part of a head, or pairs neighbours"
+        if any(not _norm_runs(n) for n in block.norms):
+            return f"block {i}'s norms are not RMSNorms or shift-free LayerNorms with a weight"
+        if att.kind != "causal":
+            return f"block {i}'s attention is not causal attention"
+        if att.rope is not None and not rope_turns_whole_heads(att, pairs=("halves", "neighbours")):
+            return f"block {i}'s RoPE turns part of a head"
         if any(x is not None for x in (att.softcap, att.kv_shared_from, att.latent, att.output_gate, att.v_norm)):
             return f"block {i}'s attention has a cap, shared keys, a latent, an output gate or a value norm"
         if (att.q_norm is None) != (att.k_norm is None) or any(
-                n is not None and (n.kind not in ("rmsnorm", "rmsnorm_plus_one") or n.weight is None)
-                for n in (att.q_norm, att.k_norm)):
-            return f"block {i}'s QK-norm is not an RMSNorm with a weight on both queries and keys"
+                n is not None and not _norm_runs(n) for n in (att.q_norm, att.k_norm)):
+            return f"block {i}'s QK-norm is not a norm with a weight on both queries and keys"
         if att.head_dim % 2 or att.n_heads % att.n_kv_groups:
             return f"block {i}'s heads are not pairs of dimensions in whole groups"
         if ff.kind not in ("swiglu", "geglu", "moe") or ff.activation not in ACTS or ff.gate is None:
@@ -80,11 +83,16 @@ def differs(a: an.Anatomy) -> str | None:
             return f"block {i}'s experts are not {MAX_TOP_K} or fewer a token from a bias-free router"
         if not whole_linears(att, ff):
             return f"block {i}'s Linear layers have biases or are read as slices of others"
-    if a.final_norm.kind not in ("rmsnorm", "rmsnorm_plus_one") or a.final_norm.weight is None:
-        return "its final norm is not an RMSNorm with a weight"
-    if a.head.bias or a.head.logit_scale is not None or a.head.softcap is not None:
-        return "its head has a bias, a logit scale or a cap"
+    if not _norm_runs(a.final_norm):
+        return "its final norm is not an RMSNorm or a shift-free LayerNorm with a weight"
+    if a.head.bias or a.head.softcap is not None:
+        return "its head has a bias or a cap"
     return None
+
+
+def _norm_runs(n: an.Norm) -> bool:
+    """Whether the step computes norm `n`: an RMSNorm (w or 1 + w) or a LayerNorm without a shift, with a weight."""
+    return n.kind in NORM_KINDS and n.weight is not None and n.bias is None
 
 
 def rope_tables(model: nn.Module, block: an.Block):
@@ -157,21 +165,24 @@ class DescribedStep(PlannedStep):
             return "its norms' weights are not of the embedding's dtype"
         if len(_eps(model, anatomy)) != 1:
             return "its RMSNorms have different eps"
-        tables = [rope_tables(model, block) for block in anatomy.blocks]
-        if any(not isinstance(getattr(t, "cos", None), torch.Tensor) for t in tables):
+        tables = [rope_tables(model, block) if block.attention.rope else None for block in anatomy.blocks]
+        if any(not isinstance(getattr(t, "cos", None), torch.Tensor) for t, b in zip(tables, anatomy.blocks)
+               if b.attention.rope):
             return "it keeps no RoPE tables of its own (`model.rope`, or `model.rope_of(i)`)"
         if len(cache.k) != anatomy.n_layers:
             return "the KV cache is not of the model's layers"
         for block, t, k in zip(anatomy.blocks, tables, cache.k):
             att = block.attention
-            if t.cos.dtype != torch.float32 or t.cos.shape != t.sin.shape or t.cos.shape[1] != att.head_dim:
+            if t is not None and (t.cos.dtype != torch.float32 or t.cos.shape != t.sin.shape
+                                  or t.cos.shape[1] != att.head_dim):
                 return "its RoPE tables are not float32 rows of a whole head"
-            if cache.max_len > t.cos.shape[0]:
+            if t is not None and cache.max_len > t.cos.shape[0]:
                 return "the KV cache is longer than RoPE's tables"
             slots = cache.max_len if att.window is None else min(att.window, cache.max_len)
             if k.dtype != weight.dtype or k.shape != (1, att.n_kv_groups, slots, att.head_dim):
                 return f"the KV cache of block {block.index} is not of the model's dtype, key/value groups and window"
-        tensors = [*model.parameters(), *(t for tab in tables for t in (tab.cos, tab.sin)), *cache.k, *cache.v]
+        tensors = [*model.parameters(), *(t for tab in tables if tab is not None for t in (tab.cos, tab.sin)),
+                   *cache.k, *cache.v]
         if not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors):
             return "some of its tensors are not contiguous"
         return None
@@ -197,28 +208,33 @@ class DescribedStep(PlannedStep):
                         "out": torch.empty(d, **f32), "logits": torch.empty(1, vocab, **f32),
                         "pairs": torch.empty(d + max(d, widest_q, widest_ff), **f32),
                         "scores": torch.empty(self.threads * max_len, **f32), "router": torch.empty(experts + d, **f32),
-                        "best": torch.empty(1, dtype=torch.int64), "best_value": torch.empty(1, **f32)}
+                        "best": torch.empty(1, dtype=torch.int64), "best_value": torch.empty(1, **f32),
+                        "resid": torch.empty(d, **f32)}
         self.keep = list(self.buffers.values())  # every tensor whose address is in the plan stays alive
         self.watch(tok_emb)
         final = anatomy.final_norm
         header = dict(bf16=int(tok_emb.dtype == torch.bfloat16), layers=anatomy.n_layers, d=d, vocab=vocab,
                       tok_emb=self.addr(tok_emb), emb_scale=_double_bits(anatomy.embedding.scale or 0.0),
-                      final_norm=self.addr(_norm_weight(model, final)), final_plus_one=int(final.kind == "rmsnorm_plus_one"),
+                      final_norm=self.addr(_norm_weight(model, final)), final_kind=NORM_KINDS[final.kind],
+                      logit_scale=_double_bits(anatomy.head.logit_scale or 0.0),
                       eps=_double_bits(_eps(model, anatomy).pop()), head=self.addr(head.weight), max_len=max_len)
         header.update({name: self.addr(t) for name, t in self.buffers.items()})
         plan = [header[name] for name in HEADER_FIELDS] + [0] * (HEADER - len(HEADER_FIELDS))
         for block in blocks:
             att, ff = block.attention, block.ff
-            tables = rope_tables(model, block)
+            tables = rope_tables(model, block) if att.rope else None
             norms = {role: block.norm(role) for role in ("attn_in", "attn_out", "ff_in", "ff_out")}
             norms.update(q_norm=att.q_norm, k_norm=att.k_norm)
             fields = dict(heads=att.n_heads, groups=att.n_kv_groups, head_dim=att.head_dim,
                           hidden=ff.hidden_dim, slots=max_len if att.window is None else min(att.window, max_len),
                           ring=int(att.window is not None), scale=_double_bits(att.scale or att.head_dim ** -0.5),
-                          plus_one=sum(1 << i for i, role in enumerate(NORM_BITS)
-                                       if norms[role] is not None and norms[role].kind == "rmsnorm_plus_one"),
+                          norm_kinds=sum(NORM_KINDS[norms[role].kind] << 2 * i for i, role in enumerate(NORM_ROLES)
+                                         if norms[role] is not None),
+                          neighbours=int(att.rope is not None and att.rope.pairs == "neighbours"),
+                          parallel=int(block.placement == "parallel"),
                           qk_whole=int(att.q_norm is not None and att.q_norm.dim != att.head_dim),
-                          rope_cos=self.addr(tables.cos), rope_sin=self.addr(tables.sin),
+                          rope_cos=self.addr(tables.cos) if att.rope else 0,
+                          rope_sin=self.addr(tables.sin) if att.rope else 0,
                           wq=self.linear(att.query, model), wk=self.linear(att.key, model),
                           wv=self.linear(att.value, model), wo=self.linear(att.out, model), act=ACTS[ff.activation],
                           kcache=0, vcache=0)  # the cache's keys and values: point_at

@@ -18,10 +18,10 @@ from . import native
 from .cache import KVCache
 
 
-def rope_turns_whole_heads(att: an.Attention) -> bool:
-    """Whether `att`'s RoPE turns each whole query and key head, pairing its halves (as the steps rotate)."""
+def rope_turns_whole_heads(att: an.Attention, pairs: tuple[str, ...] = ("halves",)) -> bool:
+    """Whether `att`'s RoPE turns each whole query and key head, its dimensions paired as one of `pairs` says."""
     rope = att.rope
-    return rope.pairs == "halves" and rope.rotary_dim in (None, att.head_dim) and set(rope.rotates) == {"q", "k"}
+    return rope.pairs in pairs and rope.rotary_dim in (None, att.head_dim) and set(rope.rotates) == {"q", "k"}
 
 
 def whole_linears(att: an.Attention, ff: an.FeedForward) -> bool:

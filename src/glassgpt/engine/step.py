@@ -10,11 +10,12 @@ family, and the plan's tensors are found through the description's paths:
         -> NativeStep, kernels/step.cpp
     RoPE, pre-RMSNorm blocks of grouped-query attention (QK-norm or not) and SwiGLU (Qwen3, Llama 3)
         -> RopeStep, kernels/family_step.cpp (AVX-512)
-    at batch 1, RoPE blocks with RMSNorms before and/or after each sublayer, a window, a scaled embedding,
-    SwiGLU, GeGLU or SwiGLU experts (Gemma 3, OLMo 3, a Qwen3 MoE; Qwen3 and Llama 3 without AVX-512)
+    at batch 1, attention blocks with RMSNorms or LayerNorms before and/or after each sublayer or one before both,
+    RoPE or none, a window, a scaled embedding, SwiGLU, GeGLU or SwiGLU experts, a logit scale (Gemma 3, OLMo 3,
+    Tiny Aya, a Qwen3 MoE; Qwen3 and Llama 3 without AVX-512)
         -> DescribedStep, kernels/described_step.cpp (AVX2: described_step.py)
 
-A model described otherwise (a parallel block, linear attention, per-layer inputs, a softcap, ...) gets
+A model described otherwise (linear attention, per-layer inputs, shared keys, a softcap, ...) gets
 one line naming the part that differs, and the engine runs its PyTorch forward instead.
 
 Each step reads the model's own tensors and the KVCache's (their addresses are written once into a
@@ -69,8 +70,8 @@ PHASES = ("embedding", "LayerNorm and rounding inputs", "q/k/v products and cach
 LINEARS = ("att.W_query", "att.W_key", "att.W_value", "att.out_proj", "ff.layers.0", "ff.layers.2")
 PLANS = ("learned positions, pre-LayerNorm, multi-head attention and a tanh-GELU MLP (GPT-2's)",
          "RoPE, pre-RMSNorm, grouped-query attention and SwiGLU (Qwen3's and Llama 3's)",
-         "and, at batch 1, RoPE attention blocks with RMSNorms around each sublayer and SwiGLU, GeGLU or SwiGLU "
-         "experts (Gemma 3's, OLMo 3's, a Qwen3 MoE's)")
+         "and, at batch 1, attention blocks with RoPE or none, norms before, after or around each sublayer, and "
+         "SwiGLU, GeGLU or SwiGLU experts (Gemma 3's, OLMo 3's, Tiny Aya's, a Qwen3 MoE's)")
 
 
 def linears(model: nn.Module) -> list[nn.Module]:

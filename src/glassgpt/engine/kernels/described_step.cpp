@@ -1,5 +1,5 @@
-// A whole decoding step in one call for every model whose description lays it out as RoPE attention blocks
-// (Qwen3, Llama 3, Gemma 3, OLMo 3, a Qwen3 mixture of experts): one new token of one sequence, on any CPU with
+// A whole decoding step in one call for every model whose description lays it out as attention blocks (Qwen3,
+// Llama 3, Gemma 3, OLMo 3, Tiny Aya, a Qwen3 mixture of experts): one new token of one sequence, on any CPU with
 // AVX2 and FMA (AVX-512 ones too).
 //
 //   gg_described_step(plan, ids, pos, nt)   ids [1] int64 at position `pos` -> the plan's logits [V] float32,
@@ -7,18 +7,20 @@
 //
 // engine/described_step.py writes the plan from the model's description (anatomy.py): per block what each part
 // is, and the addresses of the model's own tensors and of the KV cache's. What a block computes is the glass
-// files' (families/qwen3.py, gemma3.py, olmo3.py), one token at a time:
+// files' (families/qwen3.py, gemma3.py, olmo3.py, tiny_aya.py), one token at a time:
 //
 //   x = tok_emb[id] (* sqrt(emb_dim), Gemma)
-//   per block:  h = attn_in(x)                          every norm an RMSNorm, w * x / rms or (1 + w) * x / rms;
-//               q, k, v = W_query h, W_key h, W_value h  a norm the block lacks passes x on
-//               q, k = RoPE(qk_norm(q), qk_norm(k)) at pos (the layer's own tables: Gemma's sliding and full bases)
-//               the cache's slot for pos <- k, v        (a sliding layer's ring: slot pos % window)
-//               x = x + attn_out(out_proj(softmax(q k^T * scale) v))   over the positions the layer sees
-//               h = ff_in(x)
-//               x = x + ff_out(fc3(act(fc1 h) * fc2 h))  act: silu (SwiGLU) or tanh GELU (GeGLU); or the router's
-//                                                        top k experts, softmax over their k scores, summed
-//   logits = out_head(final_norm(x))
+//   per block:  h = attn_in(x)                   a norm: w * x / rms, (1 + w) * x / rms, or w * (x - mean) / std;
+//               q, k, v = W_query h, W_key h, W_value h        a norm the block lacks passes x on
+//               q, k = RoPE(qk_norm(q), qk_norm(k)) at pos     the layer's own tables (Gemma's sliding and full bases),
+//                                                              pairs of halves or of neighbours; none: no positions
+//               the cache's slot for pos <- k, v               (a sliding layer's ring: slot pos % window)
+//               a = attn_out(out_proj(softmax(q k^T * scale) v))   over the positions the layer sees
+//               x = x + a; h = ff_in(x)                        (parallel, Tiny Aya: h stays attn_in(x))
+//               x = x + ff_out(fc3(act(fc1 h) * fc2 h))        (parallel: x + a + ...); act: silu (SwiGLU) or tanh
+//                                                              GELU (GeGLU); or the router's top k experts, a
+//                                                              softmax over their k scores, summed
+//   logits = out_head(final_norm(x)) (* logit_scale, Tiny Aya)
 //
 // The residual stream, norms, RoPE, attention and activations are float32 whatever the weights; a bfloat16 model's
 // products read its bfloat16 weights against float32 inputs (rows_avx2.h), and its cache keeps keys and values
@@ -35,17 +37,19 @@ using namespace avx2;
 // plan[]: HEADER entries, then LAYER_FIELDS per block, in these orders (engine/described_step.py's HEADER_FIELDS
 // and LAYER_FIELDS name them). Numbers that are not integers are stored as the bits of a double.
 enum Header {
-    H_BF16, H_LAYERS, H_D, H_VOCAB, H_TOK_EMB, H_EMB_SCALE, H_FINAL_NORM, H_FINAL_PLUS_ONE, H_EPS, H_HEAD,
+    H_BF16, H_LAYERS, H_D, H_VOCAB, H_TOK_EMB, H_EMB_SCALE, H_FINAL_NORM, H_FINAL_KIND, H_EPS, H_HEAD,
     H_X, H_H, H_Q, H_K, H_V, H_ATT, H_GATE, H_UP, H_OUT, H_LOGITS, H_PAIRS, H_SCORES, H_ROUTER, H_BEST,
-    H_BEST_VALUE, H_MAX_LEN, HEADER = 32
+    H_BEST_VALUE, H_MAX_LEN, H_LOGIT_SCALE, H_RESID, HEADER = 32
 };
 enum Layer {
-    L_HEADS, L_GROUPS, L_HEAD_DIM, L_HIDDEN, L_SLOTS, L_RING, L_SCALE, L_PLUS_ONE, L_QK_WHOLE, L_ROPE_COS,
+    L_HEADS, L_GROUPS, L_HEAD_DIM, L_HIDDEN, L_SLOTS, L_RING, L_SCALE, L_NORM_KINDS, L_QK_WHOLE, L_ROPE_COS,
     L_ROPE_SIN, L_ATTN_IN, L_ATTN_OUT, L_FF_IN, L_FF_OUT, L_Q_NORM, L_K_NORM, L_WQ, L_WK, L_WV, L_WO, L_FC1,
-    L_FC2, L_FC3, L_ACT, L_ROUTER, L_EXPERTS, L_TOP_K, L_EXPERT_W, L_KCACHE, L_VCACHE, LAYER_FIELDS
+    L_FC2, L_FC3, L_ACT, L_ROUTER, L_EXPERTS, L_TOP_K, L_EXPERT_W, L_NEIGHBOURS, L_PARALLEL, L_KCACHE, L_VCACHE,
+    LAYER_FIELDS
 };
-// L_PLUS_ONE: a bit per norm, set where it is (1 + weight): in this order.
+// L_NORM_KINDS: two bits per norm, in this order, of its kind (and H_FINAL_KIND the final norm's).
 enum Norms { P_ATTN_IN, P_ATTN_OUT, P_FF_IN, P_FF_OUT, P_Q, P_K };
+enum NormKind { RMS, RMS_PLUS_ONE, LAYER_NORM };
 enum Act { ACT_SILU, ACT_GELU_TANH };
 
 template <typename P> P* at(const int64_t* plan, int i) { return reinterpret_cast<P*>(plan[i]); }
@@ -74,23 +78,33 @@ float dot(const float* a, const T* b, int64_t n) {
     return s;
 }
 
-// y = x / sqrt(mean(x^2) + eps) * w (or * (1 + w)), over n (y may be x); w null: no weight.
+// y = x / sqrt(mean(x^2) + eps) * w (RMS), * (1 + w) (RMS_PLUS_ONE), or (x - mean) / sqrt(var + eps) * w
+// (LAYER_NORM, without a shift), over n (y may be x); w null: no weight.
 template <typename T>
-void rms_norm(const float* x, const T* w, bool plus_one, float* y, int64_t n, float eps) {
-    const float inv = 1.f / sqrtf(dot(x, x, n) / (float)n + eps);
+void norm_of(const float* x, const T* w, int64_t kind, float* y, int64_t n, float eps) {
+    float mean = 0.f;
+    if (kind == LAYER_NORM) {
+        for (int64_t i = 0; i < n; i++) mean += x[i];
+        mean /= (float)n;
+    }
+    float square = 0.f;
+    for (int64_t i = 0; i < n; i++) square += (x[i] - mean) * (x[i] - mean);
+    const float inv = 1.f / sqrtf(square / (float)n + eps);
     for (int64_t i = 0; i < n; i++) {
-        const float scale = w == nullptr ? 1.f : plus_one ? 1.f + load1(w, i) : load1(w, i);
-        y[i] = x[i] * inv * scale;
+        const float scale = w == nullptr ? 1.f : kind == RMS_PLUS_ONE ? 1.f + load1(w, i) : load1(w, i);
+        y[i] = (x[i] - mean) * inv * scale;
     }
 }
 
-// The rotation of each pair (v[i], v[i + hd/2]) by this position's angle; cos, sin: its rows of the tables.
-void rotate(float* v, const float* cos, const float* sin, int64_t hd) {
-    const int64_t half = hd / 2;
+// The rotation of each pair by this position's angle; cos, sin: its rows of the tables. The pairs are
+// (v[i], v[i + hd/2]) (halves: the book's and transformers' layout) or (v[2i], v[2i + 1]) (neighbours: Cohere's).
+void rotate(float* v, const float* cos, const float* sin, int64_t hd, bool neighbours) {
+    const int64_t half = hd / 2, a = neighbours ? 2 : 1, b = neighbours ? 1 : half;  // pair i: v[a i], v[a i + b]
     for (int64_t i = 0; i < half; i++) {
-        const float x1 = v[i], x2 = v[i + half];
-        v[i] = x1 * cos[i] - x2 * sin[i];
-        v[i + half] = x2 * cos[i + half] + x1 * sin[i + half];
+        const int64_t j = a * i, k = a * i + b;
+        const float x1 = v[j], x2 = v[k];
+        v[j] = x1 * cos[j] - x2 * sin[j];
+        v[k] = x2 * cos[k] + x1 * sin[k];
     }
 }
 
@@ -160,9 +174,9 @@ void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
     for (int64_t layer = 0; layer < plan[H_LAYERS]; layer++) {
         const int64_t* L = plan + HEADER + layer * LAYER_FIELDS;
         const int64_t H = L[L_HEADS], G = L[L_GROUPS], hd = L[L_HEAD_DIM], F = L[L_HIDDEN], slots = L[L_SLOTS];
-        const int64_t plus = L[L_PLUS_ONE];
-        auto norm = [&](const float* in, float* dst, int field, int bit, int64_t n) {
-            if (L[field]) rms_norm(in, at<const T>(L, field), (plus >> bit) & 1, dst, n, eps);
+        const int64_t kinds = L[L_NORM_KINDS];
+        auto norm = [&](const float* in, float* dst, int field, int which, int64_t n) {
+            if (L[field]) norm_of(in, at<const T>(L, field), (kinds >> (2 * which)) & 3, dst, n, eps);
             else if (dst != in) memcpy(dst, in, n * sizeof(float));
         };
 
@@ -182,9 +196,11 @@ void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
             for (int64_t i = 0; i < H; i++) norm(q + i * hd, q + i * hd, L_Q_NORM, P_Q, hd);
             for (int64_t i = 0; i < G; i++) norm(k + i * hd, k + i * hd, L_K_NORM, P_K, hd);
         }
-        const float *cos = at<const float>(L, L_ROPE_COS) + pos * hd, *sin = at<const float>(L, L_ROPE_SIN) + pos * hd;
-        for (int64_t i = 0; i < H; i++) rotate(q + i * hd, cos, sin, hd);
-        for (int64_t i = 0; i < G; i++) rotate(k + i * hd, cos, sin, hd);
+        if (L[L_ROPE_COS]) {  // (a layer without positions, Tiny Aya's full layers: no tables)
+            const float *cos = at<const float>(L, L_ROPE_COS) + pos * hd, *sin = at<const float>(L, L_ROPE_SIN) + pos * hd;
+            for (int64_t i = 0; i < H; i++) rotate(q + i * hd, cos, sin, hd, L[L_NEIGHBOURS]);
+            for (int64_t i = 0; i < G; i++) rotate(k + i * hd, cos, sin, hd, L[L_NEIGHBOURS]);
+        }
         T *keys = at<T>(L, L_KCACHE), *values = at<T>(L, L_VCACHE);  // [G, slots, hd]
         const int64_t slot = L[L_RING] ? pos % slots : pos, seen = L[L_RING] ? (pos + 1 < slots ? pos + 1 : slots) : pos + 1;
         for (int64_t g = 0; g < G; g++)
@@ -217,10 +233,13 @@ void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
 #pragma omp parallel num_threads(nt)
         product(at<const void>(L, L_WO), bf16, ain, out, d, H * hd);
         norm(out, out, L_ATTN_OUT, P_ATTN_OUT, d);
-        for (int64_t i = 0; i < d; i++) x[i] += out[i];
+        float* resid = at<float>(plan, H_RESID);
+        if (L[L_PARALLEL]) memcpy(resid, out, d * sizeof(float));  // (added with the feed-forward's, to the same x)
+        else for (int64_t i = 0; i < d; i++) x[i] += out[i];
 
-        // Feed-forward, dense or the routed experts.
-        norm(x, h, L_FF_IN, P_FF_IN, d);
+        // Feed-forward, dense or the routed experts: of the normed stream after attention, or (a parallel block,
+        // Tiny Aya's) of the same normed input attention read.
+        if (!L[L_PARALLEL]) norm(x, h, L_FF_IN, P_FF_IN, d);
         const float* fin = as_input(h, d, bf16, pairs);
         if (!L[L_EXPERTS]) {
             feed_forward(at<const void>(L, L_FC1), at<const void>(L, L_FC2), at<const void>(L, L_FC3), bf16, L[L_ACT],
@@ -264,14 +283,17 @@ void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
             memcpy(out, sum, d * sizeof(float));
         }
         norm(out, out, L_FF_OUT, P_FF_OUT, d);
-        for (int64_t i = 0; i < d; i++) x[i] += out[i];
+        for (int64_t i = 0; i < d; i++) x[i] += L[L_PARALLEL] ? resid[i] + out[i] : out[i];
     }
 
-    if (plan[H_FINAL_NORM]) rms_norm(x, at<const T>(plan, H_FINAL_NORM), plan[H_FINAL_PLUS_ONE], h, d, eps);
+    if (plan[H_FINAL_NORM]) norm_of(x, at<const T>(plan, H_FINAL_NORM), plan[H_FINAL_KIND], h, d, eps);
     else memcpy(h, x, d * sizeof(float));
     const float* hin = as_input(h, d, bf16, pairs);
 #pragma omp parallel num_threads(nt)
     product(at<const void>(plan, H_HEAD), bf16, hin, logits, V, d);
+    const double logit_scale = number(plan, H_LOGIT_SCALE);  // 0: none (Tiny Aya's 0.25)
+    if (logit_scale)
+        for (int64_t i = 0; i < V; i++) logits[i] *= (float)logit_scale;
 
     // The greedy pick: the first largest logit, or the first NaN as torch.argmax takes it.
     int64_t best = 0;
