@@ -1,0 +1,90 @@
+"""One token's linear attention (Qwen3.5's Gated DeltaNet) over its cache: the twin's decoding step.
+
+    one_token_linear_attention(twin, anatomy)   every linear attention of a twin (decode.py's gemv_twin) decodes
+                                                one token through OneTokenDeltaNet
+
+The glass Qwen3_5GatedDeltaNet (families/qwen3_5.py) serves a whole prompt: conv1d over the cached inputs and
+the new ones, then gated_delta_rule's loop, each token's state update written out as the maths reads (a new
+[hv, dk, dv] tensor for the decay, the prediction, the correction and the readout). For one token that is
+some forty small operators a layer, a convolution library called for a kernel of 4 (~0.3 ms each on an AVX2
+CPU in float32, far more in bfloat16), and eight passes over the 1 MB state of each layer. OneTokenDeltaNet
+computes the same token:
+  - the convolution as one multiply-sum over the kernel's window (the cached inputs and the new one), in
+    float32 and rounded once, as the convolution library does;
+  - the delta rule in place on the cache's float32 state: S <- exp(g) S (one pass), then q and k read the
+    decayed state in one matmul (S^T q and S^T k), then S += k delta^T (one pass). The output is read before
+    the correction, as S^T q + (q . k) delta, which is the corrected state's S^T q without a third pass;
+  - everything else (the projections, gating, l2norm, the gated output norm) as the glass module writes it.
+The logits equal the glass model's within float32's rounding (tests/test_linear_attention_twin.py). A prompt,
+a first token without a cached state, or a forward with gradients on runs the glass forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..families.qwen3_5 import l2norm
+
+
+class OneTokenDeltaNet:
+    """Mixed into the twin's copy of a Qwen3_5GatedDeltaNet (its own class first in the order): its forward for
+    one token over a cache that holds a state, the glass forward otherwise. Reads the glass module's
+    projections, conv1d weight, A_log, dt_bias and gated norm."""
+
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+        b, t, _ = x.shape
+        conv_before, state = (None, None) if cache is None or t != 1 else cache.read()
+        if state is None or conv_before is None or torch.is_grad_enabled():
+            return super().forward(x, cache)
+        hk, hv, dk, dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+
+        # The short convolution: the kernel's window is the cached inputs and the new one.
+        window = torch.cat([conv_before.to(x.dtype), self.in_proj_qkv(x).view(b, self.conv_dim, 1)], -1)  # [b, c, K]
+        mixed = (window.float() * self.conv1d.weight.float().view(self.conv_dim, -1)).sum(-1)  # [b, c]
+        mixed = F.silu(mixed.to(x.dtype))
+
+        qk = mixed[:, :2 * self.key_dim].float().view(b, 2, hk, dk)  # queries then keys
+        qk = l2norm(qk)
+        qk[:, 0] *= dk ** -0.5
+        if hv > hk:  # each key head serves hv // hk neighbouring value heads
+            qk = qk.repeat_interleave(hv // hk, dim=2)
+        qk = qk.transpose(1, 2)  # [b, 2, hv, dk] -> [b, hv, 2, dk]
+        v = mixed[:, 2 * self.key_dim:].float().view(b, hv, dv)
+        beta = self.in_proj_b(x).sigmoid().float().view(b, hv, 1)
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)  # [b, 1, hv], <= 0
+
+        # The gated delta rule for one token, on the cache's state.
+        state.mul_(g.exp().view(b, hv, 1, 1))                 # forget a little: [b, hv, dk, dv]
+        read = torch.matmul(qk, state)                        # S^T q and S^T k: [b, hv, 2, dv]
+        q, k = qk[:, :, 0], qk[:, :, 1]                       # [b, hv, dk] each
+        delta = (v - read[:, :, 1]) * beta                    # how far off, times the step size: [b, hv, dv]
+        state.addcmul_(k[..., None], delta[..., None, :])      # the rank-one correction
+        out = read[:, :, 0] + (q * k).sum(-1, keepdim=True) * delta  # the corrected state's S^T q
+        cache.write(window[:, :, 1:], state)
+
+        z = self.in_proj_z(x).view(b, 1, hv, dv)
+        out = self.norm(out.view(b, 1, hv, dv).to(x.dtype), z).view(b, 1, self.value_dim)
+        return self.out_proj(out)
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def one_token_linear_attention(twin: nn.Module, anatomy) -> int:
+    """Give every linear attention of `twin` (its description `anatomy`) OneTokenDeltaNet's forward; returns
+    how many."""
+    count = 0
+    for block in anatomy.blocks:
+        att = block.attention
+        if att.kind == "linear" and att.state is not None and att.state.rule == "gated_delta":
+            module = twin.get_submodule(att.path)
+            cls = type(module)
+            if issubclass(cls, OneTokenDeltaNet):
+                continue
+            if cls not in _CLASSES:
+                _CLASSES[cls] = type(f"OneToken{cls.__name__}", (OneTokenDeltaNet, cls), {})
+            module.__class__ = _CLASSES[cls]
+            count += 1
+    return count
