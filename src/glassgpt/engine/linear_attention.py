@@ -40,17 +40,19 @@ class OneTokenDeltaNet:
             return super().forward(x, cache)
         hk, hv, dk, dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
 
-        # The short convolution: the kernel's window is the cached inputs and the new one.
-        window = torch.cat([conv_before.to(x.dtype), self.in_proj_qkv(x).view(b, self.conv_dim, 1)], -1)  # [b, c, K]
-        mixed = (window.float() * self.conv1d.weight.float().view(self.conv_dim, -1)).sum(-1)  # [b, c]
-        mixed = F.silu(mixed.to(x.dtype))
+        # The short convolution: the kernel's window is the cached inputs and the new one, kept tokens first
+        # ([b, K, c], so joining and summing run along whole rows); the cache reads it as its [b, c, K - 1].
+        c, kernel = self.conv_dim, self.conv_kernel_size
+        window = torch.cat([conv_before.transpose(1, 2).to(x.dtype), self.in_proj_qkv(x)], 1)  # [b, K, c]
+        taps = self.conv1d.weight.view(c, kernel).t()  # [K, c]
+        mixed = F.silu((window.float() * taps.float()).sum(1).to(x.dtype))  # [b, c]
 
-        qk = mixed[:, :2 * self.key_dim].float().view(b, 2, hk, dk)  # queries then keys
-        qk = l2norm(qk)
+        qk = l2norm(mixed[:, :2 * self.key_dim].float().view(b, 2, hk, dk))  # queries then keys
         qk[:, 0] *= dk ** -0.5
         if hv > hk:  # each key head serves hv // hk neighbouring value heads
             qk = qk.repeat_interleave(hv // hk, dim=2)
         qk = qk.transpose(1, 2)  # [b, 2, hv, dk] -> [b, hv, 2, dk]
+        q, k = qk[:, :, 0], qk[:, :, 1]  # [b, hv, dk] each
         v = mixed[:, 2 * self.key_dim:].float().view(b, hv, dv)
         beta = self.in_proj_b(x).sigmoid().float().view(b, hv, 1)
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)  # [b, 1, hv], <= 0
@@ -58,11 +60,10 @@ class OneTokenDeltaNet:
         # The gated delta rule for one token, on the cache's state.
         state.mul_(g.exp().view(b, hv, 1, 1))                 # forget a little: [b, hv, dk, dv]
         read = torch.matmul(qk, state)                        # S^T q and S^T k: [b, hv, 2, dv]
-        q, k = qk[:, :, 0], qk[:, :, 1]                       # [b, hv, dk] each
         delta = (v - read[:, :, 1]) * beta                    # how far off, times the step size: [b, hv, dv]
-        state.addcmul_(k[..., None], delta[..., None, :])      # the rank-one correction
-        out = read[:, :, 0] + (q * k).sum(-1, keepdim=True) * delta  # the corrected state's S^T q
-        cache.write(window[:, :, 1:], state)
+        state.addcmul_(k[..., None], delta[..., None, :])     # the rank-one correction
+        out = torch.addcmul(read[:, :, 0], torch.linalg.vecdot(q, k)[..., None], delta)  # the corrected S^T q
+        cache.write(window[:, 1:].transpose(1, 2), state)     # [b, c, K - 1]
 
         z = self.in_proj_z(x).view(b, 1, hv, dv)
         out = self.norm(out.view(b, 1, hv, dv).to(x.dtype), z).view(b, 1, self.value_dim)
