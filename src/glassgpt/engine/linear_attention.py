@@ -4,19 +4,21 @@
                                                 one token through OneTokenDeltaNet
 
 The glass Qwen3_5GatedDeltaNet (families/qwen3_5.py) serves a whole prompt: conv1d over the cached inputs and
-the new ones, then gated_delta_rule's loop, each token's state update written out as the maths reads (a new
-[hv, dk, dv] tensor for the decay, the prediction, the correction and the readout). For one token that is
-some forty small operators a layer, a convolution library called for a kernel of 4 (~0.3 ms each on an AVX2
-CPU in float32, far more in bfloat16), and eight passes over the 1 MB state of each layer. OneTokenDeltaNet
-computes the same token:
+the new ones, then gated_delta_rule's loop, each token's state update written as the maths reads (a new
+[hv, dk, dv] tensor for the decay, the prediction, the correction and the readout). For one token that costs
+a convolution library call for a kernel of 4 (~0.3 ms in float32 on an AVX2 CPU; in bfloat16, 6,144 slow
+per-channel convolutions, ~1 s a token for Qwen3.5 0.8B) and eight passes over each layer's 1 MB state.
+OneTokenDeltaNet computes the same token:
   - the convolution as one multiply-sum over the kernel's window (the cached inputs and the new one), in
-    float32 and rounded once, as the convolution library does;
-  - the delta rule in place on the cache's float32 state: S <- exp(g) S (one pass), then q and k read the
-    decayed state in one matmul (S^T q and S^T k), then S += k delta^T (one pass). The output is read before
-    the correction, as S^T q + (q . k) delta, which is the corrected state's S^T q without a third pass;
-  - everything else (the projections, gating, l2norm, the gated output norm) as the glass module writes it.
-The logits equal the glass model's within float32's rounding (tests/test_linear_attention_twin.py). A prompt,
-a first token without a cached state, or a forward with gradients on runs the glass forward.
+    float32 and rounded once, as the convolution library does; the window is kept tokens first, and the
+    cache's `[b, c, kernel - 1]` is a view of it;
+  - the delta rule on the cache's float32 state, in place: S <- exp(g) S (one pass), q and k read the
+    decayed state in one matmul (S^T q, S^T k), S += k delta^T (one pass). The output is S^T q + (q . k) delta,
+    the corrected state's S^T q without a third pass;
+  - the rest (projections, gating, l2norm, the gated output norm) as the glass module writes it.
+Its outputs equal the glass module's within float32's rounding, in bfloat16 bit for bit but where a float32
+difference meets a rounding boundary (tests/test_linear_attention_twin.py). The cache's state tensor changes in place: a state that read() gave
+earlier changes with it. A prompt, a first token without a cached state, or gradients on run the glass forward.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class OneTokenDeltaNet:
     def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
         b, t, _ = x.shape
         conv_before, state = (None, None) if cache is None or t != 1 else cache.read()
-        if state is None or conv_before is None or torch.is_grad_enabled():
+        if state is None or conv_before is None or not self.updates_in_place(state):
             return super().forward(x, cache)
         hk, hv, dk, dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
 
@@ -44,7 +46,7 @@ class OneTokenDeltaNet:
         # ([b, K, c], so joining and summing run along whole rows); the cache reads it as its [b, c, K - 1].
         c, kernel = self.conv_dim, self.conv_kernel_size
         window = torch.cat([conv_before.transpose(1, 2).to(x.dtype), self.in_proj_qkv(x)], 1)  # [b, K, c]
-        taps = self.conv1d.weight.view(c, kernel).t()  # [K, c]
+        taps = self.conv1d.weight.reshape(c, kernel).t()  # [c, 1, K] -> [K, c]
         mixed = F.silu((window.float() * taps.float()).sum(1).to(x.dtype))  # [b, c]
 
         qk = l2norm(mixed[:, :2 * self.key_dim].float().view(b, 2, hk, dk))  # queries then keys
@@ -68,6 +70,13 @@ class OneTokenDeltaNet:
         z = self.in_proj_z(x).view(b, 1, hv, dv)
         out = self.norm(out.view(b, 1, hv, dv).to(x.dtype), z).view(b, 1, self.value_dim)
         return self.out_proj(out)
+
+    @staticmethod
+    def updates_in_place(state: torch.Tensor) -> bool:
+        """Whether the cache's state may be updated in place: float32 (what the glass forward writes), no
+        gradients recorded, and not an inference tensor outside inference mode."""
+        return state.dtype == torch.float32 and not torch.is_grad_enabled() and \
+            (torch.is_inference_mode_enabled() or not state.is_inference())
 
 
 _CLASSES: dict[type, type] = {}
