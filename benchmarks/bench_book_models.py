@@ -48,7 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import CopyMeter, Row, machine_info, print_views, time_rows, weight_bytes_per_token  # noqa: E402
 
 from glassgpt.engine.decode import twin_steps  # noqa: E402
-from glassgpt.engine.step import RopeStep  # noqa: E402
 from glassgpt.families import family_config, random_family_model  # noqa: E402
 from glassgpt.formats.families import config_to_hf, hf_names  # noqa: E402
 from glassgpt.generate import generate  # noqa: E402
@@ -185,8 +184,9 @@ def bench_bonus(name: str, args: argparse.Namespace, copy: CopyMeter) -> None:
         if not args.no_hf:
             models["transformers"] = exported_hf(glass, dtype)
             fns[f"transformers {dtype_name}"] = lambda: hf_generate(models["transformers"], ids, n)
-        reference = timed_rows(rows, fns, glass, ids, n, dtype_name, args, copy, reference,
-                               lambda label: f"{copy.note(label, read_bytes_per_token(glass), n)} (prompt included)")
+        reference = timed_rows(rows, fns, glass, ids, n, dtype_name, args, copy, reference, lambda label: (
+            f"decoded by the {decoding_path(glass)}; {copy.note(label, read_bytes_per_token(glass), n)} "
+            "(prompt included)"))
         print_goal(rows, dtype_name, copy, read_bytes_per_token(glass))
         del glass, models, fns
         gc.collect()
@@ -261,12 +261,18 @@ def bench(name: str, args: argparse.Namespace, copy: CopyMeter) -> None:
         if not args.no_hf:
             models["transformers"] = hf_model(glass, dtype)
             fns[f"transformers {dtype_name}"] = lambda: hf_generate(models["transformers"], ids, n)
-        path = "native step" if isinstance(twin_steps(glass).step, RopeStep) else "twin"
         reference = timed_rows(rows, fns, glass, ids, n, dtype_name, args, copy, reference, lambda label: (
-            f"decoded by the {path}; {copy.note(label, weight_bytes_per_token(glass), n)} (prompt included)"))
+            f"decoded by the {decoding_path(glass)}; {copy.note(label, weight_bytes_per_token(glass), n)} "
+            "(prompt included)"))
         del glass, models, fns
         gc.collect()
     print_against(name, rows, ("book kv_cache", "transformers"))
+
+
+def decoding_path(glass) -> str:
+    """Which step decoded glass's last generate: the native step's class (engine/step.py), or the twin."""
+    step = twin_steps(glass).step
+    return "twin" if step is None else f"native step ({type(step).__name__})"
 
 
 def timed_rows(rows: list, fns: dict, glass, ids, n: int, dtype_name: str, args, copy: CopyMeter, reference,

@@ -180,8 +180,10 @@ def test_decoding_a_token_reads_only_the_experts_its_router_chose():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_twins_one_token_experts_decode_the_glass_models_logits_bit_for_bit(dtype):
+def test_the_twins_one_token_experts_decode_the_glass_models_logits_bit_for_bit(dtype, monkeypatch):
+    from glassgpt.engine import decode
     from glassgpt.engine.decode import twin_steps
+    monkeypatch.setattr(decode.autotune, "native_step_chosen", lambda engine, cache: False)  # the twin, not the step
     from glassgpt.engine.experts import OneTokenExperts
     model = randomize_(build_model(MOE)).to(dtype)
     steps = twin_steps(model)
@@ -198,8 +200,11 @@ def test_the_twins_one_token_experts_decode_the_glass_models_logits_bit_for_bit(
         assert torch.equal(ours, theirs)  # the same experts, the same order of sums: no tolerance
 
 
-def test_decoding_through_generate_reads_only_the_routed_experts():
+def test_decoding_through_generate_reads_only_the_routed_experts(monkeypatch):
+    from glassgpt.engine import decode
     from glassgpt.engine.decode import twin_steps
+    # the twin's modules (the described step, tests/test_described_step.py, reads the routed experts' alone too)
+    monkeypatch.setattr(decode.autotune, "native_step_chosen", lambda engine, cache: False)
     model = randomize_(build_model(MOE))
     steps = twin_steps(model)
     batch = ids(9)[:1]

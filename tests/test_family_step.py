@@ -206,7 +206,7 @@ def test_the_choice_between_the_step_and_the_twin_is_measured_once(monkeypatch):
     ("batch 9", "batches of 1 to 8"),
     ("a float32 cache for bf16 weights", "dtype and key/value groups"),
     ("a GPT-2", "the KV cache is not of the model's layers and heads"),
-    ("a mixture of experts", "not SwiGLU"),
+    ("a mixture of experts at batch 2", "a batch of 1, not 2"),  # (the described step's; RopeStep's: not SwiGLU)
 ])
 def test_what_the_step_does_not_cover_is_said_in_one_line_and_the_twin_runs(case, words):
     cfg = TINY["llama3"]
@@ -226,9 +226,9 @@ def test_what_the_step_does_not_cover_is_said_in_one_line_and_the_twin_runs(case
         from glassgpt import GPTConfig
         model = random_model(GPTConfig(vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=2),
                              torch.device("cpu"), torch.float32)
-    elif case == "a mixture of experts":
+    elif case == "a mixture of experts at batch 2":
         model = model_of(dataclasses.replace(TINY["qwen3"], num_experts=4, num_experts_per_tok=2, moe_hidden_dim=16))
-        cache = KVCache(model.cfg, 1, 8)
+        cache = KVCache(model.cfg, 2, 8)
     reason = why_not(model, cache)
     assert reason is not None and words in reason and "\n" not in reason
     assert native_step(model, cache) is None

@@ -22,7 +22,8 @@ from glassgpt.formats import random_model
 from glassgpt.variants import GQAConfig, MLAConfig, MoEConfig, SWAConfig
 from glassgpt.variants import build_model as build_variant
 
-from helpers import TINY, V, randomize_
+from helpers import TINY, V, randomize_, tiny_described
+from glassgpt.engine.hybrid_cache import cache_for
 
 GPT2 = GPTConfig(vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=2)
 
@@ -128,7 +129,8 @@ VARIANT = dict(vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=
     ("a sliding window (chapter 4)", "block 0's attention is not multi-head attention"),
     ("latent attention (chapter 4)", "block 0's attention has parts GPT-2's has not"),
     ("experts on GPT-2 (chapter 4)", "block 0's feed-forward is moe"),
-    ("experts on Qwen3", "Qwen3 MoE's block 0's feed-forward is moe, not SwiGLU"),
+    ("Tiny Aya's parallel block", "Tiny Aya's block 0's norms are parallel, not before and/or after each sublayer"),
+    ("Qwen3.5's linear attention", "Qwen3.5's block 0's attention is not causal attention with RoPE"),
     ("a module glassgpt does not describe", "it runs the models glassgpt describes, not Linear"),
 ])
 def test_a_model_no_plan_computes_is_refused_by_the_part_that_differs(case, words, library):
@@ -143,12 +145,12 @@ def test_a_model_no_plan_computes_is_refused_by_the_part_that_differs(case, word
         cfg = MoEConfig(**VARIANT, num_experts=4, num_experts_per_tok=2, hidden_dim=24)
     if cfg is not None:
         model = build_variant(cfg).eval()
-    elif case == "experts on Qwen3":
-        cfg = dataclasses.replace(TINY["qwen3"], num_experts=4, num_experts_per_tok=2, moe_hidden_dim=16)
-        model = randomize_(build_model(cfg))
+    elif case.startswith(("Tiny Aya", "Qwen3.5")):
+        model = tiny_described("tiny-aya" if case.startswith("Tiny") else "qwen3.5").eval()
+        cfg = model.cfg
     else:
         model, cfg = torch.nn.Linear(2, 2), GPT2
-    cache = KVCache(cfg, 1, 8)
+    cache = cache_for(cfg, 1, 8)
     reason = plans.why_not(model, cache)
     assert reason is not None and words in reason and "\n" not in reason
     assert plans.native_step(model, cache) is None

@@ -162,6 +162,14 @@ class Experts:
     path: str                    # the experts' ModuleList; expert j's matrices are `FeedForward.up` etc. under it
 
 
+def expert_path(path: str, j: int) -> str:
+    """Expert j's module path from expert 0's: its last index 0 as j ("ff.fc1.0" -> "ff.fc1.5",
+    "mlp.experts.0.gate_proj" -> "mlp.experts.5.gate_proj")."""
+    parts = path.split(".")
+    last = max(i for i, p in enumerate(parts) if p == "0")
+    return ".".join(parts[:last] + [str(j)] + parts[last + 1:])
+
+
 @dataclass(frozen=True)
 class FeedForward:
     """d -> hidden -> d. gelu_mlp: down(act(up(x))); swiglu / geglu: down(act(gate(x)) * up(x))."""

@@ -105,8 +105,8 @@ class Timing:
 
 
 class GlassSteps:
-    """generate's seams (prefill, decode_one) on the glass model itself over its own kv_cache(): the book's bonus
-    models (OLMo 3, Tiny Aya), which have no twin or native step yet."""
+    """generate's seams (prefill, decode_one) on the glass model itself over its own kv_cache(): Gemma 4, whose
+    kv-shared layers keep no keys of their own (no twin or native step yet)."""
 
     def __init__(self, model: nn.Module):
         self.model = model

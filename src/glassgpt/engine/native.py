@@ -3,6 +3,7 @@
     ops = native.load()        # torch.ops.glassgpt, or None where they cannot be had
     ops = native.gemv_ops()    # the same; without AVX-512, on AVX2 and FMA, the float32/bfloat16 `gemv` alone
     lib = native.library()     # the same build as a ctypes library (gg_step: kernels/step.cpp; gg_family_step: family_step.cpp), or None
+    lib = native.described_library()  # either build as a ctypes library with gg_described_step (described_step.cpp)
     native.status()            # one line: what was built and where, or why there is none
 
 The kernels are matrix-vector products for decoding (float32, bfloat16, int8 and 4-bit
@@ -18,8 +19,8 @@ caller runs PyTorch's own operators instead (the pure-PyTorch path, which the te
 On a CPU with AVX2 and FMA but no AVX-512, `gemv_ops()` builds the float products alone
 (kernels/gemv_avx2.cpp, 8 lanes wide, with ops.cpp's `gemv` operator), the one kernel decoding
 there is made of: PyTorch's one-row float32 product streams a weight on one core at about half
-the memory's rate on such a CPU (benchmarks/RESULTS.md). int8, 4-bit and the native step need
-the AVX-512 build.
+the memory's rate on such a CPU (benchmarks/RESULTS.md), and the described step (described_step.cpp,
+written for AVX2, in both builds). int8, 4-bit, GPT-2's step and RopeStep need the AVX-512 build.
 
 A library in the cache is executed only once it is known whole. A build runs under a lock
 (`kernels/build.lock`: a second process waits, then finds the library built), in a temporary
@@ -76,8 +77,8 @@ class Build:
     defines: tuple[str, ...] = ()
 
 
-WHOLE = Build("glassgpt_kernels", ("gemv.cpp", "step.cpp", "family_step.cpp"))
-GEMV_AVX2 = Build("glassgpt_gemv_avx2", ("gemv_avx2.cpp",), ("-DGG_GEMV_ONLY",))
+WHOLE = Build("glassgpt_kernels", ("gemv.cpp", "step.cpp", "family_step.cpp", "described_step.cpp"))
+GEMV_AVX2 = Build("glassgpt_gemv_avx2", ("gemv_avx2.cpp", "described_step.cpp"), ("-DGG_GEMV_ONLY",))
 
 
 def cache_dir() -> Path:
@@ -233,6 +234,19 @@ def library() -> ctypes.CDLL | None:
         lib.gg_family_step_scratch_bytes.argtypes = [ctypes.c_int64] * 4
         lib.gg_family_step_scratch_bytes.restype = ctypes.c_int64
         lib._glassgpt_typed = True
+    return lib
+
+
+def described_library() -> ctypes.CDLL | None:
+    """The loaded build, whole or AVX2, as a ctypes library with `gg_described_step` (kernels/described_step.cpp,
+    written for AVX2: both builds hold it); None without either build (`gemv_status()` says why)."""
+    if gemv_ops() is None or not _library:
+        return None
+    lib = _library[0]
+    if not hasattr(lib, "_glassgpt_described"):
+        lib.gg_described_step.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+        lib.gg_described_step.restype = None
+        lib._glassgpt_described = True
     return lib
 
 

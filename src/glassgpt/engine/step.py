@@ -1,6 +1,6 @@
 """The native decoding step: one C++ call per new token runs the whole model, for every model it covers.
 
-    step = native_step(model, cache)      # a NativeStep or RopeStep, or None with the reason in `why_not(model, cache)`
+    step = native_step(model, cache)      # a NativeStep, RopeStep or DescribedStep, or None with the reason in `why_not(model, cache)`
     logits = step(ids)                    # ids [b] int64 at cache.pos -> logits [b, V] float32; cache.pos += 1
 
 Which plan runs is read from the model's description (anatomy.py, `kinds.describe`), never from its
@@ -9,9 +9,12 @@ family, and the plan's tensors are found through the description's paths:
     learned positions, pre-LayerNorm blocks of multi-head attention and a tanh-GELU MLP (GPT-2)
         -> NativeStep, kernels/step.cpp
     RoPE, pre-RMSNorm blocks of grouped-query attention (QK-norm or not) and SwiGLU (Qwen3, Llama 3)
-        -> RopeStep, kernels/family_step.cpp
+        -> RopeStep, kernels/family_step.cpp (AVX-512)
+    at batch 1, RoPE blocks with RMSNorms before and/or after each sublayer, a window, a scaled embedding,
+    SwiGLU, GeGLU or SwiGLU experts (Gemma 3, OLMo 3, a Qwen3 MoE; Qwen3 and Llama 3 without AVX-512)
+        -> DescribedStep, kernels/described_step.cpp (AVX2: described_step.py)
 
-A model described otherwise (a window, experts, a sandwich of norms, an embedding scale, ...) gets
+A model described otherwise (a parallel block, linear attention, per-layer inputs, a softcap, ...) gets
 one line naming the part that differs, and the engine runs its PyTorch forward instead.
 
 Each step reads the model's own tensors and the KVCache's (their addresses are written once into a
@@ -62,7 +65,9 @@ PHASES = ("embedding", "LayerNorm and rounding inputs", "q/k/v products and cach
           "output projection", "feed-forward up + GELU", "feed-forward down", "head", "waiting for the other threads")
 LINEARS = ("att.W_query", "att.W_key", "att.W_value", "att.out_proj", "ff.layers.0", "ff.layers.2")
 PLANS = ("learned positions, pre-LayerNorm, multi-head attention and a tanh-GELU MLP (GPT-2's)",
-         "RoPE, pre-RMSNorm, grouped-query attention and SwiGLU (Qwen3's and Llama 3's)")
+         "RoPE, pre-RMSNorm, grouped-query attention and SwiGLU (Qwen3's and Llama 3's)",
+         "and, at batch 1, RoPE attention blocks with RMSNorms around each sublayer and SwiGLU, GeGLU or SwiGLU "
+         "experts (Gemma 3's, OLMo 3's, a Qwen3 MoE's)")
 
 
 def linears(model: nn.Module) -> list[nn.Module]:
@@ -97,9 +102,12 @@ def plan_of(anatomy: an.Anatomy) -> tuple[type[PlannedStep] | None, str]:
     if learned is None:
         return NativeStep, ""
     rope = _differs_from_rope(anatomy)
-    if rope is None:
+    if rope is None and native.library() is not None:  # (the AVX-512 build; else the described step runs it)
         return RopeStep, ""
-    return None, rope if anatomy.positions.kind == "rope" else learned
+    described = differs_from_described(anatomy)
+    if described is None:
+        return DescribedStep, ""
+    return None, described if anatomy.positions.kind == "rope" else learned
 
 
 def _differs_from_learned(a: an.Anatomy) -> str | None:
@@ -168,7 +176,7 @@ def why_not(model: nn.Module, cache: KVCache) -> str | None:
         return anatomy
     plan, differs = plan_of(anatomy)
     if plan is None:
-        return f"it runs {' and '.join(PLANS)}; {anatomy.name}'s {differs}"
+        return f"it runs {', '.join(PLANS)}; {anatomy.name}'s {differs}"
     weight = model.get_submodule(anatomy.embedding.path).weight
     if weight.device.type != "cpu":
         return "it runs on the CPU only"
@@ -181,8 +189,8 @@ def why_not(model: nn.Module, cache: KVCache) -> str | None:
         return reason
     if not 1 <= cache.k[0].shape[0] <= MAX_BATCH:
         return f"it runs batches of 1 to {MAX_BATCH}, not {cache.k[0].shape[0]}"
-    if native.library() is None:
-        return f"glassgpt's kernels are not available: {native.status()}"
+    if plan.library() is None:
+        return plan.unavailable()
     return None
 
 
@@ -229,6 +237,15 @@ class PlannedStep:
     anchor: tuple[torch.Tensor, int] | None = None  # a weight of the model, and its address when planned
     header = HEADER
     layer_fields = LAYER_FIELDS  # the plan: `header` entries, then this many per block, the cache's two last
+
+    @staticmethod
+    def library():
+        """The built kernels holding `entry`, as a ctypes library; None where they cannot be had (`unavailable`)."""
+        return native.library()
+
+    @staticmethod
+    def unavailable() -> str:
+        return f"glassgpt's kernels are not available: {native.status()}"
 
     def addr(self, t: torch.Tensor | None) -> int:
         """The address of `t` for the plan (0 for None), keeping its memory alive as long as the step (an
@@ -456,3 +473,6 @@ class RopeStep(PlannedStep):
         self.ids = torch.empty(b, dtype=torch.int64)
         self.stamp = stamp(model)
         self.point_at(cache)
+
+
+from .described_step import DescribedStep, differs as differs_from_described  # noqa: E402  (it subclasses PlannedStep)

@@ -292,4 +292,4 @@ def describe(cfg: Olmo3Config) -> an.Anatomy:
                       blocks=tuple(block(i, t) for i, t in enumerate(cfg.layer_types)),
                       final_norm=an.Norm("final_norm", "rmsnorm", d, eps, role="final"),
                       head=an.Head("out_head", cfg.vocab_size, cfg.tie_word_embeddings), config_fields=CONFIG_FIELDS,
-                      blocks_path="blocks", decoding="kv_cache")
+                      blocks_path="blocks", decoding="twin")

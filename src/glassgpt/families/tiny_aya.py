@@ -255,4 +255,4 @@ def describe(cfg: TinyAyaConfig) -> an.Anatomy:
                       final_norm=an.Norm("final_norm", "layernorm", d, eps, role="final"),
                       head=an.Head("out_head", cfg.vocab_size, cfg.tie_word_embeddings,
                                    logit_scale=None if cfg.logit_scale == 1.0 else cfg.logit_scale),
-                      config_fields=CONFIG_FIELDS, decoding="kv_cache")
+                      config_fields=CONFIG_FIELDS, decoding="twin")
