@@ -171,7 +171,8 @@ class TwinSteps:
     Llama 3): the glass model again, module by module, whose nn.Linears are GemvLinear over the very same
     Parameters (`gemv_twin`: nothing copied; RoPE's tables, the config and the hooks shared), each given
     glassgpt's matrix-vector kernel where autotune found it faster here for that shape, and each MoE feed-forward
-    running one token through its routed experts alone (experts.py); and the native step
+    running one token through its routed experts alone (experts.py), each linear attention (Qwen3.5's) one token
+    through its state in place (linear_attention.py); and the native step
     (step.py) where its description has a plan and autotune measured it faster than the twin.
 
     At batch 1 each new token multiplies one row by every weight, so a step's time is the time to read the
