@@ -168,3 +168,21 @@ def test_the_one_token_step_updates_the_caches_state_in_place_only_where_it_may(
         state = slot.state
         twin(x[:, 3:4], slot)  # ... cannot change outside it: the glass forward
     assert slot.state is not state  # (updating it in place would raise)
+
+
+def test_the_glass_model_goes_on_from_a_cache_the_twin_wrote():
+    """read() and write() keep their meaning: after the twin's one-token steps, the glass model reads the cache's
+    convolution inputs (a view of the twin's window) and state, and continues as if it had written them."""
+    cfg = config()
+    model = random_model(cfg)
+    steps = twin_steps(model)
+    batch = ids(2, 14, seed=5)
+    glass_cache, twin_cache = cache_for(cfg, 2, 14), cache_for(cfg, 2, 14)
+    with torch.no_grad():
+        model(batch[:, :10], glass_cache)
+        steps.prefill(batch[:, :6], twin_cache)
+        for i in range(6, 10):
+            steps.decode_one(batch[:, i], twin_cache)
+        theirs = model(batch[:, 10:], glass_cache)
+        ours = model(batch[:, 10:], twin_cache)  # the glass forward, four tokens at once
+    assert relative_error(ours.flatten(0, 1), theirs.flatten(0, 1)) <= 1e-5
