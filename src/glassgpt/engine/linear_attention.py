@@ -17,8 +17,9 @@ OneTokenDeltaNet computes the same token:
     the corrected state's S^T q without a third pass;
   - the rest (projections, gating, l2norm, the gated output norm) as the glass module writes it.
 Its outputs equal the glass module's within float32's rounding, in bfloat16 bit for bit but where a float32
-difference meets a rounding boundary (tests/test_linear_attention_twin.py). The cache's state tensor changes in place: a state that read() gave
-earlier changes with it. A prompt, a first token without a cached state, or gradients on run the glass forward.
+difference meets a rounding boundary (tests/test_linear_attention_twin.py). The cache's state tensor changes in
+place: a state that read() gave earlier changes with it. A prompt, a first token without a cached state, or
+gradients on run the glass forward.
 """
 
 from __future__ import annotations
