@@ -188,3 +188,35 @@ def test_attention_over_a_long_cache_runs_a_head_a_thread_and_equals_the_glass_m
             got = step(ids[:, i])
             want = model(ids[:, i:i + 1], theirs, last_only=True)[:, -1]
             assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5, f"token {i}"
+
+
+def test_a_short_prompt_runs_the_kernel_in_the_twin_where_autotune_measured_it_faster(monkeypatch):
+    """The twin's "linear prompt" decision (autotune.twin_choices): where the kernel won on the widest block layer at
+    PROMPT_ROWS rows, each kernel layer takes prompts of up to that many rows, within the kernel's rounding."""
+    from glassgpt.engine import autotune
+    from glassgpt.engine.linear import GEMV_MAX_ROWS, GemvLinear
+    model = model_of("gemma3")
+    real = autotune.twin_choices
+
+    def chose(winner):
+        def twin_choices(m):
+            choices = real(m)
+            for shape in {(x.out_features, x.in_features) for x in m.modules() if type(x) is torch.nn.Linear}:
+                choices.winners[f"linear {shape[0]}x{shape[1]}"] = "glassgpt"
+            choices.winners[autotune.PROMPT] = winner
+            return choices
+        return twin_choices
+    for winner, rows in (("glassgpt", autotune.PROMPT_ROWS["float32"]), ("torch", GEMV_MAX_ROWS)):
+        monkeypatch.setattr(autotune, "twin_choices", chose(winner))
+        twin, _ = decode.gemv_twin(model)
+        layers = [m for m in twin.modules() if isinstance(m, GemvLinear)]
+        assert layers and all(m.gemv is not None and m.max_rows == rows for m in layers)
+    ids = ids_of(16, model.cfg.vocab_size)
+    with torch.inference_mode():
+        want = model(ids)[:, -1]
+        calls = []
+        for m in layers:  # (the last twin: "torch"; give its layers the prompt's rows again)
+            m.max_rows = autotune.PROMPT_ROWS["float32"]
+            m.gemv = lambda x, w, b, gemv=m.gemv: calls.append(x.shape[0]) or gemv(x, w, b)
+        got = twin(ids)[:, -1]
+    assert 16 in calls and ((got - want).abs().max() / want.abs().max()).item() < 1e-5

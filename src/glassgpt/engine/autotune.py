@@ -138,7 +138,8 @@ def _kernel_words(precision: str) -> str:
     """How a cache key names the kernels `kernels_for(precision)` offers, so that another build measures again."""
     if native.load() is not None:
         return "with glassgpt's kernels"
-    return "with glassgpt's AVX2 gemv" if kernels_for(precision) is not None else "without glassgpt's kernels"
+    return "with glassgpt's AVX2 gemv and described step" if kernels_for(precision) is not None else \
+        "without glassgpt's kernels"
 
 
 def machine_key() -> str:
@@ -312,6 +313,14 @@ def twin_choices(model: nn.Module) -> Choices | None:
         with torch.random.fork_rng(devices=[]):  # random inputs: a seeded run draws the same with or without this
             for out, inp in due:
                 measure(choices, f"linear {out}x{inp}", linear_candidates((out, inp), precision, ops))
+        save(choices)
+    # A short prompt's products on the kernel too, where it beat PyTorch's on the widest block layer at PROMPT_ROWS
+    # rows (PyTorch's bfloat16 matmul on a CPU without AVX512-BF16 ran a 16-token Gemma 3 prompt at ~15 GFLOP/s).
+    widest = max((s for s in shapes if s[0] != anatomy.head.out_features), key=lambda s: s[0] * s[1], default=None)
+    if ops is not None and widest is not None and choices.due(PROMPT) \
+            and choices.winners.get(f"linear {widest[0]}x{widest[1]}") == "glassgpt":
+        with torch.random.fork_rng(devices=[]):
+            measure(choices, PROMPT, linear_candidates(widest, precision, ops, rows=PROMPT_ROWS[precision]))
         save(choices)
     _memo[key] = choices
     return choices

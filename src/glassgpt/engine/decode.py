@@ -178,8 +178,9 @@ class TwinSteps:
     At batch 1 each new token multiplies one row by every weight, so a step's time is the time to read the
     weights (2.4 GB per token for Qwen3 0.6B in float32). PyTorch's matmul reads them below the memory's
     bandwidth on some CPUs, the gemv kernel at it (linear.py, kernels/gemv.cpp); every prompt of more than
-    GEMV_MAX_ROWS tokens runs F.linear as the glass model does, so the prompt's logits are the glass model's
-    bit for bit, and each decoded token's within the kernel's rounding (tests/test_family_adopt.py). The
+    GEMV_MAX_ROWS tokens (PROMPT_ROWS where autotune's "linear prompt" measured the kernel faster on the widest
+    block layer) runs F.linear as the glass model does, so the prompt's logits are the glass model's bit for bit,
+    and each decoded token's within the kernel's rounding (tests/test_family_adopt.py). The
     native step runs a whole decoding step in one C++ call: no Python between the 28 blocks of Qwen3 0.6B,
     whose ~200 small operators per token otherwise cost as much as reading the weights.
 
@@ -262,9 +263,11 @@ def gemv_twin(model: nn.Module) -> tuple[nn.Module, autotune.Choices | None]:
     choices = autotune.twin_choices(model)
     ops = autotune.kernels_for(choices.precision) if choices is not None else None
     if ops is not None:
+        prompt = choices.winners.get(autotune.PROMPT) == "glassgpt"
         for m in twin.modules():
             if isinstance(m, GemvLinear) and choices.winners.get(f"linear {m.out_features}x{m.in_features}") == "glassgpt":
                 m.gemv = ops.gemv
+                m.max_rows = autotune.PROMPT_ROWS[choices.precision] if prompt else m.max_rows
     return twin, choices
 
 

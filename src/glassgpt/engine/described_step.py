@@ -32,6 +32,7 @@ from torch import nn
 from .. import anatomy as an
 from . import native
 from .linear import is_plain
+from .plan import PlannedStep, rope_turns_whole_heads, stamp, whole_linears
 
 # kernels/described_step.cpp's plan: HEADER entries, then LAYER_FIELDS per block, in its enums' order.
 HEADER = 32
@@ -45,8 +46,6 @@ LAYER_FIELDS = len(LAYER_FIELD_NAMES)
 NORM_BITS = ("attn_in", "attn_out", "ff_in", "ff_out", "q_norm", "k_norm")  # the plan's plus_one bits, in order
 ACTS = {"silu": 0, "gelu_tanh": 1}
 MAX_TOP_K = 64
-WHAT = ("RoPE attention blocks with RMSNorms before and/or after each sublayer, grouped-query attention (QK-norm, "
-        "a window, a scale) and SwiGLU, GeGLU or SwiGLU experts (Gemma 3's, OLMo 3's, a Qwen3 MoE's)")
 
 
 def differs(a: an.Anatomy) -> str | None:
@@ -65,8 +64,7 @@ def differs(a: an.Anatomy) -> str | None:
             return f"block {i}'s norms are not RMSNorms with a weight"
         if att.kind != "causal" or att.rope is None:
             return f"block {i}'s attention is not causal attention with RoPE"
-        rope = att.rope
-        if rope.pairs != "halves" or rope.rotary_dim not in (None, att.head_dim) or set(rope.rotates) != {"q", "k"}:
+        if not rope_turns_whole_heads(att):
             return f"block {i}'s RoPE turns part of a head, or pairs neighbours"
         if any(x is not None for x in (att.softcap, att.kv_shared_from, att.latent, att.output_gate, att.v_norm)):
             return f"block {i}'s attention has a cap, shared keys, a latent, an output gate or a value norm"
@@ -80,8 +78,7 @@ def differs(a: an.Anatomy) -> str | None:
             return f"block {i}'s feed-forward is {ff.kind} ({ff.activation}), not SwiGLU, GeGLU or SwiGLU experts"
         if ff.kind == "moe" and (ff.experts is None or ff.experts.per_token > MAX_TOP_K or ff.experts.router.bias):
             return f"block {i}'s experts are not {MAX_TOP_K} or fewer a token from a bias-free router"
-        if any(lin.bias or lin.rows is not None or lin.transposed or lin.head_rows is not None
-               for lin in (att.query, att.key, att.value, att.out, ff.gate, ff.up, ff.down)):
+        if not whole_linears(att, ff):
             return f"block {i}'s Linear layers have biases or are read as slices of others"
     if a.final_norm.kind not in ("rmsnorm", "rmsnorm_plus_one") or a.final_norm.weight is None:
         return "its final norm is not an RMSNorm with a weight"
@@ -122,8 +119,6 @@ def _expert_linears(model: nn.Module, ff: an.FeedForward) -> list[list[nn.Module
             for j in range(ff.experts.n_experts)]
 
 
-from .step import PlannedStep, stamp  # noqa: E402  (step.py imports this module at its end: PlannedStep is made by then)
-
 
 class DescribedStep(PlannedStep):
     """One decoding step of a described RoPE model in one native call (module docstring), over the model's tensors
@@ -132,15 +127,14 @@ class DescribedStep(PlannedStep):
     entry = "gg_described_step"
     header = HEADER
     layer_fields = LAYER_FIELDS
-    what = WHAT
-
     @staticmethod
     def library():
+        """Either build (described_step.cpp is written for AVX2, and both hold it), or None."""
         return native.described_library()
 
     @staticmethod
-    def unavailable() -> str:
-        return f"glassgpt's kernels are not available: {native.gemv_status()}"
+    def status() -> str:
+        return native.gemv_status()
 
     @staticmethod
     def why_not(model: nn.Module, anatomy: an.Anatomy, cache) -> str | None:

@@ -193,7 +193,8 @@ def _load(flags: frozenset[str], directory: Path | None):
     if isa is None:
         missing = ", ".join(f for f in REQUIRED if f not in flags)
         _status = f"this CPU lacks {missing}; PyTorch's own operators run instead" + (
-            " (for float32 and bfloat16 products, glassgpt's AVX2 gemv where it measured faster)"
+            " (for float32 and bfloat16 products, glassgpt's AVX2 gemv where it measured faster, and its described "
+            "step for the models it covers)"
             if avx2_flags(flags) else "")
         return None
     try:

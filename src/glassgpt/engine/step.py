@@ -39,13 +39,16 @@ import torch
 from torch import nn
 
 from .. import anatomy as an
-from ..errors import GlassError, PromptError
+from ..errors import GlassError
 from ..kinds import describe
 from . import native
 from .cache import KVCache
+from .described_step import DescribedStep
+from .described_step import differs as differs_from_described
 from .int4 import Int4Linear
 from .int8 import Int8Linear
 from .linear import is_plain
+from .plan import PlannedStep, rope_turns_whole_heads, shape_of, stamp, whole_linears  # noqa: F401  (re-exported)
 
 MAX_BATCH = 8
 KINDS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
@@ -143,8 +146,7 @@ def _differs_from_rope(a: an.Anatomy) -> str | None:
                     "attention and one before the feed-forward")
         if att.kind != "causal" or att.rope is None or att.window is not None:
             return f"block {block.index}'s attention is not causal attention with RoPE over every earlier position"
-        rope = att.rope
-        if rope.pairs != "halves" or rope.rotary_dim not in (None, att.head_dim) or set(rope.rotates) != {"q", "k"}:
+        if not rope_turns_whole_heads(att):
             return f"block {block.index}'s RoPE turns part of a head, or pairs neighbours"
         if any(x is not None for x in (att.scale, att.softcap, att.kv_shared_from, att.latent, att.output_gate)):
             return f"block {block.index}'s attention has a scale, a cap, shared keys, a latent or an output gate"
@@ -153,8 +155,7 @@ def _differs_from_rope(a: an.Anatomy) -> str | None:
             return f"block {block.index}'s QK-norm is not an RMSNorm of both queries and keys"
         if ff.kind != "swiglu" or ff.activation != "silu":
             return f"block {block.index}'s feed-forward is {ff.kind}, not SwiGLU (a mixture of experts decodes in PyTorch)"
-        if any(lin.bias or lin.rows is not None or lin.transposed or lin.head_rows is not None
-               for lin in (att.query, att.key, att.value, att.out, ff.gate, ff.up, ff.down)):
+        if not whole_linears(att, ff):
             return f"block {block.index}'s Linear layers have biases or are read as slices of others"
     if a.final_norm.kind != "rmsnorm" or a.head.bias or a.head.logit_scale is not None or a.head.softcap is not None:
         return "its final norm is not an RMSNorm, or its head has a bias, a scale or a cap"
@@ -190,7 +191,7 @@ def why_not(model: nn.Module, cache: KVCache) -> str | None:
     if not 1 <= cache.k[0].shape[0] <= MAX_BATCH:
         return f"it runs batches of 1 to {MAX_BATCH}, not {cache.k[0].shape[0]}"
     if plan.library() is None:
-        return plan.unavailable()
+        return f"glassgpt's kernels are not available: {plan.status()}"
     return None
 
 
@@ -200,19 +201,6 @@ def native_step(model: nn.Module, cache: KVCache) -> "PlannedStep | None":
         return None
     anatomy = describe(model)
     return plan_of(anatomy)[0](model, cache, anatomy)
-
-
-def stamp(model: nn.Module) -> tuple:
-    """What a plan of `model` depends on beyond its cache: each module's class and train/eval mode, and each
-    tensor's identity and address (a step keeps the tensors it was planned over alive, so a replaced one
-    cannot reuse an old one's identity or memory). A model whose stamp is unchanged needs no new plan."""
-    return (tuple((type(m), m.training) for m in model.modules()),
-            tuple((id(t), t.data_ptr()) for t in (*model.parameters(), *model.buffers())))
-
-
-def shape_of(cache: KVCache) -> tuple:
-    """What a plan's buffers and scratch depend on in a cache: its layers, batch, length and dtype."""
-    return len(cache.k), cache.k[0].shape, cache.k[0].dtype, cache.max_len
 
 
 def _module(model: nn.Module, path: str) -> nn.Module:
@@ -228,77 +216,12 @@ def _eps_bits(eps: float) -> int:
     return struct.unpack("<i", struct.pack("<f", eps))[0]
 
 
-class PlannedStep:
-    """A decoding step in one native call whose plan holds the addresses of a model's tensors and its cache's
-    (NativeStep for GPT-2's plan, RopeStep for RoPE's): `entry` names the library's function, the subclass
-    writes `plan`, `buffers` (with "logits"), `ids` and `threads`."""
-
-    entry = "gg_step"
-    anchor: tuple[torch.Tensor, int] | None = None  # a weight of the model, and its address when planned
-    header = HEADER
-    layer_fields = LAYER_FIELDS  # the plan: `header` entries, then this many per block, the cache's two last
-
-    @staticmethod
-    def library():
-        """The built kernels holding `entry`, as a ctypes library; None where they cannot be had (`unavailable`)."""
-        return native.library()
-
-    @staticmethod
-    def unavailable() -> str:
-        return f"glassgpt's kernels are not available: {native.status()}"
-
-    def addr(self, t: torch.Tensor | None) -> int:
-        """The address of `t` for the plan (0 for None), keeping its memory alive as long as the step (an
-        alias of the storage: if `t` itself moves, pages.py, the plan still reads what it was given)."""
-        if t is None:
-            return 0
-        self.keep.append(t.detach())
-        return t.data_ptr()
-
-    def watch(self, t: torch.Tensor) -> None:
-        """Note where one of the model's weights is now (its token embedding): `stale` compares."""
-        self.anchor = (t, t.data_ptr())
-
-    def stale(self) -> bool:
-        """Whether the model's tensors moved since the plan was written (pages.py): the step still reads
-        the old copies, correctly, but the engine plans again so that they can go."""
-        return self.anchor is not None and self.anchor[0].data_ptr() != self.anchor[1]
-
-    def point_at(self, cache: KVCache) -> None:
-        """Write `cache`'s keys and values into the plan (each block's last two fields) and decode into it from
-        now on. The step holds `cache`, not its tensors: the next cache takes its place (`takes`)."""
-        slots = self.plan[self.header:].view(len(cache.k), self.layer_fields)[:, -2:]
-        slots.copy_(torch.tensor([[k.data_ptr(), v.data_ptr()] for k, v in zip(cache.k, cache.v)], dtype=torch.int64))
-        self.cache, self.cache_shape = cache, shape_of(cache)
-
-    def takes(self, cache: KVCache) -> bool:
-        """Whether `cache` has the shape the plan was written for (its batch, length, dtype and layers decide the
-        buffers and scratch), so that `point_at` can move the step onto it instead of planning again."""
-        return (shape_of(cache) == self.cache_shape
-                and all(t.is_contiguous() and t.device.type == "cpu" for t in (*cache.k, *cache.v)))
-
-    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]] | None:
-        """The greedy pick of each row of `logits` where they are this step's last logits: the ids `[b]` (a
-        tensor of their own) and each row's largest logit (NaN where the row holds a NaN), as the step found
-        them while the logits were in cache (step.h's greedy_rows, the first largest as torch.max takes it);
-        None for other logits."""
-        if logits is not self.buffers["logits"]:
-            return None
-        return self.buffers["best"].clone(), self.buffers["best_value"].tolist()
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids `[b]` at position `cache.pos` -> logits `[b, V]` float32, in a buffer the next step overwrites."""
-        cache = self.cache
-        if cache.pos >= cache.max_len:  # the engine refills a full cache before it steps
-            raise PromptError(f"the KV cache holds {cache.max_len:,} positions, all filled")
-        self.ids.copy_(ids.reshape(-1))
-        getattr(self.lib, self.entry)(self.plan.data_ptr(), self.ids.data_ptr(), cache.pos, self.threads)
-        cache.advance(1)
-        return self.buffers["logits"]
-
-
 class NativeStep(PlannedStep):
     """One decoding step of GPT-2's plan in one native call, over `model`'s tensors and `cache`'s (module docstring)."""
+
+    entry = "gg_step"
+    header = HEADER
+    layer_fields = LAYER_FIELDS
 
     @staticmethod
     def why_not(model: nn.Module, anatomy: an.Anatomy, cache: KVCache) -> str | None:
@@ -475,4 +398,3 @@ class RopeStep(PlannedStep):
         self.point_at(cache)
 
 
-from .described_step import DescribedStep, differs as differs_from_described  # noqa: E402  (it subclasses PlannedStep)
