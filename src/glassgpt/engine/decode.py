@@ -43,6 +43,7 @@ from .graphs import GraphStep
 from .graphs import why_not as why_no_graph
 from .int8 import is_quantized
 from .linear import GemvLinear
+from .linear_attention import one_token_linear_attention
 from . import step as plans
 from .step import PlannedStep, stamp
 
@@ -170,7 +171,8 @@ class TwinSteps:
     Llama 3): the glass model again, module by module, whose nn.Linears are GemvLinear over the very same
     Parameters (`gemv_twin`: nothing copied; RoPE's tables, the config and the hooks shared), each given
     glassgpt's matrix-vector kernel where autotune found it faster here for that shape, and each MoE feed-forward
-    running one token through its routed experts alone (experts.py); and the native step
+    running one token through its routed experts alone (experts.py), each linear attention (Qwen3.5's) one token
+    through its state in place (linear_attention.py); and the native step
     (step.py) where its description has a plan and autotune measured it faster than the twin.
 
     At batch 1 each new token multiplies one row by every weight, so a step's time is the time to read the
@@ -255,7 +257,9 @@ def gemv_twin(model: nn.Module) -> tuple[nn.Module, autotune.Choices | None]:
     each nn.Linear a GemvLinear (nothing is copied or made again), each given the kernel where autotune
     measured it faster for its shape; and those choices (None off the CPU or in float16)."""
     twin = _shallow_copy(model)
-    one_token_experts(twin, describe(model))  # a MoE's decoding step runs only the routed experts, without bookkeeping
+    anatomy = describe(model)
+    one_token_experts(twin, anatomy)  # a MoE's decoding step runs only the routed experts, without bookkeeping
+    one_token_linear_attention(twin, anatomy)  # a linear attention's step updates its state in place
     choices = autotune.twin_choices(model)
     ops = autotune.kernels_for(choices.precision) if choices is not None else None
     if ops is not None:
