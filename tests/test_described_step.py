@@ -44,7 +44,7 @@ def ids_of(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
-MODELS = ["gemma3", "olmo3", "qwen3-moe", "tiny-aya", "qwen3", "llama3"]
+MODELS = ["gemma3", "olmo3", "qwen3-moe", "tiny-aya", "qwen3.5", "qwen3", "llama3"]
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -66,7 +66,7 @@ def test_each_step_equals_the_glass_models_cached_forward_past_the_window(name):
     assert ours.pos == theirs.pos == 20
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3-moe", "tiny-aya"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3-moe", "tiny-aya", "qwen3.5"])
 def test_a_bfloat16_step_equals_the_float32_model_of_its_weights(name):
     model = model_of(name, torch.bfloat16)
     wide = model_of(name).float()
@@ -88,7 +88,7 @@ def test_a_bfloat16_step_equals_the_float32_model_of_its_weights(name):
             assert ((got - want).abs().max() / want.abs().max()).item() < 2e-2, f"token {i}"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3-moe", "olmo3", "tiny-aya"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3-moe", "olmo3", "tiny-aya", "qwen3.5"])
 def test_greedy_generation_through_the_step_equals_the_glass_models_tokens(name, monkeypatch):
     model = model_of(name)
     prompt = ids_of(5, model.cfg.vocab_size)
@@ -235,3 +235,20 @@ def test_a_short_prompt_runs_the_kernel_in_the_twin_where_autotune_measured_it_f
             m.gemv = lambda x, w, b, gemv=m.gemv: calls.append(x.shape[0]) or gemv(x, w, b)
         got = twin(ids)[:, -1]
     assert 16 in calls and ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+def test_qwen35s_glass_model_goes_on_from_the_state_and_convolution_the_step_wrote():
+    """The step keeps each linear layer's convolution inputs and state in tensors of its own and hands them to the
+    HybridCache: the glass model's next token, read from that cache, is the one it makes from its own."""
+    model = model_of("qwen3.5")
+    ids = ids_of(9, model.cfg.vocab_size)
+    ours, theirs = cache_for(model.cfg, 1, 16), cache_for(model.cfg, 1, 16)
+    with torch.inference_mode():
+        model(ids[:, :4], ours), model(ids[:, :4], theirs)
+        step = plans.native_step(model, ours)
+        for i in range(4, 8):
+            step(ids[:, i]), model(ids[:, i:i + 1], theirs)
+        assert all(ours.state[i] is state for i, (_, state) in zip(step.linear_layers, step.own))
+        got = model(ids[:, 8:], ours, last_only=True)[:, -1]
+        want = model(ids[:, 8:], theirs, last_only=True)[:, -1]
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5

@@ -129,7 +129,7 @@ VARIANT = dict(vocab_size=V, context_length=24, emb_dim=32, n_heads=4, n_layers=
     ("a sliding window (chapter 4)", "block 0's attention is not multi-head attention"),
     ("latent attention (chapter 4)", "block 0's attention has parts GPT-2's has not"),
     ("experts on GPT-2 (chapter 4)", "block 0's feed-forward is moe"),
-    ("Qwen3.5's linear attention", "Qwen3.5's block 0's attention is not causal attention"),
+    ("Gemma 4's per-layer inputs", "Gemma 4's embedding has per-layer embeddings"),
     ("a module glassgpt does not describe", "it runs the models glassgpt describes, not Linear"),
 ])
 def test_a_model_no_plan_computes_is_refused_by_the_part_that_differs(case, words, library):
@@ -144,12 +144,13 @@ def test_a_model_no_plan_computes_is_refused_by_the_part_that_differs(case, word
         cfg = MoEConfig(**VARIANT, num_experts=4, num_experts_per_tok=2, hidden_dim=24)
     if cfg is not None:
         model = build_variant(cfg).eval()
-    elif case.startswith("Qwen3.5"):
-        model = tiny_described("qwen3.5").eval()
+    elif case.startswith("Gemma 4"):
+        from test_bonus_gemma4 import tiny_config
+        model = build_model(tiny_config()).eval()
         cfg = model.cfg
     else:
         model, cfg = torch.nn.Linear(2, 2), GPT2
-    cache = cache_for(cfg, 1, 8)
+    cache = model.kv_cache(1, 8) if hasattr(model, "kv_cache") else cache_for(cfg, 1, 8)
     reason = plans.why_not(model, cache)
     assert reason is not None and words in reason and "\n" not in reason
     assert plans.native_step(model, cache) is None

@@ -64,6 +64,7 @@ from ..errors import CacheWarning
 from . import native
 from .attention import ATTENTION_BLOCK, PATHS, attend
 from .cache import KVCache
+from .hybrid_cache import cache_for
 from .fused import FusedAttention, FusedGELU
 from .int4 import Int4Linear, is_int4
 from .int8 import Int8Linear, is_quantized
@@ -334,7 +335,7 @@ def native_step_chosen(engine: nn.Module, cache: KVCache) -> bool:
     if choices.due("step"):
         if plans.why_not(engine.model, cache) is not None:
             return False
-        scratch = KVCache(engine.cfg, 1, 4, dtype=cache.k[0].dtype)
+        scratch = cache_for(engine.cfg, 1, 4, dtype=cache.k[0].dtype)  # (a HybridCache for Qwen3.5's linear layers)
         native, token = plans.native_step(engine.model, scratch), torch.zeros(1, dtype=torch.long)
         if native is None:
             return False

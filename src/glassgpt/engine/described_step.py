@@ -10,9 +10,11 @@ with RoPE over the whole head, its dimensions paired as halves or neighbours (th
 layer: Gemma 3's sliding and full bases), or without positions (Tiny Aya's full layers); QK-norm per head or over
 the whole projection (OLMo 3); a sliding window kept in the KV cache's ring; a scale of the scores; an embedding
 scaled by a number; SwiGLU, GeGLU, or a mixture of SwiGLU experts (top k by the router's scores, a softmax over
-those k); a scale of the logits. So Qwen3, Llama 3, Gemma 3, OLMo 3, Tiny Aya and a Qwen3 MoE each decode with it;
-Qwen3.5's linear layers, Gemma 4's per-layer inputs and shared keys, and a softcap are refused by `differs`, which
-names the part, and the twin runs them.
+those k); a scale of the logits; and Qwen3.5's hybrid stack: its gated full attention (each head's gate rows in
+W_query, RoPE on the first quarter of each head) and its linear layers (Gated DeltaNet: the short convolution and
+the gated delta rule on a float32 state, both kept in tensors of the step's own that it hands the HybridCache).
+So Qwen3, Llama 3, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5 and a Qwen3 MoE each decode with it; Gemma 4's per-layer
+inputs and shared keys, and a softcap, are refused by `differs`, which names the part, and the twin runs them.
 
 Why: at batch 1 a token's time is reading the weights, and the twin reads them at the memory's rate (the gemv
 kernel), but runs ~130 small PyTorch operators a block around them (norms, RoPE, the cache's writes, masks):
@@ -27,6 +29,7 @@ Batch 1 only: a larger batch decodes in the twin.
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -34,30 +37,33 @@ from torch import nn
 from .. import anatomy as an
 from . import native
 from .linear import is_plain
-from .plan import PlannedStep, rope_turns_whole_heads, stamp, whole_linears
+from .plan import PlannedStep, batch_of, rope_turns_whole_heads, stamp, whole_linears
 
 # kernels/described_step.cpp's plan: HEADER entries, then LAYER_FIELDS per block, in its enums' order.
 HEADER = 32
 HEADER_FIELDS = ("bf16", "layers", "d", "vocab", "tok_emb", "emb_scale", "final_norm", "final_kind", "eps",
                  "head", "x", "h", "q", "k", "v", "att", "gate", "up", "out", "logits", "pairs", "scores", "router",
-                 "best", "best_value", "max_len", "logit_scale", "resid")
+                 "best", "best_value", "max_len", "logit_scale", "resid", "linear_scratch")
 LAYER_FIELD_NAMES = ("heads", "groups", "head_dim", "hidden", "slots", "ring", "scale", "norm_kinds", "qk_whole",
                      "rope_cos", "rope_sin", "attn_in", "attn_out", "ff_in", "ff_out", "q_norm", "k_norm", "wq", "wk",
                      "wv", "wo", "fc1", "fc2", "fc3", "act", "router", "experts", "top_k", "expert_w", "neighbours",
-                     "parallel", "kcache", "vcache")
+                     "parallel", "rotary", "gated", "linear", "in_qkv", "in_z", "in_b", "in_a", "conv_w", "a_log",
+                     "dt_bias", "gated_norm", "key_heads", "value_heads", "key_dim", "value_dim", "conv_kernel", "conv",
+                     "state", "kcache", "vcache")
 LAYER_FIELDS = len(LAYER_FIELD_NAMES)
 NORM_ROLES = ("attn_in", "attn_out", "ff_in", "ff_out", "q_norm", "k_norm")  # the plan's norm_kinds, 2 bits each
 NORM_KINDS = {"rmsnorm": 0, "rmsnorm_plus_one": 1, "layernorm": 2}
 ACTS = {"silu": 0, "gelu_tanh": 1}
 MAX_TOP_K = 64
+MAX_VALUE_DIM = 512  # a linear layer's value head width (kernels/described_step.cpp's stack buffer)
 
 
 def differs(a: an.Anatomy) -> str | None:
     """The first part of `a` that kernels/described_step.cpp does not compute, or None."""
     if a.positions.kind != "rope":
-        return f"its positions are {a.positions.kind}, not RoPE"
+        return f"positions are {a.positions.kind}, not RoPE"
     if a.embedding.per_layer is not None:
-        return "it has per-layer embeddings"
+        return "embedding has per-layer embeddings"
     for block in a.blocks:
         att, ff, i = block.attention, block.ff, block.index
         if block.placement == "parallel" and [n.role for n in block.norms] != ["attn_in"]:
@@ -66,12 +72,18 @@ def differs(a: an.Anatomy) -> str | None:
             return f"block {i} has a per-layer input or a scale of its output"
         if any(not _norm_runs(n) for n in block.norms):
             return f"block {i}'s norms are not RMSNorms or shift-free LayerNorms with a weight"
-        if att.kind != "causal":
+        if att.kind == "linear":
+            why = _linear_differs(att)
+            if why:
+                return f"block {i}'s linear attention {why}"
+        elif att.kind != "causal":
             return f"block {i}'s attention is not causal attention"
-        if att.rope is not None and not rope_turns_whole_heads(att, pairs=("halves", "neighbours")):
-            return f"block {i}'s RoPE turns part of a head"
-        if any(x is not None for x in (att.softcap, att.kv_shared_from, att.latent, att.output_gate, att.v_norm)):
-            return f"block {i}'s attention has a cap, shared keys, a latent, an output gate or a value norm"
+        if att.rope is not None and not _rope_runs(att):
+            return f"block {i}'s RoPE turns an odd part of a head, or pairs neighbours in part of one"
+        if any(x is not None for x in (att.softcap, att.kv_shared_from, att.latent, att.v_norm)):
+            return f"block {i}'s attention has a cap, shared keys, a latent or a value norm"
+        if att.output_gate is not None and not _gate_in_query(att):
+            return f"block {i}'s output gate is not the second half of each head's rows of W_query"
         if (att.q_norm is None) != (att.k_norm is None) or any(
                 n is not None and not _norm_runs(n) for n in (att.q_norm, att.k_norm)):
             return f"block {i}'s QK-norm is not a norm with a weight on both queries and keys"
@@ -81,13 +93,48 @@ def differs(a: an.Anatomy) -> str | None:
             return f"block {i}'s feed-forward is {ff.kind} ({ff.activation}), not SwiGLU, GeGLU or SwiGLU experts"
         if ff.kind == "moe" and (ff.experts is None or ff.experts.per_token > MAX_TOP_K or ff.experts.router.bias):
             return f"block {i}'s experts are not {MAX_TOP_K} or fewer a token from a bias-free router"
-        if not whole_linears(att, ff):
+        if att.kind != "linear" and not whole_linears(replace(att, query=replace(att.query, head_rows=None)), ff):
             return f"block {i}'s Linear layers have biases or are read as slices of others"
     if not _norm_runs(a.final_norm):
-        return "its final norm is not an RMSNorm or a shift-free LayerNorm with a weight"
+        return "final norm is not an RMSNorm or a shift-free LayerNorm with a weight"
     if a.head.bias or a.head.softcap is not None:
-        return "its head has a bias or a cap"
+        return "head has a bias or a cap"
     return None
+
+
+def _rope_runs(att: an.Attention) -> bool:
+    """Whole heads in halves or neighbours, or (Qwen3.5) an even first part of each head in halves."""
+    rope = att.rope
+    if rope.rotary_dim not in (None, att.head_dim):
+        return rope.pairs == "halves" and rope.rotary_dim % 2 == 0 and set(rope.rotates) == {"q", "k"}
+    return rope_turns_whole_heads(att, pairs=("halves", "neighbours"))
+
+
+def _gate_in_query(att: an.Attention) -> bool:
+    """Qwen3.5's gated attention: W_query's rows hold, per head, hd query rows then hd gate rows."""
+    hd, gate, query = att.head_dim, att.output_gate, att.query
+    return (gate.path == query.path and query.head_rows == (2 * hd, 0, hd) and gate.head_rows == (2 * hd, hd, 2 * hd)
+            and not query.bias and query.rows is None and not query.transposed)
+
+
+def _linear_differs(att: an.Attention) -> str | None:
+    """What of a linear layer the step does not compute (Qwen3.5's Gated DeltaNet), or None."""
+    st = att.state
+    if st is None or st.rule != "gated_delta":
+        return "is not a gated delta rule"
+    if st.value_heads % att.n_heads or st.value_head_dim > MAX_VALUE_DIM or st.norm.kind != "rmsnorm":
+        return f"has value heads that are not whole groups of its key heads, wider than {MAX_VALUE_DIM}, or another norm"
+    if st.conv_channels != 2 * att.n_heads * att.head_dim + st.value_heads * st.value_head_dim:
+        return "convolves other channels than its queries, keys and values"
+    if any(lin.bias or lin.transposed for lin in (att.query, att.out, st.gate, st.beta, st.decay)):
+        return "has Linear layers with biases or transposed"
+    return None
+
+
+def _linear_scratch(att: an.Attention) -> int:
+    """Floats a linear layer's step needs beside the plan's buffers: its c channels, z, beta, g and the heads' outputs."""
+    st = att.state
+    return st.conv_channels + 2 * st.value_heads * st.value_head_dim + 2 * st.value_heads
 
 
 def _norm_runs(n: an.Norm) -> bool:
@@ -148,12 +195,14 @@ class DescribedStep(PlannedStep):
     def why_not(model: nn.Module, anatomy: an.Anatomy, cache) -> str | None:
         """What in `model` or `cache` kernels/described_step.cpp cannot read, beyond its description (step.why_not)."""
         weight = _module(model, anatomy.embedding.path).weight
-        if cache.k[0].shape[0] != 1:
-            return f"it runs a batch of 1, not {cache.k[0].shape[0]}"
+        if batch_of(cache) != 1:
+            return f"it runs a batch of 1, not {batch_of(cache)}"
         layers = [_module(model, anatomy.head.path)]
         for block in anatomy.blocks:
             att, ff = block.attention, block.ff
             layers += [_module(model, lin.path) for lin in (att.query, att.key, att.value, att.out)]
+            if att.state is not None:
+                layers += [_module(model, lin.path) for lin in (att.state.gate, att.state.beta, att.state.decay)]
             if ff.kind == "moe":
                 layers += [_module(model, ff.experts.router.path)] + sum(_expert_linears(model, ff), [])
             else:
@@ -163,7 +212,10 @@ class DescribedStep(PlannedStep):
         norms = [_norm_weight(model, n) for n in anatomy.norms()]
         if any(w is None or w.dtype != weight.dtype for w in norms):
             return "its norms' weights are not of the embedding's dtype"
-        if len(_eps(model, anatomy)) != 1:
+        linear = [b.attention for b in anatomy.blocks if b.attention.kind == "linear"]
+        if linear and not hasattr(cache, "state"):
+            return "its linear layers need a HybridCache (engine/hybrid_cache.py's cache_for)"
+        if len(_eps(model, anatomy) | {_module(model, a.state.norm.path).eps for a in linear}) != 1:
             return "its RMSNorms have different eps"
         tables = [rope_tables(model, block) if block.attention.rope else None for block in anatomy.blocks]
         if any(not isinstance(getattr(t, "cos", None), torch.Tensor) for t, b in zip(tables, anatomy.blocks)
@@ -173,16 +225,18 @@ class DescribedStep(PlannedStep):
             return "the KV cache is not of the model's layers"
         for block, t, k in zip(anatomy.blocks, tables, cache.k):
             att = block.attention
+            if att.kind == "linear":
+                continue
             if t is not None and (t.cos.dtype != torch.float32 or t.cos.shape != t.sin.shape
-                                  or t.cos.shape[1] != att.head_dim):
-                return "its RoPE tables are not float32 rows of a whole head"
+                                  or t.cos.shape[1] != (att.rope.rotary_dim or att.head_dim)):
+                return "its RoPE tables are not float32 rows of the dimensions it turns"
             if t is not None and cache.max_len > t.cos.shape[0]:
                 return "the KV cache is longer than RoPE's tables"
             slots = cache.max_len if att.window is None else min(att.window, cache.max_len)
             if k.dtype != weight.dtype or k.shape != (1, att.n_kv_groups, slots, att.head_dim):
                 return f"the KV cache of block {block.index} is not of the model's dtype, key/value groups and window"
         tensors = [*model.parameters(), *(t for tab in tables if tab is not None for t in (tab.cos, tab.sin)),
-                   *cache.k, *cache.v]
+                   *(k for k, b in zip(cache.k + cache.v, 2 * anatomy.blocks) if b.attention.kind != "linear")]
         if not all(t.is_contiguous() and t.device.type == "cpu" for t in tensors):
             return "some of its tensors are not contiguous"
         return None
@@ -195,7 +249,8 @@ class DescribedStep(PlannedStep):
         d = anatomy.embedding.emb_dim
         tok_emb, head = _module(model, anatomy.embedding.path).weight, _module(model, anatomy.head.path)
         vocab, max_len = head.out_features, cache.max_len
-        widest_q = max(b.attention.n_heads * b.attention.head_dim for b in blocks)
+        widest_q = max(b.attention.n_heads * b.attention.head_dim * (2 if b.attention.output_gate else 1)
+                       for b in blocks)
         widest_kv = max(b.attention.n_kv_groups * b.attention.head_dim for b in blocks)
         widest_ff = max(b.ff.hidden_dim for b in blocks)
         experts = max((b.ff.experts.n_experts for b in blocks if b.ff.kind == "moe"), default=0)
@@ -209,8 +264,12 @@ class DescribedStep(PlannedStep):
                         "pairs": torch.empty(d + max(d, widest_q, widest_ff), **f32),
                         "scores": torch.empty(self.threads * max_len, **f32), "router": torch.empty(experts + d, **f32),
                         "best": torch.empty(1, dtype=torch.int64), "best_value": torch.empty(1, **f32),
-                        "resid": torch.empty(d, **f32)}
+                        "resid": torch.empty(d, **f32), "linear_scratch": torch.empty(max(
+                            (_linear_scratch(b.attention) for b in blocks if b.attention.kind == "linear"), default=1),
+                            **f32)}
         self.keep = list(self.buffers.values())  # every tensor whose address is in the plan stays alive
+        self.own: list[tuple[torch.Tensor, torch.Tensor]] = []  # each linear layer's convolution inputs and state
+        self.linear_layers = [b.index for b in blocks if b.attention.kind == "linear"]
         self.watch(tok_emb)
         final = anatomy.final_norm
         header = dict(bf16=int(tok_emb.dtype == torch.bfloat16), layers=anatomy.n_layers, d=d, vocab=vocab,
@@ -235,9 +294,12 @@ class DescribedStep(PlannedStep):
                           qk_whole=int(att.q_norm is not None and att.q_norm.dim != att.head_dim),
                           rope_cos=self.addr(tables.cos) if att.rope else 0,
                           rope_sin=self.addr(tables.sin) if att.rope else 0,
+                          rotary=(att.rope.rotary_dim or att.head_dim) if att.rope else 0,
+                          gated=int(att.output_gate is not None), linear=int(att.kind == "linear"),
                           wq=self.linear(att.query, model), wk=self.linear(att.key, model),
                           wv=self.linear(att.value, model), wo=self.linear(att.out, model), act=ACTS[ff.activation],
                           kcache=0, vcache=0)  # the cache's keys and values: point_at
+            fields.update(self.linear_fields(model, att, cache.k[0].dtype))
             fields.update({role: self.addr(_norm_weight(model, n)) for role, n in norms.items()})
             if ff.kind == "moe":
                 table = torch.tensor([m.weight.data_ptr() for trio in _expert_linears(model, ff) for m in trio],
@@ -257,3 +319,38 @@ class DescribedStep(PlannedStep):
 
     def linear(self, lin: an.Linear, model: nn.Module) -> int:
         return self.addr(_module(model, lin.path).weight)
+
+    def linear_fields(self, model: nn.Module, att: an.Attention, dtype: torch.dtype) -> dict[str, int]:
+        """A linear layer's fields (Qwen3.5's Gated DeltaNet): its matrices and parameters, and the step's own
+        convolution buffer `[1, c, kernel - 1]` and float32 state `[1, hv, dk, dv]`, which `__call__` hands the
+        cache (the glass model and the twin read and write them there)."""
+        names = ("in_qkv", "in_z", "in_b", "in_a", "conv_w", "a_log", "dt_bias", "gated_norm", "key_heads",
+                 "value_heads", "key_dim", "value_dim", "conv_kernel", "conv", "state")
+        if att.kind != "linear":
+            return dict.fromkeys(names, 0)
+        st, mixer = att.state, _module(model, att.path)
+        conv = torch.zeros(1, st.conv_channels, st.conv_kernel - 1, dtype=dtype)
+        state = torch.zeros(1, st.value_heads, att.head_dim, st.value_head_dim, dtype=torch.float32)
+        self.own.append((conv, state))
+        return dict(in_qkv=self.linear(att.query, model), in_z=self.linear(st.gate, model),
+                    in_b=self.linear(st.beta, model), in_a=self.linear(st.decay, model),
+                    conv_w=self.addr(_module(model, st.conv).weight), a_log=self.addr(mixer.A_log),
+                    dt_bias=self.addr(mixer.dt_bias), gated_norm=self.addr(_norm_weight(model, st.norm)),
+                    key_heads=att.n_heads, value_heads=st.value_heads, key_dim=att.head_dim,
+                    value_dim=st.value_head_dim, conv_kernel=st.conv_kernel, conv=self.addr(conv),
+                    state=self.addr(state))
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """PlannedStep's call, the linear layers' convolution inputs and states first moved into the step's own
+        tensors where the cache holds others (a prompt's, written by the glass forward), and the cache pointed at
+        them: the step updates them in place, and whatever reads the cache next reads what it wrote."""
+        if self.own:
+            cache = self.cache
+            for i, (conv, state) in zip(self.linear_layers, self.own):
+                if cache.state[i] is not state:
+                    if cache.state[i] is None:
+                        conv.zero_(), state.zero_()
+                    else:
+                        conv.copy_(cache.conv[i]), state.copy_(cache.state[i])
+                    cache.conv[i], cache.state[i] = conv, state
+        return super().__call__(ids)

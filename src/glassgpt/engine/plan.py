@@ -30,6 +30,11 @@ def whole_linears(att: an.Attention, ff: an.FeedForward) -> bool:
                    for lin in (att.query, att.key, att.value, att.out, ff.gate, ff.up, ff.down))
 
 
+def batch_of(cache: KVCache) -> int:
+    """The batch a cache holds (its first layer with keys: a HybridCache keeps none for its linear layers)."""
+    return next((k.shape[0] for k in cache.k if k.dim() == 4), 0)
+
+
 def stamp(model: nn.Module) -> tuple:
     """What a plan of `model` depends on beyond its cache: each module's class and train/eval mode, and each
     tensor's identity and address (a step keeps the tensors it was planned over alive, so a replaced one

@@ -11,11 +11,11 @@ family, and the plan's tensors are found through the description's paths:
     RoPE, pre-RMSNorm blocks of grouped-query attention (QK-norm or not) and SwiGLU (Qwen3, Llama 3)
         -> RopeStep, kernels/family_step.cpp (AVX-512)
     at batch 1, attention blocks with RMSNorms or LayerNorms before and/or after each sublayer or one before both,
-    RoPE or none, a window, a scaled embedding, SwiGLU, GeGLU or SwiGLU experts, a logit scale (Gemma 3, OLMo 3,
-    Tiny Aya, a Qwen3 MoE; Qwen3 and Llama 3 without AVX-512)
+    RoPE or none, a window, a scaled embedding, SwiGLU, GeGLU or SwiGLU experts, a logit scale, gated attention and
+    Gated DeltaNet layers (Gemma 3, OLMo 3, Tiny Aya, Qwen3.5, a Qwen3 MoE; Qwen3 and Llama 3 without AVX-512)
         -> DescribedStep, kernels/described_step.cpp (AVX2: described_step.py)
 
-A model described otherwise (linear attention, per-layer inputs, shared keys, a softcap, ...) gets
+A model described otherwise (per-layer inputs, shared keys, a softcap, ...) gets
 one line naming the part that differs, and the engine runs its PyTorch forward instead.
 
 Each step reads the model's own tensors and the KVCache's (their addresses are written once into a
@@ -49,7 +49,7 @@ from .described_step import differs as differs_from_described
 from .int4 import Int4Linear
 from .int8 import Int8Linear
 from .linear import is_plain
-from .plan import PlannedStep, rope_turns_whole_heads, shape_of, stamp, whole_linears  # noqa: F401  (re-exported)
+from .plan import PlannedStep, batch_of, rope_turns_whole_heads, shape_of, stamp, whole_linears  # noqa: F401
 
 MAX_BATCH = 8
 KINDS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
@@ -71,7 +71,8 @@ LINEARS = ("att.W_query", "att.W_key", "att.W_value", "att.out_proj", "ff.layers
 PLANS = ("learned positions, pre-LayerNorm, multi-head attention and a tanh-GELU MLP (GPT-2's)",
          "RoPE, pre-RMSNorm, grouped-query attention and SwiGLU (Qwen3's and Llama 3's)",
          "and, at batch 1, attention blocks with RoPE or none, norms before, after or around each sublayer, and "
-         "SwiGLU, GeGLU or SwiGLU experts (Gemma 3's, OLMo 3's, Tiny Aya's, a Qwen3 MoE's)")
+         "SwiGLU, GeGLU or SwiGLU experts, or Gated DeltaNet layers (Gemma 3's, OLMo 3's, Tiny Aya's, Qwen3.5's, a Qwen3 "
+         "MoE's)")
 
 
 def linears(model: nn.Module) -> list[nn.Module]:
@@ -117,9 +118,9 @@ def plan_of(anatomy: an.Anatomy) -> tuple[type[PlannedStep] | None, str]:
 def _differs_from_learned(a: an.Anatomy) -> str | None:
     """The first part of `a` that kernels/step.cpp does not compute, or None."""
     if a.positions.kind != "learned":
-        return f"its positions are {a.positions.kind}, not learned"
+        return f"positions are {a.positions.kind}, not learned"
     if a.embedding.scale is not None or a.embedding.per_layer is not None:
-        return "its embedding is scaled or has per-layer embeddings"
+        return "embedding is scaled or has per-layer embeddings"
     for block in a.blocks:
         att, ff = block.attention, block.ff
         if block.placement != "pre" or any(n.kind != "layernorm" or n.bias is None for n in block.norms):
@@ -132,14 +133,14 @@ def _differs_from_learned(a: an.Anatomy) -> str | None:
         if ff.kind != "gelu_mlp" or ff.activation != "gelu_tanh" or ff.hidden_dim != 4 * a.embedding.emb_dim:
             return f"block {block.index}'s feed-forward is {ff.kind}, not a tanh-GELU MLP of 4 x emb_dim"
     if a.final_norm.kind != "layernorm" or a.head.logit_scale is not None or a.head.softcap is not None:
-        return "its final norm or head is not GPT-2's"
+        return "final norm or head is not GPT-2's"
     return None
 
 
 def _differs_from_rope(a: an.Anatomy) -> str | None:
     """The first part of `a` that kernels/family_step.cpp does not compute, or None."""
     if a.embedding.scale is not None or a.embedding.per_layer is not None:
-        return "its embedding is scaled (sqrt(emb_dim)) or has per-layer embeddings"
+        return "embedding is scaled (sqrt(emb_dim)) or has per-layer embeddings"
     for block in a.blocks:
         att, ff = block.attention, block.ff
         if block.placement != "pre" or any(n.kind != "rmsnorm" for n in block.norms):
@@ -159,7 +160,7 @@ def _differs_from_rope(a: an.Anatomy) -> str | None:
         if not whole_linears(att, ff):
             return f"block {block.index}'s Linear layers have biases or are read as slices of others"
     if a.final_norm.kind != "rmsnorm" or a.head.bias or a.head.logit_scale is not None or a.head.softcap is not None:
-        return "its final norm is not an RMSNorm, or its head has a bias, a scale or a cap"
+        return "final norm is not an RMSNorm, or its head has a bias, a scale or a cap"
     return None
 
 
@@ -189,8 +190,8 @@ def why_not(model: nn.Module, cache: KVCache) -> str | None:
     reason = plan.why_not(model, anatomy, cache)
     if reason is not None:
         return reason
-    if not 1 <= cache.k[0].shape[0] <= MAX_BATCH:
-        return f"it runs batches of 1 to {MAX_BATCH}, not {cache.k[0].shape[0]}"
+    if not 1 <= batch_of(cache) <= MAX_BATCH:
+        return f"it runs batches of 1 to {MAX_BATCH}, not {batch_of(cache)}"
     if plan.library() is None:
         return f"glassgpt's kernels are not available: {plan.status()}"
     return None

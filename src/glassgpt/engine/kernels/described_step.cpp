@@ -1,6 +1,7 @@
 // A whole decoding step in one call for every model whose description lays it out as attention blocks (Qwen3,
-// Llama 3, Gemma 3, OLMo 3, Tiny Aya, a Qwen3 mixture of experts): one new token of one sequence, on any CPU with
-// AVX2 and FMA (AVX-512 ones too).
+// Llama 3, Gemma 3, OLMo 3, Tiny Aya, Qwen3.5, a Qwen3 mixture of experts): one new token of one sequence, on any
+// CPU with AVX2 and FMA (AVX-512 ones too). Qwen3.5's linear layers: gated_delta below; its full layers' output
+// gate and partial RoPE: L_GATED and L_ROTARY.
 //
 //   gg_described_step(plan, ids, pos, nt)   ids [1] int64 at position `pos` -> the plan's logits [V] float32,
 //                                           and their greedy pick (best, best_value)
@@ -39,13 +40,14 @@ using namespace avx2;
 enum Header {
     H_BF16, H_LAYERS, H_D, H_VOCAB, H_TOK_EMB, H_EMB_SCALE, H_FINAL_NORM, H_FINAL_KIND, H_EPS, H_HEAD,
     H_X, H_H, H_Q, H_K, H_V, H_ATT, H_GATE, H_UP, H_OUT, H_LOGITS, H_PAIRS, H_SCORES, H_ROUTER, H_BEST,
-    H_BEST_VALUE, H_MAX_LEN, H_LOGIT_SCALE, H_RESID, HEADER = 32
+    H_BEST_VALUE, H_MAX_LEN, H_LOGIT_SCALE, H_RESID, H_LINEAR_SCRATCH, HEADER = 32
 };
 enum Layer {
     L_HEADS, L_GROUPS, L_HEAD_DIM, L_HIDDEN, L_SLOTS, L_RING, L_SCALE, L_NORM_KINDS, L_QK_WHOLE, L_ROPE_COS,
     L_ROPE_SIN, L_ATTN_IN, L_ATTN_OUT, L_FF_IN, L_FF_OUT, L_Q_NORM, L_K_NORM, L_WQ, L_WK, L_WV, L_WO, L_FC1,
-    L_FC2, L_FC3, L_ACT, L_ROUTER, L_EXPERTS, L_TOP_K, L_EXPERT_W, L_NEIGHBOURS, L_PARALLEL, L_KCACHE, L_VCACHE,
-    LAYER_FIELDS
+    L_FC2, L_FC3, L_ACT, L_ROUTER, L_EXPERTS, L_TOP_K, L_EXPERT_W, L_NEIGHBOURS, L_PARALLEL, L_ROTARY, L_GATED,
+    L_LINEAR, L_IN_QKV, L_IN_Z, L_IN_B, L_IN_A, L_CONV_W, L_A_LOG, L_DT_BIAS, L_GATED_NORM, L_KEY_HEADS, L_VALUE_HEADS,
+    L_KEY_DIM, L_VALUE_DIM, L_CONV_KERNEL, L_CONV, L_STATE, L_KCACHE, L_VCACHE, LAYER_FIELDS
 };
 // L_NORM_KINDS: two bits per norm, in this order, of its kind (and H_FINAL_KIND the final norm's).
 enum Norms { P_ATTN_IN, P_ATTN_OUT, P_FF_IN, P_FF_OUT, P_Q, P_K };
@@ -157,6 +159,78 @@ void feed_forward(const void* w1, const void* w2, const void* w3, bool bf16, int
     product(w3, bf16, a, out, d, F);
 }
 
+// Qwen3.5's linear attention (Gated DeltaNet) for one token, from the normed stream `hin` (as_input'd) into `out`
+// [d]: in_proj_qkv's c channels through the short causal convolution (its last kernel - 1 inputs kept in the plan's
+// conv buffer [c, kernel - 1], in the weights' dtype, as the glass model's cache keeps them) and silu; q and k of
+// each key head to unit length (q also times dk^-0.5); beta = sigmoid(in_proj_b), g = -exp(A_log) softplus(in_proj_a
+// + dt_bias); then for each value head j (reading key head j / (hv / hk)) the delta rule on its float32 state S
+// [dk, dv]: S <- exp(g) S, S += k (beta (v - S^T k))^T, out = S^T q; each head's output normed (weight x / rms)
+// times silu(in_proj_z); then out_proj.
+template <typename T>
+void gated_delta(const int64_t* L, const float* hin, bool bf16, int64_t d, float* out, float* pairs, float* scratch,
+                 float eps, int nt) {
+    const int64_t hk = L[L_KEY_HEADS], hv = L[L_VALUE_HEADS], dk = L[L_KEY_DIM], dv = L[L_VALUE_DIM];
+    const int64_t K = L[L_CONV_KERNEL], c = 2 * hk * dk + hv * dv;
+    float *mixed = scratch, *z = mixed + c, *beta = z + hv * dv, *g = beta + hv, *core = g + hv;
+#pragma omp parallel num_threads(nt)
+    {
+        product(at<const void>(L, L_IN_QKV), bf16, hin, mixed, c, d);
+        product(at<const void>(L, L_IN_Z), bf16, hin, z, hv * dv, d);
+        product(at<const void>(L, L_IN_B), bf16, hin, beta, hv, d);
+        product(at<const void>(L, L_IN_A), bf16, hin, g, hv, d);
+    }
+    T* conv = at<T>(L, L_CONV);  // [c, K - 1]: the inputs of the last K - 1 tokens, oldest first
+    const T* w = at<const T>(L, L_CONV_W);  // [c, 1, K]
+    for (int64_t ch = 0; ch < c; ch++) {
+        T* kept = conv + ch * (K - 1);
+        T now;
+        store1(&now, 0, mixed[ch]);  // the input as the glass model's cache keeps it (rounded in bfloat16)
+        float s = load1(&now, 0) * load1(w, ch * K + K - 1);
+        for (int64_t j = 0; j < K - 1; j++) s += load1(kept, j) * load1(w, ch * K + j);
+        for (int64_t j = 0; j + 1 < K - 1; j++) kept[j] = kept[j + 1];
+        if (K > 1) kept[K - 2] = now;
+        mixed[ch] = s / (1.f + expf(-s));  // silu
+    }
+    float *q = mixed, *k = mixed + hk * dk, *v = mixed + 2 * hk * dk;
+    for (int64_t i = 0; i < 2 * hk; i++) {  // l2norm, eps inside the root
+        float* u = mixed + i * dk;
+        const float inv = 1.f / sqrtf(dot(u, u, dk) + 1e-6f) * (i < hk ? 1.f / sqrtf((float)dk) : 1.f);
+        for (int64_t j = 0; j < dk; j++) u[j] *= inv;
+    }
+    const T *a_log = at<const T>(L, L_A_LOG), *dt_bias = at<const T>(L, L_DT_BIAS);
+    for (int64_t j = 0; j < hv; j++) {
+        const float a = g[j] + load1(dt_bias, j);
+        const float softplus = a > 20.f ? a : log1pf(expf(a));
+        g[j] = -expf(load1(a_log, j)) * softplus;
+        beta[j] = 1.f / (1.f + expf(-beta[j]));
+    }
+    float* state = at<float>(L, L_STATE);  // [hv, dk, dv]
+    const T* gnorm = at<const T>(L, L_GATED_NORM);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t j = 0; j < hv; j++) {
+        const float *qj = q + (j / (hv / hk)) * dk, *kj = k + (j / (hv / hk)) * dk, *vj = v + j * dv;
+        float* S = state + j * dk * dv;
+        float* o = core + j * dv;
+        float predicted[512];  // dv <= 512 (described_step.py)
+        const float decay = expf(g[j]);
+        for (int64_t e = 0; e < dv; e++) predicted[e] = 0.f;
+        for (int64_t i = 0; i < dk; i++)
+            for (int64_t e = 0; e < dv; e++) predicted[e] += kj[i] * (S[i * dv + e] *= decay);
+        for (int64_t e = 0; e < dv; e++) predicted[e] = (vj[e] - predicted[e]) * beta[j];  // delta
+        for (int64_t e = 0; e < dv; e++) o[e] = 0.f;
+        for (int64_t i = 0; i < dk; i++)
+            for (int64_t e = 0; e < dv; e++) o[e] += qj[i] * (S[i * dv + e] += kj[i] * predicted[e]);
+        const float inv = 1.f / sqrtf(dot(o, o, dv) / (float)dv + eps);
+        for (int64_t e = 0; e < dv; e++) {
+            const float gate = z[j * dv + e];
+            o[e] = load1(gnorm, e) * (o[e] * inv) * (gate / (1.f + expf(-gate)));
+        }
+    }
+    const float* cin = as_input(core, hv * dv, bf16, pairs);
+#pragma omp parallel num_threads(nt)
+    product(at<const void>(L, L_WO), bf16, cin, out, d, hv * dv);
+}
+
 template <typename T>
 void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
     const bool bf16 = plan[H_BF16];
@@ -180,12 +254,17 @@ void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
             else if (dst != in) memcpy(dst, in, n * sizeof(float));
         };
 
-        // Attention: q, k, v of the normed stream.
+        // Attention: q, k, v of the normed stream (or, in a linear layer, its recurrent state).
         norm(x, h, L_ATTN_IN, P_ATTN_IN, d);
         const float* hin = as_input(h, d, bf16, pairs);
+        if (L[L_LINEAR]) {
+            gated_delta<T>(L, hin, bf16, d, out, pairs, at<float>(plan, H_LINEAR_SCRATCH), eps, nt);
+        } else {
+        // A gated layer's W_query (Qwen3.5's) holds, per head, hd query rows then hd gate rows: q's heads are 2 hd apart.
+        const int64_t qs = L[L_GATED] ? 2 * hd : hd;
 #pragma omp parallel num_threads(nt)
         {
-            product(at<const void>(L, L_WQ), bf16, hin, q, H * hd, d);
+            product(at<const void>(L, L_WQ), bf16, hin, q, H * qs, d);
             product(at<const void>(L, L_WK), bf16, hin, k, G * hd, d);
             product(at<const void>(L, L_WV), bf16, hin, v, G * hd, d);
         }
@@ -193,13 +272,14 @@ void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
             norm(q, q, L_Q_NORM, P_Q, H * hd);
             norm(k, k, L_K_NORM, P_K, G * hd);
         } else {
-            for (int64_t i = 0; i < H; i++) norm(q + i * hd, q + i * hd, L_Q_NORM, P_Q, hd);
+            for (int64_t i = 0; i < H; i++) norm(q + i * qs, q + i * qs, L_Q_NORM, P_Q, hd);
             for (int64_t i = 0; i < G; i++) norm(k + i * hd, k + i * hd, L_K_NORM, P_K, hd);
         }
         if (L[L_ROPE_COS]) {  // (a layer without positions, Tiny Aya's full layers: no tables)
-            const float *cos = at<const float>(L, L_ROPE_COS) + pos * hd, *sin = at<const float>(L, L_ROPE_SIN) + pos * hd;
-            for (int64_t i = 0; i < H; i++) rotate(q + i * hd, cos, sin, hd, L[L_NEIGHBOURS]);
-            for (int64_t i = 0; i < G; i++) rotate(k + i * hd, cos, sin, hd, L[L_NEIGHBOURS]);
+            const int64_t rd = L[L_ROTARY];  // the dimensions turned (Qwen3.5: the first quarter), the tables' width
+            const float *cos = at<const float>(L, L_ROPE_COS) + pos * rd, *sin = at<const float>(L, L_ROPE_SIN) + pos * rd;
+            for (int64_t i = 0; i < H; i++) rotate(q + i * qs, cos, sin, rd, L[L_NEIGHBOURS]);
+            for (int64_t i = 0; i < G; i++) rotate(k + i * hd, cos, sin, rd, L[L_NEIGHBOURS]);
         }
         T *keys = at<T>(L, L_KCACHE), *values = at<T>(L, L_VCACHE);  // [G, slots, hd]
         const int64_t slot = L[L_RING] ? pos % slots : pos, seen = L[L_RING] ? (pos + 1 < slots ? pos + 1 : slots) : pos + 1;
@@ -217,7 +297,7 @@ void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
             float* scores = all_scores + omp_get_thread_num() * plan[H_MAX_LEN];
             float top = -INFINITY;
             for (int64_t j = 0; j < seen; j++) {
-                scores[j] = dot(q + head * hd, kg + j * hd, hd) * scale;
+                scores[j] = dot(q + head * qs, kg + j * hd, hd) * scale;
                 top = scores[j] > top ? scores[j] : top;
             }
             float total = 0.f;
@@ -228,10 +308,13 @@ void step(const int64_t* plan, int64_t id, int64_t pos, int nt) {
                 const float p = scores[j] / total;
                 for (int64_t i = 0; i < hd; i++) o[i] += p * load1(vg + j * hd, i);
             }
+            if (L[L_GATED])  // the output gate: each head's context times sigmoid(its gate rows)
+                for (int64_t i = 0; i < hd; i++) o[i] /= 1.f + expf(-q[head * qs + hd + i]);
         }
         const float* ain = as_input(att, H * hd, bf16, pairs);
 #pragma omp parallel num_threads(nt)
         product(at<const void>(L, L_WO), bf16, ain, out, d, H * hd);
+        }
         norm(out, out, L_ATTN_OUT, P_ATTN_OUT, d);
         float* resid = at<float>(plan, H_RESID);
         if (L[L_PARALLEL]) memcpy(resid, out, d * sizeof(float));  // (added with the feed-forward's, to the same x)
