@@ -145,9 +145,12 @@ def test_a_model_no_plan_computes_is_refused_by_the_part_that_differs(case, word
     if cfg is not None:
         model = build_variant(cfg).eval()
     elif case.startswith("Gemma 4"):
-        from test_bonus_gemma4 import tiny_config
-        model = build_model(tiny_config()).eval()
-        cfg = model.cfg
+        from glassgpt.families import Gemma4Config
+        cfg = Gemma4Config(vocab_size=50, emb_dim=16, hidden_dim=32, n_layers=2, n_heads=2, head_dim=8, n_kv_heads=1,
+                           global_head_dim=16, context_length=64, sliding_window=4,
+                           layer_types=["sliding_attention", "full_attention"], vocab_size_per_layer_input=50,
+                           hidden_size_per_layer_input=4)
+        model = build_model(cfg).eval()
     else:
         model, cfg = torch.nn.Linear(2, 2), GPT2
     cache = model.kv_cache(1, 8) if hasattr(model, "kv_cache") else cache_for(cfg, 1, 8)
