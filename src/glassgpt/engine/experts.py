@@ -35,20 +35,22 @@ class OneTokenExperts:
         return out.view(b, t, d)
 
 
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def mix_in(module: nn.Module, mixin: type) -> bool:
+    """Make `module` (a twin's copy) an instance of `mixin` first, then its own class: the mixin's forward for the
+    case it takes, its own for the rest. False where it is one already."""
+    cls = type(module)
+    if issubclass(cls, mixin):
+        return False
+    if (mixin, cls) not in _CLASSES:
+        _CLASSES[mixin, cls] = type(f"OneToken{cls.__name__}", (mixin, cls), {})
+    module.__class__ = _CLASSES[mixin, cls]
+    return True
 
 
 def one_token_experts(twin: nn.Module, anatomy) -> int:
     """Give every MoE feed-forward of `twin` (its description `anatomy`) OneTokenExperts' forward; returns how many."""
-    count = 0
-    for block in anatomy.blocks:
-        if block.ff.kind == "moe" and block.ff.experts is not None:
-            module = twin.get_submodule(block.ff.path)
-            cls = type(module)
-            if issubclass(cls, OneTokenExperts):
-                continue
-            if cls not in _CLASSES:
-                _CLASSES[cls] = type(f"OneToken{cls.__name__}", (OneTokenExperts, cls), {})
-            module.__class__ = _CLASSES[cls]
-            count += 1
-    return count
+    return sum(mix_in(twin.get_submodule(block.ff.path), OneTokenExperts) for block in anatomy.blocks
+               if block.ff.kind == "moe" and block.ff.experts is not None)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..families.qwen3_5 import l2norm
+from .experts import mix_in
 
 
 class OneTokenDeltaNet:
@@ -80,22 +81,9 @@ class OneTokenDeltaNet:
             (torch.is_inference_mode_enabled() or not state.is_inference())
 
 
-_CLASSES: dict[type, type] = {}
-
-
 def one_token_linear_attention(twin: nn.Module, anatomy) -> int:
     """Give every linear attention of `twin` (its description `anatomy`) OneTokenDeltaNet's forward; returns
     how many."""
-    count = 0
-    for block in anatomy.blocks:
-        att = block.attention
-        if att.kind == "linear" and att.state is not None and att.state.rule == "gated_delta":
-            module = twin.get_submodule(att.path)
-            cls = type(module)
-            if issubclass(cls, OneTokenDeltaNet):
-                continue
-            if cls not in _CLASSES:
-                _CLASSES[cls] = type(f"OneToken{cls.__name__}", (OneTokenDeltaNet, cls), {})
-            module.__class__ = _CLASSES[cls]
-            count += 1
-    return count
+    return sum(mix_in(twin.get_submodule(b.attention.path), OneTokenDeltaNet) for b in anatomy.blocks
+               if b.attention.kind == "linear" and b.attention.state is not None
+               and b.attention.state.rule == "gated_delta")
